@@ -1,0 +1,101 @@
+//! Collective algorithms: ring (all-reduce, all-gather, reduce-scatter), chains (broadcast,
+//! reduce) and direct exchanges (all-to-all, send/recv). They run as a sequence of primitives
+//! (`prims`) that the calling thread drives through the FIFOs; the tcp proxy threads move the
+//! FIFOs' slots across hosts.
+
+pub(crate) mod direct;
+pub(crate) mod prims;
+pub(crate) mod ring;
+
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::transport::fifo::{Desc, Ends};
+use crate::transport::wait::Deadline;
+use crate::transport::Peer;
+use prims::{Prims, RecvEnd, SendEnd};
+use std::sync::atomic::AtomicBool;
+
+/// What one operation runs with.
+pub(crate) struct Ctx<'a> {
+    pub rank: usize,
+    pub nranks: usize,
+    pub peers: &'a mut [Option<Peer>],
+    pub abort: &'a AtomicBool,
+    pub deadline: Deadline,
+    pub desc: Desc,
+    pub dt: DataType,
+    pub op: RedOp,
+    /// FIFO slot bytes (the same on every FIFO of the communicator) and slots per FIFO.
+    pub slot: usize,
+    pub nslots: usize,
+}
+
+impl<'a> Ctx<'a> {
+    /// Bytes per slice: one slot of whole elements.
+    pub(crate) fn slice(&self) -> usize {
+        self.slot / self.dt.size() * self.dt.size()
+    }
+
+    /// Bytes per ring step: half the FIFO, so the next step's send never waits on this one.
+    pub(crate) fn chunk(&self) -> usize {
+        self.slice() * (self.nslots / 2).max(1)
+    }
+
+    /// Primitives that send to `to` and receive from `from` (either may be absent).
+    pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
+        let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
+        let abort = self.abort;
+        let (send, recv) = match (to, from) {
+            (Some(a), Some(b)) if a == b => {
+                let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
+                let live = p.liveness;
+                (
+                    Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort } }),
+                    Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort } }),
+                )
+            }
+            (Some(a), Some(b)) => {
+                let [pa, pb] = self.peers.get_disjoint_mut([a, b]).map_err(|_| missing(a.max(b)))?;
+                let pa = pa.as_mut().ok_or_else(|| missing(a))?;
+                let pb = pb.as_mut().ok_or_else(|| missing(b))?;
+                let (la, lb) = (pa.liveness, pb.liveness);
+                (
+                    Some(SendEnd { fifo: &mut pa.send, ends: Ends { peer: a, liveness: la, abort } }),
+                    Some(RecvEnd { fifo: &mut pb.recv, ends: Ends { peer: b, liveness: lb, abort } }),
+                )
+            }
+            (Some(a), None) => {
+                let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
+                let live = p.liveness;
+                (Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort } }), None)
+            }
+            (None, Some(b)) => {
+                let p = self.peers.get_mut(b).and_then(Option::as_mut).ok_or_else(|| missing(b))?;
+                let live = p.liveness;
+                (None, Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort } }))
+            }
+            (None, None) => (None, None),
+        };
+        Ok(Prims {
+            send,
+            recv,
+            deadline: self.deadline,
+            desc: self.desc,
+            dt: self.dt,
+            op: self.op,
+            nranks: self.nranks,
+            slice: self.slot / self.dt.size() * self.dt.size(),
+        })
+    }
+}
+
+/// Copies `len` bytes unless source and destination are the same memory (in place).
+///
+/// # Safety
+/// Both ranges must be valid for `len` bytes and either identical or disjoint.
+pub(crate) unsafe fn copy_unless_same(src: *const u8, dst: *mut u8, len: usize) {
+    if len > 0 && !std::ptr::eq(src, dst) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    }
+}

@@ -1,0 +1,672 @@
+//! `Comm`: creation (bootstrap + transports), argument checking, and the collective calls.
+//!
+//! Every call checks its arguments, stamps the operation into the rank record, runs the
+//! algorithm on the calling thread, and on failure marks every FIFO so that peers waiting on
+//! this rank fail fast with the reason instead of waiting for their timeout. A communicator
+//! that failed stays failed (NCCL's async error): later calls say why, and it must be destroyed.
+
+use crate::bootstrap::{self, PeerInfo};
+use crate::coll::{self, Ctx};
+use crate::config::{Config, TransportKind};
+use crate::dtype::{DataType, Element, RedOp};
+use crate::error::{Error, ErrorKind, Result};
+use crate::id::UniqueId;
+use crate::record::{CollType, OpRecord};
+use crate::transport::fifo::{state, Desc};
+use crate::transport::wait::Deadline;
+use crate::transport::{self, Peer};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A communicator: one rank's membership in a group of `nranks` ranks.
+pub struct Comm {
+    rank: usize,
+    nranks: usize,
+    comm_id: u64,
+    config: Config,
+    table: Vec<PeerInfo>,
+    record: Arc<OpRecord>,
+    abort: AtomicBool,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    peers: Vec<Option<Peer>>,
+    boot: Option<bootstrap::Client>,
+    slot: usize,
+    coll_seq: u32,
+    p2p_sent: Vec<u32>,
+    p2p_received: Vec<u32>,
+    failed: Option<Error>,
+}
+
+/// No reduction: the descriptor value for collectives that only move data.
+const NO_OP: u8 = 0xff;
+const NO_ROOT: u32 = u32::MAX;
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Ranks share memory when they run under one kernel: hostname plus boot id, like NCCL's
+/// host hash (a container with its own hostname on the same kernel still gets its own id).
+fn host_identity(config: &Config) -> String {
+    if let Some(h) = &config.host_id {
+        return h.clone();
+    }
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}:{}", hostname(), boot.trim())
+}
+
+impl Comm {
+    /// Joins rank `rank` of an `nranks`-rank communicator whose root `id` names. Every rank
+    /// calls this (each in its own process or thread) with the same `id` and `nranks`.
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<Comm> {
+        if nranks == 0 {
+            return Err(Error::arg("nranks must be at least 1"));
+        }
+        if rank >= nranks {
+            return Err(Error::arg(format!("rank {rank} is out of range for nranks={nranks} (ranks are 0..{nranks})")));
+        }
+        let listener = TcpListener::bind((config.listen_addr, 0))
+            .map_err(|e| Error::sys(format!("bind a transport listener on {}", config.listen_addr), e))?;
+        let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;
+        let mut boot = bootstrap::Client::join(id, rank, nranks, config.timeout)?;
+        let me = PeerInfo {
+            rank,
+            host_id: host_identity(&config),
+            hostname: hostname(),
+            pid: std::process::id(),
+            listen,
+            comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
+        };
+        let table = boot
+            .all_gather(&me.encode())?
+            .iter()
+            .map(|b| PeerInfo::decode(b))
+            .collect::<Result<Vec<_>>>()?;
+        for (r, p) in table.iter().enumerate() {
+            if p.rank != r {
+                return Err(Error::internal(format!("bootstrap table entry {r} claims rank {}", p.rank)));
+            }
+        }
+        let mut me_tab = table.clone();
+        let comm_id = table[0].comm_id;
+        for p in &mut me_tab {
+            p.comm_id = comm_id;
+        }
+        let (peers, slot) = transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener)?;
+        boot.barrier()?;
+        tracing::debug!(
+            "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
+            peers.iter().enumerate().filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Shm)).map(|(i, _)| i).collect::<Vec<_>>(),
+            peers.iter().enumerate().filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Tcp)).map(|(i, _)| i).collect::<Vec<_>>(),
+        );
+        Ok(Comm {
+            rank,
+            nranks,
+            comm_id,
+            config,
+            table: me_tab,
+            record: Arc::new(OpRecord::default()),
+            abort: AtomicBool::new(false),
+            inner: Mutex::new(Inner {
+                peers,
+                boot: Some(boot),
+                slot,
+                coll_seq: 0,
+                p2p_sent: vec![0; nranks],
+                p2p_received: vec![0; nranks],
+                failed: None,
+            }),
+        })
+    }
+
+    /// `nranks` ranks in this process, one per thread ("several devices per process"), with
+    /// the configuration from the environment. Drive each returned `Comm` from its own thread.
+    pub fn init_all(nranks: usize) -> Result<Vec<Comm>> {
+        Comm::init_all_with(nranks, Config::from_env()?)
+    }
+
+    /// As `init_all`, with an explicit configuration.
+    pub fn init_all_with(nranks: usize, config: Config) -> Result<Vec<Comm>> {
+        if nranks == 0 {
+            return Err(Error::arg("nranks must be at least 1"));
+        }
+        let id = UniqueId::new_on(config.listen_addr)?;
+        let handles: Vec<_> = (0..nranks)
+            .map(|r| {
+                let (id, config) = (id.clone(), config.clone());
+                std::thread::Builder::new()
+                    .name(format!("occl-init-{r}"))
+                    .spawn(move || Comm::init_rank(nranks, &id, r, config))
+                    .map_err(|e| Error::sys("spawn an init thread", e))
+            })
+            .collect::<Result<_>>()?;
+        let mut comms = Vec::with_capacity(nranks);
+        let mut first_err = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(c)) => comms.push(c),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(Error::internal("an init thread panicked"));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(comms),
+        }
+    }
+
+    /// Joins a job from the launcher's environment: `OCCL_RANK`/`OCCL_NRANKS`/`OCCL_UNIQUE_ID`,
+    /// or torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`, Open MPI's
+    /// `OMPI_COMM_WORLD_RANK`/`_SIZE` or Slurm's `SLURM_PROCID`/`SLURM_NTASKS` (the last two
+    /// with `OCCL_UNIQUE_ID` or `MASTER_ADDR`/`MASTER_PORT` for the root).
+    pub fn from_env() -> Result<Comm> {
+        let config = Config::from_env()?;
+        let launch = crate::env::detect(&config)?;
+        Comm::init_rank(launch.nranks, &launch.id, launch.rank, config)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// The communicator's id (the same on every rank), as RAS and logs print it.
+    pub fn id(&self) -> u64 {
+        self.comm_id
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Launched/completed counters and the operation in flight.
+    pub fn record(&self) -> &OpRecord {
+        &self.record
+    }
+
+    /// The transport to `peer` (`None` for this rank itself or out of range).
+    pub fn transport_to(&self, peer: usize) -> Option<TransportKind> {
+        let me = self.table.get(self.rank)?;
+        let p = self.table.get(peer)?;
+        if peer == self.rank {
+            return None;
+        }
+        transport::select(&self.config, me, p).ok()
+    }
+
+    /// "shm", "tcp" or "shm+tcp": what this communicator's peers use.
+    pub fn transport_summary(&self) -> &'static str {
+        let kinds: Vec<_> = (0..self.nranks).filter_map(|p| self.transport_to(p)).collect();
+        let shm = kinds.contains(&TransportKind::Shm);
+        let tcp = kinds.contains(&TransportKind::Tcp);
+        match (shm, tcp) {
+            (true, true) => "shm+tcp",
+            (false, true) => "tcp",
+            _ => "shm",
+        }
+    }
+
+    /// Makes every operation in flight on this communicator, and every later one, fail. Safe to
+    /// call from another thread while a collective runs.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+    }
+
+    /// Leaves the communicator: peers learn that this rank is done, tcp sends are flushed, and
+    /// every resource is released.
+    pub fn destroy(self) -> Result<()> {
+        self.shutdown();
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        let mut g = self.lock_any();
+        let how = if g.failed.is_some() || self.abort.load(Ordering::Relaxed) { state::ABORTED } else { state::CLOSED };
+        for p in g.peers.iter_mut().flatten() {
+            p.close(how);
+        }
+        g.peers.clear();
+        g.boot = None;
+    }
+
+    fn lock_any(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one operation: checks the sticky error, stamps the record, runs `f`, and on failure
+    /// tells every peer.
+    fn run(
+        &self,
+        coll: CollType,
+        count: usize,
+        dt: DataType,
+        op: Option<RedOp>,
+        root: Option<usize>,
+        bytes: usize,
+        p2p_peer: Option<usize>,
+        f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut g = self.inner.lock().map_err(|_| {
+            Error::internal("the communicator was poisoned by a panic in another thread; destroy it")
+        })?;
+        if let Some(e) = &g.failed {
+            return Err(Error::usage(format!("the communicator failed earlier and must be destroyed: {e}")));
+        }
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::usage("the communicator was aborted"));
+        }
+        if g.boot.is_none() {
+            return Err(Error::usage("the communicator was destroyed"));
+        }
+        let opseq = match (coll, p2p_peer) {
+            (CollType::Send, Some(p)) => {
+                g.p2p_sent[p] = g.p2p_sent[p].wrapping_add(1);
+                g.p2p_sent[p]
+            }
+            (CollType::Recv, Some(p)) => {
+                g.p2p_received[p] = g.p2p_received[p].wrapping_add(1);
+                g.p2p_received[p]
+            }
+            _ => {
+                g.coll_seq = g.coll_seq.wrapping_add(1);
+                g.coll_seq
+            }
+        };
+        // A receive checks against what the sender stamps: a Send.
+        let wire_coll = if coll == CollType::Recv { CollType::Send } else { coll };
+        let desc = Desc::new(
+            wire_coll as u8,
+            opseq,
+            count as u64,
+            dt as u8,
+            op.map_or(NO_OP, |o| o as u8),
+            root.map_or(NO_ROOT, |r| r as u32),
+        );
+        self.record.launch(coll, bytes as u64);
+        let slot = g.slot;
+        let res = {
+            let mut ctx = Ctx {
+                rank: self.rank,
+                nranks: self.nranks,
+                peers: &mut g.peers,
+                abort: &self.abort,
+                deadline: Deadline::after(self.config.timeout),
+                desc,
+                dt,
+                op: op.unwrap_or(RedOp::Sum),
+                slot,
+                nslots: self.config.fifo_slots,
+            };
+            f(&mut ctx)
+        };
+        match res {
+            Ok(()) => {
+                self.record.complete(coll);
+                Ok(())
+            }
+            Err(e) => {
+                let how = match e.kind() {
+                    ErrorKind::Timeout => state::TIMEOUT,
+                    ErrorKind::InvalidUsage if e.to_string().contains("operation mismatch") => state::MISMATCH,
+                    _ => state::ABORTED,
+                };
+                tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
+                for p in g.peers.iter().flatten() {
+                    p.fail(how);
+                }
+                g.failed = Some(e.duplicate());
+                Err(e)
+            }
+        }
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.nranks {
+            return Err(Error::arg(format!("root {root} is out of range for nranks={} (ranks are 0..{})", self.nranks, self.nranks)));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.nranks {
+            return Err(Error::arg(format!("peer {peer} is out of range for nranks={}", self.nranks)));
+        }
+        if peer == self.rank {
+            return Err(Error::usage(format!(
+                "rank {peer} sends to or receives from itself; a self send/recv needs a group so both halves can run together"
+            )));
+        }
+        Ok(())
+    }
+
+    fn bytes_of(&self, count: usize, blocks: usize, dt: DataType) -> Result<usize> {
+        count
+            .checked_mul(blocks)
+            .and_then(|c| c.checked_mul(dt.size()))
+            .filter(|b| *b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::arg(format!(
+                    "count {count} × {blocks} block(s) × {} bytes of {dt} overflows the address space",
+                    dt.size()
+                ))
+            })
+    }
+}
+
+fn check_ptr(what: &str, p: *const u8, bytes: usize, dt: DataType) -> Result<()> {
+    if bytes > 0 && p.is_null() {
+        return Err(Error::arg(format!("{what} buffer is null")));
+    }
+    if bytes > 0 && (p as usize) % dt.size() != 0 {
+        return Err(Error::arg(format!("{what} buffer {p:p} is not aligned to the {}-byte {dt} element", dt.size())));
+    }
+    Ok(())
+}
+
+/// Ranges [a, a+la) and [b, b+lb) share memory.
+fn overlaps(a: *const u8, la: usize, b: *const u8, lb: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    la > 0 && lb > 0 && a < b + lb && b < a + la
+}
+
+/// The raw interface: NCCL's argument order, pointers and an element count. The safe methods
+/// below check slice lengths and call these.
+impl Comm {
+    /// # Safety
+    /// `send` must be readable and `recv` writable for `count` elements of `dt`; they may be
+    /// the same pointer (in place) but must not otherwise overlap.
+    pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, op: RedOp) -> Result<()> {
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", send, bytes, dt)?;
+        check_ptr("recv", recv, bytes, dt)?;
+        if send != recv as *const u8 && overlaps(send, bytes, recv, bytes) {
+            return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
+        }
+        self.run(CollType::AllReduce, count, dt, Some(op), None, bytes, None, |c| coll::ring::all_reduce(c, send, recv, count))
+    }
+
+    /// # Safety
+    /// At the root `send` is readable for `count` elements; `recv` is writable for `count`
+    /// elements on every rank (it may equal `send`).
+    pub unsafe fn broadcast_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        if self.rank == root {
+            check_ptr("send", send, bytes, dt)?;
+            if send != recv as *const u8 && overlaps(send, bytes, recv, bytes) {
+                return Err(Error::arg("broadcast: send and recv buffers overlap without being the same (in place)"));
+            }
+        }
+        check_ptr("recv", recv, bytes, dt)?;
+        self.run(CollType::Broadcast, count, dt, None, Some(root), bytes, None, |c| {
+            coll::ring::broadcast(c, send, recv, bytes, root)
+        })
+    }
+
+    /// # Safety
+    /// `send` readable for `count` elements on every rank; at the root `recv` writable for
+    /// `count` elements (it may equal `send`); elsewhere `recv` is not touched.
+    pub unsafe fn reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, op: RedOp, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", send, bytes, dt)?;
+        if self.rank == root {
+            check_ptr("recv", recv, bytes, dt)?;
+            if send != recv as *const u8 && overlaps(send, bytes, recv, bytes) {
+                return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
+            }
+        }
+        self.run(CollType::Reduce, count, dt, Some(op), Some(root), bytes, None, |c| {
+            coll::ring::reduce(c, send, recv, bytes, root)
+        })
+    }
+
+    /// # Safety
+    /// `send` readable for `count` elements, `recv` writable for `nranks * count`; in place
+    /// when `send == recv + rank * count` elements.
+    pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
+        let bytes = self.bytes_of(count, 1, dt)?;
+        let total = self.bytes_of(count, self.nranks, dt)?;
+        check_ptr("send", send, bytes, dt)?;
+        check_ptr("recv", recv, total, dt)?;
+        let own = recv.wrapping_add(self.rank * bytes) as *const u8;
+        if send != own && overlaps(send, bytes, recv, total) {
+            return Err(Error::arg(
+                "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
+            ));
+        }
+        self.run(CollType::AllGather, count, dt, None, None, total, None, |c| coll::ring::all_gather(c, send, recv, count))
+    }
+
+    /// # Safety
+    /// `send` readable for `nranks * count` elements, `recv` writable for `count`; in place when
+    /// `recv == send + rank * count` elements.
+    pub unsafe fn reduce_scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, op: RedOp) -> Result<()> {
+        let bytes = self.bytes_of(count, 1, dt)?;
+        let total = self.bytes_of(count, self.nranks, dt)?;
+        check_ptr("send", send, total, dt)?;
+        check_ptr("recv", recv, bytes, dt)?;
+        let own = send.wrapping_add(self.rank * bytes);
+        if recv as *const u8 != own && overlaps(send, total, recv, bytes) {
+            return Err(Error::arg(
+                "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
+            ));
+        }
+        self.run(CollType::ReduceScatter, count, dt, Some(op), None, total, None, |c| {
+            coll::ring::reduce_scatter(c, send, recv, count)
+        })
+    }
+
+    /// # Safety
+    /// `send` readable and `recv` writable for `nranks * count` elements; in place when equal.
+    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
+        let total = self.bytes_of(count, self.nranks, dt)?;
+        let block = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", send, total, dt)?;
+        check_ptr("recv", recv, total, dt)?;
+        let in_place = send == recv as *const u8;
+        if !in_place && overlaps(send, total, recv, total) {
+            return Err(Error::arg("all_to_all: send and recv buffers overlap without being the same (in place)"));
+        }
+        // In place, blocks received early would overwrite blocks not yet sent: stage the input.
+        let staged: Vec<u8> = if in_place && self.nranks > 1 {
+            // SAFETY: send is readable for `total` bytes (caller's contract).
+            unsafe { std::slice::from_raw_parts(send, total) }.to_vec()
+        } else {
+            Vec::new()
+        };
+        let src = if staged.is_empty() { send } else { staged.as_ptr() };
+        self.run(CollType::AllToAll, count, dt, None, None, total, None, |c| coll::direct::all_to_all(c, src, recv, block))
+    }
+
+    /// # Safety
+    /// `buf` readable for `count` elements of `dt`.
+    pub unsafe fn send_raw(&self, buf: *const u8, count: usize, dt: DataType, peer: usize) -> Result<()> {
+        self.check_peer(peer)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", buf, bytes, dt)?;
+        self.run(CollType::Send, count, dt, None, None, bytes, Some(peer), |c| coll::direct::send(c, buf, bytes, peer))
+    }
+
+    /// # Safety
+    /// `buf` writable for `count` elements of `dt`.
+    pub unsafe fn recv_raw(&self, buf: *mut u8, count: usize, dt: DataType, peer: usize) -> Result<()> {
+        self.check_peer(peer)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("recv", buf, bytes, dt)?;
+        self.run(CollType::Recv, count, dt, None, None, bytes, Some(peer), |c| coll::direct::recv(c, buf, bytes, peer))
+    }
+}
+
+fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
+    if a != b {
+        return Err(Error::arg(format!("{what}: send has {a} elements but recv has {b}; they must be equal")));
+    }
+    Ok(())
+}
+
+fn blocks(what: &str, total: usize, n: usize) -> Result<usize> {
+    if total % n != 0 {
+        return Err(Error::arg(format!("{what}: {total} elements do not split into {n} equal blocks (one per rank)")));
+    }
+    Ok(total / n)
+}
+
+/// The safe interface on typed slices. Lengths are element counts.
+impl Comm {
+    /// `recv[i] = op over all ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        same_len("all_reduce", send.len(), recv.len())?;
+        // SAFETY: the slices are valid and, being a shared and a mutable borrow, disjoint.
+        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+    }
+
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer used as both input and output.
+        unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
+    }
+
+    /// Copies the root's `send` into every rank's `recv`. Off the root `send` is ignored (pass
+    /// an empty slice).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        if self.rank == root {
+            same_len("broadcast", send.len(), recv.len())?;
+        }
+        // SAFETY: valid slices; send is only read at the root, where its length was checked.
+        unsafe { self.broadcast_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, root) }
+    }
+
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer.
+        unsafe { self.broadcast_raw(p, p, buf.len(), T::DTYPE, root) }
+    }
+
+    /// Reduces every rank's `send` into the root's `recv`. Off the root `recv` is ignored (pass
+    /// an empty slice).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp, root: usize) -> Result<()> {
+        if self.rank == root {
+            same_len("reduce", send.len(), recv.len())?;
+        }
+        // SAFETY: valid slices; recv is only written at the root, where its length was checked.
+        unsafe { self.reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op, root) }
+    }
+
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp, root: usize) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer.
+        unsafe { self.reduce_raw(p, p, buf.len(), T::DTYPE, op, root) }
+    }
+
+    /// `recv` (nranks × send.len()) gets every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let want = send.len().checked_mul(self.nranks).ok_or_else(|| Error::arg("all_gather: count overflows"))?;
+        if recv.len() != want {
+            return Err(Error::arg(format!(
+                "all_gather: recv has {} elements but needs nranks × send = {} × {} = {want}",
+                recv.len(),
+                self.nranks,
+                send.len()
+            )));
+        }
+        // SAFETY: valid, disjoint slices of the checked lengths.
+        unsafe { self.all_gather_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE) }
+    }
+
+    /// In place: this rank's contribution is already at `buf[rank * len/nranks ..]`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = blocks("all_gather_in_place", buf.len(), self.nranks)?;
+        let p = buf.as_mut_ptr();
+        // SAFETY: block `rank` lies within buf.
+        unsafe {
+            let own = p.add(self.rank * count).cast::<u8>();
+            self.all_gather_raw(own, p.cast(), count, T::DTYPE)
+        }
+    }
+
+    /// `recv` (send.len() / nranks) gets the reduction of every rank's block `rank` of `send`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        let want = recv.len().checked_mul(self.nranks).ok_or_else(|| Error::arg("reduce_scatter: count overflows"))?;
+        if send.len() != want {
+            return Err(Error::arg(format!(
+                "reduce_scatter: send has {} elements but needs nranks × recv = {} × {} = {want}",
+                send.len(),
+                self.nranks,
+                recv.len()
+            )));
+        }
+        // SAFETY: valid, disjoint slices of the checked lengths.
+        unsafe { self.reduce_scatter_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, op) }
+    }
+
+    /// In place: the result lands in `buf[rank * len/nranks ..][..len/nranks]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        let count = blocks("reduce_scatter_in_place", buf.len(), self.nranks)?;
+        let p = buf.as_mut_ptr();
+        // SAFETY: block `rank` lies within buf.
+        unsafe {
+            let own = p.add(self.rank * count).cast::<u8>();
+            self.reduce_scatter_raw(p.cast(), own, count, T::DTYPE, op)
+        }
+    }
+
+    /// Block j of `send` goes to rank j; block i of `recv` comes from rank i.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        same_len("all_to_all", send.len(), recv.len())?;
+        let count = blocks("all_to_all", send.len(), self.nranks)?;
+        // SAFETY: valid, disjoint slices.
+        unsafe { self.all_to_all_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), count, T::DTYPE) }
+    }
+
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = blocks("all_to_all_in_place", buf.len(), self.nranks)?;
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer.
+        unsafe { self.all_to_all_raw(p, p, count, T::DTYPE) }
+    }
+
+    /// Sends `buf` to `peer`, which must call `recv` with the same count and type.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        // SAFETY: a valid slice.
+        unsafe { self.send_raw(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer) }
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        // SAFETY: a valid slice.
+        unsafe { self.recv_raw(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer) }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("id", &format_args!("{:016x}", self.comm_id))
+            .finish()
+    }
+}

@@ -1,0 +1,127 @@
+//! One `Config`, read from the environment once at init and passed down; no other module reads
+//! environment variables (unlike NCCL's function-static `NCCL_PARAM`s).
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// Which transport carries data between two ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Shared-memory FIFOs between ranks of one host.
+    Shm,
+    /// TCP sockets, moved by the proxy thread.
+    Tcp,
+}
+
+impl TransportKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
+/// Communicator settings. `Config::default()` is what a job gets with no variables set;
+/// `Config::from_env()` applies `OCCL_*` (and, where NCCL has the same knob, `NCCL_*`).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bound on every wait (`OCCL_TIMEOUT`, seconds). A wait that exceeds it fails with
+    /// `Timeout` instead of hanging.
+    pub timeout: Duration,
+    /// Forces one transport for every peer (`OCCL_TRANSPORT=shm|tcp`); `None` picks by host.
+    pub transport: Option<TransportKind>,
+    /// TCP sockets per peer (`OCCL_NSOCKS`, also `NCCL_NSOCKS_PERTHREAD`×`NCCL_SOCKET_NTHREADS`).
+    pub nsocks: usize,
+    /// Bytes per FIFO slot for shared memory (`OCCL_SHM_SLOT_SIZE`).
+    pub shm_slot_size: usize,
+    /// Bytes per FIFO slot for TCP (`OCCL_TCP_SLOT_SIZE`).
+    pub tcp_slot_size: usize,
+    /// Slots per FIFO (`OCCL_FIFO_SLOTS`), like NCCL_STEPS.
+    pub fifo_slots: usize,
+    /// The address this rank's listener binds (`OCCL_SOCKET_ADDR`); loopback by default.
+    pub listen_addr: std::net::IpAddr,
+    /// Host identity override (`OCCL_HOSTID`): ranks with the same id share memory. Tests use it
+    /// to put the ranks of one machine on "different hosts".
+    pub host_id: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(600),
+            transport: None,
+            nsocks: 2,
+            shm_slot_size: 64 << 10,
+            tcp_slot_size: 512 << 10,
+            fifo_slots: 8,
+            listen_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            host_id: None,
+        }
+    }
+}
+
+fn var(names: &[&str]) -> Option<(String, String)> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+}
+
+fn parse<T: std::str::FromStr>(name: &str, v: &str, what: &str) -> Result<T> {
+    v.trim()
+        .parse()
+        .map_err(|_| Error::arg(format!("{name}={v:?} is not {what}")))
+}
+
+impl Config {
+    /// The defaults with the environment applied. A malformed value is an `InvalidArgument`
+    /// that names the variable.
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some((n, v)) = var(&["OCCL_TIMEOUT"]) {
+            let secs: f64 = parse(&n, &v, "a number of seconds")?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(Error::arg(format!("{n}={v:?} must be a positive number of seconds")));
+            }
+            c.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some((n, v)) = var(&["OCCL_TRANSPORT"]) {
+            c.transport = Some(match v.trim().to_ascii_lowercase().as_str() {
+                "shm" => TransportKind::Shm,
+                "tcp" | "socket" | "net" => TransportKind::Tcp,
+                _ => return Err(Error::arg(format!("{n}={v:?}: supported transports are shm and tcp"))),
+            });
+        }
+        if let Some((n, v)) = var(&["OCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD"]) {
+            c.nsocks = parse(&n, &v, "a socket count")?;
+            if !(1..=64).contains(&c.nsocks) {
+                return Err(Error::arg(format!("{n}={v:?} must be between 1 and 64")));
+            }
+        }
+        for (names, field, lo) in [
+            (&["OCCL_SHM_SLOT_SIZE"][..], &mut c.shm_slot_size, 4096usize),
+            (&["OCCL_TCP_SLOT_SIZE"][..], &mut c.tcp_slot_size, 4096),
+        ] {
+            if let Some((n, v)) = var(names) {
+                let b: usize = parse(&n, &v, "a byte count")?;
+                if b < lo || b > (64 << 20) || b % 64 != 0 {
+                    return Err(Error::arg(format!("{n}={v:?} must be a multiple of 64 between {lo} and 64 MiB")));
+                }
+                *field = b;
+            }
+        }
+        if let Some((n, v)) = var(&["OCCL_FIFO_SLOTS"]) {
+            c.fifo_slots = parse(&n, &v, "a slot count")?;
+            if !(2..=64).contains(&c.fifo_slots) {
+                return Err(Error::arg(format!("{n}={v:?} must be between 2 and 64")));
+            }
+        }
+        if let Some((n, v)) = var(&["OCCL_SOCKET_ADDR"]) {
+            c.listen_addr = parse(&n, &v, "an IP address")?;
+        }
+        if let Some((_, v)) = var(&["OCCL_HOSTID"]) {
+            c.host_id = Some(v);
+        }
+        Ok(c)
+    }
+}

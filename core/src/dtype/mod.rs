@@ -1,0 +1,239 @@
+//! Datatypes and reduction operators, with NCCL's names and numbering.
+
+mod f8;
+
+pub use f8::{F8E4M3, F8E5M2};
+pub use half::{bf16, f16};
+
+use std::fmt;
+use std::str::FromStr;
+
+/// An element type, numbered as NCCL's `ncclDataType_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DataType {
+    I8 = 0,
+    U8 = 1,
+    I32 = 2,
+    U32 = 3,
+    I64 = 4,
+    U64 = 5,
+    F16 = 6,
+    F32 = 7,
+    F64 = 8,
+    Bf16 = 9,
+    F8E4M3 = 10,
+    F8E5M2 = 11,
+}
+
+impl DataType {
+    pub const ALL: [DataType; 12] = [
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+        DataType::F16,
+        DataType::F32,
+        DataType::F64,
+        DataType::Bf16,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
+    ];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DataType::I8 | DataType::U8 | DataType::F8E4M3 | DataType::F8E5M2 => 1,
+            DataType::F16 | DataType::Bf16 => 2,
+            DataType::I32 | DataType::U32 | DataType::F32 => 4,
+            DataType::I64 | DataType::U64 | DataType::F64 => 8,
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(
+            self,
+            DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2
+        )
+    }
+
+    /// The name nccl-tests prints in its `type` column.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::I8 => "int8",
+            DataType::U8 => "uint8",
+            DataType::I32 => "int32",
+            DataType::U32 => "uint32",
+            DataType::I64 => "int64",
+            DataType::U64 => "uint64",
+            DataType::F16 => "half",
+            DataType::F32 => "float",
+            DataType::F64 => "double",
+            DataType::Bf16 => "bfloat16",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> Option<DataType> {
+        DataType::ALL.iter().copied().find(|d| *d as u8 == v)
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DataType {
+    type Err = String;
+
+    /// Accepts nccl-tests' names (`float`, `half`, `bfloat16`, `int32`…) and Rust-style ones
+    /// (`f32`, `f16`, `bf16`, `i32`…).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "int8" | "i8" | "char" => DataType::I8,
+            "uint8" | "u8" => DataType::U8,
+            "int32" | "i32" | "int" => DataType::I32,
+            "uint32" | "u32" => DataType::U32,
+            "int64" | "i64" => DataType::I64,
+            "uint64" | "u64" => DataType::U64,
+            "half" | "f16" | "float16" => DataType::F16,
+            "float" | "f32" | "float32" => DataType::F32,
+            "double" | "f64" | "float64" => DataType::F64,
+            "bfloat16" | "bf16" => DataType::Bf16,
+            "f8e4m3" | "fp8_e4m3" | "e4m3" => DataType::F8E4M3,
+            "f8e5m2" | "fp8_e5m2" | "e5m2" => DataType::F8E5M2,
+            _ => {
+                return Err(format!(
+                    "unknown datatype '{s}'; expected one of int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2"
+                ))
+            }
+        })
+    }
+}
+
+/// A reduction operator, numbered as NCCL's `ncclRedOp_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RedOp {
+    Sum = 0,
+    Prod = 1,
+    Max = 2,
+    Min = 3,
+    Avg = 4,
+}
+
+impl RedOp {
+    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            RedOp::Sum => "sum",
+            RedOp::Prod => "prod",
+            RedOp::Max => "max",
+            RedOp::Min => "min",
+            RedOp::Avg => "avg",
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> Option<RedOp> {
+        RedOp::ALL.iter().copied().find(|o| *o as u8 == v)
+    }
+}
+
+impl fmt::Display for RedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for RedOp {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "sum" => RedOp::Sum,
+            "prod" => RedOp::Prod,
+            "max" => RedOp::Max,
+            "min" => RedOp::Min,
+            "avg" => RedOp::Avg,
+            _ => return Err(format!("unknown reduction '{s}'; expected one of sum prod max min avg")),
+        })
+    }
+}
+
+/// A plain-old-data element type that occl can move and reduce.
+///
+/// # Safety
+/// Implementors must be `repr(transparent)` or primitive types without padding, valid for every
+/// bit pattern, with size `DTYPE.size()` and alignment no greater than their size.
+pub unsafe trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DataType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(unsafe impl Element for $t { const DTYPE: DataType = DataType::$d; })*
+    };
+}
+
+element!(
+    i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+    f16 => F16, f32 => F32, f64 => F64, bf16 => Bf16, F8E4M3 => F8E4M3, F8E5M2 => F8E5M2,
+);
+
+/// Views a slice of elements as bytes.
+pub(crate) fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
+    // SAFETY: Element types are plain data without padding (the trait's contract).
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
+}
+
+/// Views a mutable slice of elements as bytes.
+pub(crate) fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above, and every bit pattern is a valid element, so any byte write is sound.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
+}
+
+/// Reads element `i` of a byte buffer of `dt` as f64 (for checks and references; not a hot path).
+pub fn get_f64(dt: DataType, bytes: &[u8], i: usize) -> f64 {
+    let s = dt.size();
+    let b = &bytes[i * s..(i + 1) * s];
+    match dt {
+        DataType::I8 => b[0] as i8 as f64,
+        DataType::U8 => b[0] as f64,
+        DataType::I32 => i32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DataType::U32 => u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DataType::I64 => i64::from_ne_bytes(b.try_into().unwrap_or([0; 8])) as f64,
+        DataType::U64 => u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])) as f64,
+        DataType::F16 => f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f64(),
+        DataType::Bf16 => bf16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f64(),
+        DataType::F32 => f32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DataType::F64 => f64::from_ne_bytes(b.try_into().unwrap_or([0; 8])),
+        DataType::F8E4M3 => F8E4M3::from_bits(b[0]).to_f32() as f64,
+        DataType::F8E5M2 => F8E5M2::from_bits(b[0]).to_f32() as f64,
+    }
+}
+
+/// Writes `v` (converted, rounded to nearest) as element `i` of a byte buffer of `dt`.
+pub fn set_f64(dt: DataType, bytes: &mut [u8], i: usize, v: f64) {
+    let s = dt.size();
+    let b = &mut bytes[i * s..(i + 1) * s];
+    match dt {
+        DataType::I8 => b[0] = v as i8 as u8,
+        DataType::U8 => b[0] = v as u8,
+        DataType::I32 => b.copy_from_slice(&(v as i32).to_ne_bytes()),
+        DataType::U32 => b.copy_from_slice(&(v as u32).to_ne_bytes()),
+        DataType::I64 => b.copy_from_slice(&(v as i64).to_ne_bytes()),
+        DataType::U64 => b.copy_from_slice(&(v as u64).to_ne_bytes()),
+        DataType::F16 => b.copy_from_slice(&f16::from_f64(v).to_bits().to_ne_bytes()),
+        DataType::Bf16 => b.copy_from_slice(&bf16::from_f64(v).to_bits().to_ne_bytes()),
+        DataType::F32 => b.copy_from_slice(&(v as f32).to_ne_bytes()),
+        DataType::F64 => b.copy_from_slice(&v.to_ne_bytes()),
+        DataType::F8E4M3 => b[0] = F8E4M3::from_f32(v as f32).to_bits(),
+        DataType::F8E5M2 => b[0] = F8E5M2::from_f32(v as f32).to_bits(),
+    }
+}

@@ -1,0 +1,406 @@
+//! The FIFO every transport moves data through: `nslots` slots of `slot_size` bytes in one
+//! memory region, written by one sender and read by one receiver, like NCCL's connector buffers
+//! with NCCL_STEPS slots.
+//!
+//! For shm the region is a shared-memory segment between two processes (or two threads); for tcp
+//! it is process memory that the proxy thread drains into, or fills from, a socket. Either way
+//! the protocol is the same:
+//! - the sender waits until the slot's previous message was acknowledged, writes the data and
+//!   the slot header, then publishes the slot by storing its sequence number;
+//! - the receiver waits for that sequence number, uses the data, then acknowledges the slot.
+//!
+//! The sequence word sits in the same cache line as the first 32 bytes of data, so a small
+//! message crosses between cores as one line. Acknowledgements are per slot (not one tail
+//! counter) so that several proxy threads can complete slots out of order.
+
+use super::wait::{self, Check, Deadline};
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
+pub(crate) const VERSION: u32 = 1;
+
+/// Endpoint states, written by each side into its own header word. Anything but `OPEN` ends
+/// the other side's waits with an error that says why.
+pub(crate) mod state {
+    pub const OPEN: u32 = 0;
+    /// Destroyed cleanly.
+    pub const CLOSED: u32 = 1;
+    /// The rank failed or was aborted.
+    pub const ABORTED: u32 = 2;
+    /// The rank saw an operation mismatch.
+    pub const MISMATCH: u32 = 3;
+    /// The rank timed out.
+    pub const TIMEOUT: u32 = 4;
+    /// The transport lost the connection (set by the proxy thread).
+    pub const LOST: u32 = 5;
+
+    pub fn describe(s: u32) -> &'static str {
+        match s {
+            CLOSED => "destroyed its communicator while this rank still expected it to take part",
+            ABORTED => "failed or was aborted",
+            MISMATCH => "detected an operation mismatch (ranks called different collectives, counts or types)",
+            TIMEOUT => "timed out waiting for another rank",
+            LOST => "lost its connection (the process died or the network failed)",
+            _ => "reported an unknown failure",
+        }
+    }
+}
+
+/// Cache-line padding so that words written by different sides never share a line.
+#[repr(C, align(64))]
+pub(crate) struct Line<T>(pub T);
+
+#[repr(C)]
+pub(crate) struct Header {
+    pub magic: u64,
+    pub version: u32,
+    pub nslots: u32,
+    pub slot_size: u32,
+    pub send_pid: u32,
+    pub recv_pid: u32,
+    pub send_sleepers: Line<AtomicU32>,
+    pub recv_sleepers: Line<AtomicU32>,
+    pub send_state: Line<AtomicU32>,
+    pub recv_state: Line<AtomicU32>,
+}
+
+/// What a message is part of; every slot carries it so that a receiver detects, on the first
+/// slot, a peer that runs a different operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub(crate) struct Desc {
+    pub opseq: u32,
+    pub root: u32,
+    /// The call's count, split so the struct stays 4-byte aligned and the header 32 bytes.
+    pub count_lo: u32,
+    pub count_hi: u32,
+    pub coll: u8,
+    pub dtype: u8,
+    pub redop: u8,
+    pub _pad: u8,
+}
+
+impl Desc {
+    pub(crate) fn new(coll: u8, opseq: u32, count: u64, dtype: u8, redop: u8, root: u32) -> Desc {
+        Desc { opseq, root, count_lo: count as u32, count_hi: (count >> 32) as u32, coll, dtype, redop, _pad: 0 }
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.count_lo as u64 | ((self.count_hi as u64) << 32)
+    }
+}
+
+#[repr(C)]
+pub(crate) struct SlotHdr {
+    /// Message number + 1 once published (wrapping; never equals a stale value in the slot).
+    pub seq: AtomicU32,
+    /// Message number + 1 once consumed.
+    pub ack: AtomicU32,
+    pub len: u32,
+    pub desc: Desc,
+}
+
+pub(crate) const SLOT_HDR: usize = 32;
+const _: () = assert!(std::mem::size_of::<SlotHdr>() == SLOT_HDR);
+const _: () = assert!(std::mem::size_of::<Desc>() == 20);
+
+pub(crate) fn header_size() -> usize {
+    std::mem::size_of::<Header>().next_multiple_of(64)
+}
+
+pub(crate) fn stride(slot_size: usize) -> usize {
+    (SLOT_HDR + slot_size).next_multiple_of(64)
+}
+
+pub(crate) fn region_size(nslots: usize, slot_size: usize) -> usize {
+    header_size() + nslots * stride(slot_size)
+}
+
+/// A mapping that holds one FIFO; unmapped when the last user drops it.
+pub(crate) struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory whose concurrent use goes through atomics in the header and
+// slot headers; data is only touched by the side that owns the slot at that moment.
+unsafe impl Send for Region {}
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Maps `len` bytes of `fd` shared (fd < 0: anonymous memory for an in-process FIFO).
+    pub(crate) fn map(fd: libc::c_int, len: usize) -> Result<Region> {
+        let flags = if fd < 0 { libc::MAP_SHARED | libc::MAP_ANONYMOUS } else { libc::MAP_SHARED };
+        // SAFETY: a fresh mapping; the kernel picks the address.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os(format!("mmap of a {len}-byte FIFO")));
+        }
+        Ok(Region { ptr: p.cast(), len })
+    }
+
+    pub(crate) fn header(&self) -> &Header {
+        // SAFETY: the region starts with a Header (validated by `check` for mapped peers' FIFOs)
+        // and lives as long as self.
+        unsafe { &*(self.ptr as *const Header) }
+    }
+
+    /// Writes a fresh header (the creator does this before anyone else maps the region).
+    pub(crate) fn init(&self, nslots: usize, slot_size: usize, send_pid: u32, recv_pid: u32) {
+        // SAFETY: the creator has exclusive access; the mapping is zero-filled, which is a valid
+        // state for every atomic.
+        unsafe {
+            let h = self.ptr as *mut Header;
+            (*h).magic = MAGIC;
+            (*h).version = VERSION;
+            (*h).nslots = nslots as u32;
+            (*h).slot_size = slot_size as u32;
+            (*h).send_pid = send_pid;
+            (*h).recv_pid = recv_pid;
+        }
+    }
+
+    /// Validates a header written by another process before trusting its geometry.
+    pub(crate) fn check(&self, nslots: usize, slot_size: usize) -> Result<()> {
+        let h = self.header();
+        if self.len < region_size(nslots, slot_size)
+            || h.magic != MAGIC
+            || h.version != VERSION
+            || h.nslots as usize != nslots
+            || h.slot_size as usize != slot_size
+        {
+            return Err(Error::internal(format!(
+                "shared-memory FIFO has an unexpected header (magic {:#x}, version {}, {} slots of {} bytes); \
+                 do all ranks run the same occl build and OCCL_FIFO_SLOTS/OCCL_SHM_SLOT_SIZE?",
+                h.magic, h.version, h.nslots, h.slot_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn slot(&self, i: usize) -> *mut u8 {
+        let h = self.header();
+        // SAFETY: i < nslots, and the region holds nslots slots (checked at creation/mapping).
+        unsafe { self.ptr.add(header_size() + i * stride(h.slot_size as usize)) }
+    }
+
+    pub(crate) fn slot_hdr(&self, i: usize) -> &SlotHdr {
+        // SAFETY: every slot starts with a SlotHdr; atomics make shared access sound.
+        unsafe { &*(self.slot(i) as *const SlotHdr) }
+    }
+
+    pub(crate) fn slot_data(&self, i: usize) -> *mut u8 {
+        // SAFETY: within the slot (data follows the 32-byte header).
+        unsafe { self.slot(i).add(SLOT_HDR) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; nobody holds references past the Arc's life.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// How the waiting side learns that the other side is gone, beyond its state word.
+#[derive(Clone, Copy)]
+pub(crate) enum Liveness {
+    /// In this process (a thread rank, or the proxy thread): the state word says it all.
+    Local,
+    /// Another process of this host: also check that its pid is alive.
+    Process(u32),
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // A killed child that its parent has not reaped yet still exists as a zombie.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(s.rsplit_once(") ").and_then(|(_, t)| t.chars().next()), Some('Z' | 'X')),
+        Err(_) => r == 0,
+    }
+}
+
+/// Checks shared by both ends: our own abort flag, the other side's state, its pid.
+pub(crate) struct Ends<'a> {
+    pub peer: usize,
+    pub liveness: Liveness,
+    pub abort: &'a std::sync::atomic::AtomicBool,
+}
+
+impl Ends<'_> {
+    fn check(&self, other_state: &AtomicU32, slow: bool) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::usage("the communicator was aborted"));
+        }
+        let s = other_state.load(Ordering::Acquire);
+        if s != state::OPEN {
+            return Err(Error::remote(self.peer, state::describe(s)));
+        }
+        if slow {
+            if let Liveness::Process(pid) = self.liveness {
+                if !pid_alive(pid) {
+                    return Err(Error::remote(self.peer, format!("process {pid} is dead")));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The sending end of a FIFO.
+pub(crate) struct SendFifo {
+    pub region: Arc<Region>,
+    nslots: usize,
+    slot_size: usize,
+    /// Messages posted so far.
+    head: u32,
+}
+
+impl SendFifo {
+    pub(crate) fn new(region: Arc<Region>) -> SendFifo {
+        let h = region.header();
+        let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
+        SendFifo { region, nslots, slot_size, head: 0 }
+    }
+
+    pub(crate) fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    pub(crate) fn nslots(&self) -> usize {
+        self.nslots
+    }
+
+    /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).
+    pub(crate) fn acquire(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<*mut u8> {
+        let i = self.head as usize % self.nslots;
+        let hdr = self.region.slot_hdr(i);
+        let h = self.region.header();
+        if (self.head as usize) >= self.nslots {
+            let want = self.head.wrapping_sub(self.nslots as u32).wrapping_add(1);
+            if hdr.ack.load(Ordering::Acquire) != want {
+                let peer = ends.peer;
+                wait::wait_until(
+                    || hdr.ack.load(Ordering::Acquire) == want,
+                    &hdr.ack,
+                    &h.send_sleepers.0,
+                    &mut |slow| ends.check(&h.recv_state.0, slow),
+                    deadline,
+                    &|| format!("sending to rank {peer} (waiting for a free slot)"),
+                )?;
+            }
+        }
+        Ok(self.region.slot_data(i))
+    }
+
+    /// Publishes the slot returned by the last `acquire` with `len` bytes of data.
+    pub(crate) fn post(&mut self, len: usize, desc: &Desc) {
+        let i = self.head as usize % self.nslots;
+        let h = self.region.header();
+        let hdr = self.region.slot(i) as *mut SlotHdr;
+        // SAFETY: the slot is ours until `seq` is published; the receiver reads len/desc only
+        // after observing seq with Acquire.
+        unsafe {
+            (*hdr).len = len as u32;
+            (*hdr).desc = *desc;
+        }
+        self.head = self.head.wrapping_add(1);
+        self.region.slot_hdr(i).seq.store(self.head, Ordering::SeqCst);
+        wait::wake(&self.region.slot_hdr(i).seq, &h.recv_sleepers.0);
+    }
+
+    /// Marks this end with `s` (closed or failed) and wakes the receiver so it notices.
+    pub(crate) fn set_state(&self, s: u32) {
+        let h = self.region.header();
+        let _ = h.send_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+        for i in 0..self.nslots {
+            wait::wake(&self.region.slot_hdr(i).seq, &h.recv_sleepers.0);
+        }
+    }
+}
+
+/// The receiving end of a FIFO.
+pub(crate) struct RecvFifo {
+    pub region: Arc<Region>,
+    nslots: usize,
+    slot_size: usize,
+    /// Messages consumed so far.
+    tail: u32,
+}
+
+/// A published slot: its data, length and descriptor.
+pub(crate) struct Msg {
+    pub data: *const u8,
+    pub len: usize,
+    pub desc: Desc,
+}
+
+impl RecvFifo {
+    pub(crate) fn new(region: Arc<Region>) -> RecvFifo {
+        let h = region.header();
+        let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
+        RecvFifo { region, nslots, slot_size, tail: 0 }
+    }
+
+    pub(crate) fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Waits for the next message. Its data stays valid until `release`.
+    pub(crate) fn peek(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<Msg> {
+        let i = self.tail as usize % self.nslots;
+        let hdr = self.region.slot_hdr(i);
+        let want = self.tail.wrapping_add(1);
+        if hdr.seq.load(Ordering::Acquire) != want {
+            let h = self.region.header();
+            let peer = ends.peer;
+            let mut check = |slow: bool| -> Result<()> {
+                // Data published before the sender went away is still delivered.
+                if hdr.seq.load(Ordering::Acquire) == want {
+                    return Ok(());
+                }
+                ends.check(&h.send_state.0, slow)
+            };
+            let check: Check<'_> = &mut check;
+            wait::wait_until(
+                || hdr.seq.load(Ordering::Acquire) == want,
+                &hdr.seq,
+                &h.recv_sleepers.0,
+                check,
+                deadline,
+                &|| format!("receiving from rank {peer}"),
+            )?;
+        }
+        let len = hdr.len as usize;
+        if len > self.slot_size {
+            return Err(Error::internal(format!(
+                "rank {} published a {len}-byte slot in a FIFO of {}-byte slots",
+                ends.peer, self.slot_size
+            )));
+        }
+        Ok(Msg { data: self.region.slot_data(i), len, desc: hdr.desc })
+    }
+
+    /// Acknowledges the message returned by the last `peek`, freeing its slot for the sender.
+    pub(crate) fn release(&mut self) {
+        let i = self.tail as usize % self.nslots;
+        self.tail = self.tail.wrapping_add(1);
+        let hdr = self.region.slot_hdr(i);
+        hdr.ack.store(self.tail, Ordering::SeqCst);
+        wait::wake(&hdr.ack, &self.region.header().send_sleepers.0);
+    }
+
+    pub(crate) fn set_state(&self, s: u32) {
+        let h = self.region.header();
+        let _ = h.recv_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+        for i in 0..self.nslots {
+            wait::wake(&self.region.slot_hdr(i).ack, &h.send_sleepers.0);
+        }
+    }
+}

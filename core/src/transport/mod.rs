@@ -1,0 +1,242 @@
+//! Transports: how bytes get from one rank to another. Every peer pair gets a pair of FIFOs
+//! (`fifo`), carried by shared memory between ranks of one host (`shm`) or by sockets and proxy
+//! threads between hosts (`tcp`). Selection is by host identity; `OCCL_TRANSPORT` forces one.
+
+pub(crate) mod fifo;
+pub(crate) mod shm;
+pub(crate) mod tcp;
+pub(crate) mod wait;
+
+use crate::auth;
+use crate::bootstrap::{self, wire, PeerInfo};
+use crate::config::{Config, TransportKind};
+use crate::error::{Error, Result};
+use fifo::{Liveness, RecvFifo, SendFifo};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Everything this rank has for one peer.
+pub(crate) struct Peer {
+    pub send: SendFifo,
+    pub recv: RecvFifo,
+    pub kind: TransportKind,
+    pub liveness: Liveness,
+    pub tcp: Option<tcp::TcpLink>,
+}
+
+impl Peer {
+    /// Tells the peer this rank is done (`state::CLOSED`) or failed (another state), and for tcp
+    /// flushes and closes the sockets.
+    pub(crate) fn close(&mut self, how: u32) {
+        self.send.set_state(how);
+        self.recv.set_state(how);
+        if let Some(t) = self.tcp.as_mut() {
+            t.close(how);
+        }
+    }
+
+    /// Marks failure without blocking (no flush): used on errors, where peers must learn fast.
+    pub(crate) fn fail(&self, how: u32) {
+        self.send.set_state(how);
+        self.recv.set_state(how);
+    }
+}
+
+/// The transport for the pair (me, peer), as every rank computes it from the same table.
+pub(crate) fn select(config: &Config, me: &PeerInfo, peer: &PeerInfo) -> Result<TransportKind> {
+    let same_host = me.host_id == peer.host_id;
+    match config.transport {
+        Some(TransportKind::Shm) if !same_host => Err(Error::usage(format!(
+            "OCCL_TRANSPORT=shm, but rank {} is on host {} and rank {} on host {}; shm only connects ranks of one host (use tcp)",
+            me.rank, me.hostname, peer.rank, peer.hostname
+        ))),
+        Some(k) => Ok(k),
+        None if same_host => Ok(TransportKind::Shm),
+        None => Ok(TransportKind::Tcp),
+    }
+}
+
+/// Connects this rank to every other rank. Collective over the communicator: every rank calls
+/// it with the same table. `listener` is the socket advertised in this rank's `PeerInfo`.
+pub(crate) fn connect_all(
+    config: &Config,
+    me: usize,
+    table: &[PeerInfo],
+    secret: &[u8; 16],
+    boot: &mut bootstrap::Client,
+    listener: TcpListener,
+) -> Result<(Vec<Option<Peer>>, usize)> {
+    let n = table.len();
+    let comm_id = table[0].comm_id;
+    let kinds: Vec<Option<TransportKind>> = (0..n)
+        .map(|p| if p == me { Ok(None) } else { select(config, &table[me], &table[p]).map(Some) })
+        .collect::<Result<_>>()?;
+    // One slot size for the whole communicator, so a ring step that receives over one
+    // transport and sends over another cuts its slices the same way on both.
+    let any_tcp = (0..n).any(|a| (0..n).any(|b| a != b && select(config, &table[a], &table[b]).ok() != Some(TransportKind::Shm)));
+    let slot = if any_tcp { config.tcp_slot_size } else { config.shm_slot_size };
+    let nslots = config.fifo_slots;
+    let deadline = Instant::now() + config.timeout;
+
+    // shm, phase 1: create the segments this rank sends into.
+    let mut created = Vec::new();
+    let mut out_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
+    let result = (|| -> Result<Vec<Option<Peer>>> {
+        for p in 0..n {
+            if kinds[p] == Some(TransportKind::Shm) {
+                let name = shm::segment_name(comm_id, me, p);
+                let r = shm::create(&name, nslots, slot, table[me].pid, table[p].pid)?;
+                created.push(name);
+                out_regions[p] = Some(Arc::new(r));
+            }
+        }
+        boot.barrier()?;
+        // Phase 2: map the segments peers send into; then nobody needs the names any more.
+        let mut in_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
+        for p in 0..n {
+            if kinds[p] == Some(TransportKind::Shm) {
+                in_regions[p] = Some(Arc::new(shm::open(&shm::segment_name(comm_id, p, me), nslots, slot)?));
+            }
+        }
+        boot.barrier()?;
+        for name in created.drain(..) {
+            shm::unlink(&name);
+        }
+
+        // tcp: lower ranks connect to higher ranks, nsocks sockets each.
+        let tcp_lower: Vec<usize> = (0..me).filter(|&p| kinds[p] == Some(TransportKind::Tcp)).collect();
+        let expected = tcp_lower.len() * config.nsocks;
+        let acceptor = spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?;
+        let mut socks: Vec<Vec<Option<TcpStream>>> = (0..n).map(|_| (0..config.nsocks).map(|_| None).collect()).collect();
+        for p in me + 1..n {
+            if kinds[p] != Some(TransportKind::Tcp) {
+                continue;
+            }
+            for k in 0..config.nsocks {
+                socks[p][k] = Some(dial(&table[p], secret, comm_id, me, k, deadline)?);
+            }
+        }
+        for (p, k, s) in acceptor.recv().map_err(|_| Error::internal("tcp acceptor thread vanished"))?? {
+            socks[p][k] = Some(s);
+        }
+
+        let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
+        for p in 0..n {
+            let Some(kind) = kinds[p] else { continue };
+            let peer = match kind {
+                TransportKind::Shm => {
+                    let (out, inn) = match (out_regions[p].take(), in_regions[p].take()) {
+                        (Some(o), Some(i)) => (o, i),
+                        _ => return Err(Error::internal(format!("shm FIFOs for rank {p} missing"))),
+                    };
+                    let liveness =
+                        if table[p].pid == table[me].pid { Liveness::Local } else { Liveness::Process(table[p].pid) };
+                    Peer { send: SendFifo::new(out), recv: RecvFifo::new(inn), kind, liveness, tcp: None }
+                }
+                TransportKind::Tcp => {
+                    let s: Vec<TcpStream> = socks[p].iter_mut().filter_map(Option::take).collect();
+                    if s.len() != config.nsocks {
+                        return Err(Error::internal(format!("tcp sockets for rank {p} missing")));
+                    }
+                    let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout)?;
+                    Peer { send, recv, kind, liveness: Liveness::Local, tcp: Some(link) }
+                }
+            };
+            peers[p] = Some(peer);
+        }
+        Ok(peers)
+    })();
+    for name in created {
+        shm::unlink(&name);
+    }
+    result.map(|peers| (peers, slot))
+}
+
+const HELLO_MAGIC: u64 = 0x4f43_434c_5443_5048; // "OCCLTCPH"
+
+fn dial(to: &PeerInfo, secret: &[u8; 16], comm_id: u64, me: usize, k: usize, deadline: Instant) -> Result<TcpStream> {
+    let ctx = |what: &str| format!("tcp transport: {what} rank {} at {}", to.rank, to.listen);
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let mut s = TcpStream::connect_timeout(&to.listen, left).map_err(|e| Error::sys(ctx("connect to"), e))?;
+    auth::client(&mut s, secret)?;
+    let mut w = wire::Writer::default();
+    w.u64(HELLO_MAGIC);
+    w.u64(comm_id);
+    w.u32(me as u32);
+    w.u32(k as u32);
+    wire::send(&mut s, &w.into_inner())?;
+    Ok(s)
+}
+
+type Accepted = Result<Vec<(usize, usize, TcpStream)>>;
+
+/// Accepts the `expected` connections from lower ranks on a thread of its own (so dialing
+/// higher ranks cannot deadlock against them). Strangers are refused, logged and not counted.
+#[allow(clippy::too_many_arguments)]
+fn spawn_acceptor(
+    listener: TcpListener,
+    expected: usize,
+    secret: [u8; 16],
+    comm_id: u64,
+    me: usize,
+    n: usize,
+    nsocks: usize,
+    deadline: Instant,
+) -> Result<mpsc::Receiver<Accepted>> {
+    let (tx, rx) = mpsc::channel();
+    listener.set_nonblocking(true).map_err(|e| Error::sys("tcp transport: listener non-blocking", e))?;
+    std::thread::Builder::new()
+        .name("occl-tcp-accept".into())
+        .spawn(move || {
+            let mut got: Vec<(usize, usize, TcpStream)> = Vec::new();
+            let res = loop {
+                if got.len() == expected {
+                    break Ok(std::mem::take(&mut got));
+                }
+                if Instant::now() >= deadline {
+                    break Err(Error::Timeout {
+                        what: format!("rank {me} waiting for {} tcp connections from lower ranks", expected - got.len()),
+                        secs: 0.0,
+                    });
+                }
+                match listener.accept() {
+                    Ok((mut s, from)) => {
+                        let _ = s.set_nonblocking(false);
+                        if let Err(e) = auth::server(&mut s, &secret) {
+                            tracing::warn!("tcp transport: refused a connection from {from}: {e}");
+                            continue;
+                        }
+                        match read_hello(&mut s, comm_id, me, n, nsocks) {
+                            Ok((p, k)) if !got.iter().any(|(q, j, _)| *q == p && *j == k) => got.push((p, k, s)),
+                            Ok((p, k)) => tracing::warn!("tcp transport: duplicate connection {k} from rank {p}; dropped"),
+                            Err(e) => tracing::warn!("tcp transport: refused a connection from {from}: {e}"),
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(e) => break Err(Error::sys("tcp transport: accept", e)),
+                }
+            };
+            let _ = tx.send(res);
+        })
+        .map_err(|e| Error::sys("spawn tcp acceptor thread", e))?;
+    Ok(rx)
+}
+
+fn read_hello(s: &mut TcpStream, comm_id: u64, me: usize, n: usize, nsocks: usize) -> Result<(usize, usize)> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::sys("set timeout", e))?;
+    let f = wire::recv(s)?;
+    let mut r = wire::Reader::new(&f);
+    let (magic, id, from, k) = (r.u64()?, r.u64()?, r.u32()? as usize, r.u32()? as usize);
+    r.finish()?;
+    s.set_read_timeout(None).map_err(|e| Error::sys("set timeout", e))?;
+    if magic != HELLO_MAGIC || id != comm_id {
+        return Err(Error::usage("hello for a different communicator"));
+    }
+    if from >= me || from >= n || k >= nsocks {
+        return Err(Error::usage(format!("hello from rank {from} socket {k} is out of range")));
+    }
+    Ok((from, k))
+}

@@ -1,0 +1,1 @@
+//! Shared helpers for occl's integration tests and benchmark.
