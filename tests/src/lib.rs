@@ -1,1 +1,7 @@
-//! Shared helpers for occl's integration tests and benchmark.
+//! Shared helpers for occl's integration tests and the `occl-perf` benchmark: starting the
+//! ranks of a local job as real processes, and filling/checking buffers of any datatype.
+
+pub mod launch;
+pub mod matrix;
+pub mod pattern;
+pub mod perf;

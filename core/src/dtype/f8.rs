@@ -177,15 +177,11 @@ fmt_as_f32!(F8E4M3, F8E5M2);
 mod tests {
     use super::*;
 
-    /// Finite codes of one sign, in increasing order of value (codes 0..=max are monotonic).
-    fn finite_codes(max: u8) -> std::ops::RangeInclusive<u8> {
-        0..=max
-    }
-
-    /// Brute-force nearest finite code (ties to the even code) for |x|, in f64.
+    /// Brute-force nearest finite code (ties to the even code) for |x|, in f64; positive codes
+    /// 0..=max increase with their value.
     fn nearest(x: f64, max: u8, to_f32: impl Fn(u8) -> f32) -> u8 {
         let mut best = 0u8;
-        for c in finite_codes(max) {
+        for c in 0..=max {
             let (d, db) = ((to_f32(c) as f64 - x).abs(), (to_f32(best) as f64 - x).abs());
             if d < db || (d == db && c % 2 == 0) {
                 best = c;

@@ -1,0 +1,114 @@
+//! One rank of a multi-process test job, started by the integration tests with the launcher
+//! environment set. `occl-test-worker <scenario> [args]`; prints `OK …` lines on success and
+//! `ERR kind=<ErrorKind> …` when occl returned an error, and exits non-zero on any failure.
+
+use occl::{Comm, RedOp};
+use occl_tests::matrix::{self, Spec};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+fn report(e: &occl::Error) -> ExitCode {
+    println!("ERR kind={:?} at_ns={} msg={}", e.kind(), now_ns(), e);
+    ExitCode::from(3)
+}
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()),
+    ).try_init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().map(String::as_str).unwrap_or("");
+    let comm = match Comm::from_env() {
+        Ok(c) => c,
+        Err(e) => return report(&e),
+    };
+    let r = comm.rank();
+    match scenario {
+        // The correctness matrix; args[1] is a Spec string.
+        "matrix" => {
+            let spec = match Spec::parse(args.get(1).map(String::as_str).unwrap_or("")) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("bad spec: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match matrix::run(&comm, &spec) {
+                Ok(out) if out.failures.is_empty() => {
+                    println!("OK rank={r} checked={} transport={}", out.checked, comm.transport_summary());
+                }
+                Ok(out) => {
+                    for f in &out.failures {
+                        println!("WRONG {f}");
+                    }
+                    return ExitCode::from(1);
+                }
+                Err(e) => {
+                    println!("ERR kind=matrix msg={e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        // All-reduces until occl fails (a peer is killed by the test); prints when it did.
+        "loop" => {
+            let buf = vec![1.0f32; 1 << 16];
+            let mut out = vec![0f32; 1 << 16];
+            println!("READY rank={r} pid={}", std::process::id());
+            for i in 0u64.. {
+                if let Err(e) = comm.all_reduce(&buf, &mut out, RedOp::Sum) {
+                    println!("after {i} ops");
+                    return report(&e);
+                }
+                if i > 10_000_000 {
+                    break;
+                }
+            }
+        }
+        // Rank `args[1]` runs a different operation (`args[2]`: count|coll|dtype|root) than the others.
+        "mismatch" => {
+            let odd = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let how = args.get(2).map(String::as_str).unwrap_or("count");
+            let a = vec![1.0f32; 1000];
+            let mut b = vec![0f32; 2000];
+            let res = if r != odd {
+                comm.all_reduce(&a, &mut b[..1000], RedOp::Sum)
+            } else {
+                match how {
+                    "count" => comm.all_reduce(&b[..1500].to_vec(), &mut vec![0f32; 1500], RedOp::Sum),
+                    "coll" => comm.broadcast_in_place(&mut b[..1000], 0),
+                    "dtype" => comm.all_reduce(&vec![1.0f64; 500], &mut vec![0f64; 500], RedOp::Sum),
+                    _ => comm.all_reduce(&a, &mut b[..1000], RedOp::Max),
+                }
+            };
+            match res {
+                Ok(()) => println!("OK rank={r} (no error)"),
+                Err(e) => return report(&e),
+            }
+        }
+        // Rank 1 arrives `args[1]` ms late to an all-reduce; the others should time out.
+        "late" => {
+            let ms: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3000);
+            if r == 1 {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            let a = vec![1.0f32; 100];
+            let mut b = vec![0f32; 100];
+            match comm.all_reduce(&a, &mut b, RedOp::Sum) {
+                Ok(()) => println!("OK rank={r}"),
+                Err(e) => return report(&e),
+            }
+        }
+        _ => {
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch or late");
+            return ExitCode::from(2);
+        }
+    }
+    match comm.destroy() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report(&e),
+    }
+}

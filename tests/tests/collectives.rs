@@ -1,0 +1,106 @@
+//! Correctness of every collective, datatype, operator, size and placement, in real processes
+//! (shm, tcp, and a mix of both) and in the threads mode, against an f64 reference.
+
+mod common;
+
+use common::{assert_all_ok, env, run_job};
+use occl::{Comm, Config, TransportKind};
+use occl_tests::launch::Spawn;
+use occl_tests::matrix::{self, Spec};
+use std::time::Duration;
+
+/// Sizes the issue asks for (element counts): 0, 1, 7 and 4099 here; 1 MiB + 3 below.
+const SMALL: &str = "counts=0,1,7,4099";
+const BIG: &str = "counts=1048579";
+
+#[test]
+fn processes_shm_every_collective_dtype_op_ranks_1_to_8() {
+    for n in 1..=8 {
+        let outs = run_job(n, &["matrix", SMALL], Spawn::default(), Duration::from_secs(120));
+        assert_all_ok(&outs, &format!("shm nranks={n}"));
+        assert!(outs[0].output.contains("checked=1824"), "{}", outs[0].output);
+        if n > 1 {
+            assert!(outs[0].output.contains("transport=shm"), "{}", outs[0].output);
+        }
+    }
+}
+
+#[test]
+fn processes_tcp_every_collective_dtype_op() {
+    for n in [2, 3, 5, 8] {
+        let spawn = Spawn { env: env(&[("OCCL_TRANSPORT", "tcp"), ("OCCL_NSOCKS", "2")]), ..Spawn::default() };
+        let outs = run_job(n, &["matrix", SMALL], spawn, Duration::from_secs(120));
+        assert_all_ok(&outs, &format!("tcp nranks={n}"));
+        assert!(outs[0].output.contains("transport=tcp"), "{}", outs[0].output);
+    }
+}
+
+#[test]
+fn processes_two_hosts_mix_shm_and_tcp() {
+    // Ranks 0,1 on "host a" and 2,3,4 on "host b": ring steps cross transports.
+    let hosts = ["a", "a", "b", "b", "b"];
+    let spawn = Spawn {
+        rank_env: hosts.iter().map(|h| env(&[("OCCL_HOSTID", h)])).collect(),
+        ..Spawn::default()
+    };
+    let outs = run_job(5, &["matrix", SMALL], spawn, Duration::from_secs(120));
+    assert_all_ok(&outs, "mixed shm+tcp");
+    assert!(outs[0].output.contains("transport=shm+tcp"), "{}", outs[0].output);
+}
+
+#[test]
+fn processes_one_mib_plus_3_every_collective_dtype_op() {
+    let outs = run_job(3, &["matrix", BIG], Spawn::default(), Duration::from_secs(600));
+    assert_all_ok(&outs, "1 MiB + 3, nranks=3");
+    assert!(outs[0].output.contains("checked=456"), "{}", outs[0].output);
+}
+
+#[test]
+fn processes_one_mib_plus_3_at_8_ranks_and_over_tcp() {
+    let spec = format!("{BIG};dtypes=f32,bf16,u8,i64,f8e4m3");
+    let outs = run_job(8, &["matrix", &spec], Spawn::default(), Duration::from_secs(600));
+    assert_all_ok(&outs, "1 MiB + 3, nranks=8");
+    let spawn = Spawn { env: env(&[("OCCL_TRANSPORT", "tcp")]), ..Spawn::default() };
+    let spec = format!("{BIG};dtypes=f32,f16,i8;ops=sum,avg,min");
+    let outs = run_job(4, &["matrix", &spec], spawn, Duration::from_secs(600));
+    assert_all_ok(&outs, "1 MiB + 3 over tcp, nranks=4");
+}
+
+fn threads(n: usize, spec: &Spec, config: Config) {
+    let comms = Comm::init_all_with(n, config).expect("init_all");
+    assert_eq!(comms.len(), n);
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| {
+            assert_eq!(c.rank(), r);
+            let spec = spec.clone();
+            std::thread::spawn(move || {
+                let out = matrix::run(&c, &spec);
+                c.destroy().expect("destroy");
+                out
+            })
+        })
+        .collect();
+    for (r, h) in handles.into_iter().enumerate() {
+        let out = h.join().expect("rank thread").unwrap_or_else(|e| panic!("threads n={n} rank {r}: {e}"));
+        assert!(out.failures.is_empty(), "threads n={n} rank {r}: {:#?}", out.failures);
+        assert!(out.checked > 0);
+    }
+}
+
+#[test]
+fn threads_mode_every_collective_dtype_op_ranks_1_to_8() {
+    let spec = Spec::parse(SMALL).expect("spec");
+    for n in 1..=8 {
+        threads(n, &spec, Config::default());
+    }
+}
+
+#[test]
+fn threads_mode_large_and_over_tcp() {
+    let spec = Spec::parse(&format!("{BIG};dtypes=f32,f64,bf16,i32")).expect("spec");
+    threads(4, &spec, Config::default());
+    let tcp = Config { transport: Some(TransportKind::Tcp), ..Config::default() };
+    threads(3, &Spec::parse(SMALL).expect("spec"), tcp);
+}
