@@ -1,0 +1,230 @@
+//! Bad input gets a clear error and loses nothing; a failing or dead peer turns into an error on
+//! every other rank within bounds, never a hang.
+
+mod common;
+
+use common::{env, err_of, run_job, worker};
+use occl::{Comm, Config, DataType, ErrorKind, RedOp, UniqueId};
+use occl_tests::launch::{Job, Spawn};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn on_threads(n: usize, f: impl Fn(&Comm) + Send + Sync + 'static) {
+    let f = Arc::new(f);
+    let comms = Comm::init_all_with(n, Config::default()).expect("init_all");
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                f(&c);
+                c.destroy().expect("destroy");
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("rank thread panicked");
+    }
+}
+
+fn kind<T: std::fmt::Debug>(r: occl::Result<T>) -> ErrorKind {
+    r.expect_err("expected an error").kind()
+}
+
+#[test]
+fn invalid_arguments_fail_before_communicating_and_leave_the_comm_usable() {
+    on_threads(2, |c| {
+        let a = [1.0f32; 4];
+        let mut b = [0f32; 4];
+        assert_eq!(kind(c.all_reduce(&a, &mut b[..3], RedOp::Sum)), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.broadcast(&a, &mut b, 2)), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.reduce(&a, &mut b, RedOp::Sum, 7)), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.all_gather(&a, &mut b)), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.reduce_scatter(&a, &mut b, RedOp::Sum)), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.all_to_all(&a[..3], &mut b[..3])), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.all_gather_in_place(&mut b[..3])), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.send(&a, 9)), ErrorKind::InvalidArgument);
+        assert_eq!(kind(c.send(&a, c.rank())), ErrorKind::InvalidUsage);
+        let e = c.broadcast(&a, &mut b, 2).unwrap_err();
+        assert!(e.to_string().contains("root 2 is out of range"), "{e}");
+        // SAFETY (raw calls): the pointers are valid; occl must reject the counts and layouts
+        // before touching memory.
+        unsafe {
+            let p = b.as_mut_ptr().cast::<u8>();
+            let e = c.all_reduce_raw(p, p, usize::MAX / 2, DataType::F32, RedOp::Sum).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains("overflows"), "{e}");
+            assert_eq!(kind(c.all_gather_raw(p, p, usize::MAX / 3, DataType::F64)), ErrorKind::InvalidArgument);
+            assert_eq!(kind(c.all_reduce_raw(p.add(1), p.add(1), 2, DataType::F32, RedOp::Sum)), ErrorKind::InvalidArgument);
+            assert_eq!(kind(c.all_reduce_raw(p, p.add(4), 2, DataType::F32, RedOp::Sum)), ErrorKind::InvalidArgument);
+            assert_eq!(kind(c.all_reduce_raw(std::ptr::null(), p, 2, DataType::F32, RedOp::Sum)), ErrorKind::InvalidArgument);
+        }
+        // Nothing was lost: the next valid call works.
+        c.all_reduce(&a, &mut b, RedOp::Sum).expect("valid all_reduce after rejected calls");
+        assert_eq!(b, [2.0; 4]);
+    });
+}
+
+#[test]
+fn bad_init_arguments_and_ids() {
+    let id = UniqueId::new().expect("id");
+    assert_eq!(kind(Comm::init_rank(2, &id, 2, Config::default())), ErrorKind::InvalidArgument);
+    assert_eq!(kind(Comm::init_rank(0, &id, 0, Config::default())), ErrorKind::InvalidArgument);
+    assert_eq!(kind(Comm::init_all(0)), ErrorKind::InvalidArgument);
+    assert_eq!(kind("occl1-zz@127.0.0.1:1".parse::<UniqueId>()), ErrorKind::InvalidArgument);
+}
+
+/// A subscriber that keeps log lines in memory, installed once for this test binary.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: std::sync::OnceLock<Arc<Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let b2 = buf.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_writer(move || Tee(b2.clone()))
+            .with_max_level(tracing::Level::WARN)
+            .try_init();
+        buf
+    })
+    .clone()
+}
+
+struct Tee(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Tee {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut v) = self.0.lock() {
+            v.extend_from_slice(b);
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn strangers_and_garbage_at_the_bootstrap_root_are_refused_and_logged() {
+    let logs = captured_logs();
+    let id = UniqueId::new().expect("id");
+    // Garbage bytes, then a silent connection, then a client with the wrong secret.
+    let mut s = std::net::TcpStream::connect(id.addr()).expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    let _silent = std::net::TcpStream::connect(id.addr()).expect("connect");
+    let text = id.to_string();
+    let hex_at = "occl1-".len();
+    let flipped = if &text[hex_at..hex_at + 1] == "0" { "1" } else { "0" };
+    let wrong: UniqueId = format!("{}{}{}", &text[..hex_at], flipped, &text[hex_at + 1..]).parse().expect("id");
+    let start = Instant::now();
+    let e = Comm::init_rank(2, &wrong, 0, Config::default()).expect_err("stranger must be refused");
+    assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+    assert!(e.to_string().contains("secret"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // The real job still forms on the same root.
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let c = Comm::init_rank(2, &id, r, Config::default()).expect("real rank joins");
+                let mut v = [r as u32 + 1; 3];
+                c.all_reduce_in_place(&mut v, RedOp::Sum).expect("all_reduce");
+                assert_eq!(v, [3; 3]);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("rank");
+    }
+    let text = String::from_utf8_lossy(&logs.lock().expect("logs")).into_owned();
+    assert!(text.contains("refused a connection"), "root did not log the strangers:\n{text}");
+}
+
+#[test]
+fn mismatched_operations_fail_on_every_rank_with_the_reason() {
+    for (n, how, transport) in
+        [(2, "count", "shm"), (3, "coll", "shm"), (2, "dtype", "shm"), (3, "op", "shm"), (3, "count", "tcp"), (2, "coll", "tcp")]
+    {
+        let spawn = Spawn { env: env(&[("OCCL_TRANSPORT", transport), ("OCCL_TIMEOUT", "30")]), ..Spawn::default() };
+        let start = Instant::now();
+        let outs = run_job(n, &["mismatch", "1", how], spawn, Duration::from_secs(60));
+        let took = start.elapsed();
+        let errs: Vec<_> = outs.iter().map(|o| err_of(o).unwrap_or_else(|| panic!("rank {} did not fail:\n{}", o.rank, o.output))).collect();
+        assert!(
+            errs.iter().any(|(k, _, l)| k == "InvalidUsage" && l.contains("operation mismatch")),
+            "{how}/{transport}: no rank named the mismatch: {errs:#?}"
+        );
+        for (k, _, l) in &errs {
+            assert!(k == "InvalidUsage" || k == "RemoteError", "{how}/{transport}: unexpected {l}");
+        }
+        assert!(took < Duration::from_secs(10), "{how}/{transport}: took {took:?} (must not wait for the timeout)");
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+fn sigkill_mid_collective(transport: &str) {
+    let spawn = Spawn {
+        env: env(&[("OCCL_TRANSPORT", transport), ("OCCL_TIMEOUT", "60")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    let job = Job::spawn(worker(), &["loop".to_string()], 4, &spawn).expect("start");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    std::thread::sleep(Duration::from_millis(300));
+    let killed_at = now_ns();
+    job.signal(2, libc::SIGKILL).expect("kill rank 2");
+    let outs = job.wait(Duration::from_secs(30)).expect("survivors exit");
+    for o in outs.iter().filter(|o| o.rank != 2) {
+        let (k, at, line) = err_of(o).unwrap_or_else(|| panic!("{transport}: rank {} did not fail:\n{}", o.rank, o.output));
+        assert_eq!(k, "RemoteError", "{transport}: rank {}: {line}", o.rank);
+        let after = Duration::from_nanos(at.saturating_sub(killed_at) as u64);
+        assert!(after < Duration::from_secs(5), "{transport}: rank {} noticed after {after:?}: {line}", o.rank);
+        eprintln!("{transport}: rank {} failed {after:?} after the kill: {line}", o.rank);
+    }
+}
+
+#[test]
+fn sigkill_of_a_rank_fails_every_other_rank_within_5s_shm() {
+    sigkill_mid_collective("shm");
+}
+
+#[test]
+fn sigkill_of_a_rank_fails_every_other_rank_within_5s_tcp() {
+    sigkill_mid_collective("tcp");
+}
+
+#[test]
+fn a_late_rank_makes_the_others_time_out_after_occl_timeout() {
+    let spawn = Spawn { env: env(&[("OCCL_TIMEOUT", "1")]), ..Spawn::default() };
+    let start_ns = now_ns();
+    let outs = run_job(3, &["late", "4000"], spawn, Duration::from_secs(60));
+    // Ranks 0 and 2 wait; whichever waits on rank 1 directly times out, the other may learn of
+    // it first as a remote error that names the timeout. Both within OCCL_TIMEOUT + slack.
+    let mut timeouts = 0;
+    for r in [0, 2] {
+        let (k, at, line) = err_of(&outs[r]).unwrap_or_else(|| panic!("rank {r} did not fail:\n{}", outs[r].output));
+        assert!(k == "Timeout" || (k == "RemoteError" && line.contains("timed out")), "rank {r}: {line}");
+        timeouts += (k == "Timeout") as usize;
+        let after = Duration::from_nanos(at.saturating_sub(start_ns) as u64);
+        assert!(after < Duration::from_secs(4), "rank {r} failed only after {after:?}: {line}");
+    }
+    assert!(timeouts >= 1, "no rank reported Timeout");
+    // The late rank arrives to find its peers gone: a remote error, not a hang.
+    let (k, _, line) = err_of(&outs[1]).expect("rank 1 fails");
+    assert_eq!(k, "RemoteError", "{line}");
+}
+
+#[test]
+fn abort_and_use_after_failure_are_errors() {
+    on_threads(2, |c| {
+        c.abort();
+        let mut v = [1u8; 4];
+        let e = c.all_reduce_in_place(&mut v, RedOp::Sum).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.to_string().contains("aborted"), "{e}");
+    });
+}
