@@ -41,6 +41,32 @@ struct Inner {
     failed: Option<Error>,
 }
 
+/// One call, as `run` stamps it: what it is, its arguments, and the bytes it moves.
+struct Op {
+    coll: CollType,
+    count: usize,
+    dt: DataType,
+    op: Option<RedOp>,
+    root: Option<usize>,
+    bytes: usize,
+    p2p_peer: Option<usize>,
+}
+
+impl Op {
+    fn new(coll: CollType, count: usize, dt: DataType, bytes: usize) -> Op {
+        Op { coll, count, dt, op: None, root: None, bytes, p2p_peer: None }
+    }
+    fn op(self, op: RedOp) -> Op {
+        Op { op: Some(op), ..self }
+    }
+    fn root(self, root: usize) -> Op {
+        Op { root: Some(root), ..self }
+    }
+    fn peer(self, peer: usize) -> Op {
+        Op { p2p_peer: Some(peer), ..self }
+    }
+}
+
 /// No reduction: the descriptor value for collectives that only move data.
 const NO_OP: u8 = 0xff;
 const NO_ROOT: u32 = u32::MAX;
@@ -87,11 +113,7 @@ impl Comm {
             listen,
             comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
         };
-        let table = boot
-            .all_gather(&me.encode())?
-            .iter()
-            .map(|b| PeerInfo::decode(b))
-            .collect::<Result<Vec<_>>>()?;
+        let table = boot.all_gather(&me.encode())?.iter().map(|b| PeerInfo::decode(b)).collect::<Result<Vec<_>>>()?;
         for (r, p) in table.iter().enumerate() {
             if p.rank != r {
                 return Err(Error::internal(format!("bootstrap table entry {r} claims rank {}", p.rank)));
@@ -106,8 +128,18 @@ impl Comm {
         boot.barrier()?;
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
-            peers.iter().enumerate().filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Shm)).map(|(i, _)| i).collect::<Vec<_>>(),
-            peers.iter().enumerate().filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Tcp)).map(|(i, _)| i).collect::<Vec<_>>(),
+            peers
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Shm))
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>(),
+            peers
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Tcp))
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>(),
         );
         Ok(Comm {
             rank,
@@ -252,20 +284,12 @@ impl Comm {
 
     /// Runs one operation: checks the sticky error, stamps the record, runs `f`, and on failure
     /// tells every peer.
-    fn run(
-        &self,
-        coll: CollType,
-        count: usize,
-        dt: DataType,
-        op: Option<RedOp>,
-        root: Option<usize>,
-        bytes: usize,
-        p2p_peer: Option<usize>,
-        f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
-    ) -> Result<()> {
-        let mut g = self.inner.lock().map_err(|_| {
-            Error::internal("the communicator was poisoned by a panic in another thread; destroy it")
-        })?;
+    fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>) -> Result<()>) -> Result<()> {
+        let Op { coll, count, dt, op, root, bytes, p2p_peer } = o;
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| Error::internal("the communicator was poisoned by a panic in another thread; destroy it"))?;
         if let Some(e) = &g.failed {
             return Err(Error::usage(format!("the communicator failed earlier and must be destroyed: {e}")));
         }
@@ -339,7 +363,10 @@ impl Comm {
 
     fn check_root(&self, root: usize) -> Result<()> {
         if root >= self.nranks {
-            return Err(Error::arg(format!("root {root} is out of range for nranks={} (ranks are 0..{})", self.nranks, self.nranks)));
+            return Err(Error::arg(format!(
+                "root {root} is out of range for nranks={} (ranks are 0..{})",
+                self.nranks, self.nranks
+            )));
         }
         Ok(())
     }
@@ -374,7 +401,7 @@ fn check_ptr(what: &str, p: *const u8, bytes: usize, dt: DataType) -> Result<()>
     if bytes > 0 && p.is_null() {
         return Err(Error::arg(format!("{what} buffer is null")));
     }
-    if bytes > 0 && (p as usize) % dt.size() != 0 {
+    if bytes > 0 && !(p as usize).is_multiple_of(dt.size()) {
         return Err(Error::arg(format!("{what} buffer {p:p} is not aligned to the {}-byte {dt} element", dt.size())));
     }
     Ok(())
@@ -392,30 +419,46 @@ impl Comm {
     /// # Safety
     /// `send` must be readable and `recv` writable for `count` elements of `dt`; they may be
     /// the same pointer (in place) but must not otherwise overlap.
-    pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, op: RedOp) -> Result<()> {
+    pub unsafe fn all_reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<()> {
         let bytes = self.bytes_of(count, 1, dt)?;
         check_ptr("send", send, bytes, dt)?;
         check_ptr("recv", recv, bytes, dt)?;
-        if send != recv as *const u8 && overlaps(send, bytes, recv, bytes) {
+        if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
-        self.run(CollType::AllReduce, count, dt, Some(op), None, bytes, None, |c| coll::ring::all_reduce(c, send, recv, count))
+        self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op), |c| {
+            coll::ring::all_reduce(c, send, recv, count)
+        })
     }
 
     /// # Safety
     /// At the root `send` is readable for `count` elements; `recv` is writable for `count`
     /// elements on every rank (it may equal `send`).
-    pub unsafe fn broadcast_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, root: usize) -> Result<()> {
+    pub unsafe fn broadcast_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        root: usize,
+    ) -> Result<()> {
         self.check_root(root)?;
         let bytes = self.bytes_of(count, 1, dt)?;
         if self.rank == root {
             check_ptr("send", send, bytes, dt)?;
-            if send != recv as *const u8 && overlaps(send, bytes, recv, bytes) {
+            if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
                 return Err(Error::arg("broadcast: send and recv buffers overlap without being the same (in place)"));
             }
         }
         check_ptr("recv", recv, bytes, dt)?;
-        self.run(CollType::Broadcast, count, dt, None, Some(root), bytes, None, |c| {
+        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root), |c| {
             coll::ring::broadcast(c, send, recv, bytes, root)
         })
     }
@@ -423,17 +466,25 @@ impl Comm {
     /// # Safety
     /// `send` readable for `count` elements on every rank; at the root `recv` writable for
     /// `count` elements (it may equal `send`); elsewhere `recv` is not touched.
-    pub unsafe fn reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, op: RedOp, root: usize) -> Result<()> {
+    pub unsafe fn reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_root(root)?;
         let bytes = self.bytes_of(count, 1, dt)?;
         check_ptr("send", send, bytes, dt)?;
         if self.rank == root {
             check_ptr("recv", recv, bytes, dt)?;
-            if send != recv as *const u8 && overlaps(send, bytes, recv, bytes) {
+            if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
                 return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
             }
         }
-        self.run(CollType::Reduce, count, dt, Some(op), Some(root), bytes, None, |c| {
+        self.run(Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root), |c| {
             coll::ring::reduce(c, send, recv, bytes, root)
         })
     }
@@ -447,29 +498,36 @@ impl Comm {
         check_ptr("send", send, bytes, dt)?;
         check_ptr("recv", recv, total, dt)?;
         let own = recv.wrapping_add(self.rank * bytes) as *const u8;
-        if send != own && overlaps(send, bytes, recv, total) {
+        if !std::ptr::eq(send, own) && overlaps(send, bytes, recv, total) {
             return Err(Error::arg(
                 "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
             ));
         }
-        self.run(CollType::AllGather, count, dt, None, None, total, None, |c| coll::ring::all_gather(c, send, recv, count))
+        self.run(Op::new(CollType::AllGather, count, dt, total), |c| coll::ring::all_gather(c, send, recv, count))
     }
 
     /// # Safety
     /// `send` readable for `nranks * count` elements, `recv` writable for `count`; in place when
     /// `recv == send + rank * count` elements.
-    pub unsafe fn reduce_scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType, op: RedOp) -> Result<()> {
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<()> {
         let bytes = self.bytes_of(count, 1, dt)?;
         let total = self.bytes_of(count, self.nranks, dt)?;
         check_ptr("send", send, total, dt)?;
         check_ptr("recv", recv, bytes, dt)?;
         let own = send.wrapping_add(self.rank * bytes);
-        if recv as *const u8 != own && overlaps(send, total, recv, bytes) {
+        if !std::ptr::eq(recv, own) && overlaps(send, total, recv, bytes) {
             return Err(Error::arg(
                 "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
             ));
         }
-        self.run(CollType::ReduceScatter, count, dt, Some(op), None, total, None, |c| {
+        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op), |c| {
             coll::ring::reduce_scatter(c, send, recv, count)
         })
     }
@@ -481,7 +539,7 @@ impl Comm {
         let block = self.bytes_of(count, 1, dt)?;
         check_ptr("send", send, total, dt)?;
         check_ptr("recv", recv, total, dt)?;
-        let in_place = send == recv as *const u8;
+        let in_place = std::ptr::eq(send, recv);
         if !in_place && overlaps(send, total, recv, total) {
             return Err(Error::arg("all_to_all: send and recv buffers overlap without being the same (in place)"));
         }
@@ -493,7 +551,7 @@ impl Comm {
             Vec::new()
         };
         let src = if staged.is_empty() { send } else { staged.as_ptr() };
-        self.run(CollType::AllToAll, count, dt, None, None, total, None, |c| coll::direct::all_to_all(c, src, recv, block))
+        self.run(Op::new(CollType::AllToAll, count, dt, total), |c| coll::direct::all_to_all(c, src, recv, block))
     }
 
     /// # Safety
@@ -502,7 +560,7 @@ impl Comm {
         self.check_peer(peer)?;
         let bytes = self.bytes_of(count, 1, dt)?;
         check_ptr("send", buf, bytes, dt)?;
-        self.run(CollType::Send, count, dt, None, None, bytes, Some(peer), |c| coll::direct::send(c, buf, bytes, peer))
+        self.run(Op::new(CollType::Send, count, dt, bytes).peer(peer), |c| coll::direct::send(c, buf, bytes, peer))
     }
 
     /// # Safety
@@ -511,7 +569,7 @@ impl Comm {
         self.check_peer(peer)?;
         let bytes = self.bytes_of(count, 1, dt)?;
         check_ptr("recv", buf, bytes, dt)?;
-        self.run(CollType::Recv, count, dt, None, None, bytes, Some(peer), |c| coll::direct::recv(c, buf, bytes, peer))
+        self.run(Op::new(CollType::Recv, count, dt, bytes).peer(peer), |c| coll::direct::recv(c, buf, bytes, peer))
     }
 }
 
@@ -523,7 +581,7 @@ fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
 }
 
 fn blocks(what: &str, total: usize, n: usize) -> Result<usize> {
-    if total % n != 0 {
+    if !total.is_multiple_of(n) {
         return Err(Error::arg(format!("{what}: {total} elements do not split into {n} equal blocks (one per rank)")));
     }
     Ok(total / n)

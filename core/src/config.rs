@@ -62,15 +62,11 @@ impl Default for Config {
 }
 
 fn var(names: &[&str]) -> Option<(String, String)> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
 }
 
 fn parse<T: std::str::FromStr>(name: &str, v: &str, what: &str) -> Result<T> {
-    v.trim()
-        .parse()
-        .map_err(|_| Error::arg(format!("{name}={v:?} is not {what}")))
+    v.trim().parse().map_err(|_| Error::arg(format!("{name}={v:?} is not {what}")))
 }
 
 impl Config {
@@ -104,7 +100,7 @@ impl Config {
         ] {
             if let Some((n, v)) = var(names) {
                 let b: usize = parse(&n, &v, "a byte count")?;
-                if b < lo || b > (64 << 20) || b % 64 != 0 {
+                if b < lo || b > (64 << 20) || !b.is_multiple_of(64) {
                     return Err(Error::arg(format!("{n}={v:?} must be a multiple of 64 between {lo} and 64 MiB")));
                 }
                 *field = b;

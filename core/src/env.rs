@@ -19,7 +19,9 @@ fn get(name: &str) -> Option<String> {
 
 fn num(name: &str) -> Result<Option<usize>> {
     get(name)
-        .map(|v| v.trim().parse::<usize>().map_err(|_| Error::arg(format!("{name}={v:?} is not a non-negative integer"))))
+        .map(|v| {
+            v.trim().parse::<usize>().map_err(|_| Error::arg(format!("{name}={v:?} is not a non-negative integer")))
+        })
         .transpose()
 }
 
@@ -83,14 +85,21 @@ fn root_at_master(addr: &str, port: &str, rank: usize, _config: &Config) -> Resu
         .ok_or_else(|| Error::arg(format!("MASTER_ADDR={addr:?} resolves to no address")))?;
     let secret = match get("OCCL_JOB_SECRET") {
         Some(hex) => {
-            let id: UniqueId = format!("occl1-{}@{sa}", hex.trim()).parse().map_err(|_| {
-                Error::arg("OCCL_JOB_SECRET must be 32 hex digits")
-            })?;
+            let id: UniqueId = format!("occl1-{}@{sa}", hex.trim())
+                .parse()
+                .map_err(|_| Error::arg("OCCL_JOB_SECRET must be 32 hex digits"))?;
             id.secret
         }
         None => {
             let mut h = SipHasher24::new_with_key(&[0x6f; 16]);
-            for v in ["TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"] {
+            for v in [
+                "TORCHELASTIC_RUN_ID",
+                "SLURM_JOB_ID",
+                "OMPI_MCA_ess_base_jobid",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "WORLD_SIZE",
+            ] {
                 h.write(v.as_bytes());
                 h.write(get(v).unwrap_or_default().as_bytes());
             }

@@ -85,9 +85,7 @@ impl FromStr for UniqueId {
 
     fn from_str(s: &str) -> Result<UniqueId> {
         let bad = |why: &str| {
-            Error::arg(format!(
-                "unique id {s:?} is malformed ({why}); expected occl1-<32 hex digits>@<ip>:<port>"
-            ))
+            Error::arg(format!("unique id {s:?} is malformed ({why}); expected occl1-<32 hex digits>@<ip>:<port>"))
         };
         let rest = s.trim().strip_prefix(PREFIX).ok_or_else(|| bad("missing occl1- prefix"))?;
         let (hex, addr) = rest.split_once('@').ok_or_else(|| bad("missing @"))?;

@@ -39,10 +39,7 @@ fn processes_tcp_every_collective_dtype_op() {
 fn processes_two_hosts_mix_shm_and_tcp() {
     // Ranks 0,1 on "host a" and 2,3,4 on "host b": ring steps cross transports.
     let hosts = ["a", "a", "b", "b", "b"];
-    let spawn = Spawn {
-        rank_env: hosts.iter().map(|h| env(&[("OCCL_HOSTID", h)])).collect(),
-        ..Spawn::default()
-    };
+    let spawn = Spawn { rank_env: hosts.iter().map(|h| env(&[("OCCL_HOSTID", h)])).collect(), ..Spawn::default() };
     let outs = run_job(5, &["matrix", SMALL], spawn, Duration::from_secs(120));
     assert_all_ok(&outs, "mixed shm+tcp");
     assert!(outs[0].output.contains("transport=shm+tcp"), "{}", outs[0].output);

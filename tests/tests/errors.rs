@@ -56,9 +56,15 @@ fn invalid_arguments_fail_before_communicating_and_leave_the_comm_usable() {
             assert_eq!(e.kind(), ErrorKind::InvalidArgument);
             assert!(e.to_string().contains("overflows"), "{e}");
             assert_eq!(kind(c.all_gather_raw(p, p, usize::MAX / 3, DataType::F64)), ErrorKind::InvalidArgument);
-            assert_eq!(kind(c.all_reduce_raw(p.add(1), p.add(1), 2, DataType::F32, RedOp::Sum)), ErrorKind::InvalidArgument);
+            assert_eq!(
+                kind(c.all_reduce_raw(p.add(1), p.add(1), 2, DataType::F32, RedOp::Sum)),
+                ErrorKind::InvalidArgument
+            );
             assert_eq!(kind(c.all_reduce_raw(p, p.add(4), 2, DataType::F32, RedOp::Sum)), ErrorKind::InvalidArgument);
-            assert_eq!(kind(c.all_reduce_raw(std::ptr::null(), p, 2, DataType::F32, RedOp::Sum)), ErrorKind::InvalidArgument);
+            assert_eq!(
+                kind(c.all_reduce_raw(std::ptr::null(), p, 2, DataType::F32, RedOp::Sum)),
+                ErrorKind::InvalidArgument
+            );
         }
         // Nothing was lost: the next valid call works.
         c.all_reduce(&a, &mut b, RedOp::Sum).expect("valid all_reduce after rejected calls");
@@ -142,14 +148,22 @@ fn strangers_and_garbage_at_the_bootstrap_root_are_refused_and_logged() {
 
 #[test]
 fn mismatched_operations_fail_on_every_rank_with_the_reason() {
-    for (n, how, transport) in
-        [(2, "count", "shm"), (3, "coll", "shm"), (2, "dtype", "shm"), (3, "op", "shm"), (3, "count", "tcp"), (2, "coll", "tcp")]
-    {
+    for (n, how, transport) in [
+        (2, "count", "shm"),
+        (3, "coll", "shm"),
+        (2, "dtype", "shm"),
+        (3, "op", "shm"),
+        (3, "count", "tcp"),
+        (2, "coll", "tcp"),
+    ] {
         let spawn = Spawn { env: env(&[("OCCL_TRANSPORT", transport), ("OCCL_TIMEOUT", "30")]), ..Spawn::default() };
         let start = Instant::now();
         let outs = run_job(n, &["mismatch", "1", how], spawn, Duration::from_secs(60));
         let took = start.elapsed();
-        let errs: Vec<_> = outs.iter().map(|o| err_of(o).unwrap_or_else(|| panic!("rank {} did not fail:\n{}", o.rank, o.output))).collect();
+        let errs: Vec<_> = outs
+            .iter()
+            .map(|o| err_of(o).unwrap_or_else(|| panic!("rank {} did not fail:\n{}", o.rank, o.output)))
+            .collect();
         assert!(
             errs.iter().any(|(k, _, l)| k == "InvalidUsage" && l.contains("operation mismatch")),
             "{how}/{transport}: no rank named the mismatch: {errs:#?}"
@@ -179,7 +193,8 @@ fn sigkill_mid_collective(transport: &str) {
     job.signal(2, libc::SIGKILL).expect("kill rank 2");
     let outs = job.wait(Duration::from_secs(30)).expect("survivors exit");
     for o in outs.iter().filter(|o| o.rank != 2) {
-        let (k, at, line) = err_of(o).unwrap_or_else(|| panic!("{transport}: rank {} did not fail:\n{}", o.rank, o.output));
+        let (k, at, line) =
+            err_of(o).unwrap_or_else(|| panic!("{transport}: rank {} did not fail:\n{}", o.rank, o.output));
         assert_eq!(k, "RemoteError", "{transport}: rank {}: {line}", o.rank);
         let after = Duration::from_nanos(at.saturating_sub(killed_at) as u64);
         assert!(after < Duration::from_secs(5), "{transport}: rank {} noticed after {after:?}: {line}", o.rank);

@@ -77,16 +77,12 @@ impl Client {
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
-                Err(e) => {
-                    return Err(Error::sys(format!("bootstrap: connect to the root at {}", id.addr), e))
-                }
+                Err(e) => return Err(Error::sys(format!("bootstrap: connect to the root at {}", id.addr), e)),
             }
         };
         stream.set_nodelay(true).map_err(|e| Error::sys("bootstrap: set TCP_NODELAY", e))?;
         auth::client(&mut stream, &id.secret)?;
-        stream
-            .set_read_timeout(Some(timeout))
-            .map_err(|e| Error::sys("bootstrap: set read timeout", e))?;
+        stream.set_read_timeout(Some(timeout)).map_err(|e| Error::sys("bootstrap: set read timeout", e))?;
         let mut w = Writer::default();
         w.u8(wire::JOIN);
         w.u32(nranks as u32);
@@ -114,7 +110,10 @@ impl Client {
             wire::RESULT => {
                 let n = r.u32()? as usize;
                 if n != self.nranks {
-                    return Err(Error::internal(format!("bootstrap: root returned {n} entries for {} ranks", self.nranks)));
+                    return Err(Error::internal(format!(
+                        "bootstrap: root returned {n} entries for {} ranks",
+                        self.nranks
+                    )));
                 }
                 let out = (0..n).map(|_| r.bytes().map(|b| b.to_vec())).collect::<Result<Vec<_>>>()?;
                 r.finish()?;

@@ -9,8 +9,8 @@
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
-use crate::reduce;
 use crate::record::CollType;
+use crate::reduce;
 use crate::transport::fifo::{Desc, Ends, Msg, RecvFifo, SendFifo};
 use crate::transport::wait::Deadline;
 

@@ -186,13 +186,8 @@ element!(
     f16 => F16, f32 => F32, f64 => F64, bf16 => Bf16, F8E4M3 => F8E4M3, F8E5M2 => F8E5M2,
 );
 
-/// Views a slice of elements as bytes.
-pub(crate) fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
-    // SAFETY: Element types are plain data without padding (the trait's contract).
-    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
-}
-
 /// Views a mutable slice of elements as bytes.
+#[cfg(test)]
 pub(crate) fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     // SAFETY: as above, and every bit pattern is a valid element, so any byte write is sound.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }

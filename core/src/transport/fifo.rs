@@ -257,7 +257,6 @@ impl Ends<'_> {
 pub(crate) struct SendFifo {
     pub region: Arc<Region>,
     nslots: usize,
-    slot_size: usize,
     /// Messages posted so far.
     head: u32,
 }
@@ -265,16 +264,7 @@ pub(crate) struct SendFifo {
 impl SendFifo {
     pub(crate) fn new(region: Arc<Region>) -> SendFifo {
         let h = region.header();
-        let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
-        SendFifo { region, nslots, slot_size, head: 0 }
-    }
-
-    pub(crate) fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-
-    pub(crate) fn nslots(&self) -> usize {
-        self.nslots
+        SendFifo { nslots: h.nslots as usize, region, head: 0 }
     }
 
     /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).
@@ -346,10 +336,6 @@ impl RecvFifo {
         let h = region.header();
         let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
         RecvFifo { region, nslots, slot_size, tail: 0 }
-    }
-
-    pub(crate) fn slot_size(&self) -> usize {
-        self.slot_size
     }
 
     /// Waits for the next message. Its data stays valid until `release`.

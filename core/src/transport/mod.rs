@@ -74,7 +74,8 @@ pub(crate) fn connect_all(
         .collect::<Result<_>>()?;
     // One slot size for the whole communicator, so a ring step that receives over one
     // transport and sends over another cuts its slices the same way on both.
-    let any_tcp = (0..n).any(|a| (0..n).any(|b| a != b && select(config, &table[a], &table[b]).ok() != Some(TransportKind::Shm)));
+    let any_tcp =
+        (0..n).any(|a| (0..n).any(|b| a != b && select(config, &table[a], &table[b]).ok() != Some(TransportKind::Shm)));
     let slot = if any_tcp { config.tcp_slot_size } else { config.shm_slot_size };
     let nslots = config.fifo_slots;
     let deadline = Instant::now() + config.timeout;
@@ -108,13 +109,14 @@ pub(crate) fn connect_all(
         let tcp_lower: Vec<usize> = (0..me).filter(|&p| kinds[p] == Some(TransportKind::Tcp)).collect();
         let expected = tcp_lower.len() * config.nsocks;
         let acceptor = spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?;
-        let mut socks: Vec<Vec<Option<TcpStream>>> = (0..n).map(|_| (0..config.nsocks).map(|_| None).collect()).collect();
+        let mut socks: Vec<Vec<Option<TcpStream>>> =
+            (0..n).map(|_| (0..config.nsocks).map(|_| None).collect()).collect();
         for p in me + 1..n {
             if kinds[p] != Some(TransportKind::Tcp) {
                 continue;
             }
-            for k in 0..config.nsocks {
-                socks[p][k] = Some(dial(&table[p], secret, comm_id, me, k, deadline)?);
+            for (k, slot) in socks[p].iter_mut().enumerate() {
+                *slot = Some(dial(&table[p], secret, comm_id, me, k, deadline)?);
             }
         }
         for (p, k, s) in acceptor.recv().map_err(|_| Error::internal("tcp acceptor thread vanished"))?? {
@@ -196,7 +198,10 @@ fn spawn_acceptor(
                 }
                 if Instant::now() >= deadline {
                     break Err(Error::Timeout {
-                        what: format!("rank {me} waiting for {} tcp connections from lower ranks", expected - got.len()),
+                        what: format!(
+                            "rank {me} waiting for {} tcp connections from lower ranks",
+                            expected - got.len()
+                        ),
                         secs: 0.0,
                     });
                 }
@@ -209,7 +214,9 @@ fn spawn_acceptor(
                         }
                         match read_hello(&mut s, comm_id, me, n, nsocks) {
                             Ok((p, k)) if !got.iter().any(|(q, j, _)| *q == p && *j == k) => got.push((p, k, s)),
-                            Ok((p, k)) => tracing::warn!("tcp transport: duplicate connection {k} from rank {p}; dropped"),
+                            Ok((p, k)) => {
+                                tracing::warn!("tcp transport: duplicate connection {k} from rank {p}; dropped")
+                            }
                             Err(e) => tracing::warn!("tcp transport: refused a connection from {from}: {e}"),
                         }
                     }

@@ -4,7 +4,7 @@
 //!
 //! Wire frame per slot: a 32-byte header (seq, kind, len, descriptor; little-endian) and `len`
 //! bytes of data. Kind `ABORT` carries the sender's failure state instead of data, so the peer
-//! learns why its sender stopped, not only that it did.
+//! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
 
 use super::fifo::{self, state, Desc, Ends, Liveness, RecvFifo, Region, SendFifo};
 use super::wait::{self, Deadline};
@@ -18,6 +18,9 @@ use std::time::Duration;
 
 const KIND_DATA: u32 = 0;
 const KIND_ABORT: u32 = 1;
+/// Sent after the last data frame when the peer destroys its communicator: an end of stream
+/// without it means the process died (the kernel closes a killed process's sockets cleanly).
+const KIND_CLOSE: u32 = 2;
 const FRAME_HDR: usize = 32;
 /// Proxy threads wait for the collective code without a bound of their own; they stop when
 /// their FIFO's state changes or the socket closes.
@@ -209,10 +212,8 @@ fn send_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Regi
             continue;
         }
         let s = h.send_state.0.load(Ordering::Acquire);
-        if s != state::CLOSED {
-            let frame = encode(want, KIND_ABORT, s, &Desc::default());
-            let _ = write_frame(&mut sock, &frame, &[]);
-        }
+        let kind = if s == state::CLOSED { KIND_CLOSE } else { KIND_ABORT };
+        let _ = write_frame(&mut sock, &encode(want, kind, s, &Desc::default()), &[]);
         let _ = sock.shutdown(Shutdown::Write);
         return;
     }
@@ -229,10 +230,9 @@ fn recv_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Regi
         match read_exact_or_eof(&mut sock, &mut fh) {
             Ok(true) => {}
             Ok(false) => {
-                // A clean end of stream: the peer flushed everything on this socket. Only when
-                // every socket has ended is the peer known to have sent all it will send.
-                if clean_eofs.fetch_add(1, Ordering::SeqCst) + 1 == nsocks as u32 {
-                    set_send_state(r, state::CLOSED);
+                // End of stream without a CLOSE frame: the process is gone.
+                if h.recv_state.0.load(Ordering::Acquire) == state::OPEN {
+                    set_send_state(r, state::LOST);
                 }
                 return;
             }
@@ -246,6 +246,14 @@ fn recv_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Regi
         }
         let (seq, kind, len, desc) = decode(&fh);
         let want = m.wrapping_add(1);
+        if kind == KIND_CLOSE {
+            // The peer flushed everything on this socket. Only when every socket has closed is
+            // the peer known to have sent all it will send.
+            if clean_eofs.fetch_add(1, Ordering::SeqCst) + 1 == nsocks as u32 {
+                set_send_state(r, state::CLOSED);
+            }
+            return;
+        }
         if kind == KIND_ABORT {
             set_send_state(r, if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len });
             return;

@@ -102,10 +102,8 @@ pub(crate) fn wake(word: &AtomicU32, sleepers: &AtomicU32) {
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `word` is a live, aligned u32; shared (not private) futex so it works across
     // processes on a MAP_SHARED mapping. Spurious returns are handled by the caller's loop.
     unsafe {

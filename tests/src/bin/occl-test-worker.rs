@@ -17,9 +17,10 @@ fn report(e: &occl::Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()),
-    ).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()))
+        .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("");
     let comm = match Comm::from_env() {
@@ -78,7 +79,7 @@ fn main() -> ExitCode {
                 comm.all_reduce(&a, &mut b[..1000], RedOp::Sum)
             } else {
                 match how {
-                    "count" => comm.all_reduce(&b[..1500].to_vec(), &mut vec![0f32; 1500], RedOp::Sum),
+                    "count" => comm.all_reduce(&b[..1500], &mut vec![0f32; 1500], RedOp::Sum),
                     "coll" => comm.broadcast_in_place(&mut b[..1000], 0),
                     "dtype" => comm.all_reduce(&vec![1.0f64; 500], &mut vec![0f64; 500], RedOp::Sum),
                     _ => comm.all_reduce(&a, &mut b[..1000], RedOp::Max),

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every check occl has: formatting, clippy with warnings as errors, and all tests (unit
+# tests, multi-process integration tests over shm and tcp, threads mode, error cases).
+# Installs what the tests need on a fresh Debian machine; needs only a Rust toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "scripts/test.sh: cargo not found; install a Rust toolchain (https://rustup.rs) first" >&2
+    exit 1
+fi
+# gcc for crates that build C; clippy and rustfmt for the lints.
+if ! command -v cc >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+fi
+for comp in clippy rustfmt; do
+    if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        rustup component add "$comp"
+    fi
+done
+
+echo "== rustfmt"
+cargo fmt --all -- --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --release -- -D warnings
+echo "== tests"
+# Release build: the integration tests move hundreds of MiB through real processes.
+cargo test --workspace --release -- --test-threads 2
