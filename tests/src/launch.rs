@@ -3,8 +3,8 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A running local job.

@@ -17,8 +17,15 @@ pub enum Coll {
 }
 
 impl Coll {
-    pub const ALL: [Coll; 7] =
-        [Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll, Coll::SendRecv];
+    pub const ALL: [Coll; 7] = [
+        Coll::AllReduce,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::AllToAll,
+        Coll::SendRecv,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -70,11 +77,15 @@ impl Spec {
             let (k, v) = part.split_once('=').ok_or_else(|| format!("bad spec part {part:?}"))?;
             let items = v.split(',').filter(|x| !x.is_empty());
             match k {
-                "colls" => spec.colls = items.map(|x| Coll::parse(x).ok_or(format!("bad coll {x}"))).collect::<Result<_, _>>()?,
+                "colls" => {
+                    spec.colls =
+                        items.map(|x| Coll::parse(x).ok_or(format!("bad coll {x}"))).collect::<Result<_, _>>()?
+                }
                 "dtypes" => spec.dtypes = items.map(|x| x.parse()).collect::<Result<_, _>>()?,
                 "ops" => spec.ops = items.map(|x| x.parse()).collect::<Result<_, _>>()?,
                 "counts" => {
-                    spec.counts = items.map(|x| x.parse::<usize>().map_err(|e| e.to_string())).collect::<Result<_, _>>()?
+                    spec.counts =
+                        items.map(|x| x.parse::<usize>().map_err(|e| e.to_string())).collect::<Result<_, _>>()?
                 }
                 "inplace" => spec.in_place = items.map(|x| x == "1").collect(),
                 _ => return Err(format!("unknown spec key {k}")),
@@ -111,7 +122,8 @@ pub fn run(comm: &Comm, spec: &Spec) -> Result<Outcome, String> {
                             comm.nranks(),
                             comm.rank()
                         );
-                        let wrong = one(comm, coll, dt, op, count, ci, inp).map_err(|e| format!("{what}: occl error: {e}"))?;
+                        let wrong =
+                            one(comm, coll, dt, op, count, ci, inp).map_err(|e| format!("{what}: occl error: {e}"))?;
                         out.checked += 1;
                         if wrong > 0 && out.failures.len() < 20 {
                             out.failures.push(format!("{what}: {wrong} wrong elements"));
@@ -125,7 +137,15 @@ pub fn run(comm: &Comm, spec: &Spec) -> Result<Outcome, String> {
 }
 
 /// One operation; returns the number of wrong elements this rank sees.
-pub fn one(comm: &Comm, coll: Coll, dt: DataType, op: RedOp, count: usize, variant: usize, in_place: bool) -> occl::Result<usize> {
+pub fn one(
+    comm: &Comm,
+    coll: Coll,
+    dt: DataType,
+    op: RedOp,
+    count: usize,
+    variant: usize,
+    in_place: bool,
+) -> occl::Result<usize> {
     let (n, r, es) = (comm.nranks(), comm.rank(), dt.size());
     let b = count * es;
     let fill = |rank: usize, first: usize, buf: &mut [u8]| pattern::fill(dt, op, rank, first, buf);
