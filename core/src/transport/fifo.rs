@@ -13,7 +13,7 @@
 //! message crosses between cores as one line. Acknowledgements are per slot (not one tail
 //! counter) so that several proxy threads can complete slots out of order.
 
-use super::wait::{self, Check, Deadline};
+use super::wait::{self, Check, Deadline, Patience};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -257,14 +257,18 @@ impl Ends<'_> {
 pub(crate) struct SendFifo {
     pub region: Arc<Region>,
     nslots: usize,
+    patience: Patience,
     /// Messages posted so far.
     head: u32,
 }
 
 impl SendFifo {
-    pub(crate) fn new(region: Arc<Region>) -> SendFifo {
+    /// `patience`: how eagerly the collective thread waits on this FIFO. Spin when the other
+    /// end is another rank's thread (shm); sleep soon when it is a local proxy thread (tcp),
+    /// which needs the core to make progress.
+    pub(crate) fn new(region: Arc<Region>, patience: Patience) -> SendFifo {
         let h = region.header();
-        SendFifo { nslots: h.nslots as usize, region, head: 0 }
+        SendFifo { nslots: h.nslots as usize, region, head: 0, patience }
     }
 
     /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).
@@ -282,6 +286,7 @@ impl SendFifo {
                     &h.send_sleepers.0,
                     &mut |slow| ends.check(&h.recv_state.0, slow),
                     deadline,
+                    self.patience,
                     &|| format!("sending to rank {peer} (waiting for a free slot)"),
                 )?;
             }
@@ -320,6 +325,7 @@ pub(crate) struct RecvFifo {
     pub region: Arc<Region>,
     nslots: usize,
     slot_size: usize,
+    patience: Patience,
     /// Messages consumed so far.
     tail: u32,
 }
@@ -332,10 +338,10 @@ pub(crate) struct Msg {
 }
 
 impl RecvFifo {
-    pub(crate) fn new(region: Arc<Region>) -> RecvFifo {
+    pub(crate) fn new(region: Arc<Region>, patience: Patience) -> RecvFifo {
         let h = region.header();
         let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
-        RecvFifo { region, nslots, slot_size, tail: 0 }
+        RecvFifo { region, nslots, slot_size, tail: 0, patience }
     }
 
     /// Waits for the next message. Its data stays valid until `release`.
@@ -360,6 +366,7 @@ impl RecvFifo {
                 &h.recv_sleepers.0,
                 check,
                 deadline,
+                self.patience,
                 &|| format!("receiving from rank {peer}"),
             )?;
         }

@@ -15,6 +15,7 @@ use fifo::{Liveness, RecvFifo, SendFifo};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use wait::Patience;
 
 /// Everything this rank has for one peer.
 pub(crate) struct Peer {
@@ -134,7 +135,13 @@ pub(crate) fn connect_all(
                     };
                     let liveness =
                         if table[p].pid == table[me].pid { Liveness::Local } else { Liveness::Process(table[p].pid) };
-                    Peer { send: SendFifo::new(out), recv: RecvFifo::new(inn), kind, liveness, tcp: None }
+                    Peer {
+                        send: SendFifo::new(out, Patience::Eager),
+                        recv: RecvFifo::new(inn, Patience::Eager),
+                        kind,
+                        liveness,
+                        tcp: None,
+                    }
                 }
                 TransportKind::Tcp => {
                     let s: Vec<TcpStream> = socks[p].iter_mut().filter_map(Option::take).collect();

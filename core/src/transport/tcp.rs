@@ -7,7 +7,7 @@
 //! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
 
 use super::fifo::{self, state, Desc, Ends, Liveness, RecvFifo, Region, SendFifo};
-use super::wait::{self, Deadline};
+use super::wait::{self, Deadline, Patience};
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -116,7 +116,7 @@ impl TcpLink {
                     .map_err(|e| Error::sys("spawn tcp proxy thread", e))?,
             );
         }
-        Ok((link, SendFifo::new(send_region), RecvFifo::new(recv_region)))
+        Ok((link, SendFifo::new(send_region, Patience::Lazy), RecvFifo::new(recv_region, Patience::Lazy)))
     }
 
     /// Flushes what was posted (bounded by the socket write timeout), then closes the sockets
@@ -193,6 +193,7 @@ fn send_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Regi
             &h.recv_sleepers.0,
             &mut |_| Ok(()),
             &Deadline::after(FOREVER),
+            Patience::Lazy,
             &|| format!("tcp proxy to rank {}", ends.peer),
         );
         if posted() {
@@ -276,6 +277,7 @@ fn recv_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Regi
                 &h.send_sleepers.0,
                 &mut |_| Ok(()),
                 &Deadline::after(FOREVER),
+                Patience::Lazy,
                 &|| format!("tcp proxy from rank {}", ends.peer),
             );
             if hdr.ack.load(Ordering::Acquire) != free {

@@ -11,20 +11,45 @@ use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-const SPIN_ITERS: u32 = 4096;
-const YIELD_FOR: Duration = Duration::from_micros(500);
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
 
-/// When a whole operation must be done by, and the configured bound (for the message).
+/// How long a waiter keeps the CPU before it sleeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// The collective's own thread: its peer is usually a few hundred nanoseconds away, and
+    /// every microsecond of wake-up latency is on the critical path.
+    Eager,
+    /// A proxy thread: it only moves data for the collective thread, so it must not take the
+    /// CPU that thread needs; it sleeps almost at once and is woken when there is work.
+    Lazy,
+}
+
+impl Patience {
+    fn spins(self) -> u32 {
+        match self {
+            Patience::Eager => 4096,
+            Patience::Lazy => 64,
+        }
+    }
+
+    fn yield_for(self) -> Duration {
+        match self {
+            Patience::Eager => Duration::from_micros(500),
+            Patience::Lazy => Duration::ZERO,
+        }
+    }
+}
+
+/// The bound on one wait (`OCCL_TIMEOUT`): a wait that sees no progress for this long fails.
+/// The clock is read only when a wait stops spinning, so the fast path pays nothing for it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deadline {
-    pub at: Instant,
     pub timeout: Duration,
 }
 
 impl Deadline {
     pub(crate) fn after(timeout: Duration) -> Deadline {
-        Deadline { at: Instant::now() + timeout, timeout }
+        Deadline { timeout }
     }
 }
 
@@ -36,16 +61,17 @@ pub(crate) type Check<'a> = &'a mut dyn FnMut(bool) -> Result<()>;
 /// `word` is the futex word the other side changes when `ready()` may have become true, and
 /// `sleepers` the counter it reads to decide whether to wake. `check(slow)` runs now and then
 /// (with `slow = true` at most every ~100 ms, for checks that cost a system call) and fails the
-/// wait when the peer is gone. `deadline` bounds the whole wait; `what` names it in the error.
+/// wait when the peer is gone. `deadline` bounds the wait; `what` names it in the error.
 pub(crate) fn wait_until(
     mut ready: impl FnMut() -> bool,
     word: &AtomicU32,
     sleepers: &AtomicU32,
     check: Check<'_>,
     deadline: &Deadline,
+    patience: Patience,
     what: &dyn Fn() -> String,
 ) -> Result<()> {
-    for i in 0..SPIN_ITERS {
+    for i in 0..patience.spins() {
         if ready() {
             return Ok(());
         }
@@ -55,7 +81,8 @@ pub(crate) fn wait_until(
         std::hint::spin_loop();
     }
     let yield_start = Instant::now();
-    while yield_start.elapsed() < YIELD_FOR {
+    let give_up = yield_start + deadline.timeout;
+    while yield_start.elapsed() < patience.yield_for() {
         for _ in 0..8 {
             if ready() {
                 return Ok(());
@@ -86,7 +113,7 @@ pub(crate) fn wait_until(
             last_slow = now;
         }
         check(slow)?;
-        if now >= deadline.at {
+        if now >= give_up {
             return Err(Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() });
         }
     }
@@ -148,6 +175,7 @@ mod tests {
             &sleepers,
             &mut |_| Ok(()),
             &Deadline::after(Duration::from_secs(5)),
+            Patience::Eager,
             &|| "test".into(),
         )
         .unwrap();
@@ -159,6 +187,7 @@ mod tests {
             &sleepers,
             &mut |_| Ok(()),
             &Deadline::after(Duration::from_millis(100)),
+            Patience::Lazy,
             &|| "never".into(),
         )
         .unwrap_err();
