@@ -47,6 +47,8 @@ pub(crate) fn client(stream: &mut TcpStream, secret: &[u8; 16]) -> Result<()> {
     let nonce_s: [u8; 16] = reply[8..24].try_into().map_err(|_| Error::internal("nonce size"))?;
     let proof: [u8; 16] = reply[24..40].try_into().map_err(|_| Error::internal("proof size"))?;
     if !ct_eq(&proof, &mac(secret, b'S', &nonce_c, &nonce_s)) {
+        // Hang up now, so the other side learns at once rather than after its timeout.
+        let _ = stream.shutdown(std::net::Shutdown::Both);
         return Err(Error::usage(
             "authentication: the peer does not know this job's secret (a different job, or a stale unique id)",
         ));
@@ -78,7 +80,13 @@ pub(crate) fn server(stream: &mut TcpStream, secret: &[u8; 16]) -> Result<()> {
     reply[24..].copy_from_slice(&mac(secret, b'S', &nonce_c, &nonce_s));
     stream.write_all(&reply).map_err(io("send proof"))?;
     let mut proof = [0u8; 16];
-    stream.read_exact(&mut proof).map_err(io("read client proof"))?;
+    stream.read_exact(&mut proof).map_err(|e| match e.kind() {
+        // A client that hangs up on our proof found that we do not share its secret.
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+            Error::usage("authentication: the peer rejected this side's proof (it has a different job secret)")
+        }
+        _ => Error::sys("authentication: read client proof", e),
+    })?;
     let good = ct_eq(&proof, &mac(secret, b'C', &nonce_s, &nonce_c));
     stream.write_all(&[good as u8]).map_err(io("send verdict"))?;
     if !good {

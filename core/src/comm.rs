@@ -39,6 +39,7 @@ struct Inner {
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
     failed: Option<Error>,
+    staging: Vec<u64>,
 }
 
 /// One call, as `run` stamps it: what it is, its arguments, and the bytes it moves.
@@ -91,6 +92,48 @@ fn host_identity(config: &Config) -> String {
     format!("{}:{}", hostname(), boot.trim())
 }
 
+/// Decides, per shm FIFO, whether large messages may be read straight from the sender's memory:
+/// every rank tests which peers it can read and the answers are exchanged, since the sender
+/// must know before it posts a pointer instead of data. Ends with the barrier that completes
+/// init.
+fn enable_direct(
+    config: &Config,
+    me: usize,
+    table: &[PeerInfo],
+    peers: &mut [Option<Peer>],
+    boot: &mut bootstrap::Client,
+) -> Result<()> {
+    use crate::transport::fifo::Direct;
+    let n = table.len();
+    let mut readable = vec![0u8; n];
+    for (p, peer) in peers.iter_mut().enumerate() {
+        let Some(peer) = peer.as_mut() else { continue };
+        if peer.kind != TransportKind::Shm || !config.shm_direct {
+            continue;
+        }
+        peer.recv.direct = if table[p].pid == table[me].pid {
+            Direct::SameProcess
+        } else if crate::transport::shm::can_read(table[p].pid, table[p].probe_addr) {
+            Direct::Cma(table[p].pid)
+        } else {
+            tracing::info!("occl: cannot read rank {p}'s memory (process_vm_readv refused); large messages from it go through the FIFO");
+            Direct::No
+        };
+        readable[p] = (peer.recv.direct != Direct::No) as u8;
+    }
+    let all = boot.all_gather(&readable)?;
+    for (p, peer) in peers.iter_mut().enumerate() {
+        if let Some(peer) = peer.as_mut() {
+            // Rank p told everyone whether it can read each rank; we may post pointers to p only
+            // if it can read us.
+            if all.get(p).and_then(|v| v.get(me)).copied() == Some(1) {
+                peer.send.direct = peer.recv.direct;
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Comm {
     /// Joins rank `rank` of an `nranks`-rank communicator whose root `id` names. Every rank
     /// calls this (each in its own process or thread) with the same `id` and `nranks`.
@@ -112,6 +155,7 @@ impl Comm {
             pid: std::process::id(),
             listen,
             comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
+            probe_addr: &crate::transport::shm::PROBE as *const u64 as u64,
         };
         let table = boot.all_gather(&me.encode())?.iter().map(|b| PeerInfo::decode(b)).collect::<Result<Vec<_>>>()?;
         for (r, p) in table.iter().enumerate() {
@@ -124,8 +168,8 @@ impl Comm {
         for p in &mut me_tab {
             p.comm_id = comm_id;
         }
-        let (peers, slot) = transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener)?;
-        boot.barrier()?;
+        let (mut peers, slot) = transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener)?;
+        enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
             peers
@@ -157,6 +201,7 @@ impl Comm {
                 p2p_sent: vec![0; nranks],
                 p2p_received: vec![0; nranks],
                 failed: None,
+                staging: Vec::new(),
             }),
         })
     }
@@ -324,19 +369,20 @@ impl Comm {
             root.map_or(NO_ROOT, |r| r as u32),
         );
         self.record.launch(coll, bytes as u64);
-        let slot = g.slot;
+        let inner = &mut *g;
         let res = {
             let mut ctx = Ctx {
                 rank: self.rank,
                 nranks: self.nranks,
-                peers: &mut g.peers,
+                peers: &mut inner.peers,
                 abort: &self.abort,
                 deadline: Deadline::after(self.config.timeout),
                 desc,
                 dt,
                 op: op.unwrap_or(RedOp::Sum),
-                slot,
+                slot: inner.slot,
                 nslots: self.config.fifo_slots,
+                staging: &mut inner.staging,
             };
             f(&mut ctx)
         };
@@ -543,15 +589,7 @@ impl Comm {
         if !in_place && overlaps(send, total, recv, total) {
             return Err(Error::arg("all_to_all: send and recv buffers overlap without being the same (in place)"));
         }
-        // In place, blocks received early would overwrite blocks not yet sent: stage the input.
-        let staged: Vec<u8> = if in_place && self.nranks > 1 {
-            // SAFETY: send is readable for `total` bytes (caller's contract).
-            unsafe { std::slice::from_raw_parts(send, total) }.to_vec()
-        } else {
-            Vec::new()
-        };
-        let src = if staged.is_empty() { send } else { staged.as_ptr() };
-        self.run(Op::new(CollType::AllToAll, count, dt, total), |c| coll::direct::all_to_all(c, src, recv, block))
+        self.run(Op::new(CollType::AllToAll, count, dt, total), |c| coll::direct::all_to_all(c, send, recv, block))
     }
 
     /// # Safety

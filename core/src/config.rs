@@ -41,6 +41,10 @@ pub struct Config {
     pub fifo_slots: usize,
     /// The address this rank's listener binds (`OCCL_SOCKET_ADDR`); loopback by default.
     pub listen_addr: std::net::IpAddr,
+    /// Single-copy transfers between processes of a host (`OCCL_SHM_DIRECT=0` turns them off):
+    /// large messages are read straight from the sender's buffer with `process_vm_readv`
+    /// instead of passing through the shared-memory FIFO.
+    pub shm_direct: bool,
     /// Host identity override (`OCCL_HOSTID`): ranks with the same id share memory. Tests use it
     /// to put the ranks of one machine on "different hosts".
     pub host_id: Option<String>,
@@ -52,11 +56,12 @@ impl Default for Config {
             timeout: Duration::from_secs(600),
             transport: None,
             nsocks: 2,
-            shm_slot_size: 64 << 10,
+            shm_slot_size: 256 << 10,
             tcp_slot_size: 512 << 10,
             fifo_slots: 8,
             listen_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             host_id: None,
+            shm_direct: true,
         }
     }
 }
@@ -114,6 +119,13 @@ impl Config {
         }
         if let Some((n, v)) = var(&["OCCL_SOCKET_ADDR"]) {
             c.listen_addr = parse(&n, &v, "an IP address")?;
+        }
+        if let Some((n, v)) = var(&["OCCL_SHM_DIRECT"]) {
+            c.shm_direct = match v.trim() {
+                "1" | "true" | "on" => true,
+                "0" | "false" | "off" => false,
+                _ => return Err(Error::arg(format!("{n}={v:?} must be 0 or 1"))),
+            };
         }
         if let Some((_, v)) = var(&["OCCL_HOSTID"]) {
             c.host_id = Some(v);

@@ -21,6 +21,7 @@ mod bootstrap;
 mod coll;
 mod comm;
 mod config;
+mod copy;
 pub mod dtype;
 mod env;
 mod error;

@@ -24,6 +24,8 @@ pub(crate) struct PeerInfo {
     pub listen: SocketAddr,
     /// Rank 0's proposal becomes the communicator's id (names shm segments, checks TCP hellos).
     pub comm_id: u64,
+    /// Address of this process's probe word, for peers to test single-copy reads.
+    pub probe_addr: u64,
 }
 
 impl PeerInfo {
@@ -35,6 +37,7 @@ impl PeerInfo {
         w.u32(self.pid);
         w.str(&self.listen.to_string());
         w.u64(self.comm_id);
+        w.u64(self.probe_addr);
         w.into_inner()
     }
 
@@ -50,6 +53,7 @@ impl PeerInfo {
                 .parse()
                 .map_err(|_| Error::internal("bootstrap: a peer sent a malformed listen address"))?,
             comm_id: r.u64()?,
+            probe_addr: r.u64()?,
         };
         r.finish()?;
         Ok(info)

@@ -10,7 +10,7 @@ pub(crate) mod ring;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::transport::fifo::{Desc, Ends};
-use crate::transport::wait::Deadline;
+use crate::transport::wait::{Deadline, Drive};
 use crate::transport::Peer;
 use prims::{Prims, RecvEnd, SendEnd};
 use std::sync::atomic::AtomicBool;
@@ -28,6 +28,11 @@ pub(crate) struct Ctx<'a> {
     /// FIFO slot bytes (the same on every FIFO of the communicator) and slots per FIFO.
     pub slot: usize,
     pub nslots: usize,
+    /// Progresses the communicator's tcp sockets while this rank waits (none without tcp peers).
+    pub drive: Option<&'a dyn Drive>,
+    /// Reused staging memory (in-place all-to-all), kept by the communicator between calls so
+    /// large operations do not fault in fresh pages every time.
+    pub staging: &'a mut Vec<u64>,
 }
 
 impl<'a> Ctx<'a> {
@@ -44,14 +49,14 @@ impl<'a> Ctx<'a> {
     /// Primitives that send to `to` and receive from `from` (either may be absent).
     pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
         let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
-        let abort = self.abort;
+        let (abort, drive) = (self.abort, self.drive);
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
                 let live = p.liveness;
                 (
-                    Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort } }),
-                    Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort } }),
+                    Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort, drive } }),
+                    Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort, drive } }),
                 )
             }
             (Some(a), Some(b)) => {
@@ -60,19 +65,19 @@ impl<'a> Ctx<'a> {
                 let pb = pb.as_mut().ok_or_else(|| missing(b))?;
                 let (la, lb) = (pa.liveness, pb.liveness);
                 (
-                    Some(SendEnd { fifo: &mut pa.send, ends: Ends { peer: a, liveness: la, abort } }),
-                    Some(RecvEnd { fifo: &mut pb.recv, ends: Ends { peer: b, liveness: lb, abort } }),
+                    Some(SendEnd { fifo: &mut pa.send, ends: Ends { peer: a, liveness: la, abort, drive } }),
+                    Some(RecvEnd { fifo: &mut pb.recv, ends: Ends { peer: b, liveness: lb, abort, drive } }),
                 )
             }
             (Some(a), None) => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
                 let live = p.liveness;
-                (Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort } }), None)
+                (Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort, drive } }), None)
             }
             (None, Some(b)) => {
                 let p = self.peers.get_mut(b).and_then(Option::as_mut).ok_or_else(|| missing(b))?;
                 let live = p.liveness;
-                (None, Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort } }))
+                (None, Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort, drive } }))
             }
             (None, None) => (None, None),
         };
@@ -85,6 +90,8 @@ impl<'a> Ctx<'a> {
             op: self.op,
             nranks: self.nranks,
             slice: self.slot / self.dt.size() * self.dt.size(),
+            scratch: Vec::new(),
+            direct: false,
         })
     }
 }
@@ -96,6 +103,6 @@ impl<'a> Ctx<'a> {
 pub(crate) unsafe fn copy_unless_same(src: *const u8, dst: *mut u8, len: usize) {
     if len > 0 && !std::ptr::eq(src, dst) {
         // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        unsafe { crate::copy::copy(dst, src, len) };
     }
 }

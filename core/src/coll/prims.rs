@@ -3,6 +3,13 @@
 //! FIFO slot and moves slice by slice, so consecutive ranks of a ring or chain work on
 //! consecutive slices at the same time (the pipeline).
 //!
+//! Single copy: when the receiver can read this process's memory (shm between processes with
+//! `process_vm_readv`, or threads of one process) and the range is large, a slot carries the
+//! address of the data instead of the data; the receiver reads it straight into its own buffer
+//! and may forward the address of *that* buffer in turn. Pointed-to memory is the caller's
+//! input, or output already final for this operation, so it stays unchanged; `finish` waits
+//! until the receiver has read everything before the operation returns.
+//!
 //! Pointers, not slices: in-place collectives read and write the same user memory, and the
 //! primitives build slices only for disjoint ranges (in place, they take the `*_in_place`
 //! kernels instead).
@@ -11,7 +18,8 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::record::CollType;
 use crate::reduce;
-use crate::transport::fifo::{Desc, Ends, Msg, RecvFifo, SendFifo};
+use crate::transport::fifo::{Desc, Direct, Ends, Msg, RecvFifo, SendFifo};
+use crate::transport::shm;
 use crate::transport::wait::Deadline;
 
 /// One direction of a primitive: the FIFO and how to tell that its other end is gone.
@@ -36,7 +44,15 @@ pub(crate) struct Prims<'a> {
     pub nranks: usize,
     /// Bytes per slice: one slot, whole elements.
     pub slice: usize,
+    /// Where pointer slots are read into before a reduction (one slice, allocated on first use).
+    pub scratch: Vec<u64>,
+    /// Whether this algorithm sends large ranges by pointer (see `allow_direct`).
+    pub direct: bool,
 }
+
+/// Ranges at least this large go by pointer where the receiver can read them: below it, the
+/// system call costs more than the copy it saves.
+const DIRECT_MIN: usize = 128 << 10;
 
 fn describe(d: &Desc) -> String {
     let coll = CollType::from_u8(d.coll).map_or("unknown operation", |c| c.name());
@@ -99,12 +115,87 @@ impl<'a> Prims<'a> {
         (0..len.div_ceil(s)).map(move |i| (i * s, s.min(len - i * s)))
     }
 
+    /// Lets large ranges go by pointer. Worth it where every rank sends and receives at once
+    /// (all-gather, all-to-all, send/recv): each pulls its peer's data with one copy while the
+    /// peer does the same. In a chain (broadcast, reduce) or the all-reduce ring it is not: the
+    /// FIFO splits each hop's copying between sender and receiver, so two cores share it, and
+    /// measured 2-rank busbw drops by up to half with pointers there.
+    pub(crate) fn allow_direct(&mut self) {
+        self.direct = true;
+    }
+
+    /// Whether a `len`-byte range should go to the send peer by pointer.
+    fn by_pointer(&self, len: usize) -> bool {
+        self.direct && len >= DIRECT_MIN && self.send.as_ref().is_some_and(|s| s.fifo.direct != Direct::No)
+    }
+
+    /// Copies message `m` (`n` bytes) to `dst`, reading the sender's memory for a pointer slot.
+    fn fetch(&mut self, m: &Msg, dst: *mut u8, n: usize) -> Result<()> {
+        let Some(addr) = m.remote else {
+            // SAFETY: the slot holds n bytes until released; dst is the caller's n bytes.
+            unsafe { std::ptr::copy_nonoverlapping(m.data, dst, n) };
+            return Ok(());
+        };
+        let r = self.recv.as_ref().ok_or_else(|| Error::internal("primitive needs a receive peer"))?;
+        match r.fifo.direct {
+            // SAFETY: a peer thread of this process published the address of n bytes that stay
+            // valid until we release the slot (it drains before returning).
+            Direct::SameProcess => unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst, n) },
+            Direct::Cma(pid) => shm::read_peer(pid, addr, dst, n).map_err(|e| {
+                Error::remote(r.ends.peer, format!("reading {n} bytes of its buffer (process_vm_readv) failed: {e}"))
+            })?,
+            Direct::No => {
+                return Err(Error::internal(format!(
+                    "rank {} sent a pointer on a FIFO without single-copy support",
+                    r.ends.peer
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// The incoming slice's bytes: in the slot, or read into the scratch buffer.
+    fn incoming(&mut self, m: &Msg, n: usize) -> Result<*const u8> {
+        if m.remote.is_none() {
+            return Ok(m.data);
+        }
+        if self.scratch.len() * 8 < n {
+            self.scratch = vec![0u64; n.div_ceil(8)];
+        }
+        let dst = self.scratch.as_mut_ptr().cast::<u8>();
+        self.fetch(m, dst, n)?;
+        Ok(dst)
+    }
+
+    /// Posts `n` bytes at `src` to the send peer: by pointer, or copied into the slot.
+    fn put(&mut self, src: *const u8, n: usize, by_ptr: bool) -> Result<()> {
+        let out = self.take_send()?;
+        let desc = self.desc;
+        let s = self.tx()?;
+        if by_ptr {
+            s.fifo.post_ptr(src, n, &desc);
+        } else {
+            // SAFETY: src has n bytes (caller); the slot has slot_size >= n.
+            unsafe { std::ptr::copy_nonoverlapping(src, out, n) };
+            s.fifo.post(n, &desc);
+        }
+        Ok(())
+    }
+
+    /// Waits until the send peer has read every pointer this operation posted.
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        let d = self.deadline;
+        match self.send.as_mut() {
+            Some(s) => s.fifo.drain(&s.ends, &d),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn send(&mut self, src: *const u8, len: usize) -> Result<()> {
+        let by_ptr = self.by_pointer(len);
         for (off, n) in self.slices(len) {
-            let out = self.take_send()?;
-            // SAFETY: src+off..+n lies in the caller's buffer; out has slot_size >= n bytes.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(off), out, n) };
-            self.post(n)?;
+            // SAFETY: src+off..+n lies in the caller's buffer.
+            self.put(unsafe { src.add(off) }, n, by_ptr)?;
         }
         Ok(())
     }
@@ -112,24 +203,23 @@ impl<'a> Prims<'a> {
     pub(crate) fn recv(&mut self, dst: *mut u8, len: usize) -> Result<()> {
         for (off, n) in self.slices(len) {
             let m = self.take_recv(n)?;
-            // SAFETY: the message holds n bytes until released; dst+off..+n is the caller's.
-            unsafe { std::ptr::copy_nonoverlapping(m.data, dst.add(off), n) };
+            // SAFETY: dst+off..+n is the caller's.
+            self.fetch(&m, unsafe { dst.add(off) }, n)?;
             self.release();
         }
         Ok(())
     }
 
+    /// dst = incoming, and the same to the next peer (by pointer to dst where it can read us).
     pub(crate) fn recv_copy_send(&mut self, dst: *mut u8, len: usize) -> Result<()> {
+        let by_ptr = self.by_pointer(len);
         for (off, n) in self.slices(len) {
             let m = self.take_recv(n)?;
-            let out = self.take_send()?;
-            // SAFETY: three disjoint ranges of n bytes (a received slot, a send slot, the user's).
-            unsafe {
-                std::ptr::copy_nonoverlapping(m.data, dst.add(off), n);
-                std::ptr::copy_nonoverlapping(m.data, out, n);
-            }
-            self.post(n)?;
+            // SAFETY: dst+off..+n is the caller's; final for this operation once written.
+            let d = unsafe { dst.add(off) };
+            self.fetch(&m, d, n)?;
             self.release();
+            self.put(d, n, by_ptr)?;
         }
         Ok(())
     }
@@ -139,15 +229,16 @@ impl<'a> Prims<'a> {
         let (dt, op) = (self.dt, self.op);
         for (off, n) in self.slices(len) {
             let m = self.take_recv(n)?;
+            let inc = self.incoming(&m, n)?;
             let out = self.take_send()?;
-            // SAFETY: disjoint ranges as above; src is only read.
+            // SAFETY: disjoint ranges (a slot or scratch, a send slot, the caller's input).
             unsafe {
                 reduce::reduce(
                     dt,
                     op,
                     std::slice::from_raw_parts_mut(out, n),
                     std::slice::from_raw_parts(src.add(off), n),
-                    std::slice::from_raw_parts(m.data, n),
+                    std::slice::from_raw_parts(inc, n),
                 );
             }
             self.post(n)?;
@@ -160,33 +251,36 @@ impl<'a> Prims<'a> {
     pub(crate) fn recv_reduce_copy_send(&mut self, src: *const u8, dst: *mut u8, len: usize, last: bool) -> Result<()> {
         let (dt, op, nr) = (self.dt, self.op, self.nranks);
         let avg = last && op == RedOp::Avg;
+        let by_ptr = self.by_pointer(len);
         for (off, n) in self.slices(len) {
             let m = self.take_recv(n)?;
-            let out = self.take_send()?;
-            // SAFETY: `dst` and `src` are either the same range (in place) or disjoint; the
-            // slots are disjoint from both.
+            let inc = self.incoming(&m, n)?;
+            // SAFETY: `dst` and `src` are either the same range (in place) or disjoint; slots
+            // and scratch are disjoint from both.
             unsafe {
-                let (d, o, inc) = (
-                    std::slice::from_raw_parts_mut(dst.add(off), n),
-                    std::slice::from_raw_parts_mut(out, n),
-                    std::slice::from_raw_parts(m.data, n),
-                );
-                let in_place = std::ptr::eq(src.add(off), dst.add(off));
-                match (in_place, avg) {
-                    (true, false) => reduce::reduce_in_place_copy(dt, op, d, o, inc),
-                    (false, false) => {
-                        reduce::reduce_copy2(dt, op, d, o, std::slice::from_raw_parts(src.add(off), n), inc)
+                let (s, d) = (src.add(off), dst.add(off));
+                let in_place = std::ptr::eq(s, d);
+                let dsl = std::slice::from_raw_parts_mut(d, n);
+                let isl = std::slice::from_raw_parts(inc, n);
+                if by_ptr || avg {
+                    // The result goes to dst first; the peer then reads it there (or a copy).
+                    if in_place {
+                        reduce::reduce_in_place(dt, op, dsl, isl);
+                    } else {
+                        reduce::reduce(dt, op, dsl, std::slice::from_raw_parts(s, n), isl);
                     }
-                    (true, true) => {
-                        reduce::reduce_in_place(dt, op, d, inc);
-                        reduce::div_in_place(dt, d, nr);
-                        o.copy_from_slice(d);
+                    if avg {
+                        reduce::div_in_place(dt, dsl, nr);
                     }
-                    (false, true) => {
-                        reduce::reduce(dt, op, d, std::slice::from_raw_parts(src.add(off), n), inc);
-                        reduce::div_in_place(dt, d, nr);
-                        o.copy_from_slice(d);
-                    }
+                    self.release();
+                    self.put(d, n, by_ptr)?;
+                    continue;
+                }
+                let out = std::slice::from_raw_parts_mut(self.take_send()?, n);
+                if in_place {
+                    reduce::reduce_in_place_copy(dt, op, dsl, out, isl);
+                } else {
+                    reduce::reduce_copy2(dt, op, dsl, out, std::slice::from_raw_parts(s, n), isl);
                 }
             }
             self.post(n)?;
@@ -200,14 +294,15 @@ impl<'a> Prims<'a> {
         let (dt, op, nr) = (self.dt, self.op, self.nranks);
         for (off, n) in self.slices(len) {
             let m = self.take_recv(n)?;
+            let inc = self.incoming(&m, n)?;
             // SAFETY: as in recv_reduce_copy_send.
             unsafe {
                 let d = std::slice::from_raw_parts_mut(dst.add(off), n);
-                let inc = std::slice::from_raw_parts(m.data, n);
+                let i = std::slice::from_raw_parts(inc, n);
                 if std::ptr::eq(src.add(off), dst.add(off)) {
-                    reduce::reduce_in_place(dt, op, d, inc);
+                    reduce::reduce_in_place(dt, op, d, i);
                 } else {
-                    reduce::reduce(dt, op, d, std::slice::from_raw_parts(src.add(off), n), inc);
+                    reduce::reduce(dt, op, d, std::slice::from_raw_parts(src.add(off), n), i);
                 }
                 if op == RedOp::Avg {
                     reduce::div_in_place(dt, d, nr);

@@ -59,7 +59,7 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
         }
         base += rem;
     }
-    Ok(())
+    p.finish()
 }
 
 /// All-gather: each rank's `count` elements land at `recv[rank * count..]` on every rank.
@@ -72,6 +72,7 @@ pub(crate) fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
     }
     let chunk_elems = (ctx.chunk() / es).max(1);
     let mut p = ctx.prims(Some((r + 1) % n), Some((r + n - 1) % n))?;
+    p.allow_direct();
     let mut base = 0;
     while base < count {
         let len = chunk_elems.min(count - base);
@@ -84,7 +85,7 @@ pub(crate) fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
         p.recv(block((r + 1) % n), len * es)?;
         base += len;
     }
-    Ok(())
+    p.finish()
 }
 
 /// Reduce-scatter: rank r gets the reduction of every rank's block r (`count` elements).
@@ -110,7 +111,7 @@ pub(crate) fn reduce_scatter(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, 
         p.recv_reduce_copy(block(r), unsafe { recv.add(base * es) }, len * es)?;
         base += len;
     }
-    Ok(())
+    p.finish()
 }
 
 /// Broadcast as a pipelined chain root → root+1 → … → root-1.
@@ -126,11 +127,15 @@ pub(crate) fn broadcast(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes
     }
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     if pos == 0 {
-        ctx.prims(Some(next), None)?.send(send, bytes)
+        let mut p = ctx.prims(Some(next), None)?;
+        p.send(send, bytes)?;
+        p.finish()
     } else if pos == n - 1 {
         ctx.prims(None, Some(prev))?.recv(recv, bytes)
     } else {
-        ctx.prims(Some(next), Some(prev))?.recv_copy_send(recv, bytes)
+        let mut p = ctx.prims(Some(next), Some(prev))?;
+        p.recv_copy_send(recv, bytes)?;
+        p.finish()
     }
 }
 
@@ -152,7 +157,9 @@ pub(crate) fn reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes: u
     let pos = (r + 2 * n - root - 1) % n;
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     if pos == 0 {
-        ctx.prims(Some(next), None)?.send(send, bytes)
+        let mut p = ctx.prims(Some(next), None)?;
+        p.send(send, bytes)?;
+        p.finish()
     } else if pos == n - 1 {
         ctx.prims(None, Some(prev))?.recv_reduce_copy(send, recv, bytes)
     } else {

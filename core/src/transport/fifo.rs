@@ -103,6 +103,21 @@ pub(crate) struct SlotHdr {
 }
 
 pub(crate) const SLOT_HDR: usize = 32;
+
+/// Set in a slot's `len` when the slot holds the sender's address of the data instead of the
+/// data (single-copy: the receiver reads it straight from the sender's buffer).
+pub(crate) const PTR_FLAG: u32 = 1 << 31;
+
+/// How a receiver may read data that a sender leaves in its own memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direct {
+    /// It may not: every byte goes through the slots.
+    No,
+    /// The same address space (ranks that are threads of one process): plain memcpy.
+    SameProcess,
+    /// Another process of this host that this rank may read with `process_vm_readv`.
+    Cma(u32),
+}
 const _: () = assert!(std::mem::size_of::<SlotHdr>() == SLOT_HDR);
 const _: () = assert!(std::mem::size_of::<Desc>() == 20);
 
@@ -231,6 +246,9 @@ pub(crate) struct Ends<'a> {
     pub peer: usize,
     pub liveness: Liveness,
     pub abort: &'a std::sync::atomic::AtomicBool,
+    /// The communicator's tcp sockets, which this thread moves while it waits (any wait: a
+    /// rank waiting on one peer may still owe data to another).
+    pub drive: Option<&'a dyn wait::Drive>,
 }
 
 impl Ends<'_> {
@@ -258,6 +276,10 @@ pub(crate) struct SendFifo {
     pub region: Arc<Region>,
     nslots: usize,
     patience: Patience,
+    /// Whether the receiver can read this rank's memory (set after init's probe).
+    pub direct: Direct,
+    /// A pointer slot was posted and may not be consumed yet: `drain` before the op returns.
+    ptr_outstanding: bool,
     /// Messages posted so far.
     head: u32,
 }
@@ -268,7 +290,7 @@ impl SendFifo {
     /// which needs the core to make progress.
     pub(crate) fn new(region: Arc<Region>, patience: Patience) -> SendFifo {
         let h = region.header();
-        SendFifo { nslots: h.nslots as usize, region, head: 0, patience }
+        SendFifo { nslots: h.nslots as usize, region, head: 0, patience, direct: Direct::No, ptr_outstanding: false }
     }
 
     /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).
@@ -281,7 +303,7 @@ impl SendFifo {
             if hdr.ack.load(Ordering::Acquire) != want {
                 let peer = ends.peer;
                 wait::wait_until(
-                    || hdr.ack.load(Ordering::Acquire) == want,
+                    wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
                     &hdr.ack,
                     &h.send_sleepers.0,
                     &mut |slow| ends.check(&h.recv_state.0, slow),
@@ -310,6 +332,43 @@ impl SendFifo {
         wait::wake(&self.region.slot_hdr(i).seq, &h.recv_sleepers.0);
     }
 
+    /// Publishes a pointer slot: `len` bytes at `addr` in this process, which the receiver
+    /// reads directly. The memory must stay valid and unchanged until `drain` returns.
+    pub(crate) fn post_ptr(&mut self, addr: *const u8, len: usize, desc: &Desc) {
+        let i = self.head as usize % self.nslots;
+        // SAFETY: the slot (acquired by the caller) is ours until published.
+        unsafe { std::ptr::write(self.region.slot_data(i) as *mut u64, addr as u64) };
+        self.ptr_outstanding = true;
+        self.post(len | PTR_FLAG as usize, desc);
+    }
+
+    /// Waits until the receiver has consumed every message posted so far (it consumes in order,
+    /// so the last one suffices). Needed only after pointer slots: the caller's buffer must not
+    /// be released or changed while a peer may still read it.
+    pub(crate) fn drain(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<()> {
+        if !self.ptr_outstanding || self.head == 0 {
+            return Ok(());
+        }
+        let i = (self.head.wrapping_sub(1)) as usize % self.nslots;
+        let hdr = self.region.slot_hdr(i);
+        let h = self.region.header();
+        let want = self.head;
+        let peer = ends.peer;
+        if hdr.ack.load(Ordering::Acquire) != want {
+            wait::wait_until(
+                || hdr.ack.load(Ordering::Acquire) == want,
+                &hdr.ack,
+                &h.send_sleepers.0,
+                &mut |slow| ends.check(&h.recv_state.0, slow),
+                deadline,
+                self.patience,
+                &|| format!("waiting for rank {peer} to read this rank's buffer"),
+            )?;
+        }
+        self.ptr_outstanding = false;
+        Ok(())
+    }
+
     /// Marks this end with `s` (closed or failed) and wakes the receiver so it notices.
     pub(crate) fn set_state(&self, s: u32) {
         let h = self.region.header();
@@ -326,6 +385,8 @@ pub(crate) struct RecvFifo {
     nslots: usize,
     slot_size: usize,
     patience: Patience,
+    /// How to read pointer slots from this FIFO's sender (set after init's probe).
+    pub direct: Direct,
     /// Messages consumed so far.
     tail: u32,
 }
@@ -335,13 +396,15 @@ pub(crate) struct Msg {
     pub data: *const u8,
     pub len: usize,
     pub desc: Desc,
+    /// For a pointer slot: the data's address in the sender's memory.
+    pub remote: Option<u64>,
 }
 
 impl RecvFifo {
     pub(crate) fn new(region: Arc<Region>, patience: Patience) -> RecvFifo {
         let h = region.header();
         let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
-        RecvFifo { region, nslots, slot_size, tail: 0, patience }
+        RecvFifo { region, nslots, slot_size, tail: 0, patience, direct: Direct::No }
     }
 
     /// Waits for the next message. Its data stays valid until `release`.
@@ -361,7 +424,7 @@ impl RecvFifo {
             };
             let check: Check<'_> = &mut check;
             wait::wait_until(
-                || hdr.seq.load(Ordering::Acquire) == want,
+                wait::driven(ends.drive, || hdr.seq.load(Ordering::Acquire) == want),
                 &hdr.seq,
                 &h.recv_sleepers.0,
                 check,
@@ -370,14 +433,20 @@ impl RecvFifo {
                 &|| format!("receiving from rank {peer}"),
             )?;
         }
-        let len = hdr.len as usize;
+        let raw = hdr.len;
+        let len = (raw & !PTR_FLAG) as usize;
+        if raw & PTR_FLAG != 0 {
+            // SAFETY: a pointer slot holds the 8-byte address at the start of its data area.
+            let addr = unsafe { std::ptr::read(self.region.slot_data(i) as *const u64) };
+            return Ok(Msg { data: std::ptr::null(), len, desc: hdr.desc, remote: Some(addr) });
+        }
         if len > self.slot_size {
             return Err(Error::internal(format!(
                 "rank {} published a {len}-byte slot in a FIFO of {}-byte slots",
                 ends.peer, self.slot_size
             )));
         }
-        Ok(Msg { data: self.region.slot_data(i), len, desc: hdr.desc })
+        Ok(Msg { data: self.region.slot_data(i), len, desc: hdr.desc, remote: None })
     }
 
     /// Acknowledges the message returned by the last `peek`, freeing its slot for the sender.

@@ -1,0 +1,59 @@
+//! Large copies with non-temporal stores. A collective's output is usually read long after it
+//! is written, so for copies far larger than the caches, streaming stores save the read of
+//! each destination line (and keep the FIFO slots in cache). glibc decides this from the
+//! reported cache size, which virtual machines often inflate, so occl decides itself.
+
+/// Copies below this size use `memcpy`: the destination may well be read again while cached.
+const STREAM_MIN: usize = 4 << 20;
+
+/// Copies `n` bytes from `src` to `dst`.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` bytes; the ranges do not overlap.
+pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if n >= STREAM_MIN && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the caller's contract, and AVX is present.
+        unsafe { stream_avx(dst, src, n) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stream_avx(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
+    // SAFETY (whole body): offsets stay below n; the stream stores go to 32-byte-aligned
+    // addresses (the unaligned head is copied first).
+    unsafe {
+        let head = dst.align_offset(32).min(n);
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let mut i = head;
+        while i + 128 <= n {
+            for k in 0..4 {
+                let v = _mm256_loadu_si256(src.add(i + 32 * k) as *const __m256i);
+                _mm256_stream_si256(dst.add(i + 32 * k) as *mut __m256i, v);
+            }
+            i += 128;
+        }
+        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+        // Streaming stores are weakly ordered: make them visible before anyone is told.
+        _mm_sfence();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copies_every_length_and_alignment_exactly() {
+        let src: Vec<u8> = (0..(super::STREAM_MIN + 300)).map(|i| (i * 7 + 3) as u8).collect();
+        for (off, len) in [(0, 0), (1, 5), (3, 1000), (0, super::STREAM_MIN), (5, super::STREAM_MIN + 129)] {
+            let mut dst = vec![0u8; len + 64];
+            // SAFETY: both buffers hold len bytes past the offsets used.
+            unsafe { super::copy(dst.as_mut_ptr().add(off % 32), src.as_ptr().add(off), len) };
+            assert_eq!(&dst[off % 32..off % 32 + len], &src[off..off + len], "off {off} len {len}");
+        }
+    }
+}
