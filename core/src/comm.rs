@@ -13,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::id::UniqueId;
 use crate::record::{CollType, OpRecord};
 use crate::transport::fifo::{state, Desc};
-use crate::transport::wait::Deadline;
+use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +39,8 @@ struct Inner {
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
     failed: Option<Error>,
+    /// This rank's tcp links, driven by the thread that runs an operation (none without tcp).
+    net: Option<transport::tcp::Net>,
     staging: Vec<u64>,
 }
 
@@ -66,6 +68,13 @@ impl Op {
     fn peer(self, peer: usize) -> Op {
         Op { p2p_peer: Some(peer), ..self }
     }
+}
+
+/// Whether an all-reduce of `bytes` over `nranks` runs as one exchange instead of the ring: small
+/// enough to fit one slot, and little total traffic (each rank sends n-1 whole copies, where the
+/// ring sends 2(n-1)/n). Every rank decides alike from the same arguments.
+fn one_shot(bytes: usize, nranks: usize, slice: usize) -> bool {
+    nranks > 1 && bytes > 0 && bytes <= slice && bytes * (nranks - 1) <= 64 << 10
 }
 
 /// No reduction: the descriptor value for collectives that only move data.
@@ -168,7 +177,7 @@ impl Comm {
         for p in &mut me_tab {
             p.comm_id = comm_id;
         }
-        let (mut peers, slot) = transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener)?;
+        let (mut peers, net, slot) = transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener)?;
         enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
@@ -202,6 +211,7 @@ impl Comm {
                 p2p_received: vec![0; nranks],
                 failed: None,
                 staging: Vec::new(),
+                net,
             }),
         })
     }
@@ -383,9 +393,16 @@ impl Comm {
                 slot: inner.slot,
                 nslots: self.config.fifo_slots,
                 staging: &mut inner.staging,
+                drive: inner.net.as_ref().map(|n| n as &dyn Drive),
             };
             f(&mut ctx)
         };
+        // Sends still in tcp FIFOs must reach their sockets before the call returns: nothing
+        // would move them until the next operation.
+        let res = res.and_then(|()| match &inner.net {
+            Some(n) => n.flush(&self.abort, &Deadline::after(self.config.timeout)),
+            None => Ok(()),
+        });
         match res {
             Ok(()) => {
                 self.record.complete(coll);
@@ -480,7 +497,11 @@ impl Comm {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
         self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op), |c| {
-            coll::ring::all_reduce(c, send, recv, count)
+            if one_shot(bytes, self.nranks, c.slice()) {
+                coll::direct::all_reduce_one_shot(c, send, recv, count)
+            } else {
+                coll::ring::all_reduce(c, send, recv, count)
+            }
         })
     }
 

@@ -57,7 +57,7 @@ impl Default for Config {
             transport: None,
             nsocks: 2,
             shm_slot_size: 256 << 10,
-            tcp_slot_size: 512 << 10,
+            tcp_slot_size: 128 << 10,
             fifo_slots: 8,
             listen_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             host_id: None,

@@ -3,7 +3,8 @@
 //! A communicator (`Comm`) joins `nranks` ranks — processes on one or several hosts, or threads of
 //! one process — and runs NCCL's collectives on host memory: all-reduce, broadcast, reduce,
 //! all-gather, reduce-scatter, all-to-all, and point-to-point send/recv. Ranks on one host talk
-//! through shared-memory FIFOs; ranks on different hosts through TCP, moved by a proxy thread.
+//! through shared-memory FIFOs; ranks on different hosts through TCP sockets that the calling
+//! thread drives while it waits.
 //!
 //! ```no_run
 //! # fn main() -> occl::Result<()> {

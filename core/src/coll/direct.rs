@@ -48,6 +48,49 @@ pub(crate) fn all_to_all(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bloc
     Ok(())
 }
 
+/// Small all-reduce in one step: every rank sends its whole buffer to every peer, then reduces
+/// all n contributions itself. One message latency instead of the ring's 2(n-1) steps; the
+/// contributions are combined in rank order on every rank, so all ranks get the same bits.
+pub(crate) fn all_reduce_one_shot(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
+    let (n, r) = (ctx.nranks, ctx.rank);
+    let bytes = count * ctx.dt.size();
+    for k in 1..n {
+        ctx.prims(Some((r + k) % n), None)?.send(send, bytes)?;
+    }
+    // In place, the accumulator overwrites this rank's contribution: keep a copy.
+    let mut own = Vec::new();
+    let mine = if std::ptr::eq(send, recv) {
+        own = vec![0u64; bytes.div_ceil(8)];
+        // SAFETY: send holds `bytes`; `own` was sized for them.
+        unsafe { std::ptr::copy_nonoverlapping(send, own.as_mut_ptr().cast::<u8>(), bytes) };
+        own.as_ptr().cast::<u8>()
+    } else {
+        send
+    };
+    for j in 0..n {
+        match (j == r, j == 0) {
+            // SAFETY: recv holds `bytes`; mine is the separate copy or the disjoint send buffer.
+            (true, true) => unsafe { std::ptr::copy_nonoverlapping(mine, recv, bytes) },
+            (true, false) => unsafe {
+                crate::reduce::reduce_in_place(
+                    ctx.dt,
+                    ctx.op,
+                    std::slice::from_raw_parts_mut(recv, bytes),
+                    std::slice::from_raw_parts(mine, bytes),
+                )
+            },
+            (false, true) => ctx.prims(None, Some(j))?.recv(recv, bytes)?,
+            (false, false) => ctx.prims(None, Some(j))?.recv_reduce(recv, bytes)?,
+        }
+    }
+    drop(own);
+    if ctx.op == crate::dtype::RedOp::Avg && bytes > 0 {
+        // SAFETY: recv holds `bytes`.
+        crate::reduce::div_in_place(ctx.dt, unsafe { std::slice::from_raw_parts_mut(recv, bytes) }, n);
+    }
+    Ok(())
+}
+
 pub(crate) fn send(ctx: &mut Ctx<'_>, buf: *const u8, bytes: usize, peer: usize) -> Result<()> {
     if bytes == 0 {
         return Ok(());

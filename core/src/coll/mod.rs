@@ -1,7 +1,8 @@
 //! Collective algorithms: ring (all-reduce, all-gather, reduce-scatter), chains (broadcast,
 //! reduce) and direct exchanges (all-to-all, send/recv). They run as a sequence of primitives
-//! (`prims`) that the calling thread drives through the FIFOs; the tcp proxy threads move the
-//! FIFOs' slots across hosts.
+//! (`prims`) that the calling thread drives through the FIFOs. The calling thread is also the
+//! progress engine for tcp: every wait moves the sockets of all the communicator's tcp links
+//! (`transport::tcp`), and an operation returns only once its data is on the wire.
 
 pub(crate) mod direct;
 pub(crate) mod prims;

@@ -289,6 +289,26 @@ impl<'a> Prims<'a> {
         Ok(())
     }
 
+    /// dst = dst op incoming, not finished for Avg (the caller finishes once, at the end).
+    pub(crate) fn recv_reduce(&mut self, dst: *mut u8, len: usize) -> Result<()> {
+        let (dt, op) = (self.dt, self.op);
+        for (off, n) in self.slices(len) {
+            let m = self.take_recv(n)?;
+            let inc = self.incoming(&m, n)?;
+            // SAFETY: dst+off..+n is the caller's; the incoming bytes are a slot or scratch.
+            unsafe {
+                reduce::reduce_in_place(
+                    dt,
+                    op,
+                    std::slice::from_raw_parts_mut(dst.add(off), n),
+                    std::slice::from_raw_parts(inc, n),
+                );
+            }
+            self.release();
+        }
+        Ok(())
+    }
+
     /// dst = src op incoming (finished for Avg).
     pub(crate) fn recv_reduce_copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
         let (dt, op, nr) = (self.dt, self.op, self.nranks);

@@ -3,7 +3,7 @@
 //! with NCCL_STEPS slots.
 //!
 //! For shm the region is a shared-memory segment between two processes (or two threads); for tcp
-//! it is process memory that the proxy thread drains into, or fills from, a socket. Either way
+//! it is process memory that the tcp link drains into, or fills from, its sockets. Either way
 //! the protocol is the same:
 //! - the sender waits until the slot's previous message was acknowledged, writes the data and
 //!   the slot header, then publishes the slot by storing its sequence number;
@@ -11,7 +11,7 @@
 //!
 //! The sequence word sits in the same cache line as the first 32 bytes of data, so a small
 //! message crosses between cores as one line. Acknowledgements are per slot (not one tail
-//! counter) so that several proxy threads can complete slots out of order.
+//! counter) so that the slots of one FIFO, spread over several sockets, can complete out of order.
 
 use super::wait::{self, Check, Deadline, Patience};
 use crate::error::{Error, Result};
@@ -33,7 +33,7 @@ pub(crate) mod state {
     pub const MISMATCH: u32 = 3;
     /// The rank timed out.
     pub const TIMEOUT: u32 = 4;
-    /// The transport lost the connection (set by the proxy thread).
+    /// The transport lost the connection (set by the tcp link).
     pub const LOST: u32 = 5;
 
     pub fn describe(s: u32) -> &'static str {
@@ -222,7 +222,7 @@ impl Drop for Region {
 /// How the waiting side learns that the other side is gone, beyond its state word.
 #[derive(Clone, Copy)]
 pub(crate) enum Liveness {
-    /// In this process (a thread rank, or the proxy thread): the state word says it all.
+    /// In this process (a thread rank, or the tcp link): the state word says it all.
     Local,
     /// Another process of this host: also check that its pid is alive.
     Process(u32),
@@ -285,9 +285,8 @@ pub(crate) struct SendFifo {
 }
 
 impl SendFifo {
-    /// `patience`: how eagerly the collective thread waits on this FIFO. Spin when the other
-    /// end is another rank's thread (shm); sleep soon when it is a local proxy thread (tcp),
-    /// which needs the core to make progress.
+    /// `patience`: how the collective thread waits on this FIFO: spin when the other end is
+    /// another rank's thread (shm); drive the sockets when it is a tcp link (see `wait`).
     pub(crate) fn new(region: Arc<Region>, patience: Patience) -> SendFifo {
         let h = region.header();
         SendFifo { nslots: h.nslots as usize, region, head: 0, patience, direct: Direct::No, ptr_outstanding: false }
@@ -355,8 +354,9 @@ impl SendFifo {
         let want = self.head;
         let peer = ends.peer;
         if hdr.ack.load(Ordering::Acquire) != want {
+            // Driven like every other wait: a rank with tcp peers keeps their sockets moving.
             wait::wait_until(
-                || hdr.ack.load(Ordering::Acquire) == want,
+                wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
                 &hdr.ack,
                 &h.send_sleepers.0,
                 &mut |slow| ends.check(&h.recv_state.0, slow),

@@ -1,6 +1,7 @@
 //! Transports: how bytes get from one rank to another. Every peer pair gets a pair of FIFOs
-//! (`fifo`), carried by shared memory between ranks of one host (`shm`) or by sockets and proxy
-//! threads between hosts (`tcp`). Selection is by host identity; `OCCL_TRANSPORT` forces one.
+//! (`fifo`), carried by shared memory between ranks of one host (`shm`) or by sockets between
+//! hosts (`tcp`, moved by the collective thread itself while it waits). Selection is by host
+//! identity; `OCCL_TRANSPORT` forces one.
 
 pub(crate) mod fifo;
 pub(crate) mod shm;
@@ -23,7 +24,7 @@ pub(crate) struct Peer {
     pub recv: RecvFifo,
     pub kind: TransportKind,
     pub liveness: Liveness,
-    pub tcp: Option<tcp::TcpLink>,
+    pub tcp: Option<tcp::SharedLink>,
 }
 
 impl Peer {
@@ -32,15 +33,19 @@ impl Peer {
     pub(crate) fn close(&mut self, how: u32) {
         self.send.set_state(how);
         self.recv.set_state(how);
-        if let Some(t) = self.tcp.as_mut() {
-            t.close(how);
+        if let Some(t) = &self.tcp {
+            tcp::lock(t).close(how);
         }
     }
 
     /// Marks failure without blocking (no flush): used on errors, where peers must learn fast.
+    /// A tcp peer gets an ABORT frame if the socket takes it at once.
     pub(crate) fn fail(&self, how: u32) {
         self.send.set_state(how);
         self.recv.set_state(how);
+        if let Some(t) = &self.tcp {
+            tcp::lock(t).abort(how);
+        }
     }
 }
 
@@ -60,6 +65,7 @@ pub(crate) fn select(config: &Config, me: &PeerInfo, peer: &PeerInfo) -> Result<
 
 /// Connects this rank to every other rank. Collective over the communicator: every rank calls
 /// it with the same table. `listener` is the socket advertised in this rank's `PeerInfo`.
+/// Returns the peers, the driver of this rank's tcp links (if it has any) and the slot size.
 pub(crate) fn connect_all(
     config: &Config,
     me: usize,
@@ -67,7 +73,7 @@ pub(crate) fn connect_all(
     secret: &[u8; 16],
     boot: &mut bootstrap::Client,
     listener: TcpListener,
-) -> Result<(Vec<Option<Peer>>, usize)> {
+) -> Result<(Vec<Option<Peer>>, Option<tcp::Net>, usize)> {
     let n = table.len();
     let comm_id = table[0].comm_id;
     let kinds: Vec<Option<TransportKind>> = (0..n)
@@ -84,7 +90,7 @@ pub(crate) fn connect_all(
     // shm, phase 1: create the segments this rank sends into.
     let mut created = Vec::new();
     let mut out_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
-    let result = (|| -> Result<Vec<Option<Peer>>> {
+    let result = (|| -> Result<(Vec<Option<Peer>>, Option<tcp::Net>)> {
         for p in 0..n {
             if kinds[p] == Some(TransportKind::Shm) {
                 let name = shm::segment_name(comm_id, me, p);
@@ -125,6 +131,7 @@ pub(crate) fn connect_all(
         }
 
         let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
+        let mut links = Vec::new();
         for p in 0..n {
             let Some(kind) = kinds[p] else { continue };
             let peer = match kind {
@@ -149,17 +156,18 @@ pub(crate) fn connect_all(
                         return Err(Error::internal(format!("tcp sockets for rank {p} missing")));
                     }
                     let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout)?;
+                    links.push(link.clone());
                     Peer { send, recv, kind, liveness: Liveness::Local, tcp: Some(link) }
                 }
             };
             peers[p] = Some(peer);
         }
-        Ok(peers)
+        Ok((peers, (!links.is_empty()).then(|| tcp::Net::new(links))))
     })();
     for name in created {
         shm::unlink(&name);
     }
-    result.map(|peers| (peers, slot))
+    result.map(|(peers, net)| (peers, net, slot))
 }
 
 const HELLO_MAGIC: u64 = 0x4f43_434c_5443_5048; // "OCCLTCPH"

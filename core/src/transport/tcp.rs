@@ -1,20 +1,23 @@
-//! The tcp transport: a FIFO in process memory on each side and proxy threads that move its
-//! slots over `nsocks` sockets (slot m travels on socket m mod nsocks), as NCCL's proxy does
-//! for its net transport. The collective code sees the same `SendFifo`/`RecvFifo` as for shm.
+//! The tcp transport: a FIFO in process memory on each side whose slots travel over `nsocks`
+//! sockets per peer (slot m on socket m mod nsocks). There is no proxy thread: the thread that
+//! runs the collective moves the data whenever it waits (`Net` is its `wait::Drive`), with
+//! non-blocking I/O and a cursor per socket and direction, so on a small machine no thread
+//! competes with it for the cores. The collective code sees the same `SendFifo`/`RecvFifo` as
+//! for shm.
 //!
 //! Wire frame per slot: a 32-byte header (seq, kind, len, descriptor; little-endian) and `len`
 //! bytes of data. Kind `ABORT` carries the sender's failure state instead of data, so the peer
 //! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
 
-use super::fifo::{self, state, Desc, Ends, Liveness, RecvFifo, Region, SendFifo};
-use super::wait::{self, Deadline, Patience};
+use super::fifo::{self, state, Desc, Region};
+use super::wait::{self, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
-use std::io::{Read, Write};
+use std::io;
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 const KIND_DATA: u32 = 0;
 const KIND_ABORT: u32 = 1;
@@ -22,9 +25,14 @@ const KIND_ABORT: u32 = 1;
 /// without it means the process died (the kernel closes a killed process's sockets cleanly).
 const KIND_CLOSE: u32 = 2;
 const FRAME_HDR: usize = 32;
-/// Proxy threads wait for the collective code without a bound of their own; they stop when
-/// their FIFO's state changes or the socket closes.
-const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Bytes read at once while a socket waits for a frame header: a small frame (header and data)
+/// arrives in one system call, and a large one loses at most this much to an extra copy.
+const STAGE: usize = 4096;
+/// Socket buffers: several FIFOs' worth in flight while the other side is busy reducing, even
+/// where the default `tcp_wmem` is small (on this loopback, no different from autotuning).
+const SOCK_BUF: libc::c_int = 4 << 20;
+/// How long a failing rank's close tries to get its ABORT frames out.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 
 fn encode(seq: u32, kind: u32, len: u32, d: &Desc) -> [u8; FRAME_HDR] {
     let mut b = [0u8; FRAME_HDR];
@@ -45,7 +53,7 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-fn decode(b: &[u8; FRAME_HDR]) -> (u32, u32, u32, Desc) {
+fn decode(b: &[u8]) -> (u32, u32, u32, Desc) {
     let d = Desc {
         opseq: u32_at(b, 12),
         root: u32_at(b, 16),
@@ -59,88 +67,158 @@ fn decode(b: &[u8; FRAME_HDR]) -> (u32, u32, u32, Desc) {
     (u32_at(b, 0), u32_at(b, 4), u32_at(b, 8), d)
 }
 
-/// The proxy side of one peer's tcp connection.
+/// Message `m`'s slot and its published sequence word, computed as the FIFO ends compute them
+/// (from a wrapping u32 counter).
+fn slot_of(m: u64, nslots: usize) -> usize {
+    (m as u32) as usize % nslots
+}
+
+fn seq_of(m: u64) -> u32 {
+    (m as u32).wrapping_add(1)
+}
+
+/// A frame being written: its header, data bytes, and how much of header + data went out.
+#[derive(Clone, Copy)]
+struct Out {
+    hdr: [u8; FRAME_HDR],
+    len: usize,
+    off: usize,
+    /// A data frame (its slot is acknowledged when written) or a control frame.
+    data: bool,
+    /// Where the data is: the slot, or for a pointer slot the sender's own buffer (an address,
+    /// so that the link stays `Send`).
+    src: usize,
+}
+
+/// Frames one `sendmsg` may carry.
+const BATCH: usize = 8;
+const NO_FRAME: Out = Out { hdr: [0; FRAME_HDR], len: 0, off: 0, data: false, src: 0 };
+
+/// A data frame being read into its slot.
+#[derive(Clone, Copy)]
+struct In {
+    len: u32,
+    desc: Desc,
+    got: usize,
+}
+
+struct Sock {
+    s: TcpStream,
+    fd: RawFd,
+    /// Next data message this socket sends (k, k + nsocks, …) and the frame in progress.
+    tx_m: u64,
+    out: Option<Out>,
+    /// Set by close or failure: the control frame (state) to send after the data, if any.
+    end: Option<u32>,
+    /// The control frame went out (or the socket failed): nothing more to write.
+    tx_done: bool,
+    /// Next data message this socket receives, the frame being read, and bytes read ahead
+    /// (`stage[lo..hi]`) while looking for headers.
+    rx_m: u64,
+    inp: Option<In>,
+    stage: Box<[u8]>,
+    lo: usize,
+    hi: usize,
+    /// CLOSE or ABORT seen (or the link ended): read no more.
+    rx_done: bool,
+}
+
+/// One peer's tcp connection: its FIFOs' regions and its sockets' cursors. Driven by the
+/// collective thread through `Net`; shared with `Peer` for close and failure.
 pub(crate) struct TcpLink {
     peer: usize,
-    sockets: Vec<TcpStream>,
+    socks: Vec<Sock>,
     send_region: Arc<Region>,
     recv_region: Arc<Region>,
-    senders: Vec<JoinHandle<()>>,
-    receivers: Vec<JoinHandle<()>>,
+    nslots: usize,
+    slot_size: usize,
+    timeout: Duration,
+    /// Sockets that delivered a CLOSE frame.
+    closes: usize,
+    /// The peer is gone (or closed, or failed) and both FIFOs say so: no more I/O.
+    dead: bool,
+    closed: bool,
 }
 
-impl TcpLink {
-    /// Starts the proxy threads for `peer` over `sockets` (already connected and authenticated,
-    /// in the same order on both sides). Returns the FIFO ends for the collective code.
-    pub(crate) fn start(
-        peer: usize,
-        sockets: Vec<TcpStream>,
-        nslots: usize,
-        slot_size: usize,
-        timeout: Duration,
-    ) -> Result<(TcpLink, SendFifo, RecvFifo)> {
-        let len = fifo::region_size(nslots, slot_size);
-        let send_region = Arc::new(Region::map(-1, len)?);
-        send_region.init(nslots, slot_size, 0, 0);
-        let recv_region = Arc::new(Region::map(-1, len)?);
-        recv_region.init(nslots, slot_size, 0, 0);
-        let nsocks = sockets.len();
-        let clean_eofs = Arc::new(AtomicU32::new(0));
-        let mut link = TcpLink {
-            peer,
-            sockets: Vec::new(),
-            send_region: send_region.clone(),
-            recv_region: recv_region.clone(),
-            senders: Vec::new(),
-            receivers: Vec::new(),
+pub(crate) type SharedLink = Arc<Mutex<TcpLink>>;
+
+pub(crate) fn lock(l: &SharedLink) -> MutexGuard<'_, TcpLink> {
+    l.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid descriptor and a c_int option value.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One non-blocking sendmsg of `iov`; `Ok(None)` when the socket buffer is full.
+fn sendv(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+    // SAFETY: a zeroed msghdr is valid; it points at iovecs of live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: as above; MSG_NOSIGNAL so a dead peer is an EPIPE, not a SIGPIPE.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Message `m`'s frame if it can be sent: its slot once posted (unless the rank failed: then
+/// no more data), else the control frame once `end` is set.
+fn next_frame(region: &Region, end: Option<u32>, m: u64, nslots: usize, slot_size: usize) -> Option<Out> {
+    let i = slot_of(m, nslots);
+    let hdr = region.slot_hdr(i);
+    if end.is_none_or(|e| e == state::CLOSED) && hdr.seq.load(Ordering::Acquire) == seq_of(m) {
+        let raw = hdr.len;
+        let (len, src) = if raw & fifo::PTR_FLAG != 0 {
+            // SAFETY: a pointer slot holds the data's 8-byte address; the sender keeps the
+            // memory unchanged until the slot is acknowledged (its `drain`).
+            let addr = unsafe { std::ptr::read(region.slot_data(i) as *const u64) };
+            (((raw & !fifo::PTR_FLAG) as usize).min(slot_size), addr as usize)
+        } else {
+            ((raw as usize).min(slot_size), region.slot_data(i) as usize)
         };
-        for (k, s) in sockets.into_iter().enumerate() {
-            let io = |e| Error::sys(format!("tcp transport to rank {peer}: configure socket"), e);
-            s.set_nodelay(true).map_err(io)?;
-            s.set_write_timeout(Some(timeout)).map_err(io)?;
-            let (ws, rs) = (s.try_clone().map_err(io)?, s.try_clone().map_err(io)?);
-            link.sockets.push(s);
-            let region = send_region.clone();
-            link.senders.push(
-                std::thread::Builder::new()
-                    .name(format!("occl-proxy-tx{peer}.{k}"))
-                    .spawn(move || send_loop(peer, k, nsocks, ws, &region))
-                    .map_err(|e| Error::sys("spawn tcp proxy thread", e))?,
-            );
-            let region = recv_region.clone();
-            let eofs = clean_eofs.clone();
-            link.receivers.push(
-                std::thread::Builder::new()
-                    .name(format!("occl-proxy-rx{peer}.{k}"))
-                    .spawn(move || recv_loop(peer, k, nsocks, rs, &region, &eofs))
-                    .map_err(|e| Error::sys("spawn tcp proxy thread", e))?,
-            );
-        }
-        Ok((link, SendFifo::new(send_region, Patience::Lazy), RecvFifo::new(recv_region, Patience::Lazy)))
+        return Some(Out { hdr: encode(seq_of(m), KIND_DATA, len as u32, &hdr.desc), len, off: 0, data: true, src });
     }
-
-    /// Flushes what was posted (bounded by the socket write timeout), then closes the sockets
-    /// and joins the proxy threads. `how` is the state the peer is told (closed or a failure).
-    pub(crate) fn close(&mut self, how: u32) {
-        set_send_state(&self.send_region, how);
-        for t in self.senders.drain(..) {
-            let _ = t.join();
-        }
-        set_recv_state(&self.recv_region, state::CLOSED);
-        for s in &self.sockets {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        for t in self.receivers.drain(..) {
-            let _ = t.join();
-        }
-        tracing::trace!("tcp link to rank {} closed", self.peer);
-    }
+    let e = end?;
+    let kind = if e == state::CLOSED { KIND_CLOSE } else { KIND_ABORT };
+    Some(Out { hdr: encode(seq_of(m), kind, e, &Desc::default()), len: 0, off: 0, data: false, src: 0 })
 }
 
-impl Drop for TcpLink {
-    fn drop(&mut self) {
-        if !self.senders.is_empty() || !self.receivers.is_empty() {
-            self.close(state::CLOSED);
+/// One non-blocking recv; `Ok(None)` when nothing is there, `Ok(Some(0))` at end of stream.
+fn recv1(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Option<usize>> {
+    loop {
+        // SAFETY: the caller passes `len` writable bytes at `buf`.
+        let n = unsafe { libc::recv(fd, buf.cast(), len, libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => return Ok(None),
+            _ => return Err(e),
         }
     }
 }
@@ -161,162 +239,468 @@ fn set_recv_state(r: &Region, s: u32) {
     }
 }
 
-fn write_frame(s: &mut TcpStream, hdr: &[u8], data: &[u8]) -> std::io::Result<()> {
-    let mut bufs = [std::io::IoSlice::new(hdr), std::io::IoSlice::new(data)];
-    let mut bufs: &mut [std::io::IoSlice<'_>] = &mut bufs;
-    while !bufs.is_empty() {
-        let n = s.write_vectored(bufs)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        std::io::IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
-}
-
-/// Drains slots k, k+nsocks, … of the send FIFO onto socket k.
-fn send_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Region) {
-    let h = r.header();
-    let nslots = h.nslots as usize;
-    let never = AtomicBool::new(false);
-    let mut m = k as u32;
-    loop {
-        let i = m as usize % nslots;
-        let hdr = r.slot_hdr(i);
-        let want = m.wrapping_add(1);
-        let posted = || hdr.seq.load(Ordering::Acquire) == want;
-        let stop = || h.send_state.0.load(Ordering::Acquire) != state::OPEN;
-        let ends = Ends { peer, liveness: Liveness::Local, abort: &never };
-        let _ = wait::wait_until(
-            || posted() || stop(),
-            &hdr.seq,
-            &h.recv_sleepers.0,
-            &mut |_| Ok(()),
-            &Deadline::after(FOREVER),
-            Patience::Lazy,
-            &|| format!("tcp proxy to rank {}", ends.peer),
-        );
-        if posted() {
-            let len = (hdr.len as usize).min(h.slot_size as usize);
-            let frame = encode(want, KIND_DATA, len as u32, &hdr.desc);
-            // SAFETY: the slot is published and not acknowledged, so the collective code will
-            // not touch it until we store `ack` below.
-            let data = unsafe { std::slice::from_raw_parts(r.slot_data(i), len) };
-            if let Err(e) = write_frame(&mut sock, &frame, data) {
-                tracing::debug!("tcp proxy to rank {peer}: send failed: {e}");
-                set_recv_state(r, state::LOST);
-                return;
+impl TcpLink {
+    /// Sets up the link to `peer` over `sockets` (connected and authenticated, in the same
+    /// order on both sides). Returns the FIFO ends for the collective code.
+    pub(crate) fn start(
+        peer: usize,
+        sockets: Vec<TcpStream>,
+        nslots: usize,
+        slot_size: usize,
+        timeout: Duration,
+    ) -> Result<(SharedLink, fifo::SendFifo, fifo::RecvFifo)> {
+        let len = fifo::region_size(nslots, slot_size);
+        let send_region = Arc::new(Region::map(-1, len)?);
+        send_region.init(nslots, slot_size, 0, 0);
+        let recv_region = Arc::new(Region::map(-1, len)?);
+        recv_region.init(nslots, slot_size, 0, 0);
+        let mut socks = Vec::with_capacity(sockets.len());
+        for (k, s) in sockets.into_iter().enumerate() {
+            let io = |e| Error::sys(format!("tcp transport to rank {peer}: configure socket"), e);
+            s.set_nodelay(true).map_err(io)?;
+            let fd = s.as_raw_fd();
+            for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+                // Best effort: the kernel caps it at net.core.[rw]mem_max.
+                let _ = setsockopt_int(fd, libc::SOL_SOCKET, opt, SOCK_BUF);
             }
-            hdr.ack.store(want, Ordering::SeqCst);
-            wait::wake(&hdr.ack, &h.send_sleepers.0);
-            m = m.wrapping_add(nsocks as u32);
-            continue;
+            socks.push(Sock {
+                s,
+                fd,
+                tx_m: k as u64,
+                out: None,
+                end: None,
+                tx_done: false,
+                rx_m: k as u64,
+                inp: None,
+                stage: vec![0u8; STAGE].into_boxed_slice(),
+                lo: 0,
+                hi: 0,
+                rx_done: false,
+            });
         }
-        let s = h.send_state.0.load(Ordering::Acquire);
-        let kind = if s == state::CLOSED { KIND_CLOSE } else { KIND_ABORT };
-        let _ = write_frame(&mut sock, &encode(want, kind, s, &Desc::default()), &[]);
-        let _ = sock.shutdown(Shutdown::Write);
-        return;
+        let link = TcpLink {
+            peer,
+            socks,
+            send_region: send_region.clone(),
+            recv_region: recv_region.clone(),
+            nslots,
+            slot_size,
+            timeout,
+            closes: 0,
+            dead: false,
+            closed: false,
+        };
+        Ok((
+            Arc::new(Mutex::new(link)),
+            fifo::SendFifo::new(send_region, Patience::Drive),
+            fifo::RecvFifo::new(recv_region, Patience::Drive),
+        ))
     }
-}
 
-/// Fills slots k, k+nsocks, … of the receive FIFO from socket k.
-fn recv_loop(peer: usize, k: usize, nsocks: usize, mut sock: TcpStream, r: &Region, clean_eofs: &AtomicU32) {
-    let h = r.header();
-    let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
-    let never = AtomicBool::new(false);
-    let mut m = k as u32;
-    loop {
-        let mut fh = [0u8; FRAME_HDR];
-        match read_exact_or_eof(&mut sock, &mut fh) {
-            Ok(true) => {}
-            Ok(false) => {
-                // End of stream without a CLOSE frame: the process is gone.
-                if h.recv_state.0.load(Ordering::Acquire) == state::OPEN {
-                    set_send_state(r, state::LOST);
+    /// Does all the non-blocking I/O it can; true if anything moved. A failure ends the link:
+    /// both FIFOs get the state that every wait on this peer then reports.
+    fn progress(&mut self) -> bool {
+        if self.dead {
+            return false;
+        }
+        let mut moved = false;
+        for k in 0..self.socks.len() {
+            match self.tx(k).and_then(|a| Ok(a | self.rx(k)?)) {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    if !self.dead {
+                        tracing::debug!("tcp transport to rank {}: {e}; the connection is lost", self.peer);
+                        self.end_link(state::LOST);
+                    }
+                    return true;
                 }
-                return;
             }
-            Err(e) => {
-                if h.recv_state.0.load(Ordering::Acquire) == state::OPEN {
-                    tracing::debug!("tcp proxy from rank {peer}: receive failed: {e}");
-                    set_send_state(r, state::LOST);
+            if self.dead {
+                return true;
+            }
+        }
+        moved
+    }
+
+    /// The peer is gone, closed or failed (`s`): every wait on it, either way, ends with `s`.
+    /// Data already published in the receive FIFO is still delivered.
+    fn end_link(&mut self, s: u32) {
+        self.dead = true;
+        set_send_state(&self.recv_region, s);
+        set_recv_state(&self.send_region, s);
+    }
+
+    /// Writes posted slots (and, once `end` is set, the control frame) to socket `k`, as many
+    /// frames per system call as are ready: with small slots, one `sendmsg` per frame costs
+    /// more in the kernel's transmit path than the copying.
+    fn tx(&mut self, k: usize) -> io::Result<bool> {
+        let (nslots, slot_size, nsocks) = (self.nslots, self.slot_size, self.socks.len() as u64);
+        let region = &self.send_region;
+        let s = &mut self.socks[k];
+        let mut moved = false;
+        while !s.tx_done {
+            // The frame in progress (always message tx_m, or the control frame), then the ones
+            // ready after it.
+            let mut frames = [NO_FRAME; BATCH];
+            let mut nf = 0;
+            if let Some(o) = s.out {
+                frames[0] = o;
+                nf = 1;
+            }
+            while nf < BATCH && (nf == 0 || frames[nf - 1].data) {
+                match next_frame(region, s.end, s.tx_m + nf as u64 * nsocks, nslots, slot_size) {
+                    Some(o) => frames[nf] = o,
+                    None => break,
                 }
-                return;
+                nf += 1;
+            }
+            if nf == 0 {
+                break;
+            }
+            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2 * BATCH];
+            let mut ni = 0;
+            for o in &frames[..nf] {
+                if o.off < FRAME_HDR {
+                    iov[ni] = libc::iovec { iov_base: o.hdr[o.off..].as_ptr() as *mut _, iov_len: FRAME_HDR - o.off };
+                    ni += 1;
+                }
+                let skip = o.off.saturating_sub(FRAME_HDR);
+                if o.len > skip {
+                    // The slot (or the buffer it points to) is published and not acknowledged,
+                    // so the collective code does not touch it until we store `ack` below.
+                    iov[ni] = libc::iovec { iov_base: (o.src + skip) as *mut _, iov_len: o.len - skip };
+                    ni += 1;
+                }
+            }
+            let Some(mut n) = sendv(s.fd, &iov[..ni])? else { break };
+            moved = true;
+            for o in &mut frames[..nf] {
+                let rest = FRAME_HDR + o.len - o.off;
+                if n < rest {
+                    // The socket buffer is full: wait for the peer to read.
+                    o.off += n;
+                    s.out = Some(*o);
+                    return Ok(moved);
+                }
+                n -= rest;
+                s.out = None;
+                if o.data {
+                    let hdr = region.slot_hdr(slot_of(s.tx_m, nslots));
+                    hdr.ack.store(seq_of(s.tx_m), Ordering::SeqCst);
+                    wait::wake(&hdr.ack, &region.header().send_sleepers.0);
+                    s.tx_m += nsocks;
+                } else {
+                    s.tx_done = true;
+                }
             }
         }
-        let (seq, kind, len, desc) = decode(&fh);
-        let want = m.wrapping_add(1);
-        if kind == KIND_CLOSE {
-            // The peer flushed everything on this socket. Only when every socket has closed is
-            // the peer known to have sent all it will send.
-            if clean_eofs.fetch_add(1, Ordering::SeqCst) + 1 == nsocks as u32 {
-                set_send_state(r, state::CLOSED);
+        Ok(moved)
+    }
+
+    /// Whether receive slot for message `m` is free (acknowledged by the consumer, or unused).
+    fn rx_slot_free(&self, m: u64) -> bool {
+        let n = self.nslots as u64;
+        m < n || self.recv_region.slot_hdr(slot_of(m, self.nslots)).ack.load(Ordering::Acquire) == seq_of(m - n)
+    }
+
+    /// Reads frames from socket `k` into free receive slots and publishes them.
+    fn rx(&mut self, k: usize) -> io::Result<bool> {
+        let nsocks = self.socks.len() as u64;
+        let mut moved = false;
+        // The last read came back short: the socket is empty, do not ask again this round.
+        let mut drained = false;
+        loop {
+            let (free, m) = (self.rx_slot_free(self.socks[k].rx_m), self.socks[k].rx_m);
+            let s = &mut self.socks[k];
+            if s.rx_done {
+                return Ok(moved);
             }
-            return;
-        }
-        if kind == KIND_ABORT {
-            set_send_state(r, if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len });
-            return;
-        }
-        if kind != KIND_DATA || seq != want || len as usize > slot_size {
-            tracing::warn!(
-                "tcp proxy from rank {peer}: malformed frame (kind {kind}, seq {seq} expected {want}, len {len}); dropping the connection"
-            );
-            set_send_state(r, state::LOST);
-            return;
-        }
-        let i = m as usize % nslots;
-        let hdr = r.slot_hdr(i);
-        if m as usize >= nslots {
-            let free = m.wrapping_sub(nslots as u32).wrapping_add(1);
-            let ends = Ends { peer, liveness: Liveness::Local, abort: &never };
-            let _ = wait::wait_until(
-                || hdr.ack.load(Ordering::Acquire) == free || h.recv_state.0.load(Ordering::Acquire) != state::OPEN,
-                &hdr.ack,
-                &h.send_sleepers.0,
-                &mut |_| Ok(()),
-                &Deadline::after(FOREVER),
-                Patience::Lazy,
-                &|| format!("tcp proxy from rank {}", ends.peer),
-            );
-            if hdr.ack.load(Ordering::Acquire) != free {
-                return;
+            if let Some(mut f) = s.inp {
+                if !free {
+                    return Ok(moved);
+                }
+                let i = slot_of(m, self.nslots);
+                let data = self.recv_region.slot_data(i);
+                let need = f.len as usize - f.got;
+                if s.hi > s.lo {
+                    let n = need.min(s.hi - s.lo);
+                    // SAFETY: the slot is free (we own it until `seq` is published) and holds
+                    // slot_size >= len bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(s.stage[s.lo..].as_ptr(), data.add(f.got), n) };
+                    s.lo += n;
+                    f.got += n;
+                } else if need > 0 {
+                    if drained {
+                        s.inp = Some(f);
+                        return Ok(moved);
+                    }
+                    // SAFETY: as above, the rest of this frame's bytes in the slot.
+                    match recv1(s.fd, unsafe { data.add(f.got) }, need)? {
+                        None => {
+                            s.inp = Some(f);
+                            return Ok(moved);
+                        }
+                        Some(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "end of stream mid-frame")),
+                        Some(n) => {
+                            moved = true;
+                            drained = n < need;
+                            f.got += n;
+                        }
+                    }
+                }
+                if f.got < f.len as usize {
+                    s.inp = Some(f);
+                    continue;
+                }
+                s.inp = None;
+                let raw = data.wrapping_sub(fifo::SLOT_HDR) as *mut fifo::SlotHdr;
+                // SAFETY: as above; len/desc are read by the consumer only after it sees `seq`.
+                unsafe {
+                    (*raw).len = f.len;
+                    (*raw).desc = f.desc;
+                }
+                let hdr = self.recv_region.slot_hdr(i);
+                hdr.seq.store(seq_of(m), Ordering::SeqCst);
+                wait::wake(&hdr.seq, &self.recv_region.header().recv_sleepers.0);
+                s.rx_m += nsocks;
+                moved = true;
+                continue;
+            }
+            if s.hi - s.lo >= FRAME_HDR {
+                let (seq, kind, len, desc) = decode(&s.stage[s.lo..s.lo + FRAME_HDR]);
+                s.lo += FRAME_HDR;
+                match kind {
+                    KIND_DATA if seq == seq_of(m) && len as usize <= self.slot_size => {
+                        s.inp = Some(In { len, desc, got: 0 });
+                        continue;
+                    }
+                    KIND_CLOSE => {
+                        // The peer flushed everything on this socket. Only when every socket
+                        // has closed is it known to have sent all it will send.
+                        s.rx_done = true;
+                        self.closes += 1;
+                        if self.closes == self.socks.len() {
+                            self.end_link(state::CLOSED);
+                        }
+                        return Ok(true);
+                    }
+                    KIND_ABORT => {
+                        self.end_link(if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len });
+                        return Ok(true);
+                    }
+                    _ => {
+                        tracing::warn!(
+                            "tcp transport from rank {}: malformed frame (kind {kind}, seq {seq} expected {}, len {len}); dropping the connection",
+                            self.peer,
+                            seq_of(m)
+                        );
+                        return Err(io::ErrorKind::InvalidData.into());
+                    }
+                }
+            }
+            if drained {
+                return Ok(moved);
+            }
+            s.stage.copy_within(s.lo..s.hi, 0);
+            s.hi -= s.lo;
+            s.lo = 0;
+            let room = STAGE - s.hi;
+            // SAFETY: `room` bytes of the stage buffer from `hi`.
+            match recv1(s.fd, unsafe { s.stage.as_mut_ptr().add(s.hi) }, room)? {
+                None => return Ok(moved),
+                Some(0) if s.hi == 0 => {
+                    // End of stream without a CLOSE frame: the process is gone.
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "end of stream without CLOSE"));
+                }
+                Some(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "end of stream mid-header")),
+                Some(n) => {
+                    moved = true;
+                    drained = n < room;
+                    s.hi += n;
+                }
             }
         }
-        // SAFETY: the slot was acknowledged (or never used), so the collective code does not
-        // read it until we publish `seq` below.
-        let data = unsafe { std::slice::from_raw_parts_mut(r.slot_data(i), len as usize) };
-        if let Err(e) = sock.read_exact(data) {
-            if h.recv_state.0.load(Ordering::Acquire) == state::OPEN {
-                tracing::debug!("tcp proxy from rank {peer}: receive failed mid-frame: {e}");
-                set_send_state(r, state::LOST);
-            }
+    }
+
+    /// Some posted slot is not yet fully written to its socket.
+    fn unsent(&self) -> bool {
+        self.socks.iter().any(|s| {
+            !s.tx_done
+                && (s.out.is_some_and(|o| o.data)
+                    || self.send_region.slot_hdr(slot_of(s.tx_m, self.nslots)).seq.load(Ordering::Acquire)
+                        == seq_of(s.tx_m))
+        })
+    }
+
+    /// The poll(2) interest of each socket: readable while a free slot can take what comes,
+    /// writable while something waits to be written.
+    fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
+        if self.dead {
             return;
         }
-        let raw = r.slot_data(i).wrapping_sub(fifo::SLOT_HDR) as *mut fifo::SlotHdr;
-        // SAFETY: as above; len/desc are read by the consumer only after it sees `seq`.
-        unsafe {
-            (*raw).len = len;
-            (*raw).desc = desc;
+        for s in &self.socks {
+            let mut events = 0;
+            if !s.rx_done && (s.inp.is_none() || self.rx_slot_free(s.rx_m)) {
+                events |= libc::POLLIN;
+            }
+            let posted =
+                self.send_region.slot_hdr(slot_of(s.tx_m, self.nslots)).seq.load(Ordering::Acquire) == seq_of(s.tx_m);
+            if !s.tx_done && (s.out.is_some() || s.end.is_some() || posted) {
+                events |= libc::POLLOUT;
+            }
+            if events != 0 {
+                fds.push(libc::pollfd { fd: s.fd, events, revents: 0 });
+            }
         }
-        hdr.seq.store(want, Ordering::SeqCst);
-        wait::wake(&hdr.seq, &h.recv_sleepers.0);
-        m = m.wrapping_add(nsocks as u32);
+    }
+
+    /// On failure (without blocking): stop sending data and try once to tell the peer why.
+    pub(crate) fn abort(&mut self, how: u32) {
+        if self.dead || self.closed {
+            return;
+        }
+        for s in &mut self.socks {
+            s.end.get_or_insert(how);
+        }
+        for k in 0..self.socks.len() {
+            if self.tx(k).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Flushes what was posted (bounded by the timeout; a failing rank only tries briefly to
+    /// send its ABORT), sends CLOSE or ABORT on every socket and shuts the sockets down.
+    pub(crate) fn close(&mut self, how: u32) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let wait = if how == state::CLOSED { self.timeout } else { self.timeout.min(ABORT_WAIT) };
+        let until = Instant::now() + wait;
+        if !self.dead {
+            for s in &mut self.socks {
+                s.end.get_or_insert(how);
+            }
+            loop {
+                let mut fds = Vec::new();
+                for k in 0..self.socks.len() {
+                    if let Err(e) = self.tx(k) {
+                        tracing::debug!("tcp transport to rank {}: closing: {e}", self.peer);
+                        self.socks[k].tx_done = true;
+                    }
+                    let s = &self.socks[k];
+                    if !s.tx_done {
+                        fds.push(libc::pollfd { fd: s.fd, events: libc::POLLOUT, revents: 0 });
+                    }
+                }
+                let left = until.saturating_duration_since(Instant::now());
+                if fds.is_empty() || left.is_zero() {
+                    break;
+                }
+                // Frames still queued: the peer is not reading. Stop if it went away.
+                for k in 0..self.socks.len() {
+                    if !self.dead && self.rx(k).is_err() {
+                        self.end_link(state::LOST);
+                    }
+                }
+                if self.dead {
+                    break;
+                }
+                poll(&mut fds, left.min(Duration::from_millis(10)));
+            }
+        }
+        for s in &mut self.socks {
+            let _ = s.s.shutdown(Shutdown::Write);
+            // Read what already arrived (up to the socket buffers' worth), so that closing the
+            // socket sends FIN rather than RST.
+            let mut junk = [0u8; 4096];
+            for _ in 0..4096 {
+                if !matches!(recv1(s.fd, junk.as_mut_ptr(), junk.len()), Ok(Some(1..))) {
+                    break;
+                }
+            }
+        }
+        self.dead = true;
+        tracing::trace!("tcp link to rank {} closed", self.peer);
     }
 }
 
-/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean end of stream before the first byte.
-fn read_exact_or_eof(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match s.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
+fn poll(fds: &mut [libc::pollfd], timeout: Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: `fds` is a valid array of pollfd; no signal mask change.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+}
+
+/// Every tcp link of one communicator: what the collective thread drives while it waits.
+pub(crate) struct Net {
+    links: Vec<SharedLink>,
+}
+
+impl Net {
+    pub(crate) fn new(links: Vec<SharedLink>) -> Net {
+        Net { links }
     }
-    Ok(true)
+
+    /// Keeps driving the sockets until every posted slot is written to its socket (the kernel
+    /// delivers it from there), so an operation can return without leaving data behind that
+    /// nobody would send. Bounded by `deadline`; fails if a peer with pending data is gone.
+    pub(crate) fn flush(&self, abort: &AtomicBool, deadline: &Deadline) -> Result<()> {
+        if self.busy() {
+            let mut check = |_slow: bool| -> Result<()> {
+                if abort.load(Ordering::Relaxed) {
+                    return Err(Error::usage("the communicator was aborted"));
+                }
+                Ok(())
+            };
+            let unused = AtomicU32::new(0);
+            wait::wait_until(
+                wait::driven(Some(self as &dyn Drive), || !self.busy()),
+                &unused,
+                &unused,
+                &mut check,
+                deadline,
+                Patience::Drive,
+                &|| {
+                    let to: Vec<usize> = self.links.iter().map(lock).filter(|l| l.unsent()).map(|l| l.peer).collect();
+                    format!("flushing sends to rank(s) {to:?}")
+                },
+            )?;
+        }
+        // A peer that went away with data of ours unsent: say which and why.
+        for l in &self.links {
+            let l = lock(l);
+            if l.dead && l.unsent() {
+                let s = l.send_region.header().recv_state.0.load(Ordering::Acquire);
+                return Err(Error::remote(l.peer, state::describe(s)));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drive for Net {
+    fn progress(&self) -> bool {
+        let mut moved = false;
+        for l in &self.links {
+            moved |= lock(l).progress();
+        }
+        moved
+    }
+
+    fn block(&self, timeout: Duration) {
+        let mut fds = Vec::with_capacity(self.links.len() * 2);
+        for l in &self.links {
+            lock(l).poll_fds(&mut fds);
+        }
+        poll(&mut fds, timeout);
+    }
+
+    fn busy(&self) -> bool {
+        self.links.iter().any(|l| {
+            let l = lock(l);
+            !l.dead && l.unsent()
+        })
+    }
 }

@@ -96,8 +96,10 @@ fn main() -> ExitCode {
             if r == 1 {
                 std::thread::sleep(Duration::from_millis(ms));
             }
-            let a = vec![1.0f32; 100];
-            let mut b = vec![0f32; 100];
+            // Large enough for the ring (a one-shot exchange would let the late rank finish from
+            // data its peers published before they timed out).
+            let a = vec![1.0f32; 1 << 16];
+            let mut b = vec![0f32; 1 << 16];
             match comm.all_reduce(&a, &mut b, RedOp::Sum) {
                 Ok(()) => println!("OK rank={r}"),
                 Err(e) => return report(&e),
