@@ -310,6 +310,17 @@ impl Comm {
         }
     }
 
+    /// The algorithm this communicator runs for `coll` when each rank contributes `bytes`:
+    /// `"one-shot"`, `"ring"`, `"chain"` or `"direct"` (what benchmarks and logs report).
+    pub fn algorithm(&self, coll: CollType, bytes: usize) -> &'static str {
+        match coll {
+            CollType::AllReduce if one_shot(bytes, self.nranks, self.lock_any().slot) => "one-shot",
+            CollType::AllReduce | CollType::AllGather | CollType::ReduceScatter => "ring",
+            CollType::Broadcast | CollType::Reduce => "chain",
+            CollType::AllToAll | CollType::Send | CollType::Recv => "direct",
+        }
+    }
+
     /// Makes every operation in flight on this communicator, and every later one, fail. Safe to
     /// call from another thread while a collective runs.
     pub fn abort(&self) {
@@ -497,7 +508,7 @@ impl Comm {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
         self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op), |c| {
-            if one_shot(bytes, self.nranks, c.slice()) {
+            if one_shot(bytes, self.nranks, c.slot) {
                 coll::direct::all_reduce_one_shot(c, send, recv, count)
             } else {
                 coll::ring::all_reduce(c, send, recv, count)

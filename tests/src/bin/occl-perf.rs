@@ -226,7 +226,16 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let out = std::io::stdout();
     let mut out = out.lock();
     if lead && !args.json {
-        writeln!(out, "# occl-perf: nranks {n}, transport {}, algo {}, proto simple", info.transport, coll.algo())?;
+        let algos: Vec<&str> =
+            layouts.iter().map(|l| comm.algorithm(coll.coll_type(), l.count * args.dtype.size())).collect();
+        let mut distinct = algos.clone();
+        distinct.dedup();
+        writeln!(
+            out,
+            "# occl-perf: nranks {n}, transport {}, algo {}, proto simple",
+            info.transport,
+            distinct.join("/")
+        )?;
         writeln!(
             out,
             "# collective {}  minBytes {} maxBytes {} step: {} warmup iters: {warmup} iters: {iters} validation: {} time: {}",
@@ -286,7 +295,8 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
             bw_sum += m.busbw;
             bw_rows += 1;
             if lead && args.json {
-                writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m))?;
+                let algo = comm.algorithm(coll.coll_type(), layout.count * args.dtype.size());
+                writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, algo))?;
                 out.flush()?;
             }
             halves[h] = Some(m);

@@ -54,12 +54,16 @@ impl Collective {
         matches!(self, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll)
     }
 
-    /// The algorithm occl runs for it (occl has no tuner choice yet: one per collective).
-    pub fn algo(self) -> &'static str {
+    /// The operation occl records for it (sendrecv: its sends).
+    pub fn coll_type(self) -> occl::CollType {
         match self {
-            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => "ring",
-            Collective::Broadcast | Collective::Reduce => "chain",
-            Collective::AllToAll | Collective::SendRecv => "direct",
+            Collective::AllReduce => occl::CollType::AllReduce,
+            Collective::AllGather => occl::CollType::AllGather,
+            Collective::ReduceScatter => occl::CollType::ReduceScatter,
+            Collective::Broadcast => occl::CollType::Broadcast,
+            Collective::Reduce => occl::CollType::Reduce,
+            Collective::AllToAll => occl::CollType::AllToAll,
+            Collective::SendRecv => occl::CollType::Send,
         }
     }
 
@@ -255,7 +259,8 @@ pub fn table_row(info: &RowInfo, layout: Layout, out: Option<&Measure>, inp: Opt
 }
 
 /// One JSON row (one line) for `--json`.
-pub fn json_row(info: &RowInfo, layout: Layout, inplace: bool, m: &Measure) -> serde_json::Value {
+/// `algo` is what the communicator ran for this size (`Comm::algorithm`).
+pub fn json_row(info: &RowInfo, layout: Layout, inplace: bool, m: &Measure, algo: &str) -> serde_json::Value {
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     serde_json::json!({
         "collective": info.coll.json_name(),
@@ -270,7 +275,7 @@ pub fn json_row(info: &RowInfo, layout: Layout, inplace: bool, m: &Measure) -> s
         "algbw_gbps": round(m.algbw),
         "busbw_gbps": round(m.busbw),
         "wrong": m.wrong,
-        "algo": info.coll.algo(),
+        "algo": algo,
         "proto": "simple",
         "transport": info.transport,
     })
@@ -331,7 +336,7 @@ mod tests {
         let names = header.lines().nth(1).unwrap_or_default();
         assert_eq!(row.len(), names.len(), "\n{names}\n{row}");
         assert!(row.contains("float") && row.contains("sum") && row.contains("-1"));
-        let j = json_row(&info, l, false, &m);
+        let j = json_row(&info, l, false, &m, "ring");
         let keys: Vec<_> = j.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
         assert_eq!(keys.len(), 15);
     }
