@@ -21,6 +21,27 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
 }
 
+/// Copies `n` bytes with streaming stores whatever the size: for pieces of an operation whose
+/// destination as a whole is far larger than the caches.
+///
+/// # Safety
+/// As `copy`.
+pub(crate) unsafe fn stream(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if n >= 256 && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the caller's contract, and AVX is present.
+        unsafe { stream_avx(dst, src, n) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// Whether an operation writing `bytes` to a user buffer should stream its final writes.
+pub(crate) fn streams(bytes: usize) -> bool {
+    bytes >= STREAM_MIN
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn stream_avx(dst: *mut u8, src: *const u8, n: usize) {

@@ -93,6 +93,7 @@ impl<'a> Ctx<'a> {
             slice: self.slot / self.dt.size() * self.dt.size(),
             scratch: Vec::new(),
             direct: false,
+            stream: false,
         })
     }
 }

@@ -22,6 +22,7 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
     let chunk_elems = (ctx.chunk() / es).max(1);
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let mut p = ctx.prims(Some(next), Some(prev))?;
+    p.stream = crate::copy::streams(count * es);
     let mut base = 0;
     while base < count {
         let rem = (n * chunk_elems).min(count - base);
@@ -73,6 +74,7 @@ pub(crate) fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
     let chunk_elems = (ctx.chunk() / es).max(1);
     let mut p = ctx.prims(Some((r + 1) % n), Some((r + n - 1) % n))?;
     p.allow_direct();
+    p.stream = crate::copy::streams(n * count * es);
     let mut base = 0;
     while base < count {
         let len = chunk_elems.min(count - base);
@@ -131,9 +133,12 @@ pub(crate) fn broadcast(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes
         p.send(send, bytes)?;
         p.finish()
     } else if pos == n - 1 {
-        ctx.prims(None, Some(prev))?.recv(recv, bytes)
+        let mut p = ctx.prims(None, Some(prev))?;
+        p.stream = crate::copy::streams(bytes);
+        p.recv(recv, bytes)
     } else {
         let mut p = ctx.prims(Some(next), Some(prev))?;
+        p.stream = crate::copy::streams(bytes);
         p.recv_copy_send(recv, bytes)?;
         p.finish()
     }
