@@ -279,6 +279,11 @@ impl Comm {
         self.comm_id
     }
 
+    /// Rank `rank`'s process id and host name, as the bootstrap exchanged them.
+    pub fn peer_process(&self, rank: usize) -> Option<(u32, &str)> {
+        self.table.get(rank).map(|p| (p.pid, p.hostname.as_str()))
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
     }

@@ -1,6 +1,36 @@
-//! occl-telemetry: the profiler event model and the sinks that consume it (Prometheus,
-//! OpenTelemetry, HTA trace files, NCCL profiler plugins).
+//! occl-telemetry: the profiler event model and the sinks that consume it.
 //!
-//! This crate is a leaf: it never depends on `occl`. The event model and sinks are filled in by
-//! the profiler-events issue; until then the crate only builds.
+//! This crate is a leaf: it never depends on `occl`.
+//!
+//! What it has now (first step of "Profiler events"):
+//! - [`event`]: NCCL's profiler event types (`EventType::bit()` = `ncclProfile*`), descriptors
+//!   ([`EventDescr`], borrowed, v5/v6 fields), states with NCCL's numbers and their arguments
+//!   ([`StateArgs`]).
+//! - [`mask`]: [`EventMask`] and the `OCCL_PROFILE_EVENT_MASK` / `NCCL_PROFILE_EVENT_MASK` syntax.
+//! - [`sink`]: the [`Sink`] trait (no-op hooks, interest declared once).
+//! - [`fanout`]: [`Fanout`], which issues [`EventId`]s and calls only the sinks that want a type;
+//!   a disabled type costs one relaxed load and an AND.
+//!
+//! Later steps add: emission from `occl` (the hierarchy and implied-ancestor rules of
+//! DESIGN.md), loading NCCL C-ABI profiler plugins (`ncclProfiler_v1`…`v6`) behind a `Sink`, and
+//! the sinks themselves (Prometheus, OpenTelemetry, HTA trace files), also packaged as
+//! `libnccl-profiler-occl.so`.
 #![forbid(unsafe_code)]
+
+pub mod event;
+pub mod fanout;
+pub mod mask;
+pub mod sink;
+
+pub use event::{
+    CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,
+};
+pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
+pub use mask::{EventMask, ParseMaskError};
+pub use sink::Sink;
+
+/// `Fanout` is shared between communicators and threads.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Fanout>();
+};

@@ -86,6 +86,10 @@ pub(crate) fn connect_all(
     let slot = if any_tcp { config.tcp_slot_size } else { config.shm_slot_size };
     let nslots = config.fifo_slots;
     let deadline = Instant::now() + config.timeout;
+    // More ranks on this host than cores to run them: shm waits must yield, not spin.
+    let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shm_patience = if local > cores { Patience::Share } else { Patience::Eager };
 
     // shm, phase 1: create the segments this rank sends into.
     let mut created = Vec::new();
@@ -143,8 +147,8 @@ pub(crate) fn connect_all(
                     let liveness =
                         if table[p].pid == table[me].pid { Liveness::Local } else { Liveness::Process(table[p].pid) };
                     Peer {
-                        send: SendFifo::new(out, Patience::Eager),
-                        recv: RecvFifo::new(inn, Patience::Eager),
+                        send: SendFifo::new(out, shm_patience),
+                        recv: RecvFifo::new(inn, shm_patience),
                         kind,
                         liveness,
                         tcp: None,

@@ -24,6 +24,9 @@ pub(crate) enum Patience {
     /// A shm FIFO: its peer is usually a few hundred nanoseconds away, and every microsecond
     /// of wake-up latency is on the critical path.
     Eager,
+    /// A shm FIFO on a host with more ranks than cores: the peer we wait for is often not
+    /// running, and spinning would only keep it off the core; yield at once.
+    Share,
     /// A tcp FIFO: this thread fills and drains it itself, moving socket data in `ready()`
     /// (built by `driven`), and blocks in poll(2) on the sockets, never on the futex (no other
     /// thread would wake it).
@@ -31,8 +34,14 @@ pub(crate) enum Patience {
 }
 
 impl Patience {
-    const SPINS: u32 = 4096;
     const YIELD_FOR: Duration = Duration::from_micros(500);
+
+    fn spins(self) -> u32 {
+        match self {
+            Patience::Share => 32,
+            _ => 4096,
+        }
+    }
 }
 
 /// Moves data that the waiting thread is responsible for (the tcp sockets of a communicator).
@@ -162,7 +171,7 @@ pub(crate) fn wait_until(
         return drive_wait(ready, word, sleepers, check, deadline, patience, what);
     }
     let mut ready = || ready.ready();
-    for i in 0..Patience::SPINS {
+    for i in 0..patience.spins() {
         if ready() {
             return Ok(());
         }

@@ -152,36 +152,9 @@ fn launch(nranks: usize) -> anyhow::Result<ExitCode> {
     Ok(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// Every rank's (pid, hostname), gathered to all ranks for the header.
+/// Every rank's (pid, hostname), from the communicator's peer table, for the header.
 fn gather_ranks(comm: &Comm) -> occl::Result<Vec<(u32, String)>> {
-    const REC: usize = 128;
-    let mut me = [0u8; REC];
-    me[..4].copy_from_slice(&std::process::id().to_le_bytes());
-    let host = hostname();
-    let h = host.as_bytes();
-    let len = h.len().min(REC - 5);
-    me[4] = len as u8;
-    me[5..5 + len].copy_from_slice(&h[..len]);
-    let mut all = vec![0u8; REC * comm.nranks()];
-    comm.all_gather(&me, &mut all)?;
-    Ok(all
-        .chunks(REC)
-        .map(|c| {
-            let pid = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            let len = (c[4] as usize).min(REC - 5);
-            (pid, String::from_utf8_lossy(&c[5..5 + len]).into_owned())
-        })
-        .collect())
+    Ok((0..comm.nranks()).filter_map(|r| comm.peer_process(r)).map(|(pid, host)| (pid, host.to_string())).collect())
 }
 
 /// One rank of the benchmark.

@@ -1,0 +1,267 @@
+//! In-process fan-out: one emitter, several sinks, each called only for the types it asked for.
+//!
+//! Cost model (STYLE.md §1): a disabled type costs one relaxed load and an AND (`enabled`). The OR
+//! of the sinks' masks is rebuilt only on attach, detach and reload. An enabled start takes a
+//! read lock on the sink table, one counter increment and one insert into a sharded id map that
+//! remembers which sinks saw the start, so `state`/`stop` reach exactly those sinks even if masks
+//! change meanwhile.
+
+use crate::event::{EventDescr, EventId, EventType, StateArgs};
+use crate::mask::EventMask;
+use crate::sink::Sink;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+
+/// Sinks one fan-out can hold: the routes of an event are a `u64` of slot bits.
+pub const MAX_SINKS: usize = 64;
+
+/// Shards of the live-event map; ids are issued in sequence, so consecutive events use
+/// different shards and threads rarely meet on one lock.
+const SHARDS: usize = 16;
+
+/// Sink serials are process-wide so a handle from another fan-out never matches a slot here.
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// Returned by `attach`; give it back to `detach`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SinkHandle {
+    slot: usize,
+    serial: u64,
+}
+
+/// `attach` on a fan-out that already holds `MAX_SINKS` sinks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManySinks;
+
+impl fmt::Display for TooManySinks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a profiler fan-out holds at most {MAX_SINKS} sinks")
+    }
+}
+
+impl std::error::Error for TooManySinks {}
+
+struct Slot {
+    sink: Arc<dyn Sink>,
+    mask: EventMask,
+    serial: u64,
+}
+
+/// Folded multiply of the id (FxHash-like); SipHash would cost more than the rest of `start`.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let p = u128::from(n) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
+
+/// Live event id → bits of the slots that received its start.
+type Routes = HashMap<u64, u64, BuildHasherDefault<IdHasher>>;
+
+#[repr(align(64))] // one cache line per shard lock
+#[derive(Default)]
+struct Shard(Mutex<Routes>);
+
+/// Thread-safe fan-out of profiler events to attached sinks; share it (`Arc`) between
+/// communicators and threads.
+pub struct Fanout {
+    /// OR of the attached sinks' masks; the only thing a disabled check reads.
+    interest: AtomicU64,
+    next_id: AtomicU64,
+    /// Slot table. Hooks run under the read lock, so once `detach` returns the sink is never
+    /// called again, and a slot bit in `live` always names the sink that saw the start.
+    sinks: RwLock<Vec<Option<Slot>>>,
+    live: [Shard; SHARDS],
+}
+
+impl Default for Fanout {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Fanout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fanout")
+            .field("interest", &self.interest())
+            .field("sinks", &self.sink_count())
+            .field("live_events", &self.live_events())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Sinks never run under these mutexes, so poisoning only means a panic in HashMap code;
+    // the map is still consistent enough to route by.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Fanout {
+    /// An empty fan-out: every type disabled.
+    pub fn new() -> Self {
+        Fanout {
+            interest: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            sinks: RwLock::new(Vec::new()),
+            live: Default::default(),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Vec<Option<Slot>>> {
+        self.sinks.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn shard(&self, id: u64) -> MutexGuard<'_, Routes> {
+        lock(&self.live[id as usize % SHARDS].0)
+    }
+
+    fn rebuild(&self, slots: &[Option<Slot>]) {
+        let m = slots.iter().flatten().fold(0, |m, s| m | s.mask.0);
+        self.interest.store(m, Relaxed);
+    }
+
+    /// Whether any attached sink wants `t`: one relaxed load and an AND. Emitters check it
+    /// before building a descriptor.
+    #[inline]
+    pub fn enabled(&self, t: EventType) -> bool {
+        self.interest.load(Relaxed) & t.bit() != 0
+    }
+
+    /// The OR of the attached sinks' masks.
+    pub fn interest(&self) -> EventMask {
+        EventMask(self.interest.load(Relaxed))
+    }
+
+    /// Attached sinks.
+    pub fn sink_count(&self) -> usize {
+        self.read().iter().flatten().count()
+    }
+
+    /// Events started and not yet stopped (an event never stopped stays here).
+    pub fn live_events(&self) -> usize {
+        self.live.iter().map(|s| lock(&s.0).len()).sum()
+    }
+
+    /// Attaches `sink` with the mask its `interest()` returns now.
+    pub fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, TooManySinks> {
+        let mask = sink.interest();
+        let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
+        let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        let slot = match slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if slots.len() < MAX_SINKS => {
+                slots.push(None);
+                slots.len() - 1
+            }
+            None => return Err(TooManySinks),
+        };
+        slots[slot] = Some(Slot { sink, mask, serial });
+        self.rebuild(&slots);
+        Ok(SinkHandle { slot, serial })
+    }
+
+    /// Detaches a sink and gives it back; `None` if the handle is not of this fan-out. The sink
+    /// gets no further calls, not even stops of its live events.
+    pub fn detach(&self, h: SinkHandle) -> Option<Arc<dyn Sink>> {
+        let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        let entry = slots.get_mut(h.slot)?;
+        if entry.as_ref().map(|s| s.serial) != Some(h.serial) {
+            return None;
+        }
+        let gone = entry.take()?;
+        self.rebuild(&slots);
+        // Forget the slot in live routes before it can be reused, so a later sink in this slot
+        // never sees states or stops of events it did not start.
+        let bit = 1u64 << h.slot;
+        for shard in &self.live {
+            lock(&shard.0).retain(|_, routes| {
+                *routes &= !bit;
+                *routes != 0
+            });
+        }
+        Some(gone.sink)
+    }
+
+    /// Asks every sink for its `interest()` again and rebuilds the OR. Live events keep their
+    /// routes.
+    pub fn reload(&self) {
+        let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        for s in slots.iter_mut().flatten() {
+            s.mask = s.sink.interest();
+        }
+        self.rebuild(&slots);
+    }
+
+    /// Starts an event: issues an id and calls `start` on every sink whose mask has the type.
+    /// Returns `None`, calling and allocating nothing, when no sink wants the type; the emitter
+    /// then skips the event's states, stop and children (as NCCL does with a NULL handle).
+    #[inline]
+    pub fn start(&self, parent: Option<EventId>, descr: &EventDescr<'_>) -> Option<EventId> {
+        let bit = descr.event_type().bit();
+        if self.interest.load(Relaxed) & bit == 0 {
+            return None;
+        }
+        self.start_slow(parent, descr, bit)
+    }
+
+    #[inline(never)] // keep the disabled path small at every call site
+    fn start_slow(&self, parent: Option<EventId>, descr: &EventDescr<'_>, bit: u64) -> Option<EventId> {
+        let slots = self.read();
+        // Re-check against the table itself: a detach may have raced with the fast check.
+        let routes = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.mask.0 & bit != 0))
+            .fold(0u64, |r, (i, _)| r | 1 << i);
+        if routes == 0 {
+            return None;
+        }
+        let id = EventId(NonZeroU64::new(self.next_id.fetch_add(1, Relaxed))?);
+        self.shard(id.get()).insert(id.get(), routes);
+        for_each_route(&slots, routes, |s| s.start(id, parent, descr));
+        Some(id)
+    }
+
+    /// Records a state of a live event, on the sinks that saw its start. Unknown ids are ignored.
+    pub fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        let slots = self.read();
+        let Some(routes) = self.shard(id.get()).get(&id.get()).copied() else { return };
+        for_each_route(&slots, routes, |s| s.state(id, st));
+    }
+
+    /// Stops a live event on the sinks that saw its start and forgets it. Unknown ids are ignored.
+    pub fn stop(&self, id: EventId) {
+        let slots = self.read();
+        let Some(routes) = self.shard(id.get()).remove(&id.get()) else { return };
+        for_each_route(&slots, routes, |s| s.stop(id));
+    }
+}
+
+fn for_each_route(slots: &[Option<Slot>], mut routes: u64, mut f: impl FnMut(&dyn Sink)) {
+    while routes != 0 {
+        let i = routes.trailing_zeros() as usize;
+        routes &= routes - 1;
+        if let Some(Some(s)) = slots.get(i) {
+            f(&*s.sink);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "fanout_tests.rs"]
+mod tests;

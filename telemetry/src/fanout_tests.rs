@@ -1,0 +1,284 @@
+//! Tests of `Fanout` (kept apart so fanout.rs stays short).
+
+use super::*;
+use crate::event::{ProxyCtrlState, ProxyStepState};
+use std::collections::HashSet;
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
+
+/// Records what it receives; its mask can be changed to exercise `reload`.
+#[derive(Default)]
+struct Rec {
+    mask: AtomicU64,
+    starts: Mutex<Vec<(u64, Option<u64>, EventType)>>,
+    states: Mutex<Vec<(u64, u32)>>,
+    stops: Mutex<Vec<u64>>,
+    n_start: AtomicUsize,
+    n_stop: AtomicUsize,
+}
+
+impl Rec {
+    fn new(mask: EventMask) -> Arc<Rec> {
+        let r = Rec::default();
+        r.mask.store(mask.0, Relaxed);
+        Arc::new(r)
+    }
+    fn started(&self) -> Vec<(u64, Option<u64>, EventType)> {
+        lock(&self.starts).clone()
+    }
+    fn stated(&self) -> Vec<(u64, u32)> {
+        lock(&self.states).clone()
+    }
+    fn stopped(&self) -> Vec<u64> {
+        lock(&self.stops).clone()
+    }
+}
+
+impl Sink for Rec {
+    fn interest(&self) -> EventMask {
+        EventMask(self.mask.load(Relaxed))
+    }
+    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+        self.n_start.fetch_add(1, Relaxed);
+        lock(&self.starts).push((id.get(), parent.map(EventId::get), ev.event_type()));
+    }
+    fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        lock(&self.states).push((id.get(), st.state_raw()));
+    }
+    fn stop(&self, id: EventId) {
+        self.n_stop.fetch_add(1, Relaxed);
+        lock(&self.stops).push(id.get());
+    }
+}
+
+/// Counts only, so the concurrency test and the benchmark measure the fan-out, not a log.
+#[derive(Default)]
+struct Count {
+    starts: AtomicUsize,
+    stops: AtomicUsize,
+}
+
+impl Sink for Count {
+    fn interest(&self) -> EventMask {
+        EventMask::of(EventType::ProxyStep)
+    }
+    fn start(&self, _: EventId, _: Option<EventId>, _: &EventDescr<'_>) {
+        self.starts.fetch_add(1, Relaxed);
+    }
+    fn stop(&self, _: EventId) {
+        self.stops.fetch_add(1, Relaxed);
+    }
+}
+
+const COLL: EventMask = EventMask::of(EventType::Coll);
+const STEP: EventMask = EventMask::of(EventType::ProxyStep);
+const CTRL: EventMask = EventMask::of(EventType::ProxyCtrl);
+
+fn coll() -> EventDescr<'static> {
+    EventDescr::Coll {
+        rank: 1,
+        seq_number: 7,
+        func: "AllReduce",
+        send_buff: 0x1000,
+        recv_buff: 0x2000,
+        count: 1024,
+        root: 0,
+        datatype: "ncclFloat32",
+        n_channels: 2,
+        n_warps: 16,
+        algo: "RING",
+        proto: "SIMPLE",
+        parent_group: None,
+    }
+}
+
+const STEP_DESCR: EventDescr<'static> = EventDescr::ProxyStep { rank: 1, step: 0 };
+
+fn step_state(state: ProxyStepState) -> StateArgs<'static> {
+    StateArgs::ProxyStep { state, trans_size: 4096 }
+}
+
+#[test]
+fn interest_is_rebuilt_on_attach_detach_reload() {
+    let f = Fanout::new();
+    assert_eq!(f.interest(), EventMask::NONE);
+    let a = Rec::new(COLL);
+    let b = Rec::new(STEP | EventType::Coll);
+    let ha = f.attach(a.clone()).expect("attach a");
+    assert_eq!(f.interest(), COLL);
+    let hb = f.attach(b.clone()).expect("attach b");
+    assert_eq!(f.interest(), COLL | STEP);
+    assert!(f.enabled(EventType::ProxyStep) && !f.enabled(EventType::P2p));
+    assert!(f.detach(hb).is_some());
+    assert_eq!(f.interest(), COLL);
+    // The mask is captured at attach: a change is seen only on reload.
+    a.mask.store(CTRL.0, Relaxed);
+    assert_eq!(f.interest(), COLL);
+    f.reload();
+    assert_eq!(f.interest(), CTRL);
+    assert!(f.detach(ha).is_some());
+    assert_eq!(f.interest(), EventMask::NONE);
+    assert_eq!(f.sink_count(), 0);
+}
+
+#[test]
+fn disabled_type_calls_nothing_and_returns_none() {
+    let f = Fanout::new();
+    assert_eq!(f.start(None, &coll()), None);
+    let a = Rec::new(STEP);
+    let _h = f.attach(a.clone()).expect("attach");
+    assert!(!f.enabled(EventType::Coll));
+    assert_eq!(f.start(None, &coll()), None);
+    assert_eq!(a.n_start.load(Relaxed), 0);
+    assert_eq!(f.live_events(), 0);
+}
+
+#[test]
+fn events_reach_only_matching_sinks_with_parents() {
+    let f = Fanout::new();
+    let (a, b, c) = (Rec::new(COLL), Rec::new(STEP), Rec::new(COLL | STEP));
+    let _h: Vec<_> = [&a, &b, &c].iter().map(|s| f.attach((*s).clone()).expect("attach")).collect();
+    let p = f.start(None, &coll()).expect("coll wanted");
+    let s = f.start(Some(p), &STEP_DESCR).expect("step wanted");
+    assert_ne!(p, s);
+    assert_eq!(f.start(None, &EventDescr::ProxyCtrl), None);
+    assert_eq!(a.started(), vec![(p.get(), None, EventType::Coll)]);
+    assert_eq!(b.started(), vec![(s.get(), Some(p.get()), EventType::ProxyStep)]);
+    assert_eq!(c.started(), vec![(p.get(), None, EventType::Coll), (s.get(), Some(p.get()), EventType::ProxyStep)]);
+}
+
+#[test]
+fn states_and_stops_follow_the_start() {
+    let f = Fanout::new();
+    let (a, b) = (Rec::new(COLL), Rec::new(STEP));
+    let _ha = f.attach(a.clone()).expect("attach a");
+    let hb = f.attach(b.clone()).expect("attach b");
+    let p = f.start(None, &coll()).expect("coll");
+    let s = f.start(Some(p), &STEP_DESCR).expect("step");
+    f.state(s, &step_state(ProxyStepState::SendGpuWait));
+    f.state(s, &step_state(ProxyStepState::SendWait));
+    f.stop(s);
+    f.stop(s); // a second stop of the same id is ignored
+    f.stop(p);
+    assert_eq!(a.stated(), vec![]);
+    assert_eq!(a.stopped(), vec![p.get()]);
+    assert_eq!(b.stated(), vec![(s.get(), 8), (s.get(), 9)]);
+    assert_eq!(b.stopped(), vec![s.get()]);
+    assert_eq!(f.live_events(), 0);
+
+    // A reload that drops the type does not orphan a live event: it still reaches its sink.
+    let s2 = f.start(None, &STEP_DESCR).expect("step");
+    b.mask.store(0, Relaxed);
+    f.reload();
+    assert!(!f.enabled(EventType::ProxyStep));
+    f.stop(s2);
+    assert_eq!(b.stopped(), vec![s.get(), s2.get()]);
+
+    // After detach the sink is never called, and a sink reusing its slot gets no foreign stops.
+    b.mask.store(STEP.0, Relaxed);
+    f.reload();
+    let s3 = f.start(None, &STEP_DESCR).expect("step");
+    assert!(f.detach(hb).is_some());
+    let d = Rec::new(STEP | CTRL);
+    let _hd = f.attach(d.clone()).expect("attach d");
+    f.state(s3, &step_state(ProxyStepState::RecvWait));
+    f.stop(s3);
+    assert_eq!(b.stopped().len(), 2);
+    assert!(d.stated().is_empty() && d.stopped().is_empty());
+    assert_eq!(f.live_events(), 0);
+
+    let c = f.start(None, &EventDescr::ProxyCtrl).expect("ctrl");
+    f.state(c, &StateArgs::ProxyCtrl { state: ProxyCtrlState::AppendEnd, appended_proxy_ops: 3 });
+    f.stop(c);
+    assert_eq!(d.stated(), vec![(c.get(), 18)]);
+}
+
+#[test]
+fn handles_are_checked_and_slots_bounded() {
+    let (f, g) = (Fanout::new(), Fanout::new());
+    let h = f.attach(Rec::new(COLL)).expect("attach");
+    assert!(g.detach(SinkHandle { slot: h.slot, serial: h.serial }).is_none());
+    let stale = SinkHandle { slot: h.slot, serial: h.serial };
+    assert!(f.detach(h).is_some());
+    assert!(f.detach(stale).is_none());
+    let hs: Vec<_> = (0..MAX_SINKS).map(|_| f.attach(Rec::new(COLL)).expect("room")).collect();
+    assert_eq!(f.attach(Rec::new(COLL)).map(|_| ()), Err(TooManySinks));
+    assert_eq!(hs.len(), MAX_SINKS);
+    let p = f.start(None, &coll()).expect("coll");
+    f.stop(p);
+}
+
+#[test]
+fn concurrent_starts_and_stops_keep_counts_exact() {
+    const THREADS: usize = 4;
+    const PER: usize = 20_000;
+    let f = Arc::new(Fanout::new());
+    let (x, y) = (Arc::new(Count::default()), Arc::new(Count::default()));
+    let _hx = f.attach(x.clone()).expect("attach");
+    let _hy = f.attach(y.clone()).expect("attach");
+    let ids: Vec<Vec<u64>> = std::thread::scope(|sc| {
+        let ts: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let f = &f;
+                sc.spawn(move || {
+                    let mut ids = Vec::with_capacity(PER);
+                    let mut open = Vec::new();
+                    for i in 0..PER {
+                        let id = f.start(None, &STEP_DESCR).expect("wanted");
+                        ids.push(id.get());
+                        open.push(id);
+                        if i % 8 == 7 {
+                            // Keep several events live at once, as a proxy op does with its steps.
+                            open.drain(..).for_each(|id| f.stop(id));
+                        }
+                    }
+                    open.into_iter().for_each(|id| f.stop(id));
+                    ids
+                })
+            })
+            .collect();
+        ts.into_iter().map(|t| t.join().expect("thread")).collect()
+    });
+    let all: HashSet<u64> = ids.iter().flatten().copied().collect();
+    assert_eq!(all.len(), THREADS * PER, "ids are unique");
+    for c in [&x, &y] {
+        assert_eq!(c.starts.load(Relaxed), THREADS * PER);
+        assert_eq!(c.stops.load(Relaxed), THREADS * PER);
+    }
+    assert_eq!(f.live_events(), 0);
+}
+
+/// `cargo test -p occl-telemetry --release -- --ignored --nocapture bench`
+#[test]
+#[ignore = "micro-benchmark; run by hand with --release --nocapture"]
+fn bench_disabled_check_and_enabled_start_stop() {
+    let f = Fanout::new();
+    let _h = f.attach(Arc::new(Count::default())).expect("attach");
+    const N: u32 = 50_000_000;
+    let t = Instant::now();
+    let mut hits = 0u32;
+    for _ in 0..N {
+        hits += u32::from(std::hint::black_box(&f).enabled(std::hint::black_box(EventType::Coll)));
+    }
+    let disabled = t.elapsed().as_secs_f64() * 1e9 / f64::from(N);
+    assert_eq!(hits, 0);
+
+    let d = coll();
+    let t = Instant::now();
+    for _ in 0..N {
+        assert!(std::hint::black_box(&f).start(None, std::hint::black_box(&d)).is_none());
+    }
+    let disabled_start = t.elapsed().as_secs_f64() * 1e9 / f64::from(N);
+
+    const M: u32 = 2_000_000;
+    let t = Instant::now();
+    for _ in 0..M {
+        let id = f.start(None, std::hint::black_box(&STEP_DESCR)).expect("wanted");
+        f.stop(id);
+    }
+    let enabled = t.elapsed().as_secs_f64() * 1e9 / f64::from(M);
+    println!(
+        "disabled enabled(): {disabled:.2} ns; disabled start(): {disabled_start:.2} ns; \
+         enabled start+stop (1 sink): {enabled:.1} ns"
+    );
+}

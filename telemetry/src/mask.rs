@@ -1,0 +1,208 @@
+//! The activation mask: one bit per `EventType`, NCCL's numbering.
+
+use crate::event::EventType;
+use std::fmt;
+use std::ops::{BitAnd, BitAndAssign, BitOr, BitOrAssign, Not};
+
+/// A set of event types, as NCCL's `eActivationMask` (bits 0–14 are defined; others are kept but
+/// match no event).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EventMask(pub u64);
+
+/// The variables read by [`EventMask::from_env`], first one set wins.
+pub const MASK_ENV_VARS: [&str; 2] = ["OCCL_PROFILE_EVENT_MASK", "NCCL_PROFILE_EVENT_MASK"];
+
+impl EventMask {
+    /// No event.
+    pub const NONE: EventMask = EventMask(0);
+    /// Every defined event type (NCCL's "all v6 events", 0x7FFF).
+    pub const ALL: EventMask = EventMask(0x7FFF);
+
+    /// The mask of one type.
+    #[inline]
+    pub const fn of(t: EventType) -> EventMask {
+        EventMask(t.bit())
+    }
+
+    /// Whether `t` is in the set.
+    #[inline]
+    pub const fn contains(self, t: EventType) -> bool {
+        self.0 & t.bit() != 0
+    }
+
+    /// Whether the set is empty.
+    #[inline]
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The set plus `t`.
+    #[inline]
+    pub const fn with(self, t: EventType) -> EventMask {
+        EventMask(self.0 | t.bit())
+    }
+
+    /// The defined types in the set, in bit order.
+    pub fn types(self) -> impl Iterator<Item = EventType> {
+        EventType::ALL.into_iter().filter(move |t| self.contains(*t))
+    }
+
+    /// Parses the `*_PROFILE_EVENT_MASK` syntax: a decimal or `0x`/`0X` hexadecimal u64,
+    /// surrounding whitespace allowed. NCCL's example plugin uses `atoi`, which silently turns
+    /// garbage into 0; we refuse it instead, so a typo does not switch profiling off unnoticed.
+    pub fn parse(s: &str) -> Result<EventMask, ParseMaskError> {
+        let t = s.trim();
+        let err = |reason| Err(ParseMaskError { input: s.to_owned(), reason });
+        if t.is_empty() {
+            return err("empty");
+        }
+        let (digits, radix) = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+            Some(h) => (h, 16),
+            None => (t, 10),
+        };
+        // from_str_radix accepts a leading '+'; we do not, so "0x+1" and "+5" are refused too.
+        if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+            return err(if radix == 16 {
+                "expected hexadecimal digits after 0x"
+            } else {
+                "expected a decimal number or 0x-prefixed hexadecimal (no sign)"
+            });
+        }
+        match u64::from_str_radix(digits, radix) {
+            Ok(v) => Ok(EventMask(v)),
+            Err(_) => err("does not fit in 64 bits"),
+        }
+    }
+
+    /// Reads `OCCL_PROFILE_EVENT_MASK`, else `NCCL_PROFILE_EVENT_MASK`; `Ok(None)` when neither
+    /// is set.
+    pub fn from_env() -> Result<Option<EventMask>, ParseMaskError> {
+        for var in MASK_ENV_VARS {
+            if let Ok(v) = std::env::var(var) {
+                return Self::parse(&v).map(Some);
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl From<EventType> for EventMask {
+    fn from(t: EventType) -> Self {
+        EventMask::of(t)
+    }
+}
+
+impl BitOr for EventMask {
+    type Output = EventMask;
+    fn bitor(self, rhs: EventMask) -> EventMask {
+        EventMask(self.0 | rhs.0)
+    }
+}
+
+impl BitOr<EventType> for EventMask {
+    type Output = EventMask;
+    fn bitor(self, rhs: EventType) -> EventMask {
+        self.with(rhs)
+    }
+}
+
+impl BitOrAssign for EventMask {
+    fn bitor_assign(&mut self, rhs: EventMask) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl BitAnd for EventMask {
+    type Output = EventMask;
+    fn bitand(self, rhs: EventMask) -> EventMask {
+        EventMask(self.0 & rhs.0)
+    }
+}
+
+impl BitAndAssign for EventMask {
+    fn bitand_assign(&mut self, rhs: EventMask) {
+        self.0 &= rhs.0;
+    }
+}
+
+impl Not for EventMask {
+    type Output = EventMask;
+    fn not(self) -> EventMask {
+        EventMask(!self.0)
+    }
+}
+
+impl fmt::Display for EventMask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A mask string that is neither decimal nor `0x` hexadecimal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseMaskError {
+    /// The text as given.
+    pub input: String,
+    /// Why it was refused.
+    pub reason: &'static str,
+}
+
+impl fmt::Display for ParseMaskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid profile event mask {:?}: {} (e.g. 6 or 0x6 for Coll|P2p, 0x7fff for all)",
+            self.input, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ParseMaskError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_decimal_and_hex() {
+        assert_eq!(EventMask::parse("6"), Ok(EventMask(6)));
+        assert_eq!(EventMask::parse("0"), Ok(EventMask::NONE));
+        assert_eq!(EventMask::parse(" 4095\n"), Ok(EventMask(0xFFF)));
+        assert_eq!(EventMask::parse("0x7fff"), Ok(EventMask::ALL));
+        assert_eq!(EventMask::parse("0X7FFF"), Ok(EventMask::ALL));
+        assert_eq!(EventMask::parse("0x0"), Ok(EventMask::NONE));
+        assert_eq!(EventMask::parse("007"), Ok(EventMask(7)));
+        assert_eq!(EventMask::parse("18446744073709551615"), Ok(EventMask(u64::MAX)));
+        assert_eq!(EventMask::parse("0xFFFFFFFFFFFFFFFF"), Ok(EventMask(u64::MAX)));
+    }
+
+    #[test]
+    fn refuses_garbage_with_a_clear_message() {
+        for bad in
+            ["", "  ", "-1", "+6", "0x", "0x+1", "0xg", "6a", "1e3", "Coll", "0b11", "6 7", "18446744073709551616"]
+        {
+            let e = EventMask::parse(bad).expect_err(bad);
+            let msg = e.to_string();
+            assert!(msg.contains("invalid profile event mask"), "{msg}");
+            assert_eq!(e.input, bad);
+        }
+        let e = EventMask::parse("0x1FFFFFFFFFFFFFFFF").expect_err("overflow");
+        assert!(e.to_string().contains("64 bits"), "{e}");
+    }
+
+    #[test]
+    fn bit_ops() {
+        let m = EventMask::of(EventType::Coll) | EventType::P2p;
+        assert_eq!(m, EventMask(6));
+        assert!(m.contains(EventType::Coll) && !m.contains(EventType::Group));
+        assert_eq!(m & EventMask::of(EventType::P2p), EventMask(4));
+        assert_eq!((!m & EventMask::ALL).0, 0x7FFF & !6);
+        let mut n = EventMask::NONE;
+        assert!(n.is_empty());
+        n |= m;
+        n &= EventMask(2);
+        assert_eq!(n.types().collect::<Vec<_>>(), vec![EventType::Coll]);
+        assert_eq!(EventMask::ALL.types().count(), 15);
+        assert_eq!(EventMask(6).to_string(), "0x6");
+    }
+}

@@ -1,0 +1,58 @@
+//! The consumer side: what an in-process sink (Prometheus, OTLP, trace file, C-ABI plugin
+//! adapter) implements. Modelled on `tracing`'s `Layer`: every hook defaults to a no-op, and
+//! interest is declared once instead of being asked per event.
+
+use crate::event::{EventDescr, EventId, StateArgs};
+use crate::mask::EventMask;
+
+/// A consumer of profiler events.
+///
+/// Hooks run on the emitting thread (application, proxy or network threads), possibly
+/// concurrently for different events, so they must be cheap and must not block. A hook must not
+/// attach, detach or reload sinks on the fan-out that calls it (that would deadlock).
+pub trait Sink: Send + Sync + 'static {
+    /// The event types this sink wants. Asked on attach and on reload, never per event; a sink
+    /// that changes its mind asks its owner to call `Fanout::reload`.
+    fn interest(&self) -> EventMask;
+
+    /// An event of a type in `interest()` started. `parent` is the id of the parent event (NCCL's
+    /// `parentObj`), if it has one and it was started through the same fan-out; it may already be
+    /// stopped (NCCL starts children after the parent's stop). `ev` lives only for this call.
+    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+        let _ = (id, parent, ev);
+    }
+
+    /// A state change of an event this sink saw start.
+    fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        let _ = (id, st);
+    }
+
+    /// The end of an event this sink saw start; `id` is not used again.
+    fn stop(&self, id: EventId) {
+        let _ = id;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventType;
+    use std::num::NonZeroU64;
+
+    struct Quiet;
+    impl Sink for Quiet {
+        fn interest(&self) -> EventMask {
+            EventMask::of(EventType::Coll)
+        }
+    }
+
+    #[test]
+    fn defaults_are_no_ops_and_object_safe() {
+        let s: Box<dyn Sink> = Box::new(Quiet);
+        let id = EventId(NonZeroU64::MIN);
+        s.start(id, None, &EventDescr::Group);
+        s.state(id, &StateArgs::KernelChStop { p_timer: 1 });
+        s.stop(id);
+        assert_eq!(s.interest(), EventMask(2));
+    }
+}
