@@ -22,5 +22,6 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod report;
 
 pub use client::fuzz_client_bytes;

@@ -1,0 +1,235 @@
+//! The report model: what the root knows after a gather, already analysed (grouping, verdicts, outlier selection).
+//! Renderers only lay it out, so the text and JSON forms can never disagree about a verdict.
+
+/// Version lines. occl prints its own version where NCCL prints `NCCL version X.Y.Z`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VersionInfo {
+    /// occl's own version, e.g. `env!("CARGO_PKG_VERSION")`.
+    pub occl_version: String,
+    /// The NCCL release whose report format and API this mirrors (JSON `nccl_version`, for existing consumers).
+    pub nccl_compat_version: String,
+    /// `M.m` the build targeted, if any (`compiled with CUDA M.m`).
+    pub cuda_compiled: Option<String>,
+    /// CUDA runtime and driver versions as integers (e.g. 13000).
+    pub cuda_runtime: i32,
+    pub cuda_driver: i32,
+}
+
+/// The uniform job summary (every node runs the same number of processes, each with the same number of GPUs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobSummary {
+    pub nodes: u32,
+    pub processes_per_node: u32,
+    pub gpus_per_process: u32,
+    pub processes_total: u32,
+    pub gpus_total: u32,
+}
+
+/// The communicator's highest status bit (NCCL's `Status` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CommStatus {
+    NoComm,
+    Init,
+    Running,
+    Finalize,
+    Abort,
+}
+
+impl CommStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommStatus::NoComm => "NOCOMM",
+            CommStatus::Init => "INIT",
+            CommStatus::Running => "RUNNING",
+            CommStatus::Finalize => "FINALIZE",
+            CommStatus::Abort => "ABORT",
+        }
+    }
+}
+
+/// The `Errors` column: a set, printed as `OK` when empty, else `INCOMPLETE,ERROR,MISMATCH` order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorSet {
+    pub incomplete: bool,
+    pub error: bool,
+    pub mismatch: bool,
+}
+
+impl ErrorSet {
+    pub fn label(self) -> String {
+        let parts: Vec<&str> = [(self.incomplete, "INCOMPLETE"), (self.error, "ERROR"), (self.mismatch, "MISMATCH")]
+            .into_iter()
+            .filter_map(|(on, s)| on.then_some(s))
+            .collect();
+        if parts.is_empty() {
+            "OK".to_string()
+        } else {
+            parts.join(",")
+        }
+    }
+}
+
+/// One row of the communicators table: a group of communicators with the same shape and verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommGroupRow {
+    pub comms_in_group: u32,
+    pub nodes_per_comm: u32,
+    /// Min and max ranks per node; printed as `min-max` when they differ.
+    pub ranks_per_node: (u32, u32),
+    pub ranks_per_comm: u32,
+    /// Unique (process, NVML GPU) pairs across the group.
+    pub ranks_in_group: u32,
+    pub status: CommStatus,
+    pub errors: ErrorSet,
+}
+
+/// `#<group>-<index> (<hash>)`: how Errors and Warnings refer to a communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommRef {
+    pub group: u32,
+    pub index: u32,
+    pub hash: u64,
+}
+
+/// Where a rank lives. `None` in [`RankRef::loc`] prints `[process information not found]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankLoc {
+    pub cuda_dev: u32,
+    /// Printed as ` (NVML n)` only when it differs from `cuda_dev`.
+    pub nvml_dev: u32,
+    pub pid: u32,
+    pub host: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankRef {
+    pub rank: u32,
+    pub loc: Option<RankLoc>,
+}
+
+/// A job process in the job-level entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessRef {
+    pub pid: u32,
+    pub host: String,
+    pub cuda_devs: Vec<u32>,
+    /// Printed as ` (NVML list)` only when it differs from `cuda_devs`.
+    pub nvml_devs: Vec<u32>,
+}
+
+/// Ranks sharing one value. `count` is the group size; `members` are the ranks listed under it (empty when the
+/// outlier rule hides them). A group with `count == 1` is printed in NCCL's one-line form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankGroup<V> {
+    pub value: V,
+    pub count: u32,
+    pub members: Vec<RankRef>,
+}
+
+/// One `Communicator ranks have different <coll> operation counts` block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpCountMismatch {
+    /// NCCL's collective name: Broadcast, Reduce, AllGather, ReduceScatter, AllReduce.
+    pub collective: String,
+    /// Most frequent first; ties by value, descending. Value 0 means "not launched any operations".
+    pub groups: Vec<RankGroup<u64>>,
+}
+
+/// Per-error-kind breakdown of init or async errors: the value is NCCL's error name (`Unhandled CUDA error`...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorBreakdown {
+    pub ranks: u32,
+    pub groups: Vec<RankGroup<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorEntry {
+    /// Job processes that did not answer and are not (yet) considered dead.
+    Incomplete { processes: Vec<ProcessRef>, missing: u32, not_found: u32 },
+    /// Processes on the replicated dead list.
+    Dead { processes: Vec<ProcessRef>, dead: u32 },
+    /// Ranks of a communicator whose data did not arrive.
+    CommIncomplete { comm: CommRef, missing: u32, ranks: Vec<RankRef> },
+    /// Init or async errors reported by ranks of a communicator.
+    CommError { comm: CommRef, init: Option<ErrorBreakdown>, async_: Option<ErrorBreakdown> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WarningEntry {
+    /// Gather legs that timed out.
+    Timeout { count: u32 },
+    /// Ranks disagreeing on status (NOCOMM included) and/or on per-collective operation counts.
+    CommMismatch { comm: CommRef, status: Vec<RankGroup<CommStatus>>, counts: Vec<OpCountMismatch> },
+}
+
+/// occl-only: an operation a rank has been waiting in, with its progress state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StuckOp {
+    pub comm: CommRef,
+    pub rank: RankRef,
+    pub operation: String,
+    /// The per-communicator, per-collective sequence number (matches the op counters).
+    pub seq: u64,
+    pub waited_ms: u64,
+    /// The peer rank it waits on, if known.
+    pub peer: Option<u32>,
+    /// Free-form protocol step state, e.g. `recv step 3/8`.
+    pub step: String,
+}
+
+/// Raw per-rank data for the JSON dump.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankData {
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    pub cuda_dev: u32,
+    pub nvml_dev: u32,
+    pub init_state: i32,
+    pub async_error: i32,
+    pub finalize_called: bool,
+    pub destroy_flag: bool,
+    pub abort_flag: bool,
+    /// Broadcast, Reduce, AllGather, ReduceScatter, AllReduce.
+    pub collective_counts: [u64; 5],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingRankData {
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    pub cuda_dev: u32,
+    pub nvml_dev: u32,
+    pub unresponsive: bool,
+    pub considered_dead: bool,
+}
+
+/// One communicator as gathered, in commId order (JSON is a raw dump, not grouped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommData {
+    pub hash: u64,
+    /// hostHash and pidHash of comm rank 0.
+    pub secondary_hash: (u64, u64),
+    pub size: u32,
+    pub ranks: Vec<RankData>,
+    pub missing_ranks: Vec<MissingRankData>,
+}
+
+/// A whole report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub version: VersionInfo,
+    /// Local time `YYYY-MM-DD HH:MM:SS` (JSON only); the caller formats it so this crate stays clock-free.
+    pub timestamp: String,
+    /// Gather duration in seconds, printed with 3 decimals.
+    pub collection_time_sec: f64,
+    pub timeouts_count: u32,
+    pub summary: JobSummary,
+    /// Empty prints `No communicator data collected!`.
+    pub groups: Vec<CommGroupRow>,
+    pub errors: Vec<ErrorEntry>,
+    pub warnings: Vec<WarningEntry>,
+    pub stuck: Vec<StuckOp>,
+    pub comms: Vec<CommData>,
+}
