@@ -169,19 +169,8 @@ fn sendv(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len() as _;
-    loop {
-        // SAFETY: as above; MSG_NOSIGNAL so a dead peer is an EPIPE, not a SIGPIPE.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted => {}
-            io::ErrorKind::WouldBlock => return Ok(None),
-            _ => return Err(e),
-        }
-    }
+    // SAFETY: as above; MSG_NOSIGNAL so a dead peer is an EPIPE, not a SIGPIPE.
+    nonblocking(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
 }
 
 /// Message `m`'s frame if it can be sent: its slot once posted (unless the rank failed: then
@@ -207,10 +196,11 @@ fn next_frame(region: &Region, end: Option<u32>, m: u64, nslots: usize, slot_siz
 }
 
 /// One non-blocking recv; `Ok(None)` when nothing is there, `Ok(Some(0))` at end of stream.
-fn recv1(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Option<usize>> {
+/// Runs a non-blocking socket call: the byte count, `None` when it would block (EAGAIN), and
+/// a retry when a signal interrupted it.
+fn nonblocking(mut call: impl FnMut() -> isize) -> io::Result<Option<usize>> {
     loop {
-        // SAFETY: the caller passes `len` writable bytes at `buf`.
-        let n = unsafe { libc::recv(fd, buf.cast(), len, libc::MSG_DONTWAIT) };
+        let n = call();
         if n >= 0 {
             return Ok(Some(n as usize));
         }
@@ -221,6 +211,11 @@ fn recv1(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Option<usize>> {
             _ => return Err(e),
         }
     }
+}
+
+fn recv1(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Option<usize>> {
+    // SAFETY: the caller passes `len` writable bytes at `buf`.
+    nonblocking(|| unsafe { libc::recv(fd, buf.cast(), len, libc::MSG_DONTWAIT) })
 }
 
 fn set_send_state(r: &Region, s: u32) {
