@@ -1,7 +1,9 @@
 //! In-process fan-out: one emitter, several sinks, each called only for the types it asked for.
 //!
 //! Cost model (STYLE.md §1): a disabled type costs one relaxed load and an AND (`enabled`). The OR
-//! of the sinks' masks is rebuilt only on attach, detach and reload. An enabled start takes a
+//! of the sinks' masks, each widened by NCCL's implied ancestors, is rebuilt only on attach, detach
+//! and reload; sinks whose interest is `dynamic` (NCCL plugins writing the global mask) are asked
+//! again when an operation captures its mask (`capture`), never per event. An enabled start takes a
 //! read lock on the sink table, one counter increment and one insert into a sharded id map that
 //! remembers which sinks saw the start, so `state`/`stop` reach exactly those sinks even if masks
 //! change meanwhile.
@@ -47,9 +49,29 @@ impl std::error::Error for TooManySinks {}
 
 struct Slot {
     sink: Arc<dyn Sink>,
+    /// The sink's interest with ancestors; unused for a dynamic sink.
     mask: EventMask,
+    dynamic: bool,
     serial: u64,
 }
+
+impl Slot {
+    fn new(sink: Arc<dyn Sink>, serial: u64) -> Slot {
+        Slot { mask: sink.interest().with_ancestors(), dynamic: sink.dynamic(), sink, serial }
+    }
+
+    /// What this sink wants now, ancestors included.
+    fn wants(&self) -> u64 {
+        if self.dynamic {
+            self.sink.interest().with_ancestors().0
+        } else {
+            self.mask.0
+        }
+    }
+}
+
+/// Set in `interest` while a dynamic sink is attached: `capture` must ask it.
+const DYNAMIC: u64 = 1 << 63;
 
 /// Folded multiply of the id (FxHash-like); SipHash would cost more than the rest of `start`.
 #[derive(Default)]
@@ -80,8 +102,11 @@ struct Shard(Mutex<Routes>);
 /// Thread-safe fan-out of profiler events to attached sinks; share it (`Arc`) between
 /// communicators and threads.
 pub struct Fanout {
-    /// OR of the attached sinks' masks; the only thing a disabled check reads.
+    /// OR of the attached sinks' masks (dynamic ones as last captured), plus the `DYNAMIC` flag;
+    /// the only thing a disabled check reads.
     interest: AtomicU64,
+    /// OR of the static sinks' masks alone.
+    fixed: AtomicU64,
     next_id: AtomicU64,
     /// Slot table. Hooks run under the read lock, so once `detach` returns the sink is never
     /// called again, and a slot bit in `live` always names the sink that saw the start.
@@ -116,6 +141,7 @@ impl Fanout {
     pub fn new() -> Self {
         Fanout {
             interest: AtomicU64::new(0),
+            fixed: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             sinks: RwLock::new(Vec::new()),
             live: Default::default(),
@@ -131,8 +157,31 @@ impl Fanout {
     }
 
     fn rebuild(&self, slots: &[Option<Slot>]) {
-        let m = slots.iter().flatten().fold(0, |m, s| m | s.mask.0);
-        self.interest.store(m, Relaxed);
+        let fixed = slots.iter().flatten().filter(|s| !s.dynamic).fold(0, |m, s| m | s.mask.0);
+        let dynamic = slots.iter().flatten().filter(|s| s.dynamic).fold(0, |m, s| m | s.wants() | DYNAMIC);
+        self.fixed.store(fixed, Relaxed);
+        self.interest.store(fixed | dynamic, Relaxed);
+    }
+
+    /// The event types an operation starting now must emit (ancestors included). NCCL captures
+    /// the mask when a task is enqueued, so an operation in flight keeps what it started with.
+    /// Without dynamic sinks this is one relaxed load.
+    #[inline]
+    pub fn capture(&self) -> EventMask {
+        let v = self.interest.load(Relaxed);
+        if v & DYNAMIC == 0 {
+            return EventMask(v);
+        }
+        self.capture_dynamic()
+    }
+
+    #[inline(never)]
+    fn capture_dynamic(&self) -> EventMask {
+        let slots = self.read();
+        let dynamic = slots.iter().flatten().filter(|s| s.dynamic).fold(0, |m, s| m | s.wants());
+        let m = self.fixed.load(Relaxed) | dynamic;
+        self.interest.store(m | DYNAMIC, Relaxed);
+        EventMask(m)
     }
 
     /// Whether any attached sink wants `t`: one relaxed load and an AND. Emitters check it
@@ -142,9 +191,9 @@ impl Fanout {
         self.interest.load(Relaxed) & t.bit() != 0
     }
 
-    /// The OR of the attached sinks' masks.
+    /// The OR of the attached sinks' masks, ancestors included (dynamic sinks as last captured).
     pub fn interest(&self) -> EventMask {
-        EventMask(self.interest.load(Relaxed))
+        EventMask(self.interest.load(Relaxed) & !DYNAMIC)
     }
 
     /// Attached sinks.
@@ -159,7 +208,6 @@ impl Fanout {
 
     /// Attaches `sink` with the mask its `interest()` returns now.
     pub fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, TooManySinks> {
-        let mask = sink.interest();
         let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
         let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
         let slot = match slots.iter().position(Option::is_none) {
@@ -170,13 +218,14 @@ impl Fanout {
             }
             None => return Err(TooManySinks),
         };
-        slots[slot] = Some(Slot { sink, mask, serial });
+        slots[slot] = Some(Slot::new(sink, serial));
         self.rebuild(&slots);
         Ok(SinkHandle { slot, serial })
     }
 
     /// Detaches a sink and gives it back; `None` if the handle is not of this fan-out. The sink
-    /// gets no further calls, not even stops of its live events.
+    /// gets no further calls, not even stops of its live events (call its `finalize` if it is
+    /// done for good).
     pub fn detach(&self, h: SinkHandle) -> Option<Arc<dyn Sink>> {
         let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
         let entry = slots.get_mut(h.slot)?;
@@ -202,7 +251,7 @@ impl Fanout {
     pub fn reload(&self) {
         let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
         for s in slots.iter_mut().flatten() {
-            s.mask = s.sink.interest();
+            s.mask = s.sink.interest().with_ancestors();
         }
         self.rebuild(&slots);
     }
@@ -226,7 +275,7 @@ impl Fanout {
         let routes = slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.mask.0 & bit != 0))
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.wants() & bit != 0))
             .fold(0u64, |r, (i, _)| r | 1 << i);
         if routes == 0 {
             return None;

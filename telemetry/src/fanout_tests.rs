@@ -105,15 +105,17 @@ fn interest_is_rebuilt_on_attach_detach_reload() {
     let a = Rec::new(COLL);
     let b = Rec::new(STEP | EventType::Coll);
     let ha = f.attach(a.clone()).expect("attach a");
-    assert_eq!(f.interest(), COLL);
+    // Ancestors come with a type: Coll brings Group, CollApi and GroupApi.
+    assert_eq!(f.interest(), COLL.with_ancestors());
+    assert!(f.enabled(EventType::GroupApi) && !f.enabled(EventType::P2p));
     let hb = f.attach(b.clone()).expect("attach b");
-    assert_eq!(f.interest(), COLL | STEP);
-    assert!(f.enabled(EventType::ProxyStep) && !f.enabled(EventType::P2p));
+    assert_eq!(f.interest(), (COLL | STEP).with_ancestors());
+    assert!(f.enabled(EventType::ProxyStep) && f.enabled(EventType::ProxyOp) && !f.enabled(EventType::ProxyCtrl));
     assert!(f.detach(hb).is_some());
-    assert_eq!(f.interest(), COLL);
+    assert_eq!(f.interest(), COLL.with_ancestors());
     // The mask is captured at attach: a change is seen only on reload.
     a.mask.store(CTRL.0, Relaxed);
-    assert_eq!(f.interest(), COLL);
+    assert_eq!(f.interest(), COLL.with_ancestors());
     f.reload();
     assert_eq!(f.interest(), CTRL);
     assert!(f.detach(ha).is_some());
@@ -125,7 +127,7 @@ fn interest_is_rebuilt_on_attach_detach_reload() {
 fn disabled_type_calls_nothing_and_returns_none() {
     let f = Fanout::new();
     assert_eq!(f.start(None, &coll()), None);
-    let a = Rec::new(STEP);
+    let a = Rec::new(CTRL);
     let _h = f.attach(a.clone()).expect("attach");
     assert!(!f.enabled(EventType::Coll));
     assert_eq!(f.start(None, &coll()), None);
@@ -143,7 +145,8 @@ fn events_reach_only_matching_sinks_with_parents() {
     assert_ne!(p, s);
     assert_eq!(f.start(None, &EventDescr::ProxyCtrl), None);
     assert_eq!(a.started(), vec![(p.get(), None, EventType::Coll)]);
-    assert_eq!(b.started(), vec![(s.get(), Some(p.get()), EventType::ProxyStep)]);
+    // b asked for steps only, and gets the Coll too: a step's ancestors are implied.
+    assert_eq!(b.started(), vec![(p.get(), None, EventType::Coll), (s.get(), Some(p.get()), EventType::ProxyStep)]);
     assert_eq!(c.started(), vec![(p.get(), None, EventType::Coll), (s.get(), Some(p.get()), EventType::ProxyStep)]);
 }
 
@@ -163,7 +166,7 @@ fn states_and_stops_follow_the_start() {
     assert_eq!(a.stated(), vec![]);
     assert_eq!(a.stopped(), vec![p.get()]);
     assert_eq!(b.stated(), vec![(s.get(), 8), (s.get(), 9)]);
-    assert_eq!(b.stopped(), vec![s.get()]);
+    assert_eq!(b.stopped(), vec![s.get(), p.get()]);
     assert_eq!(f.live_events(), 0);
 
     // A reload that drops the type does not orphan a live event: it still reaches its sink.
@@ -172,7 +175,7 @@ fn states_and_stops_follow_the_start() {
     f.reload();
     assert!(!f.enabled(EventType::ProxyStep));
     f.stop(s2);
-    assert_eq!(b.stopped(), vec![s.get(), s2.get()]);
+    assert_eq!(b.stopped(), vec![s.get(), p.get(), s2.get()]);
 
     // After detach the sink is never called, and a sink reusing its slot gets no foreign stops.
     b.mask.store(STEP.0, Relaxed);
@@ -183,7 +186,7 @@ fn states_and_stops_follow_the_start() {
     let _hd = f.attach(d.clone()).expect("attach d");
     f.state(s3, &step_state(ProxyStepState::RecvWait));
     f.stop(s3);
-    assert_eq!(b.stopped().len(), 2);
+    assert_eq!(b.stopped().len(), 3);
     assert!(d.stated().is_empty() && d.stopped().is_empty());
     assert_eq!(f.live_events(), 0);
 
@@ -191,6 +194,38 @@ fn states_and_stops_follow_the_start() {
     f.state(c, &StateArgs::ProxyCtrl { state: ProxyCtrlState::AppendEnd, appended_proxy_ops: 3 });
     f.stop(c);
     assert_eq!(d.stated(), vec![(c.get(), 18)]);
+}
+
+/// Follows a shared mask cell, as an NCCL plugin follows the global `int` it got in `init`.
+struct Follower(Arc<AtomicU64>);
+
+impl Sink for Follower {
+    fn interest(&self) -> EventMask {
+        EventMask(self.0.load(Relaxed))
+    }
+    fn dynamic(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn dynamic_interest_is_asked_at_capture() {
+    let f = Fanout::new();
+    let cell = Arc::new(AtomicU64::new(0));
+    let _h = f.attach(Arc::new(Follower(cell.clone()))).expect("attach");
+    let r = Rec::new(CTRL);
+    let _hr = f.attach(r.clone()).expect("attach rec");
+    assert_eq!(f.capture(), CTRL);
+    cell.store(COLL.0, Relaxed);
+    // No reload: the next capture sees the plugin's store.
+    assert_eq!(f.capture(), (COLL | CTRL).with_ancestors());
+    assert!(f.enabled(EventType::Coll));
+    let p = f.start(None, &coll()).expect("the follower wants coll now");
+    f.stop(p);
+    assert!(r.started().is_empty(), "the static CTRL sink saw a Coll");
+    cell.store(0, Relaxed);
+    assert_eq!(f.capture(), CTRL);
+    assert_eq!(f.start(None, &coll()), None);
 }
 
 #[test]

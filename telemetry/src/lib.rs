@@ -17,9 +17,11 @@
 //! `libnccl-profiler-occl.so`.
 #![forbid(unsafe_code)]
 
+pub mod activation;
 pub mod event;
 pub mod fanout;
 pub mod mask;
+pub mod profiler;
 pub mod sink;
 
 pub use event::{
@@ -27,6 +29,7 @@ pub use event::{
 };
 pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
 pub use mask::{EventMask, ParseMaskError};
+pub use profiler::{CommInfo, Profiler};
 pub use sink::Sink;
 
 /// `Fanout` is shared between communicators and threads.

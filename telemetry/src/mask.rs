@@ -42,6 +42,51 @@ impl EventMask {
         EventMask(self.0 | t.bit())
     }
 
+    /// The set plus the ancestors NCCL emits for it (reference §4): enabling a descendant also
+    /// emits its parents, so every event a sink sees has its parent chain. ProxyCtrl stands
+    /// alone; the copy-engine types imply CollApi.
+    pub const fn with_ancestors(self) -> EventMask {
+        use EventType as T;
+        const fn has(m: u64, ts: &[EventType]) -> bool {
+            let mut i = 0;
+            while i < ts.len() {
+                if m & ts[i].bit() != 0 {
+                    return true;
+                }
+                i += 1;
+            }
+            false
+        }
+        let m = self.0;
+        let mut out = m;
+        if has(m, &[T::ProxyStep, T::NetPlugin]) {
+            out |= T::ProxyStep.bit();
+        }
+        if has(m, &[T::ProxyOp, T::ProxyStep, T::NetPlugin]) {
+            out |= T::ProxyOp.bit();
+        }
+        let below = &[T::ProxyOp, T::ProxyStep, T::KernelCh, T::NetPlugin];
+        if has(m, &[T::Coll]) || has(m, below) {
+            out |= T::Coll.bit();
+        }
+        if has(m, &[T::P2p]) || has(m, below) {
+            out |= T::P2p.bit();
+        }
+        if has(out, &[T::Group, T::Coll, T::P2p]) {
+            out |= T::Group.bit();
+        }
+        if has(out, &[T::CollApi, T::Coll, T::CeColl, T::CeSync, T::CeBatch]) {
+            out |= T::CollApi.bit();
+        }
+        if has(out, &[T::P2pApi, T::P2p]) {
+            out |= T::P2pApi.bit();
+        }
+        if out & !T::ProxyCtrl.bit() & EventMask::ALL.0 != 0 {
+            out |= T::GroupApi.bit();
+        }
+        EventMask(out)
+    }
+
     /// The defined types in the set, in bit order.
     pub fn types(self) -> impl Iterator<Item = EventType> {
         EventType::ALL.into_iter().filter(move |t| self.contains(*t))
@@ -204,5 +249,26 @@ mod tests {
         assert_eq!(n.types().collect::<Vec<_>>(), vec![EventType::Coll]);
         assert_eq!(EventMask::ALL.types().count(), 15);
         assert_eq!(EventMask(6).to_string(), "0x6");
+    }
+
+    #[test]
+    fn ancestors_follow_nccls_rules() {
+        use EventType as T;
+        let anc = |ts: &[EventType]| ts.iter().fold(EventMask::NONE, |m, t| m.with(*t)).with_ancestors();
+        assert_eq!(EventMask::NONE.with_ancestors(), EventMask::NONE);
+        assert_eq!(anc(&[T::ProxyCtrl]), EventMask::of(T::ProxyCtrl));
+        assert_eq!(anc(&[T::GroupApi]), EventMask::of(T::GroupApi));
+        let coll = anc(&[T::Coll]);
+        assert_eq!(coll, EventMask::NONE.with(T::Coll).with(T::Group).with(T::CollApi).with(T::GroupApi));
+        let step = anc(&[T::NetPlugin]);
+        for t in [T::ProxyStep, T::ProxyOp, T::Coll, T::P2p, T::Group, T::CollApi, T::P2pApi, T::GroupApi] {
+            assert!(step.contains(t), "{}", t.name());
+        }
+        assert!(!step.contains(T::ProxyCtrl) && !step.contains(T::KernelCh));
+        let kch = anc(&[T::KernelCh]);
+        assert!(kch.contains(T::Coll) && kch.contains(T::P2p) && !kch.contains(T::ProxyOp));
+        assert_eq!(anc(&[T::P2pApi]), EventMask::NONE.with(T::P2pApi).with(T::GroupApi));
+        assert_eq!(anc(&[T::CeSync]), EventMask::NONE.with(T::CeSync).with(T::CollApi).with(T::GroupApi));
+        assert_eq!(EventMask::ALL.with_ancestors(), EventMask::ALL);
     }
 }

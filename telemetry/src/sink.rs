@@ -31,6 +31,17 @@ pub trait Sink: Send + Sync + 'static {
     fn stop(&self, id: EventId) {
         let _ = id;
     }
+
+    /// Whether `interest()` may change at any moment without a `reload` (an NCCL plugin keeps a
+    /// pointer to the global mask and stores into it). The fan-out then asks again each time an
+    /// operation captures its mask, instead of only on attach and reload.
+    fn dynamic(&self) -> bool {
+        false
+    }
+
+    /// NCCL's `finalize`: the communicator is being destroyed; no event reaches the sink after
+    /// this call.
+    fn finalize(&self) {}
 }
 
 #[cfg(test)]
