@@ -6,11 +6,13 @@
 //! that failed stays failed (NCCL's async error): later calls say why, and it must be destroyed.
 
 use crate::bootstrap::{self, PeerInfo};
+use crate::coll::plan::{self, Algo, Shape};
 use crate::coll::{self, Ctx};
 use crate::config::{Config, TransportKind};
 use crate::dtype::{DataType, Element, RedOp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::id::UniqueId;
+use crate::profile::{op::OpDescr, OpProf, Profiling};
 use crate::record::{CollType, OpRecord};
 use crate::transport::fifo::{state, Desc};
 use crate::transport::wait::{Deadline, Drive};
@@ -28,6 +30,7 @@ pub struct Comm {
     table: Vec<PeerInfo>,
     record: Arc<OpRecord>,
     abort: AtomicBool,
+    prof: Profiling,
     inner: Mutex<Inner>,
 }
 
@@ -36,6 +39,8 @@ struct Inner {
     boot: Option<bootstrap::Client>,
     slot: usize,
     coll_seq: u32,
+    /// NCCL's per-function sequence numbers (the profiler's `seqNumber`), by `CollType`.
+    func_seq: [u64; 8],
     p2p_sent: Vec<u32>,
     p2p_received: Vec<u32>,
     failed: Option<Error>,
@@ -53,11 +58,17 @@ struct Op {
     root: Option<usize>,
     bytes: usize,
     p2p_peer: Option<usize>,
+    /// Buffer addresses, for the profiler's descriptors.
+    send: usize,
+    recv: usize,
 }
 
 impl Op {
     fn new(coll: CollType, count: usize, dt: DataType, bytes: usize) -> Op {
-        Op { coll, count, dt, op: None, root: None, bytes, p2p_peer: None }
+        Op { coll, count, dt, op: None, root: None, bytes, p2p_peer: None, send: 0, recv: 0 }
+    }
+    fn bufs(self, send: *const u8, recv: *const u8) -> Op {
+        Op { send: send as usize, recv: recv as usize, ..self }
     }
     fn op(self, op: RedOp) -> Op {
         Op { op: Some(op), ..self }
@@ -75,6 +86,24 @@ impl Op {
 /// ring sends 2(n-1)/n). Every rank decides alike from the same arguments.
 fn one_shot(bytes: usize, nranks: usize, slice: usize) -> bool {
     nranks > 1 && bytes > 0 && bytes <= slice && bytes * (nranks - 1) <= 64 << 10
+}
+
+/// The algorithm every rank picks alike for `coll` with `bytes` per rank.
+fn algo_for(coll: CollType, bytes: usize, nranks: usize, slot: usize) -> Algo {
+    match coll {
+        CollType::AllReduce if one_shot(bytes, nranks, slot) => Algo::OneShot,
+        CollType::AllReduce | CollType::AllGather | CollType::ReduceScatter => Algo::Ring,
+        CollType::Broadcast | CollType::Reduce => Algo::Chain,
+        CollType::AllToAll | CollType::Send | CollType::Recv => Algo::Direct,
+    }
+}
+
+/// NCCL's `func` string for the profiler (NCCL spells all-to-all "AlltoAll").
+fn nccl_func(coll: CollType) -> &'static str {
+    match coll {
+        CollType::AllToAll => "AlltoAll",
+        c => c.name(),
+    }
 }
 
 /// No reduction: the descriptor value for collectives that only move data.
@@ -194,6 +223,16 @@ impl Comm {
                 .map(|(i, _)| i)
                 .collect::<Vec<_>>(),
         );
+        let mut hosts: Vec<&str> = me_tab.iter().map(|p| p.host_id.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let prof = Profiling::init(&occl_telemetry::CommInfo {
+            comm_name: None,
+            comm_hash: comm_id,
+            n_nodes: hosts.len() as i32,
+            nranks: nranks as i32,
+            rank: rank as i32,
+        });
         Ok(Comm {
             rank,
             nranks,
@@ -202,11 +241,13 @@ impl Comm {
             table: me_tab,
             record: Arc::new(OpRecord::default()),
             abort: AtomicBool::new(false),
+            prof,
             inner: Mutex::new(Inner {
                 peers,
                 boot: Some(boot),
                 slot,
                 coll_seq: 0,
+                func_seq: [0; 8],
                 p2p_sent: vec![0; nranks],
                 p2p_received: vec![0; nranks],
                 failed: None,
@@ -318,12 +359,23 @@ impl Comm {
     /// The algorithm this communicator runs for `coll` when each rank contributes `bytes`:
     /// `"one-shot"`, `"ring"`, `"chain"` or `"direct"` (what benchmarks and logs report).
     pub fn algorithm(&self, coll: CollType, bytes: usize) -> &'static str {
-        match coll {
-            CollType::AllReduce if one_shot(bytes, self.nranks, self.lock_any().slot) => "one-shot",
-            CollType::AllReduce | CollType::AllGather | CollType::ReduceScatter => "ring",
-            CollType::Broadcast | CollType::Reduce => "chain",
-            CollType::AllToAll | CollType::Send | CollType::Recv => "direct",
-        }
+        algo_for(coll, bytes, self.nranks, self.lock_any().slot).name()
+    }
+
+    /// Attaches a profiler sink to this communicator alone (the registered profilers of
+    /// `occl_telemetry::profiler` reach every communicator). It sees operations that start
+    /// after this call; `detach_sink` or `destroy` finalizes it.
+    pub fn attach_sink(
+        &self,
+        sink: Arc<dyn occl_telemetry::Sink>,
+    ) -> std::result::Result<occl_telemetry::SinkHandle, occl_telemetry::TooManySinks> {
+        self.prof.attach(sink)
+    }
+
+    /// Detaches and finalizes a sink from `attach_sink`; `false` if the handle is not this
+    /// communicator's.
+    pub fn detach_sink(&self, h: occl_telemetry::SinkHandle) -> bool {
+        self.prof.detach(h)
     }
 
     /// Makes every operation in flight on this communicator, and every later one, fail. Safe to
@@ -347,6 +399,8 @@ impl Comm {
         }
         g.peers.clear();
         g.boot = None;
+        drop(g);
+        self.prof.finalize();
     }
 
     fn lock_any(&self) -> MutexGuard<'_, Inner> {
@@ -355,8 +409,8 @@ impl Comm {
 
     /// Runs one operation: checks the sticky error, stamps the record, runs `f`, and on failure
     /// tells every peer.
-    fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>) -> Result<()>) -> Result<()> {
-        let Op { coll, count, dt, op, root, bytes, p2p_peer } = o;
+    fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>, Algo) -> Result<()>) -> Result<()> {
+        let Op { coll, count, dt, op, root, bytes, p2p_peer, send, recv } = o;
         let mut g = self
             .inner
             .lock()
@@ -395,7 +449,44 @@ impl Comm {
             root.map_or(NO_ROOT, |r| r as u32),
         );
         self.record.launch(coll, bytes as u64);
+        g.func_seq[coll as usize] += 1;
+        let algo = algo_for(coll, bytes, self.nranks, g.slot);
         let inner = &mut *g;
+        let slice = inner.slot / dt.size() * dt.size();
+        let chunk = slice * (self.config.fifo_slots / 2).max(1);
+        let prof = OpProf::begin(
+            &self.prof.fanout,
+            self.rank,
+            &OpDescr {
+                func: nccl_func(coll),
+                p2p: matches!(coll, CollType::Send | CollType::Recv),
+                seq_number: inner.func_seq[coll as usize],
+                send_buff: send,
+                recv_buff: recv,
+                count,
+                root: root.unwrap_or(0) as i32,
+                peer: p2p_peer.map_or(-1, |p| p as i32),
+                datatype: dt.nccl_name(),
+                algo: algo.nccl_name(),
+                proto: "SIMPLE",
+                chunk_size: slice,
+            },
+            || {
+                plan::legs(&Shape {
+                    coll,
+                    algo,
+                    nranks: self.nranks,
+                    rank: self.rank,
+                    // Per rank or per block, as each algorithm takes it.
+                    count,
+                    elem: dt.size(),
+                    slice,
+                    chunk,
+                    root: root.unwrap_or(0),
+                    peer: p2p_peer.unwrap_or(0),
+                })
+            },
+        );
         let res = {
             let mut ctx = Ctx {
                 rank: self.rank,
@@ -410,8 +501,9 @@ impl Comm {
                 nslots: self.config.fifo_slots,
                 staging: &mut inner.staging,
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
+                prof: prof.as_ref(),
             };
-            f(&mut ctx)
+            f(&mut ctx, algo)
         };
         // Sends still in tcp FIFOs must reach their sockets before the call returns: nothing
         // would move them until the next operation.
@@ -419,6 +511,9 @@ impl Comm {
             Some(n) => n.flush(&self.abort, &Deadline::after(self.config.timeout)),
             None => Ok(()),
         });
+        if let Some(p) = prof {
+            p.end();
+        }
         match res {
             Ok(()) => {
                 self.record.complete(coll);
@@ -512,8 +607,8 @@ impl Comm {
         if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
-        self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op), |c| {
-            if one_shot(bytes, self.nranks, c.slot) {
+        self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op).bufs(send, recv as *const u8), |c, algo| {
+            if algo == Algo::OneShot {
                 coll::direct::all_reduce_one_shot(c, send, recv, count)
             } else {
                 coll::ring::all_reduce(c, send, recv, count)
@@ -541,7 +636,7 @@ impl Comm {
             }
         }
         check_ptr("recv", recv, bytes, dt)?;
-        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root), |c| {
+        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root).bufs(send, recv as *const u8), |c, _| {
             coll::ring::broadcast(c, send, recv, bytes, root)
         })
     }
@@ -567,7 +662,7 @@ impl Comm {
                 return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
             }
         }
-        self.run(Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root), |c| {
+        self.run(Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root).bufs(send, recv as *const u8), |c, _| {
             coll::ring::reduce(c, send, recv, bytes, root)
         })
     }
@@ -586,7 +681,9 @@ impl Comm {
                 "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::AllGather, count, dt, total), |c| coll::ring::all_gather(c, send, recv, count))
+        self.run(Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8), |c, _| {
+            coll::ring::all_gather(c, send, recv, count)
+        })
     }
 
     /// # Safety
@@ -610,7 +707,7 @@ impl Comm {
                 "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op), |c| {
+        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8), |c, _| {
             coll::ring::reduce_scatter(c, send, recv, count)
         })
     }
@@ -626,7 +723,9 @@ impl Comm {
         if !in_place && overlaps(send, total, recv, total) {
             return Err(Error::arg("all_to_all: send and recv buffers overlap without being the same (in place)"));
         }
-        self.run(Op::new(CollType::AllToAll, count, dt, total), |c| coll::direct::all_to_all(c, send, recv, block))
+        self.run(Op::new(CollType::AllToAll, count, dt, total).bufs(send, recv as *const u8), |c, _| {
+            coll::direct::all_to_all(c, send, recv, block)
+        })
     }
 
     /// # Safety
@@ -635,7 +734,9 @@ impl Comm {
         self.check_peer(peer)?;
         let bytes = self.bytes_of(count, 1, dt)?;
         check_ptr("send", buf, bytes, dt)?;
-        self.run(Op::new(CollType::Send, count, dt, bytes).peer(peer), |c| coll::direct::send(c, buf, bytes, peer))
+        self.run(Op::new(CollType::Send, count, dt, bytes).peer(peer).bufs(buf, std::ptr::null()), |c, _| {
+            coll::direct::send(c, buf, bytes, peer)
+        })
     }
 
     /// # Safety
@@ -644,7 +745,10 @@ impl Comm {
         self.check_peer(peer)?;
         let bytes = self.bytes_of(count, 1, dt)?;
         check_ptr("recv", buf, bytes, dt)?;
-        self.run(Op::new(CollType::Recv, count, dt, bytes).peer(peer), |c| coll::direct::recv(c, buf, bytes, peer))
+        self.run(
+            Op::new(CollType::Recv, count, dt, bytes).peer(peer).bufs(std::ptr::null(), buf as *const u8),
+            |c, _| coll::direct::recv(c, buf, bytes, peer),
+        )
     }
 }
 

@@ -27,6 +27,7 @@ pub mod dtype;
 mod env;
 mod error;
 mod id;
+mod profile;
 mod record;
 mod reduce;
 mod transport;

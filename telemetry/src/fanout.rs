@@ -28,8 +28,9 @@ const SHARDS: usize = 16;
 /// Sink serials are process-wide so a handle from another fan-out never matches a slot here.
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
-/// Returned by `attach`; give it back to `detach`.
-#[derive(Debug, PartialEq, Eq)]
+/// Returned by `attach`; give it back to `detach` (a copy detaches nothing twice: slots carry a
+/// serial).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SinkHandle {
     slot: usize,
     serial: u64,

@@ -1,6 +1,7 @@
 //! Shared helpers for occl's integration tests and the `occl-perf` benchmark: starting the
 //! ranks of a local job as real processes, and filling/checking buffers of any datatype.
 
+pub mod events;
 pub mod launch;
 pub mod matrix;
 pub mod pattern;

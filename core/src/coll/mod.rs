@@ -5,11 +5,13 @@
 //! (`transport::tcp`), and an operation returns only once its data is on the wire.
 
 pub(crate) mod direct;
+pub(crate) mod plan;
 pub(crate) mod prims;
 pub(crate) mod ring;
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::profile::OpProf;
 use crate::transport::fifo::{Desc, Ends};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::Peer;
@@ -34,6 +36,8 @@ pub(crate) struct Ctx<'a> {
     /// Reused staging memory (in-place all-to-all), kept by the communicator between calls so
     /// large operations do not fault in fresh pages every time.
     pub staging: &'a mut Vec<u64>,
+    /// The operation's profiler events, when a sink wants any.
+    pub prof: Option<&'a OpProf<'a>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -51,13 +55,15 @@ impl<'a> Ctx<'a> {
     pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
         let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
         let (abort, drive) = (self.abort, self.drive);
+        let sleeper = self.prof.and_then(|p| p.sleeper());
+        let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper };
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
                 let live = p.liveness;
                 (
-                    Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort, drive } }),
-                    Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort, drive } }),
+                    Some(SendEnd { fifo: &mut p.send, ends: ends(a, live) }),
+                    Some(RecvEnd { fifo: &mut p.recv, ends: ends(b, live) }),
                 )
             }
             (Some(a), Some(b)) => {
@@ -66,19 +72,19 @@ impl<'a> Ctx<'a> {
                 let pb = pb.as_mut().ok_or_else(|| missing(b))?;
                 let (la, lb) = (pa.liveness, pb.liveness);
                 (
-                    Some(SendEnd { fifo: &mut pa.send, ends: Ends { peer: a, liveness: la, abort, drive } }),
-                    Some(RecvEnd { fifo: &mut pb.recv, ends: Ends { peer: b, liveness: lb, abort, drive } }),
+                    Some(SendEnd { fifo: &mut pa.send, ends: ends(a, la) }),
+                    Some(RecvEnd { fifo: &mut pb.recv, ends: ends(b, lb) }),
                 )
             }
             (Some(a), None) => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
                 let live = p.liveness;
-                (Some(SendEnd { fifo: &mut p.send, ends: Ends { peer: a, liveness: live, abort, drive } }), None)
+                (Some(SendEnd { fifo: &mut p.send, ends: ends(a, live) }), None)
             }
             (None, Some(b)) => {
                 let p = self.peers.get_mut(b).and_then(Option::as_mut).ok_or_else(|| missing(b))?;
                 let live = p.liveness;
-                (None, Some(RecvEnd { fifo: &mut p.recv, ends: Ends { peer: b, liveness: live, abort, drive } }))
+                (None, Some(RecvEnd { fifo: &mut p.recv, ends: ends(b, live) }))
             }
             (None, None) => (None, None),
         };
@@ -94,6 +100,7 @@ impl<'a> Ctx<'a> {
             scratch: Vec::new(),
             direct: false,
             stream: false,
+            steps: self.prof.and_then(|p| p.steps(to, from)),
         })
     }
 }

@@ -16,6 +16,7 @@
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::profile::Steps;
 use crate::record::CollType;
 use crate::reduce;
 use crate::transport::fifo::{Desc, Direct, Ends, Msg, RecvFifo, SendFifo};
@@ -52,6 +53,8 @@ pub(crate) struct Prims<'a> {
     /// will not be read from cache, and skipping the read of each line before the write saves
     /// a third of the memory traffic of an out-of-place all-reduce).
     pub stream: bool,
+    /// ProxyStep events, when a sink wants them.
+    pub steps: Option<Steps<'a>>,
 }
 
 /// Ranges at least this large go by pointer where the receiver can read them: below it, the
@@ -72,6 +75,9 @@ impl<'a> Prims<'a> {
     }
 
     fn take_send(&mut self) -> Result<*mut u8> {
+        if let Some(st) = self.steps.as_mut() {
+            st.send_peer_wait();
+        }
         let d = self.deadline;
         let s = self.tx()?;
         s.fifo.acquire(&s.ends, &d)
@@ -80,11 +86,24 @@ impl<'a> Prims<'a> {
     fn post(&mut self, len: usize) -> Result<()> {
         let desc = self.desc;
         self.tx()?.fifo.post(len, &desc);
+        if let Some(st) = self.steps.as_mut() {
+            st.send_posted(len);
+        }
         Ok(())
+    }
+
+    /// A slice that will be sent begins (before the receive it waits on, if any).
+    fn begin_send(&mut self) {
+        if let Some(st) = self.steps.as_mut() {
+            st.send_begin();
+        }
     }
 
     /// Waits for the next slice and checks that it belongs to the same operation.
     fn take_recv(&mut self, len: usize) -> Result<Msg> {
+        if let Some(st) = self.steps.as_mut() {
+            st.recv_begin();
+        }
         let d = self.deadline;
         let expect = self.desc;
         let r = self.recv.as_mut().ok_or_else(|| Error::internal("primitive needs a receive peer"))?;
@@ -105,12 +124,18 @@ impl<'a> Prims<'a> {
                 describe(&expect)
             )));
         }
+        if let Some(st) = self.steps.as_mut() {
+            st.recv_arrived(len);
+        }
         Ok(m)
     }
 
     fn release(&mut self) {
         if let Some(r) = self.recv.as_mut() {
             r.fifo.release();
+        }
+        if let Some(st) = self.steps.as_mut() {
+            st.recv_done();
         }
     }
 
@@ -183,6 +208,9 @@ impl<'a> Prims<'a> {
             unsafe { std::ptr::copy_nonoverlapping(src, out, n) };
             s.fifo.post(n, &desc);
         }
+        if let Some(st) = self.steps.as_mut() {
+            st.send_posted(n);
+        }
         Ok(())
     }
 
@@ -224,6 +252,7 @@ impl<'a> Prims<'a> {
     pub(crate) fn recv_copy_send(&mut self, dst: *mut u8, len: usize) -> Result<()> {
         let by_ptr = self.by_pointer(len);
         for (off, n) in self.slices(len) {
+            self.begin_send();
             let m = self.take_recv(n)?;
             // SAFETY: dst+off..+n is the caller's; final for this operation once written.
             let d = unsafe { dst.add(off) };
@@ -250,6 +279,7 @@ impl<'a> Prims<'a> {
     pub(crate) fn recv_reduce_send(&mut self, src: *const u8, len: usize) -> Result<()> {
         let (dt, op) = (self.dt, self.op);
         for (off, n) in self.slices(len) {
+            self.begin_send();
             let m = self.take_recv(n)?;
             let inc = self.incoming(&m, n)?;
             let out = self.take_send()?;
@@ -275,6 +305,7 @@ impl<'a> Prims<'a> {
         let avg = last && op == RedOp::Avg;
         let by_ptr = self.by_pointer(len);
         for (off, n) in self.slices(len) {
+            self.begin_send();
             let m = self.take_recv(n)?;
             let inc = self.incoming(&m, n)?;
             // SAFETY: `dst` and `src` are either the same range (in place) or disjoint; slots

@@ -11,6 +11,29 @@ fn align_elems(es: usize) -> usize {
     (64 / es).max(1)
 }
 
+/// One piece of the all-reduce ring: `rem` elements from `base`, cut into `n` chunks of `per`.
+#[derive(Clone, Copy)]
+pub(super) struct Piece {
+    pub base: usize,
+    pub rem: usize,
+    pub per: usize,
+}
+
+impl Piece {
+    /// The piece that starts at `base`.
+    pub(super) fn at(base: usize, count: usize, n: usize, chunk_elems: usize, es: usize) -> Piece {
+        let rem = (n * chunk_elems).min(count - base);
+        let per = rem.div_ceil(n).next_multiple_of(align_elems(es)).min(chunk_elems);
+        Piece { base, rem, per }
+    }
+
+    /// Chunk `c`'s first element and length (the last chunks may be short or empty).
+    pub(super) fn chunk(self, c: usize) -> (usize, usize) {
+        let off = (c * self.per).min(self.rem);
+        (self.base + off, self.per.min(self.rem - off))
+    }
+}
+
 /// All-reduce: reduce-scatter then all-gather around the ring, 2(n-1) steps per piece.
 pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
     let (n, r, es) = (ctx.nranks, ctx.rank, ctx.dt.size());
@@ -25,12 +48,8 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
     p.stream = crate::copy::streams(count * es);
     let mut base = 0;
     while base < count {
-        let rem = (n * chunk_elems).min(count - base);
-        let per = rem.div_ceil(n).next_multiple_of(align_elems(es)).min(chunk_elems);
-        let chunk = |c: usize| {
-            let off = (c * per).min(rem);
-            (base + off, per.min(rem - off))
-        };
+        let piece = Piece::at(base, count, n, chunk_elems, es);
+        let chunk = |c: usize| piece.chunk(c);
         // SAFETY (all pointer arithmetic below): chunk() stays within [0, count).
         let at = |ptr: *const u8, o: usize| unsafe { ptr.add(o * es) };
         let at_mut = |ptr: *mut u8, o: usize| unsafe { ptr.add(o * es) };
@@ -58,7 +77,7 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
         if l > 0 {
             p.recv(at_mut(recv, o), l * es)?;
         }
-        base += rem;
+        base += piece.rem;
     }
     p.finish()
 }

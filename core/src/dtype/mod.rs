@@ -59,6 +59,24 @@ impl DataType {
         )
     }
 
+    /// NCCL's `ncclDataType_t` name, as profiler plugins receive it.
+    pub const fn nccl_name(self) -> &'static str {
+        match self {
+            DataType::I8 => "ncclInt8",
+            DataType::U8 => "ncclUint8",
+            DataType::I32 => "ncclInt32",
+            DataType::U32 => "ncclUint32",
+            DataType::I64 => "ncclInt64",
+            DataType::U64 => "ncclUint64",
+            DataType::F16 => "ncclFloat16",
+            DataType::F32 => "ncclFloat32",
+            DataType::F64 => "ncclFloat64",
+            DataType::Bf16 => "ncclBfloat16",
+            DataType::F8E4M3 => "ncclFloat8e4m3",
+            DataType::F8E5M2 => "ncclFloat8e5m2",
+        }
+    }
+
     /// The name nccl-tests prints in its `type` column.
     pub const fn name(self) -> &'static str {
         match self {

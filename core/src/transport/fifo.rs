@@ -249,6 +249,8 @@ pub(crate) struct Ends<'a> {
     /// The communicator's tcp sockets, which this thread moves while it waits (any wait: a
     /// rank waiting on one peer may still owe data to another).
     pub drive: Option<&'a dyn wait::Drive>,
+    /// Told when a wait blocks and wakes (ProxyCtrl Sleep/Wakeup), when profiling wants it.
+    pub sleeper: Option<&'a dyn wait::Sleeper>,
 }
 
 impl Ends<'_> {
@@ -309,6 +311,7 @@ impl SendFifo {
                     deadline,
                     self.patience,
                     &|| format!("sending to rank {peer} (waiting for a free slot)"),
+                    ends.sleeper,
                 )?;
             }
         }
@@ -363,6 +366,7 @@ impl SendFifo {
                 deadline,
                 self.patience,
                 &|| format!("waiting for rank {peer} to read this rank's buffer"),
+                ends.sleeper,
             )?;
         }
         self.ptr_outstanding = false;
@@ -431,6 +435,7 @@ impl RecvFifo {
                 deadline,
                 self.patience,
                 &|| format!("receiving from rank {peer}"),
+                ends.sleeper,
             )?;
         }
         let raw = hdr.len;

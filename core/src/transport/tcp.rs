@@ -661,6 +661,7 @@ impl Net {
                     let to: Vec<usize> = self.links.iter().map(lock).filter(|l| l.unsent()).map(|l| l.peer).collect();
                     format!("flushing sends to rank(s) {to:?}")
                 },
+                None,
             )?;
         }
         // A peer that went away with data of ours unsent: say which and why.

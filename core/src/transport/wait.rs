@@ -149,6 +149,25 @@ impl Deadline {
     }
 }
 
+/// Told when a wait blocks (futex or poll) and when it wakes: the progress engine's Sleep and
+/// Wakeup profiler events (ProxyCtrl). The token from `sleep` comes back in `woke`.
+pub(crate) trait Sleeper {
+    fn sleep(&self) -> Option<occl_telemetry::EventId>;
+    fn woke(&self, token: Option<occl_telemetry::EventId>);
+}
+
+fn slept<R>(s: Option<&dyn Sleeper>, block: impl FnOnce() -> R) -> R {
+    match s {
+        None => block(),
+        Some(s) => {
+            let t = s.sleep();
+            let r = block();
+            s.woke(t);
+            r
+        }
+    }
+}
+
 /// Why a wait stopped early: the check callback's verdict.
 pub(crate) type Check<'a> = &'a mut dyn FnMut(bool) -> Result<()>;
 
@@ -158,6 +177,7 @@ pub(crate) type Check<'a> = &'a mut dyn FnMut(bool) -> Result<()>;
 /// `sleepers` the counter it reads to decide whether to wake. `check(slow)` runs now and then
 /// (with `slow = true` at most every ~100 ms, for checks that cost a system call) and fails the
 /// wait when the peer is gone. `deadline` bounds the wait; `what` names it in the error.
+#[allow(clippy::too_many_arguments)] // the parts of one wait; each call site names them all
 pub(crate) fn wait_until(
     mut ready: impl Ready,
     word: &AtomicU32,
@@ -166,9 +186,10 @@ pub(crate) fn wait_until(
     deadline: &Deadline,
     patience: Patience,
     what: &dyn Fn() -> String,
+    sleeper: Option<&dyn Sleeper>,
 ) -> Result<()> {
     if patience == Patience::Drive || ready.drives() {
-        return drive_wait(ready, word, sleepers, check, deadline, patience, what);
+        return drive_wait(ready, word, sleepers, check, deadline, patience, what, sleeper);
     }
     let mut ready = || ready.ready();
     for i in 0..patience.spins() {
@@ -202,7 +223,7 @@ pub(crate) fn wait_until(
             sleepers.fetch_sub(1, Ordering::SeqCst);
             return Ok(());
         }
-        futex_wait(word, seen, SLEEP_SLICE);
+        slept(sleeper, || futex_wait(word, seen, SLEEP_SLICE));
         sleepers.fetch_sub(1, Ordering::SeqCst);
         if ready() {
             return Ok(());
@@ -223,6 +244,7 @@ pub(crate) fn wait_until(
 /// a while it blocks where a wake-up will come from: poll(2) on the sockets for a tcp FIFO
 /// (this thread itself fills it), the futex for a shm FIFO (its peer wakes it) in slices that
 /// give the sockets a turn.
+#[allow(clippy::too_many_arguments)] // as wait_until
 fn drive_wait(
     mut ready: impl Ready,
     word: &AtomicU32,
@@ -231,6 +253,7 @@ fn drive_wait(
     deadline: &Deadline,
     patience: Patience,
     what: &dyn Fn() -> String,
+    sleeper: Option<&dyn Sleeper>,
 ) -> Result<()> {
     let start = Instant::now();
     let mut last_slow = start;
@@ -247,14 +270,14 @@ fn drive_wait(
             if idle >= DRIVE_SPINS {
                 idle = 0;
                 if patience == Patience::Drive {
-                    ready.block(POLL_SLICE);
+                    slept(sleeper, || ready.block(POLL_SLICE));
                 } else {
                     let slice = if ready.busy() { BUSY_SLICE } else { IDLE_SLICE };
                     let seen = word.load(Ordering::Acquire);
                     sleepers.fetch_add(1, Ordering::SeqCst);
                     // As in `wait_until`: re-check after announcing ourselves.
                     if !ready.ready() {
-                        futex_wait(word, seen, slice);
+                        slept(sleeper, || futex_wait(word, seen, slice));
                     }
                     sleepers.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -333,6 +356,7 @@ mod tests {
             &Deadline::after(Duration::from_secs(5)),
             Patience::Eager,
             &|| "test".into(),
+            None,
         )
         .unwrap();
         assert!(start.elapsed() < Duration::from_secs(1));
@@ -345,6 +369,7 @@ mod tests {
             &Deadline::after(Duration::from_millis(100)),
             Patience::Drive,
             &|| "never".into(),
+            None,
         )
         .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Timeout);
@@ -382,6 +407,7 @@ mod tests {
             &Deadline::after(Duration::from_secs(5)),
             Patience::Drive,
             &|| "driven".into(),
+            None,
         )
         .unwrap();
         assert!(f.calls.get() >= 100);

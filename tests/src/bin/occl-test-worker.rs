@@ -16,6 +16,34 @@ fn report(e: &occl::Error) -> ExitCode {
     ExitCode::from(3)
 }
 
+/// One of each operation per size: 1 element, a few slices, and several ring pieces.
+fn every_operation(comm: &Comm) -> occl::Result<()> {
+    let (n, r) = (comm.nranks(), comm.rank());
+    for count in [1usize, 1000, 70_000] {
+        let a = vec![1.0f32; count * n];
+        let mut b = vec![0f32; count * n];
+        comm.all_reduce(&a[..count], &mut b[..count], RedOp::Sum)?;
+        comm.all_reduce_in_place(&mut b[..count], RedOp::Max)?;
+        comm.broadcast(&a[..count], &mut b[..count], 1 % n)?;
+        comm.reduce(&a[..count], &mut b[..count], RedOp::Sum, 0)?;
+        comm.all_gather(&a[..count], &mut b)?;
+        comm.reduce_scatter(&a, &mut b[..count], RedOp::Sum)?;
+        comm.all_to_all(&a, &mut b)?;
+        if n > 1 {
+            let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+            let mut c = vec![0f64; count];
+            if r % 2 == 0 {
+                comm.send(&vec![2.0f64; count], to)?;
+                comm.recv(&mut c, from)?;
+            } else {
+                comm.recv(&mut c, from)?;
+                comm.send(&vec![2.0f64; count], to)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -23,6 +51,14 @@ fn main() -> ExitCode {
         .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("");
+    if scenario == "events" {
+        // Registered before the communicator exists: profilers reach communicators created after.
+        let dir = std::env::var_os("OCCL_TEST_EVENTS_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| ".".into());
+        occl_telemetry::profiler::register(std::sync::Arc::new(occl_tests::events::Recorder {
+            dir,
+            mask: occl_telemetry::EventMask::ALL,
+        }));
+    }
     let comm = match Comm::from_env() {
         Ok(c) => c,
         Err(e) => return report(&e),
@@ -105,8 +141,15 @@ fn main() -> ExitCode {
                 Err(e) => return report(&e),
             }
         }
+        // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
+        "events" => {
+            if let Err(e) = every_operation(&comm) {
+                return report(&e);
+            }
+            println!("OK rank={r} events transport={}", comm.transport_summary());
+        }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch or late");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late or events");
             return ExitCode::from(2);
         }
     }

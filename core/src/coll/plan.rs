@@ -1,0 +1,198 @@
+//! How many slices each algorithm moves to and from each peer: the ProxyOps of an operation,
+//! known before it runs (NCCL's ProxyOp descriptor carries `nSteps`). Each function mirrors the
+//! loops of its algorithm in `ring.rs` / `direct.rs`; the profiler test checks that the steps
+//! actually seen equal these counts for every collective.
+
+use super::ring::Piece;
+use crate::profile::Leg;
+use crate::record::CollType;
+
+/// The algorithms `Comm` chooses among.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Algo {
+    Ring,
+    OneShot,
+    Chain,
+    Direct,
+}
+
+impl Algo {
+    /// What benchmarks and logs print.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::OneShot => "one-shot",
+            Algo::Chain => "chain",
+            Algo::Direct => "direct",
+        }
+    }
+
+    /// The profiler's `algo` string: NCCL's where the algorithm is NCCL's (a broadcast or
+    /// reduce chain is NCCL's RING algorithm), our own otherwise.
+    pub(crate) const fn nccl_name(self) -> &'static str {
+        match self {
+            Algo::Ring | Algo::Chain => "RING",
+            Algo::OneShot => "ONE_SHOT",
+            Algo::Direct => "DIRECT",
+        }
+    }
+}
+
+/// The shape of one operation, as the planner needs it.
+pub(crate) struct Shape {
+    pub coll: CollType,
+    pub algo: Algo,
+    pub nranks: usize,
+    pub rank: usize,
+    /// Elements per rank (per block for all-gather, reduce-scatter and all-to-all).
+    pub count: usize,
+    pub elem: usize,
+    /// Bytes per slice and per ring chunk (`Ctx::slice`, `Ctx::chunk`).
+    pub slice: usize,
+    pub chunk: usize,
+    pub root: usize,
+    pub peer: usize,
+}
+
+fn slices(bytes: usize, slice: usize) -> usize {
+    bytes.div_ceil(slice)
+}
+
+/// Legs with at least one step, sends before receives per peer.
+pub(crate) fn legs(s: &Shape) -> Vec<Leg> {
+    let (n, r) = (s.nranks, s.rank);
+    let mut out = Vec::new();
+    let mut leg = |peer: usize, send: bool, steps: usize| {
+        if steps > 0 {
+            out.push(Leg { peer, send, steps });
+        }
+    };
+    if n == 1 {
+        return out;
+    }
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let bytes = s.count * s.elem;
+    match (s.coll, s.algo) {
+        (CollType::AllReduce, Algo::OneShot) => {
+            for k in 1..n {
+                leg((r + k) % n, true, slices(bytes, s.slice));
+            }
+            for j in (0..n).filter(|j| *j != r) {
+                leg(j, false, slices(bytes, s.slice));
+            }
+        }
+        (CollType::AllReduce, _) => {
+            let (sends, recvs) = ring_all_reduce(s);
+            leg(next, true, sends);
+            leg(prev, false, recvs);
+        }
+        (CollType::AllGather | CollType::ReduceScatter, _) => {
+            let chunk_elems = (s.chunk / s.elem).max(1);
+            let mut per_rank = 0;
+            let mut base = 0;
+            while base < s.count {
+                let len = chunk_elems.min(s.count - base);
+                per_rank += slices(len * s.elem, s.slice);
+                base += len;
+            }
+            leg(next, true, (n - 1) * per_rank);
+            leg(prev, false, (n - 1) * per_rank);
+        }
+        (CollType::Broadcast | CollType::Reduce, _) => {
+            let pos = match s.coll {
+                CollType::Broadcast => (r + n - s.root) % n,
+                _ => (r + 2 * n - s.root - 1) % n,
+            };
+            let k = slices(bytes, s.slice);
+            if pos != n - 1 {
+                leg(next, true, k);
+            }
+            if pos != 0 {
+                leg(prev, false, k);
+            }
+        }
+        (CollType::AllToAll, _) => {
+            let mut per_peer = 0;
+            let mut off = 0;
+            while off < bytes {
+                let len = s.chunk.min(bytes - off);
+                per_peer += slices(len, s.slice);
+                off += len;
+            }
+            for k in 1..n {
+                leg((r + k) % n, true, per_peer);
+                leg((r + n - k) % n, false, per_peer);
+            }
+        }
+        (CollType::Send, _) => leg(s.peer, true, slices(bytes, s.slice)),
+        (CollType::Recv, _) => leg(s.peer, false, slices(bytes, s.slice)),
+    }
+    out
+}
+
+/// Slices the ring all-reduce sends to `next` and receives from `prev`, following
+/// `ring::all_reduce` primitive by primitive.
+fn ring_all_reduce(s: &Shape) -> (usize, usize) {
+    let (n, r, es) = (s.nranks, s.rank, s.elem);
+    let chunk_elems = (s.chunk / es).max(1);
+    let (mut sends, mut recvs) = (0, 0);
+    let mut base = 0;
+    while base < s.count {
+        let piece = Piece::at(base, s.count, n, chunk_elems, es);
+        let k = |c: usize| slices(piece.chunk(c).1 * es, s.slice);
+        sends += k((r + n - 1) % n); // send
+        for j in 2..n {
+            let x = k((r + n - j) % n); // recv_reduce_send
+            sends += x;
+            recvs += x;
+        }
+        let x = k(r); // recv_reduce_copy_send
+        sends += x;
+        recvs += x;
+        for j in 1..n - 1 {
+            let x = k((r + n - j) % n); // recv_copy_send
+            sends += x;
+            recvs += x;
+        }
+        recvs += k((r + 1) % n); // recv
+        base += piece.rem;
+    }
+    (sends, recvs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(coll: CollType, algo: Algo, n: usize, r: usize, count: usize) -> Shape {
+        Shape { coll, algo, nranks: n, rank: r, count, elem: 4, slice: 1024, chunk: 4096, root: 0, peer: 0 }
+    }
+
+    #[test]
+    fn every_send_has_a_matching_receive() {
+        // Summed over ranks, slices sent to a peer equal slices that peer receives from the sender.
+        for coll in [CollType::AllReduce, CollType::AllGather, CollType::ReduceScatter, CollType::AllToAll] {
+            for n in 2..6 {
+                for count in [0, 1, 17, 255, 256, 1000, 5000] {
+                    let all: Vec<Vec<Leg>> = (0..n).map(|r| legs(&shape(coll, Algo::Ring, n, r, count))).collect();
+                    for (r, ls) in all.iter().enumerate() {
+                        for l in ls.iter().filter(|l| l.send) {
+                            let back = all[l.peer].iter().find(|m| !m.send && m.peer == r).map_or(0, |m| m.steps);
+                            assert_eq!(l.steps, back, "{coll:?} n={n} count={count} {r}->{}", l.peer);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chain_ends_only_send_or_receive() {
+        let b = |r| legs(&Shape { root: 2, ..shape(CollType::Broadcast, Algo::Chain, 4, r, 600) });
+        assert_eq!(b(2), vec![Leg { peer: 3, send: true, steps: 3 }]);
+        assert_eq!(b(1), vec![Leg { peer: 0, send: false, steps: 3 }]);
+        assert_eq!(b(0).len(), 2);
+        assert!(legs(&shape(CollType::AllReduce, Algo::Ring, 1, 0, 100)).is_empty());
+        assert!(legs(&shape(CollType::Send, Algo::Direct, 2, 0, 0)).is_empty());
+    }
+}

@@ -1,0 +1,346 @@
+//! The events of one operation, in NCCL's hierarchy and order (reference §10–11):
+//!
+//! ```text
+//! GroupApi (depth 1: the implicit group of a single call)  StartApiStop … EndApiStart
+//! ├─ CollApi | P2pApi        the call's enqueue work (argument checks, plan)
+//! └─ (parent CollApi/P2pApi, parentGroup = Group)
+//!    Coll | P2p              the plan; open while the calling thread runs it
+//!    └─ ProxyOp              one per peer and direction (channel 0), nSteps from the plan,
+//!       │                    InProgress at its first step
+//!       └─ ProxyStep         one per slice: send SendGPUWait → SendPeerWait → SendWait;
+//!                            receive RecvWait → RecvFlushWait → RecvGPUWait
+//! ProxyCtrl                  Active/Idle markers, Append…AppendEnd(n) around the ProxyOp
+//!                            starts, Sleep → Wakeup around every blocking wait
+//! ```
+//!
+//! occl's host collectives have no proxy thread: the calling thread moves every slice (and
+//! drives the tcp sockets), so it is the progress engine these events describe, and ProxyOps
+//! start while their Coll is still open instead of after its stop.
+
+use crate::transport::wait::Sleeper;
+use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
+use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, StateArgs};
+use std::cell::Cell;
+
+/// One planned ProxyOp: a peer, a direction, and how many slices cross it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Leg {
+    pub peer: usize,
+    pub send: bool,
+    pub steps: usize,
+}
+
+/// A started ProxyOp and the steps it has seen.
+pub(crate) struct LegEv {
+    peer: usize,
+    send: bool,
+    id: Option<EventId>,
+    next_step: Cell<i32>,
+    progressing: Cell<bool>,
+}
+
+/// What the operation is, for its descriptors.
+pub(crate) struct OpDescr<'s> {
+    pub func: &'s str,
+    /// A point-to-point call (Send/Recv): P2pApi and P2p instead of CollApi and Coll.
+    pub p2p: bool,
+    pub seq_number: u64,
+    pub send_buff: usize,
+    pub recv_buff: usize,
+    pub count: usize,
+    pub root: i32,
+    pub peer: i32,
+    pub datatype: &'s str,
+    pub algo: &'s str,
+    pub proto: &'s str,
+    /// Bytes per slice (the ProxyOp's chunkSize).
+    pub chunk_size: usize,
+}
+
+/// The events of one operation in flight, with the mask it captured at its start.
+pub(crate) struct OpProf<'f> {
+    f: &'f Fanout,
+    mask: EventMask,
+    rank: i32,
+    group_api: Option<EventId>,
+    group: Option<EventId>,
+    coll: Option<EventId>,
+    legs: Vec<LegEv>,
+}
+
+impl<'f> OpProf<'f> {
+    /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
+    /// emitted) when no sink wants anything.
+    pub(crate) fn begin(
+        f: &'f Fanout,
+        rank: usize,
+        d: &OpDescr<'_>,
+        legs: impl FnOnce() -> Vec<Leg>,
+    ) -> Option<OpProf<'f>> {
+        let mask = f.capture();
+        if mask.is_empty() {
+            return None;
+        }
+        let rank = rank as i32;
+        let mut p = OpProf { f, mask, rank, group_api: None, group: None, coll: None, legs: Vec::new() };
+        p.marker(ProxyCtrlState::Active, 0);
+        p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
+        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
+        let api = if d.p2p {
+            p.start(
+                p.group_api,
+                &EventDescr::P2pApi {
+                    func: d.func,
+                    count: d.count,
+                    datatype: d.datatype,
+                    stream: 0,
+                    graph_captured: false,
+                },
+            )
+        } else {
+            p.start(
+                p.group_api,
+                &EventDescr::CollApi {
+                    func: d.func,
+                    count: d.count,
+                    datatype: d.datatype,
+                    root: d.root,
+                    stream: 0,
+                    graph_captured: false,
+                },
+            )
+        };
+        p.stop(api);
+        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
+        p.group = p.start(None, &EventDescr::Group);
+        p.coll = if d.p2p {
+            p.start(
+                api,
+                &EventDescr::P2p {
+                    rank,
+                    func: d.func,
+                    buff: d.send_buff.max(d.recv_buff),
+                    datatype: d.datatype,
+                    count: d.count,
+                    peer: d.peer,
+                    n_channels: 1,
+                    parent_group: p.group,
+                },
+            )
+        } else {
+            p.start(
+                api,
+                &EventDescr::Coll {
+                    rank,
+                    seq_number: d.seq_number,
+                    func: d.func,
+                    send_buff: d.send_buff,
+                    recv_buff: d.recv_buff,
+                    count: d.count,
+                    root: d.root,
+                    datatype: d.datatype,
+                    n_channels: 1,
+                    n_warps: 0,
+                    algo: d.algo,
+                    proto: d.proto,
+                    parent_group: p.group,
+                },
+            )
+        };
+        let legs = if p.on(EventType::ProxyOp) { legs() } else { Vec::new() };
+        if !legs.is_empty() {
+            let ctrl = p.start(None, &EventDescr::ProxyCtrl);
+            p.state(ctrl, &StateArgs::ProxyCtrl { state: ProxyCtrlState::Append, appended_proxy_ops: 0 });
+            let pid = std::process::id() as i32;
+            for l in &legs {
+                let id = p.start(
+                    p.coll,
+                    &EventDescr::ProxyOp {
+                        rank,
+                        pid,
+                        channel_id: 0,
+                        peer: l.peer as i32,
+                        n_steps: l.steps.min(i32::MAX as usize) as i32,
+                        chunk_size: d.chunk_size.min(i32::MAX as usize) as i32,
+                        is_send: l.send,
+                    },
+                );
+                p.legs.push(LegEv {
+                    peer: l.peer,
+                    send: l.send,
+                    id,
+                    next_step: Cell::new(0),
+                    progressing: Cell::new(false),
+                });
+            }
+            let n = p.legs.len() as i32;
+            p.state(ctrl, &StateArgs::ProxyCtrl { state: ProxyCtrlState::AppendEnd, appended_proxy_ops: n });
+            p.stop(ctrl);
+        }
+        Some(p)
+    }
+
+    #[inline]
+    fn on(&self, t: EventType) -> bool {
+        self.mask.contains(t)
+    }
+
+    fn start(&self, parent: Option<EventId>, d: &EventDescr<'_>) -> Option<EventId> {
+        if !self.on(d.event_type()) {
+            return None;
+        }
+        self.f.start(parent, d)
+    }
+
+    fn state(&self, id: Option<EventId>, st: &StateArgs<'_>) {
+        if let Some(id) = id {
+            self.f.state(id, st);
+        }
+    }
+
+    fn stop(&self, id: Option<EventId>) {
+        if let Some(id) = id {
+            self.f.stop(id);
+        }
+    }
+
+    /// A zero-length ProxyCtrl event in state `st`.
+    fn marker(&self, st: ProxyCtrlState, appended: i32) {
+        if self.on(EventType::ProxyCtrl) {
+            let id = self.start(None, &EventDescr::ProxyCtrl);
+            self.state(id, &StateArgs::ProxyCtrl { state: st, appended_proxy_ops: appended });
+            self.stop(id);
+        }
+    }
+
+    /// The ProxyOp of `peer` in direction `send`, if one was planned.
+    pub(crate) fn leg(&self, peer: usize, send: bool) -> Option<&LegEv> {
+        self.legs.iter().find(|l| l.peer == peer && l.send == send && l.id.is_some())
+    }
+
+    /// Whether ProxyCtrl sleep/wake-up events are wanted.
+    pub(crate) fn sleeper(&self) -> Option<&dyn Sleeper> {
+        self.on(EventType::ProxyCtrl).then_some(self as &dyn Sleeper)
+    }
+
+    /// Step events for primitives that send to `to` and receive from `from`.
+    pub(crate) fn steps(&self, to: Option<usize>, from: Option<usize>) -> Option<Steps<'_>> {
+        if !self.on(EventType::ProxyStep) {
+            // ProxyOps still get InProgress when their first slice moves.
+            let send = to.and_then(|p| self.leg(p, true));
+            let recv = from.and_then(|p| self.leg(p, false));
+            send.into_iter().chain(recv).for_each(|l| self.in_progress(l));
+            return None;
+        }
+        Some(Steps {
+            p: self,
+            send: to.and_then(|p| self.leg(p, true)),
+            recv: from.and_then(|p| self.leg(p, false)),
+            cur_send: None,
+            cur_recv: None,
+        })
+    }
+
+    fn in_progress(&self, l: &LegEv) {
+        if !l.progressing.replace(true) {
+            self.state(l.id, &StateArgs::ProxyOp { state: ProxyOpState::InProgress, trans_size: 0, steps: 0 });
+        }
+    }
+
+    /// Stops the ProxyOps (every slice has moved, tcp sends included), then Coll/P2p, Group and
+    /// GroupApi. Runs on failure too, so no event stays open.
+    pub(crate) fn end(self) {
+        for l in &self.legs {
+            self.stop(l.id);
+        }
+        self.stop(self.coll);
+        self.stop(self.group);
+        self.stop(self.group_api);
+        self.marker(ProxyCtrlState::Idle, 0);
+    }
+}
+
+impl Sleeper for OpProf<'_> {
+    fn sleep(&self) -> Option<EventId> {
+        let id = self.start(None, &EventDescr::ProxyCtrl);
+        self.state(id, &StateArgs::ProxyCtrl { state: ProxyCtrlState::Sleep, appended_proxy_ops: 0 });
+        id
+    }
+
+    fn woke(&self, id: Option<EventId>) {
+        self.state(id, &StateArgs::ProxyCtrl { state: ProxyCtrlState::Wakeup, appended_proxy_ops: 0 });
+        self.stop(id);
+    }
+}
+
+/// ProxyStep events of one primitive's slices: at most one open step per direction.
+pub(crate) struct Steps<'a> {
+    p: &'a OpProf<'a>,
+    send: Option<&'a LegEv>,
+    recv: Option<&'a LegEv>,
+    cur_send: Option<EventId>,
+    cur_recv: Option<EventId>,
+}
+
+impl Steps<'_> {
+    fn begin(&self, l: &LegEv, first: ProxyStepState) -> Option<EventId> {
+        self.p.in_progress(l);
+        let step = l.next_step.get();
+        l.next_step.set(step + 1);
+        let id = self.p.start(l.id, &EventDescr::ProxyStep { rank: self.p.rank, step });
+        self.p.state(id, &StateArgs::ProxyStep { state: first, trans_size: 0 });
+        id
+    }
+
+    /// A slice to send begins: its data is not produced yet (SendGPUWait).
+    pub(crate) fn send_begin(&mut self) {
+        if self.cur_send.is_none() {
+            if let Some(l) = self.send {
+                self.cur_send = self.begin(l, ProxyStepState::SendGpuWait);
+            }
+        }
+    }
+
+    /// The slice's data is ready; waiting for the receiver's credit (a free slot).
+    pub(crate) fn send_peer_wait(&mut self) {
+        self.send_begin();
+        self.p.state(self.cur_send, &StateArgs::ProxyStep { state: ProxyStepState::SendPeerWait, trans_size: 0 });
+    }
+
+    /// The slice was posted (`n` bytes): in the receiver's memory, or handed to the socket
+    /// writer for tcp, which this thread drives before the operation returns.
+    pub(crate) fn send_posted(&mut self, n: usize) {
+        let id = self.cur_send.take();
+        self.p.state(id, &StateArgs::ProxyStep { state: ProxyStepState::SendWait, trans_size: n });
+        self.p.stop(id);
+    }
+
+    /// A slice to receive is expected (RecvWait).
+    pub(crate) fn recv_begin(&mut self) {
+        if self.cur_recv.is_none() {
+            if let Some(l) = self.recv {
+                self.cur_recv = self.begin(l, ProxyStepState::RecvWait);
+            }
+        }
+    }
+
+    /// `n` bytes arrived (RecvFlushWait with the size: host memory needs no flush) and go to the
+    /// consumer (RecvGPUWait: the reduction or copy that reads them).
+    pub(crate) fn recv_arrived(&mut self, n: usize) {
+        self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvFlushWait, trans_size: n });
+        self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvGpuWait, trans_size: n });
+    }
+
+    /// The slice was consumed and its slot released.
+    pub(crate) fn recv_done(&mut self) {
+        self.p.stop(self.cur_recv.take());
+    }
+}
+
+impl Drop for Steps<'_> {
+    /// A primitive that fails leaves no step open.
+    fn drop(&mut self) {
+        self.p.stop(self.cur_send.take());
+        self.p.stop(self.cur_recv.take());
+    }
+}

@@ -1,0 +1,218 @@
+//! Profiler events from real multi-process jobs: each rank registers a recording profiler (an
+//! in-process sink, `occl_tests::events::Recorder`), runs every collective and p2p at three
+//! sizes, and writes what it saw at finalize. The test checks the whole tree on every rank and
+//! across ranks.
+
+mod common;
+
+use common::{assert_all_ok, env, run_job};
+use occl_tests::launch::Spawn;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+/// One event as the recorder wrote it.
+#[derive(Debug, Default, Clone)]
+struct Ev {
+    ty: String,
+    parent: Option<u64>,
+    d: Value,
+    states: Vec<(u64, Value)>,
+    stops: usize,
+    children: Vec<u64>,
+    /// Start order within the rank.
+    order: usize,
+}
+
+struct Rank {
+    rank: usize,
+    events: BTreeMap<u64, Ev>,
+    /// Ids in start order.
+    seq: Vec<u64>,
+}
+
+fn load(path: &Path) -> Rank {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut events: BTreeMap<u64, Ev> = BTreeMap::new();
+    let (mut seq, mut rank, mut finalized) = (Vec::new(), usize::MAX, false);
+    for (n, line) in text.lines().enumerate() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{}:{n}: {e}", path.display()));
+        let id = v["id"].as_u64().unwrap_or(0);
+        match v["ev"].as_str().unwrap_or("") {
+            "init" => rank = v["rank"].as_u64().expect("init rank") as usize,
+            "start" => {
+                assert!(!events.contains_key(&id), "id {id} started twice");
+                let parent = v["parent"].as_u64();
+                if let Some(p) = parent {
+                    events.get_mut(&p).unwrap_or_else(|| panic!("{line}: parent {p} never started")).children.push(id);
+                }
+                let ty = v["type"].as_str().expect("type").to_string();
+                events.insert(id, Ev { ty, parent, d: v["d"].clone(), order: seq.len(), ..Ev::default() });
+                seq.push(id);
+            }
+            "state" => {
+                let e = events.get_mut(&id).unwrap_or_else(|| panic!("{line}: state of an unknown event"));
+                assert_eq!(e.stops, 0, "{line}: state after stop");
+                e.states.push((v["state"].as_u64().expect("state"), v["a"].clone()));
+            }
+            "stop" => {
+                let e = events.get_mut(&id).unwrap_or_else(|| panic!("{line}: stop of an unknown event"));
+                e.stops += 1;
+            }
+            "finalize" => finalized = true,
+            other => panic!("unknown record {other:?}"),
+        }
+    }
+    assert!(finalized, "{}: finalize never called", path.display());
+    Rank { rank, events, seq }
+}
+
+fn states(e: &Ev) -> Vec<u64> {
+    e.states.iter().map(|s| s.0).collect()
+}
+
+/// The checks that hold within one rank; returns the Coll signature list and per-peer step
+/// totals (sent to, received from) for the cross-rank checks.
+fn check_rank(r: &Rank) -> (Vec<String>, HashMap<(usize, bool), i64>) {
+    let want_parent = |ty: &str| -> Option<&[&str]> {
+        Some(match ty {
+            "CollApi" | "P2pApi" => &["GroupApi"],
+            "Coll" => &["CollApi"],
+            "P2p" => &["P2pApi"],
+            "ProxyOp" => &["Coll", "P2p"],
+            "ProxyStep" => &["ProxyOp"],
+            "NetPlugin" => &["ProxyStep"],
+            _ => return None,
+        })
+    };
+    let mut colls = Vec::new();
+    let mut per_peer: HashMap<(usize, bool), i64> = HashMap::new();
+    let mut count = HashMap::<&str, usize>::new();
+    for id in &r.seq {
+        let e = &r.events[id];
+        *count.entry(e.ty.as_str()).or_default() += 1;
+        assert_eq!(e.stops, 1, "rank {}: {} {id} stopped {} times", r.rank, e.ty, e.stops);
+        match (want_parent(&e.ty), e.parent) {
+            (Some(ok), Some(p)) => {
+                let pt = &r.events[&p].ty;
+                assert!(ok.contains(&pt.as_str()), "rank {}: {} has a {pt} parent", r.rank, e.ty);
+            }
+            (Some(_), None) => panic!("rank {}: {} {id} has no parent", r.rank, e.ty),
+            (None, Some(p)) => panic!("rank {}: {} {id} has parent {p}; it stands alone", r.rank, e.ty),
+            (None, None) => {}
+        }
+        let st = states(e);
+        match e.ty.as_str() {
+            "GroupApi" => {
+                assert_eq!(st, [23, 24], "rank {}: GroupApi states", r.rank);
+                assert_eq!(e.d["depth"], 1);
+            }
+            "Coll" | "P2p" => {
+                assert!(st.is_empty(), "{} has states {st:?}", e.ty);
+                let g = e.d["pgroup"].as_u64().expect("parentGroup set");
+                assert_eq!(r.events[&g].ty, "Group", "parentGroup names a Group");
+                assert_eq!(e.d["rank"], r.rank as u64);
+                if e.ty == "Coll" {
+                    colls.push(format!("{} seq={} count={} {}", e.d["func"], e.d["seq"], e.d["count"], e.d["dtype"]));
+                }
+            }
+            "ProxyOp" => {
+                assert_eq!(st, [19], "rank {}: ProxyOp states (InProgress once)", r.rank);
+                let nsteps = e.d["nsteps"].as_i64().expect("nsteps");
+                let steps: Vec<i64> = e
+                    .children
+                    .iter()
+                    .map(|c| &r.events[c])
+                    .filter(|c| c.ty == "ProxyStep")
+                    .map(|c| c.d["step"].as_i64().expect("step"))
+                    .collect();
+                assert_eq!(steps.len() as i64, nsteps, "rank {}: ProxyOp {:?} saw {} steps", r.rank, e.d, steps.len());
+                assert_eq!(steps, (0..nsteps).collect::<Vec<_>>(), "steps numbered in order");
+                let send = e.d["send"].as_bool().expect("send");
+                let want: &[u64] = if send { &[8, 20, 9] } else { &[10, 11, 12] };
+                for c in &e.children {
+                    let s = &r.events[c];
+                    assert_eq!(states(s), want, "rank {}: step states (send={send})", r.rank);
+                    let size = s.states.last().map_or(0, |x| x.1["size"].as_u64().unwrap_or(0));
+                    assert!(size > 0 && size <= e.d["chunk"].as_u64().unwrap_or(0), "trans size {size}");
+                }
+                *per_peer.entry((e.d["peer"].as_u64().expect("peer") as usize, send)).or_default() += nsteps;
+            }
+            "ProxyCtrl" => {
+                assert!(
+                    matches!(st.as_slice(), [13] | [14] | [15, 16] | [17, 18]),
+                    "rank {}: ProxyCtrl states {st:?}",
+                    r.rank
+                );
+                if st == [17, 18] {
+                    // AppendEnd counts the ProxyOps started inside the Append bracket.
+                    let n = e.states[1].1["appended"].as_u64().expect("appended") as usize;
+                    let inside = r.seq[e.order + 1..].iter().take_while(|i| r.events[i].ty == "ProxyOp").count();
+                    assert_eq!(n, inside, "AppendEnd count");
+                }
+            }
+            "ProxyStep" | "NetPlugin" => {} // checked with their ProxyOp
+            _ => assert!(st.is_empty(), "{} has states {st:?}", e.ty),
+        }
+    }
+    // 3 sizes × (2 all-reduce + 5 other collectives); 3 × (send + recv).
+    assert_eq!(count.get("Coll"), Some(&21), "rank {}: {count:?}", r.rank);
+    assert_eq!(count.get("P2p"), Some(&6), "rank {}: {count:?}", r.rank);
+    assert_eq!(count.get("GroupApi"), Some(&27));
+    assert_eq!(count.get("Group"), Some(&27));
+    assert_eq!(count.get("CollApi"), Some(&21));
+    assert!(count.get("ProxyStep").copied().unwrap_or(0) > 50, "{count:?}");
+    (colls, per_peer)
+}
+
+fn run(nranks: usize, extra: &[(&str, &str)]) -> Vec<Rank> {
+    let dir = std::env::temp_dir().join(format!("occl-events-{}-{nranks}-{}", std::process::id(), extra.len()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dirs = dir.to_string_lossy().to_string();
+    let mut vars = vec![("OCCL_TEST_EVENTS_DIR", dirs.as_str())];
+    vars.extend_from_slice(extra);
+    let outs = run_job(nranks, &["events"], Spawn { env: env(&vars), ..Spawn::default() }, Duration::from_secs(120));
+    assert_all_ok(&outs, "events job");
+    let mut ranks: Vec<Rank> =
+        std::fs::read_dir(&dir).expect("read dir").map(|e| load(&e.expect("entry").path())).collect();
+    ranks.sort_by_key(|r| r.rank);
+    assert_eq!(ranks.len(), nranks, "one event file per rank");
+    let _ = std::fs::remove_dir_all(&dir);
+    ranks
+}
+
+fn check_job(ranks: &[Rank]) {
+    let per: Vec<_> = ranks.iter().map(check_rank).collect();
+    // Every rank saw the same collectives with the same sequence numbers.
+    for (r, (colls, _)) in per.iter().enumerate() {
+        assert_eq!(colls, &per[0].0, "rank {r}'s Coll sequence differs from rank 0's");
+    }
+    // Slices rank a sent to b equal the slices b received from a.
+    for (a, (_, pa)) in per.iter().enumerate() {
+        for (&(b, send), &k) in pa {
+            if send {
+                let back = per[b].1.get(&(a, false)).copied().unwrap_or(0);
+                assert_eq!(k, back, "{a} sent {k} slices to {b}, which received {back}");
+            }
+        }
+    }
+}
+
+#[test]
+fn shm_job_emits_nccls_tree() {
+    check_job(&run(3, &[]));
+}
+
+#[test]
+fn shm_job_with_small_slots_and_single_copy_off() {
+    // Many slices per operation and every slice through the FIFO: the plan must still match.
+    check_job(&run(4, &[("OCCL_SHM_SLOT_SIZE", "4096"), ("OCCL_SHM_DIRECT", "0")]));
+}
+
+#[test]
+fn tcp_job_emits_nccls_tree() {
+    // Small slots: many slices per operation, so FIFOs fill and waits block (Sleep/Wakeup).
+    check_job(&run(2, &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "8192"), ("OCCL_FIFO_SLOTS", "4")]));
+}
