@@ -206,7 +206,19 @@ impl Comm {
         for p in &mut me_tab {
             p.comm_id = comm_id;
         }
-        let (mut peers, net, slot) = transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener)?;
+        let mut hosts: Vec<&str> = me_tab.iter().map(|p| p.host_id.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let prof = Profiling::init(&occl_telemetry::CommInfo {
+            comm_name: None,
+            comm_hash: comm_id,
+            n_nodes: hosts.len() as i32,
+            nranks: nranks as i32,
+            rank: rank as i32,
+        });
+        let net_prof = transport::tcp::NetProf { fanout: prof.fanout.clone(), rank: rank as i32 };
+        let (mut peers, net, slot) =
+            transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener, Some(net_prof))?;
         enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
@@ -223,16 +235,6 @@ impl Comm {
                 .map(|(i, _)| i)
                 .collect::<Vec<_>>(),
         );
-        let mut hosts: Vec<&str> = me_tab.iter().map(|p| p.host_id.as_str()).collect();
-        hosts.sort_unstable();
-        hosts.dedup();
-        let prof = Profiling::init(&occl_telemetry::CommInfo {
-            comm_name: None,
-            comm_hash: comm_id,
-            n_nodes: hosts.len() as i32,
-            nranks: nranks as i32,
-            rank: rank as i32,
-        });
         Ok(Comm {
             rank,
             nranks,
@@ -528,6 +530,9 @@ impl Comm {
                 tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
                 for p in g.peers.iter().flatten() {
                     p.fail(how);
+                    if let Some(l) = &p.tcp {
+                        transport::tcp::lock(l).sweep_steps();
+                    }
                 }
                 g.failed = Some(e.duplicate());
                 Err(e)

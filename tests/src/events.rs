@@ -59,7 +59,13 @@ fn descr(d: &EventDescr<'_>) -> Value {
             json!({"rank": rank, "pid": pid, "ch": channel_id, "peer": peer, "nsteps": n_steps, "chunk": chunk_size, "send": is_send})
         }
         EventDescr::ProxyStep { rank, step } => json!({"rank": rank, "step": step}),
-        EventDescr::NetPlugin { rank, id, data } => json!({"rank": rank, "plugin_id": id, "data_len": data.len()}),
+        EventDescr::NetPlugin { rank, id, data } => {
+            // NCCL's socket payload: type u8 @0, fd i32 @8, op i32 @12, length u64 @16.
+            let i32_at = |o: usize| data.get(o..o + 4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+            let len = data.get(16..24).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])));
+            json!({"rank": rank, "plugin_id": id, "data_len": data.len(), "kind": data.first(),
+                "fd": i32_at(8), "op": i32_at(12), "length": len})
+        }
         EventDescr::GroupApi { graph_captured, group_depth } => json!({"graph": graph_captured, "depth": group_depth}),
         EventDescr::CollApi { func, count, datatype, root, .. } => {
             json!({"func": func, "count": count, "dtype": datatype, "root": root})

@@ -74,7 +74,7 @@ fn states(e: &Ev) -> Vec<u64> {
 
 /// The checks that hold within one rank; returns the Coll signature list and per-peer step
 /// totals (sent to, received from) for the cross-rank checks.
-fn check_rank(r: &Rank) -> (Vec<String>, HashMap<(usize, bool), i64>) {
+fn check_rank(r: &Rank, tcp: bool) -> (Vec<String>, HashMap<(usize, bool), i64>) {
     let want_parent = |ty: &str| -> Option<&[&str]> {
         Some(match ty {
             "CollApi" | "P2pApi" => &["GroupApi"],
@@ -89,6 +89,7 @@ fn check_rank(r: &Rank) -> (Vec<String>, HashMap<(usize, bool), i64>) {
     let mut colls = Vec::new();
     let mut per_peer: HashMap<(usize, bool), i64> = HashMap::new();
     let mut count = HashMap::<&str, usize>::new();
+    let mut per_type = HashMap::<&str, usize>::new();
     for id in &r.seq {
         let e = &r.events[id];
         *count.entry(e.ty.as_str()).or_default() += 1;
@@ -98,6 +99,8 @@ fn check_rank(r: &Rank) -> (Vec<String>, HashMap<(usize, bool), i64>) {
                 let pt = &r.events[&p].ty;
                 assert!(ok.contains(&pt.as_str()), "rank {}: {} has a {pt} parent", r.rank, e.ty);
             }
+            // A frame read before its receive step began (the sender ran ahead) has no step yet.
+            (Some(_), None) if e.ty == "NetPlugin" && e.d["op"] == 1 => {}
             (Some(_), None) => panic!("rank {}: {} {id} has no parent", r.rank, e.ty),
             (None, Some(p)) => panic!("rank {}: {} {id} has parent {p}; it stands alone", r.rank, e.ty),
             (None, None) => {}
@@ -136,6 +139,21 @@ fn check_rank(r: &Rank) -> (Vec<String>, HashMap<(usize, bool), i64>) {
                     assert_eq!(states(s), want, "rank {}: step states (send={send})", r.rank);
                     let size = s.states.last().map_or(0, |x| x.1["size"].as_u64().unwrap_or(0));
                     assert!(size > 0 && size <= e.d["chunk"].as_u64().unwrap_or(0), "trans size {size}");
+                    // Over tcp every sent slice is one socket request under its step, with
+                    // NCCL's socket payload.
+                    let net: Vec<&Ev> = s.children.iter().map(|n| &r.events[n]).collect();
+                    if tcp && send {
+                        assert_eq!(net.len(), 1, "rank {}: a tcp send step has {} NetPlugin events", r.rank, net.len());
+                        let d = &net[0].d;
+                        assert_eq!((d["plugin_id"].as_i64(), d["data_len"].as_u64()), (Some(0x20001), Some(24)));
+                        assert_eq!((d["kind"].as_u64(), d["op"].as_i64()), (Some(1), Some(0)));
+                        assert_eq!(d["length"].as_u64(), Some(size), "socket request length = step size");
+                        assert!(d["fd"].as_i64().unwrap_or(-1) > 2);
+                    }
+                    if !tcp {
+                        assert!(net.is_empty(), "NetPlugin events over shm");
+                    }
+                    *per_type.entry("NetPlugin(child)").or_default() += net.len();
                 }
                 *per_peer.entry((e.d["peer"].as_u64().expect("peer") as usize, send)).or_default() += nsteps;
             }
@@ -163,6 +181,12 @@ fn check_rank(r: &Rank) -> (Vec<String>, HashMap<(usize, bool), i64>) {
     assert_eq!(count.get("Group"), Some(&27));
     assert_eq!(count.get("CollApi"), Some(&21));
     assert!(count.get("ProxyStep").copied().unwrap_or(0) > 50, "{count:?}");
+    if tcp {
+        // Receives too are socket requests (most under their step).
+        let all = count.get("NetPlugin").copied().unwrap_or(0);
+        let under_steps = per_type.get("NetPlugin(child)").copied().unwrap_or(0);
+        assert!(all > under_steps && under_steps > 0, "NetPlugin {all}, under steps {under_steps}");
+    }
     (colls, per_peer)
 }
 
@@ -183,8 +207,8 @@ fn run(nranks: usize, extra: &[(&str, &str)]) -> Vec<Rank> {
     ranks
 }
 
-fn check_job(ranks: &[Rank]) {
-    let per: Vec<_> = ranks.iter().map(check_rank).collect();
+fn check_job(ranks: &[Rank], tcp: bool) {
+    let per: Vec<_> = ranks.iter().map(|r| check_rank(r, tcp)).collect();
     // Every rank saw the same collectives with the same sequence numbers.
     for (r, (colls, _)) in per.iter().enumerate() {
         assert_eq!(colls, &per[0].0, "rank {r}'s Coll sequence differs from rank 0's");
@@ -202,17 +226,17 @@ fn check_job(ranks: &[Rank]) {
 
 #[test]
 fn shm_job_emits_nccls_tree() {
-    check_job(&run(3, &[]));
+    check_job(&run(3, &[]), false);
 }
 
 #[test]
 fn shm_job_with_small_slots_and_single_copy_off() {
     // Many slices per operation and every slice through the FIFO: the plan must still match.
-    check_job(&run(4, &[("OCCL_SHM_SLOT_SIZE", "4096"), ("OCCL_SHM_DIRECT", "0")]));
+    check_job(&run(4, &[("OCCL_SHM_SLOT_SIZE", "4096"), ("OCCL_SHM_DIRECT", "0")]), false);
 }
 
 #[test]
 fn tcp_job_emits_nccls_tree() {
     // Small slots: many slices per operation, so FIFOs fill and waits block (Sleep/Wakeup).
-    check_job(&run(2, &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "8192"), ("OCCL_FIFO_SLOTS", "4")]));
+    check_job(&run(2, &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "8192"), ("OCCL_FIFO_SLOTS", "4")]), true);
 }

@@ -86,8 +86,8 @@ impl<'a> Prims<'a> {
     fn post(&mut self, len: usize) -> Result<()> {
         let desc = self.desc;
         self.tx()?.fifo.post(len, &desc);
-        if let Some(st) = self.steps.as_mut() {
-            st.send_posted(len);
+        if let (Some(st), Some(s)) = (self.steps.as_mut(), self.send.as_ref()) {
+            st.send_posted(len, s.fifo);
         }
         Ok(())
     }
@@ -101,8 +101,8 @@ impl<'a> Prims<'a> {
 
     /// Waits for the next slice and checks that it belongs to the same operation.
     fn take_recv(&mut self, len: usize) -> Result<Msg> {
-        if let Some(st) = self.steps.as_mut() {
-            st.recv_begin();
+        if let (Some(st), Some(r)) = (self.steps.as_mut(), self.recv.as_ref()) {
+            st.recv_begin(r.fifo);
         }
         let d = self.deadline;
         let expect = self.desc;
@@ -208,8 +208,8 @@ impl<'a> Prims<'a> {
             unsafe { std::ptr::copy_nonoverlapping(src, out, n) };
             s.fifo.post(n, &desc);
         }
-        if let Some(st) = self.steps.as_mut() {
-            st.send_posted(n);
+        if let (Some(st), Some(s)) = (self.steps.as_mut(), self.send.as_ref()) {
+            st.send_posted(n, s.fifo);
         }
         Ok(())
     }

@@ -17,6 +17,7 @@
 //! drives the tcp sockets), so it is the progress engine these events describe, and ProxyOps
 //! start while their Coll is still open instead of after its stop.
 
+use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
 use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, StateArgs};
@@ -307,19 +308,27 @@ impl Steps<'_> {
         self.p.state(self.cur_send, &StateArgs::ProxyStep { state: ProxyStepState::SendPeerWait, trans_size: 0 });
     }
 
-    /// The slice was posted (`n` bytes): in the receiver's memory, or handed to the socket
-    /// writer for tcp, which this thread drives before the operation returns.
-    pub(crate) fn send_posted(&mut self, n: usize) {
+    /// The slice was posted (`n` bytes). Over shm that is delivery: the step ends. Over tcp the
+    /// socket writer (driven by this thread before the operation returns) ends it once the
+    /// frame is on the wire.
+    pub(crate) fn send_posted(&mut self, n: usize, fifo: &SendFifo) {
         let id = self.cur_send.take();
         self.p.state(id, &StateArgs::ProxyStep { state: ProxyStepState::SendWait, trans_size: n });
-        self.p.stop(id);
+        if let Some(id) = id {
+            if !fifo.hand_step(id.get()) {
+                self.p.f.stop(id);
+            }
+        }
     }
 
-    /// A slice to receive is expected (RecvWait).
-    pub(crate) fn recv_begin(&mut self) {
+    /// A slice to receive is expected (RecvWait); a tcp reader learns which step waits.
+    pub(crate) fn recv_begin(&mut self, fifo: &RecvFifo) {
         if self.cur_recv.is_none() {
             if let Some(l) = self.recv {
                 self.cur_recv = self.begin(l, ProxyStepState::RecvWait);
+                if let Some(id) = self.cur_recv {
+                    fifo.waiting_step(id.get());
+                }
             }
         }
     }

@@ -15,7 +15,7 @@
 
 use super::wait::{self, Check, Deadline, Patience};
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
@@ -284,6 +284,9 @@ pub(crate) struct SendFifo {
     ptr_outstanding: bool,
     /// Messages posted so far.
     head: u32,
+    /// For a tcp link: per slot, the ProxyStep event of the message in it, which the socket
+    /// writer stops when the frame is on the wire (0: none).
+    pub net_steps: Option<Arc<[AtomicU64]>>,
 }
 
 impl SendFifo {
@@ -291,7 +294,15 @@ impl SendFifo {
     /// another rank's thread (shm); drive the sockets when it is a tcp link (see `wait`).
     pub(crate) fn new(region: Arc<Region>, patience: Patience) -> SendFifo {
         let h = region.header();
-        SendFifo { nslots: h.nslots as usize, region, head: 0, patience, direct: Direct::No, ptr_outstanding: false }
+        SendFifo {
+            nslots: h.nslots as usize,
+            region,
+            head: 0,
+            patience,
+            direct: Direct::No,
+            ptr_outstanding: false,
+            net_steps: None,
+        }
     }
 
     /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).
@@ -373,6 +384,15 @@ impl SendFifo {
         Ok(())
     }
 
+    /// Hands the ProxyStep of the message just posted to the socket writer, which stops it
+    /// when the frame is written; `false` where posting is delivery (shm).
+    pub(crate) fn hand_step(&self, step: u64) -> bool {
+        let Some(t) = &self.net_steps else { return false };
+        let i = self.head.wrapping_sub(1) as usize % self.nslots;
+        t[i].store(step, Ordering::Relaxed);
+        true
+    }
+
     /// Marks this end with `s` (closed or failed) and wakes the receiver so it notices.
     pub(crate) fn set_state(&self, s: u32) {
         let h = self.region.header();
@@ -393,6 +413,9 @@ pub(crate) struct RecvFifo {
     pub direct: Direct,
     /// Messages consumed so far.
     tail: u32,
+    /// For a tcp link: per slot, the ProxyStep waiting for the message, the parent of the
+    /// socket reader's NetPlugin event (0: none waiting yet).
+    pub net_steps: Option<Arc<[AtomicU64]>>,
 }
 
 /// A published slot: its data, length and descriptor.
@@ -408,7 +431,7 @@ impl RecvFifo {
     pub(crate) fn new(region: Arc<Region>, patience: Patience) -> RecvFifo {
         let h = region.header();
         let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
-        RecvFifo { region, nslots, slot_size, tail: 0, patience, direct: Direct::No }
+        RecvFifo { region, nslots, slot_size, tail: 0, patience, direct: Direct::No, net_steps: None }
     }
 
     /// Waits for the next message. Its data stays valid until `release`.
@@ -452,6 +475,13 @@ impl RecvFifo {
             )));
         }
         Ok(Msg { data: self.region.slot_data(i), len, desc: hdr.desc, remote: None })
+    }
+
+    /// Publishes the ProxyStep that waits for the next message (for the socket reader).
+    pub(crate) fn waiting_step(&self, step: u64) {
+        if let Some(t) = &self.net_steps {
+            t[self.tail as usize % self.nslots].store(step, Ordering::Relaxed);
+        }
     }
 
     /// Acknowledges the message returned by the last `peek`, freeing its slot for the sender.

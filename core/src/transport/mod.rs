@@ -73,6 +73,7 @@ pub(crate) fn connect_all(
     secret: &[u8; 16],
     boot: &mut bootstrap::Client,
     listener: TcpListener,
+    prof: Option<tcp::NetProf>,
 ) -> Result<(Vec<Option<Peer>>, Option<tcp::Net>, usize)> {
     let n = table.len();
     let comm_id = table[0].comm_id;
@@ -159,7 +160,7 @@ pub(crate) fn connect_all(
                     if s.len() != config.nsocks {
                         return Err(Error::internal(format!("tcp sockets for rank {p} missing")));
                     }
-                    let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout)?;
+                    let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout, prof.clone())?;
                     links.push(link.clone());
                     Peer { send, recv, kind, liveness: Liveness::Local, tcp: Some(link) }
                 }

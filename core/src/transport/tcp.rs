@@ -12,10 +12,11 @@
 use super::fifo::{self, state, Desc, Region};
 use super::wait::{self, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
+use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -88,11 +89,13 @@ struct Out {
     /// Where the data is: the slot, or for a pointer slot the sender's own buffer (an address,
     /// so that the link stays `Send`).
     src: usize,
+    /// The NetPlugin event of this write, once its first bytes went out.
+    net: Option<EventId>,
 }
 
 /// Frames one `sendmsg` may carry.
 const BATCH: usize = 8;
-const NO_FRAME: Out = Out { hdr: [0; FRAME_HDR], len: 0, off: 0, data: false, src: 0 };
+const NO_FRAME: Out = Out { hdr: [0; FRAME_HDR], len: 0, off: 0, data: false, src: 0, net: None };
 
 /// A data frame being read into its slot.
 #[derive(Clone, Copy)]
@@ -100,6 +103,7 @@ struct In {
     len: u32,
     desc: Desc,
     got: usize,
+    net: Option<EventId>,
 }
 
 struct Sock {
@@ -138,6 +142,47 @@ pub(crate) struct TcpLink {
     /// The peer is gone (or closed, or failed) and both FIFOs say so: no more I/O.
     dead: bool,
     closed: bool,
+    /// Profiler events of the socket requests (NetPlugin) and the ProxySteps they belong to.
+    prof: Option<NetProf>,
+    tx_steps: Arc<[AtomicU64]>,
+    rx_steps: Arc<[AtomicU64]>,
+}
+
+/// What the link needs to emit NetPlugin events.
+#[derive(Clone)]
+pub(crate) struct NetProf {
+    pub fanout: Arc<Fanout>,
+    pub rank: i32,
+}
+
+/// NCCL's `pluginId` for the socket payload: net type SOCK (2 << 16), payload version 1.
+const NET_SOCK_V1: i64 = (2 << 16) | 1;
+/// The payload's `op`: the request is a send or a receive.
+const SOCK_OP_SEND: i32 = 0;
+const SOCK_OP_RECV: i32 = 1;
+
+impl NetProf {
+    /// Starts the NetPlugin event of one socket request (`len` bytes of data on `fd`) under the
+    /// ProxyStep `parent` (0 if no step is known), with NCCL's 24-byte socket payload
+    /// (type 1, fd, op, length).
+    fn start(&self, parent: u64, fd: RawFd, op: i32, len: usize) -> Option<EventId> {
+        if !self.fanout.enabled(EventType::NetPlugin) {
+            return None;
+        }
+        let mut data = [0u8; 24];
+        data[0] = 1;
+        data[8..12].copy_from_slice(&fd.to_ne_bytes());
+        data[12..16].copy_from_slice(&op.to_ne_bytes());
+        data[16..24].copy_from_slice(&(len as u64).to_ne_bytes());
+        let parent = std::num::NonZeroU64::new(parent).map(EventId);
+        self.fanout.start(parent, &EventDescr::NetPlugin { rank: self.rank, id: NET_SOCK_V1, data: &data })
+    }
+
+    fn stop(&self, id: Option<EventId>) {
+        if let Some(id) = id {
+            self.fanout.stop(id);
+        }
+    }
 }
 
 pub(crate) type SharedLink = Arc<Mutex<TcpLink>>;
@@ -188,11 +233,18 @@ fn next_frame(region: &Region, end: Option<u32>, m: u64, nslots: usize, slot_siz
         } else {
             ((raw as usize).min(slot_size), region.slot_data(i) as usize)
         };
-        return Some(Out { hdr: encode(seq_of(m), KIND_DATA, len as u32, &hdr.desc), len, off: 0, data: true, src });
+        return Some(Out {
+            hdr: encode(seq_of(m), KIND_DATA, len as u32, &hdr.desc),
+            len,
+            off: 0,
+            data: true,
+            src,
+            net: None,
+        });
     }
     let e = end?;
     let kind = if e == state::CLOSED { KIND_CLOSE } else { KIND_ABORT };
-    Some(Out { hdr: encode(seq_of(m), kind, e, &Desc::default()), len: 0, off: 0, data: false, src: 0 })
+    Some(Out { hdr: encode(seq_of(m), kind, e, &Desc::default()), len: 0, off: 0, data: false, src: 0, net: None })
 }
 
 /// One non-blocking recv; `Ok(None)` when nothing is there, `Ok(Some(0))` at end of stream.
@@ -235,6 +287,16 @@ fn set_recv_state(r: &Region, s: u32) {
 }
 
 impl TcpLink {
+    /// Stops the ProxySteps handed to this link that it will never write (the operation
+    /// failed), so no event stays open.
+    pub(crate) fn sweep_steps(&self) {
+        if let Some(p) = &self.prof {
+            for t in self.tx_steps.iter() {
+                p.stop(std::num::NonZeroU64::new(t.swap(0, Ordering::Relaxed)).map(EventId));
+            }
+        }
+    }
+
     /// Sets up the link to `peer` over `sockets` (connected and authenticated, in the same
     /// order on both sides). Returns the FIFO ends for the collective code.
     pub(crate) fn start(
@@ -243,6 +305,7 @@ impl TcpLink {
         nslots: usize,
         slot_size: usize,
         timeout: Duration,
+        prof: Option<NetProf>,
     ) -> Result<(SharedLink, fifo::SendFifo, fifo::RecvFifo)> {
         let len = fifo::region_size(nslots, slot_size);
         let send_region = Arc::new(Region::map(-1, len)?);
@@ -284,12 +347,15 @@ impl TcpLink {
             closes: 0,
             dead: false,
             closed: false,
+            prof,
+            tx_steps: (0..nslots).map(|_| AtomicU64::new(0)).collect(),
+            rx_steps: (0..nslots).map(|_| AtomicU64::new(0)).collect(),
         };
-        Ok((
-            Arc::new(Mutex::new(link)),
-            fifo::SendFifo::new(send_region, Patience::Drive),
-            fifo::RecvFifo::new(recv_region, Patience::Drive),
-        ))
+        let mut send = fifo::SendFifo::new(send_region, Patience::Drive);
+        let mut recv = fifo::RecvFifo::new(recv_region, Patience::Drive);
+        send.net_steps = Some(link.tx_steps.clone());
+        recv.net_steps = Some(link.rx_steps.clone());
+        Ok((Arc::new(Mutex::new(link)), send, recv))
     }
 
     /// Does all the non-blocking I/O it can; true if anything moved. A failure ends the link:
@@ -321,6 +387,12 @@ impl TcpLink {
     /// Data already published in the receive FIFO is still delivered.
     fn end_link(&mut self, s: u32) {
         self.dead = true;
+        if let Some(p) = &self.prof {
+            for k in &mut self.socks {
+                p.stop(k.out.take().and_then(|o| o.net));
+                p.stop(k.inp.take().and_then(|i| i.net));
+            }
+        }
         set_send_state(&self.recv_region, s);
         set_recv_state(&self.send_region, s);
     }
@@ -331,6 +403,7 @@ impl TcpLink {
     fn tx(&mut self, k: usize) -> io::Result<bool> {
         let (nslots, slot_size, nsocks) = (self.nslots, self.slot_size, self.socks.len() as u64);
         let region = &self.send_region;
+        let (prof, steps) = (self.prof.as_ref(), &self.tx_steps);
         let s = &mut self.socks[k];
         let mut moved = false;
         while !s.tx_done {
@@ -371,6 +444,10 @@ impl TcpLink {
             moved = true;
             for o in &mut frames[..nf] {
                 let rest = FRAME_HDR + o.len - o.off;
+                if let (Some(p), true, None, true) = (prof, o.data, o.net, n > 0) {
+                    let step = steps[slot_of(s.tx_m, nslots)].load(Ordering::Relaxed);
+                    o.net = p.start(step, s.fd, SOCK_OP_SEND, o.len);
+                }
                 if n < rest {
                     // The socket buffer is full: wait for the peer to read.
                     o.off += n;
@@ -380,6 +457,12 @@ impl TcpLink {
                 n -= rest;
                 s.out = None;
                 if o.data {
+                    // The request completed: its NetPlugin event, then the ProxyStep it moved.
+                    if let Some(p) = prof {
+                        p.stop(o.net);
+                        let step = steps[slot_of(s.tx_m, nslots)].swap(0, Ordering::Relaxed);
+                        p.stop(std::num::NonZeroU64::new(step).map(EventId));
+                    }
                     let hdr = region.slot_hdr(slot_of(s.tx_m, nslots));
                     hdr.ack.store(seq_of(s.tx_m), Ordering::SeqCst);
                     wait::wake(&hdr.ack, &region.header().send_sleepers.0);
@@ -448,6 +531,10 @@ impl TcpLink {
                     continue;
                 }
                 s.inp = None;
+                if let Some(p) = &self.prof {
+                    p.stop(f.net);
+                    self.rx_steps[i].store(0, Ordering::Relaxed);
+                }
                 let raw = data.wrapping_sub(fifo::SLOT_HDR) as *mut fifo::SlotHdr;
                 // SAFETY: as above; len/desc are read by the consumer only after it sees `seq`.
                 unsafe {
@@ -466,7 +553,11 @@ impl TcpLink {
                 s.lo += FRAME_HDR;
                 match kind {
                     KIND_DATA if seq == seq_of(m) && len as usize <= self.slot_size => {
-                        s.inp = Some(In { len, desc, got: 0 });
+                        let net = self.prof.as_ref().and_then(|p| {
+                            let step = self.rx_steps[slot_of(m, self.nslots)].load(Ordering::Relaxed);
+                            p.start(step, s.fd, SOCK_OP_RECV, len as usize)
+                        });
+                        s.inp = Some(In { len, desc, got: 0, net });
                         continue;
                     }
                     KIND_CLOSE => {

@@ -82,6 +82,10 @@ struct Args {
     /// One JSON object per (size, in-place) line instead of the table.
     #[arg(long)]
     json: bool,
+    /// Instead of the table: the cost of profiler events, R rounds alternating no sink and a
+    /// counting sink that wants every event (out-of-place only).
+    #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    events_ab: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -247,6 +251,12 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
 
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
     let mut bench = Bench::new(&comm, coll, args.dtype, args.op, args.root, max_bytes);
+    if let Some(rounds) = args.events_ab {
+        perf::events_ab::run(&comm, &mut bench, &layouts, rounds as usize, warmup, iters, &mut out)?;
+        drop(bench);
+        comm.destroy()?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let (mut total_wrong, mut bw_sum, mut bw_rows) = (0u64, 0f64, 0usize);
     for &layout in &layouts {
         let mut halves: [Option<Measure>; 2] = [None, None];
