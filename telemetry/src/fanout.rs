@@ -3,27 +3,30 @@
 //! Cost model (STYLE.md §1): a disabled type costs one relaxed load and an AND (`enabled`). The OR
 //! of the sinks' masks, each widened by NCCL's implied ancestors, is rebuilt only on attach, detach
 //! and reload; sinks whose interest is `dynamic` (NCCL plugins writing the global mask) are asked
-//! again when an operation captures its mask (`capture`), never per event. An enabled start takes a
-//! read lock on the sink table, one counter increment and one insert into a sharded id map that
-//! remembers which sinks saw the start, so `state`/`stop` reach exactly those sinks even if masks
-//! change meanwhile.
+//! again when an operation captures its mask (`capture`), never per event.
+//!
+//! An enabled event keeps no state here: its id carries the set of sinks that saw its start
+//! (one bit per slot in the top bits) above a sequence number, so `state` and `stop` go straight
+//! to those sinks under the read lock. A slot remembers the first sequence number issued after
+//! its sink was attached, so a sink that reuses a detached sink's slot never receives states or
+//! stops of events it did not start.
 
 use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::mask::EventMask;
 use crate::sink::Sink;
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
-/// Sinks one fan-out can hold: the routes of an event are a `u64` of slot bits.
-pub const MAX_SINKS: usize = 64;
+/// Sinks one fan-out can hold: an event's routes are the top `MAX_SINKS` bits of its id.
+pub const MAX_SINKS: usize = 16;
 
-/// Shards of the live-event map; ids are issued in sequence, so consecutive events use
-/// different shards and threads rarely meet on one lock.
-const SHARDS: usize = 16;
+/// Bits of an event id below the routes: its sequence number (2^48 events per fan-out; at ten
+/// million events a second that is ten months).
+const SEQ_BITS: u32 = 64 - MAX_SINKS as u32;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
 /// Sink serials are process-wide so a handle from another fan-out never matches a slot here.
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
@@ -54,11 +57,13 @@ struct Slot {
     mask: EventMask,
     dynamic: bool,
     serial: u64,
+    /// Events with a lower sequence number started before this sink was attached.
+    since: u64,
 }
 
 impl Slot {
-    fn new(sink: Arc<dyn Sink>, serial: u64) -> Slot {
-        Slot { mask: sink.interest().with_ancestors(), dynamic: sink.dynamic(), sink, serial }
+    fn new(sink: Arc<dyn Sink>, serial: u64, since: u64) -> Slot {
+        Slot { mask: sink.interest().with_ancestors(), dynamic: sink.dynamic(), sink, serial, since }
     }
 
     /// What this sink wants now, ancestors included.
@@ -74,9 +79,11 @@ impl Slot {
 /// Set in `interest` while a dynamic sink is attached: `capture` must ask it.
 const DYNAMIC: u64 = 1 << 63;
 
-/// Folded multiply of the id (FxHash-like); SipHash would cost more than the rest of `start`.
+/// Folded multiply of an id (FxHash-like), for maps keyed by event id elsewhere in the crate;
+/// SipHash would cost more than the event itself.
 #[derive(Default)]
-struct IdHasher(u64);
+#[allow(dead_code)] // used by modules that map event ids to their own handles
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -93,13 +100,6 @@ impl Hasher for IdHasher {
     }
 }
 
-/// Live event id → bits of the slots that received its start.
-type Routes = HashMap<u64, u64, BuildHasherDefault<IdHasher>>;
-
-#[repr(align(64))] // one cache line per shard lock
-#[derive(Default)]
-struct Shard(Mutex<Routes>);
-
 /// Thread-safe fan-out of profiler events to attached sinks; share it (`Arc`) between
 /// communicators and threads.
 pub struct Fanout {
@@ -108,11 +108,10 @@ pub struct Fanout {
     interest: AtomicU64,
     /// OR of the static sinks' masks alone.
     fixed: AtomicU64,
-    next_id: AtomicU64,
+    next_seq: AtomicU64,
     /// Slot table. Hooks run under the read lock, so once `detach` returns the sink is never
-    /// called again, and a slot bit in `live` always names the sink that saw the start.
+    /// called again.
     sinks: RwLock<Vec<Option<Slot>>>,
-    live: [Shard; SHARDS],
 }
 
 impl Default for Fanout {
@@ -126,15 +125,9 @@ impl fmt::Debug for Fanout {
         f.debug_struct("Fanout")
             .field("interest", &self.interest())
             .field("sinks", &self.sink_count())
-            .field("live_events", &self.live_events())
+            .field("events_started", &(self.next_seq.load(Relaxed) - 1))
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Sinks never run under these mutexes, so poisoning only means a panic in HashMap code;
-    // the map is still consistent enough to route by.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Fanout {
@@ -143,18 +136,13 @@ impl Fanout {
         Fanout {
             interest: AtomicU64::new(0),
             fixed: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
+            next_seq: AtomicU64::new(1),
             sinks: RwLock::new(Vec::new()),
-            live: Default::default(),
         }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Vec<Option<Slot>>> {
         self.sinks.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn shard(&self, id: u64) -> MutexGuard<'_, Routes> {
-        lock(&self.live[id as usize % SHARDS].0)
     }
 
     fn rebuild(&self, slots: &[Option<Slot>]) {
@@ -202,11 +190,6 @@ impl Fanout {
         self.read().iter().flatten().count()
     }
 
-    /// Events started and not yet stopped (an event never stopped stays here).
-    pub fn live_events(&self) -> usize {
-        self.live.iter().map(|s| lock(&s.0).len()).sum()
-    }
-
     /// Attaches `sink` with the mask its `interest()` returns now.
     pub fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, TooManySinks> {
         let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
@@ -219,7 +202,9 @@ impl Fanout {
             }
             None => return Err(TooManySinks),
         };
-        slots[slot] = Some(Slot::new(sink, serial));
+        // Under the write lock no start runs, so every later id is at least this.
+        let since = self.next_seq.load(Relaxed);
+        slots[slot] = Some(Slot::new(sink, serial, since));
         self.rebuild(&slots);
         Ok(SinkHandle { slot, serial })
     }
@@ -235,15 +220,6 @@ impl Fanout {
         }
         let gone = entry.take()?;
         self.rebuild(&slots);
-        // Forget the slot in live routes before it can be reused, so a later sink in this slot
-        // never sees states or stops of events it did not start.
-        let bit = 1u64 << h.slot;
-        for shard in &self.live {
-            lock(&shard.0).retain(|_, routes| {
-                *routes &= !bit;
-                *routes != 0
-            });
-        }
         Some(gone.sink)
     }
 
@@ -281,33 +257,37 @@ impl Fanout {
         if routes == 0 {
             return None;
         }
-        let id = EventId(NonZeroU64::new(self.next_id.fetch_add(1, Relaxed))?);
-        self.shard(id.get()).insert(id.get(), routes);
-        for_each_route(&slots, routes, |s| s.start(id, parent, descr));
+        let seq = self.next_seq.fetch_add(1, Relaxed) & SEQ_MASK;
+        let id = EventId(NonZeroU64::new(routes << SEQ_BITS | seq)?);
+        for_each_route(&slots, id, |s| s.start(id, parent, descr));
         Some(id)
     }
 
-    /// Records a state of a live event, on the sinks that saw its start. Unknown ids are ignored.
+    /// Records a state of a live event, on the sinks that saw its start.
     pub fn state(&self, id: EventId, st: &StateArgs<'_>) {
         let slots = self.read();
-        let Some(routes) = self.shard(id.get()).get(&id.get()).copied() else { return };
-        for_each_route(&slots, routes, |s| s.state(id, st));
+        for_each_route(&slots, id, |s| s.state(id, st));
     }
 
-    /// Stops a live event on the sinks that saw its start and forgets it. Unknown ids are ignored.
+    /// Stops a live event on the sinks that saw its start. Each event is stopped once: the
+    /// fan-out keeps no per-event state, so it cannot tell a second stop from the first.
     pub fn stop(&self, id: EventId) {
         let slots = self.read();
-        let Some(routes) = self.shard(id.get()).remove(&id.get()) else { return };
-        for_each_route(&slots, routes, |s| s.stop(id));
+        for_each_route(&slots, id, |s| s.stop(id));
     }
 }
 
-fn for_each_route(slots: &[Option<Slot>], mut routes: u64, mut f: impl FnMut(&dyn Sink)) {
+/// Calls `f` on every sink that saw `id` start: its route bits, skipping slots detached or
+/// reused since.
+fn for_each_route(slots: &[Option<Slot>], id: EventId, mut f: impl FnMut(&dyn Sink)) {
+    let (mut routes, seq) = (id.get() >> SEQ_BITS, id.get() & SEQ_MASK);
     while routes != 0 {
         let i = routes.trailing_zeros() as usize;
         routes &= routes - 1;
         if let Some(Some(s)) = slots.get(i) {
-            f(&*s.sink);
+            if seq >= s.since {
+                f(&*s.sink);
+            }
         }
     }
 }
