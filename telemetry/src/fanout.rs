@@ -75,7 +75,7 @@ const DYNAMIC: u64 = 1 << 63;
 
 /// Folded multiply of the id (FxHash-like); SipHash would cost more than the rest of `start`.
 #[derive(Default)]
-struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
