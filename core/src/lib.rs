@@ -6,6 +6,12 @@
 //! through shared-memory FIFOs; ranks on different hosts through TCP sockets that the calling
 //! thread drives while it waits.
 //!
+//! Every operation emits NCCL's profiler events (GroupApi → CollApi → Coll → ProxyOp → ProxyStep,
+//! ProxyCtrl, NetPlugin for tcp) to the sinks that want them: profilers registered with
+//! [`telemetry::profiler::register`], an NCCL profiler plugin named by `OCCL_PROFILER_PLUGIN` /
+//! `NCCL_PROFILER_PLUGIN`, and sinks attached with [`Comm::attach_sink`]. With none, an
+//! operation pays one relaxed load and a branch.
+//!
 //! ```no_run
 //! # fn main() -> occl::Result<()> {
 //! let comm = occl::Comm::from_env()?;            // OCCL_*, torchrun, Open MPI or Slurm variables
@@ -31,6 +37,10 @@ mod profile;
 mod record;
 mod reduce;
 mod transport;
+
+/// The profiler event model, sinks and registry (`occl-telemetry`), re-exported so applications
+/// register profilers and attach sinks without naming a second crate.
+pub use occl_telemetry as telemetry;
 
 pub use comm::Comm;
 pub use config::{Config, TransportKind};

@@ -82,7 +82,6 @@ const DYNAMIC: u64 = 1 << 63;
 /// Folded multiply of an id (FxHash-like), for maps keyed by event id elsewhere in the crate;
 /// SipHash would cost more than the event itself.
 #[derive(Default)]
-#[allow(dead_code)] // used by modules that map event ids to their own handles
 pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {

@@ -10,17 +10,20 @@
 //! - [`sink`]: the [`Sink`] trait (no-op hooks, interest declared once).
 //! - [`fanout`]: [`Fanout`], which issues [`EventId`]s and calls only the sinks that want a type;
 //!   a disabled type costs one relaxed load and an AND.
+//! - [`nccl`]: NCCL C-ABI profiler plugins (`ncclProfiler_v1`…`v6`) loaded by NCCL's rules and
+//!   adapted to a [`Profiler`] ([`plugin_from_env`]). The only module with `unsafe` code.
 //!
 //! Later steps add: emission from `occl` (the hierarchy and implied-ancestor rules of
-//! DESIGN.md), loading NCCL C-ABI profiler plugins (`ncclProfiler_v1`…`v6`) behind a `Sink`, and
-//! the sinks themselves (Prometheus, OpenTelemetry, HTA trace files), also packaged as
-//! `libnccl-profiler-occl.so`.
-#![forbid(unsafe_code)]
+//! DESIGN.md) and the sinks themselves (Prometheus, OpenTelemetry, HTA trace files), also
+//! packaged as `libnccl-profiler-occl.so`.
+#![deny(unsafe_code)]
 
 pub mod activation;
 pub mod event;
 pub mod fanout;
 pub mod mask;
+#[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
+pub mod nccl;
 pub mod profiler;
 pub mod sink;
 
@@ -29,6 +32,7 @@ pub use event::{
 };
 pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
 pub use mask::{EventMask, ParseMaskError};
+pub use nccl::plugin_from_env;
 pub use profiler::{CommInfo, Profiler};
 pub use sink::Sink;
 

@@ -28,7 +28,8 @@ impl Profiling {
             tracing::warn!("occl: {e}; the profiler activation mask stays as it was");
         }
         let p = Profiling { fanout: Arc::new(Fanout::new()), sinks: Mutex::new(Vec::new()) };
-        let profilers: Vec<Arc<dyn Profiler>> = occl_telemetry::profiler::registered();
+        let mut profilers: Vec<Arc<dyn Profiler>> = occl_telemetry::profiler::registered();
+        profilers.extend(occl_telemetry::nccl::plugin_from_env());
         for prof in profilers {
             match prof.init(info) {
                 Some(sink) => {

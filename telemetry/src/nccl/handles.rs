@@ -1,0 +1,149 @@
+//! Event id → the plugin's handle for it, per communicator sink.
+//!
+//! A handle is needed for the event's own states and stop, and as `parentObj` when a child
+//! starts. Children can start after their parent's stop (reference §10): ProxyOp and KernelCh
+//! after Coll/P2p, Coll/P2p after CollApi/P2pApi. So the entry of a type that can have such late
+//! children (Group, Coll, P2p, GroupApi, CollApi, P2pApi, CeColl: per operation, not per step) is
+//! kept after its stop, in a FIFO of the last [`RETIRED_CAP`] stopped ones; older entries are
+//! forgotten and a child that starts later gets a NULL parent. Everything else (ProxyOp,
+//! ProxyStep, ProxyCtrl, KernelCh, NetPlugin, KernelLaunch, CeSync, CeBatch: their children start
+//! while they run) is forgotten at its stop, so the per-step path leaves nothing behind.
+//!
+//! The map is sharded like the fan-out's, so threads rarely meet on a lock; the FIFO's lock is
+//! taken only at the stop of a kept event.
+
+use crate::event::{EventId, EventType};
+use crate::fanout::IdHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Stopped per-operation events whose handles stay available to late children. Roughly the last
+/// thousand operations (about four kept events each); in-flight proxy work is far shorter.
+pub const RETIRED_CAP: usize = 4096;
+
+const SHARDS: usize = 16;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    handle: usize,
+    keep: bool,
+}
+
+type Map = HashMap<u64, Entry, BuildHasherDefault<IdHasher>>;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Shard(Mutex<Map>);
+
+/// The id → handle map of one sink. Ids must be unique for the sink's life (one fan-out issues
+/// them, never reusing one).
+#[derive(Default)]
+pub struct Handles {
+    shards: [Shard; SHARDS],
+    retired: Mutex<VecDeque<u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks but HashMap internals; the data stays usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether events of type `t` may get children after their stop.
+pub fn kept_after_stop(t: EventType) -> bool {
+    use EventType as T;
+    matches!(t, T::Group | T::Coll | T::P2p | T::GroupApi | T::CollApi | T::P2pApi | T::CeColl)
+}
+
+impl Handles {
+    fn shard(&self, id: u64) -> MutexGuard<'_, Map> {
+        lock(&self.shards[id as usize % SHARDS].0)
+    }
+
+    /// Records the handle the plugin returned for a started event (0 for NULL).
+    pub fn insert(&self, id: EventId, t: EventType, handle: usize) {
+        self.shard(id.get()).insert(id.get(), Entry { handle, keep: kept_after_stop(t) });
+    }
+
+    /// The handle of a started event, also of a recently stopped one of a kept type.
+    pub fn get(&self, id: EventId) -> Option<usize> {
+        self.shard(id.get()).get(&id.get()).map(|e| e.handle)
+    }
+
+    /// The handle to stop; the entry is forgotten now, or retired if its type is kept.
+    pub fn stop(&self, id: EventId) -> Option<usize> {
+        let key = id.get();
+        let entry = {
+            let mut shard = self.shard(key);
+            let e = *shard.get(&key)?;
+            if !e.keep {
+                shard.remove(&key);
+            }
+            e
+        };
+        if entry.keep {
+            let evicted = {
+                let mut r = lock(&self.retired);
+                r.push_back(key);
+                if r.len() > RETIRED_CAP {
+                    r.pop_front()
+                } else {
+                    None
+                }
+            };
+            if let Some(old) = evicted {
+                self.shard(old).remove(&old);
+            }
+        }
+        Some(entry.handle)
+    }
+
+    /// Entries held (live events plus retired ones).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(&s.0).len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU64;
+
+    fn id(n: u64) -> EventId {
+        EventId(NonZeroU64::new(n).expect("non-zero"))
+    }
+
+    #[test]
+    fn per_step_entries_go_at_stop_and_per_operation_ones_stay() {
+        let h = Handles::default();
+        h.insert(id(1), EventType::Coll, 0x10);
+        h.insert(id(2), EventType::ProxyOp, 0x20);
+        h.insert(id(3), EventType::ProxyStep, 0);
+        assert_eq!(h.get(id(3)), Some(0));
+        assert_eq!(h.stop(id(3)), Some(0));
+        assert_eq!(h.get(id(3)), None);
+        assert_eq!(h.stop(id(1)), Some(0x10));
+        // A ProxyOp starting after its Coll stopped still finds the Coll's handle.
+        assert_eq!(h.get(id(1)), Some(0x10));
+        assert_eq!(h.stop(id(2)), Some(0x20));
+        assert_eq!(h.get(id(2)), None);
+        assert_eq!(h.stop(id(2)), None);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn retired_entries_are_bounded() {
+        let h = Handles::default();
+        let n = RETIRED_CAP as u64 + 10;
+        for i in 1..=n {
+            h.insert(id(i), EventType::CollApi, i as usize);
+            h.stop(id(i));
+        }
+        assert_eq!(h.len(), RETIRED_CAP);
+        assert_eq!(h.get(id(1)), None);
+        assert_eq!(h.get(id(10)), None);
+        assert_eq!(h.get(id(11)), Some(11));
+        assert_eq!(h.get(id(n)), Some(n as usize));
+    }
+}
