@@ -10,6 +10,8 @@
 //! - [`sink`]: the [`Sink`] trait (no-op hooks, interest declared once).
 //! - [`fanout`]: [`Fanout`], which issues [`EventId`]s and calls only the sinks that want a type;
 //!   a disabled type costs one relaxed load and an AND.
+//! - [`flight`]: the flight recorder ([`FlightRecorder`]), the last N operations of each
+//!   communicator rank, dumped as JSON on a timeout, an error or SIGUSR1.
 //!
 //! Later steps add: emission from `occl` (the hierarchy and implied-ancestor rules of
 //! DESIGN.md), loading NCCL C-ABI profiler plugins (`ncclProfiler_v1`…`v6`) behind a `Sink`, and
@@ -20,6 +22,7 @@
 pub mod activation;
 pub mod event;
 pub mod fanout;
+pub mod flight;
 pub mod mask;
 pub mod profiler;
 pub mod sink;
@@ -28,6 +31,7 @@ pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,
 };
 pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
+pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, RootOrPeer};
 pub use mask::{EventMask, ParseMaskError};
 pub use profiler::{CommInfo, Profiler};
 pub use sink::Sink;
@@ -36,4 +40,5 @@ pub use sink::Sink;
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Fanout>();
+    send_sync::<FlightRecorder>();
 };
