@@ -12,6 +12,8 @@
 //!   a disabled type costs one relaxed load and an AND.
 //! - [`nccl`]: NCCL C-ABI profiler plugins (`ncclProfiler_v1`…`v6`) loaded by NCCL's rules and
 //!   adapted to a [`Profiler`] ([`plugin_from_env`]). The only module with `unsafe` code.
+//! - [`flight`]: the flight recorder ([`FlightRecorder`]), the last N operations of each
+//!   communicator rank, dumped as JSON on a timeout, an error or SIGUSR1.
 //!
 //! Later steps add: emission from `occl` (the hierarchy and implied-ancestor rules of
 //! DESIGN.md) and the sinks themselves (Prometheus, OpenTelemetry, HTA trace files), also
@@ -21,6 +23,7 @@
 pub mod activation;
 pub mod event;
 pub mod fanout;
+pub mod flight;
 pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
@@ -31,6 +34,7 @@ pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,
 };
 pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
+pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, RootOrPeer};
 pub use mask::{EventMask, ParseMaskError};
 pub use nccl::plugin_from_env;
 pub use profiler::{CommInfo, Profiler};
@@ -40,4 +44,5 @@ pub use sink::Sink;
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Fanout>();
+    send_sync::<FlightRecorder>();
 };
