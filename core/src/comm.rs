@@ -13,10 +13,11 @@ use crate::dtype::{DataType, Element, RedOp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::id::UniqueId;
 use crate::profile::{op::OpDescr, OpProf, Profiling};
-use crate::record::{CollType, OpRecord};
+use crate::record::{self, CollType, OpRecord};
 use crate::transport::fifo::{state, Desc};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
+use occl_telemetry::flight::{FlightComm, FlightRecorder, OpInfo, RootOrPeer};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +32,8 @@ pub struct Comm {
     record: Arc<OpRecord>,
     abort: AtomicBool,
     prof: Profiling,
+    /// The last operations of this rank (`OCCL_FLIGHT_RECORDER_SIZE`), for dumps and RAS.
+    flight: Arc<FlightRecorder>,
     inner: Mutex<Inner>,
 }
 
@@ -96,6 +99,19 @@ fn algo_for(coll: CollType, bytes: usize, nranks: usize, slot: usize) -> Algo {
         CollType::Broadcast | CollType::Reduce => Algo::Chain,
         CollType::AllToAll | CollType::Send | CollType::Recv => Algo::Direct,
     }
+}
+
+/// Bytes an operation reads from its input and writes to its output (`per_rank` = count ×
+/// element size, `total` = what `Comm` stamps).
+fn io_bytes(coll: CollType, per_rank: usize, total: usize) -> (u64, u64) {
+    let (i, o) = match coll {
+        CollType::AllGather => (per_rank, total),
+        CollType::ReduceScatter => (total, per_rank),
+        CollType::Send => (per_rank, 0),
+        CollType::Recv => (0, per_rank),
+        _ => (total, total),
+    };
+    (i as u64, o as u64)
 }
 
 /// NCCL's `func` string for the profiler (NCCL spells all-to-all "AlltoAll").
@@ -235,12 +251,27 @@ impl Comm {
                 .map(|(i, _)| i)
                 .collect::<Vec<_>>(),
         );
+        if let Err(e) = occl_telemetry::flight::install_config(&config.flight) {
+            tracing::warn!("occl: flight recorder dumps are off: {e}");
+        }
+        let flight = FlightRecorder::new(
+            FlightComm {
+                comm_hash: comm_id,
+                rank: rank as u32,
+                nranks: nranks as u32,
+                pid: std::process::id(),
+                host: me_tab[rank].hostname.clone(),
+                comm_name: None,
+            },
+            config.flight.capacity,
+        );
         Ok(Comm {
             rank,
             nranks,
             comm_id,
             config,
             table: me_tab,
+            flight,
             record: Arc::new(OpRecord::default()),
             abort: AtomicBool::new(false),
             prof,
@@ -334,6 +365,12 @@ impl Comm {
     /// Launched/completed counters and the operation in flight.
     pub fn record(&self) -> &OpRecord {
         &self.record
+    }
+
+    /// This rank's flight recorder: its last operations with their state and times
+    /// (`dump_to_dir`, `snapshot`, `last_in_flight`).
+    pub fn flight_recorder(&self) -> &Arc<FlightRecorder> {
+        &self.flight
     }
 
     /// The transport to `peer` (`None` for this rank itself or out of range).
@@ -450,9 +487,33 @@ impl Comm {
             op.map_or(NO_OP, |o| o as u8),
             root.map_or(NO_ROOT, |r| r as u32),
         );
-        self.record.launch(coll, bytes as u64);
+        let t0 = record::now_ns();
+        let seq = self.record.launch(coll, bytes as u64, t0);
         g.func_seq[coll as usize] += 1;
         let algo = algo_for(coll, bytes, self.nranks, g.slot);
+        let (in_bytes, out_bytes) = io_bytes(coll, count * dt.size(), bytes);
+        let flight = self.flight.enqueue(
+            &OpInfo {
+                seq,
+                coll_seq: g.func_seq[coll as usize],
+                op: nccl_func(coll),
+                dtype: dt.nccl_name(),
+                redop: op.map(RedOp::name),
+                count: count as u64,
+                in_bytes,
+                out_bytes,
+                root_or_peer: match (root, p2p_peer) {
+                    (Some(r), _) => Some(RootOrPeer::Root(r as u32)),
+                    (_, Some(p)) => Some(RootOrPeer::Peer(p as u32)),
+                    _ => None,
+                },
+                algo: algo.name(),
+                proto: "simple",
+            },
+            t0,
+        );
+        // The calling thread runs the operation at once: enqueued and started together.
+        self.flight.started(flight, t0);
         let inner = &mut *g;
         let slice = inner.slot / dt.size() * dt.size();
         let chunk = slice * (self.config.fifo_slots / 2).max(1);
@@ -519,9 +580,15 @@ impl Comm {
         match res {
             Ok(()) => {
                 self.record.complete(coll);
+                self.flight.completed(flight, record::now_ns());
                 Ok(())
             }
             Err(e) => {
+                self.flight.failed(flight, record::now_ns(), &e.to_string());
+                let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
+                if let Some(Err(de)) = self.flight.dump(reason) {
+                    tracing::warn!("occl: writing the flight recorder dump failed: {de}");
+                }
                 let how = match e.kind() {
                     ErrorKind::Timeout => state::TIMEOUT,
                     ErrorKind::InvalidUsage if e.to_string().contains("operation mismatch") => state::MISMATCH,

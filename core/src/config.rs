@@ -48,6 +48,10 @@ pub struct Config {
     /// Host identity override (`OCCL_HOSTID`): ranks with the same id share memory. Tests use it
     /// to put the ranks of one machine on "different hosts".
     pub host_id: Option<String>,
+    /// The flight recorder: operations kept per communicator (`OCCL_FLIGHT_RECORDER_SIZE`,
+    /// default 2048, 0 turns it off) and where dumps go (`OCCL_FLIGHT_RECORDER_DIR`: on a
+    /// timeout, an error and SIGUSR1; unset: nowhere, the record is still kept for RAS).
+    pub flight: occl_telemetry::FlightConfig,
 }
 
 impl Default for Config {
@@ -61,6 +65,7 @@ impl Default for Config {
             fifo_slots: 8,
             listen_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             host_id: None,
+            flight: occl_telemetry::FlightConfig::default(),
             shm_direct: true,
         }
     }
@@ -130,6 +135,7 @@ impl Config {
         if let Some((_, v)) = var(&["OCCL_HOSTID"]) {
             c.host_id = Some(v);
         }
+        c.flight = occl_telemetry::FlightConfig::from_env().map_err(|e| Error::arg(e.to_string()))?;
         Ok(c)
     }
 }

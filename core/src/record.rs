@@ -75,7 +75,7 @@ pub struct OpRecord {
 
 /// Wall-clock nanoseconds from the coarse clock (a few ns to read, ~4 ms resolution): enough to
 /// say how long an operation has been stuck, and cheap enough for every call.
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the timespec we own.
     if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
@@ -86,13 +86,15 @@ fn now_ns() -> u64 {
 }
 
 impl OpRecord {
-    pub(crate) fn launch(&self, coll: CollType, bytes: u64) {
+    /// Stamps an operation that starts at `t_ns` (from `now_ns`); returns its sequence number.
+    pub(crate) fn launch(&self, coll: CollType, bytes: u64, t_ns: u64) -> u64 {
         self.launched[coll as usize].fetch_add(1, Ordering::Relaxed);
         let seq = self.total.fetch_add(1, Ordering::Relaxed) + 1;
         self.inflight_coll.store(coll as u8, Ordering::Relaxed);
         self.inflight_bytes.store(bytes, Ordering::Relaxed);
-        self.inflight_start.store(now_ns(), Ordering::Relaxed);
+        self.inflight_start.store(t_ns, Ordering::Relaxed);
         self.inflight_seq.store(seq, Ordering::Release);
+        seq
     }
 
     pub(crate) fn complete(&self, coll: CollType) {

@@ -1,0 +1,113 @@
+//! The flight recorder in real jobs: a rank that times out dumps its last operations with the
+//! one it is stuck in; a running rank dumps on SIGUSR1 and keeps running; bad settings are
+//! refused with the variable named.
+
+mod common;
+
+use common::{env, run_job, worker};
+use occl_tests::launch::{Job, Spawn};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("occl-flight-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+fn dumps(dir: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read dir") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let text = std::fs::read_to_string(&p).expect("read dump");
+            out.push(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
+    let dir = scratch("timeout");
+    let d = dir.to_string_lossy().to_string();
+    let spawn = Spawn { env: env(&[("OCCL_TIMEOUT", "1"), ("OCCL_FLIGHT_RECORDER_DIR", &d)]), ..Spawn::default() };
+    // Rank 1 comes 4 s late to the all-reduce: ranks 0 and 2 fail (timeout, or the remote
+    // error that names it) and dump.
+    let _ = run_job(3, &["late", "4000"], spawn, Duration::from_secs(60));
+    let docs = dumps(&dir);
+    let waiting: Vec<&Value> = docs.iter().filter(|v| v["comm"]["rank"] != 1).collect();
+    assert!(waiting.len() >= 2, "ranks 0 and 2 dumped: {docs:?}");
+    for v in &waiting {
+        assert!(v["reason"] == "timeout" || v["reason"] == "error", "{}", v["reason"]);
+        assert_eq!(v["comm"]["nranks"], 3);
+        let last = v["entries"].as_array().and_then(|e| e.last()).expect("an entry");
+        assert_eq!(last["op"], "AllReduce");
+        assert_eq!(last["state"], "failed", "{last}");
+        assert!(last["error"].as_str().is_some_and(|e| !e.is_empty()));
+        assert_eq!(last["count"], 1 << 16);
+        assert_eq!(last["dtype"], "ncclFloat32");
+        assert!(last["duration_ns"].as_u64().unwrap_or(0) >= 900_000_000, "waited about OCCL_TIMEOUT: {last}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigusr1_dumps_a_running_job_without_stopping_it() {
+    let dir = scratch("usr1");
+    let d = dir.to_string_lossy().to_string();
+    let spawn = Spawn {
+        env: env(&[("OCCL_FLIGHT_RECORDER_DIR", &d), ("OCCL_FLIGHT_RECORDER_SIZE", "64")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    let job = Job::spawn(worker(), &["loop".to_string()], 2, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    std::thread::sleep(Duration::from_millis(300));
+    job.signal(1, libc::SIGUSR1).expect("signal rank 1");
+    let t = Instant::now();
+    let doc = loop {
+        if let Some(v) = dumps(&dir).into_iter().next() {
+            break v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no dump 10 s after SIGUSR1");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(doc["reason"], "SIGUSR1");
+    assert_eq!(doc["comm"]["rank"], 1);
+    assert_eq!(doc["capacity"], 64);
+    let entries = doc["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 64, "a full ring of the last 64 operations");
+    assert!(doc["recorded"].as_u64().unwrap_or(0) > 64);
+    // Consecutive sequence numbers, the same operation, completed (the newest may be running).
+    for w in entries.windows(2) {
+        assert_eq!(w[1]["seq"].as_u64(), w[0]["seq"].as_u64().map(|s| s + 1));
+    }
+    assert!(entries.iter().all(|e| e["op"] == "AllReduce"));
+    assert!(entries[..62].iter().all(|e| e["state"] == "completed"));
+    // Both ranks are still running: SIGUSR1 did not terminate anyone.
+    std::thread::sleep(Duration::from_millis(200));
+    job.signal(0, libc::SIGKILL).expect("kill rank 0");
+    let outs = job.wait(Duration::from_secs(30)).expect("job ends");
+    assert!(
+        outs[1].output.contains("ERR kind=RemoteError"),
+        "rank 1 kept running until rank 0 died:\n{}",
+        outs[1].output
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_flight_recorder_settings_are_refused_by_name() {
+    for (var, val) in [("OCCL_FLIGHT_RECORDER_SIZE", "12k"), ("OCCL_FLIGHT_RECORDER_SIZE", "99999999")] {
+        let spawn = Spawn { env: env(&[(var, val)]), ..Spawn::default() };
+        let outs = run_job(2, &["matrix", "sizes=8"], spawn, Duration::from_secs(30));
+        for o in &outs {
+            assert!(!o.status.success(), "rank {} started with {var}={val}", o.rank);
+            assert!(o.output.contains(var) && o.output.contains("InvalidArgument"), "rank {}: {}", o.rank, o.output);
+        }
+    }
+}
