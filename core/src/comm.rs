@@ -17,6 +17,8 @@ use crate::record::{self, CollType, OpRecord};
 use crate::transport::fifo::{state, Desc};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
+use occl_ras::mesh::PeerAddr;
+use occl_ras::record::{CommId, RankInfo};
 use occl_telemetry::flight::{FlightComm, FlightRecorder, OpInfo, RootOrPeer};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -114,6 +116,11 @@ fn io_bytes(coll: CollType, per_rank: usize, total: usize) -> (u64, u64) {
     (i as u64, o as u64)
 }
 
+/// FNV-1a: the communicator id's host and pid parts (NCCL's commId has the same three parts).
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3))
+}
+
 /// NCCL's `func` string for the profiler (NCCL spells all-to-all "AlltoAll").
 fn nccl_func(coll: CollType) -> &'static str {
     match coll {
@@ -202,6 +209,7 @@ impl Comm {
             .map_err(|e| Error::sys(format!("bind a transport listener on {}", config.listen_addr), e))?;
         let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;
         let mut boot = bootstrap::Client::join(id, rank, nranks, config.timeout)?;
+        let ras = crate::ras::server(&config, &id.secret)?;
         let me = PeerInfo {
             rank,
             host_id: host_identity(&config),
@@ -210,6 +218,7 @@ impl Comm {
             listen,
             comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
             probe_addr: &crate::transport::shm::PROBE as *const u64 as u64,
+            ras_addr: ras.map_or(String::new(), |r| r.mesh_addr().to_string()),
         };
         let table = boot.all_gather(&me.encode())?.iter().map(|b| PeerInfo::decode(b)).collect::<Result<Vec<_>>>()?;
         for (r, p) in table.iter().enumerate() {
@@ -265,6 +274,34 @@ impl Comm {
             },
             config.flight.capacity,
         );
+        let record = Arc::new(OpRecord::new(RankInfo {
+            comm: CommId {
+                hash: comm_id,
+                root_host_hash: fnv(me_tab[0].host_id.as_bytes()),
+                root_pid_hash: fnv(&me_tab[0].pid.to_le_bytes()),
+            },
+            size: nranks as u32,
+            rank: rank as u32,
+            pid: std::process::id(),
+            host: me_tab[rank].listen.ip().to_string(),
+            cuda_dev: None,
+            nvml_dev: None,
+        }));
+        if let Some(ras) = ras {
+            let peers = me_tab
+                .iter()
+                .filter(|p| !p.ras_addr.is_empty())
+                .map(|p| PeerAddr {
+                    addr: p.ras_addr.clone(),
+                    host: p.listen.ip().to_string(),
+                    pid: p.pid,
+                    cuda_devs: Vec::new(),
+                    nvml_devs: Vec::new(),
+                })
+                .collect();
+            ras.join(record.shared(), peers);
+        }
+        record.initialized();
         Ok(Comm {
             rank,
             nranks,
@@ -272,7 +309,7 @@ impl Comm {
             config,
             table: me_tab,
             flight,
-            record: Arc::new(OpRecord::default()),
+            record,
             abort: AtomicBool::new(false),
             prof,
             inner: Mutex::new(Inner {
@@ -421,6 +458,7 @@ impl Comm {
     /// call from another thread while a collective runs.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::SeqCst);
+        self.record.aborted();
     }
 
     /// Leaves the communicator: peers learn that this rank is done, tcp sends are flushed, and
@@ -433,6 +471,7 @@ impl Comm {
     fn shutdown(&self) {
         let mut g = self.lock_any();
         let how = if g.failed.is_some() || self.abort.load(Ordering::Relaxed) { state::ABORTED } else { state::CLOSED };
+        self.record.destroyed();
         for p in g.peers.iter_mut().flatten() {
             p.close(how);
         }
@@ -565,6 +604,7 @@ impl Comm {
                 staging: &mut inner.staging,
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
                 prof: prof.as_ref(),
+                record: &self.record,
             };
             f(&mut ctx, algo)
         };
@@ -585,6 +625,7 @@ impl Comm {
             }
             Err(e) => {
                 self.flight.failed(flight, record::now_ns(), &e.to_string());
+                self.record.failed(e.kind());
                 let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
                 if let Some(Err(de)) = self.flight.dump(reason) {
                     tracing::warn!("occl: writing the flight recorder dump failed: {de}");

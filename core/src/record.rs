@@ -2,7 +2,8 @@
 //! which one is in flight. RAS reads it to say who is behind and what a hung rank is stuck in;
 //! updating it is a few relaxed atomic stores per operation.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use occl_ras::record::{CollType as RasColl, CommRecord, Flag, RankInfo, ResultCode};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` where it has them.
@@ -56,21 +57,28 @@ pub struct InFlight {
     /// 1-based sequence number among this communicator's operations of any kind.
     pub seq: u64,
     pub coll: CollType,
+    /// 1-based sequence number among this communicator's operations of `coll`.
+    pub coll_seq: u64,
     pub bytes: u64,
     /// Start, in nanoseconds since the Unix epoch.
     pub start_ns: u64,
+    /// The rank it waits on, and NCCL's ProxyStep state it waits in, when it is waiting.
+    pub peer: Option<u32>,
+    pub step_state: Option<u32>,
 }
 
-/// Counters and the in-flight operation of one rank of one communicator.
-#[derive(Debug, Default)]
+/// Counters and the in-flight operation of one rank of one communicator: occl-ras's record, which the RAS thread
+/// reports. Every update is a few relaxed stores by the rank's own thread.
+#[derive(Debug)]
 pub struct OpRecord {
-    launched: [AtomicU64; 8],
-    completed: [AtomicU64; 8],
-    total: AtomicU64,
-    inflight_seq: AtomicU64,
-    inflight_coll: AtomicU8,
-    inflight_bytes: AtomicU64,
-    inflight_start: AtomicU64,
+    rec: Arc<CommRecord>,
+}
+
+impl CollType {
+    fn ras(self) -> RasColl {
+        // Same numbering (NCCL's ncclFunc_t order) in both crates.
+        RasColl::from_u8(self as u8).unwrap_or(RasColl::AllReduce)
+    }
 }
 
 /// Wall-clock nanoseconds from the coarse clock (a few ns to read, ~4 ms resolution): enough to
@@ -86,43 +94,78 @@ pub(crate) fn now_ns() -> u64 {
 }
 
 impl OpRecord {
-    /// Stamps an operation that starts at `t_ns` (from `now_ns`); returns its sequence number.
-    pub(crate) fn launch(&self, coll: CollType, bytes: u64, t_ns: u64) -> u64 {
-        self.launched[coll as usize].fetch_add(1, Ordering::Relaxed);
-        let seq = self.total.fetch_add(1, Ordering::Relaxed) + 1;
-        self.inflight_coll.store(coll as u8, Ordering::Relaxed);
-        self.inflight_bytes.store(bytes, Ordering::Relaxed);
-        self.inflight_start.store(t_ns, Ordering::Relaxed);
-        self.inflight_seq.store(seq, Ordering::Release);
-        seq
+    pub(crate) fn new(info: RankInfo) -> OpRecord {
+        OpRecord { rec: Arc::new(CommRecord::new(info)) }
     }
 
+    /// The record RAS registers and reports.
+    pub(crate) fn shared(&self) -> &Arc<CommRecord> {
+        &self.rec
+    }
+
+    /// Stamps an operation that starts at `t_ns` (from `now_ns`); returns its sequence number.
+    #[inline]
+    pub(crate) fn launch(&self, coll: CollType, bytes: u64, t_ns: u64) -> u64 {
+        self.rec.live().launch(coll.ras(), bytes, t_ns)
+    }
+
+    #[inline]
     pub(crate) fn complete(&self, coll: CollType) {
-        self.completed[coll as usize].fetch_add(1, Ordering::Relaxed);
-        self.inflight_seq.store(0, Ordering::Release);
+        self.rec.live().complete(coll.ras());
+    }
+
+    /// The operation in flight waits on `peer` in ProxyStep state `state` (called only when a wait blocks).
+    #[inline]
+    pub(crate) fn waiting_on(&self, peer: usize, state: u32) {
+        self.rec.live().waiting_on(Some(peer as u32), Some(state));
+    }
+
+    pub(crate) fn initialized(&self) {
+        self.rec.live().set_init_state(ResultCode::Success);
+    }
+
+    /// The communicator failed with `kind` (its asynchronous error, as RAS reports it).
+    pub(crate) fn failed(&self, kind: crate::ErrorKind) {
+        use crate::ErrorKind as K;
+        let code = match kind {
+            K::SystemError => ResultCode::SystemError,
+            K::InvalidArgument => ResultCode::InvalidArgument,
+            K::InvalidUsage => ResultCode::InvalidUsage,
+            K::RemoteError | K::Timeout => ResultCode::RemoteError,
+            _ => ResultCode::InternalError,
+        };
+        self.rec.live().set_error(code);
+    }
+
+    pub(crate) fn aborted(&self) {
+        self.rec.live().set_flag(Flag::Aborted);
+    }
+
+    pub(crate) fn destroyed(&self) {
+        self.rec.live().set_flag(Flag::Destroyed);
     }
 
     /// Operations of `coll` started so far.
     pub fn launched(&self, coll: CollType) -> u64 {
-        self.launched[coll as usize].load(Ordering::Relaxed)
+        self.rec.live().launched(coll.ras())
     }
 
     /// Operations of `coll` that returned successfully.
     pub fn completed(&self, coll: CollType) -> u64 {
-        self.completed[coll as usize].load(Ordering::Relaxed)
+        self.rec.live().completed(coll.ras())
     }
 
     /// The operation running now, if any (a failed one stays in flight).
     pub fn in_flight(&self) -> Option<InFlight> {
-        let seq = self.inflight_seq.load(Ordering::Acquire);
-        if seq == 0 {
-            return None;
-        }
+        let f = self.rec.live().in_flight()?;
         Some(InFlight {
-            seq,
-            coll: CollType::from_u8(self.inflight_coll.load(Ordering::Relaxed))?,
-            bytes: self.inflight_bytes.load(Ordering::Relaxed),
-            start_ns: self.inflight_start.load(Ordering::Relaxed),
+            seq: f.seq,
+            coll: CollType::from_u8(f.coll as u8)?,
+            coll_seq: f.coll_seq,
+            bytes: f.bytes,
+            start_ns: f.start_ns,
+            peer: f.peer,
+            step_state: f.step_state,
         })
     }
 }

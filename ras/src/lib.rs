@@ -30,6 +30,7 @@ pub mod client;
 pub mod mesh;
 pub mod record;
 pub mod report;
+pub mod server;
 pub mod wire;
 
 #[cfg(test)]

@@ -6,3 +6,4 @@ pub mod launch;
 pub mod matrix;
 pub mod pattern;
 pub mod perf;
+pub mod ras_client;

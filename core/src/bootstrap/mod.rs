@@ -26,6 +26,8 @@ pub(crate) struct PeerInfo {
     pub comm_id: u64,
     /// Address of this process's probe word, for peers to test single-copy reads.
     pub probe_addr: u64,
+    /// This process's RAS mesh address (`ip:port`), empty when RAS is off.
+    pub ras_addr: String,
 }
 
 impl PeerInfo {
@@ -38,6 +40,7 @@ impl PeerInfo {
         w.str(&self.listen.to_string());
         w.u64(self.comm_id);
         w.u64(self.probe_addr);
+        w.str(&self.ras_addr);
         w.into_inner()
     }
 
@@ -54,6 +57,7 @@ impl PeerInfo {
                 .map_err(|_| Error::internal("bootstrap: a peer sent a malformed listen address"))?,
             comm_id: r.u64()?,
             probe_addr: r.u64()?,
+            ras_addr: r.str()?,
         };
         r.finish()?;
         Ok(info)

@@ -38,6 +38,8 @@ pub(crate) struct Ctx<'a> {
     pub staging: &'a mut Vec<u64>,
     /// The operation's profiler events, when a sink wants any.
     pub prof: Option<&'a OpProf<'a>>,
+    /// The rank record (what a blocked wait waits on).
+    pub record: &'a crate::record::OpRecord,
 }
 
 impl<'a> Ctx<'a> {
@@ -56,7 +58,8 @@ impl<'a> Ctx<'a> {
         let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
         let (abort, drive) = (self.abort, self.drive);
         let sleeper = self.prof.and_then(|p| p.sleeper());
-        let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper };
+        let record = Some(self.record);
+        let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper, record };
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;

@@ -251,6 +251,18 @@ pub(crate) struct Ends<'a> {
     pub drive: Option<&'a dyn wait::Drive>,
     /// Told when a wait blocks and wakes (ProxyCtrl Sleep/Wakeup), when profiling wants it.
     pub sleeper: Option<&'a dyn wait::Sleeper>,
+    /// The rank record: a wait that blocks says on which peer and in which step state, for RAS.
+    pub record: Option<&'a crate::record::OpRecord>,
+}
+
+impl Ends<'_> {
+    /// Notes in the rank record that this operation now waits on the peer in `state` (NCCL's ProxyStep numbers);
+    /// only called when data is not there yet, so the fast path pays nothing.
+    fn waits(&self, state: u32) {
+        if let Some(r) = self.record {
+            r.waiting_on(self.peer, state);
+        }
+    }
 }
 
 impl Ends<'_> {
@@ -272,6 +284,12 @@ impl Ends<'_> {
         Ok(())
     }
 }
+
+/// NCCL's ProxyStep states, as RAS reports what a blocked operation waits in: a free slot (the receiver's
+/// credit), the receiver reading a pointed-to buffer, data from the sender.
+const SEND_PEER_WAIT: u32 = 20;
+const SEND_WAIT: u32 = 9;
+const RECV_WAIT: u32 = 10;
 
 /// The sending end of a FIFO.
 pub(crate) struct SendFifo {
@@ -314,6 +332,7 @@ impl SendFifo {
             let want = self.head.wrapping_sub(self.nslots as u32).wrapping_add(1);
             if hdr.ack.load(Ordering::Acquire) != want {
                 let peer = ends.peer;
+                ends.waits(SEND_PEER_WAIT);
                 wait::wait_until(
                     wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
                     &hdr.ack,
@@ -368,6 +387,7 @@ impl SendFifo {
         let want = self.head;
         let peer = ends.peer;
         if hdr.ack.load(Ordering::Acquire) != want {
+            ends.waits(SEND_WAIT);
             // Driven like every other wait: a rank with tcp peers keeps their sockets moving.
             wait::wait_until(
                 wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
@@ -442,6 +462,7 @@ impl RecvFifo {
         if hdr.seq.load(Ordering::Acquire) != want {
             let h = self.region.header();
             let peer = ends.peer;
+            ends.waits(RECV_WAIT);
             let mut check = |slow: bool| -> Result<()> {
                 // Data published before the sender went away is still delivered.
                 if hdr.seq.load(Ordering::Acquire) == want {

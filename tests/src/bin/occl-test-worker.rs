@@ -141,6 +141,35 @@ fn main() -> ExitCode {
                 Err(e) => return report(&e),
             }
         }
+        // A few all-reduces, then idle until killed (RAS tests query the job meanwhile).
+        "idle" => {
+            let a = vec![1.0f32; 4096];
+            let mut b = vec![0f32; 4096];
+            for _ in 0..5 {
+                if let Err(e) = comm.all_reduce(&a, &mut b, RedOp::Sum) {
+                    return report(&e);
+                }
+            }
+            println!("READY rank={r} pid={}", std::process::id());
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        // Rank `args[1]` stops after 5 all-reduces; the others start a 6th and wait in it (a hung job).
+        "hang" => {
+            let odd = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let a = vec![1.0f32; 1 << 16];
+            let mut b = vec![0f32; 1 << 16];
+            for _ in 0..5 {
+                if let Err(e) = comm.all_reduce(&a, &mut b, RedOp::Sum) {
+                    return report(&e);
+                }
+            }
+            println!("READY rank={r} pid={}", std::process::id());
+            if r == odd {
+                std::thread::sleep(Duration::from_secs(3600));
+            } else if let Err(e) = comm.all_reduce(&a, &mut b, RedOp::Sum) {
+                return report(&e);
+            }
+        }
         // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
         "events" => {
             if let Err(e) = every_operation(&comm) {

@@ -1,0 +1,307 @@
+//! The task that owns the mesh: every input (a command, a connection's bytes or end, a timer) goes through one
+//! channel into `Mesh::handle_*`, and every action it returns is carried out here, so the mesh needs no lock.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::conn::{self, ConnHandle};
+use super::{client, unix_ns, Clock, Cmd, Event, Gathered, RasConfig};
+use crate::mesh::{Action, ConnId, Mesh, PeerAddr, PeerId, PeerTable};
+use crate::record::ProcessRecords;
+use crate::wire::Msg;
+
+/// What the tasks of the RAS thread share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub cfg: RasConfig,
+    pub secret: [u8; 16],
+    pub records: Arc<ProcessRecords>,
+    pub events: broadcast::Sender<Event>,
+    pub cmds: mpsc::UnboundedSender<Cmd>,
+    pub mesh_addr: SocketAddr,
+}
+
+/// What the connection tasks tell the mesh task.
+pub(crate) enum Input {
+    Cmd(Cmd),
+    Incoming(tokio::net::TcpStream),
+    Connected { conn: ConnId, peer: PeerId, stream: tokio::net::TcpStream },
+    ConnectFailed { peer: PeerId },
+    Msg { conn: ConnId, msg: Msg },
+    Closed { conn: ConnId },
+}
+
+struct State {
+    sh: Shared,
+    clock: Clock,
+    mesh: Option<Mesh>,
+    peers: Vec<PeerAddr>,
+    conns: HashMap<ConnId, ConnHandle>,
+    next_conn: u64,
+    next_token: u64,
+    pending: HashMap<u64, oneshot::Sender<Result<Gathered, String>>>,
+    inputs: mpsc::UnboundedSender<Input>,
+}
+
+/// Runs until `Shutdown`: the mesh, its listener, and the client port.
+pub(crate) async fn run(
+    sh: Shared,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    mesh_listener: std::net::TcpListener,
+    client_listener: Option<std::net::TcpListener>,
+) {
+    let clock = Clock(std::time::Instant::now());
+    let (inputs, mut rx) = mpsc::unbounded_channel::<Input>();
+    match TcpListener::from_std(mesh_listener) {
+        Ok(l) => {
+            let tx = inputs.clone();
+            tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((s, _)) => {
+                            if tx.send(Input::Incoming(s)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!("occl-ras: mesh accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!("occl-ras: mesh listener unusable: {e}; peers cannot reach this process"),
+    }
+    if let Some(l) = client_listener {
+        client::serve(sh.clone(), l);
+    }
+    let mut st = State {
+        sh,
+        clock,
+        mesh: None,
+        peers: Vec::new(),
+        conns: HashMap::new(),
+        next_conn: 1,
+        next_token: 1,
+        pending: HashMap::new(),
+        inputs,
+    };
+    loop {
+        let deadline = st.mesh.as_ref().and_then(Mesh::poll_timeout);
+        let sleep = async {
+            match deadline {
+                Some(t) => tokio::time::sleep(Duration::from_nanos(t.saturating_sub(st.clock.now()))).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            c = cmds.recv() => match c {
+                None | Some(Cmd::Shutdown) => break,
+                Some(c) => st.input(Input::Cmd(c)),
+            },
+            Some(i) = rx.recv() => st.input(i),
+            () = sleep => {
+                let now = st.clock.now();
+                if let Some(m) = st.mesh.as_mut() {
+                    m.handle_timeout(now);
+                }
+            }
+        }
+        st.drain();
+    }
+    if let Some(m) = st.mesh.as_mut() {
+        m.shutdown(st.clock.now());
+    }
+    st.drain();
+    // Give the goodbyes a moment to leave.
+    let flushes: Vec<_> = st.conns.drain().map(|(_, h)| h.close()).collect();
+    let _ = tokio::time::timeout(Duration::from_millis(200), futures_util::future::join_all(flushes)).await;
+}
+
+impl State {
+    fn alloc_conn(&mut self) -> ConnId {
+        let c = ConnId(self.next_conn);
+        self.next_conn += 1;
+        c
+    }
+
+    fn input(&mut self, i: Input) {
+        let now = self.clock.now();
+        match i {
+            Input::Cmd(Cmd::Join(peers)) => self.join(peers),
+            Input::Cmd(Cmd::Status { budget, reply }) => match self.mesh.as_mut() {
+                Some(m) => {
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    m.start_status(now, token, budget);
+                    self.pending.insert(token, reply);
+                }
+                None => {
+                    let _ = reply.send(Err("no communicator has joined RAS in this process yet".into()));
+                }
+            },
+            Input::Cmd(Cmd::Shutdown) => {}
+            Input::Incoming(stream) => {
+                let conn = self.alloc_conn();
+                match self.mesh.as_mut() {
+                    Some(m) => {
+                        self.conns.insert(conn, conn::spawn(conn, stream, self.inputs.clone()));
+                        m.handle_incoming(now, conn);
+                    }
+                    // No table yet: nobody can be authenticated against it.
+                    None => drop(stream),
+                }
+            }
+            Input::Connected { conn, peer, stream } => {
+                self.conns.insert(conn, conn::spawn(conn, stream, self.inputs.clone()));
+                if let Some(m) = self.mesh.as_mut() {
+                    m.handle_connected(now, conn, peer);
+                }
+            }
+            Input::ConnectFailed { peer } => {
+                if let Some(m) = self.mesh.as_mut() {
+                    m.handle_connect_failed(now, peer);
+                }
+            }
+            Input::Msg { conn, msg } => {
+                if let Some(m) = self.mesh.as_mut() {
+                    m.handle_msg(now, conn, msg);
+                    if m.is_authenticated(conn) {
+                        if let Some(h) = self.conns.get(&conn) {
+                            h.authenticated();
+                        }
+                    }
+                }
+            }
+            Input::Closed { conn } => {
+                self.conns.remove(&conn);
+                if let Some(m) = self.mesh.as_mut() {
+                    m.handle_closed(now, conn);
+                }
+            }
+        }
+    }
+
+    /// Adds processes to the table. The first join creates the mesh; one that brings new processes rebuilds it over
+    /// the larger table (connections are re-established; rank records are not lost).
+    fn join(&mut self, peers: Vec<PeerAddr>) {
+        let before = self.peers.len();
+        for p in peers {
+            if !self.peers.iter().any(|q| q.addr == p.addr) {
+                self.peers.push(p);
+            }
+        }
+        if self.mesh.is_some() && self.peers.len() == before {
+            return;
+        }
+        let table = match PeerTable::new(self.peers.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("occl-ras: bad peer table: {e}");
+                return;
+            }
+        };
+        let now = self.clock.now();
+        if let Some(mut old) = self.mesh.take() {
+            old.shutdown(now);
+            while let Some(a) = old.poll_action() {
+                if let Action::Close(c) = a {
+                    self.conns.remove(&c);
+                }
+            }
+        }
+        let seed = seed();
+        let me = self.sh.mesh_addr.to_string();
+        match Mesh::new(self.sh.cfg.mesh.clone(), table, &me, self.sh.secret, seed, self.sh.records.clone(), now) {
+            Ok(m) => {
+                tracing::debug!("occl-ras: mesh of {} processes, this one {me}", self.peers.len());
+                self.mesh = Some(m);
+            }
+            Err(e) => tracing::warn!("occl-ras: cannot start the mesh: {e}"),
+        }
+    }
+
+    fn drain(&mut self) {
+        loop {
+            let Some(a) = self.mesh.as_mut().and_then(Mesh::poll_action) else { return };
+            match a {
+                Action::Connect(peer) => self.connect(peer),
+                Action::Send(conn, msg) => {
+                    if let Some(h) = self.conns.get(&conn) {
+                        h.send(&msg);
+                    }
+                }
+                Action::Close(conn) => {
+                    if let Some(h) = self.conns.remove(&conn) {
+                        tokio::spawn(h.close());
+                    }
+                }
+                Action::Event(event) => {
+                    let peer = self.event_peer(&event);
+                    let _ = self.sh.events.send(Event { unix_ms: unix_ns() / 1_000_000, event, peer });
+                }
+                Action::StatusDone(result) => {
+                    if let Some(reply) = self.pending.remove(&result.token) {
+                        let table = self.mesh.as_ref().map(|m| m.table().iter().map(|(_, p)| p.clone()).collect());
+                        let _ =
+                            reply.send(Ok(Gathered { result, table: table.unwrap_or_default(), unix_ns: unix_ns() }));
+                    }
+                }
+            }
+        }
+    }
+
+    fn event_peer(&self, e: &crate::mesh::MonitorEvent) -> Option<PeerAddr> {
+        use crate::mesh::MonitorEvent as E;
+        let p = match e {
+            E::PeerConnected { peer }
+            | E::PeerDisconnected { peer }
+            | E::PeerUnresponsive { peer, .. }
+            | E::PeerAlive { peer, .. }
+            | E::PeerDead { peer, .. } => *peer,
+            E::AuthFailed { peer: Some(peer), .. } => *peer,
+            _ => return None,
+        };
+        self.mesh.as_ref().and_then(|m| m.table().get(p)).cloned()
+    }
+
+    fn connect(&mut self, peer: PeerId) {
+        let Some(addr) = self.mesh.as_ref().and_then(|m| m.table().get(peer)).map(|p| p.addr.clone()) else { return };
+        let conn = self.alloc_conn();
+        let tx = self.inputs.clone();
+        let limit = self.sh.cfg.mesh.connect_timeout;
+        tokio::spawn(async move {
+            let res = tokio::time::timeout(limit, tokio::net::TcpStream::connect(addr.as_str())).await;
+            let _ = match res {
+                Ok(Ok(stream)) => tx.send(Input::Connected { conn, peer, stream }),
+                Ok(Err(e)) => {
+                    tracing::debug!("occl-ras: connecting to {addr}: {e}");
+                    tx.send(Input::ConnectFailed { peer })
+                }
+                Err(_) => tx.send(Input::ConnectFailed { peer }),
+            };
+        });
+    }
+}
+
+/// Fresh randomness for the mesh's nonces and ids.
+fn seed() -> [u8; 16] {
+    let mut s = [0u8; 16];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut s)) {
+        Ok(()) => s,
+        Err(_) => {
+            // Unpredictability matters only for nonces; mix what the process has.
+            let t = unix_ns().to_le_bytes();
+            let p = u64::from(std::process::id()).to_le_bytes();
+            s[..8].copy_from_slice(&t);
+            s[8..].copy_from_slice(&p);
+            s
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The RAS settings from the environment (`OCCL_*`, and NCCL's names where NCCL has the knob).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::mesh::{MeshConfig, MeshError};
+
+/// NCCL's default client address, `localhost:28028`, as the loopback address it resolves to.
+pub const DEFAULT_CLIENT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 28028);
+
+/// Everything the RAS thread needs to know before it starts.
+#[derive(Debug, Clone)]
+pub struct RasConfig {
+    /// `OCCL_RAS_ENABLE` / `NCCL_RAS_ENABLE` (default on).
+    pub enabled: bool,
+    /// The client port: `OCCL_RAS_ADDR`, else `NCCL_RAS_ADDR`, else `127.0.0.1:28028`.
+    pub client_addr: SocketAddr,
+    /// Where the mesh listener binds (the transport's address; loopback by default).
+    pub mesh_ip: IpAddr,
+    /// Mesh timers (`OCCL_RAS_TIMEOUT_FACTOR`, `OCCL_RAS_DEAD_TIMEOUT`).
+    pub mesh: MeshConfig,
+    /// The gather budget when a client gives no `TIMEOUT` (NCCL: 5 s × the timeout factor).
+    pub default_budget: Duration,
+    /// Client connections served at once; more are closed at once.
+    pub max_clients: usize,
+    /// A client that sends nothing for this long is disconnected.
+    pub client_idle: Duration,
+}
+
+#[derive(Debug, Error)]
+pub enum RasConfigError {
+    #[error("{var}={value:?}: {reason}")]
+    Bad { var: &'static str, value: String, reason: String },
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
+}
+
+impl RasConfig {
+    /// Reads the environment through `var` (`std::env::var` in production, a map in tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>, mesh_ip: IpAddr) -> Result<RasConfig, RasConfigError> {
+        let pick = |names: [&'static str; 2]| names.into_iter().find_map(|n| var(n).map(|v| (n, v)));
+        let enabled = match pick(["OCCL_RAS_ENABLE", "NCCL_RAS_ENABLE"]) {
+            None => true,
+            Some((n, v)) => match v.trim() {
+                "1" | "true" | "on" => true,
+                "0" | "false" | "off" => false,
+                _ => return Err(RasConfigError::Bad { var: n, value: v, reason: "must be 0 or 1".into() }),
+            },
+        };
+        let client_addr = match pick(["OCCL_RAS_ADDR", "NCCL_RAS_ADDR"]) {
+            None => DEFAULT_CLIENT_ADDR,
+            Some((n, v)) => resolve(&v).map_err(|reason| RasConfigError::Bad { var: n, value: v.clone(), reason })?,
+        };
+        let mesh = MeshConfig::from_vars(&var)?;
+        let factor = mesh.keepalive.as_secs_f64().max(1.0);
+        Ok(RasConfig {
+            enabled,
+            client_addr,
+            mesh_ip,
+            mesh,
+            default_budget: Duration::from_secs_f64(5.0 * factor),
+            max_clients: 256,
+            client_idle: Duration::from_secs(300),
+        })
+    }
+}
+
+/// `host:port` with NCCL's syntax (`localhost:28028`, `[::1]:28028`, `10.0.0.5:28030`); a bare port means loopback.
+fn resolve(text: &str) -> Result<SocketAddr, String> {
+    let t = text.trim();
+    if let Ok(port) = t.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let mut addrs = t.to_socket_addrs().map_err(|e| format!("expected host:port ({e})"))?;
+    // Prefer IPv4, as `localhost` usually means 127.0.0.1 to the clients.
+    let all: Vec<SocketAddr> = addrs.by_ref().collect();
+    all.iter().find(|a| a.is_ipv4()).or(all.first()).copied().ok_or_else(|| "the host name resolves to nothing".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<RasConfig, RasConfigError> {
+        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        RasConfig::from_vars(|k| m.get(k).cloned(), IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    #[test]
+    fn addresses_and_switches() {
+        let c = cfg(&[]).expect("defaults");
+        assert!(c.enabled);
+        assert_eq!(c.client_addr, DEFAULT_CLIENT_ADDR);
+        assert_eq!(c.default_budget, Duration::from_secs(5));
+        let c = cfg(&[("NCCL_RAS_ADDR", "localhost:28030")]).expect("nccl name");
+        assert_eq!(c.client_addr.port(), 28030);
+        assert!(c.client_addr.ip().is_loopback());
+        let c = cfg(&[("OCCL_RAS_ADDR", "[::1]:28031"), ("NCCL_RAS_ADDR", "127.0.0.1:1")]).expect("occl wins");
+        assert_eq!(c.client_addr, "[::1]:28031".parse::<SocketAddr>().expect("addr"));
+        assert_eq!(cfg(&[("OCCL_RAS_ADDR", "28040")]).expect("port").client_addr.port(), 28040);
+        assert!(!cfg(&[("NCCL_RAS_ENABLE", "0")]).expect("off").enabled);
+        let e = cfg(&[("OCCL_RAS_ENABLE", "maybe")]).expect_err("bad switch").to_string();
+        assert!(e.contains("OCCL_RAS_ENABLE"), "{e}");
+        let e = cfg(&[("OCCL_RAS_ADDR", "no-such-host.invalid:x")]).expect_err("bad addr").to_string();
+        assert!(e.contains("OCCL_RAS_ADDR"), "{e}");
+    }
+}

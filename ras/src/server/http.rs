@@ -1,0 +1,87 @@
+//! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text for this node's
+//! processes), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events) and
+//! `/healthz`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpStream;
+
+use super::actor::Shared;
+use super::client::{event_line, gather};
+use super::metrics::{build_report, prometheus};
+use crate::client::{EventGroups, Format};
+use crate::report::render_json;
+
+/// Scrapes and status requests gather with this budget unless `?timeout=` says otherwise.
+const HTTP_BUDGET: Duration = Duration::from_secs(5);
+
+pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/events", get(events))
+        .with_state(sh);
+    let svc = TowerToHyperService::new(app);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .serve_connection(TokioIo::new(stream), svc);
+    if let Err(e) = conn.await {
+        tracing::debug!("occl-ras: http connection: {e}");
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Budget {
+    /// Seconds.
+    timeout: Option<f64>,
+}
+
+fn budget(q: &Budget) -> Duration {
+    q.timeout.filter(|t| t.is_finite() && *t > 0.0).map_or(HTTP_BUDGET, |t| Duration::from_secs_f64(t.min(600.0)))
+}
+
+async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
+    match gather(&sh, budget(&q)).await {
+        Ok(g) => {
+            let me = g.result.statuses.first().map(|s| s.host.clone()).unwrap_or_default();
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], prometheus(&g, &me)).into_response()
+        }
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn status(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
+    match gather(&sh, budget(&q)).await {
+        Ok(g) => ([(header::CONTENT_TYPE, "application/json")], render_json(&build_report(&g, true))).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn events(State(sh): State<Shared>) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let rx = sh.events.subscribe();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) => {
+                    if let Some(line) = event_line(&e, EventGroups::ALL, Format::Json) {
+                        return Some((Ok(SseEvent::default().data(line.trim_end())), rx));
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return None,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}

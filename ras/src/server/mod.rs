@@ -1,0 +1,165 @@
+//! The RAS thread: a tokio current-thread runtime that drives the sans-IO [`Mesh`](crate::mesh::Mesh) over real
+//! sockets and serves the client port. Everything here is I/O plumbing; decisions live in `mesh`, `client`,
+//! `analysis` and `report`.
+//!
+//! - [`RasServer::start`] binds the mesh listener (an ephemeral port on the transport address) and the client port
+//!   (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`, SO_REUSEPORT so every process of the node listens)
+//!   before it returns, then runs the thread.
+//! - [`RasServer::join`] gives it the job's processes (from a communicator's bootstrap) and its rank records.
+//! - The client port tells `ncclras` and HTTP apart by the first bytes of a connection ([`client`]): NCCL's text
+//!   protocol through [`crate::client::ClientSession`], or HTTP (`/metrics`, `/api/v1/status`, `/api/v1/events`,
+//!   `/healthz`) through axum ([`http`]).
+
+mod actor;
+mod client;
+mod config;
+mod conn;
+mod http;
+mod metrics;
+mod report;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::mesh::{GatherResult, MonitorEvent, PeerAddr};
+use crate::record::{CommRecord, ProcessRecords};
+
+pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR};
+
+/// Monotonic nanoseconds since the server started: the mesh's clock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock(Instant);
+
+impl Clock {
+    pub(crate) fn now(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+/// A monitor event with the wall-clock time it happened and the process it concerns, ready to print.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub unix_ms: u64,
+    pub event: MonitorEvent,
+    /// The peer's host, pid and address, when known.
+    pub peer: Option<PeerAddr>,
+}
+
+/// A finished status gather, with what the report needs besides the records.
+#[derive(Clone, Debug)]
+pub struct Gathered {
+    pub result: GatherResult,
+    pub table: Vec<PeerAddr>,
+    /// Wall-clock time when the gather finished.
+    pub unix_ns: u64,
+}
+
+/// What the RAS thread is asked to do.
+pub(crate) enum Cmd {
+    /// The processes of a communicator (this one included) joined: add them to the mesh's table.
+    Join(Vec<PeerAddr>),
+    /// Gather the job's status within `budget`.
+    Status { budget: Duration, reply: oneshot::Sender<Result<Gathered, String>> },
+    /// Say goodbye to the peers and stop.
+    Shutdown,
+}
+
+/// The handle the library keeps: the RAS thread of this process.
+pub struct RasServer {
+    cmds: mpsc::UnboundedSender<Cmd>,
+    events: broadcast::Sender<Event>,
+    records: Arc<ProcessRecords>,
+    mesh_addr: SocketAddr,
+    client_addr: Option<SocketAddr>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RasServer {
+    /// Binds the sockets and starts the RAS thread. The client port is optional: if it cannot be bound (another job
+    /// holds it without SO_REUSEPORT, say) RAS still runs the mesh and says so in the log, as NCCL does.
+    pub fn start(cfg: RasConfig, secret: [u8; 16]) -> std::io::Result<RasServer> {
+        let mesh_listener = std::net::TcpListener::bind(SocketAddr::new(cfg.mesh_ip, 0))?;
+        mesh_listener.set_nonblocking(true)?;
+        let mesh_addr = mesh_listener.local_addr()?;
+        let client_listener = match client::bind_reuseport(cfg.client_addr) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::info!("occl-ras: no client listening socket at {}: {e}", cfg.client_addr);
+                None
+            }
+        };
+        let client_addr = client_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let records = Arc::new(ProcessRecords::new());
+        let (cmds, rx) = mpsc::unbounded_channel();
+        let (events, _) = broadcast::channel(1024);
+        let shared = actor::Shared {
+            cfg,
+            secret,
+            records: records.clone(),
+            events: events.clone(),
+            cmds: cmds.clone(),
+            mesh_addr,
+        };
+        let thread = std::thread::Builder::new().name("occl-ras".into()).spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("occl-ras: cannot start the RAS runtime: {e}; RAS is off in this process");
+                    return;
+                }
+            };
+            rt.block_on(actor::run(shared, rx, mesh_listener, client_listener));
+        })?;
+        Ok(RasServer { cmds, events, records, mesh_addr, client_addr, thread: Some(thread) })
+    }
+
+    /// The mesh listener's address: what this process advertises to its peers.
+    pub fn mesh_addr(&self) -> SocketAddr {
+        self.mesh_addr
+    }
+
+    /// The client port, if it could be bound.
+    pub fn client_addr(&self) -> Option<SocketAddr> {
+        self.client_addr
+    }
+
+    /// The rank records this process reports.
+    pub fn records(&self) -> &Arc<ProcessRecords> {
+        &self.records
+    }
+
+    /// Registers a communicator rank's record, and the processes of its communicator (this one included).
+    pub fn join(&self, record: &Arc<CommRecord>, peers: Vec<PeerAddr>) {
+        self.records.register(record);
+        let _ = self.cmds.send(Cmd::Join(peers));
+    }
+
+    /// Gathers the job's status (what a client's `STATUS` does), waiting at most `budget` plus a margin.
+    pub fn status_blocking(&self, budget: Duration) -> Result<Gathered, String> {
+        let (tx, rx) = oneshot::channel();
+        self.cmds.send(Cmd::Status { budget, reply: tx }).map_err(|_| "the RAS thread has stopped".to_string())?;
+        rx.blocking_recv().map_err(|_| "the RAS thread dropped the request".to_string())?
+    }
+
+    /// Monitor events as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+}
+
+impl Drop for RasServer {
+    fn drop(&mut self) {
+        let _ = self.cmds.send(Cmd::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub(crate) fn unix_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}

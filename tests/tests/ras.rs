@@ -1,0 +1,147 @@
+//! RAS in real jobs on loopback: every rank's process runs the RAS thread; the test talks to the job's client port
+//! (`OCCL_RAS_ADDR`, a free port per job) with NCCL's text protocol and with HTTP, kills and stops processes, and
+//! checks what RAS reports and how fast.
+
+mod common;
+
+use common::{env, worker};
+use occl_tests::launch::{Job, Spawn};
+use occl_tests::ras_client::{free_port, http_get, ncclras};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+fn start(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)]) -> Job {
+    let addr = format!("127.0.0.1:{port}");
+    let mut vars = vec![("OCCL_RAS_ADDR", addr.as_str())];
+    vars.extend_from_slice(extra);
+    let spawn = Spawn { env: env(&vars), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let job = Job::spawn(worker(), &args, nranks, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    job
+}
+
+/// The value of a metric line `name{labels} v` (first match), from a `/metrics` body.
+fn metric(body: &str, name_and_labels: &str) -> Option<f64> {
+    body.lines().find(|l| l.starts_with(name_and_labels)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// `/metrics`, retried: a connection can land on a stopped process's listener (they share the port), which then
+/// never answers; a client gives up on it and connects again, as NVIDIA's `ncclras` does.
+fn scrape(port: u16) -> String {
+    for _ in 0..20 {
+        if let Ok((200, body)) = http_get(port, "/metrics?timeout=2", Duration::from_secs(3)) {
+            return body;
+        }
+    }
+    panic!("no /metrics answer on port {port}");
+}
+
+#[test]
+fn a_healthy_job_reports_every_rank() {
+    let port = free_port();
+    let job = start(3, &["idle"], port, &[]);
+    let (code, body) = http_get(port, "/api/v1/status", Duration::from_secs(10)).expect("status");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("the JSON report parses");
+    assert_eq!(v["communicators_count"], 1, "{v}");
+    let c = &v["communicators"][0];
+    assert_eq!(
+        (c["size"].as_u64(), c["ranks_count"].as_u64(), c["missing_ranks_count"].as_u64()),
+        (Some(3), Some(3), Some(0))
+    );
+    for r in c["ranks"].as_array().expect("ranks") {
+        assert_eq!(r["collective_counts"]["AllReduce"], 5, "{r}");
+        assert_eq!(r["host"], "127.0.0.1");
+    }
+    // NCCL's text protocol on the same port.
+    let text = ncclras(port, "CLIENT PROTOCOL 2\nSTATUS\n", Duration::from_secs(10)).expect("text status");
+    assert!(text.starts_with("SERVER PROTOCOL 2\n"), "{text}");
+    assert!(text.contains("Job summary") && text.contains("Communicators..."), "{text}");
+    let (code, ok) = http_get(port, "/healthz", Duration::from_secs(5)).expect("healthz");
+    assert_eq!((code, ok.as_str()), (200, "ok\n"));
+    drop(job);
+}
+
+#[test]
+fn a_killed_process_is_dead_within_5s() {
+    let port = free_port();
+    let job = start(3, &["idle"], port, &[]);
+    let body = scrape(port);
+    assert_eq!(metric(&body, "occl_ras_peers{state=\"alive\"}"), Some(3.0), "{body}");
+    job.signal(2, libc::SIGKILL).expect("kill rank 2");
+    let t = Instant::now();
+    loop {
+        let body = scrape(port);
+        if metric(&body, "occl_ras_peers{state=\"dead\"}") == Some(1.0) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "rank 2 not reported dead after 5 s:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("killed process reported dead after {:?}", t.elapsed());
+}
+
+#[test]
+fn a_stopped_process_is_unresponsive_then_rejoins_without_a_death() {
+    let port = free_port();
+    let job = start(3, &["idle"], port, &[]);
+    job.signal(2, libc::SIGSTOP).expect("stop rank 2");
+    let t = Instant::now();
+    let mut seen_unresponsive = None;
+    while t.elapsed() < Duration::from_secs(9) {
+        let body = scrape(port);
+        assert_eq!(metric(&body, "occl_ras_peers{state=\"dead\"}"), Some(0.0), "a stopped process was called dead");
+        if seen_unresponsive.is_none() && metric(&body, "occl_ras_peers{state=\"missing\"}") == Some(1.0) {
+            seen_unresponsive = Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = seen_unresponsive.expect("the stopped process never went missing");
+    assert!(after < Duration::from_secs(8), "missing only after {after:?}");
+    job.signal(2, libc::SIGCONT).expect("continue rank 2");
+    let t = Instant::now();
+    loop {
+        let body = scrape(port);
+        assert_eq!(metric(&body, "occl_ras_peers{state=\"dead\"}"), Some(0.0), "called dead after resuming");
+        if metric(&body, "occl_ras_peers{state=\"alive\"}") == Some(3.0)
+            && metric(&body, "occl_ras_peers{state=\"unresponsive\"}") == Some(0.0)
+        {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "not healthy 10 s after SIGCONT:\n{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn many_clients_and_a_silent_one_do_not_stop_the_job() {
+    let port = free_port();
+    let job = start(2, &["loop"], port, &[]);
+    let silent = std::net::TcpStream::connect(("127.0.0.1", port)).expect("silent client");
+    let launched = |body: &str| metric(body, "occl_operations_launched_total{comm=").unwrap_or(0.0);
+    let before = scrape(port);
+    let reports: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..200)
+            .map(|_| sc.spawn(move || ncclras(port, "STATUS\n", Duration::from_secs(30)).unwrap_or_default()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+    });
+    let complete = reports.iter().filter(|r| r.contains("Warnings\n========")).count();
+    assert_eq!(complete, 200, "every client got a whole report");
+    // Malformed bytes and an over-long line get an error or a close, never a stall.
+    let junk = ncclras(port, &"x".repeat(5000), Duration::from_secs(5)).unwrap_or_default();
+    assert!(junk.len() < 5000, "{junk}");
+    let after = scrape(port);
+    let (a, b) = (launched(&before), launched(&after));
+    drop(silent);
+    // The all-reduce loop went on meanwhile (a Broadcast line comes first; use the AllReduce one).
+    let ar = |body: &str| {
+        body.lines()
+            .filter(|l| l.starts_with("occl_operations_launched_total") && l.contains("op=\"AllReduce\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, f64::max)
+    };
+    assert!(ar(&after) > ar(&before), "collectives stalled while clients were served ({a} → {b})");
+    drop(job);
+}
