@@ -21,9 +21,10 @@
 //! - Fuzz entries for every decoder of untrusted bytes, [`fuzz_client_bytes`], [`fuzz_wire_bytes`] and
 //!   [`mesh::fuzz_mesh_bytes`], which the cargo-fuzz crate in `ras/fuzz/` runs.
 //!
-//! What a later step adds: the thin tokio driver (sockets for the mesh, the client port `OCCL_RAS_ADDR` /
-//! `NCCL_RAS_ADDR`, default `localhost:28028`, which also answers HTTP on the same port: `/metrics`,
-//! `/api/v1/status`, `/api/v1/events`, `/healthz`), and the analysis that turns a gather into a report.
+//! - [`server`]: the RAS thread, a tokio current-thread runtime that drives the mesh over real sockets and serves
+//!   the client port (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`, SO_REUSEPORT): NCCL's text
+//!   protocol, and HTTP on the same port told apart by the first bytes (`/metrics`, `/api/v1/status`,
+//!   `/api/v1/events`, `/healthz`).
 #![forbid(unsafe_code)]
 
 pub mod client;
