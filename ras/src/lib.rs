@@ -7,21 +7,38 @@
 //! - [`client`]: the `ncclras` client-port text protocol (`CLIENT PROTOCOL`, `TIMEOUT`, `SET FORMAT text|json`,
 //!   `STATUS`, `VERBOSE STATUS`, `MONITOR`) as a line-in, action-out state machine, [`client::ClientSession`], with
 //!   NCCL's replies and a 1 KiB line limit.
-//! - [`fuzz_client_bytes`]: the body of a future `fuzz/` target for that state machine.
+//! - [`report`]: the analysed report model and NCCL's text and JSON renderings of it.
+//! - [`analysis`]: [`analyze`], the pure function from a status gather to that model: NCCL 2.28's job summary,
+//!   communicator groups and verdicts (INCOMPLETE, DEAD, ERROR, TIMEOUT, MISMATCH with NOCOMM), and occl's stuck
+//!   operations.
+//! - [`record`]: rank records. `occl` updates a [`record::LiveRecord`] per communicator and rank on the collective
+//!   path (relaxed atomic stores, no lock, no allocation) and registers it in the process's
+//!   [`record::ProcessRecords`]; RAS ships [`record::RankRecord`] snapshots and converts gathered ones into the
+//!   report model's raw data.
+//! - [`wire`]: the peer-to-peer messages (handshake, keep-alive, peer news, status request and reply, goodbye) and a
+//!   size-bounded, length-prefixed, versioned codec with a streaming [`wire::Decoder`].
+//! - [`mesh`]: the mesh and the status gather as a sans-IO [`mesh::Mesh`] driven by `(input, now)`: a ring over the
+//!   sorted peer table with long-range links and fallbacks, keep-alives, unresponsive and dead verdicts, dead-peer
+//!   news flooding, job-secret authentication, and a spanning-tree gather with per-hop budgets. Tested on a
+//!   simulated network of up to 1,024 processes on a virtual clock.
+//! - Fuzz entries for every decoder of untrusted bytes, [`fuzz_client_bytes`], [`fuzz_wire_bytes`] and
+//!   [`mesh::fuzz_mesh_bytes`], which the cargo-fuzz crate in `ras/fuzz/` runs.
 //!
-//! What later steps add:
-//! - Rank records, updated by `occl`: per communicator and rank, launched and completed operation counters per
-//!   collective type and for p2p, init/error/abort/finalize state, and the operation in flight.
-//! - The mesh: a ring over the sorted peer table with keep-alives, fallback links, dead-peer flooding and job-secret
-//!   authentication, as a sans-IO `Mesh` driven by `(frame, now)` with one `Timer` enum.
-//! - The gather: a status request flooded as a spanning tree with per-leg timeouts, and the text and JSON report
-//!   renderers (NCCL's layout, plus which operation a lagging rank is stuck in).
-//! - The thin tokio driver: the client port (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `localhost:28028`), which
-//!   also answers HTTP on the same port (`/metrics`, `/api/v1/status`, `/api/v1/events`, `/healthz`), told apart
-//!   from the text protocol by the first bytes.
+//! What a later step adds: the thin tokio driver (sockets for the mesh, the client port `OCCL_RAS_ADDR` /
+//! `NCCL_RAS_ADDR`, default `localhost:28028`, which also answers HTTP on the same port: `/metrics`,
+//! `/api/v1/status`, `/api/v1/events`, `/healthz`).
 #![forbid(unsafe_code)]
 
+pub mod analysis;
 pub mod client;
+pub mod mesh;
+pub mod record;
 pub mod report;
+pub mod wire;
 
+#[cfg(test)]
+mod test_rng;
+
+pub use analysis::{analyze, AnalysisInput, KnownComm, KnownRank, StuckPolicy};
 pub use client::fuzz_client_bytes;
+pub use wire::fuzz_wire_bytes;

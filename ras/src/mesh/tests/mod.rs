@@ -1,0 +1,6 @@
+//! Mesh tests: unit tests of the pieces, and whole-job scenarios on the simulated network in `sim`.
+
+mod auth;
+mod scenarios;
+mod sim;
+mod unit;

@@ -1,0 +1,284 @@
+//! Rank records: what each rank of each communicator tells RAS about itself.
+//!
+//! `occl` owns one [`CommRecord`] per (communicator, local rank): the static facts ([`RankInfo`]) plus a
+//! [`LiveRecord`] that the rank's own thread updates on the collective path with relaxed atomic stores only. The RAS
+//! thread reads them through the per-process [`ProcessRecords`] registry and ships plain [`RankRecord`] snapshots
+//! over the mesh; [`convert`] turns gathered snapshots into the report model's raw data.
+
+pub mod convert;
+mod live;
+mod registry;
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+pub use live::LiveRecord;
+pub use registry::{CommRecord, ProcessRecords};
+
+/// The largest communicator a record may describe. Bounds what a record from a peer can make a reader do (one
+/// missing-rank entry per absent rank); NCCL's own limits are far below it.
+pub const MAX_COMM_RANKS: u32 = 1 << 20;
+
+/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` where it has them (and as `occl`'s own
+/// `CollType`, so the numbers can cross the crate boundary unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum CollType {
+    Broadcast = 0,
+    Reduce = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    AllReduce = 4,
+    Send = 5,
+    Recv = 6,
+    AllToAll = 7,
+}
+
+impl CollType {
+    /// Every type, in numeric order (index `i` holds the type numbered `i`).
+    pub const ALL: [CollType; 8] = [
+        CollType::Broadcast,
+        CollType::Reduce,
+        CollType::AllGather,
+        CollType::ReduceScatter,
+        CollType::AllReduce,
+        CollType::Send,
+        CollType::Recv,
+        CollType::AllToAll,
+    ];
+
+    /// How many types there are: the length of the per-type counter arrays.
+    pub const COUNT: usize = 8;
+
+    /// The five collectives whose launch counters NCCL's report compares (its `collective_counts`).
+    pub const NCCL_COUNTED: [CollType; 5] =
+        [CollType::Broadcast, CollType::Reduce, CollType::AllGather, CollType::ReduceScatter, CollType::AllReduce];
+
+    /// NCCL's spelling, as RAS reports and profiler plugins print it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollType::Broadcast => "Broadcast",
+            CollType::Reduce => "Reduce",
+            CollType::AllGather => "AllGather",
+            CollType::ReduceScatter => "ReduceScatter",
+            CollType::AllReduce => "AllReduce",
+            CollType::Send => "Send",
+            CollType::Recv => "Recv",
+            CollType::AllToAll => "AllToAll",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<CollType> {
+        CollType::ALL.get(usize::from(v)).copied()
+    }
+}
+
+/// NCCL's `ncclResult_t`, the values a rank's init state and async error take (reports print them as integers in
+/// JSON and by name in text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(i32)]
+pub enum ResultCode {
+    Success = 0,
+    UnhandledCudaError = 1,
+    SystemError = 2,
+    InternalError = 3,
+    InvalidArgument = 4,
+    InvalidUsage = 5,
+    RemoteError = 6,
+    InProgress = 7,
+}
+
+impl ResultCode {
+    pub const fn code(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_code(code: i32) -> Option<ResultCode> {
+        use ResultCode::*;
+        [
+            Success,
+            UnhandledCudaError,
+            SystemError,
+            InternalError,
+            InvalidArgument,
+            InvalidUsage,
+            RemoteError,
+            InProgress,
+        ]
+        .into_iter()
+        .find(|r| r.code() == code)
+    }
+
+    /// The name NCCL's text report uses for an error code; unknown codes are "Unexpected error".
+    pub fn report_name(code: i32) -> &'static str {
+        match ResultCode::from_code(code) {
+            Some(ResultCode::Success) => "Success",
+            Some(ResultCode::UnhandledCudaError) => "Unhandled CUDA error",
+            Some(ResultCode::SystemError) => "System error",
+            Some(ResultCode::InternalError) => "Internal error",
+            Some(ResultCode::InvalidArgument) => "Invalid argument",
+            Some(ResultCode::InvalidUsage) => "Invalid usage",
+            Some(ResultCode::RemoteError) => "Remote process error",
+            Some(ResultCode::InProgress) => "NCCL operation in progress",
+            None => "Unexpected error",
+        }
+    }
+
+    /// Whether a report counts this code as an error (anything but success and in-progress).
+    pub fn is_error(code: i32) -> bool {
+        code != ResultCode::Success.code() && code != ResultCode::InProgress.code()
+    }
+}
+
+/// Lifecycle flags of a rank (NCCL's finalizeCalled, destroyFlag, abortFlag). They only ever get set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Flag {
+    Finalized,
+    Destroyed,
+    Aborted,
+}
+
+impl Flag {
+    pub(crate) const fn bit(self) -> u8 {
+        match self {
+            Flag::Finalized => 1,
+            Flag::Destroyed => 2,
+            Flag::Aborted => 4,
+        }
+    }
+}
+
+/// NCCL profiler ProxyStep state numbers a rank can wait in (`waiting_on`'s step state); any other number is kept
+/// and shown as a number.
+pub mod step_state {
+    pub const SEND_GPU_WAIT: u32 = 8;
+    pub const SEND_WAIT: u32 = 9;
+    pub const RECV_WAIT: u32 = 10;
+    pub const RECV_FLUSH_WAIT: u32 = 11;
+    pub const RECV_GPU_WAIT: u32 = 12;
+    pub const SEND_PEER_WAIT: u32 = 20;
+
+    /// NCCL's name for a ProxyStep state, without the `ProxyStep` prefix.
+    pub fn name(state: u32) -> Option<&'static str> {
+        Some(match state {
+            SEND_GPU_WAIT => "SendGPUWait",
+            SEND_WAIT => "SendWait",
+            RECV_WAIT => "RecvWait",
+            RECV_FLUSH_WAIT => "RecvFlushWait",
+            RECV_GPU_WAIT => "RecvGPUWait",
+            SEND_PEER_WAIT => "SendPeerWait",
+            _ => return None,
+        })
+    }
+}
+
+/// A communicator's identity across the job. The hash alone is not unique (NCCL's commId has the same three
+/// parts): the host hash and pid hash of comm rank 0 tell apart communicators that hash alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub struct CommId {
+    pub hash: u64,
+    pub root_host_hash: u64,
+    pub root_pid_hash: u64,
+}
+
+/// What a rank's record says that never changes after the communicator is created.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub comm: CommId,
+    /// Ranks in the communicator.
+    pub size: u32,
+    pub rank: u32,
+    pub pid: u32,
+    /// The node as reports print it (an IP address).
+    pub host: String,
+    /// CUDA device, `None` for a host-only rank.
+    pub cuda_dev: Option<u32>,
+    /// NVML device, `None` for a host-only rank.
+    pub nvml_dev: Option<u32>,
+}
+
+/// The operation a rank is running now.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct InFlight {
+    /// 1-based sequence number among this communicator's operations of any kind (as `occl`'s `OpRecord`).
+    pub seq: u64,
+    pub coll: CollType,
+    /// 1-based sequence number among this communicator's operations of `coll`: what the launch counters show.
+    pub coll_seq: u64,
+    pub bytes: u64,
+    /// Start, in nanoseconds since the Unix epoch.
+    pub start_ns: u64,
+    /// The communicator rank it waits on, when known.
+    pub peer: Option<u32>,
+    /// The NCCL ProxyStep state it waits in (see [`step_state`]), when known.
+    pub step_state: Option<u32>,
+}
+
+impl InFlight {
+    /// How long it has been running at wall-clock `now_ns` (0 if the clocks disagree).
+    pub fn waited_ns(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.start_ns)
+    }
+
+    /// A short description of what it waits for, e.g. `RecvWait on rank 3`, or empty when nothing is known.
+    pub fn waiting_label(&self) -> String {
+        let state =
+            self.step_state.map(|s| step_state::name(s).map_or_else(|| format!("step state {s}"), str::to_owned));
+        match (state, self.peer) {
+            (Some(s), Some(p)) => format!("{s} on rank {p}"),
+            (Some(s), None) => s,
+            (None, Some(p)) => format!("waiting on rank {p}"),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// What a [`LiveRecord`] held at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LiveSnapshot {
+    /// Operations launched, per [`CollType`] number.
+    pub launched: [u64; CollType::COUNT],
+    /// Operations completed successfully, per [`CollType`] number.
+    pub completed: [u64; CollType::COUNT],
+    /// `ncclResult_t` of init: in progress while initializing, then success or the error.
+    pub init_state: i32,
+    /// `ncclResult_t` of the communicator's asynchronous error (success when none).
+    pub async_error: i32,
+    pub finalize_called: bool,
+    pub destroy_flag: bool,
+    pub abort_flag: bool,
+    pub in_flight: Option<InFlight>,
+}
+
+impl Default for LiveSnapshot {
+    fn default() -> Self {
+        Self {
+            launched: [0; CollType::COUNT],
+            completed: [0; CollType::COUNT],
+            init_state: ResultCode::InProgress.code(),
+            async_error: ResultCode::Success.code(),
+            finalize_called: false,
+            destroy_flag: false,
+            abort_flag: false,
+            in_flight: None,
+        }
+    }
+}
+
+/// One rank of one communicator, as a plain value: what the mesh carries and a report is built from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct RankRecord {
+    pub info: RankInfo,
+    pub live: LiveSnapshot,
+}
+
+impl RankRecord {
+    pub fn launched(&self, coll: CollType) -> u64 {
+        self.live.launched[coll as usize]
+    }
+
+    pub fn completed(&self, coll: CollType) -> u64 {
+        self.live.completed[coll as usize]
+    }
+}
