@@ -291,12 +291,15 @@ impl Comm {
             let peers = me_tab
                 .iter()
                 .filter(|p| !p.ras_addr.is_empty())
-                .map(|p| PeerAddr {
-                    addr: p.ras_addr.clone(),
-                    host: p.listen.ip().to_string(),
-                    pid: p.pid,
-                    cuda_devs: Vec::new(),
-                    nvml_devs: Vec::new(),
+                .map(|p| {
+                    let addr = PeerAddr {
+                        addr: p.ras_addr.clone(),
+                        host: p.listen.ip().to_string(),
+                        pid: p.pid,
+                        cuda_devs: Vec::new(),
+                        nvml_devs: Vec::new(),
+                    };
+                    (p.rank as u32, addr)
                 })
                 .collect();
             ras.join(record.shared(), peers);

@@ -8,6 +8,9 @@
 //!   `STATUS`, `VERBOSE STATUS`, `MONITOR`) as a line-in, action-out state machine, [`client::ClientSession`], with
 //!   NCCL's replies and a 1 KiB line limit.
 //! - [`report`]: the analysed report model and NCCL's text and JSON renderings of it.
+//! - [`analysis`]: [`analyze`], the pure function from a status gather to that model: NCCL 2.28's job summary,
+//!   communicator groups and verdicts (INCOMPLETE, DEAD, ERROR, TIMEOUT, MISMATCH with NOCOMM), and occl's stuck
+//!   operations.
 //! - [`record`]: rank records. `occl` updates a [`record::LiveRecord`] per communicator and rank on the collective
 //!   path (relaxed atomic stores, no lock, no allocation) and registers it in the process's
 //!   [`record::ProcessRecords`]; RAS ships [`record::RankRecord`] snapshots and converts gathered ones into the
@@ -27,6 +30,7 @@
 //!   `/api/v1/events`, `/healthz`).
 #![forbid(unsafe_code)]
 
+pub mod analysis;
 pub mod client;
 pub mod mesh;
 pub mod record;
@@ -37,5 +41,6 @@ pub mod wire;
 #[cfg(test)]
 mod test_rng;
 
+pub use analysis::{analyze, AnalysisInput, KnownComm, KnownRank, StuckPolicy};
 pub use client::fuzz_client_bytes;
 pub use wire::fuzz_wire_bytes;

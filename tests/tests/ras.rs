@@ -58,6 +58,11 @@ fn a_healthy_job_reports_every_rank() {
     let text = ncclras(port, "CLIENT PROTOCOL 2\nSTATUS\n", Duration::from_secs(10)).expect("text status");
     assert!(text.starts_with("SERVER PROTOCOL 2\n"), "{text}");
     assert!(text.contains("Job summary") && text.contains("Communicators..."), "{text}");
+    // NCCL's layout: one communicator group, 1 node, 3 ranks, running, no errors, empty sections.
+    let row = text.lines().find(|l| l.trim_start().starts_with("0 ")).unwrap_or_default();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols, ["0", "1", "1", "3", "3", "3", "RUNNING", "OK"], "{text}");
+    assert!(text.ends_with("Errors\n======\n\nWarnings\n========\n\n"), "{text}");
     let (code, ok) = http_get(port, "/healthz", Duration::from_secs(5)).expect("healthz");
     assert_eq!((code, ok.as_str()), (200, "ok\n"));
     drop(job);
@@ -80,6 +85,33 @@ fn a_killed_process_is_dead_within_5s() {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("killed process reported dead after {:?}", t.elapsed());
+    // The report names it: DEAD with its pid and node, and the communicator INCOMPLETE without rank 2.
+    let pid = job.children[2].id();
+    let text = ncclras(port, "STATUS\n", Duration::from_secs(10)).expect("status");
+    let dead = text.split("DEAD\n").nth(1).unwrap_or_default();
+    assert!(dead.starts_with("  1 job process is considered dead"), "{text}");
+    assert!(dead.contains(&format!("Process {pid} on node 127.0.0.1")), "{text}");
+    assert!(text.contains("INCOMPLETE\n  Missing communicator data from 1 rank\n  Rank 2 "), "{text}");
+}
+
+#[test]
+fn a_hung_job_names_the_lagging_rank_and_what_the_others_wait_in() {
+    let port = free_port();
+    // Rank 1 stops after 5 all-reduces; ranks 0 and 2 wait in the 6th.
+    let job = start(3, &["hang", "1"], port, &[("OCCL_TIMEOUT", "120")]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = ncclras(port, "STATUS\n", Duration::from_secs(10)).expect("status");
+    let warn = text.split("Warnings\n========\n\n").nth(1).unwrap_or_default();
+    assert!(warn.contains("MISMATCH"), "{text}");
+    assert!(warn.contains("AllReduce"), "the per-collective count that differs: {text}");
+    let stuck = text.split("Stuck operations (occl)\n").nth(1).unwrap_or_else(|| panic!("no stuck section:\n{text}"));
+    for r in [0, 2] {
+        let line = stuck.lines().find(|l| l.contains(&format!("Rank {r} in AllReduce operation 6 for")));
+        let line = line.unwrap_or_else(|| panic!("rank {r} not listed as stuck in its 6th all-reduce:\n{text}"));
+        assert!(line.contains("waiting on rank"), "{line}");
+    }
+    assert!(!stuck.contains("Rank 1 in"), "rank 1 is idle, not stuck: {text}");
+    drop(job);
 }
 
 #[test]

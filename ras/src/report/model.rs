@@ -15,14 +15,37 @@ pub struct VersionInfo {
     pub cuda_driver: i32,
 }
 
-/// The uniform job summary (every node runs the same number of processes, each with the same number of GPUs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The job summary. When every node runs the same number of processes, each with the same number of GPUs, NCCL
+/// prints one row of these numbers; otherwise `spread` says how they vary and the per-node and per-process numbers
+/// here are unused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobSummary {
     pub nodes: u32,
     pub processes_per_node: u32,
     pub gpus_per_process: u32,
     pub processes_total: u32,
     pub gpus_total: u32,
+    pub spread: Option<SummarySpread>,
+}
+
+/// NCCL's alternative summary tables for a job whose nodes or processes are not all alike.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummarySpread {
+    /// `(nodes, processes per node)`, most frequent first, ties by more processes first.
+    pub processes_per_node: Vec<(u32, u32)>,
+    /// How many GPUs every process has, when that is uniform (the per-node table then gets a GPUs column).
+    pub uniform_gpus: Option<u32>,
+    /// `(processes, GPUs per process)`, most frequent first, ties by more GPUs first; empty when `uniform_gpus`.
+    pub gpus_per_process: Vec<(u32, u32)>,
+    /// Only with `uniform_gpus`: per rarer processes-per-node shape that counts as an outlier, its nodes.
+    pub outlier_nodes: Vec<Vec<NodeRef>>,
+}
+
+/// A node and the processes it runs, in the summary's outlier list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRef {
+    pub host: String,
+    pub pids: Vec<u32>,
 }
 
 /// The communicator's highest status bit (NCCL's `Status` column).
@@ -146,8 +169,8 @@ pub struct ErrorBreakdown {
 pub enum ErrorEntry {
     /// Job processes that did not answer and are not (yet) considered dead.
     Incomplete { processes: Vec<ProcessRef>, missing: u32, not_found: u32 },
-    /// Processes on the replicated dead list.
-    Dead { processes: Vec<ProcessRef>, dead: u32 },
+    /// Processes on the replicated dead list; `not_found` of them are not in the peer table.
+    Dead { processes: Vec<ProcessRef>, dead: u32, not_found: u32 },
     /// Ranks of a communicator whose data did not arrive.
     CommIncomplete { comm: CommRef, missing: u32, ranks: Vec<RankRef> },
     /// Init or async errors reported by ranks of a communicator.

@@ -55,7 +55,14 @@ fn base(groups: Vec<CommGroupRow>) -> Report {
         timestamp: "2026-11-21 22:26:56".into(),
         collection_time_sec: 0.0,
         timeouts_count: 0,
-        summary: JobSummary { nodes: 1, processes_per_node: 2, gpus_per_process: 1, processes_total: 2, gpus_total: 2 },
+        summary: JobSummary {
+            nodes: 1,
+            processes_per_node: 2,
+            gpus_per_process: 1,
+            processes_total: 2,
+            gpus_total: 2,
+            spread: None,
+        },
         groups,
         errors: vec![],
         warnings: vec![],
@@ -86,7 +93,7 @@ fn killed(dead: bool) -> Report {
     let mut r = base(vec![row(1, 1, INCOMPLETE)]);
     let p735 = ProcessRef { pid: 735, host: HOST.into(), cuda_devs: vec![1], nvml_devs: vec![1] };
     let job = if dead {
-        ErrorEntry::Dead { processes: vec![p735], dead: 1 }
+        ErrorEntry::Dead { processes: vec![p735], dead: 1, not_found: 0 }
     } else {
         ErrorEntry::Incomplete { processes: vec![p735], missing: 1, not_found: 0 }
     };

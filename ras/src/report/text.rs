@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::model::{
     CommGroupRow, CommRef, ErrorBreakdown, ErrorEntry, JobSummary, OpCountMismatch, ProcessRef, RankGroup, RankLoc,
-    RankRef, Report, StuckOp, VersionInfo, WarningEntry,
+    RankRef, Report, StuckOp, SummarySpread, VersionInfo, WarningEntry,
 };
 
 /// Renders the whole report as the text client receives it (all chunks concatenated).
@@ -39,6 +39,9 @@ fn header(o: &mut String, v: &VersionInfo) {
 
 fn summary(o: &mut String, s: &JobSummary) {
     o.push_str("Job summary\n===========\n\n");
+    if let Some(spread) = &s.spread {
+        return summary_spread(o, s, spread);
+    }
     o.push_str("  Nodes  Processes         GPUs  Processes     GPUs\n");
     o.push_str("(total)   per node  per process    (total)  (total)\n");
     let _ = writeln!(
@@ -46,6 +49,34 @@ fn summary(o: &mut String, s: &JobSummary) {
         "{:7}  {:9}  {:11}  {:9}  {:7}",
         s.nodes, s.processes_per_node, s.gpus_per_process, s.processes_total, s.gpus_total
     );
+}
+
+/// NCCL's tables for a job whose nodes or processes differ: the distributions, the totals, and outlier nodes.
+fn summary_spread(o: &mut String, s: &JobSummary, spread: &SummarySpread) {
+    if let Some(gpus) = spread.uniform_gpus {
+        o.push_str("  Nodes  Processes         GPUs\n          per node  per process\n");
+        for (nodes, ppn) in &spread.processes_per_node {
+            let _ = writeln!(o, "{nodes:7}  {ppn:9}  {gpus:11}");
+        }
+    } else {
+        o.push_str("  Nodes  Processes\n          per node\n");
+        for (nodes, ppn) in &spread.processes_per_node {
+            let _ = writeln!(o, "{nodes:7}  {ppn:9}");
+        }
+        o.push_str("\n         Processes         GPUs\n                    per process\n");
+        for (procs, gpus) in &spread.gpus_per_process {
+            let _ = writeln!(o, "         {procs:9}  {gpus:11}");
+        }
+    }
+    o.push_str("\n  Nodes  Processes         GPUs\n(total)    (total)      (total)\n");
+    let _ = writeln!(o, "{:7}  {:9}  {:11}", s.nodes, s.processes_total, s.gpus_total);
+    for shape in &spread.outlier_nodes {
+        let _ = writeln!(o, "\nThe outlier {}:", plural(shape.len() as u32, "node", "nodes"));
+        for n in shape {
+            let what = plural(n.pids.len() as u32, "process", "processes");
+            let _ = writeln!(o, "  Node {} running {what} {}", n.host, join(&n.pids));
+        }
+    }
 }
 
 fn comm_table(o: &mut String, groups: &[CommGroupRow]) {
@@ -108,7 +139,8 @@ fn whereabouts(r: &RankRef) -> String {
 fn process_line(o: &mut String, p: &ProcessRef) {
     let n = p.cuda_devs.len() as u32;
     let nvml = if p.nvml_devs == p.cuda_devs { String::new() } else { format!(" (NVML {})", join(&p.nvml_devs)) };
-    let gpus = plural(n, "GPU", "GPUs");
+    // NCCL pluralizes only above one, so a host-only process (no GPU) reads "managing GPU ".
+    let gpus = if n > 1 { "GPUs" } else { "GPU" };
     let _ = writeln!(o, "  Process {} on node {} managing {gpus} {}{nvml}", p.pid, p.host, join(&p.cuda_devs));
 }
 
@@ -134,15 +166,13 @@ fn error_entry(o: &mut String, e: &ErrorEntry) {
             let what = plural(*missing, "process", "processes");
             let _ = writeln!(o, "INCOMPLETE\n  Missing communicator data from {missing} job {what}");
             processes.iter().for_each(|p| process_line(o, p));
-            if *not_found > 0 {
-                let what = plural(*not_found, "process", "processes");
-                let _ = writeln!(o, "  could not find information on {not_found} {what}");
-            }
+            not_found_line(o, *not_found);
         }
-        ErrorEntry::Dead { processes, dead } => {
+        ErrorEntry::Dead { processes, dead, not_found } => {
             let what = plural(*dead, "process is", "processes are");
             let _ = writeln!(o, "DEAD\n  {dead} job {what} considered dead (unreachable via the RAS network)");
             processes.iter().for_each(|p| process_line(o, p));
+            not_found_line(o, *not_found);
         }
         ErrorEntry::CommIncomplete { comm, missing, ranks } => {
             let what = plural(*missing, "rank", "ranks");
@@ -158,6 +188,14 @@ fn error_entry(o: &mut String, e: &ErrorEntry) {
         }
     }
     o.push('\n');
+}
+
+/// Processes missing from the peer table, bracketed as NCCL prints it.
+fn not_found_line(o: &mut String, not_found: u32) {
+    if not_found > 0 {
+        let what = plural(not_found, "process", "processes");
+        let _ = writeln!(o, "  [could not find information on {not_found} {what}]");
+    }
 }
 
 fn breakdown(o: &mut String, kind: &str, b: Option<&ErrorBreakdown>) {

@@ -11,7 +11,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::conn::{self, ConnHandle};
 use super::{client, unix_ns, Clock, Cmd, Event, Gathered, RasConfig};
+use crate::analysis::{KnownComm, KnownRank};
 use crate::mesh::{Action, ConnId, Mesh, PeerAddr, PeerId, PeerTable};
+use crate::record::CommId;
 use crate::record::ProcessRecords;
 use crate::wire::Msg;
 
@@ -46,6 +48,8 @@ struct State {
     next_token: u64,
     pending: HashMap<u64, oneshot::Sender<Result<Gathered, String>>>,
     inputs: mpsc::UnboundedSender<Input>,
+    /// This process's communicators: the mesh address of each rank's process.
+    comms: HashMap<CommId, (u32, Vec<(u32, String)>)>,
 }
 
 /// Runs until `Shutdown`: the mesh, its listener, and the client port.
@@ -91,6 +95,7 @@ pub(crate) async fn run(
         next_token: 1,
         pending: HashMap::new(),
         inputs,
+        comms: HashMap::new(),
     };
     loop {
         let deadline = st.mesh.as_ref().and_then(Mesh::poll_timeout);
@@ -134,7 +139,10 @@ impl State {
     fn input(&mut self, i: Input) {
         let now = self.clock.now();
         match i {
-            Input::Cmd(Cmd::Join(peers)) => self.join(peers),
+            Input::Cmd(Cmd::Join { comm, size, members }) => {
+                self.comms.insert(comm, (size, members.iter().map(|(r, p)| (*r, p.addr.clone())).collect()));
+                self.join(members.into_iter().map(|(_, p)| p).collect());
+            }
             Input::Cmd(Cmd::Status { budget, reply }) => match self.mesh.as_mut() {
                 Some(m) => {
                     let token = self.next_token;
@@ -247,14 +255,31 @@ impl State {
                     let _ = self.sh.events.send(Event { unix_ms: unix_ns() / 1_000_000, event, peer });
                 }
                 Action::StatusDone(result) => {
-                    if let Some(reply) = self.pending.remove(&result.token) {
-                        let table = self.mesh.as_ref().map(|m| m.table().iter().map(|(_, p)| p.clone()).collect());
-                        let _ =
-                            reply.send(Ok(Gathered { result, table: table.unwrap_or_default(), unix_ns: unix_ns() }));
+                    if let (Some(reply), Some(m)) = (self.pending.remove(&result.token), self.mesh.as_ref()) {
+                        let table = m.table().clone();
+                        let known = self.known(&table);
+                        let _ = reply.send(Ok(Gathered { result, table, known, unix_ns: unix_ns() }));
                     }
                 }
             }
         }
+    }
+
+    /// This process's communicators with each rank's process, for the analysis (who an absent rank is).
+    fn known(&self, table: &PeerTable) -> Vec<KnownComm> {
+        self.comms
+            .iter()
+            .map(|(id, (size, addrs))| KnownComm {
+                id: *id,
+                size: *size,
+                members: addrs
+                    .iter()
+                    .filter_map(|(r, a)| {
+                        Some(KnownRank { rank: *r, peer: table.find(a)?, cuda_dev: None, nvml_dev: None })
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 
     fn event_peer(&self, e: &crate::mesh::MonitorEvent) -> Option<PeerAddr> {

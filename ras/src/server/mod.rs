@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::mesh::{GatherResult, MonitorEvent, PeerAddr};
-use crate::record::{CommRecord, ProcessRecords};
+use crate::analysis::KnownComm;
+use crate::mesh::{GatherResult, MonitorEvent, PeerAddr, PeerTable};
+use crate::record::{CommId, CommRecord, ProcessRecords};
 
 pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR};
 
@@ -52,15 +53,18 @@ pub struct Event {
 #[derive(Clone, Debug)]
 pub struct Gathered {
     pub result: GatherResult,
-    pub table: Vec<PeerAddr>,
+    pub table: PeerTable,
+    /// The communicators of the answering process, with the process of each rank.
+    pub known: Vec<KnownComm>,
     /// Wall-clock time when the gather finished.
     pub unix_ns: u64,
 }
 
 /// What the RAS thread is asked to do.
 pub(crate) enum Cmd {
-    /// The processes of a communicator (this one included) joined: add them to the mesh's table.
-    Join(Vec<PeerAddr>),
+    /// A communicator rank of this process was created: its communicator's processes, rank by rank (this one
+    /// included), join the mesh's table.
+    Join { comm: CommId, size: u32, members: Vec<(u32, PeerAddr)> },
     /// Gather the job's status within `budget`.
     Status { budget: Duration, reply: oneshot::Sender<Result<Gathered, String>> },
     /// Say goodbye to the peers and stop.
@@ -131,10 +135,11 @@ impl RasServer {
         &self.records
     }
 
-    /// Registers a communicator rank's record, and the processes of its communicator (this one included).
-    pub fn join(&self, record: &Arc<CommRecord>, peers: Vec<PeerAddr>) {
+    /// Registers a communicator rank's record, with the process of each rank of its communicator that runs RAS
+    /// (`(rank, process)`, this process included).
+    pub fn join(&self, record: &Arc<CommRecord>, members: Vec<(u32, PeerAddr)>) {
         self.records.register(record);
-        let _ = self.cmds.send(Cmd::Join(peers));
+        let _ = self.cmds.send(Cmd::Join { comm: record.info().comm, size: record.info().size, members });
     }
 
     /// Gathers the job's status (what a client's `STATUS` does), waiting at most `budget` plus a margin.

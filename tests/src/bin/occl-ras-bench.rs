@@ -66,8 +66,9 @@ fn main() -> anyhow::Result<()> {
             r
         })
         .collect();
+    let members: Vec<(u32, PeerAddr)> = table.iter().cloned().enumerate().map(|(i, p)| (i as u32, p)).collect();
     for (s, r) in servers.iter().zip(&records) {
-        s.join(r, table.clone());
+        s.join(r, members.clone());
     }
     println!("# {} RAS servers started and joined in {:.3} s", a.peers, t0.elapsed().as_secs_f64());
     // Let the links form (a gather before that would also work, over fewer links).

@@ -1,0 +1,40 @@
+//! occl's stuck operations: ranks that have been in one operation for too long, the laggards of each communicator
+//! first, so the rank the others wait for leads.
+
+use super::verdicts::Verdict;
+use super::StuckPolicy;
+use crate::record::RankRecord;
+use crate::report::StuckOp;
+
+/// How far a rank got: operations of any kind completed, then launched (within a communicator every rank runs the
+/// same sequence, so fewer means behind).
+fn progress(r: &RankRecord) -> (u64, u64) {
+    let sum = |v: &[u64]| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    (sum(&r.live.completed), sum(&r.live.launched))
+}
+
+/// Per communicator in table order, each rank whose operation in flight has waited at least the policy's minimum,
+/// laggards first.
+pub(super) fn stuck_ops(judged: &[Verdict], now_ns: u64, policy: StuckPolicy) -> Vec<StuckOp> {
+    let mut out = Vec::new();
+    for v in judged {
+        let mut waiting: Vec<_> = v
+            .view
+            .ranks
+            .iter()
+            .filter_map(|r| r.record.live.in_flight.as_ref().map(|op| (r, op)))
+            .filter(|(_, op)| op.waited_ns(now_ns) >= policy.min_wait_ns)
+            .collect();
+        waiting.sort_by_key(|(r, _)| (progress(r.record), r.rank()));
+        out.extend(waiting.into_iter().map(|(r, op)| StuckOp {
+            comm: v.comm,
+            rank: r.rank_ref(),
+            operation: op.coll.name().to_string(),
+            seq: op.coll_seq,
+            waited_ms: op.waited_ns(now_ns) / 1_000_000,
+            peer: op.peer,
+            step: op.waiting_label(),
+        }));
+    }
+    out
+}
