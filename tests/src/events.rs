@@ -152,3 +152,31 @@ impl Sink for Counter {
         self.stops.fetch_add(1, Relaxed);
     }
 }
+
+/// One of each operation per size: 1 element, a few slices, and several ring pieces.
+pub fn every_operation(comm: &occl::Comm) -> occl::Result<()> {
+    let (n, r) = (comm.nranks(), comm.rank());
+    for count in [1usize, 1000, 70_000] {
+        let a = vec![1.0f32; count * n];
+        let mut b = vec![0f32; count * n];
+        comm.all_reduce(&a[..count], &mut b[..count], occl::RedOp::Sum)?;
+        comm.all_reduce_in_place(&mut b[..count], occl::RedOp::Max)?;
+        comm.broadcast(&a[..count], &mut b[..count], 1 % n)?;
+        comm.reduce(&a[..count], &mut b[..count], occl::RedOp::Sum, 0)?;
+        comm.all_gather(&a[..count], &mut b)?;
+        comm.reduce_scatter(&a, &mut b[..count], occl::RedOp::Sum)?;
+        comm.all_to_all(&a, &mut b)?;
+        if n > 1 {
+            let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+            let mut c = vec![0f64; count];
+            if r % 2 == 0 {
+                comm.send(&vec![2.0f64; count], to)?;
+                comm.recv(&mut c, from)?;
+            } else {
+                comm.recv(&mut c, from)?;
+                comm.send(&vec![2.0f64; count], to)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -190,6 +190,13 @@ fn check_rank(r: &Rank, tcp: bool) -> (Vec<String>, HashMap<(usize, bool), i64>)
     (colls, per_peer)
 }
 
+fn load_dir(dir: &Path) -> Vec<Rank> {
+    let mut ranks: Vec<Rank> =
+        std::fs::read_dir(dir).expect("read dir").map(|e| load(&e.expect("entry").path())).collect();
+    ranks.sort_by_key(|r| r.rank);
+    ranks
+}
+
 fn run(nranks: usize, extra: &[(&str, &str)]) -> Vec<Rank> {
     let dir = std::env::temp_dir().join(format!("occl-events-{}-{nranks}-{}", std::process::id(), extra.len()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -222,6 +229,50 @@ fn check_job(ranks: &[Rank], tcp: bool) {
             }
         }
     }
+}
+
+/// Two communicators in one process (3 + 2 ranks, one thread each) run every operation at the same time; one
+/// registered profiler gets a sink per communicator rank, and each sees its own complete tree.
+#[test]
+fn several_communicators_on_threads_keep_their_trees_apart() {
+    let dir = std::env::temp_dir().join(format!("occl-events-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let prof: std::sync::Arc<dyn occl::telemetry::Profiler> =
+        std::sync::Arc::new(occl_tests::events::Recorder { dir: dir.clone(), mask: occl::telemetry::EventMask::ALL });
+    occl::telemetry::profiler::register(prof.clone());
+    let (a, b) = std::thread::scope(|sc| {
+        let ha = sc.spawn(|| occl::Comm::init_all(3).expect("comm A"));
+        let hb = sc.spawn(|| occl::Comm::init_all(2).expect("comm B"));
+        (ha.join().expect("A"), hb.join().expect("B"))
+    });
+    occl::telemetry::profiler::unregister(&prof);
+    let ids = (a[0].id(), b[0].id());
+    assert_ne!(ids.0, ids.1);
+    std::thread::scope(|sc| {
+        for c in a.iter().chain(b.iter()) {
+            sc.spawn(move || occl_tests::events::every_operation(c).expect("operations"));
+        }
+    });
+    for c in a.into_iter().chain(b) {
+        c.destroy().expect("destroy");
+    }
+    let all = load_dir(&dir);
+    assert_eq!(all.len(), 5, "one event file per communicator rank");
+    for (id, n) in [(ids.0, 3), (ids.1, 2)] {
+        let tag = format!("{id:016x}");
+        let mut ranks: Vec<Rank> = Vec::new();
+        for e in std::fs::read_dir(&dir).expect("read dir") {
+            let p = e.expect("entry").path();
+            if p.to_string_lossy().contains(&tag) {
+                ranks.push(load(&p));
+            }
+        }
+        ranks.sort_by_key(|r| r.rank);
+        assert_eq!(ranks.len(), n, "communicator {tag}");
+        check_job(&ranks, false);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -16,34 +16,6 @@ fn report(e: &occl::Error) -> ExitCode {
     ExitCode::from(3)
 }
 
-/// One of each operation per size: 1 element, a few slices, and several ring pieces.
-fn every_operation(comm: &Comm) -> occl::Result<()> {
-    let (n, r) = (comm.nranks(), comm.rank());
-    for count in [1usize, 1000, 70_000] {
-        let a = vec![1.0f32; count * n];
-        let mut b = vec![0f32; count * n];
-        comm.all_reduce(&a[..count], &mut b[..count], RedOp::Sum)?;
-        comm.all_reduce_in_place(&mut b[..count], RedOp::Max)?;
-        comm.broadcast(&a[..count], &mut b[..count], 1 % n)?;
-        comm.reduce(&a[..count], &mut b[..count], RedOp::Sum, 0)?;
-        comm.all_gather(&a[..count], &mut b)?;
-        comm.reduce_scatter(&a, &mut b[..count], RedOp::Sum)?;
-        comm.all_to_all(&a, &mut b)?;
-        if n > 1 {
-            let (to, from) = ((r + 1) % n, (r + n - 1) % n);
-            let mut c = vec![0f64; count];
-            if r % 2 == 0 {
-                comm.send(&vec![2.0f64; count], to)?;
-                comm.recv(&mut c, from)?;
-            } else {
-                comm.recv(&mut c, from)?;
-                comm.send(&vec![2.0f64; count], to)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -172,7 +144,7 @@ fn main() -> ExitCode {
         }
         // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
         "events" => {
-            if let Err(e) = every_operation(&comm) {
+            if let Err(e) = occl_tests::events::every_operation(&comm) {
                 return report(&e);
             }
             println!("OK rank={r} events transport={}", comm.transport_summary());
