@@ -26,14 +26,22 @@ pub(super) fn stuck_ops(judged: &[Verdict], now_ns: u64, policy: StuckPolicy) ->
             .filter(|(_, op)| op.waited_ns(now_ns) >= policy.min_wait_ns)
             .collect();
         waiting.sort_by_key(|(r, _)| (progress(r.record), r.rank()));
-        out.extend(waiting.into_iter().map(|(r, op)| StuckOp {
-            comm: v.comm,
-            rank: r.rank_ref(),
-            operation: op.coll.name().to_string(),
-            seq: op.coll_seq,
-            waited_ms: op.waited_ns(now_ns) / 1_000_000,
-            peer: op.peer,
-            step: op.waiting_label(),
+        out.extend(waiting.into_iter().map(|(r, op)| {
+            StuckOp {
+                comm: v.comm,
+                rank: r.rank_ref(),
+                operation: op.coll.name().to_string(),
+                seq: op.coll_seq,
+                waited_ms: op.waited_ns(now_ns) / 1_000_000,
+                peer: op.peer,
+                // The peer has its own field; the step names only the state (e.g. `RecvWait`).
+                step: op
+                    .step_state
+                    .map(|st| {
+                        crate::record::step_state::name(st).map_or_else(|| format!("step state {st}"), str::to_owned)
+                    })
+                    .unwrap_or_else(|| "state unknown".to_string()),
+            }
         }));
     }
     out

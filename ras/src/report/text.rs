@@ -131,6 +131,8 @@ fn gpu(l: &RankLoc) -> String {
 /// `-- GPU g managed by process p on node h`, or NCCL's placeholder when the process is unknown.
 fn whereabouts(r: &RankRef) -> String {
     match &r.loc {
+        // A host-memory rank has no GPU (the model keeps NCCL's unsigned device field at u32::MAX).
+        Some(l) if l.cuda_dev == u32::MAX => format!("-- host memory, process {} on node {}", l.pid, l.host),
         Some(l) => format!("-- GPU {} managed by process {} on node {}", gpu(l), l.pid, l.host),
         None => "-- [process information not found]".to_string(),
     }
@@ -139,7 +141,12 @@ fn whereabouts(r: &RankRef) -> String {
 fn process_line(o: &mut String, p: &ProcessRef) {
     let n = p.cuda_devs.len() as u32;
     let nvml = if p.nvml_devs == p.cuda_devs { String::new() } else { format!(" (NVML {})", join(&p.nvml_devs)) };
-    // NCCL pluralizes only above one, so a host-only process (no GPU) reads "managing GPU ".
+    if n == 0 {
+        // NCCL would print "managing GPU " with nothing after it; say what the process is.
+        let _ = writeln!(o, "  Process {} on node {} (host memory, no GPU)", p.pid, p.host);
+        return;
+    }
+    // NCCL pluralizes only above one.
     let gpus = if n > 1 { "GPUs" } else { "GPU" };
     let _ = writeln!(o, "  Process {} on node {} managing {gpus} {}{nvml}", p.pid, p.host, join(&p.cuda_devs));
 }
