@@ -69,6 +69,18 @@ fn a_healthy_job_reports_every_rank() {
 }
 
 #[test]
+fn a_destroyed_sub_communicator_reads_nocomm() {
+    let port = free_port();
+    let job = start(3, &["subcomm", "1"], port, &[]);
+    let text = ncclras(port, "STATUS\n", Duration::from_secs(10)).expect("status");
+    // Two communicators: the world one is fine; the other is NOCOMM on rank 1, whose process destroyed it.
+    assert!(text.contains("NOCOMM"), "{text}");
+    let warn = text.split("Warnings\n========\n\n").nth(1).unwrap_or_default();
+    assert!(warn.contains("Rank 1 has status NOCOMM"), "{text}");
+    drop(job);
+}
+
+#[test]
 fn a_killed_process_is_dead_within_5s() {
     let port = free_port();
     let job = start(3, &["idle"], port, &[]);

@@ -142,6 +142,52 @@ fn main() -> ExitCode {
                 return report(&e);
             }
         }
+        // A second communicator over the same ranks (its id broadcast through the first); rank `args[1]`
+        // destroys it, the others keep it; then idle (RAS reports the destroyed rank as NOCOMM).
+        "subcomm" => {
+            let gone = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let mut text = [0u8; 256];
+            if r == 0 {
+                match occl::UniqueId::new() {
+                    Ok(id) => {
+                        let t = id.to_string();
+                        let n = t.len().min(text.len());
+                        text[..n].copy_from_slice(&t.as_bytes()[..n]);
+                    }
+                    Err(e) => return report(&e),
+                }
+            }
+            if let Err(e) = comm.broadcast_in_place(&mut text, 0) {
+                return report(&e);
+            }
+            let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+            let id: occl::UniqueId = match std::str::from_utf8(&text[..end]).ok().and_then(|t| t.parse().ok()) {
+                Some(id) => id,
+                None => {
+                    println!("ERR kind=bad-id");
+                    return ExitCode::from(2);
+                }
+            };
+            let sub = match Comm::init_rank(comm.nranks(), &id, r, comm.config().clone()) {
+                Ok(c) => c,
+                Err(e) => return report(&e),
+            };
+            let mut v = [1.0f32; 64];
+            if let Err(e) = sub.all_reduce_in_place(&mut v, RedOp::Sum) {
+                return report(&e);
+            }
+            let keep = if r == gone {
+                if let Err(e) = sub.destroy() {
+                    return report(&e);
+                }
+                None
+            } else {
+                Some(sub)
+            };
+            println!("READY rank={r} pid={}", std::process::id());
+            std::thread::sleep(Duration::from_secs(3600));
+            drop(keep);
+        }
         // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
         "events" => {
             if let Err(e) = occl_tests::events::every_operation(&comm) {
