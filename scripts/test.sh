@@ -9,9 +9,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "scripts/test.sh: cargo not found; install a Rust toolchain (https://rustup.rs) first" >&2
     exit 1
 fi
-# gcc for crates that build C; clippy and rustfmt for the lints.
-if ! command -v cc >/dev/null 2>&1; then
-    apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+# gcc for crates that build C and for the test profiler plugins; iproute2 for the network-namespace
+# test; clippy and rustfmt for the lints.
+need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 for comp in clippy rustfmt; do
     if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then

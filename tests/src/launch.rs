@@ -26,13 +26,19 @@ pub struct Spawn {
     pub capture_stdout: bool,
     /// Capture stderr (otherwise inherited).
     pub capture_stderr: bool,
+    /// Where the bootstrap root listens (default: loopback); a job spread over network namespaces needs an
+    /// address all of them reach.
+    pub root_ip: Option<std::net::IpAddr>,
 }
 
 impl Job {
     /// Starts `nranks` copies of `program args…`. The unique id is created here, so the
     /// bootstrap root runs in this process for the job's lifetime.
     pub fn spawn(program: &Path, args: &[String], nranks: usize, opts: &Spawn) -> anyhow::Result<Job> {
-        let id = occl::UniqueId::new()?;
+        let id = match opts.root_ip {
+            Some(ip) => occl::UniqueId::new_on(ip)?,
+            None => occl::UniqueId::new()?,
+        };
         let mut children = Vec::with_capacity(nranks);
         for r in 0..nranks {
             let mut cmd = Command::new(program);
