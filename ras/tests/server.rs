@@ -1,0 +1,138 @@
+//! RAS servers of one process talking over real loopback sockets: monitor streams (NCCL's `MONITOR` and HTTP
+//! server-sent events), strangers on the mesh port, and a process with the wrong job secret.
+
+use occl_ras::mesh::PeerAddr;
+use occl_ras::record::{CommId, CommRecord, RankInfo, ResultCode};
+use occl_ras::server::{RasConfig, RasServer};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn config() -> RasConfig {
+    let mut c = RasConfig::from_vars(|_| None, IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("config");
+    c.client_addr = "127.0.0.1:0".parse().expect("addr");
+    c
+}
+
+/// `n` servers forming one job (one rank record each); `secrets[i]` is server i's job secret.
+fn job(secrets: &[[u8; 16]]) -> (Vec<RasServer>, Vec<Arc<CommRecord>>) {
+    let servers: Vec<RasServer> = secrets.iter().map(|s| RasServer::start(config(), *s).expect("start")).collect();
+    let members: Vec<(u32, PeerAddr)> = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let p = PeerAddr {
+                addr: s.mesh_addr().to_string(),
+                host: "127.0.0.1".into(),
+                pid: 1000 + i as u32,
+                cuda_devs: vec![],
+                nvml_devs: vec![],
+            };
+            (i as u32, p)
+        })
+        .collect();
+    let n = servers.len() as u32;
+    let records: Vec<Arc<CommRecord>> = (0..n)
+        .map(|r| {
+            let rec = Arc::new(CommRecord::new(RankInfo {
+                comm: CommId { hash: 0xfeed, root_host_hash: 1, root_pid_hash: 2 },
+                size: n,
+                rank: r,
+                pid: 1000 + r,
+                host: "127.0.0.1".into(),
+                cuda_dev: None,
+                nvml_dev: None,
+            }));
+            rec.live().set_init_state(ResultCode::Success);
+            rec
+        })
+        .collect();
+    for (s, r) in servers.iter().zip(&records) {
+        s.join(r, members.clone());
+    }
+    (servers, records)
+}
+
+fn wait_for_answers(s: &RasServer, n: usize) -> usize {
+    let t = Instant::now();
+    loop {
+        let g = s.status_blocking(Duration::from_secs(2)).expect("gather");
+        if g.result.statuses.len() == n || t.elapsed() > Duration::from_secs(10) {
+            return g.result.statuses.len();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn monitor_streams_a_peer_leaving_on_both_protocols() {
+    let (mut servers, _records) = job(&[[1; 16]; 3]);
+    assert_eq!(wait_for_answers(&servers[0], 3), 3);
+    let port = servers[0].client_addr().expect("client port").port();
+    // NCCL's MONITOR on the text port.
+    let mut mon = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    mon.write_all(b"MONITOR all\n").expect("send");
+    mon.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut lines = BufReader::new(mon.try_clone().expect("clone"));
+    let mut ok = String::new();
+    lines.read_line(&mut ok).expect("OK");
+    assert_eq!(ok, "OK\n");
+    // HTTP server-sent events on the same port.
+    let mut sse = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    sse.write_all(b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    sse.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    std::thread::sleep(Duration::from_millis(200));
+    // Server 2 leaves (its drop says goodbye to its peers).
+    let gone = servers.pop().expect("server 2");
+    drop(gone);
+    let mut seen = String::new();
+    let t = Instant::now();
+    while !seen.contains("PEER_DEAD") && t.elapsed() < Duration::from_secs(10) {
+        let mut l = String::new();
+        if lines.read_line(&mut l).unwrap_or(0) == 0 {
+            break;
+        }
+        seen.push_str(&l);
+    }
+    assert!(seen.contains("PEER_DEAD: Process 1002 on node 127.0.0.1"), "{seen}");
+    assert!(seen.starts_with('['), "NCCL's `[date time] EVENT: ...` shape: {seen}");
+    let mut buf = vec![0u8; 8192];
+    let mut got = String::new();
+    let t = Instant::now();
+    while !got.contains("PEER_DEAD") && t.elapsed() < Duration::from_secs(10) {
+        match sse.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    assert!(got.starts_with("HTTP/1.1 200 OK") && got.contains("text/event-stream"), "{got}");
+    let data = got.lines().find(|l| l.starts_with("data: ") && l.contains("PEER_DEAD")).expect("an SSE data line");
+    let v: serde_json::Value = serde_json::from_str(&data["data: ".len()..]).expect("event JSON");
+    assert_eq!(
+        (v["event"].as_str(), v["group"].as_str(), v["peer"]["pid"].as_u64()),
+        (Some("PEER_DEAD"), Some("LIFECYCLE"), Some(1002))
+    );
+}
+
+#[test]
+fn strangers_and_wrong_secrets_do_not_get_in() {
+    // Server 1 has another job's secret: it never joins, and server 0 keeps working.
+    let (servers, _records) = job(&[[1; 16], [2; 16], [1; 16]]);
+    let mesh = servers[0].mesh_addr();
+    // Garbage, an oversized frame header, and a connection that says nothing, on the mesh port.
+    let mut junk = TcpStream::connect(mesh).expect("connect");
+    let _ = junk.write_all(b"GET / HTTP/1.1\r\n\r\n\xff\xff\xff\xff\x01\x02garbage");
+    let mut huge = TcpStream::connect(mesh).expect("connect");
+    let _ = huge.write_all(&[0x7f, 0xff, 0xff, 0xff, 1, 1]);
+    let _silent = TcpStream::connect(mesh).expect("connect");
+    std::thread::sleep(Duration::from_millis(500));
+    let g = servers[0].status_blocking(Duration::from_secs(3)).expect("gather");
+    let answered: Vec<u32> = g.result.statuses.iter().map(|s| s.pid).collect();
+    assert!(answered.contains(&1000) && answered.contains(&1002), "{answered:?}");
+    assert!(!answered.contains(&1001), "a process with another job's secret answered: {answered:?}");
+    // The stranger connections were closed by the server.
+    junk.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut b = [0u8; 16];
+    assert!(matches!(junk.read(&mut b), Ok(0) | Err(_)), "garbage connection left open");
+}
