@@ -123,6 +123,11 @@ fn a_hung_job_names_the_lagging_rank_and_what_the_others_wait_in() {
         assert!(line.contains("waiting on rank"), "{line}");
     }
     assert!(!stuck.contains("Rank 1 in"), "rank 1 is idle, not stuck: {text}");
+    // The same on /metrics, for dashboards and alerts.
+    let body = scrape(port);
+    let spread = body.lines().find(|l| l.starts_with("occl_ras_op_count_spread") && l.contains("op=\"AllReduce\""));
+    assert!(spread.is_some_and(|l| l.ends_with(" 1")), "{body}");
+    assert!(body.lines().any(|l| l.starts_with("occl_ras_comm_mismatch") && l.ends_with(" 1")), "{body}");
     drop(job);
 }
 

@@ -63,6 +63,42 @@ pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
     help(&mut o, "occl_ras_gather_leg_timeouts", "gauge", "Legs of the status gather that timed out.");
     let _ = writeln!(o, "occl_ras_gather_leg_timeouts {}", r.leg_timeouts);
 
+    // Job-wide agreement, from every answer: how far apart the ranks' launch counters are per communicator and
+    // operation (a busy healthy job differs by a few for a moment; a hung one stays apart), and whether the report
+    // calls the communicator a MISMATCH.
+    let mut spread: std::collections::BTreeMap<(u64, CollType), (u64, u64)> = std::collections::BTreeMap::new();
+    for rec in r.statuses.iter().flat_map(|s| s.records.iter()) {
+        for c in CollType::ALL {
+            let v = rec.launched(c);
+            let e = spread.entry((rec.info.comm.hash, c)).or_insert((v, v));
+            e.0 = e.0.min(v);
+            e.1 = e.1.max(v);
+        }
+    }
+    help(
+        &mut o,
+        "occl_ras_op_count_spread",
+        "gauge",
+        "Launched operations of a type: highest rank minus lowest rank, per communicator.",
+    );
+    for ((comm, c), (lo, hi)) in &spread {
+        let _ = writeln!(o, "occl_ras_op_count_spread{{comm=\"{comm:016x}\",op=\"{}\"}} {}", c.name(), hi - lo);
+    }
+    let report = build_report(g, false);
+    let mismatched: std::collections::BTreeSet<u64> = report
+        .warnings
+        .iter()
+        .filter_map(|w| match w {
+            crate::report::WarningEntry::CommMismatch { comm, .. } => Some(comm.hash),
+            _ => None,
+        })
+        .collect();
+    help(&mut o, "occl_ras_comm_mismatch", "gauge", "1 when the RAS report has a MISMATCH for the communicator.");
+    let comms: std::collections::BTreeSet<u64> = spread.keys().map(|(c, _)| *c).collect();
+    for comm in comms {
+        let _ = writeln!(o, "occl_ras_comm_mismatch{{comm=\"{comm:016x}\"}} {}", u8::from(mismatched.contains(&comm)));
+    }
+
     let local: Vec<_> = r.statuses.iter().filter(|s| s.host == my_host).collect();
     help(&mut o, "occl_operations_launched_total", "counter", "Operations started, per communicator rank and type.");
     for s in &local {
