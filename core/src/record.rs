@@ -2,54 +2,13 @@
 //! which one is in flight. RAS reads it to say who is behind and what a hung rank is stuck in;
 //! updating it is a few relaxed atomic stores per operation.
 
-use occl_ras::record::{CollType as RasColl, CommRecord, Flag, RankInfo, ResultCode};
+use occl_ras::record::{CommRecord, Flag, RankInfo, ResultCode};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` where it has them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum CollType {
-    Broadcast = 0,
-    Reduce = 1,
-    AllGather = 2,
-    ReduceScatter = 3,
-    AllReduce = 4,
-    Send = 5,
-    Recv = 6,
-    AllToAll = 7,
-}
-
-impl CollType {
-    pub const ALL: [CollType; 8] = [
-        CollType::Broadcast,
-        CollType::Reduce,
-        CollType::AllGather,
-        CollType::ReduceScatter,
-        CollType::AllReduce,
-        CollType::Send,
-        CollType::Recv,
-        CollType::AllToAll,
-    ];
-
-    /// NCCL's spelling, as RAS reports and profiler plugins print it.
-    pub const fn name(self) -> &'static str {
-        match self {
-            CollType::Broadcast => "Broadcast",
-            CollType::Reduce => "Reduce",
-            CollType::AllGather => "AllGather",
-            CollType::ReduceScatter => "ReduceScatter",
-            CollType::AllReduce => "AllReduce",
-            CollType::Send => "Send",
-            CollType::Recv => "Recv",
-            CollType::AllToAll => "AllToAll",
-        }
-    }
-
-    pub(crate) fn from_u8(v: u8) -> Option<CollType> {
-        CollType::ALL.iter().copied().find(|c| *c as u8 == v)
-    }
-}
+/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` (occl-ras's type: the record and the
+/// report share it).
+pub use occl_ras::record::CollType;
 
 /// An operation in flight, as seen in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,13 +31,6 @@ pub struct InFlight {
 #[derive(Debug)]
 pub struct OpRecord {
     rec: Arc<CommRecord>,
-}
-
-impl CollType {
-    fn ras(self) -> RasColl {
-        // Same numbering (NCCL's ncclFunc_t order) in both crates.
-        RasColl::from_u8(self as u8).unwrap_or(RasColl::AllReduce)
-    }
 }
 
 /// Wall-clock nanoseconds from the coarse clock (a few ns to read, ~4 ms resolution): enough to
@@ -106,12 +58,12 @@ impl OpRecord {
     /// Stamps an operation that starts at `t_ns` (from `now_ns`); returns its sequence number.
     #[inline]
     pub(crate) fn launch(&self, coll: CollType, bytes: u64, t_ns: u64) -> u64 {
-        self.rec.live().launch(coll.ras(), bytes, t_ns)
+        self.rec.live().launch(coll, bytes, t_ns)
     }
 
     #[inline]
     pub(crate) fn complete(&self, coll: CollType) {
-        self.rec.live().complete(coll.ras());
+        self.rec.live().complete(coll);
     }
 
     /// The operation in flight waits on `peer` in ProxyStep state `state` (called only when a wait blocks).
@@ -147,12 +99,12 @@ impl OpRecord {
 
     /// Operations of `coll` started so far.
     pub fn launched(&self, coll: CollType) -> u64 {
-        self.rec.live().launched(coll.ras())
+        self.rec.live().launched(coll)
     }
 
     /// Operations of `coll` that returned successfully.
     pub fn completed(&self, coll: CollType) -> u64 {
-        self.rec.live().completed(coll.ras())
+        self.rec.live().completed(coll)
     }
 
     /// The operation running now, if any (a failed one stays in flight).
@@ -160,7 +112,7 @@ impl OpRecord {
         let f = self.rec.live().in_flight()?;
         Some(InFlight {
             seq: f.seq,
-            coll: CollType::from_u8(f.coll as u8)?,
+            coll: f.coll,
             coll_seq: f.coll_seq,
             bytes: f.bytes,
             start_ns: f.start_ns,
