@@ -275,6 +275,51 @@ fn several_communicators_on_threads_keep_their_trees_apart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The mask is read when an operation starts: a sink whose interest changes at run time (as an NCCL plugin
+/// storing into the global mask) gets events exactly for the operations started while it wanted them.
+#[test]
+fn the_mask_changes_at_run_time() {
+    use occl_tests::events::Counter;
+    use std::sync::atomic::Ordering::Relaxed;
+    let comms = occl::Comm::init_all(2).expect("comms");
+    let counters: Vec<std::sync::Arc<Counter>> = comms
+        .iter()
+        .map(|c| {
+            let k = std::sync::Arc::new(Counter::default());
+            c.attach_sink(k.clone()).expect("attach");
+            k
+        })
+        .collect();
+    let round = |comms: &[occl::Comm]| {
+        std::thread::scope(|sc| {
+            for c in comms {
+                sc.spawn(move || {
+                    let mut v = vec![1.0f32; 1 << 16];
+                    c.all_reduce_in_place(&mut v, occl::RedOp::Sum).expect("all-reduce");
+                });
+            }
+        })
+    };
+    round(&comms);
+    assert!(counters.iter().all(|k| k.total() == 0), "events with an empty mask");
+    for k in &counters {
+        k.mask.store(occl::telemetry::EventMask::of(occl::telemetry::EventType::ProxyStep).0, Relaxed);
+    }
+    round(&comms);
+    let on: Vec<u64> = counters.iter().map(|k| k.starts.load(Relaxed)).collect();
+    // GroupApi, CollApi, Group, Coll, two ProxyOps and at least one ProxyStep each way.
+    assert!(on.iter().all(|n| *n >= 8), "ProxySteps and their ancestors: {on:?}");
+    for k in &counters {
+        k.mask.store(0, Relaxed);
+    }
+    round(&comms);
+    let off: Vec<u64> = counters.iter().map(|k| k.starts.load(Relaxed)).collect();
+    assert_eq!(on, off, "events after the mask went back to 0");
+    for c in comms {
+        c.destroy().expect("destroy");
+    }
+}
+
 #[test]
 fn shm_job_emits_nccls_tree() {
     check_job(&run(3, &[]), false);
