@@ -34,6 +34,11 @@ impl RankRecord {
 /// and a missing-rank entry for every rank below the communicator's size (at most [`MAX_COMM_RANKS`]) that no record
 /// covers. `missing` describes such a rank: the caller knows where it lives (its own comm membership, the peer
 /// table) and whether its process is dead or unresponsive.
+/// Missing-rank entries listed in one report, over all communicators. Sizes come from peers: without a bound, a few
+/// records claiming 2^20-rank communicators would make the answering process build gigabytes of entries. A real
+/// job this large cannot be listed rank by rank anyway; the counts stay right, the listing stops.
+pub const MAX_MISSING_LISTED: usize = 1 << 18;
+
 pub fn comm_data<'a>(
     records: impl IntoIterator<Item = &'a RankRecord>,
     mut missing: impl FnMut(&CommId, u32) -> MissingRankData,
@@ -45,10 +50,13 @@ pub fn comm_data<'a>(
         e.0 = e.0.max(size);
         e.1.entry(r.info.rank).or_insert(r);
     }
+    let mut budget = MAX_MISSING_LISTED;
     by_comm
         .into_iter()
         .map(|(id, (size, ranks))| {
-            let missing_ranks = (0..size).filter(|r| !ranks.contains_key(r)).map(|r| missing(&id, r)).collect();
+            let missing_ranks: Vec<MissingRankData> =
+                (0..size).filter(|r| !ranks.contains_key(r)).take(budget).map(|r| missing(&id, r)).collect();
+            budget -= missing_ranks.len();
             CommData {
                 hash: id.hash,
                 secondary_hash: (id.root_host_hash, id.root_pid_hash),

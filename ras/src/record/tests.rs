@@ -186,3 +186,27 @@ fn rank_records_are_plain_serde_values() {
     assert!(json.contains("\"Broadcast\""), "{json}");
     assert_eq!(serde_json::from_str::<RankRecord>(&json).expect("deserialize"), snap);
 }
+
+#[test]
+fn claimed_sizes_cannot_make_the_missing_list_unbounded() {
+    // 64 communicators, each claiming the largest size with one rank present: 64 × (2^20 - 1) absent ranks.
+    let recs: Vec<RankRecord> =
+        (0..64u64).map(|c| CommRecord::new(info(c + 1, MAX_COMM_RANKS, 0)).snapshot()).collect();
+    let mut asked = 0usize;
+    let data = convert::comm_data(recs.iter(), |_, rank| {
+        asked += 1;
+        MissingRankData {
+            rank,
+            host: String::new(),
+            pid: 0,
+            cuda_dev: 0,
+            nvml_dev: 0,
+            unresponsive: true,
+            considered_dead: false,
+        }
+    });
+    let listed: usize = data.iter().map(|d| d.missing_ranks.len()).sum();
+    assert_eq!(listed, convert::MAX_MISSING_LISTED);
+    assert_eq!(asked, listed, "entries past the bound are not even built");
+    assert!(data.iter().all(|d| d.size == MAX_COMM_RANKS), "sizes are still reported");
+}
