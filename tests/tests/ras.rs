@@ -11,13 +11,38 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 
 fn start(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)]) -> Job {
+    start_with(nranks, args, port, extra, false)
+}
+
+/// As `start`, but rank r's process listens on `port + r` alone (no shared port), so the test can ask one given
+/// process: the one it did not stop or kill. With a shared port the kernel picks the process, and a connection
+/// that lands on a stopped one waits for its timeout.
+fn start_with(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)], own_ports: bool) -> Job {
     let addr = format!("127.0.0.1:{port}");
     let mut vars = vec![("OCCL_RAS_ADDR", addr.as_str())];
     vars.extend_from_slice(extra);
-    let spawn = Spawn { env: env(&vars), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+    let rank_env = if own_ports {
+        (0..nranks).map(|r| env(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{}", port + r as u16))])).collect()
+    } else {
+        Vec::new()
+    };
+    let spawn = Spawn { env: env(&vars), rank_env, capture_stdout: true, capture_stderr: true, ..Spawn::default() };
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let job = Job::spawn(worker(), &args, nranks, &spawn).expect("start job");
     job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    // Ranks report READY before their RAS links are all up; a gather then would miss some. Wait until every
+    // process answers (in practice a few ms).
+    let t = Instant::now();
+    loop {
+        let body = scrape(port);
+        if metric(&body, "occl_ras_peers{state=\"alive\"}") == Some(nranks as f64)
+            && metric(&body, "occl_ras_peers{state=\"missing\"}") == Some(0.0)
+        {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "the RAS mesh never saw all {nranks} processes:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     job
 }
 
@@ -29,8 +54,14 @@ fn metric(body: &str, name_and_labels: &str) -> Option<f64> {
 /// `/metrics`, retried: a connection can land on a stopped process's listener (they share the port), which then
 /// never answers; a client gives up on it and connects again, as NVIDIA's `ncclras` does.
 fn scrape(port: u16) -> String {
+    scrape_within(port, 2.0)
+}
+
+/// As `scrape`, with a gather budget of `secs` (a gather waits that long for a silent process).
+fn scrape_within(port: u16, secs: f64) -> String {
     for _ in 0..20 {
-        if let Ok((200, body)) = http_get(port, "/metrics?timeout=2", Duration::from_secs(3)) {
+        let path = format!("/metrics?timeout={secs}");
+        if let Ok((200, body)) = http_get(port, &path, Duration::from_secs_f64(secs + 1.0)) {
             return body;
         }
     }
@@ -41,9 +72,17 @@ fn scrape(port: u16) -> String {
 fn a_healthy_job_reports_every_rank() {
     let port = free_port();
     let job = start(3, &["idle"], port, &[]);
-    let (code, body) = http_get(port, "/api/v1/status", Duration::from_secs(10)).expect("status");
-    assert_eq!(code, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).expect("the JSON report parses");
+    // Ranks report READY before their RAS links are all up: wait (briefly) until every rank answers.
+    let t = Instant::now();
+    let v: Value = loop {
+        let (code, body) = http_get(port, "/api/v1/status", Duration::from_secs(10)).expect("status");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("the JSON report parses");
+        if v["communicators"][0]["missing_ranks_count"] == 0 || t.elapsed() > Duration::from_secs(10) {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(v["communicators_count"], 1, "{v}");
     let c = &v["communicators"][0];
     assert_eq!(
@@ -83,7 +122,8 @@ fn a_destroyed_sub_communicator_reads_nocomm() {
 #[test]
 fn a_killed_process_is_dead_within_5s() {
     let port = free_port();
-    let job = start(3, &["idle"], port, &[]);
+    // Rank 0's own port: the question goes to a survivor.
+    let job = start_with(3, &["idle"], port, &[], true);
     let body = scrape(port);
     assert_eq!(metric(&body, "occl_ras_peers{state=\"alive\"}"), Some(3.0), "{body}");
     job.signal(2, libc::SIGKILL).expect("kill rank 2");
@@ -134,12 +174,14 @@ fn a_hung_job_names_the_lagging_rank_and_what_the_others_wait_in() {
 #[test]
 fn a_stopped_process_is_unresponsive_then_rejoins_without_a_death() {
     let port = free_port();
-    let job = start(3, &["idle"], port, &[]);
+    let job = start_with(3, &["idle"], port, &[], true);
     job.signal(2, libc::SIGSTOP).expect("stop rank 2");
     let t = Instant::now();
     let (mut missing, mut unresponsive) = (None, None);
     while t.elapsed() < Duration::from_secs(9) {
-        let body = scrape(port);
+        // A short gather budget: each scrape waits that long for the stopped process, which bounds how precisely
+        // the test sees the moment it turns unresponsive.
+        let body = scrape_within(port, 0.5);
         assert_eq!(metric(&body, "occl_ras_peers{state=\"dead\"}"), Some(0.0), "a stopped process was called dead");
         if missing.is_none() && metric(&body, "occl_ras_peers{state=\"missing\"}") == Some(1.0) {
             missing = Some(t.elapsed());
@@ -151,8 +193,8 @@ fn a_stopped_process_is_unresponsive_then_rejoins_without_a_death() {
     }
     let (missing, unresponsive) = (missing.expect("never missing"), unresponsive.expect("never unresponsive"));
     eprintln!("stopped process: missing from reports after {missing:?}, unresponsive after {unresponsive:?}");
-    // 5 s of silence, plus up to a keep-alive and a scrape's 2 s gather.
-    assert!(unresponsive < Duration::from_secs(8), "unresponsive only after {unresponsive:?}");
+    // 5 s of silence, plus up to a keep-alive and a scrape (0.5 s gather and the pause between scrapes).
+    assert!(unresponsive < Duration::from_secs(7), "unresponsive only after {unresponsive:?}");
     job.signal(2, libc::SIGCONT).expect("continue rank 2");
     let t = Instant::now();
     loop {

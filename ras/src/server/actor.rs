@@ -17,6 +17,9 @@ use crate::record::CommId;
 use crate::record::ProcessRecords;
 use crate::wire::Msg;
 
+/// Connections held while this process has no mesh yet (more are refused).
+const MAX_EARLY: usize = 1024;
+
 /// What the tasks of the RAS thread share.
 #[derive(Clone)]
 pub(crate) struct Shared {
@@ -48,6 +51,8 @@ struct State {
     next_token: u64,
     pending: HashMap<u64, oneshot::Sender<Result<Gathered, String>>>,
     inputs: mpsc::UnboundedSender<Input>,
+    /// Connections that arrived before the first communicator gave the mesh its table.
+    early: Vec<tokio::net::TcpStream>,
     /// This process's communicators: the mesh address of each rank's process.
     comms: HashMap<CommId, (u32, Vec<(u32, String)>)>,
 }
@@ -96,6 +101,7 @@ pub(crate) async fn run(
         pending: HashMap::new(),
         inputs,
         comms: HashMap::new(),
+        early: Vec::new(),
     };
     loop {
         let deadline = st.mesh.as_ref().and_then(Mesh::poll_timeout);
@@ -162,7 +168,9 @@ impl State {
                         self.conns.insert(conn, conn::spawn(conn, stream, self.inputs.clone()));
                         m.handle_incoming(now, conn);
                     }
-                    // No table yet: nobody can be authenticated against it.
+                    // No table yet (a peer's communicator init finished before ours): keep the connection until
+                    // it exists, so the peer is not refused and does not retry or, worse, suspect us.
+                    None if self.early.len() < MAX_EARLY => self.early.push(stream),
                     None => drop(stream),
                 }
             }
@@ -227,8 +235,14 @@ impl State {
         let seed = seed();
         let me = self.sh.mesh_addr.to_string();
         match Mesh::new(self.sh.cfg.mesh.clone(), table, &me, self.sh.secret, seed, self.sh.records.clone(), now) {
-            Ok(m) => {
+            Ok(mut m) => {
                 tracing::debug!("occl-ras: mesh of {} processes, this one {me}", self.peers.len());
+                for stream in std::mem::take(&mut self.early) {
+                    let conn = ConnId(self.next_conn);
+                    self.next_conn += 1;
+                    self.conns.insert(conn, conn::spawn(conn, stream, self.inputs.clone()));
+                    m.handle_incoming(now, conn);
+                }
                 self.mesh = Some(m);
             }
             Err(e) => tracing::warn!("occl-ras: cannot start the mesh: {e}"),
