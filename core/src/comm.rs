@@ -34,6 +34,8 @@ pub struct Comm {
     record: Arc<OpRecord>,
     abort: AtomicBool,
     prof: Profiling,
+    /// This rank joined the process's RAS mesh and has not left it yet.
+    ras_joined: AtomicBool,
     /// The last operations of this rank (`OCCL_FLIGHT_RECORDER_SIZE`), for dumps and RAS.
     flight: Arc<FlightRecorder>,
     inner: Mutex<Inner>,
@@ -303,7 +305,9 @@ impl Comm {
                 })
                 .collect();
             ras.join(record.shared(), peers);
+            crate::ras::joined();
         }
+        let ras_joined = AtomicBool::new(ras.is_some());
         record.initialized();
         Ok(Comm {
             rank,
@@ -315,6 +319,7 @@ impl Comm {
             record,
             abort: AtomicBool::new(false),
             prof,
+            ras_joined,
             inner: Mutex::new(Inner {
                 peers,
                 boot: Some(boot),
@@ -482,6 +487,9 @@ impl Comm {
         g.boot = None;
         drop(g);
         self.prof.finalize();
+        if self.ras_joined.swap(false, Ordering::SeqCst) {
+            crate::ras::left();
+        }
     }
 
     fn lock_any(&self) -> MutexGuard<'_, Inner> {

@@ -4,9 +4,28 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use occl_ras::server::{RasConfig, RasServer};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 static SERVER: OnceLock<Option<RasServer>> = OnceLock::new();
+/// Communicator ranks of this process that joined RAS and are not destroyed yet.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// A communicator rank joined RAS.
+pub(crate) fn joined() {
+    LIVE.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A communicator rank that joined is gone; after the last one the process leaves the mesh with a goodbye, so its
+/// peers record that it left instead of losing it (a job's normal end is not a failure).
+pub(crate) fn left() {
+    if LIVE.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if let Some(Some(s)) = SERVER.get() {
+            s.leave(Duration::from_millis(300));
+        }
+    }
+}
 
 /// The RAS thread of this process, started on first use with the first communicator's job secret (the
 /// communicators of one job share their first, world communicator). `None` when RAS is off or could not start

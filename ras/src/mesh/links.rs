@@ -349,7 +349,13 @@ impl Mesh {
 
     /// `p` is now dead: drop every connection to it and stop waiting for it.
     fn on_peer_dead(&mut self, now: Time, p: PeerId, cause: DeadCause) {
-        tracing::warn!(me = self.me.0, peer = p.0, ?cause, "RAS peer is dead");
+        // A goodbye (or news that can stem from one) is how a job ends; only an unannounced loss is a warning.
+        match cause {
+            DeadCause::Left | DeadCause::News { .. } => {
+                tracing::debug!(me = self.me.0, peer = p.0, ?cause, "RAS peer is gone")
+            }
+            _ => tracing::warn!(me = self.me.0, peer = p.0, ?cause, "RAS peer is dead"),
+        }
         self.event(MonitorEvent::PeerDead { peer: p, cause });
         self.forget_peer(now, p);
     }

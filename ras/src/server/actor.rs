@@ -114,6 +114,10 @@ pub(crate) async fn run(
         tokio::select! {
             c = cmds.recv() => match c {
                 None | Some(Cmd::Shutdown) => break,
+                Some(Cmd::Leave { done }) => {
+                    st.leave().await;
+                    let _ = done.send(());
+                }
                 Some(c) => st.input(Input::Cmd(c)),
             },
             Some(i) = rx.recv() => st.input(i),
@@ -136,6 +140,19 @@ pub(crate) async fn run(
 }
 
 impl State {
+    /// Goodbye to every peer, then no mesh until the next communicator joins.
+    async fn leave(&mut self) {
+        if let Some(m) = self.mesh.as_mut() {
+            m.shutdown(self.clock.now());
+        }
+        self.drain();
+        self.mesh = None;
+        self.peers.clear();
+        self.comms.clear();
+        let flushes: Vec<_> = self.conns.drain().map(|(_, h)| h.close()).collect();
+        let _ = tokio::time::timeout(Duration::from_millis(200), futures_util::future::join_all(flushes)).await;
+    }
+
     fn alloc_conn(&mut self) -> ConnId {
         let c = ConnId(self.next_conn);
         self.next_conn += 1;
@@ -160,7 +177,7 @@ impl State {
                     let _ = reply.send(Err("no communicator has joined RAS in this process yet".into()));
                 }
             },
-            Input::Cmd(Cmd::Shutdown) => {}
+            Input::Cmd(Cmd::Shutdown | Cmd::Leave { .. }) => {}
             Input::Incoming(stream) => {
                 let conn = self.alloc_conn();
                 match self.mesh.as_mut() {

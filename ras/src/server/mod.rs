@@ -67,6 +67,9 @@ pub(crate) enum Cmd {
     Join { comm: CommId, size: u32, members: Vec<(u32, PeerAddr)> },
     /// Gather the job's status within `budget`.
     Status { budget: Duration, reply: oneshot::Sender<Result<Gathered, String>> },
+    /// This process has no communicator left: say goodbye to the peers and forget the table (a later communicator
+    /// starts a new mesh). Replies once the goodbyes are written.
+    Leave { done: oneshot::Sender<()> },
     /// Say goodbye to the peers and stop.
     Shutdown,
 }
@@ -147,6 +150,22 @@ impl RasServer {
         let (tx, rx) = oneshot::channel();
         self.cmds.send(Cmd::Status { budget, reply: tx }).map_err(|_| "the RAS thread has stopped".to_string())?;
         rx.blocking_recv().map_err(|_| "the RAS thread dropped the request".to_string())?
+    }
+
+    /// Says goodbye to the peers (they record that this process left, instead of losing it) and forgets the
+    /// table; waits at most `limit` for the goodbyes to be written. Call when the last communicator goes away.
+    pub fn leave(&self, limit: Duration) {
+        let (tx, rx) = oneshot::channel();
+        if self.cmds.send(Cmd::Leave { done: tx }).is_ok() {
+            let t = Instant::now();
+            let mut rx = rx;
+            while t.elapsed() < limit {
+                match rx.try_recv() {
+                    Err(oneshot::error::TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(1)),
+                    _ => return,
+                }
+            }
+        }
     }
 
     /// Monitor events as they happen.
