@@ -565,15 +565,14 @@ impl Comm {
         // The calling thread runs the operation at once: enqueued and started together.
         self.flight.started(flight, t0);
         let inner = &mut *g;
-        let slice = inner.slot / dt.size() * dt.size();
-        let chunk = slice * (self.config.fifo_slots / 2).max(1);
+        let (slot, func_seq) = (inner.slot, inner.func_seq[coll as usize]);
         let prof = OpProf::begin(
             &self.prof.fanout,
             self.rank,
-            &OpDescr {
+            || OpDescr {
                 func: nccl_func(coll),
                 p2p: matches!(coll, CollType::Send | CollType::Recv),
-                seq_number: inner.func_seq[coll as usize],
+                seq_number: func_seq,
                 send_buff: send,
                 recv_buff: recv,
                 count,
@@ -582,7 +581,7 @@ impl Comm {
                 datatype: dt.nccl_name(),
                 algo: algo.nccl_name(),
                 proto: "SIMPLE",
-                chunk_size: slice,
+                chunk_size: coll::slice_bytes(slot, dt),
             },
             || {
                 plan::legs(&Shape {
@@ -593,8 +592,8 @@ impl Comm {
                     // Per rank or per block, as each algorithm takes it.
                     count,
                     elem: dt.size(),
-                    slice,
-                    chunk,
+                    slice: coll::slice_bytes(slot, dt),
+                    chunk: coll::chunk_bytes(slot, self.config.fifo_slots, dt),
                     root: root.unwrap_or(0),
                     peer: p2p_peer.unwrap_or(0),
                 })

@@ -10,21 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// report share it).
 pub use occl_ras::record::CollType;
 
-/// An operation in flight, as seen in a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InFlight {
-    /// 1-based sequence number among this communicator's operations of any kind.
-    pub seq: u64,
-    pub coll: CollType,
-    /// 1-based sequence number among this communicator's operations of `coll`.
-    pub coll_seq: u64,
-    pub bytes: u64,
-    /// Start, in nanoseconds since the Unix epoch.
-    pub start_ns: u64,
-    /// The rank it waits on, and NCCL's ProxyStep state it waits in, when it is waiting.
-    pub peer: Option<u32>,
-    pub step_state: Option<u32>,
-}
+/// An operation in flight, as seen in a snapshot (occl-ras's type: what RAS reports is what this returns).
+pub use occl_ras::record::InFlight;
 
 /// Counters and the in-flight operation of one rank of one communicator: occl-ras's record, which the RAS thread
 /// reports. Every update is a few relaxed stores by the rank's own thread.
@@ -109,15 +96,6 @@ impl OpRecord {
 
     /// The operation running now, if any (a failed one stays in flight).
     pub fn in_flight(&self) -> Option<InFlight> {
-        let f = self.rec.live().in_flight()?;
-        Some(InFlight {
-            seq: f.seq,
-            coll: f.coll,
-            coll_seq: f.coll_seq,
-            bytes: f.bytes,
-            start_ns: f.start_ns,
-            peer: f.peer,
-            step_state: f.step_state,
-        })
+        self.rec.live().in_flight()
     }
 }

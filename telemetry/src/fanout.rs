@@ -15,7 +15,6 @@ use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::mask::EventMask;
 use crate::sink::Sink;
 use std::fmt;
-use std::hash::Hasher;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
@@ -78,26 +77,6 @@ impl Slot {
 
 /// Set in `interest` while a dynamic sink is attached: `capture` must ask it.
 const DYNAMIC: u64 = 1 << 63;
-
-/// Folded multiply of an id (FxHash-like), for maps keyed by event id elsewhere in the crate;
-/// SipHash would cost more than the event itself.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        let p = u128::from(n) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-}
 
 /// Thread-safe fan-out of profiler events to attached sinks; share it (`Arc`) between
 /// communicators and threads.

@@ -4,18 +4,11 @@
 
 mod common;
 
-use common::{env, run_job, worker};
+use common::{env, run_job, scratch, worker};
 use occl_tests::launch::{Job, Spawn};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("occl-flight-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
 
 fn dumps(dir: &Path) -> Vec<Value> {
     let mut out = Vec::new();
@@ -31,7 +24,7 @@ fn dumps(dir: &Path) -> Vec<Value> {
 
 #[test]
 fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
-    let dir = scratch("timeout");
+    let dir = scratch("flight-timeout");
     let d = dir.to_string_lossy().to_string();
     let spawn = Spawn { env: env(&[("OCCL_TIMEOUT", "1"), ("OCCL_FLIGHT_RECORDER_DIR", &d)]), ..Spawn::default() };
     // Rank 1 comes 4 s late to the all-reduce: ranks 0 and 2 fail (timeout, or the remote
@@ -56,7 +49,7 @@ fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
 
 #[test]
 fn sigusr1_dumps_a_running_job_without_stopping_it() {
-    let dir = scratch("usr1");
+    let dir = scratch("flight-usr1");
     let d = dir.to_string_lossy().to_string();
     let spawn = Spawn {
         env: env(&[("OCCL_FLIGHT_RECORDER_DIR", &d), ("OCCL_FLIGHT_RECORDER_SIZE", "64")]),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_all_ok, env, run_job};
+use common::{assert_all_ok, env, run_job, scratch};
 use occl_tests::launch::Spawn;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -198,9 +198,7 @@ fn load_dir(dir: &Path) -> Vec<Rank> {
 }
 
 fn run(nranks: usize, extra: &[(&str, &str)]) -> Vec<Rank> {
-    let dir = std::env::temp_dir().join(format!("occl-events-{}-{nranks}-{}", std::process::id(), extra.len()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = scratch(&format!("events-{nranks}-{}", extra.len()));
     let dirs = dir.to_string_lossy().to_string();
     let mut vars = vec![("OCCL_TEST_EVENTS_DIR", dirs.as_str())];
     vars.extend_from_slice(extra);
@@ -235,9 +233,7 @@ fn check_job(ranks: &[Rank], tcp: bool) {
 /// registered profiler gets a sink per communicator rank, and each sees its own complete tree.
 #[test]
 fn several_communicators_on_threads_keep_their_trees_apart() {
-    let dir = std::env::temp_dir().join(format!("occl-events-threads-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = scratch("events-threads");
     let prof: std::sync::Arc<dyn occl::telemetry::Profiler> =
         std::sync::Arc::new(occl_tests::events::Recorder { dir: dir.clone(), mask: occl::telemetry::EventMask::ALL });
     occl::telemetry::profiler::register(prof.clone());

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_all_ok, env, run_job};
+use common::{assert_all_ok, env, run_job, scratch};
 use occl_tests::launch::Spawn;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -27,13 +27,6 @@ fn build(file: &str, name: &str, dir: &Path) -> PathBuf {
         .unwrap_or_else(|e| panic!("running cc failed ({e}); install a C compiler (apt-get install gcc)"));
     assert!(st.success(), "cc {file} failed");
     out
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("occl-plugin-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
 }
 
 /// One plugin log: `key=value` tokens per line after the line's kind.
@@ -125,7 +118,7 @@ fn logs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 
 #[test]
 fn v5_plugin_sees_the_whole_tree_on_every_rank() {
-    let dir = scratch("v5");
+    let dir = scratch("plugin-v5");
     let lib = build("recorder_v5.c", "nccl-profiler-rec5", &dir);
     let prefix = dir.join("rec5").to_string_lossy().to_string();
     let libs = lib.to_string_lossy().to_string();
@@ -176,7 +169,7 @@ fn v5_plugin_sees_the_whole_tree_on_every_rank() {
 
 #[test]
 fn v1_plugin_gets_numeric_codes_and_the_legacy_tree() {
-    let dir = scratch("v1");
+    let dir = scratch("plugin-v1");
     build("recorder_v1.c", "nccl-profiler-rec1", &dir);
     let prefix = dir.join("rec1").to_string_lossy().to_string();
     let libdir = dir.to_string_lossy().to_string();
@@ -222,7 +215,7 @@ fn v1_plugin_gets_numeric_codes_and_the_legacy_tree() {
 
 #[test]
 fn a_plugin_that_cannot_load_leaves_the_job_working() {
-    let dir = scratch("bad");
+    let dir = scratch("plugin-bad");
     build("no_symbol.c", "nccl-profiler-nosym", &dir);
     let bad = dir.join("libnccl-profiler-nosym.so").to_string_lossy().to_string();
     for spec in [bad.as_str(), "/nonexistent/libnccl-profiler-x.so"] {

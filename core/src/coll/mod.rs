@@ -42,15 +42,19 @@ pub(crate) struct Ctx<'a> {
     pub record: &'a crate::record::OpRecord,
 }
 
-impl<'a> Ctx<'a> {
-    /// Bytes per slice: one slot of whole elements.
-    pub(crate) fn slice(&self) -> usize {
-        self.slot / self.dt.size() * self.dt.size()
-    }
+/// Bytes per slice: one slot of whole elements of `dt`.
+pub(crate) fn slice_bytes(slot: usize, dt: DataType) -> usize {
+    slot / dt.size() * dt.size()
+}
 
-    /// Bytes per ring step: half the FIFO, so the next step's send never waits on this one.
+/// Bytes per ring step: half the FIFO of `nslots` slots, so the next step's send never waits on this one.
+pub(crate) fn chunk_bytes(slot: usize, nslots: usize, dt: DataType) -> usize {
+    slice_bytes(slot, dt) * (nslots / 2).max(1)
+}
+
+impl<'a> Ctx<'a> {
     pub(crate) fn chunk(&self) -> usize {
-        self.slice() * (self.nslots / 2).max(1)
+        chunk_bytes(self.slot, self.nslots, self.dt)
     }
 
     /// Primitives that send to `to` and receive from `from` (either may be absent).
@@ -99,7 +103,7 @@ impl<'a> Ctx<'a> {
             dt: self.dt,
             op: self.op,
             nranks: self.nranks,
-            slice: self.slot / self.dt.size() * self.dt.size(),
+            slice: slice_bytes(self.slot, self.dt),
             scratch: Vec::new(),
             direct: false,
             stream: false,

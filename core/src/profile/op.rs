@@ -72,16 +72,19 @@ pub(crate) struct OpProf<'f> {
 impl<'f> OpProf<'f> {
     /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
     /// emitted) when no sink wants anything.
-    pub(crate) fn begin(
+    /// `describe` and `legs` run only when some sink wants events: with none, this is one relaxed load and a
+    /// branch.
+    pub(crate) fn begin<'d>(
         f: &'f Fanout,
         rank: usize,
-        d: &OpDescr<'_>,
+        describe: impl FnOnce() -> OpDescr<'d>,
         legs: impl FnOnce() -> Vec<Leg>,
     ) -> Option<OpProf<'f>> {
         let mask = f.capture();
         if mask.is_empty() {
             return None;
         }
+        let d = &describe();
         let rank = rank as i32;
         let mut p = OpProf { f, mask, rank, group_api: None, group: None, coll: None, legs: Vec::new() };
         p.marker(ProxyCtrlState::Active, 0);

@@ -5,6 +5,7 @@
 use super::*;
 use crate::mesh::{PeerAddr, RequestId};
 use crate::record::{step_state, CollType, InFlight, LiveSnapshot, RankInfo, RankRecord, ResultCode};
+use crate::report::tests::{assert_matches_capture, json_of, version};
 use crate::report::{
     render_json, render_text, CommRef, CommStatus, ErrorEntry, RankLoc, RankRef, StuckOp, WarningEntry,
 };
@@ -16,16 +17,6 @@ const A_COMM: CommId =
     CommId { hash: 0xc41c5eeb26d2a80c, root_host_hash: 0xf03379eb66b7fbc8, root_pid_hash: 0x4e62fe4ddc7d9b10 };
 const NOW: u64 = 1_800_000_000_000_000_000;
 const SEC: u64 = 1_000_000_000;
-
-fn version() -> VersionInfo {
-    VersionInfo {
-        occl_version: "0.0.0-test".into(),
-        nccl_compat_version: "2.28.9".into(),
-        cuda_compiled: Some("13.0".into()),
-        cuda_runtime: 13000,
-        cuda_driver: 13000,
-    }
-}
 
 fn comm(hash: u64) -> CommId {
     CommId { hash, root_host_hash: 0xf03379eb66b7fbc8, root_pid_hash: hash.rotate_left(7) }
@@ -137,18 +128,6 @@ fn simple(gather: &GatherResult, peers: &PeerTable, known: &[KnownComm]) -> Repo
     run(Case { gather, peers, known, verbose: false })
 }
 
-/// Compares line for line, replacing only the capture's first (version) line by ours.
-fn assert_matches_capture(ours: &str, capture: &str) {
-    let (first, rest) = capture.split_once('\n').expect("capture has a version line");
-    assert!(first.starts_with("NCCL version 2.28.9 compiled with CUDA 13.0"));
-    let want = format!("occl version 0.0.0-test compiled with CUDA 13.0\n{rest}");
-    for (i, (o, w)) in ours.lines().zip(want.lines()).enumerate() {
-        assert_eq!(o, w, "line {}", i + 1);
-    }
-    assert_eq!(ours.lines().count(), want.lines().count(), "{ours}");
-    assert_eq!(ours, want, "byte-exact apart from the version line");
-}
-
 /// The A captures' job while a benchmark runs: ranks 0 and 1 (pids 734, 735) with these AllReduce counts, each with
 /// an operation that started 200 µs ago (a busy job, not a stuck one).
 fn a_running(ar0: u64, ar1: u64) -> (PeerTable, GatherResult, Vec<KnownComm>) {
@@ -232,13 +211,6 @@ fn kill_plus66_matches_capture() {
     let (t, g, k) = a_killed(true);
     let r = simple(&g, &t, &k);
     assert_matches_capture(&render_text(&r), include_str!("../../tests/fixtures/A_kill_plus66_status.txt"));
-}
-
-fn json_of(r: &Report) -> serde_json::Value {
-    let mut v: serde_json::Value = serde_json::from_str(&render_json(r)).expect("valid JSON");
-    assert_eq!(v["occl_version"], "0.0.0-test");
-    v.as_object_mut().expect("object").remove("occl_version");
-    v
 }
 
 #[test]

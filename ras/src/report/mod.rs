@@ -5,7 +5,7 @@ pub mod model;
 mod text;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use json::render_json;
 pub use model::*;

@@ -7,7 +7,7 @@ use super::*;
 const HOST: &str = "192.0.2.2";
 const COMM: u64 = 0xc41c5eeb26d2a80c;
 
-fn version() -> VersionInfo {
+pub(crate) fn version() -> VersionInfo {
     VersionInfo {
         occl_version: "0.0.0-test".into(),
         nccl_compat_version: "2.28.9".into(),
@@ -107,14 +107,14 @@ fn killed(dead: bool) -> Report {
 }
 
 /// Compares line for line, replacing only the capture's first (version) line by ours.
-fn assert_matches_capture(ours: &str, capture: &str) {
+pub(crate) fn assert_matches_capture(ours: &str, capture: &str) {
     let (first, rest) = capture.split_once('\n').expect("capture has a version line");
     assert!(first.starts_with("NCCL version 2.28.9 compiled with CUDA 13.0"));
     let want = format!("occl version 0.0.0-test compiled with CUDA 13.0\n{rest}");
     for (i, (o, w)) in ours.lines().zip(want.lines()).enumerate() {
         assert_eq!(o, w, "line {}", i + 1);
     }
-    assert_eq!(ours.lines().count(), want.lines().count());
+    assert_eq!(ours.lines().count(), want.lines().count(), "{ours}");
     assert_eq!(ours, want, "byte-exact apart from the version line");
 }
 
@@ -148,7 +148,7 @@ fn kill_plus66_matches_capture() {
     assert_matches_capture(&render_text(&killed(true)), include_str!("../../tests/fixtures/A_kill_plus66_status.txt"));
 }
 
-fn json_of(r: &Report) -> serde_json::Value {
+pub(crate) fn json_of(r: &Report) -> serde_json::Value {
     let mut v: serde_json::Value = serde_json::from_str(&render_json(r)).expect("valid JSON");
     // The only key NCCL lacks (stuck_operations is absent when empty).
     assert_eq!(v["occl_version"], "0.0.0-test");

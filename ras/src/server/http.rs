@@ -17,7 +17,8 @@ use tokio::net::TcpStream;
 
 use super::actor::Shared;
 use super::client::{event_line, gather};
-use super::metrics::{build_report, prometheus};
+use super::metrics::prometheus;
+use super::report::build_report;
 use crate::client::{EventGroups, Format};
 use crate::report::render_json;
 

@@ -6,27 +6,12 @@ use std::time::Duration;
 
 use super::actor::Shared;
 use super::client::gather;
+use super::report::build_report;
 use super::Gathered;
 use crate::client::Format;
 use crate::mesh::{DeadCause, MonitorEvent};
 use crate::record::CollType;
-use crate::report::{render_json, render_text, Report, VersionInfo};
-
-/// The version block of our reports: occl's version, and the NCCL release whose format we follow.
-pub(crate) fn version() -> VersionInfo {
-    VersionInfo {
-        occl_version: env!("CARGO_PKG_VERSION").to_string(),
-        nccl_compat_version: "2.28.9".to_string(),
-        cuda_compiled: None,
-        cuda_runtime: 0,
-        cuda_driver: 0,
-    }
-}
-
-/// The report for a finished gather.
-pub(crate) fn build_report(g: &Gathered, verbose: bool) -> Report {
-    super::report::report_from_gather(g, version(), verbose)
-}
+use crate::report::{render_json, render_text};
 
 /// Gathers and renders the report as a `STATUS` client gets it (the whole text, then EOF).
 pub(crate) async fn report_text(sh: &Shared, budget: Duration, verbose: bool, format: Format) -> String {
@@ -100,34 +85,21 @@ pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
     }
 
     let local: Vec<_> = r.statuses.iter().filter(|s| s.host == my_host).collect();
-    help(&mut o, "occl_operations_launched_total", "counter", "Operations started, per communicator rank and type.");
-    for s in &local {
-        for rec in &s.records {
+    type Counter = fn(&crate::record::RankRecord, CollType) -> u64;
+    let counters: [(&str, &str, Counter); 2] = [
+        ("occl_operations_launched_total", "Operations started, per communicator rank and type.", |r, c| r.launched(c)),
+        ("occl_operations_completed_total", "Operations that returned successfully.", |r, c| r.completed(c)),
+    ];
+    for (name, text, value) in counters {
+        help(&mut o, name, "counter", text);
+        for rec in local.iter().flat_map(|s| s.records.iter()) {
             for c in CollType::ALL {
+                let (comm, rank, pid) = (rec.info.comm.hash, rec.info.rank, rec.info.pid);
                 let _ = writeln!(
                     o,
-                    "occl_operations_launched_total{{comm=\"{:016x}\",rank=\"{}\",pid=\"{}\",op=\"{}\"}} {}",
-                    rec.info.comm.hash,
-                    rec.info.rank,
-                    rec.info.pid,
+                    "{name}{{comm=\"{comm:016x}\",rank=\"{rank}\",pid=\"{pid}\",op=\"{}\"}} {}",
                     c.name(),
-                    rec.launched(c)
-                );
-            }
-        }
-    }
-    help(&mut o, "occl_operations_completed_total", "counter", "Operations that returned successfully.");
-    for s in &local {
-        for rec in &s.records {
-            for c in CollType::ALL {
-                let _ = writeln!(
-                    o,
-                    "occl_operations_completed_total{{comm=\"{:016x}\",rank=\"{}\",pid=\"{}\",op=\"{}\"}} {}",
-                    rec.info.comm.hash,
-                    rec.info.rank,
-                    rec.info.pid,
-                    c.name(),
-                    rec.completed(c)
+                    value(rec, c)
                 );
             }
         }

@@ -13,10 +13,28 @@
 //! taken only at the stop of a kept event.
 
 use crate::event::{EventId, EventType};
-use crate::fanout::IdHasher;
 use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Folded multiply of an event id (FxHash-like): SipHash would cost more than the event itself.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let p = u128::from(n) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
 
 /// Stopped per-operation events whose handles stay available to late children. Roughly the last
 /// thousand operations (about four kept events each); in-flight proxy work is far shorter.

@@ -41,3 +41,11 @@ pub fn err_of(o: &RankOutput) -> Option<(String, u128, String)> {
     let at = line.split("at_ns=").nth(1)?.split_whitespace().next()?.parse().ok()?;
     Some((kind, at, line.to_string()))
 }
+
+/// A fresh, empty directory under the temp dir for one test (`occl-<tag>-<pid>`).
+pub fn scratch(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("occl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
