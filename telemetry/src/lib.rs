@@ -2,7 +2,6 @@
 //!
 //! This crate is a leaf: it never depends on `occl`.
 //!
-//! What it has now (first step of "Profiler events"):
 //! - [`event`]: NCCL's profiler event types (`EventType::bit()` = `ncclProfile*`), descriptors
 //!   ([`EventDescr`], borrowed, v5/v6 fields), states with NCCL's numbers and their arguments
 //!   ([`StateArgs`]).
@@ -14,21 +13,22 @@
 //!   adapted to a [`Profiler`] ([`plugin_from_env`]). The only module with `unsafe` code.
 //! - [`flight`]: the flight recorder ([`FlightRecorder`]), the last N operations of each
 //!   communicator rank, dumped as JSON on a timeout, an error or SIGUSR1.
-//!
-//! Later steps add: emission from `occl` (the hierarchy and implied-ancestor rules of
-//! DESIGN.md) and the sinks themselves (Prometheus, OpenTelemetry, HTA trace files), also
-//! packaged as `libnccl-profiler-occl.so`.
+//! - [`spans`]: the span collector ([`spans::Telemetry`], a [`Profiler`]) that turns events into
+//!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
+//!   collector runs in `libnccl-profiler-occl.so`.
 #![deny(unsafe_code)]
 
 pub mod activation;
 pub mod event;
 pub mod fanout;
 pub mod flight;
+mod idtable;
 pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
 pub mod profiler;
 pub mod sink;
+pub mod spans;
 
 pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,

@@ -1,6 +1,7 @@
 //! Profiler events: each communicator owns a fan-out (`occl_telemetry::Fanout`) holding the sinks
 //! that the registered profilers (`occl_telemetry::profiler::register`, an NCCL plugin named by
-//! `OCCL_PROFILER_PLUGIN`) created for it, plus any attached with `Comm::attach_sink`.
+//! `OCCL_PROFILER_PLUGIN`, the span collector feeding the exporters the environment enables)
+//! created for it, plus any attached with `Comm::attach_sink`.
 //!
 //! An operation captures the mask once when it starts (`OpProf::begin`); with no sink that wants
 //! anything that is one relaxed load and a branch, and nothing else on the collective path
@@ -30,6 +31,9 @@ impl Profiling {
         let p = Profiling { fanout: Arc::new(Fanout::new()), sinks: Mutex::new(Vec::new()) };
         let mut profilers: Vec<Arc<dyn Profiler>> = occl_telemetry::profiler::registered();
         profilers.extend(occl_telemetry::nccl::plugin_from_env());
+        // The exporters the environment enables (Prometheus, OTLP, trace files), one collector
+        // per process.
+        profilers.extend(occl_telemetry::spans::Telemetry::global().map(|t| t.clone() as Arc<dyn Profiler>));
         for prof in profilers {
             match prof.init(info) {
                 Some(sink) => {

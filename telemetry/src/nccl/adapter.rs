@@ -3,12 +3,12 @@
 
 use super::abi::{StateArgsV1, StateArgsV4};
 use super::convert::{self, CommRef, Links};
-use super::handles::Handles;
 use super::load::{Init, Library};
 use super::logger::logger;
 use super::ApiVersion;
 use crate::activation;
 use crate::event::{EventDescr, EventId, StateArgs};
+use crate::idtable::IdTable;
 use crate::mask::EventMask;
 use crate::profiler::CommInfo;
 use crate::sink::Sink;
@@ -26,7 +26,7 @@ pub(crate) struct PluginSink {
     /// NCCL's `commName` lives as long as the communicator; so does this copy.
     comm_name: Option<CString>,
     comm_hash: u64,
-    handles: Handles,
+    handles: IdTable<usize>,
     finalized: AtomicBool,
 }
 
@@ -69,7 +69,7 @@ pub(crate) fn init(lib: Arc<Library>, comm: &CommInfo<'_>) -> Option<PluginSink>
         ctx: ctx as usize,
         comm_name,
         comm_hash: hash,
-        handles: Handles::default(),
+        handles: IdTable::default(),
         finalized: AtomicBool::new(false),
     })
 }

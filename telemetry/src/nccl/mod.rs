@@ -20,13 +20,12 @@ mod abi;
 mod adapter;
 mod convert;
 mod error;
-mod handles;
 mod load;
 mod logger;
-mod names;
+pub(crate) mod names;
 
+pub use crate::idtable::RETIRED_CAP;
 pub use error::{Attempt, LoadError};
-pub use handles::RETIRED_CAP;
 pub use load::{resolve, spec_from_env, Resolution, DEFAULT_LIBRARY, PLUGIN_ENV_VARS};
 
 use crate::event::EventType;

@@ -83,6 +83,12 @@ fn c_of(table: &'static [Name], s: &str) -> &'static CStr {
     find(table, s).map_or(UNKNOWN, |x| x.c)
 }
 
+/// NCCL's own spelling of `s` (exactly, or ASCII case-insensitively) from any of the tables, as
+/// a `'static` string: what a sink that keeps names uses instead of copying them.
+pub fn known(s: &str) -> Option<&'static str> {
+    [FUNCS, DATATYPES, ALGOS, PROTOS, SYNC_STRATEGIES].into_iter().find_map(|t| find(t, s)).map(|x| x.text)
+}
+
 /// `coll.func` / `p2p.func` / `collApi.func` …
 pub fn func(s: &str) -> &'static CStr {
     c_of(FUNCS, s)

@@ -1,0 +1,288 @@
+//! [`Telemetry`] (the profiler) and [`CommSpans`] (its sink per communicator): open-event table,
+//! trace roots, and the hand-off of finished spans to the exporters.
+
+use super::{clock, intern, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD, MAX_STATES};
+use crate::event::{EventDescr, EventId, EventType, StateArgs};
+use crate::idtable::{IdMap, IdTable};
+use crate::mask::EventMask;
+use crate::profiler::{CommInfo, Profiler};
+use crate::sink::Sink;
+use std::sync::{Arc, OnceLock};
+
+/// The span collector: one per process in practice ([`Telemetry::global`]), handing finished
+/// spans of every communicator to its exporters.
+pub struct Telemetry {
+    exporters: Vec<Arc<dyn Exporter>>,
+}
+
+static GLOBAL: OnceLock<Option<Arc<Telemetry>>> = OnceLock::new();
+
+impl Telemetry {
+    pub fn new(exporters: Vec<Arc<dyn Exporter>>) -> Telemetry {
+        Telemetry { exporters }
+    }
+
+    /// The process's collector with the exporters the environment enables
+    /// ([`super::exporters_from_env`]), built on first use; `None` when none is enabled.
+    pub fn global() -> Option<&'static Arc<Telemetry>> {
+        GLOBAL
+            .get_or_init(|| {
+                let ex = super::exporters_from_env();
+                if ex.is_empty() {
+                    return None;
+                }
+                let names: Vec<&str> = ex.iter().map(|e| e.name()).collect();
+                tracing::info!("occl telemetry: exporters {}", names.join(", "));
+                Some(Arc::new(Telemetry::new(ex)))
+            })
+            .as_ref()
+    }
+
+    pub fn exporters(&self) -> &[Arc<dyn Exporter>] {
+        &self.exporters
+    }
+
+    /// Every exporter's metrics, in Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        for e in &self.exporters {
+            e.render_metrics(out);
+        }
+    }
+
+    /// Flushes every exporter.
+    pub fn flush(&self) {
+        for e in &self.exporters {
+            e.flush();
+        }
+    }
+
+    /// The sink for one communicator (what `init` returns, typed).
+    pub fn comm_sink(&self, comm: CommMeta) -> Arc<CommSpans> {
+        let comm = Arc::new(comm);
+        let exporters: Vec<(u64, Arc<dyn Exporter>)> =
+            self.exporters.iter().map(|e| (e.interest().0, e.clone())).collect();
+        for (_, e) in &exporters {
+            e.comm_init(&comm);
+        }
+        let mask = EventMask(exporters.iter().fold(0, |m, (i, _)| m | i));
+        Arc::new(CommSpans { comm, exporters, mask, open: IdMap::default(), roots: IdTable::default() })
+    }
+}
+
+impl Profiler for Telemetry {
+    fn name(&self) -> &str {
+        "occl-telemetry"
+    }
+
+    fn init(&self, c: &CommInfo<'_>) -> Option<Arc<dyn Sink>> {
+        let meta = CommMeta {
+            name: c.comm_name.map(str::to_owned),
+            hash: c.comm_hash,
+            rank: c.rank,
+            nranks: c.nranks,
+            n_nodes: c.n_nodes,
+        };
+        Some(self.comm_sink(meta))
+    }
+}
+
+/// An event between its start and its stop.
+struct Open {
+    parent: Option<EventId>,
+    root: EventId,
+    start_ns: u64,
+    descr: EventDescr<'static>,
+    payload: Box<[u8]>,
+    states: Vec<StateMark>,
+    states_dropped: u32,
+}
+
+/// The collector's sink for one communicator.
+pub struct CommSpans {
+    comm: Arc<CommMeta>,
+    /// Each exporter with its interest bits.
+    exporters: Vec<(u64, Arc<dyn Exporter>)>,
+    mask: EventMask,
+    open: IdMap<Open>,
+    /// Trace root of each event that may still get children (kept a while after its stop).
+    roots: IdTable<EventId>,
+}
+
+impl CommSpans {
+    pub fn comm(&self) -> &Arc<CommMeta> {
+        &self.comm
+    }
+
+    /// Events started and not yet stopped.
+    pub fn open_events(&self) -> usize {
+        self.open.len()
+    }
+
+    fn root_of(&self, parent: EventId) -> Option<EventId> {
+        self.roots.get(parent).or_else(|| self.open.with(parent, |o| o.root))
+    }
+}
+
+/// The descriptor with `'static` names; a NetPlugin payload is returned beside it.
+fn own(ev: &EventDescr<'_>) -> (EventDescr<'static>, Box<[u8]>) {
+    use EventDescr as D;
+    let i = intern;
+    let d = match *ev {
+        D::Group => D::Group,
+        D::Coll {
+            rank,
+            seq_number,
+            func,
+            send_buff,
+            recv_buff,
+            count,
+            root,
+            datatype,
+            n_channels,
+            n_warps,
+            algo,
+            proto,
+            parent_group,
+        } => D::Coll {
+            rank,
+            seq_number,
+            func: i(func),
+            send_buff,
+            recv_buff,
+            count,
+            root,
+            datatype: i(datatype),
+            n_channels,
+            n_warps,
+            algo: i(algo),
+            proto: i(proto),
+            parent_group,
+        },
+        D::P2p { rank, func, buff, datatype, count, peer, n_channels, parent_group } => {
+            D::P2p { rank, func: i(func), buff, datatype: i(datatype), count, peer, n_channels, parent_group }
+        }
+        D::ProxyOp { rank, pid, channel_id, peer, n_steps, chunk_size, is_send } => {
+            D::ProxyOp { rank, pid, channel_id, peer, n_steps, chunk_size, is_send }
+        }
+        D::ProxyStep { rank, step } => D::ProxyStep { rank, step },
+        D::ProxyCtrl => D::ProxyCtrl,
+        D::KernelCh { channel_id, p_timer } => D::KernelCh { channel_id, p_timer },
+        D::NetPlugin { rank, id, data } => {
+            let keep = &data[..data.len().min(MAX_PAYLOAD)];
+            return (D::NetPlugin { rank, id, data: &[] }, keep.into());
+        }
+        D::GroupApi { graph_captured, group_depth } => D::GroupApi { graph_captured, group_depth },
+        D::CollApi { func, count, datatype, root, stream, graph_captured } => {
+            D::CollApi { func: i(func), count, datatype: i(datatype), root, stream, graph_captured }
+        }
+        D::P2pApi { func, count, datatype, stream, graph_captured } => {
+            D::P2pApi { func: i(func), count, datatype: i(datatype), stream, graph_captured }
+        }
+        D::KernelLaunch { stream } => D::KernelLaunch { stream },
+        D::CeColl {
+            seq_number,
+            func,
+            send_buff,
+            recv_buff,
+            count,
+            root,
+            datatype,
+            sync_strategy,
+            intra_batch_sync,
+            batch_size,
+            num_batches,
+            ce_seq_num,
+            stream,
+        } => D::CeColl {
+            seq_number,
+            func: i(func),
+            send_buff,
+            recv_buff,
+            count,
+            root,
+            datatype: i(datatype),
+            sync_strategy: i(sync_strategy),
+            intra_batch_sync,
+            batch_size,
+            num_batches,
+            ce_seq_num,
+            stream,
+        },
+        D::CeSync { is_complete, n_ranks } => D::CeSync { is_complete, n_ranks },
+        D::CeBatch { num_ops, total_bytes, use_intra_sync } => D::CeBatch { num_ops, total_bytes, use_intra_sync },
+    };
+    (d, Box::default())
+}
+
+/// A state's number worth keeping (see [`StateMark::value`]).
+fn state_value(st: &StateArgs<'_>) -> u64 {
+    match *st {
+        StateArgs::ProxyOp { trans_size, .. } | StateArgs::ProxyStep { trans_size, .. } => trans_size as u64,
+        StateArgs::ProxyCtrl { appended_proxy_ops, .. } => appended_proxy_ops.max(0) as u64,
+        StateArgs::KernelChStop { p_timer } => p_timer,
+        StateArgs::NetPluginUpdate { .. } | StateArgs::GroupApi { .. } | StateArgs::Ce { .. } => 0,
+    }
+}
+
+impl Sink for CommSpans {
+    fn interest(&self) -> EventMask {
+        self.mask
+    }
+
+    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+        let start_ns = clock::unix_nanos();
+        let t = ev.event_type();
+        // A parent this sink no longer knows (retired long ago) still names a tree: use it.
+        let root = parent.map_or(id, |p| self.root_of(p).unwrap_or(p));
+        if crate::idtable::kept_after_stop(t) {
+            self.roots.insert(id, t, root);
+        }
+        let (descr, payload) = own(ev);
+        let states = Vec::with_capacity(if matches!(t, EventType::ProxyStep) { 3 } else { 0 });
+        self.open.insert(id, Open { parent, root, start_ns, descr, payload, states, states_dropped: 0 });
+    }
+
+    fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        let mark = StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) };
+        self.open.with(id, |o| {
+            if o.states.len() < MAX_STATES {
+                o.states.push(mark);
+            } else {
+                o.states_dropped = o.states_dropped.saturating_add(1);
+            }
+        });
+    }
+
+    fn stop(&self, id: EventId) {
+        let end_ns = clock::unix_nanos();
+        let Some(o) = self.open.remove(id) else { return };
+        self.roots.stop(id);
+        let span = Span {
+            comm: &self.comm,
+            id,
+            parent: o.parent,
+            root: o.root,
+            start_ns: o.start_ns,
+            end_ns,
+            descr: o.descr,
+            payload: &o.payload,
+            states: &o.states,
+            states_dropped: o.states_dropped,
+        };
+        let bit = span.event_type().bit();
+        for (interest, e) in &self.exporters {
+            if interest & bit != 0 {
+                e.span(&span);
+            }
+        }
+    }
+
+    fn finalize(&self) {
+        for (_, e) in &self.exporters {
+            e.comm_finalize(&self.comm);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

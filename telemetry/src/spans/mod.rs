@@ -1,0 +1,122 @@
+//! Span assembly: the one sink that turns `start`/`state`/`stop` into finished spans, and the
+//! exporters (Prometheus, OTLP, trace files) that consume them.
+//!
+//! Modelled on `tracing-subscriber`'s registry and layers: [`Telemetry`] is a [`Profiler`] whose
+//! per-communicator sink keeps each open event's data (start time, descriptor with its names made
+//! `'static`, state marks, its trace root) in a sharded table, and at the stop hands a finished
+//! [`Span`] to every [`Exporter`] that asked for its type. Exporters never see half an event and
+//! never keep their own per-event tables. The same collector runs inside occl and inside
+//! `libnccl-profiler-occl.so`, so both feed identical exporters.
+//!
+//! Exporters run on the emitting thread, inside a collective: they must not block (aggregate into
+//! atomics, or push into a bounded queue that a thread of their own drains, and count drops).
+
+mod clock;
+mod collector;
+mod env;
+mod intern;
+
+pub use clock::unix_nanos;
+pub use collector::{CommSpans, Telemetry};
+pub use env::exporters_from_env;
+pub use intern::intern;
+
+use crate::event::{EventDescr, EventId, EventType};
+use crate::mask::EventMask;
+use std::sync::Arc;
+
+/// The communicator a span belongs to (NCCL's `init` arguments).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommMeta {
+    /// `config.commName`, if the application gave one.
+    pub name: Option<String>,
+    /// The communicator's 64-bit id, equal on every rank.
+    pub hash: u64,
+    pub rank: i32,
+    pub nranks: i32,
+    pub n_nodes: i32,
+}
+
+/// A state change of a span, in order of arrival.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateMark {
+    /// When it arrived, ns since the Unix epoch.
+    pub t_ns: u64,
+    /// NCCL's numeric state (`StateArgs::state_raw`).
+    pub state: u32,
+    /// The state's number, where it has one: bytes (`trans_size`) for ProxyOp and ProxyStep,
+    /// appended ops for ProxyCtrl's AppendEnd, the GPU stop time for KernelCh; else 0.
+    pub value: u64,
+}
+
+/// A finished event.
+#[derive(Clone, Debug)]
+pub struct Span<'a> {
+    pub comm: &'a Arc<CommMeta>,
+    pub id: EventId,
+    /// The parent event (NCCL's `parentObj`), possibly stopped long before this span.
+    pub parent: Option<EventId>,
+    /// The outermost ancestor the collector saw: the GroupApi of an API call's tree, the event
+    /// itself for one without parent (ProxyCtrl). One trace per root.
+    pub root: EventId,
+    /// Start and stop, ns since the Unix epoch.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The start descriptor; its names are `'static` (NCCL's tables or [`intern`]), and a
+    /// NetPlugin's payload is in `payload` instead.
+    pub descr: EventDescr<'static>,
+    /// NetPlugin's start payload (at most [`MAX_PAYLOAD`] bytes), empty otherwise.
+    pub payload: &'a [u8],
+    /// State changes in arrival order (at most [`MAX_STATES`]; later ones are counted in
+    /// `states_dropped`).
+    pub states: &'a [StateMark],
+    pub states_dropped: u32,
+}
+
+impl Span<'_> {
+    pub fn event_type(&self) -> EventType {
+        self.descr.event_type()
+    }
+
+    /// Duration in ns.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// State marks a span keeps: enough for every state of a ProxyStep or ProxyOp many times over;
+/// a long-lived event that changes state without end cannot grow without bound.
+pub const MAX_STATES: usize = 64;
+/// NetPlugin payload bytes a span keeps (NCCL's socket and IB payloads are 24–40 bytes).
+pub const MAX_PAYLOAD: usize = 64;
+
+/// A consumer of finished spans.
+pub trait Exporter: Send + Sync + 'static {
+    /// For logs ("prometheus", "otlp", "trace").
+    fn name(&self) -> &str;
+
+    /// The event types this exporter wants spans of; asked once, when a communicator starts.
+    fn interest(&self) -> EventMask;
+
+    /// A communicator was created (NCCL's `init`).
+    fn comm_init(&self, comm: &Arc<CommMeta>) {
+        let _ = comm;
+    }
+
+    /// An event of a type in `interest()` finished. Runs on the emitting thread: must not block.
+    fn span(&self, span: &Span<'_>);
+
+    /// The communicator is being destroyed (NCCL's `finalize`); no span of it follows.
+    fn comm_finalize(&self, comm: &Arc<CommMeta>) {
+        let _ = comm;
+    }
+
+    /// Appends this exporter's metrics in Prometheus text exposition format, if it has any
+    /// (served by the RAS HTTP endpoint or the plugin's own port).
+    fn render_metrics(&self, out: &mut String) {
+        let _ = out;
+    }
+
+    /// Writes out what is buffered (process exit, an explicit flush); may block briefly.
+    fn flush(&self) {}
+}
