@@ -4,7 +4,7 @@
 
 use crate::metrics::Render;
 use crate::testlog::SpanLog;
-use occl_telemetry::spans::Telemetry;
+use occl_telemetry::spans::{exporters_from_env, Telemetry};
 use occl_telemetry::Profiler;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -49,20 +49,22 @@ pub fn install(backend: Option<Backend>) {
 }
 
 /// The backend for a new communicator: the installed one; else, once per load of the library,
-/// the test span log if `OCCL_PROFILER_TEST_SPANS` asks for it, else occl's span collector with
-/// the exporters the environment enables (Prometheus, OTLP, trace files). `None` when nothing is
-/// enabled.
+/// occl's span collector with the exporters the environment enables (Prometheus, OTLP, trace
+/// files), plus the test span log when `OCCL_PROFILER_TEST_SPANS` asks for it (then in a
+/// collector of its own). `None` when nothing is enabled.
 pub fn choose() -> Option<Backend> {
     if let Some(b) = INSTALLED.lock().unwrap_or_else(PoisonError::into_inner).clone() {
         return Some(b);
     }
     static FROM_ENV: OnceLock<Option<Backend>> = OnceLock::new();
     FROM_ENV
-        .get_or_init(|| {
-            if let Some(log) = SpanLog::from_env() {
-                return Some(Backend::telemetry(Arc::new(Telemetry::new(vec![log]))));
+        .get_or_init(|| match SpanLog::from_env() {
+            Some(log) => {
+                let mut exporters = exporters_from_env();
+                exporters.push(log);
+                Some(Backend::telemetry(Arc::new(Telemetry::new(exporters))))
             }
-            Telemetry::global().map(|t| Backend::telemetry(t.clone()))
+            None => Telemetry::global().map(|t| Backend::telemetry(t.clone())),
         })
         .clone()
 }

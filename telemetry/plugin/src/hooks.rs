@@ -44,7 +44,10 @@ pub fn init(version: ApiVersion, info: &CommInfo<'_>) -> Init {
     let Some(sink) = backend.profiler.init(info) else {
         nccl_log::warn_once(
             &DECLINED,
-            &format!("occl profiler plugin: profiler {:?} declined a communicator; its events are dropped", backend.profiler.name()),
+            &format!(
+                "occl profiler plugin: profiler {:?} declined a communicator; its events are dropped",
+                backend.profiler.name()
+            ),
         );
         return none();
     };
@@ -53,7 +56,10 @@ pub fn init(version: ApiVersion, info: &CommInfo<'_>) -> Init {
         sink.finalize();
         nccl_log::warn_once(
             &FULL,
-            &format!("occl profiler plugin: more than {} communicators at once; later ones are not profiled", comms::MAX_COMMS),
+            &format!(
+                "occl profiler plugin: more than {} communicators at once; later ones are not profiled",
+                comms::MAX_COMMS
+            ),
         );
         return none();
     };

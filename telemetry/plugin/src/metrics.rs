@@ -99,9 +99,8 @@ impl MetricsServer {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("occl-metrics".into())
-            .spawn(move || serve(&listener, &render, &flag))?;
+        let thread =
+            std::thread::Builder::new().name("occl-metrics".into()).spawn(move || serve(&listener, &render, &flag))?;
         Ok(MetricsServer { addr, stop, thread: Some(thread) })
     }
 
@@ -282,7 +281,11 @@ fn respond(conn: &mut TcpStream, status: &str, ctype: &str, body: &str, head_onl
         match conn.write(&rest[..rest.len().min(64 * 1024)]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => rest = &rest[n..],
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(e),
         }
     }

@@ -171,7 +171,12 @@ impl Exporter for SpanLog {
              # TYPE occl_test_spans_total counter\n",
         );
         for t in EventType::ALL {
-            let _ = writeln!(out, "occl_test_spans_total{{type=\"{}\"}} {}", t.name(), self.counts[t as usize].load(Relaxed));
+            let _ = writeln!(
+                out,
+                "occl_test_spans_total{{type=\"{}\"}} {}",
+                t.name(),
+                self.counts[t as usize].load(Relaxed)
+            );
         }
     }
 

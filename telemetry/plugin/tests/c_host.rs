@@ -25,7 +25,8 @@ const CHUNK: u64 = 65536;
 fn hosts() -> &'static BTreeMap<u32, PathBuf> {
     static H: OnceLock<BTreeMap<u32, PathBuf>> = OnceLock::new();
     H.get_or_init(|| {
-        let dir = scratch("hosts");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("occl-plugin-hosts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("host build dir");
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host/host.c");
         VERSIONS
             .iter()
@@ -38,7 +39,9 @@ fn hosts() -> &'static BTreeMap<u32, PathBuf> {
                     .arg(&src)
                     .args(["-ldl", "-lpthread"])
                     .output()
-                    .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` ({e}); install gcc (scripts/test.sh does)"));
+                    .unwrap_or_else(|e| {
+                        panic!("cannot run the C compiler `{cc}` ({e}); install gcc (scripts/test.sh does)")
+                    });
                 assert!(res.status.success(), "building host v{v}:\n{}", String::from_utf8_lossy(&res.stderr));
                 (*v, out)
             })
@@ -142,7 +145,10 @@ fn check_comm(v: u32, spans: &[&SpanRec]) {
     seqs.sort();
     assert_eq!(seqs, (0..NITER as i64).collect::<Vec<_>>(), "v{v}");
     for c in of("Coll") {
-        assert_eq!((c.str("func"), c.str("dtype"), c.str("algo"), c.str("proto")), ("AllReduce", "ncclFloat32", "RING", "SIMPLE"));
+        assert_eq!(
+            (c.str("func"), c.str("dtype"), c.str("algo"), c.str("proto")),
+            ("AllReduce", "ncclFloat32", "RING", "SIMPLE")
+        );
         assert_eq!(c.num("count"), 1024 * (c.num("seq") + 1), "v{v}: count of seq {}", c.num("seq"));
         assert_eq!((c.num("nch"), c.num("nwarps"), c.num("sendbuf"), c.num("recvbuf")), (2, 8, 0x1000, 0x2000));
         if v >= 5 {
@@ -257,7 +263,12 @@ fn every_version_gets_nccls_sequences_from_several_threads() {
         let per_comm: usize = expected_counts(v).values().sum();
         assert!(out.contains(&format!("handles={} nulls=0 duplicates=0", 2 * per_comm)), "v{v}:\n{out}");
         if v >= 4 {
-            assert!(err.contains(&format!("NCCL-LOG 3 occl profiler plugin (API v{v}): communicator 0x0000000000001001 rank 1/2")), "v{v}: the plugin logs through NCCL's logger:\n{err}");
+            assert!(
+                err.contains(&format!(
+                    "NCCL-LOG 3 occl profiler plugin (API v{v}): communicator 0x0000000000001001 rank 1/2"
+                )),
+                "v{v}: the plugin logs through NCCL's logger:\n{err}"
+            );
         }
 
         let log = SpanLog::read(&dir, "spans");
@@ -269,13 +280,20 @@ fn every_version_gets_nccls_sequences_from_several_threads() {
                 ranks.push(r);
                 assert_eq!(init["comm"], format!("{:016x}", 0x1000 + r), "v{v}: NCCL's comm hash");
                 let name = format!("harness-{r}");
-                assert_eq!((init["name"].as_str(), init["nranks"].as_i64(), init["nnodes"].as_i64()), (Some(name.as_str()), Some(2), Some(1)));
+                assert_eq!(
+                    (init["name"].as_str(), init["nranks"].as_i64(), init["nnodes"].as_i64()),
+                    (Some(name.as_str()), Some(2), Some(1))
+                );
             }
             ranks.sort();
             assert_eq!(ranks, [0, 1]);
         } else {
             // v1–v3 init carries no communicator information.
-            assert!(log.inits.iter().all(|i| i["comm"] == "0000000000000000" && i["name"].is_null()), "{:?}", log.inits);
+            assert!(
+                log.inits.iter().all(|i| i["comm"] == "0000000000000000" && i["name"].is_null()),
+                "{:?}",
+                log.inits
+            );
         }
         let comms = log.by_comm();
         assert_eq!(comms.len(), 2, "v{v}: spans of two communicators");
@@ -321,7 +339,12 @@ fn metrics_are_served_while_communicators_live() {
             ("HOST_PAUSE", "1".into()),
             ("HOST_METRICS_PORT", port.to_string()),
         ];
-        let mut child = host(v, &dir, "run", &env).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn host");
+        let mut child = host(v, &dir, "run", &env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn host");
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut seen = String::new();
         loop {
@@ -347,7 +370,11 @@ fn metrics_are_served_while_communicators_live() {
         let mut rest = String::new();
         stdout.read_to_string_lossy(&mut rest);
         seen.push_str(&rest);
-        assert!(out.status.success() && seen.contains("OK failures=0"), "v{v}:\n{seen}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && seen.contains("OK failures=0"),
+            "v{v}:\n{seen}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(seen.contains("metrics_after_finalize=refused"), "the last finalize stops the server:\n{seen}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -399,7 +426,8 @@ fn garbage_from_the_host_never_crashes() {
     for v in VERSIONS {
         let dir = scratch(&format!("garbage-v{v}"));
         let prefix = dir.join("spans").to_string_lossy().into_owned();
-        let (out, _) = run_ok(host(v, &dir, "garbage", &[("OCCL_PROFILER_TEST_SPANS", prefix)]), &format!("v{v} garbage"));
+        let (out, _) =
+            run_ok(host(v, &dir, "garbage", &[("OCCL_PROFILER_TEST_SPANS", prefix)]), &format!("v{v} garbage"));
         assert!(out.contains("garbage bad=0"), "v{v}:\n{out}");
         let log = SpanLog::read(&dir, "spans");
         let types: Vec<&str> = log.spans.iter().map(|s| s.ty.as_str()).collect();
@@ -409,7 +437,10 @@ fn garbage_from_the_host_never_crashes() {
         if v == 1 {
             assert_eq!([coll.str("func"), coll.str("dtype"), coll.str("algo"), coll.str("proto")], ["Unknown"; 4]);
         } else {
-            assert_eq!([coll.str("func"), coll.str("dtype"), coll.str("algo"), coll.str("proto")], ["Unknown", "Unknown", "Unknown", "SIMPLE"]);
+            assert_eq!(
+                [coll.str("func"), coll.str("dtype"), coll.str("algo"), coll.str("proto")],
+                ["Unknown", "Unknown", "Unknown", "SIMPLE"]
+            );
         }
         assert_eq!(step.parent, None);
         // 9 (NULL args: 0), 99 and -5 dropped, 23 only where GroupApi states exist, 10 with
@@ -437,7 +468,10 @@ fn the_library_unloads_and_loads_again() {
             // Spawning the server thread registers a thread-local destructor in the thread that
             // called init, so the dynamic linker keeps the library until that thread exits; it
             // is then simply reused. Either way no thread of ours runs after the last finalize.
-            println!("v{v} with /metrics: {}", out.lines().filter(|l| l.starts_with("round=")).collect::<Vec<_>>().join("; "));
+            println!(
+                "v{v} with /metrics: {}",
+                out.lines().filter(|l| l.starts_with("round=")).collect::<Vec<_>>().join("; ")
+            );
         }
         let log = SpanLog::read(&dir, "spans");
         assert_eq!((log.inits.len(), log.finalizes.len(), log.spans.len()), (2, 2, 2), "v{v}: both loads worked");

@@ -66,7 +66,12 @@ impl Sink for RecSink {
         if let EventDescr::Coll { seq_number: 666, .. } = ev {
             panic!("a sink that panics");
         }
-        self.rec.push(Got::Start { comm: self.comm, id: id.get(), parent: parent.map(EventId::get), descr: format!("{ev:?}") });
+        self.rec.push(Got::Start {
+            comm: self.comm,
+            id: id.get(),
+            parent: parent.map(EventId::get),
+            descr: format!("{ev:?}"),
+        });
     }
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
         self.rec.push(Got::State { id: id.get(), state: format!("{st:?}") });
@@ -101,7 +106,7 @@ struct Host {
 
 impl Host {
     fn init(&self, hash: u64, rank: c_int) -> (*mut c_void, c_int) {
-        let (mut ctx, mut mask): (*mut c_void, c_int) = (0x1 as *mut c_void, -1);
+        let (mut ctx, mut mask): (*mut c_void, c_int) = (ptr::dangling_mut::<c_void>(), -1);
         let name = c"in-process";
         // SAFETY: the plugin's tables, called with valid out-pointers and a live name; no
         // logger is passed (a NULL one must be accepted).
@@ -110,15 +115,36 @@ impl Host {
                 ApiVersion::V1 => plugin::ncclProfiler_v1.0.init.expect("init")(&mut ctx, &mut mask),
                 ApiVersion::V2 => plugin::ncclProfiler_v2.0.init.expect("init")(&mut ctx, &mut mask),
                 ApiVersion::V3 => plugin::ncclProfiler_v3.0.init.expect("init")(&mut ctx, &mut mask),
-                ApiVersion::V4 => {
-                    plugin::ncclProfiler_v4.0.init.expect("init")(&mut ctx, &mut mask, name.as_ptr(), hash, 1, 4, rank, None)
-                }
-                ApiVersion::V5 => {
-                    plugin::ncclProfiler_v5.0.init.expect("init")(&mut ctx, hash, &mut mask, name.as_ptr(), 1, 4, rank, None)
-                }
-                ApiVersion::V6 => {
-                    plugin::ncclProfiler_v6.0.init.expect("init")(&mut ctx, hash, &mut mask, name.as_ptr(), 1, 4, rank, None)
-                }
+                ApiVersion::V4 => plugin::ncclProfiler_v4.0.init.expect("init")(
+                    &mut ctx,
+                    &mut mask,
+                    name.as_ptr(),
+                    hash,
+                    1,
+                    4,
+                    rank,
+                    None,
+                ),
+                ApiVersion::V5 => plugin::ncclProfiler_v5.0.init.expect("init")(
+                    &mut ctx,
+                    hash,
+                    &mut mask,
+                    name.as_ptr(),
+                    1,
+                    4,
+                    rank,
+                    None,
+                ),
+                ApiVersion::V6 => plugin::ncclProfiler_v6.0.init.expect("init")(
+                    &mut ctx,
+                    hash,
+                    &mut mask,
+                    name.as_ptr(),
+                    1,
+                    4,
+                    rank,
+                    None,
+                ),
             }
         };
         assert_eq!(rc, 0, "init never fails");
@@ -148,7 +174,7 @@ impl Host {
 
     /// `startEvent` with a descriptor of the version; returns the handle.
     fn start<D>(&self, ctx: *mut c_void, d: &mut D) -> *mut c_void {
-        let mut h: *mut c_void = 0x1 as *mut c_void;
+        let mut h: *mut c_void = ptr::dangling_mut::<c_void>();
         // SAFETY: a descriptor of this version that lives for the call, a valid out-pointer.
         let rc = unsafe { self.table_fns().0(ctx, &mut h, ptr::from_mut(d).cast()) };
         assert_eq!(rc, 0);
@@ -283,12 +309,20 @@ fn every_version_inits_hands_out_handles_and_gets_them_back_as_parents() {
         let Got::Init(info) = &got[0] else { panic!("{got:?}") };
         if version >= ApiVersion::V4 {
             let hash = 0xABCD_0000 + version.number() as u64;
-            let want = format!("CommInfo {{ comm_name: Some(\"in-process\"), comm_hash: {hash}, n_nodes: 1, nranks: 4, rank: 1 }}");
+            let want = format!(
+                "CommInfo {{ comm_name: Some(\"in-process\"), comm_hash: {hash}, n_nodes: 1, nranks: 4, rank: 1 }}"
+            );
             assert_eq!(info, &want, "{version}");
         } else {
-            assert!(info.contains("comm_hash: 0") && info.contains("rank: 0"), "{version}: v1–v3 init has no comm: {info}");
+            assert!(
+                info.contains("comm_hash: 0") && info.contains("rank: 0"),
+                "{version}: v1–v3 init has no comm: {info}"
+            );
         }
-        let starts: Vec<_> = got.iter().filter_map(|g| if let Got::Start { id, parent, .. } = g { Some((*id, *parent)) } else { None }).collect();
+        let starts: Vec<_> = got
+            .iter()
+            .filter_map(|g| if let Got::Start { id, parent, .. } = g { Some((*id, *parent)) } else { None })
+            .collect();
         assert_eq!(
             starts,
             vec![(h_coll as u64, None), (h_op as u64, Some(h_coll as u64)), (h_step as u64, Some(h_op as u64))],
@@ -304,17 +338,26 @@ fn every_version_inits_hands_out_handles_and_gets_them_back_as_parents() {
         );
         let Got::Start { descr, .. } = &got[2] else { panic!() };
         assert!(descr.starts_with("ProxyOp { rank: 1,") && descr.contains("is_send: true"), "{version}: {descr}");
-        let states: Vec<_> = got.iter().filter_map(|g| if let Got::State { state, .. } = g { Some(state.as_str()) } else { None }).collect();
+        let states: Vec<_> = got
+            .iter()
+            .filter_map(|g| if let Got::State { state, .. } = g { Some(state.as_str()) } else { None })
+            .collect();
         if version >= ApiVersion::V4 {
             assert_eq!(
                 states,
-                ["ProxyStep { state: SendWait, trans_size: 4096 }", "ProxyOp { state: InProgress, trans_size: 0, steps: 0 }"],
+                [
+                    "ProxyStep { state: SendWait, trans_size: 4096 }",
+                    "ProxyOp { state: InProgress, trans_size: 0, steps: 0 }"
+                ],
                 "{version}"
             );
         } else {
             assert_eq!(
                 states,
-                ["ProxyOp { state: SendPosted, trans_size: 512, steps: 1 }", "ProxyStep { state: SendWait, trans_size: 0 }"],
+                [
+                    "ProxyOp { state: SendPosted, trans_size: 512, steps: 1 }",
+                    "ProxyStep { state: SendWait, trans_size: 0 }"
+                ],
                 "{version}"
             );
         }
@@ -401,7 +444,7 @@ fn garbage_is_dropped_and_counted_never_a_crash() {
 
     // NULL descriptor, unknown type, two types at once: NULL handles.
     let h = {
-        let mut hh: *mut c_void = 0x1 as *mut c_void;
+        let mut hh: *mut c_void = ptr::dangling_mut::<c_void>();
         // SAFETY: a NULL descriptor is what this checks.
         unsafe { plugin::ncclProfiler_v5.0.start_event.expect("start")(ctx, &mut hh, ptr::null_mut()) };
         hh
@@ -435,7 +478,7 @@ fn garbage_is_dropped_and_counted_never_a_crash() {
     host.stop(foreign);
     host.stop(ptr::null_mut());
     host.stop(ctx); // a context is not a handle
-    // A sink that panics: caught, counted, NULL-free handle still returned to NCCL.
+                    // A sink that panics: caught, counted, NULL-free handle still returned to NCCL.
     let mut boom = DescrV5::new(EventType::Coll.bit(), ptr::null_mut(), 0);
     boom.u.coll.seq_number = 666;
     let prev_hook = std::panic::take_hook();
@@ -451,7 +494,8 @@ fn garbage_is_dropped_and_counted_never_a_crash() {
     host.finalize(ctx); // twice
 
     let got = rec.take();
-    let starts: Vec<&str> = got.iter().filter_map(|g| if let Got::Start { descr, .. } = g { Some(descr.as_str()) } else { None }).collect();
+    let starts: Vec<&str> =
+        got.iter().filter_map(|g| if let Got::Start { descr, .. } = g { Some(descr.as_str()) } else { None }).collect();
     assert_eq!(starts.len(), 1, "only the Coll got through: {starts:?}");
     assert!(starts[0].contains("func: \"Unknown\"") && starts[0].contains("parent_group: None"), "{}", starts[0]);
     assert!(got.iter().any(|g| matches!(g, Got::Start { parent: None, .. })));
@@ -482,4 +526,99 @@ fn without_a_backend_init_succeeds_with_a_null_context() {
     let mut g = DescrV6::new(EventType::GroupApi.bit(), ptr::null_mut(), 0);
     assert!(host.start(ctx, &mut g).is_null());
     host.finalize(ctx);
+}
+
+/// An exporter that only counts: the collector's and the plugin's cost, not an exporter's.
+struct CountSpans(std::sync::atomic::AtomicU64);
+
+impl occl_telemetry::spans::Exporter for CountSpans {
+    fn name(&self) -> &str {
+        "count"
+    }
+    fn interest(&self) -> EventMask {
+        EventMask::ALL
+    }
+    fn span(&self, _: &occl_telemetry::spans::Span<'_>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A profiler whose sinks do nothing: what the plugin alone costs.
+struct Noop;
+struct NoopSink;
+impl Profiler for Noop {
+    fn name(&self) -> &str {
+        "noop"
+    }
+    fn init(&self, _: &CommInfo<'_>) -> Option<Arc<dyn Sink>> {
+        Some(Arc::new(NoopSink))
+    }
+}
+impl Sink for NoopSink {
+    fn interest(&self) -> EventMask {
+        EventMask::ALL
+    }
+}
+
+/// ns per ProxyStep (start, two states, stop) under its ProxyOp, on `threads` threads at once.
+fn step_cost(host: &Host, ctx: *mut c_void, threads: usize, steps: usize) -> f64 {
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let ctx = ctx as usize;
+            s.spawn(move || {
+                let ctx = ctx as *mut c_void;
+                let mut op = DescrV6::new(EventType::ProxyOp.bit(), ptr::null_mut(), 0);
+                op.u.proxy_op.pid = std::process::id() as i32;
+                let h_op = host.start(ctx, &mut op);
+                for i in 0..steps {
+                    let mut st = DescrV6::new(EventType::ProxyStep.bit(), h_op, 0);
+                    st.u.proxy_step.step = i as c_int;
+                    let h = host.start(ctx, &mut st);
+                    let mut a = StateArgsV4 { raw: 65536 };
+                    host.record(h, 8, &mut a);
+                    host.record(h, 9, &mut a);
+                    host.stop(h);
+                }
+                host.stop(h_op);
+            });
+        }
+    });
+    t0.elapsed().as_nanos() as f64 / (threads * steps) as f64
+}
+
+#[test]
+fn what_a_proxy_step_costs_through_the_plugin() {
+    let _g = lock();
+    const STEPS: usize = 100_000;
+    let host = Host { version: ApiVersion::V6 };
+    let mut costs = Vec::new();
+    for collector in [false, true] {
+        let counter = Arc::new(CountSpans(Default::default()));
+        let backend = if collector {
+            Backend::telemetry(Arc::new(occl_telemetry::spans::Telemetry::new(vec![counter.clone()])))
+        } else {
+            Backend::new(Arc::new(Noop))
+        };
+        plugin::install(Some(backend));
+        let (ctx, _) = host.init(77, 0);
+        for threads in [1usize, 4] {
+            let per = step_cost(&host, ctx, threads, STEPS);
+            let what = if collector { "into occl's span collector" } else { "into a sink that does nothing" };
+            println!(
+                "ProxyStep start + 2 states + stop through ncclProfiler_v6 {what}: {per:.0} ns ({threads} thread(s))"
+            );
+            costs.push(per);
+        }
+        host.finalize(ctx);
+        if collector {
+            let spans = counter.0.load(std::sync::atomic::Ordering::Relaxed) as usize;
+            assert_eq!(spans, 5 * (STEPS + 1), "every step and op became a span");
+        }
+    }
+    plugin::install(None);
+    // Generous bounds for a loaded 2-core CI machine: they catch a lock or an allocation storm on
+    // the plugin's path, not a few percent.
+    assert!(costs[0] < 5_000.0, "{:.0} ns per step in the plugin alone", costs[0]);
+    assert!(costs[2] < 20_000.0, "{:.0} ns per step with the collector", costs[2]);
 }

@@ -115,7 +115,12 @@ fn a_flood_of_idle_connections_pushes_out_the_oldest() {
     let t = Instant::now();
     let r = get(addr, "/metrics");
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
-    assert!(t.elapsed() < Duration::from_millis(500), "scrape behind {} idle connections took {:?}", idle.len(), t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "scrape behind {} idle connections took {:?}",
+        idle.len(),
+        t.elapsed()
+    );
     // The first ones were closed to make room.
     let mut first = &idle[0];
     first.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
@@ -131,7 +136,7 @@ fn a_flood_of_idle_connections_pushes_out_the_oldest() {
 fn a_port_in_use_is_an_error_and_stop_is_prompt() {
     let (s, _) = server(BODY);
     let addr = s.local_addr();
-    let render: Render = Arc::new(|| String::new());
+    let render: Render = Arc::new(String::new);
     let e = MetricsServer::start(addr, render).err().expect("the port is taken");
     assert_eq!(e.kind(), ErrorKind::AddrInUse);
     // A client in the middle of its head does not delay the stop beyond one poll.

@@ -101,11 +101,16 @@ fn emitted(lines: &[Value]) -> Emitted {
                     // DIRECT) reach any plugin as "Unknown".
                     let algo = d["algo"].as_str().expect("algo");
                     let algo = if NCCL_ALGOS.contains(&algo) { algo } else { "Unknown" };
-                    colls.push(format!("{} seq={} count={} {} \"{algo}\" {}", d["func"], d["seq"], d["count"], d["dtype"], d["proto"]));
+                    colls.push(format!(
+                        "{} seq={} count={} {} \"{algo}\" {}",
+                        d["func"], d["seq"], d["count"], d["dtype"], d["proto"]
+                    ));
                 }
                 *types.entry(t).or_default() += 1;
             }
-            Some("state") => states.entry(l["id"].as_u64().expect("id")).or_default().push(l["state"].as_u64().expect("state")),
+            Some("state") => {
+                states.entry(l["id"].as_u64().expect("id")).or_default().push(l["state"].as_u64().expect("state"))
+            }
             _ => {}
         }
     }
@@ -169,7 +174,10 @@ fn occl_loads_the_plugin_and_every_event_round_trips() {
             .filter(|s| s.ty == "Coll")
             .map(|s| {
                 let d = &s.d;
-                format!("{} seq={} count={} {} {} {}", d["func"], d["seq"], d["count"], d["dtype"], d["algo"], d["proto"])
+                format!(
+                    "{} seq={} count={} {} {} {}",
+                    d["func"], d["seq"], d["count"], d["dtype"], d["algo"], d["proto"]
+                )
             })
             .collect();
         colls.sort();
@@ -184,7 +192,8 @@ fn occl_loads_the_plugin_and_every_event_round_trips() {
         // events without a live step (see `Emitted::orphan_net`); exactly those have none here.
         let orphans = spans.iter().filter(|s| s.ty == "NetPlugin" && s.parent.is_none()).count();
         assert_eq!(orphans, want.orphan_net, "rank {rank}: NetPlugin events without a parent");
-        let parented: Vec<&SpanRec> = spans.iter().copied().filter(|s| !(s.ty == "NetPlugin" && s.parent.is_none())).collect();
+        let parented: Vec<&SpanRec> =
+            spans.iter().copied().filter(|s| !(s.ty == "NetPlugin" && s.parent.is_none())).collect();
         check_parents(&parented, &|t| match t {
             "CollApi" | "P2pApi" | "KernelLaunch" => &["GroupApi"],
             "Coll" => &["CollApi"],

@@ -1,6 +1,6 @@
 //! The exported function tables, `ncclProfiler_v1` … `ncclProfiler_v6` (one module per API
 //! version, reference §6), and the only `unsafe` code of the crate: reading NCCL's arguments and
-//! writing its out-parameters. Everything else happens in [`crate::hooks`].
+//! writing its out-parameters. Everything else happens in `hooks`, in safe Rust.
 //!
 //! Every callback returns success and never unwinds into NCCL: a panic is caught and counted (an
 //! unwinding `extern "C"` function would abort the process). Out-parameters are written NULL
