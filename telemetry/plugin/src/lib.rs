@@ -11,8 +11,8 @@
 //! - Contexts and event handles are integers that name a communicator and an occl [`EventId`],
 //!   never pointers, so a stale, foreign (PXN) or garbage value NCCL passes back is harmless.
 //!   Calls may come from any thread: application, proxy, network.
-//! - One process-wide profiler, chosen in one function (`backend::choose`), gives each communicator its sink.
-//!   Rust hosts that link the rlib can [`install`] another one (tests do).
+//! - One process-wide profiler, chosen in one function (`backend::choose`), gives each
+//!   communicator its sink. Rust hosts that link the rlib can [`install`] another one (tests do).
 //! - `/metrics` is served on a port of its own ([`metrics`]: `OCCL_METRICS_ADDR`, default
 //!   `127.0.0.1:9464` plus the launcher's local rank; `off` disables it) while any communicator
 //!   lives; the last `finalize` stops it and flushes the exporters.
