@@ -14,6 +14,8 @@ fi
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# tmux drives `ncclras --tui` in its test.
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
