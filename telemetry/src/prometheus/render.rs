@@ -67,6 +67,7 @@ pub(crate) const LOST: Family = fam(
 );
 
 /// Every family this exporter writes, in output order (for the docs test).
+#[cfg(test)]
 pub(crate) fn families() -> Vec<&'static Family> {
     let mut v = vec![&COMM_INFO];
     for k in &OPS {

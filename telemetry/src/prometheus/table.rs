@@ -85,6 +85,7 @@ impl<K: Copy + Eq + Hash, V> Table<K, V> {
         self.slots.iter().filter_map(OnceLock::get).map(|e| (&e.0, &e.1))
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len.load(Relaxed)
     }
