@@ -287,11 +287,8 @@ occl_d_seconds_count{rank=\"0\"} 2
     fn families_merge_with_one_header_and_pid_labels() {
         let b = A.replace("rank=\\\"0\\\"", "rank=\\\"1\\\"").replace("rank=\"0\"", "rank=\"1\"");
         let ras = "# HELP occl_ras_peers Peers.\n# TYPE occl_ras_peers gauge\noccl_ras_peers{state=\"alive\"} 2\n";
-        let m = merge(&[
-            Part { text: ras, pid: None },
-            Part { text: A, pid: Some(10) },
-            Part { text: &b, pid: Some(11) },
-        ]);
+        let m =
+            merge(&[Part { text: ras, pid: None }, Part { text: A, pid: Some(10) }, Part { text: &b, pid: Some(11) }]);
         assert_eq!(m.dropped, 0, "{}", m.text);
         assert_eq!(m.text.matches("# TYPE occl_x_total counter").count(), 1);
         assert_eq!(m.text.matches("# HELP occl_d_seconds").count(), 1);

@@ -26,8 +26,8 @@ mod idtable;
 pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
-pub mod prometheus;
 pub mod profiler;
+pub mod prometheus;
 pub mod sink;
 pub mod spans;
 

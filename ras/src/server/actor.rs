@@ -190,7 +190,8 @@ impl State {
                     // No mesh yet: this process alone.
                     let mut text = String::new();
                     self.sh.records.render_metrics(&mut text);
-                    let _ = reply.send(NodeMetrics { parts: vec![(std::process::id(), text)], ..NodeMetrics::default() });
+                    let _ =
+                        reply.send(NodeMetrics { parts: vec![(std::process::id(), text)], ..NodeMetrics::default() });
                 }
             },
             Input::Cmd(Cmd::Shutdown | Cmd::Leave { .. }) => {}

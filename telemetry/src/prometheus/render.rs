@@ -56,8 +56,11 @@ pub(crate) const SOCKET_BYTES: Family = fam(
     "counter",
     "Bytes of socket requests reported by the network plugin events, by direction.",
 );
-pub(crate) const TRANSPORT_BYTES: Family =
-    fam("occl_transport_bytes_total", "counter", "Bytes moved to or from peers, by transport (shm, tcp) and direction.");
+pub(crate) const TRANSPORT_BYTES: Family = fam(
+    "occl_transport_bytes_total",
+    "counter",
+    "Bytes moved to or from peers, by transport (shm, tcp) and direction.",
+);
 pub(crate) const ERRORS: Family =
     fam("occl_operation_errors_total", "counter", "Operations that failed, by op and error kind.");
 pub(crate) const LOST: Family = fam(

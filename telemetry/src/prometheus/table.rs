@@ -6,8 +6,11 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+/// A slot: empty, or an entry that never changes its key or moves.
+type Slot<K, V> = OnceLock<Box<(K, V)>>;
+
 pub(crate) struct Table<K, V> {
-    slots: Box<[OnceLock<Box<(K, V)>>]>,
+    slots: Box<[Slot<K, V>]>,
     /// The most entries; the slots are at least twice as many, so probes stay short.
     max: usize,
     len: AtomicUsize,
@@ -18,7 +21,12 @@ impl<K: Copy + Eq + Hash, V> Table<K, V> {
     /// A table of at most `max` entries.
     pub(crate) fn new(max: usize) -> Self {
         let n = max.saturating_mul(2).next_power_of_two().max(4);
-        Table { slots: (0..n).map(|_| OnceLock::new()).collect(), max, len: AtomicUsize::new(0), create: Mutex::new(()) }
+        Table {
+            slots: (0..n).map(|_| OnceLock::new()).collect(),
+            max,
+            len: AtomicUsize::new(0),
+            create: Mutex::new(()),
+        }
     }
 
     fn home(&self, k: &K) -> usize {

@@ -199,16 +199,20 @@ fn a_parked_operation_idle_for_a_second_is_observed_at_a_scrape_and_p2p_is_its_o
     let e = Arc::new(Exporter::new());
     let t = Telemetry::new(vec![e.clone()]);
     let s = t.comm_sink(meta(None, 1));
-    s.start(id(1), None, &EventDescr::P2p {
-        rank: 1,
-        func: "Send",
-        buff: 0,
-        datatype: "ncclInt8",
-        count: 100,
-        peer: 0,
-        n_channels: 1,
-        parent_group: None,
-    });
+    s.start(
+        id(1),
+        None,
+        &EventDescr::P2p {
+            rank: 1,
+            func: "Send",
+            buff: 0,
+            datatype: "ncclInt8",
+            count: 100,
+            peer: 0,
+            n_channels: 1,
+            parent_group: None,
+        },
+    );
     s.stop(id(1));
     let l = r#"comm="00000000feedbeef",rank="1",op="Send",dtype="ncclInt8""#;
     assert_eq!(value(&render(&e), &format!("occl_p2p_duration_seconds_count{{{l}}}")), Some(0.0));
@@ -254,4 +258,90 @@ fn the_switch() {
     let v = |x: &'static str| move |_: &str| Some(x.to_string());
     assert!(enabled(v("1")) && enabled(v("on")) && enabled(v(" true ")));
     assert!(!enabled(v("0")) && !enabled(v("maybe")) && !enabled(|_| None));
+}
+
+/// The cost of one small collective's span tree (occl's order: 8 spans, 26 events), through the
+/// collector to this exporter and to an idle one; run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn cost_of_one_span_tree() {
+    struct Idle(EventMask);
+    impl spans::Exporter for Idle {
+        fn name(&self) -> &str {
+            "idle"
+        }
+        fn interest(&self) -> EventMask {
+            self.0
+        }
+        fn span(&self, _: &Span<'_>) {}
+    }
+    use crate::event::{GroupApiState, ProxyOpState};
+    let prom = Arc::new(Exporter::new());
+    let interest = spans::Exporter::interest(&*prom);
+    for (name, t) in
+        [("idle", Telemetry::new(vec![Arc::new(Idle(interest))])), ("prometheus", Telemetry::new(vec![prom.clone()]))]
+    {
+        let s = t.comm_sink(meta(None, 0));
+        let n = 200_000u64;
+        let start = std::time::Instant::now();
+        let mut next = 1u64;
+        let mut new_id = || {
+            next += 1;
+            id(next)
+        };
+        for _ in 0..n {
+            let g = new_id();
+            s.start(g, None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
+            s.state(g, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
+            let api = new_id();
+            s.start(
+                api,
+                Some(g),
+                &EventDescr::CollApi {
+                    func: "AllReduce",
+                    count: 2,
+                    datatype: "ncclFloat32",
+                    root: 0,
+                    stream: 0,
+                    graph_captured: false,
+                },
+            );
+            s.stop(api);
+            s.state(g, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
+            let grp = new_id();
+            s.start(grp, None, &EventDescr::Group);
+            let c = new_id();
+            s.start(c, Some(api), &coll("AllReduce", 2));
+            let ops: Vec<EventId> = [true, false]
+                .iter()
+                .map(|&send| {
+                    let o = new_id();
+                    s.start(o, Some(c), &proxy_op(send));
+                    o
+                })
+                .collect();
+            for (k, &o) in ops.iter().enumerate() {
+                s.state(o, &StateArgs::ProxyOp { state: ProxyOpState::InProgress, trans_size: 0, steps: 0 });
+                let st = new_id();
+                s.start(st, Some(o), &EventDescr::ProxyStep { rank: 0, step: 0 });
+                let states = if k == 0 {
+                    [ProxyStepState::SendGpuWait, ProxyStepState::SendPeerWait, ProxyStepState::SendWait]
+                } else {
+                    [ProxyStepState::RecvWait, ProxyStepState::RecvFlushWait, ProxyStepState::RecvGpuWait]
+                };
+                for x in states {
+                    s.state(st, &StateArgs::ProxyStep { state: x, trans_size: 8 });
+                }
+                s.stop(st);
+            }
+            for o in ops {
+                s.stop(o);
+            }
+            s.stop(c);
+            s.stop(grp);
+            s.stop(g);
+        }
+        let per = start.elapsed().as_nanos() as f64 / n as f64;
+        println!("{name}: {per:.0} ns per span tree ({:.0} ns per event)", per / 26.0);
+    }
 }
