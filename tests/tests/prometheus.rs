@@ -9,6 +9,8 @@
 mod common;
 
 use common::{env, scratch, worker};
+use occl::{Comm, RedOp};
+use occl_telemetry::spans::{CommMeta, Exporter as _, Telemetry};
 use occl_tests::launch::{Job, Spawn};
 use occl_tests::ras_client::free_port;
 use serde_json::Value;
@@ -248,10 +250,68 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
     let busbw = one("sum(occl_collective_bus_bytes_total{op=\"AllReduce\",rank=\"0\"}) / sum(occl_collective_duration_seconds_sum{op=\"AllReduce\",rank=\"0\"})");
     assert!(busbw.is_some_and(|b| b.is_finite() && b > 0.0), "{busbw:?}");
 
+    // Bytes by transport (told by the core) are the bytes the proxy steps moved: all shm on one host.
+    let tr = p.query("sum by (rank) (occl_transport_bytes_total{transport=\"shm\",direction=\"send\"})");
+    let steps = p.query("sum by (rank) (occl_proxy_step_bytes_total{direction=\"send\"})");
+    assert_eq!(tr.len(), RANKS, "{tr:?}");
+    assert_eq!(tr, steps, "transport bytes vs step bytes");
+    assert!(tr.iter().all(|(_, v)| *v >= 2.0 * 1048576.0), "{tr:?}");
+
     // Several scrapes later every series is still there in every scrape (none flips in and out).
     std::thread::sleep(Duration::from_secs(3));
     let present = p.query("count_over_time(occl_communicator_info[3s])");
     assert_eq!(present.len(), RANKS, "{present:?}");
     assert!(present.iter().all(|(_, n)| *n >= 2.0), "series missing from some scrapes: {present:?}");
     drop(job);
+}
+
+/// The core tells the exporter what no event carries: a failed operation's error kind (here the mismatch of two ranks
+/// calling different sizes) and the bytes each transport moved. In process, two ranks on two threads.
+#[test]
+fn the_core_reports_errors_by_kind_and_bytes_by_transport() {
+    let comms = Comm::init_all(2).expect("two ranks");
+    let prom = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
+    let t = Telemetry::new(vec![prom.clone()]);
+    let handles: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
+            c.attach_sink(t.comm_sink(meta)).expect("attach")
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let n = 4096;
+                let (a, mut b) = (vec![1.0f32; n], vec![0f32; n]);
+                c.all_reduce(&a, &mut b, RedOp::Sum).expect("a matching all-reduce");
+                // Rank 1 calls a different size: both fail.
+                let m = if c.rank() == 0 { 1000 } else { 1500 };
+                assert!(c.all_reduce(&a[..m], &mut b[..m], RedOp::Sum).is_err());
+            });
+        }
+    });
+    for (c, h) in comms.iter().zip(handles) {
+        c.detach_sink(h);
+    }
+    let mut text = String::new();
+    prom.render_metrics(&mut text);
+    for r in 0..2 {
+        let l = format!("comm=\"{:016x}\",rank=\"{r}\"", comms[0].id());
+        let v = |name: &str| -> f64 {
+            text.lines()
+                .filter(|x| x.starts_with(name) && x.contains(&l))
+                .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        assert_eq!(v("occl_operation_errors_total{"), 1.0, "rank {r}:\n{text}");
+        let shm = v("occl_transport_bytes_total{");
+        assert!(shm >= 2.0 * 4096.0 * 4.0 / 2.0, "rank {r} moved {shm} bytes over shm:\n{text}");
+        assert!(text.contains(&format!("occl_transport_bytes_total{{{l},transport=\"shm\",direction=\"send\"}}")));
+    }
+    // The rank that sees the other's different size names the mismatch; the other may learn it as a remote failure.
+    assert!(text.contains("op=\"AllReduce\",kind=\"InvalidUsage\"} 1"), "{text}");
+    for c in comms {
+        let _ = c.destroy();
+    }
 }

@@ -10,8 +10,9 @@
 //! collector and serve its `render_metrics` yourself). Under occl, RAS serves the global
 //! collector's metrics of every process of the node on its port (`OCCL_RAS_ADDR`, default
 //! 28028) at `/metrics`, labelled with each process's `pid`. Off by default because its cost is
-//! not negligible for tiny messages (measured with `occl-perf --events-ab R --events-sink
-//! prometheus`: see the README's telemetry section).
+//! not negligible for tiny messages: every operation's events go through the span collector
+//! (measured with `occl-perf --events-ab R --events-sink prometheus`; README, "Prometheus
+//! metrics").
 //!
 //! **Labels.** Every series of a communicator rank has `comm` (the communicator's 64-bit hash in
 //! hex, equal on all ranks), `comm_name` (only when the application named it) and `rank`. Ops,
