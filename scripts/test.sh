@@ -15,6 +15,8 @@ fi
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# tmux drives `ncclras --tui` in its test.
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -29,10 +31,28 @@ for comp in clippy rustfmt; do
     fi
 done
 
+# NVRTC, which needs no GPU, so that the kernel crate's tests compile the real CUDA sources (they
+# print that they skipped if it cannot be had). 13.0 is the GPU machines' CUDA version.
+nvrtc_lib=target/nvrtc/nvidia/cu13/lib
+if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ] && command -v python3 >/dev/null 2>&1; then
+    rm -rf target/nvrtc && mkdir -p target/nvrtc
+    if python3 -m pip download -q --no-deps --only-binary=:all: --dest target/nvrtc nvidia-cuda-nvrtc==13.0.88; then
+        python3 -m zipfile -e target/nvrtc/nvidia_cuda_nvrtc-*.whl target/nvrtc
+    else
+        echo "scripts/test.sh: could not fetch NVRTC; the kernel compile tests will report that they skipped" >&2
+    fi
+fi
+if [ -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+    export LD_LIBRARY_PATH="$PWD/$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
 echo "== rustfmt"
 cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The cuda feature builds without CUDA (the libraries are loaded at run time).
+cargo clippy -p occl --features cuda --all-targets --release -- -D warnings
 echo "== tests"
 # Release build: the integration tests move hundreds of MiB through real processes.
 cargo test --workspace --release -- --test-threads 2
+cargo test -p occl --features cuda --release --lib -- --test-threads 2 cuda::

@@ -29,6 +29,8 @@ mod coll;
 mod comm;
 mod config;
 mod copy;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 mod env;
 mod error;
