@@ -10,14 +10,20 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 # gcc for crates that build C and for the test profiler plugins; iproute2 for the network-namespace
-# test; clippy and rustfmt for the lints.
+# test; Debian's prometheus (prometheus and promtool) for the metrics test; clippy and rustfmt for
+# the lints.
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # tmux drives `ncclras --tui` in its test.
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
-if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    else
+        echo "scripts/test.sh: cannot install ${need[*]} (not root or no apt-get); tests that need them say so (and fail under CI=1)" >&2
+    fi
 fi
 for comp in clippy rustfmt; do
     if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then

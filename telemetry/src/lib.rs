@@ -27,6 +27,7 @@ pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
 pub mod profiler;
+pub mod prometheus;
 pub mod sink;
 pub mod spans;
 
@@ -38,7 +39,7 @@ pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, Root
 pub use mask::{EventMask, ParseMaskError};
 pub use nccl::plugin_from_env;
 pub use profiler::{CommInfo, Profiler};
-pub use sink::Sink;
+pub use sink::{Note, Sink};
 
 /// `Fanout` is shared between communicators and threads.
 const _: () = {

@@ -20,7 +20,7 @@
 use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
-use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, StateArgs};
+use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs};
 use std::cell::Cell;
 
 /// One planned ProxyOp: a peer, a direction, and how many slices cross it.
@@ -38,6 +38,10 @@ pub(crate) struct LegEv {
     id: Option<EventId>,
     next_step: Cell<i32>,
     progressing: Cell<bool>,
+    /// The transport to the peer ("shm", "tcp") and the bytes its steps moved, told to the sinks
+    /// at the end (`Note::TransportBytes`: no event carries the transport).
+    transport: &'static str,
+    bytes: Cell<u64>,
 }
 
 /// What the operation is, for its descriptors.
@@ -72,13 +76,14 @@ pub(crate) struct OpProf<'f> {
 impl<'f> OpProf<'f> {
     /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
     /// emitted) when no sink wants anything.
-    /// `describe` and `legs` run only when some sink wants events: with none, this is one relaxed load and a
-    /// branch.
+    /// `describe`, `legs` and `transport` (the transport's name to a peer) run only when some sink
+    /// wants events: with none, this is one relaxed load and a branch.
     pub(crate) fn begin<'d>(
         f: &'f Fanout,
         rank: usize,
         describe: impl FnOnce() -> OpDescr<'d>,
         legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
     ) -> Option<OpProf<'f>> {
         let mask = f.capture();
         if mask.is_empty() {
@@ -175,6 +180,8 @@ impl<'f> OpProf<'f> {
                     id,
                     next_step: Cell::new(0),
                     progressing: Cell::new(false),
+                    transport: transport(l.peer),
+                    bytes: Cell::new(0),
                 });
             }
             let n = p.legs.len() as i32;
@@ -252,10 +259,14 @@ impl<'f> OpProf<'f> {
     }
 
     /// Stops the ProxyOps (every slice has moved, tcp sends included), then Coll/P2p, Group and
-    /// GroupApi. Runs on failure too, so no event stays open.
+    /// GroupApi, and tells the sinks the bytes each leg's transport moved. Runs on failure too, so
+    /// no event stays open.
     pub(crate) fn end(self) {
         for l in &self.legs {
             self.stop(l.id);
+        }
+        for l in self.legs.iter().filter(|l| l.bytes.get() > 0) {
+            self.f.note(&Note::TransportBytes { transport: l.transport, send: l.send, bytes: l.bytes.get() });
         }
         self.stop(self.coll);
         self.stop(self.group);
@@ -315,6 +326,9 @@ impl Steps<'_> {
     /// socket writer (driven by this thread before the operation returns) ends it once the
     /// frame is on the wire.
     pub(crate) fn send_posted(&mut self, n: usize, fifo: &SendFifo) {
+        if let Some(l) = self.send {
+            l.bytes.set(l.bytes.get() + n as u64);
+        }
         let id = self.cur_send.take();
         self.p.state(id, &StateArgs::ProxyStep { state: ProxyStepState::SendWait, trans_size: n });
         if let Some(id) = id {
@@ -339,6 +353,9 @@ impl Steps<'_> {
     /// `n` bytes arrived (RecvFlushWait with the size: host memory needs no flush) and go to the
     /// consumer (RecvGPUWait: the reduction or copy that reads them).
     pub(crate) fn recv_arrived(&mut self, n: usize) {
+        if let Some(l) = self.recv {
+            l.bytes.set(l.bytes.get() + n as u64);
+        }
         self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvFlushWait, trans_size: n });
         self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvGpuWait, trans_size: n });
     }

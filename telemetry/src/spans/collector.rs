@@ -6,7 +6,7 @@ use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::idtable::{IdMap, IdTable};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
-use crate::sink::Sink;
+use crate::sink::{Note, Sink};
 use std::sync::{Arc, OnceLock};
 
 /// The span collector: one per process in practice ([`Telemetry::global`]), handing finished
@@ -274,6 +274,12 @@ impl Sink for CommSpans {
             if interest & bit != 0 {
                 e.span(&span);
             }
+        }
+    }
+
+    fn note(&self, note: &Note) {
+        for (_, e) in &self.exporters {
+            e.note(&self.comm, note);
         }
     }
 

@@ -23,6 +23,7 @@ pub use intern::intern;
 
 use crate::event::{EventDescr, EventId, EventType};
 use crate::mask::EventMask;
+use crate::sink::Note;
 use std::sync::Arc;
 
 /// The communicator a span belongs to (NCCL's `init` arguments).
@@ -105,6 +106,12 @@ pub trait Exporter: Send + Sync + 'static {
 
     /// An event of a type in `interest()` finished. Runs on the emitting thread: must not block.
     fn span(&self, span: &Span<'_>);
+
+    /// A [`Note`] from occl's core about this communicator (an operation failed, bytes crossed a
+    /// transport): what the span data lacks. Runs on the emitting thread: must not block.
+    fn note(&self, comm: &Arc<CommMeta>, note: &Note) {
+        let _ = (comm, note);
+    }
 
     /// The communicator is being destroyed (NCCL's `finalize`); no span of it follows.
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {

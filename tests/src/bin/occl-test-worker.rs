@@ -188,6 +188,41 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_secs(3600));
             drop(keep);
         }
+        // A known workload for the metrics test (tests/tests/prometheus.rs mirrors it), then idle until killed:
+        // 7 all-reduces of 1000 f32 and 2 of 2^18 f32, 3 all-gathers of 256 i32 per rank, 2 broadcasts of 100 f64,
+        // and one send of 300 bytes from each even rank to the next.
+        "metrics" => {
+            let run = || -> occl::Result<()> {
+                let (a, mut b) = (vec![1.0f32; 1000], vec![0f32; 1000]);
+                for _ in 0..7 {
+                    comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+                }
+                let (a, mut b) = (vec![1.0f32; 1 << 18], vec![0f32; 1 << 18]);
+                for _ in 0..2 {
+                    comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+                }
+                let (a, mut b) = (vec![r as i32; 256], vec![0i32; 256 * comm.nranks()]);
+                for _ in 0..3 {
+                    comm.all_gather(&a, &mut b)?;
+                }
+                let mut c = vec![0f64; 100];
+                for _ in 0..2 {
+                    comm.broadcast_in_place(&mut c, 0)?;
+                }
+                let mut p = vec![7u8; 300];
+                if r % 2 == 0 && r + 1 < comm.nranks() {
+                    comm.send(&p, r + 1)?;
+                } else if r % 2 == 1 {
+                    comm.recv(&mut p, r - 1)?;
+                }
+                Ok(())
+            };
+            if let Err(e) = run() {
+                return report(&e);
+            }
+            println!("READY rank={r} pid={}", std::process::id());
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
         "events" => {
             if let Err(e) = occl_tests::events::every_operation(&comm) {
