@@ -161,8 +161,10 @@ mod tests {
     #[test]
     fn varints_and_nesting() {
         let mut b = [0u8; 10];
-        assert_eq!(&b[..varint_into(1, &mut b)], &[1]);
-        assert_eq!(&b[..varint_into(300, &mut b)], &[0xac, 0x02]);
+        let n = varint_into(1, &mut b);
+        assert_eq!(&b[..n], &[1]);
+        let n = varint_into(300, &mut b);
+        assert_eq!(&b[..n], &[0xac, 0x02]);
         assert_eq!(varint_into(u64::MAX, &mut b), 10);
         let mut p = Pb::default();
         p.nested(1, |p| p.bytes(2, &[0u8; 200]));

@@ -225,3 +225,6 @@ impl Exporter for OtlpExporter {
         self.sh.flush(self.flush_wait);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -192,3 +192,146 @@ fn emit(rec: Rec, k: Known, error: Option<String>) -> Resolved {
     let parent_override = if rec.id == rec.root { k.parent } else { None };
     Resolved { rec, trace: k.trace, parent_override, error }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventId;
+    use crate::spans::{CommMeta, Span};
+    use std::num::NonZeroU64;
+    use std::sync::Arc;
+
+    fn eid(n: u64) -> EventId {
+        EventId(NonZeroU64::new(n).expect("non-zero"))
+    }
+
+    struct T {
+        comm: Arc<CommMeta>,
+    }
+
+    impl T {
+        fn new() -> T {
+            T { comm: Arc::new(CommMeta { name: None, hash: 0xc0ffee, rank: 1, nranks: 2, n_nodes: 1 }) }
+        }
+        fn rec(&self, id: u64, parent: Option<u64>, root: u64, descr: EventDescr<'static>, steps_done: u32) -> Rec {
+            Rec::new(&Span {
+                comm: &self.comm,
+                id: eid(id),
+                parent: parent.map(eid),
+                root: eid(root),
+                start_ns: id,
+                end_ns: id + 1,
+                descr,
+                payload: &[],
+                states: &[],
+                states_dropped: 0,
+                steps_done,
+            })
+        }
+    }
+
+    fn coll(seq: u64, group: Option<u64>) -> EventDescr<'static> {
+        EventDescr::Coll {
+            rank: 1,
+            seq_number: seq,
+            func: "AllReduce",
+            send_buff: 0,
+            recv_buff: 0,
+            count: 8,
+            root: 0,
+            datatype: "ncclFloat32",
+            n_channels: 1,
+            n_warps: 0,
+            algo: "RING",
+            proto: "SIMPLE",
+            parent_group: group.map(eid),
+        }
+    }
+
+    fn op(n_steps: i32) -> EventDescr<'static> {
+        EventDescr::ProxyOp { rank: 1, pid: 1, channel_id: 0, peer: 0, n_steps, chunk_size: 64, is_send: true }
+    }
+
+    const API: EventDescr<'static> = EventDescr::CollApi {
+        func: "AllReduce",
+        count: 8,
+        datatype: "ncclFloat32",
+        root: 0,
+        stream: 0,
+        graph_captured: false,
+    };
+    const GAPI: EventDescr<'static> = EventDescr::GroupApi { graph_captured: false, group_depth: 1 };
+
+    fn ids_of(out: &[Resolved]) -> Vec<u64> {
+        out.iter().map(|r| r.rec.id).collect()
+    }
+
+    #[test]
+    fn occl_order_waits_for_the_coll_and_the_group_joins_its_trace() {
+        let t = T::new();
+        let mut r = Resolver::new(Duration::from_secs(30), 100, true);
+        let (now, mut out) = (Instant::now(), Vec::new());
+        r.push(t.rec(2, Some(1), 1, API, 0), now, &mut out);
+        r.push(t.rec(5, Some(4), 1, EventDescr::ProxyStep { rank: 1, step: 0 }, 0), now, &mut out);
+        r.push(t.rec(4, Some(3), 1, op(1), 1), now, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(r.waiting(), 3);
+        r.push(t.rec(3, Some(2), 1, coll(7, Some(10)), 0), now, &mut out);
+        r.push(t.rec(10, None, 10, EventDescr::Group, 0), now, &mut out);
+        r.push(t.rec(1, None, 1, GAPI, 0), now, &mut out);
+        assert_eq!(ids_of(&out), vec![2, 5, 4, 3, 10, 1]);
+        let want = ids::coll_trace(0xc0ffee, "AllReduce", 7);
+        assert!(out.iter().all(|x| x.trace == want && x.error.is_none()));
+        assert_eq!(out[4].parent_override, Some(1), "the legacy Group hangs under its GroupApi");
+        assert_eq!(out[5].parent_override, None);
+        assert_eq!(r.waiting(), 0);
+    }
+
+    #[test]
+    fn nccl_order_resolves_late_proxy_ops_and_marks_failures() {
+        let t = T::new();
+        let mut r = Resolver::new(Duration::from_secs(30), 100, true);
+        let (now, mut out) = (Instant::now(), Vec::new());
+        r.push(t.rec(2, Some(1), 1, API, 0), now, &mut out);
+        r.push(t.rec(3, Some(2), 1, coll(1, None), 0), now, &mut out);
+        r.push(t.rec(1, None, 1, GAPI, 0), now, &mut out);
+        // The ProxyOp stops after its whole tree: it still finds the trace.
+        r.push(t.rec(4, Some(3), 1, op(4), 2), now, &mut out);
+        assert_eq!(ids_of(&out), vec![2, 3, 1, 4]);
+        assert!(out.iter().all(|x| x.trace == out[0].trace));
+        assert_eq!(out[3].error.as_deref(), Some("2 of 4 steps finished"));
+        // occl order: a failed ProxyOp marks the Coll that stops after it.
+        out.clear();
+        r.push(t.rec(14, Some(13), 11, op(4), 3), now, &mut out);
+        r.push(t.rec(13, Some(12), 11, coll(2, None), 0), now, &mut out);
+        assert_eq!(ids_of(&out), vec![14, 13]);
+        assert!(out.iter().all(|x| x.error.is_some()));
+    }
+
+    #[test]
+    fn trees_without_a_coll_expire_and_waiting_is_bounded() {
+        let t = T::new();
+        let mut r = Resolver::new(Duration::from_secs(1), 2, false);
+        let (now, mut out) = (Instant::now(), Vec::new());
+        r.push(t.rec(1, None, 1, GAPI, 0), now, &mut out);
+        r.push(t.rec(2, Some(1), 1, EventDescr::KernelLaunch { stream: 0 }, 0), now, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(r.next_expiry(), Some(now + Duration::from_secs(1)));
+        r.expire(now + Duration::from_millis(500), &mut out);
+        assert!(out.is_empty());
+        // A third waiting span pushes the oldest tree out early.
+        r.push(t.rec(21, None, 21, GAPI, 0), now, &mut out);
+        assert_eq!(ids_of(&out), vec![1, 2]);
+        assert_eq!(out[0].trace, ids::local_trace(t.rec(1, None, 1, GAPI, 0).key(), 1));
+        out.clear();
+        r.expire(now + Duration::from_secs(2), &mut out);
+        assert_eq!(ids_of(&out), vec![21]);
+        // Without step tracking a short ProxyOp is not an error.
+        out.clear();
+        r.push(t.rec(33, Some(32), 31, coll(3, None), 0), now, &mut out);
+        r.push(t.rec(34, Some(33), 31, op(4), 0), now, &mut out);
+        assert!(out.iter().all(|x| x.error.is_none()));
+        r.drain(&mut out);
+        assert_eq!(r.waiting(), 0);
+    }
+}
