@@ -396,7 +396,7 @@ fn grpc_export_has_the_whole_tree() {
 
 /// `dropped N (Q queue full, E export failed)` from a rank's finalize line.
 fn drops(o: &RankOutput) -> (u64, u64) {
-    let line = o.output.lines().find(|l| l.contains("occl otlp:") && l.contains("dropped")).unwrap_or_else(|| {
+    let line = o.output.lines().find(|l| l.contains("occl otlp:") && l.contains("spans exported to")).unwrap_or_else(|| {
         panic!("rank {}: no finalize line:\n{}", o.rank, o.output);
     });
     let num = |before: &str| -> u64 {

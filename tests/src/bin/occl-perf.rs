@@ -86,6 +86,10 @@ struct Args {
     /// counting sink that wants every event (out-of-place only).
     #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u64).range(1..=1000))]
     events_ab: Option<u64>,
+    /// The sink --events-ab compares with no sink: counter, otlp (the OTLP exporter to a
+    /// loopback sink, default step sampling) or otlp:FRACTION (that ProxyStep sampling).
+    #[arg(long, value_name = "SINK", default_value = "counter", requires = "events_ab")]
+    ab_sink: perf::events_ab::AbSink,
 }
 
 fn main() -> ExitCode {
@@ -252,7 +256,7 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
     let mut bench = Bench::new(&comm, coll, args.dtype, args.op, args.root, max_bytes);
     if let Some(rounds) = args.events_ab {
-        perf::events_ab::run(&comm, &mut bench, &layouts, rounds as usize, warmup, iters, &mut out)?;
+        perf::events_ab::run(&comm, &mut bench, &layouts, rounds as usize, warmup, iters, args.ab_sink, &mut out)?;
         drop(bench);
         comm.destroy()?;
         return Ok(ExitCode::SUCCESS);
