@@ -81,16 +81,22 @@ pub struct OtlpExporter {
 }
 
 impl OtlpExporter {
-    /// Starts the export thread.
-    pub fn new(cfg: OtlpConfig) -> std::io::Result<Arc<OtlpExporter>> {
+    /// The event types an exporter with `cfg` asks for.
+    pub fn interest_of(cfg: &OtlpConfig) -> EventMask {
         use EventType as T;
-        let mut interest = [T::GroupApi, T::CollApi, T::P2pApi, T::Group, T::Coll, T::P2p, T::ProxyOp]
+        let m = [T::GroupApi, T::CollApi, T::P2pApi, T::Group, T::Coll, T::P2p, T::ProxyOp, T::KernelCh, T::KernelLaunch]
             .into_iter()
-            .chain([T::KernelCh, T::KernelLaunch])
             .fold(EventMask::NONE, EventMask::with);
         if cfg.step_sampling > 0.0 {
-            interest = interest.with(T::ProxyStep);
+            m.with(T::ProxyStep)
+        } else {
+            m
         }
+    }
+
+    /// Starts the export thread.
+    pub fn new(cfg: OtlpConfig) -> std::io::Result<Arc<OtlpExporter>> {
+        let interest = OtlpExporter::interest_of(&cfg);
         let (tx, rx) = sync_channel(cfg.max_queue.max(1));
         let sh = Arc::new(Shared::default());
         if let Some(j) = &cfg.job {

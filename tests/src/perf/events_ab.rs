@@ -29,6 +29,9 @@ pub enum AbSink {
     Counter,
     /// The OTLP exporter with this ProxyStep sampling fraction (`None`: its default).
     Otlp(Option<f64>),
+    /// The span collector alone, handing spans of the OTLP exporter's types (steps at the
+    /// default sampling) to an exporter that drops them: what every exporter pays before its own work.
+    Collector,
 }
 
 impl std::str::FromStr for AbSink {
@@ -37,13 +40,27 @@ impl std::str::FromStr for AbSink {
         match s.split_once(':') {
             None if s == "counter" => Ok(AbSink::Counter),
             None if s == "otlp" => Ok(AbSink::Otlp(None)),
+            None if s == "collector" => Ok(AbSink::Collector),
             Some(("otlp", f)) => match f.parse::<f64>() {
                 Ok(f) if (0.0..=1.0).contains(&f) => Ok(AbSink::Otlp(Some(f))),
                 _ => Err(format!("'{f}' is not a sampling fraction between 0 and 1")),
             },
-            _ => Err(format!("'{s}' is not a sink: expected counter, otlp or otlp:FRACTION")),
+            _ => Err(format!("'{s}' is not a sink: expected counter, collector, otlp or otlp:FRACTION")),
         }
     }
+}
+
+/// Takes spans of the OTLP exporter's types and does nothing with them.
+struct Null(EventMask);
+
+impl occl_telemetry::spans::Exporter for Null {
+    fn name(&self) -> &str {
+        "null"
+    }
+    fn interest(&self) -> EventMask {
+        self.0
+    }
+    fn span(&self, _: &occl_telemetry::spans::Span<'_>) {}
 }
 
 /// The OTLP exporter's side: a sink per round (detaching finalizes it, which flushes).
@@ -108,20 +125,29 @@ pub fn run(
     counter.mask.store(EventMask::ALL.0, Relaxed);
     let otlp = match b_side {
         AbSink::Otlp(f) => Some(Otlp::start(comm, f)?),
-        AbSink::Counter => None,
+        AbSink::Counter | AbSink::Collector => None,
     };
+    let null = (b_side == AbSink::Collector).then(|| {
+        let d = OtlpConfig::default();
+        let mask = OtlpExporter::interest_of(&d);
+        let meta =
+            CommMeta { name: None, hash: comm.id(), rank: comm.rank() as i32, nranks: comm.nranks() as i32, n_nodes: 1 };
+        (Telemetry::new(vec![Arc::new(Null(mask))]), meta)
+    });
     // A fresh sink for each batch with events on, and what it has seen so far.
     let sink = || -> Arc<dyn Sink> {
-        match &otlp {
-            Some(o) => o.sink(),
-            None => counter.clone(),
+        match (&otlp, &null) {
+            (Some(o), _) => o.sink(),
+            (_, Some((t, meta))) => t.comm_sink(meta.clone()),
+            _ => counter.clone(),
         }
     };
     let seen = || otlp.as_ref().map_or_else(|| counter.total(), Otlp::spans);
     if lead {
-        let what = match &otlp {
-            Some(o) => format!("the OTLP exporter (http/protobuf to a loopback sink, step sampling {})", o.sampling),
-            None => "a counting sink (mask 0x7fff)".into(),
+        let what = match (&otlp, &null) {
+            (Some(o), _) => format!("the OTLP exporter (http/protobuf to a loopback sink, step sampling {})", o.sampling),
+            (_, Some(_)) => "the span collector and an exporter that drops every span (OTLP's types)".into(),
+            _ => "a counting sink (mask 0x7fff)".into(),
         };
         writeln!(out, "# events A/B: {rounds} rounds of {iters} calls with no sink / with {what}")?;
         let unit = if otlp.is_some() { "spans/op" } else { "events/op" };
@@ -133,12 +159,13 @@ pub fn run(
     }
     for &layout in layouts {
         // Events (spans) one call produces: every rank's own count; the slowest rank's time is reported.
+        // (Detaching finalizes the sink: the OTLP exporter has flushed and counted by then.)
+        let before = seen();
         let h = comm.attach_sink(sink())?;
         bench.launch(layout, false)?;
-        let before = seen();
         bench.launch(layout, false)?;
         comm.detach_sink(h);
-        let per_op = seen() - before;
+        let per_op = (seen() - before) / 2;
         let (mut off, mut on) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let t = bench.time(layout, false, warmup, iters)?;
