@@ -30,7 +30,14 @@ pub fn run(comm: &Comm) -> occl::Result<()> {
     announce("AllReduce", 1000, "ncclFloat32", 0, -1, nccl_algo(comm.algorithm(CollType::AllReduce, 4000)));
     comm.all_reduce_in_place(&mut b[..1000], RedOp::Max)?;
     let root = 1 % n;
-    announce("Broadcast", 10_000, "ncclFloat32", root as i64, -1, nccl_algo(comm.algorithm(CollType::Broadcast, 40_000)));
+    announce(
+        "Broadcast",
+        10_000,
+        "ncclFloat32",
+        root as i64,
+        -1,
+        nccl_algo(comm.algorithm(CollType::Broadcast, 40_000)),
+    );
     comm.broadcast(&a[..10_000], &mut b[..10_000], root)?;
     announce("AllGather", 1000, "ncclFloat32", 0, -1, nccl_algo(comm.algorithm(CollType::AllGather, 4000 * n)));
     comm.all_gather(&a[..1000], &mut b[..1000 * n])?;

@@ -68,7 +68,8 @@ fn serve(c: TcpStream, st: &SinkStats) {
         }
         st.requests.fetch_add(1, Relaxed);
         st.bytes.fetch_add(len as u64, Relaxed);
-        if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n").is_err() {
+        if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n").is_err()
+        {
             return;
         }
     }

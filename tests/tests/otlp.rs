@@ -10,9 +10,9 @@
 mod common;
 
 use common::{assert_all_ok, env, run_job};
+use occl_tests::launch::{RankOutput, Spawn};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{any_value::Value as Av, KeyValue};
-use occl_tests::launch::{RankOutput, Spawn};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -294,14 +294,18 @@ fn check_spans(spans: &[S], outs: &[RankOutput]) {
         children.entry(p.id.as_slice()).or_default().push(s);
     }
     let kids = |s: &S, ev: &str| -> Vec<&S> {
-        children.get(s.id.as_slice()).map(|v| v.iter().copied().filter(|c| c.event() == ev).collect()).unwrap_or_default()
+        children
+            .get(s.id.as_slice())
+            .map(|v| v.iter().copied().filter(|c| c.event() == ev).collect())
+            .unwrap_or_default()
     };
-    for rank in 0..2 {
+    assert_eq!(outs.len(), 2);
+    for (rank, out) in outs.iter().enumerate() {
         let rs = rank.to_string();
         let mine: Vec<&S> = spans.iter().filter(|s| s.rank() == rs).collect();
         let mut ops: Vec<&S> = mine.iter().copied().filter(|s| matches!(s.event(), "Coll" | "P2p")).collect();
         ops.sort_by_key(|s| s.start);
-        let want = announced(&outs[rank]);
+        let want = announced(out);
         assert_eq!(ops.len(), want.len(), "rank {rank}: Coll/P2p spans vs operations run");
         let mut seqs: HashMap<String, u64> = HashMap::new();
         for (s, w) in ops.iter().zip(&want) {
@@ -327,7 +331,10 @@ fn check_spans(spans: &[S], outs: &[RankOutput]) {
             }
             // The API span above it says the same.
             let api = by_id[s.parent.as_slice()];
-            assert_eq!((api.name.as_str(), api.a("occl.count")), (format!("nccl{}", w["func"]).as_str(), w["count"].as_str()));
+            assert_eq!(
+                (api.name.as_str(), api.a("occl.count")),
+                (format!("nccl{}", w["func"]).as_str(), w["count"].as_str())
+            );
             let group = by_id[api.parent.as_slice()];
             let legacy = kids(group, "Group");
             assert_eq!(legacy.len(), 1, "{ctx}: the GroupApi has its legacy Group");
@@ -339,11 +346,14 @@ fn check_spans(spans: &[S], outs: &[RankOutput]) {
                 let steps = kids(p, "ProxyStep");
                 assert_eq!(p.a("occl.steps"), steps.len().to_string(), "{ctx}: every step sampled (sampling 1)");
                 assert_eq!(p.a("occl.steps.done"), p.a("occl.steps"), "{ctx}");
-                assert_eq!(p.a("process.pid").is_empty(), false);
+                assert!(!p.a("process.pid").is_empty());
                 let send = p.a("occl.direction") == "send";
                 assert_eq!(p.name, if send { "proxy send" } else { "proxy recv" });
-                let want_states: &[&str] =
-                    if send { &["SendGPUWait", "SendPeerWait", "SendWait"] } else { &["RecvWait", "RecvFlushWait", "RecvGPUWait"] };
+                let want_states: &[&str] = if send {
+                    &["SendGPUWait", "SendPeerWait", "SendWait"]
+                } else {
+                    &["RecvWait", "RecvFlushWait", "RecvGPUWait"]
+                };
                 let mut numbers: Vec<u64> = Vec::new();
                 for st in steps {
                     let names: Vec<&str> = st.events.iter().map(|e| e.0.as_str()).collect();
@@ -396,12 +406,17 @@ fn grpc_export_has_the_whole_tree() {
 
 /// `dropped N (Q queue full, E export failed)` from a rank's finalize line.
 fn drops(o: &RankOutput) -> (u64, u64) {
-    let line = o.output.lines().find(|l| l.contains("occl otlp:") && l.contains("spans exported to")).unwrap_or_else(|| {
-        panic!("rank {}: no finalize line:\n{}", o.rank, o.output);
-    });
+    let line =
+        o.output.lines().find(|l| l.contains("occl otlp:") && l.contains("spans exported to")).unwrap_or_else(|| {
+            panic!("rank {}: no finalize line:\n{}", o.rank, o.output);
+        });
     let num = |before: &str| -> u64 {
         let i = line.find(before).unwrap_or_else(|| panic!("{before:?} in {line}"));
-        line[..i].split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).next_back().and_then(|t| t.parse().ok()).unwrap_or(0)
+        line[..i]
+            .split(|c: char| !c.is_ascii_digit())
+            .rfind(|t| !t.is_empty())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)
     };
     (num(" queue full"), num(" export failed"))
 }
@@ -450,7 +465,12 @@ fn a_collector_that_never_answers_neither_blocks_collectives_nor_the_exit() {
     for o in &outs {
         let (full, _) = drops(o);
         assert!(full > 0, "rank {}: a stuck export thread makes the queue drop, counted:\n{}", o.rank, o.output);
-        assert!(o.output.contains("did not finish in time"), "rank {}: the finalize flush gave up:\n{}", o.rank, o.output);
+        assert!(
+            o.output.contains("did not finish in time"),
+            "rank {}: the finalize flush gave up:\n{}",
+            o.rank,
+            o.output
+        );
     }
     // Finalize waits at most the export timeout (3 s) for the flush.
     assert!(took < Duration::from_secs(15), "the job took {took:?}");

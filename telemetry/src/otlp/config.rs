@@ -217,9 +217,10 @@ impl OtlpConfig {
         let rank = ["OCCL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
             .iter()
             .find_map(|k| get(k).and_then(|v| v.trim().parse::<i64>().ok()));
-        if get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION").or_else(|| get("OTEL_EXPORTER_OTLP_COMPRESSION")).is_some_and(
-            |c| c.trim() != "none",
-        ) {
+        if get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
+            .or_else(|| get("OTEL_EXPORTER_OTLP_COMPRESSION"))
+            .is_some_and(|c| c.trim() != "none")
+        {
             tracing::warn!("occl otlp: OTEL_EXPORTER_OTLP_COMPRESSION is not supported; sending uncompressed");
         }
         Ok(Some(OtlpConfig {
@@ -279,7 +280,10 @@ mod tests {
         assert_eq!(base("http://c:4318/"), "http://c:4318/v1/traces");
         assert_eq!(base("http://c/otel"), "http://c/otel/v1/traces");
         // The signal's own endpoint is used as it is.
-        let t = on(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"), ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:2/t")]);
+        let t = on(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:2/t"),
+        ]);
         assert_eq!(t.endpoint, "http://b:2/t");
         let g = on(&[("OCCL_OTEL", "1"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
         assert_eq!((g.protocol, g.endpoint.as_str()), (Protocol::Grpc, "http://localhost:4317"));
@@ -317,7 +321,8 @@ mod tests {
         assert_eq!(c.service_name, "fromattrs");
         assert_eq!(c.resource[1], ("deployment.environment".into(), "ci,1".into()));
         assert_eq!((c.job.as_deref(), c.rank), (Some("77"), Some(3)));
-        let c = on(&[("OCCL_OTEL", "1"), ("OTEL_SERVICE_NAME", "trainer"), ("OTEL_RESOURCE_ATTRIBUTES", "service.name=x")]);
+        let c =
+            on(&[("OCCL_OTEL", "1"), ("OTEL_SERVICE_NAME", "trainer"), ("OTEL_RESOURCE_ATTRIBUTES", "service.name=x")]);
         assert_eq!(c.service_name, "trainer");
         assert!(cfg(&[("OCCL_OTEL", "1"), ("OCCL_OTEL_STEP_SAMPLING", "2")]).is_err());
         assert!(cfg(&[("OCCL_OTEL", "1"), ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon")]).is_err());

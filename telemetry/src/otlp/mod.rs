@@ -84,9 +84,10 @@ impl OtlpExporter {
     /// The event types an exporter with `cfg` asks for.
     pub fn interest_of(cfg: &OtlpConfig) -> EventMask {
         use EventType as T;
-        let m = [T::GroupApi, T::CollApi, T::P2pApi, T::Group, T::Coll, T::P2p, T::ProxyOp, T::KernelCh, T::KernelLaunch]
-            .into_iter()
-            .fold(EventMask::NONE, EventMask::with);
+        let m =
+            [T::GroupApi, T::CollApi, T::P2pApi, T::Group, T::Coll, T::P2p, T::ProxyOp, T::KernelCh, T::KernelLaunch]
+                .into_iter()
+                .fold(EventMask::NONE, EventMask::with);
         if cfg.step_sampling > 0.0 {
             m.with(T::ProxyStep)
         } else {

@@ -21,7 +21,14 @@ fn meta() -> CommMeta {
 fn tree(s: &dyn Sink, base: u64, seq: u64) {
     let (ga, api, g, c, op, st) = (id(base), id(base + 1), id(base + 2), id(base + 3), id(base + 4), id(base + 5));
     s.start(ga, None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
-    let d = EventDescr::CollApi { func: "AllReduce", count: 4, datatype: "ncclFloat32", root: 0, stream: 0, graph_captured: false };
+    let d = EventDescr::CollApi {
+        func: "AllReduce",
+        count: 4,
+        datatype: "ncclFloat32",
+        root: 0,
+        stream: 0,
+        graph_captured: false,
+    };
     s.start(api, Some(ga), &d);
     s.stop(api);
     s.start(g, None, &EventDescr::Group);
@@ -89,45 +96,56 @@ fn a_down_collector_never_blocks_and_every_lost_span_is_counted() {
     assert!(emit < Duration::from_secs(2), "emitting took {emit:?}");
     let mut m = String::new();
     exp.render_metrics(&mut m);
-    assert!(m.contains(&format!("occl_otlp_spans_dropped_total{{reason=\"queue_full\"}} {}\n", st.dropped_queue_full)), "{m}");
-    assert!(m.contains(&format!("occl_otlp_spans_dropped_total{{reason=\"export_failed\"}} {}\n", st.dropped_export_failed)));
+    assert!(
+        m.contains(&format!("occl_otlp_spans_dropped_total{{reason=\"queue_full\"}} {}\n", st.dropped_queue_full)),
+        "{m}"
+    );
+    assert!(m.contains(&format!(
+        "occl_otlp_spans_dropped_total{{reason=\"export_failed\"}} {}\n",
+        st.dropped_export_failed
+    )));
     assert!(m.contains("occl_otlp_spans_exported_total 0\n"));
 }
 
-/// Accepts one connection, answers every request 200, and hands back each request's head and body.
+/// Answers every request 200 and hands back each request's head and body.
 fn capture_server() -> (u16, std::sync::mpsc::Receiver<(String, Vec<u8>)>) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for c in l.incoming().flatten() {
-            let mut w = c.try_clone().expect("clone");
-            let mut r = BufReader::new(c);
-            loop {
-                let (mut head, mut line, mut len) = (String::new(), String::new(), 0usize);
-                loop {
-                    line.clear();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line.trim().is_empty() {
-                        break;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                    head.push_str(&line);
-                }
-                let mut body = vec![0u8; len];
-                if r.read_exact(&mut body).is_err() {
-                    return;
-                }
-                let _ = tx.send((head, body));
-                let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
-            }
+            serve(c, &tx);
         }
     });
     (port, rx)
+}
+
+/// One connection's requests, until it closes.
+fn serve(c: std::net::TcpStream, tx: &std::sync::mpsc::Sender<(String, Vec<u8>)>) {
+    let mut w = c.try_clone().expect("clone");
+    let mut r = BufReader::new(c);
+    loop {
+        let (mut head, mut line, mut len) = (String::new(), String::new(), 0usize);
+        loop {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line.trim().is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            head.push_str(&line);
+        }
+        let mut body = vec![0u8; len];
+        if r.read_exact(&mut body).is_err() {
+            return;
+        }
+        let _ = tx.send((head, body));
+        let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+    }
 }
 
 #[test]
@@ -178,7 +196,11 @@ fn json_export_carries_the_tree_with_exact_parents() {
         assert_eq!(child["parentSpanId"], parent["spanId"], "{} under {}", child["name"], parent["name"]);
     }
     let attr = |s: &serde_json::Value, k: &str| -> serde_json::Value {
-        s["attributes"].as_array().and_then(|a| a.iter().find(|x| x["key"] == k)).map(|x| x["value"].clone()).unwrap_or_default()
+        s["attributes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["key"] == k))
+            .map(|x| x["value"].clone())
+            .unwrap_or_default()
     };
     assert_eq!(attr(c, "occl.seq"), serde_json::json!({"intValue": "9"}));
     assert_eq!(attr(c, "occl.bytes"), serde_json::json!({"intValue": "16"}));

@@ -148,7 +148,8 @@ fn request(t: &Target, body: Vec<u8>) -> Result<Request<Full<Bytes>>, Failure> {
         }
         _ => body,
     };
-    let mut req = Request::post(t.uri.clone()).body(Full::new(Bytes::from(body))).map_err(|e| fail(false, e.to_string()))?;
+    let mut req =
+        Request::post(t.uri.clone()).body(Full::new(Bytes::from(body))).map_err(|e| fail(false, e.to_string()))?;
     *req.headers_mut() = t.headers.clone();
     if t.protocol != Protocol::Grpc {
         req.headers_mut().insert(HOST, t.host.clone());

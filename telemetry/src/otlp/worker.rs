@@ -173,7 +173,9 @@ pub fn run(cfg: OtlpConfig, rx: Receiver<Rec>, sh: std::sync::Arc<Shared>) {
 impl Worker {
     fn resource(&mut self, rank: i64) -> &Resource {
         let (cfg, host, job) = (&self.cfg, &self.host, self.sh.job.get().map_or("unknown", String::as_str));
-        self.resources.entry(rank).or_insert_with(|| resource::resource(&cfg.service_name, job, rank, host, &cfg.resource))
+        self.resources
+            .entry(rank)
+            .or_insert_with(|| resource::resource(&cfg.service_name, job, rank, host, &cfg.resource))
     }
 
     fn encode(&mut self, spans: &[OutSpan]) -> Vec<u8> {
@@ -227,7 +229,8 @@ impl Worker {
                     if !f.retryable || i == attempts {
                         break;
                     }
-                    let pause = f.retry_after.unwrap_or(backoff).min(deadline.saturating_duration_since(Instant::now()));
+                    let pause =
+                        f.retry_after.unwrap_or(backoff).min(deadline.saturating_duration_since(Instant::now()));
                     std::thread::sleep(pause);
                     backoff = backoff.saturating_mul(2);
                 }

@@ -15,9 +15,9 @@ use super::bench::{Average, Bench};
 use super::Layout;
 use crate::events::Counter;
 use occl::Comm;
-use occl_telemetry::EventMask;
 use occl_telemetry::otlp::{OtlpConfig, OtlpExporter};
 use occl_telemetry::spans::{CommMeta, Telemetry};
+use occl_telemetry::EventMask;
 use occl_telemetry::Sink;
 use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
@@ -84,8 +84,13 @@ impl Otlp {
         let sampling = cfg.step_sampling;
         let exporter = OtlpExporter::new(cfg)?;
         let telemetry = Telemetry::new(vec![exporter.clone()]);
-        let meta =
-            CommMeta { name: None, hash: comm.id(), rank: comm.rank() as i32, nranks: comm.nranks() as i32, n_nodes: 1 };
+        let meta = CommMeta {
+            name: None,
+            hash: comm.id(),
+            rank: comm.rank() as i32,
+            nranks: comm.nranks() as i32,
+            n_nodes: 1,
+        };
         Ok(Otlp { exporter, telemetry, meta, sampling })
     }
 
@@ -130,8 +135,13 @@ pub fn run(
     let null = (b_side == AbSink::Collector).then(|| {
         let d = OtlpConfig::default();
         let mask = OtlpExporter::interest_of(&d);
-        let meta =
-            CommMeta { name: None, hash: comm.id(), rank: comm.rank() as i32, nranks: comm.nranks() as i32, n_nodes: 1 };
+        let meta = CommMeta {
+            name: None,
+            hash: comm.id(),
+            rank: comm.rank() as i32,
+            nranks: comm.nranks() as i32,
+            n_nodes: 1,
+        };
         (Telemetry::new(vec![Arc::new(Null(mask))]), meta)
     });
     // A fresh sink for each batch with events on, and what it has seen so far.
@@ -145,7 +155,9 @@ pub fn run(
     let seen = || otlp.as_ref().map_or_else(|| counter.total(), Otlp::spans);
     if lead {
         let what = match (&otlp, &null) {
-            (Some(o), _) => format!("the OTLP exporter (http/protobuf to a loopback sink, step sampling {})", o.sampling),
+            (Some(o), _) => {
+                format!("the OTLP exporter (http/protobuf to a loopback sink, step sampling {})", o.sampling)
+            }
             (_, Some(_)) => "the span collector and an exporter that drops every span (OTLP's types)".into(),
             _ => "a counting sink (mask 0x7fff)".into(),
         };
