@@ -104,7 +104,19 @@ impl Client {
     pub fn send(&mut self, body: Vec<u8>, limit: Duration) -> Result<(), Failure> {
         let Client { rt, target, conn } = self;
         let res = rt.block_on(async {
-            match tokio::time::timeout(limit, attempt(conn, target, body)).await {
+            let go = async {
+                // A kept-alive connection the collector closed while we were idle (its task runs
+                // only while we send) fails at once: try again at once on a fresh one.
+                let reused = conn.is_some();
+                match attempt(conn, target, body.clone()).await {
+                    Err(f) if reused && f.retryable => {
+                        *conn = None;
+                        attempt(conn, target, body).await
+                    }
+                    r => r,
+                }
+            };
+            match tokio::time::timeout(limit, go).await {
                 Ok(r) => r,
                 Err(_) => Err(fail(true, format!("no answer within {limit:?}"))),
             }
