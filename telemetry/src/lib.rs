@@ -16,6 +16,7 @@
 //! - [`spans`]: the span collector ([`spans::Telemetry`], a [`Profiler`]) that turns events into
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
+//! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, standard `OTEL_*` variables).
 #![deny(unsafe_code)]
 
 pub mod activation;
@@ -26,6 +27,7 @@ mod idtable;
 pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
+pub mod otlp;
 pub mod profiler;
 pub mod prometheus;
 pub mod sink;

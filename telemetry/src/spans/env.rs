@@ -8,5 +8,6 @@ use std::sync::Arc;
 pub fn exporters_from_env() -> Vec<Arc<dyn Exporter>> {
     let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
     v.extend(crate::prometheus::from_env());
+    v.extend(crate::otlp::OtlpExporter::from_env());
     v
 }

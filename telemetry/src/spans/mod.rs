@@ -72,6 +72,9 @@ pub struct Span<'a> {
     /// `states_dropped`).
     pub states: &'a [StateMark],
     pub states_dropped: u32,
+    /// For a ProxyOp: its ProxySteps that stopped before it (0 when no exporter asks for
+    /// ProxyStep events). Fewer than `n_steps` means the op ended early: a failed operation.
+    pub steps_done: u32,
 }
 
 impl Span<'_> {

@@ -21,7 +21,7 @@ use clap::Parser;
 use occl::{Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
 use occl_tests::perf::bench::{Average, Bench};
-use occl_tests::perf::events_ab::{EventsSink, Plan};
+use occl_tests::perf::events_ab::{AbSink, Plan};
 use occl_tests::perf::{self, Collective, Measure, RowInfo};
 use std::io::Write;
 use std::process::ExitCode;
@@ -87,10 +87,11 @@ struct Args {
     /// counting sink that wants every event (out-of-place only).
     #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u64).range(1..=1000))]
     events_ab: Option<u64>,
-    /// What --events-ab attaches in its "on" batches: a counting sink wanting every event, the
-    /// Prometheus exporter behind the span collector, or the collector with an idle exporter.
-    #[arg(long, value_enum, default_value = "counter")]
-    events_sink: EventsSink,
+    /// What --events-ab attaches in its "on" batches: counter (every event, counted), collector
+    /// (the span collector, spans dropped), prometheus, otlp, otlp:FRACTION (ProxyStep sampling)
+    /// or trace (that exporter behind the collector).
+    #[arg(long, value_name = "SINK", default_value = "counter", requires = "events_ab")]
+    events_sink: AbSink,
 }
 
 fn main() -> ExitCode {

@@ -230,8 +230,15 @@ fn main() -> ExitCode {
             }
             println!("OK rank={r} events transport={}", comm.transport_summary());
         }
+        // A known sequence of operations for the OTLP exporter tests; each prints what it did.
+        "otlp" => {
+            if let Err(e) = occl_tests::otlp_ops::run(&comm) {
+                return report(&e);
+            }
+            println!("OK rank={r} otlp");
+        }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late or events");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events or otlp");
             return ExitCode::from(2);
         }
     }
