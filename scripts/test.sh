@@ -10,10 +10,12 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 # gcc for crates that build C and for the test profiler plugins; iproute2 for the network-namespace
-# test; clippy and rustfmt for the lints.
+# test; python3 with venv for HolisticTraceAnalysis (below); clippy and rustfmt for the lints.
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -22,6 +24,22 @@ for comp in clippy rustfmt; do
         rustup component add "$comp"
     fi
 done
+
+# HolisticTraceAnalysis from PyPI, pinned, in a venv under target/ (kept between runs), for the
+# trace test (tests/tests/trace_hta.rs). If it cannot be installed, that test fails under CI.
+hta_version=0.5.0
+hta_venv="$PWD/target/hta-venv"
+hta_have() {
+    "$hta_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('HolisticTraceAnalysis') != '$hta_version')" >/dev/null 2>&1
+}
+if ! hta_have; then
+    echo "== installing HolisticTraceAnalysis $hta_version into $hta_venv"
+    rm -rf "$hta_venv"
+    if ! { python3 -m venv "$hta_venv" && "$hta_venv/bin/pip" install -q --disable-pip-version-check "HolisticTraceAnalysis==$hta_version"; }; then
+        echo "scripts/test.sh: could not install HolisticTraceAnalysis $hta_version; the HTA trace test will fail" >&2
+    fi
+fi
+export OCCL_HTA_PYTHON="$hta_venv/bin/python"
 
 echo "== rustfmt"
 cargo fmt --all -- --check

@@ -74,6 +74,10 @@ const LANE_TID_BASE: u64 = 1_000_000;
 /// Tids per lane: the op row and one sub-lane per step slot (NCCL keeps 8 steps in flight).
 const LANE_TIDS: u64 = 16;
 const STEP_SLOTS: u64 = 8;
+/// Correlation ids start here. HTA (0.5.0) keeps the column in the smallest integer type that
+/// holds its values and later stores row indices in a column of that type: ids below 128 made
+/// it int8 and loading failed. From 2^16 on it is int32, as with CUPTI's ids in real traces.
+const FIRST_CORRELATION: u64 = 1 << 16;
 /// The device-side "process" of kernel-like rows.
 const DEVICE_PID: u32 = 0;
 
@@ -105,7 +109,7 @@ impl<'v, 'a> Ctx<'v, 'a> {
             streams: HashMap::new(),
             stream_names: Vec::new(),
             corr: HashMap::new(),
-            next_corr: 1,
+            next_corr: FIRST_CORRELATION,
         };
         let mut lane_of: HashMap<(u16, u8, i32, bool), u64> = HashMap::new();
         for &r in &v.recs {
