@@ -161,10 +161,10 @@ impl Inner {
         Ok(path)
     }
 
-    /// The file and ordinal of a communicator seen by `comm_init`.
-    fn slot(&self, comm: &Arc<CommMeta>) -> Option<(Arc<RankFile>, u16)> {
+    /// The file of a communicator seen by `comm_init`.
+    fn file_of(&self, comm: &Arc<CommMeta>) -> Option<Arc<RankFile>> {
         let st = self.state.read().unwrap_or_else(PoisonError::into_inner);
-        st.comms.iter().rev().find(|s| Arc::ptr_eq(&s.comm, comm)).map(|s| (s.file.clone(), s.ordinal))
+        st.comms.iter().rev().find(|s| Arc::ptr_eq(&s.comm, comm)).map(|s| s.file.clone())
     }
 }
 
@@ -218,13 +218,15 @@ impl Exporter for TraceExporter {
     }
 
     fn span(&self, span: &Span<'_>) {
-        if let Some((file, ordinal)) = self.inner.slot(span.comm) {
-            file.log.push(Rec::from_span(span, ordinal, threads::current()));
+        // Under the shared lock: no reference count to touch per span.
+        let st = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = st.comms.iter().rev().find(|s| Arc::ptr_eq(&s.comm, span.comm)) {
+            s.file.log.push(Rec::from_span(span, s.ordinal, threads::current()));
         }
     }
 
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {
-        if let Some((file, _)) = self.inner.slot(comm) {
+        if let Some(file) = self.inner.file_of(comm) {
             if let Err(e) = self.inner.write(&file) {
                 tracing::warn!("occl trace: {e}");
             }

@@ -82,10 +82,14 @@ struct Args {
     /// One JSON object per (size, in-place) line instead of the table.
     #[arg(long)]
     json: bool,
-    /// Instead of the table: the cost of profiler events, R rounds alternating no sink and a
-    /// counting sink that wants every event (out-of-place only).
+    /// Instead of the table: the cost of profiler events, R rounds alternating no sink and the
+    /// sink --events-sink names (out-of-place only).
     #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u64).range(1..=1000))]
     events_ab: Option<u64>,
+    /// What the B batches of --events-ab attach: `count` (every event, counted) or `trace` (the
+    /// HTA trace exporter).
+    #[arg(long, value_enum, default_value = "count", requires = "events_ab")]
+    events_sink: perf::events_ab::SinkKind,
 }
 
 fn main() -> ExitCode {
@@ -252,7 +256,7 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
     let mut bench = Bench::new(&comm, coll, args.dtype, args.op, args.root, max_bytes);
     if let Some(rounds) = args.events_ab {
-        perf::events_ab::run(&comm, &mut bench, &layouts, rounds as usize, warmup, iters, &mut out)?;
+        perf::events_ab::run(&comm, &mut bench, &layouts, args.events_sink, rounds as usize, warmup, iters, &mut out)?;
         drop(bench);
         comm.destroy()?;
         return Ok(ExitCode::SUCCESS);
