@@ -180,10 +180,10 @@ impl Exporter for TraceExporter {
             | EventMask::of(EventType::P2p)
             | EventMask::of(EventType::KernelCh);
         if self.inner.cfg.proxy != ProxyDetail::None {
-            m = m | EventMask::of(EventType::ProxyOp);
+            m |= EventMask::of(EventType::ProxyOp);
         }
         if self.inner.cfg.proxy == ProxyDetail::Steps {
-            m = m | EventMask::of(EventType::ProxyStep);
+            m |= EventMask::of(EventType::ProxyStep);
         }
         m
     }

@@ -9,8 +9,11 @@ use std::sync::OnceLock;
 /// Slots per chunk: one allocation per 4096 events.
 const CHUNK: usize = 4096;
 
+/// A chunk's slots, each written once.
+type Chunk<T> = Box<[OnceLock<T>]>;
+
 pub(crate) struct Log<T> {
-    chunks: Box<[OnceLock<Box<[OnceLock<T>]>>]>,
+    chunks: Box<[OnceLock<Chunk<T>>]>,
     next: AtomicUsize,
     cap: usize,
 }

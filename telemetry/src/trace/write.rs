@@ -48,17 +48,16 @@ mod tests {
     fn plain_and_gzip_and_errors_name_the_path() {
         let dir = std::env::temp_dir().join(format!("occl-trace-write-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let p = atomic(&dir.join("a.json"), false, &mut |w: &mut dyn Write| w.write_all(b"{}")).expect("write");
+        let p = atomic(&dir.join("a.json"), false, |w: &mut dyn Write| w.write_all(b"{}")).expect("write");
         assert_eq!(fs::read(&p).expect("read"), b"{}");
-        let gz = atomic(&dir.join("a.json.gz"), true, &mut |w: &mut dyn Write| w.write_all(b"[1]")).expect("write");
+        let gz = atomic(&dir.join("a.json.gz"), true, |w: &mut dyn Write| w.write_all(b"[1]")).expect("write");
         let mut text = String::new();
         io::Read::read_to_string(&mut flate2::read::GzDecoder::new(fs::File::open(&gz).expect("open")), &mut text)
             .expect("gunzip");
         assert_eq!(text, "[1]");
         // Only the two files: no temporary left behind.
         assert_eq!(fs::read_dir(&dir).expect("dir").count(), 2);
-        let e =
-            atomic(&dir.join("a.json").join("x.json"), false, &mut |_: &mut dyn Write| Ok(())).expect_err("not a dir");
+        let e = atomic(&dir.join("a.json").join("x.json"), false, |_: &mut dyn Write| Ok(())).expect_err("not a dir");
         assert!(e.to_string().contains("x.json"), "{e}");
         let _ = fs::remove_dir_all(&dir);
     }
