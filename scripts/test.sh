@@ -27,15 +27,17 @@ done
 
 # HolisticTraceAnalysis from PyPI, pinned, in a venv under target/ (kept between runs), for the
 # trace test (tests/tests/trace_hta.rs). If it cannot be installed, that test fails under CI.
+# pandas and numpy are pinned too: HTA 0.5.0 asks only for minimum versions.
 hta_version=0.5.0
+hta_pins=("HolisticTraceAnalysis==$hta_version" "pandas==3.1.1" "numpy==2.4.6")
 hta_venv="$PWD/target/hta-venv"
 hta_have() {
-    "$hta_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('HolisticTraceAnalysis') != '$hta_version')" >/dev/null 2>&1
+    "$hta_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit([m.version(p) for p in ('HolisticTraceAnalysis', 'pandas', 'numpy')] != ['$hta_version', '3.1.1', '2.4.6'])" >/dev/null 2>&1
 }
 if ! hta_have; then
     echo "== installing HolisticTraceAnalysis $hta_version into $hta_venv"
     rm -rf "$hta_venv"
-    if ! { python3 -m venv "$hta_venv" && "$hta_venv/bin/pip" install -q --disable-pip-version-check "HolisticTraceAnalysis==$hta_version"; }; then
+    if ! { python3 -m venv "$hta_venv" && "$hta_venv/bin/pip" install -q --disable-pip-version-check "${hta_pins[@]}"; }; then
         echo "scripts/test.sh: could not install HolisticTraceAnalysis $hta_version; the HTA trace test will fail" >&2
     fi
 fi

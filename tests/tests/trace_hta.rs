@@ -129,7 +129,7 @@ fn hta_reads_a_four_rank_job_and_names_the_slow_rank() {
     let slow_idle = idle(slow).expect("slow rank's idle time");
     assert!(slow_idle >= 4 * 30_000, "slow rank idle {slow_idle} us; {ctx}");
     for r in (0..nranks).filter(|&r| r != slow) {
-        assert!(idle(r).is_some_and(|i| i < slow_idle / 4), "rank {r} idles as long as the slow one; {ctx}");
+        assert!(idle(r).is_some_and(|i| i < slow_idle / 2), "rank {r} idles as long as the slow one; {ctx}");
     }
     // Comm/comp overlap: computed for every rank (0: there are no compute kernels).
     let ov = lines(&out, "overlap");
