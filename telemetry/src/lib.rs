@@ -17,6 +17,8 @@
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
 //! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, standard `OTEL_*` variables).
+//! - [`trace`]: the HTA trace exporter ([`trace::TraceExporter`], `OCCL_TRACE_DIR`), one
+//!   Kineto/Chrome-trace JSON per rank, and `ProfilerStep#N` marks ([`trace::profiler_step`]).
 #![deny(unsafe_code)]
 
 pub mod activation;
@@ -32,6 +34,7 @@ pub mod profiler;
 pub mod prometheus;
 pub mod sink;
 pub mod spans;
+pub mod trace;
 
 pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,

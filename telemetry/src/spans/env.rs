@@ -9,5 +9,6 @@ pub fn exporters_from_env() -> Vec<Arc<dyn Exporter>> {
     let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
     v.extend(crate::prometheus::from_env());
     v.extend(crate::otlp::OtlpExporter::from_env());
+    v.extend(crate::trace::TraceExporter::from_env().map(|e| Arc::new(e) as Arc<dyn Exporter>));
     v
 }

@@ -16,6 +16,39 @@ fn report(e: &occl::Error) -> ExitCode {
     ExitCode::from(3)
 }
 
+/// The "trace" scenario's steps; returns the operations each step runs on this rank.
+fn trace_steps(comm: &Comm, steps: u64, slow: bool, delay: Duration) -> occl::Result<u64> {
+    let (r, n) = (comm.rank(), comm.nranks());
+    let big = vec![1.0f32; 1 << 20];
+    let mut big_out = vec![0f32; 1 << 20];
+    let part = vec![r as f32; 4096];
+    let mut gathered = vec![0f32; 4096 * n];
+    let mut bc = vec![0f32; 1024];
+    let mut tiny = [1.0f32; 2];
+    let mut p2p_in = vec![0f32; 256];
+    let p2p_out = vec![r as f32; 256];
+    for step in 1..=steps {
+        let _step = occl::profiler_step(step);
+        if slow {
+            std::thread::sleep(delay);
+        }
+        comm.all_reduce(&big, &mut big_out, RedOp::Sum)?;
+        comm.all_gather(&part, &mut gathered)?;
+        comm.broadcast_in_place(&mut bc, 0)?;
+        comm.all_reduce_in_place(&mut tiny, RedOp::Sum)?;
+        // A ring: even ranks send first, odd ranks receive first.
+        let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+        if r % 2 == 0 {
+            comm.send(&p2p_out, to)?;
+            comm.recv(&mut p2p_in, from)?;
+        } else {
+            comm.recv(&mut p2p_in, from)?;
+            comm.send(&p2p_out, to)?;
+        }
+    }
+    Ok(6)
+}
+
 fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -237,8 +270,28 @@ fn main() -> ExitCode {
             }
             println!("OK rank={r} otlp");
         }
+        // `args[1]` training steps (ProfilerStep#1…) of collectives and a send/recv ring, for the
+        // trace files (OCCL_TRACE_DIR); rank `args[2]` sleeps `args[3]` ms at the start of each
+        // step, before its big all-reduce (a straggler on purpose).
+        "trace" => {
+            let num = |i: usize, d: u64| args.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(d);
+            let (steps, slow, slow_ms) = (num(1, 5), num(2, u64::MAX), num(3, 0));
+            match trace_steps(&comm, steps, r as u64 == slow, Duration::from_millis(slow_ms)) {
+                Ok(per_step) => {
+                    println!("OK rank={r} trace steps={steps} per_step={per_step} collectives={}", per_step * steps)
+                }
+                Err(e) => return report(&e),
+            }
+            // `args[4]` = "exit": leave without destroying the communicator (the trace is written
+            // at process exit).
+            if args.get(4).is_some_and(|a| a == "exit") {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                std::process::exit(0);
+            }
+        }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events or otlp");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events, otlp or trace");
             return ExitCode::from(2);
         }
     }

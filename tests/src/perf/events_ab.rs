@@ -113,8 +113,13 @@ struct BSide {
 
 impl BSide {
     fn new(which: AbSink, comm: &Comm, max_events: usize) -> anyhow::Result<BSide> {
-        let meta =
-            CommMeta { name: None, hash: comm.id(), rank: comm.rank() as i32, nranks: comm.nranks() as i32, n_nodes: 1 };
+        let meta = CommMeta {
+            name: None,
+            hash: comm.id(),
+            rank: comm.rank() as i32,
+            nranks: comm.nranks() as i32,
+            n_nodes: 1,
+        };
         let collector = |e: Arc<dyn Exporter>| Kind::Collector(Telemetry::new(vec![e]));
         let (label, kind, otlp) = match which {
             AbSink::Counter => {
@@ -141,8 +146,10 @@ impl BSide {
                     rank: Some(comm.rank() as i64),
                     ..d
                 };
-                let label =
-                    format!("the OTLP exporter (http/protobuf to a loopback sink, step sampling {})", cfg.step_sampling);
+                let label = format!(
+                    "the OTLP exporter (http/protobuf to a loopback sink, step sampling {})",
+                    cfg.step_sampling
+                );
                 let ex = OtlpExporter::new(cfg)?;
                 (label, collector(ex.clone()), Some(ex))
             }
