@@ -235,8 +235,10 @@ fn run_exporting(protocol: &str, endpoint: &str, extra: &[(&str, &str)]) -> Vec<
 }
 
 /// The whole check of one protocol's export.
-fn check_export(protocol: &str, addr: SocketAddr, store: &Shared) {
-    let outs = run_exporting(protocol, &format!("http://{addr}"), &[("OCCL_OTEL_STEP_SAMPLING", "1")]);
+fn check_export(protocol: &str, addr: SocketAddr, store: &Shared, extra: &[(&str, &str)]) {
+    let mut vars = vec![("OCCL_OTEL_STEP_SAMPLING", "1")];
+    vars.extend_from_slice(extra);
+    let outs = run_exporting(protocol, &format!("http://{addr}"), &vars);
     assert_all_ok(&outs, "otlp job");
     for o in &outs {
         assert!(o.output.contains("0 dropped"), "rank {}: finalize line:\n{}", o.rank, o.output);
@@ -389,19 +391,26 @@ fn check_spans(spans: &[S], outs: &[RankOutput]) {
 #[test]
 fn http_protobuf_export_has_the_whole_tree() {
     let (addr, store) = http_receiver();
-    check_export("http/protobuf", addr, &store);
+    check_export("http/protobuf", addr, &store, &[]);
 }
 
 #[test]
 fn http_json_export_has_the_whole_tree() {
     let (addr, store) = http_receiver();
-    check_export("http/json", addr, &store);
+    check_export("http/json", addr, &store, &[]);
 }
 
 #[test]
 fn grpc_export_has_the_whole_tree() {
     let (addr, store) = grpc_receiver();
-    check_export("grpc", addr, &store);
+    check_export("grpc", addr, &store, &[]);
+}
+
+#[test]
+fn grpc_export_of_a_tcp_job_has_the_whole_tree() {
+    // Small slots: many steps per ProxyOp, some of them ended by the socket writer.
+    let (addr, store) = grpc_receiver();
+    check_export("grpc", addr, &store, &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "65536")]);
 }
 
 /// `dropped N (Q queue full, E export failed)` from a rank's finalize line.

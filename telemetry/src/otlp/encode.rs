@@ -127,7 +127,7 @@ impl Pb {
     }
 }
 
-/// The request for `spans` grouped by resource (`resource_of` gives each instance's).
+/// The request body: each resource with its spans.
 pub fn request(groups: &[(&Resource, Vec<&OutSpan>)], scope_version: &str) -> Vec<u8> {
     let mut p = Pb { buf: Vec::with_capacity(256 * groups.iter().map(|g| g.1.len()).sum::<usize>()) };
     for (res, spans) in groups {

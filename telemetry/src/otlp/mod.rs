@@ -186,8 +186,8 @@ impl Exporter for OtlpExporter {
     }
 
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {
-        let left = self.live_comms.fetch_sub(1, Relaxed).saturating_sub(1);
-        if left > 0 {
+        let before = self.live_comms.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        if before.unwrap_or(0) > 1 {
             return;
         }
         let done = self.sh.flush(self.flush_wait);
