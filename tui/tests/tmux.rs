@@ -40,12 +40,14 @@ fn main() -> ExitCode {
             tui_in_tmux_shows_a_killed_rank_and_the_stuck_operation,
         ),
     ];
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let filters = filters(std::env::args().skip(1));
     let mut failed = 0;
+    let mut ran = 0;
     for (name, f) in tests {
         if !filters.is_empty() && !filters.iter().any(|x| name.contains(x.as_str())) {
             continue;
         }
+        ran += 1;
         let t = Instant::now();
         match f() {
             Ok(()) => println!("test {name} ... ok ({:.1}s)", t.elapsed().as_secs_f64()),
@@ -55,11 +57,34 @@ fn main() -> ExitCode {
             }
         }
     }
+    println!("{ran} tests ran, {failed} failed");
+    if ran == 0 && !filters.is_empty() {
+        println!("no test matches {filters:?}");
+    }
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Test-name filters among libtest's arguments (`cargo test -- --test-threads 2 name`): words that are
+/// neither flags nor the values of libtest's flags that take one.
+fn filters(args: impl Iterator<Item = String>) -> Vec<String> {
+    const TAKES_VALUE: [&str; 6] = ["--test-threads", "--skip", "--format", "--color", "--logfile", "-Z"];
+    let mut out = Vec::new();
+    let mut skip_next = false;
+    for a in args {
+        if std::mem::take(&mut skip_next) {
+            continue;
+        }
+        if TAKES_VALUE.contains(&a.as_str()) {
+            skip_next = true;
+        } else if !a.starts_with('-') {
+            out.push(a);
+        }
+    }
+    out
 }
 
 /// A rank of the hung job: 5 all-reduces, then rank `OCCL_TUI_LAGGARD` stops while the others start a 6th and
