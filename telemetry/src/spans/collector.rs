@@ -257,7 +257,10 @@ impl Sink for CommSpans {
     fn stop(&self, id: EventId) {
         let end_ns = clock::unix_nanos();
         let Some(o) = self.open.remove(id) else { return };
-        self.roots.stop(id);
+        // Only per-operation types have a root entry (see `start`): steps skip that lock.
+        if crate::idtable::kept_after_stop(o.descr.event_type()) {
+            self.roots.stop(id);
+        }
         if let (EventType::ProxyStep, Some(op)) = (o.descr.event_type(), o.parent) {
             self.open.with(op, |p| p.steps_done = p.steps_done.saturating_add(1));
         }

@@ -163,6 +163,16 @@ impl BSide {
         Ok(BSide { label, kind, meta, otlp })
     }
 
+    /// The event types the B sink wants, without creating one (a collector sink announces a
+    /// communicator to its exporters).
+    fn interest(&self) -> EventMask {
+        match &self.kind {
+            Kind::Counter(c) => c.interest(),
+            Kind::Collector(t) => EventMask(t.exporters().iter().fold(0, |m, e| m | e.interest().0)),
+            Kind::Trace(s, _, _) => s.interest(),
+        }
+    }
+
     fn sink(&self) -> Arc<dyn Sink> {
         match &self.kind {
             Kind::Counter(c) => c.clone(),
@@ -240,7 +250,7 @@ pub fn run(
     }
     // Counts the callbacks of the types the B sink wants (ancestors included, as emitted).
     let counter = Arc::new(Counter::default());
-    counter.mask.store(b.sink().interest().with_ancestors().0, Relaxed);
+    counter.mask.store(b.interest().with_ancestors().0, Relaxed);
     for &layout in layouts {
         // Callbacks one call makes (every rank's own count; the slowest rank's time is reported).
         let h = comm.attach_sink(counter.clone())?;
