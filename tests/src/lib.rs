@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod launch;
+pub mod lifecycle;
 pub mod matrix;
 pub mod pattern;
 pub mod perf;
