@@ -30,8 +30,12 @@ use std::time::{Duration, Instant};
 
 /// Idle rounds spent spinning before yielding, then how long to yield before blocking: the
 /// peer is usually a moment behind, and a sleep costs a wake-up system call on both sides.
+/// On a host with more ranks than cores, spinning keeps the peer off the core: yield at once.
 const SPIN_ROUNDS: u32 = 256;
 const YIELD_FOR: Duration = Duration::from_micros(500);
+/// With tcp links every round is a few system calls (this thread moves the sockets): yield
+/// each idle round, and block in poll(2) after this many (as a plain tcp wait does).
+const DRIVE_ROUNDS: u32 = 48;
 /// How long one block lasts: bounds how late a stream other than the one slept on is looked at
 /// again, and how late an abort is seen. Shorter when sockets also need turns.
 const SHM_SLICE: Duration = Duration::from_millis(1);
@@ -224,6 +228,10 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
         s.queue.push_back(i);
     }
     let (timeout, slot) = (comm.config.timeout, inner.slot);
+    let me_host = comm.table.get(me).map(|p| p.host_id.as_str());
+    let local = comm.table.iter().filter(|p| Some(p.host_id.as_str()) == me_host).count();
+    let spin_rounds = if local > std::thread::available_parallelism().map_or(1, |c| c.get()) { 0 } else { SPIN_ROUNDS };
+    let driving = inner.net.is_some();
     let mut last_moved = None::<Instant>;
     let mut idle_since = None::<Instant>;
     let mut last_liveness = Instant::now();
@@ -252,7 +260,13 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
             return Err(Error::usage("the communicator was aborted"));
         }
         idle += 1;
-        if idle < SPIN_ROUNDS {
+        if driving {
+            std::thread::yield_now();
+            if idle < DRIVE_ROUNDS {
+                continue;
+            }
+            idle = 0;
+        } else if idle < spin_rounds {
             std::hint::spin_loop();
             continue;
         }
@@ -279,7 +293,7 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
             }
             comm.lifecycle.failed_peer(usize::MAX)?;
         }
-        if now.duration_since(*idle_since.get_or_insert(now)) < YIELD_FOR {
+        if !driving && now.duration_since(*idle_since.get_or_insert(now)) < YIELD_FOR {
             std::thread::yield_now();
             continue;
         }
