@@ -245,3 +245,37 @@ fn group_misuse_is_invalid_usage() {
         }
     });
 }
+
+/// A group blocked on a peer that never sends: `abort()` from a watchdog thread ends it (and
+/// the peer learns of it) well within a second.
+#[test]
+fn abort_ends_a_blocked_group() {
+    let comms = Comm::init_all_with(2, Config::default()).expect("init_all");
+    let (c0, c1) = (&comms[0], &comms[1]);
+    std::thread::scope(|s| {
+        let blocked = s.spawn(move || {
+            let mut inp = vec![0f32; 1 << 20];
+            let out = vec![1f32; 1 << 20];
+            let start = std::time::Instant::now();
+            let e = occl::group(|g| {
+                g.send(c0, &out, 1)?;
+                g.recv(c0, &mut inp, 1)
+            })
+            .expect_err("rank 1 never takes part");
+            (e, start.elapsed())
+        });
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            c0.abort();
+        });
+        let (e, took) = blocked.join().expect("blocked thread");
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+        assert!(e.to_string().contains("aborted"), "{e}");
+        assert!(took < Duration::from_millis(1300), "returned {took:?} after its start (abort at 300 ms)");
+        // Rank 1, which was never in a call, fails its next call: on rank 0's abort, or on the
+        // send rank 0 had posted before it (data published before a failure is delivered).
+        let mut v = [1u8; 4];
+        let e = c1.all_reduce_in_place(&mut v, RedOp::Sum).expect_err("peer aborted");
+        assert!(matches!(e.kind(), ErrorKind::RemoteError | ErrorKind::InvalidUsage), "{e}");
+    });
+}
