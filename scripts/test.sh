@@ -10,12 +10,22 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 # gcc for crates that build C and for the test profiler plugins; iproute2 for the network-namespace
-# test; clippy and rustfmt for the lints.
+# test; Debian's prometheus (prometheus and promtool) for the metrics test; python3 with venv for
+# HolisticTraceAnalysis (below); clippy and rustfmt for the lints.
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
-if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+# tmux drives `ncclras --tui` in its test.
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    else
+        echo "scripts/test.sh: cannot install ${need[*]} (not root or no apt-get); tests that need them say so (and fail under CI=1)" >&2
+    fi
 fi
 for comp in clippy rustfmt; do
     if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -23,10 +33,46 @@ for comp in clippy rustfmt; do
     fi
 done
 
+# NVRTC, which needs no GPU, so that the kernel crate's tests compile the real CUDA sources (they
+# print that they skipped if it cannot be had). 13.0 is the GPU machines' CUDA version.
+nvrtc_lib=target/nvrtc/nvidia/cu13/lib
+if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ] && command -v python3 >/dev/null 2>&1; then
+    rm -rf target/nvrtc && mkdir -p target/nvrtc
+    if python3 -m pip download -q --no-deps --only-binary=:all: --dest target/nvrtc nvidia-cuda-nvrtc==13.0.88; then
+        python3 -m zipfile -e target/nvrtc/nvidia_cuda_nvrtc-*.whl target/nvrtc
+    else
+        echo "scripts/test.sh: could not fetch NVRTC; the kernel compile tests will report that they skipped" >&2
+    fi
+fi
+if [ -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+    export LD_LIBRARY_PATH="$PWD/$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# HolisticTraceAnalysis from PyPI, pinned, in a venv under target/ (kept between runs), for the
+# trace test (tests/tests/trace_hta.rs). If it cannot be installed, that test fails under CI.
+# pandas and numpy are pinned too: HTA 0.5.0 asks only for minimum versions.
+hta_version=0.5.0
+hta_pins=("HolisticTraceAnalysis==$hta_version" "pandas==3.1.1" "numpy==2.4.6")
+hta_venv="$PWD/target/hta-venv"
+hta_have() {
+    "$hta_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit([m.version(p) for p in ('HolisticTraceAnalysis', 'pandas', 'numpy')] != ['$hta_version', '3.1.1', '2.4.6'])" >/dev/null 2>&1
+}
+if ! hta_have; then
+    echo "== installing HolisticTraceAnalysis $hta_version into $hta_venv"
+    rm -rf "$hta_venv"
+    if ! { python3 -m venv "$hta_venv" && "$hta_venv/bin/pip" install -q --disable-pip-version-check "${hta_pins[@]}"; }; then
+        echo "scripts/test.sh: could not install HolisticTraceAnalysis $hta_version; the HTA trace test will fail" >&2
+    fi
+fi
+export OCCL_HTA_PYTHON="$hta_venv/bin/python"
+
 echo "== rustfmt"
 cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The cuda feature builds without CUDA (the libraries are loaded at run time).
+cargo clippy -p occl --features cuda --all-targets --release -- -D warnings
 echo "== tests"
 # Release build: the integration tests move hundreds of MiB through real processes.
 cargo test --workspace --release -- --test-threads 2
+cargo test -p occl --features cuda --release --lib -- --test-threads 2 cuda::

@@ -20,6 +20,7 @@ use crate::transport::{self, Peer};
 use occl_ras::mesh::PeerAddr;
 use occl_ras::record::{CommId, RankInfo};
 use occl_telemetry::flight::{FlightComm, FlightRecorder, OpInfo, RootOrPeer};
+use occl_telemetry::Note;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -540,6 +541,7 @@ impl Comm {
     /// timeout), and later calls get the error. Returns `e`.
     pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
         self.record.failed(e.kind());
+        self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
         let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
         if let Some(Err(de)) = self.flight.dump(reason) {
             tracing::warn!("occl: writing the flight recorder dump failed: {de}");
@@ -654,6 +656,7 @@ impl Comm {
                     peer: p2p_peer.unwrap_or(0),
                 })
             },
+            |p| inner.peers.get(p).and_then(Option::as_ref).map_or("none", |x| x.kind.name()),
         );
         let res = {
             let mut ctx = Ctx {

@@ -24,6 +24,21 @@ pub enum ErrorKind {
     Timeout,
 }
 
+impl ErrorKind {
+    /// The kind's name as a metric label (`occl_operation_errors_total{kind}`): NCCL's result
+    /// code without `nccl`, and `Timeout`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "InvalidArgument",
+            ErrorKind::InvalidUsage => "InvalidUsage",
+            ErrorKind::SystemError => "SystemError",
+            ErrorKind::InternalError => "InternalError",
+            ErrorKind::RemoteError => "RemoteError",
+            ErrorKind::Timeout => "Timeout",
+        }
+    }
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

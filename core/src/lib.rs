@@ -35,6 +35,8 @@ mod coll;
 mod comm;
 mod config;
 mod copy;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 mod env;
 mod error;
@@ -50,6 +52,11 @@ mod transport;
 /// The profiler event model, sinks and registry (`occl-telemetry`), re-exported so applications
 /// register profilers and attach sinks without naming a second crate.
 pub use occl_telemetry as telemetry;
+
+/// Marks training step `n` in the HTA trace files (`OCCL_TRACE_DIR`) until the guard drops:
+/// `let _step = occl::profiler_step(n);` (PyTorch's `ProfilerStep#N`). `step_begin`/`step_end`
+/// are in [`telemetry::trace`].
+pub use occl_telemetry::trace::{profiler_step, ProfilerStep};
 
 pub use comm::Comm;
 pub use config::{Config, TransportKind};

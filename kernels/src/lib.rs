@@ -1,5 +1,37 @@
-//! occl-kernels: CUDA C kernels compiled with NVRTC, their on-disk cache and launch wrappers.
+//! occl-kernels: occl's CUDA kernels — elementwise reductions for every element type and
+//! operator, a fused reduce-and-copy for ring steps, and copies — written in CUDA C
+//! (`kernels/cuda/`), compiled with NVRTC at first use for the device's architecture, cached on
+//! disk, and launched through cudarc on the caller's stream.
 //!
-//! This crate is a leaf: it never depends on `occl`. It is filled in by the GPU issue; until then
-//! the crate only builds.
-#![forbid(unsafe_code)]
+//! CUDA is loaded at run time (cudarc's dynamic loading): the crate builds and its CPU tests run
+//! on machines without a driver, and every entry point says so with [`Error::NoDriver`] /
+//! [`Error::NoNvrtc`] instead of failing to link. This crate is a leaf: it never depends on `occl`.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), occl_kernels::Error> {
+//! use occl_kernels::{device, Dtype, Kernels, RedOp, Reduce};
+//! let ctx = device::context(0)?;
+//! let k = Kernels::load(&ctx)?; // NVRTC on the first use on this machine, then the cache
+//! let stream = ctx.default_stream();
+//! let a = stream.clone_htod(&[1.0f32, 2.0]).map_err(|e| occl_kernels::Error::InvalidArgument(format!("{e:?}")))?;
+//! let b = a.clone();
+//! let mut out = a.clone();
+//! k.reduce(&stream, &Reduce::new(Dtype::F32, RedOp::Sum), &mut out, &a, &b)?;
+//! # Ok(()) }
+//! ```
+
+pub mod cache;
+pub mod check;
+pub mod device;
+mod dtype;
+mod error;
+mod kernels;
+mod launch;
+pub mod nvrtc;
+pub mod reference;
+
+pub use cudarc;
+pub use dtype::{Dtype, RedOp};
+pub use error::{Error, Result};
+pub use kernels::{compile, options, reduce_name, scale_name, source, Kernels, LoadReport, COPY_NAME, SOURCES};
+pub use launch::{Reduce, Scale};

@@ -15,14 +15,17 @@
 //!   path (relaxed atomic stores, no lock, no allocation) and registers it in the process's
 //!   [`record::ProcessRecords`]; RAS ships [`record::RankRecord`] snapshots and converts gathered ones into the
 //!   report model's raw data.
-//! - [`wire`]: the peer-to-peer messages (handshake, keep-alive, peer news, status request and reply, goodbye) and a
-//!   size-bounded, length-prefixed, versioned codec with a streaming [`wire::Decoder`].
+//! - [`wire`]: the peer-to-peer messages (handshake, keep-alive, peer news, status request and reply, metrics request
+//!   and reply, goodbye) and a size-bounded, length-prefixed, versioned codec with a streaming [`wire::Decoder`].
 //! - [`mesh`]: the mesh and the status gather as a sans-IO [`mesh::Mesh`] driven by `(input, now)`: a ring over the
 //!   sorted peer table with long-range links and fallbacks, keep-alives, unresponsive and dead verdicts, dead-peer
-//!   news flooding, job-secret authentication, and a spanning-tree gather with per-hop budgets. Tested on a
+//!   news flooding, job-secret authentication, a spanning-tree gather with per-hop budgets, and node metrics
+//!   fetched from every process of the host with one deadline. Tested on a
 //!   simulated network of up to 1,024 processes on a virtual clock.
-//! - Fuzz entries for every decoder of untrusted bytes, [`fuzz_client_bytes`], [`fuzz_wire_bytes`] and
-//!   [`mesh::fuzz_mesh_bytes`], which the cargo-fuzz crate in `ras/fuzz/` runs.
+//! - [`exposition`]: merging the Prometheus texts of a node's processes into one scrape (one HELP/TYPE per family,
+//!   a `pid` label per process, every line from a peer checked).
+//! - Fuzz entries for every decoder of untrusted bytes, [`fuzz_client_bytes`], [`fuzz_wire_bytes`],
+//!   [`mesh::fuzz_mesh_bytes`] and [`fuzz_exposition_bytes`], which the cargo-fuzz crate in `ras/fuzz/` runs.
 //!
 //! - [`server`]: the RAS thread, a tokio current-thread runtime that drives the mesh over real sockets and serves
 //!   the client port (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`, SO_REUSEPORT): NCCL's text
@@ -32,6 +35,7 @@
 
 pub mod analysis;
 pub mod client;
+pub mod exposition;
 pub mod mesh;
 pub mod record;
 pub mod report;
@@ -43,4 +47,5 @@ mod test_rng;
 
 pub use analysis::{analyze, AnalysisInput, KnownComm, KnownRank, StuckPolicy};
 pub use client::fuzz_client_bytes;
+pub use exposition::fuzz_exposition_bytes;
 pub use wire::fuzz_wire_bytes;

@@ -13,7 +13,7 @@
 
 use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::mask::EventMask;
-use crate::sink::Sink;
+use crate::sink::{Note, Sink};
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -252,6 +252,13 @@ impl Fanout {
     pub fn stop(&self, id: EventId) {
         let slots = self.read();
         for_each_route(&slots, id, |s| s.stop(id));
+    }
+
+    /// Hands a [`Note`] to every attached sink (notes are not typed events: no mask applies).
+    pub fn note(&self, note: &Note) {
+        for s in self.read().iter().flatten() {
+            s.sink.note(note);
+        }
     }
 }
 

@@ -324,3 +324,27 @@ fn bench_disabled_check_and_enabled_start_stop() {
          enabled start+stop (1 sink): {enabled:.1} ns"
     );
 }
+
+#[test]
+fn notes_reach_every_attached_sink_whatever_its_mask() {
+    #[derive(Default)]
+    struct Notes(Mutex<Vec<Note>>);
+    impl Sink for Notes {
+        fn interest(&self) -> EventMask {
+            EventMask(0)
+        }
+        fn note(&self, n: &Note) {
+            lock(&self.0).push(*n);
+        }
+    }
+    let f = Fanout::new();
+    let (a, b) = (Arc::new(Notes::default()), Arc::new(Notes::default()));
+    let _ha = f.attach(a.clone()).expect("attach");
+    let hb = f.attach(b.clone()).expect("attach");
+    let n = Note::TransportBytes { transport: "shm", send: true, bytes: 7 };
+    f.note(&n);
+    f.detach(hb);
+    f.note(&Note::OpFailed { func: "AllReduce", kind: "Timeout" });
+    assert_eq!(lock(&a.0).len(), 2);
+    assert_eq!(*lock(&b.0), vec![n]);
+}

@@ -16,6 +16,9 @@
 //! - [`spans`]: the span collector ([`spans::Telemetry`], a [`Profiler`]) that turns events into
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
+//! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, standard `OTEL_*` variables).
+//! - [`trace`]: the HTA trace exporter ([`trace::TraceExporter`], `OCCL_TRACE_DIR`), one
+//!   Kineto/Chrome-trace JSON per rank, and `ProfilerStep#N` marks ([`trace::profiler_step`]).
 #![deny(unsafe_code)]
 
 pub mod activation;
@@ -26,9 +29,12 @@ mod idtable;
 pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
+pub mod otlp;
 pub mod profiler;
+pub mod prometheus;
 pub mod sink;
 pub mod spans;
+pub mod trace;
 
 pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,
@@ -38,7 +44,7 @@ pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, Root
 pub use mask::{EventMask, ParseMaskError};
 pub use nccl::plugin_from_env;
 pub use profiler::{CommInfo, Profiler};
-pub use sink::Sink;
+pub use sink::{Note, Sink};
 
 /// `Fanout` is shared between communicators and threads.
 const _: () = {

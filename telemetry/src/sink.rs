@@ -5,6 +5,18 @@
 use crate::event::{EventDescr, EventId, StateArgs};
 use crate::mask::EventMask;
 
+/// A fact the emitter knows that no profiler event carries: occl's own addition, never sent by
+/// NCCL. Metrics need them (errors by kind, bytes by transport); strings are `'static` so a sink
+/// can keep them as label values without copying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// An operation of the communicator failed. `func` is NCCL's name ("AllReduce", "Send"),
+    /// `kind` the error's kind ("Timeout", "RemoteError", …).
+    OpFailed { func: &'static str, kind: &'static str },
+    /// One operation moved `bytes` to (`send`) or from one peer over `transport` ("shm", "tcp").
+    TransportBytes { transport: &'static str, send: bool, bytes: u64 },
+}
+
 /// A consumer of profiler events.
 ///
 /// Hooks run on the emitting thread (application, proxy or network threads), possibly
@@ -37,6 +49,12 @@ pub trait Sink: Send + Sync + 'static {
     /// operation captures its mask, instead of only on attach and reload.
     fn dynamic(&self) -> bool {
         false
+    }
+
+    /// A [`Note`] from the emitter, whatever the sink's interest (they are rare: at most a few per
+    /// operation).
+    fn note(&self, note: &Note) {
+        let _ = note;
     }
 
     /// NCCL's `finalize`: the communicator is being destroyed; no event reaches the sink after

@@ -5,6 +5,8 @@ pub mod events;
 pub mod launch;
 pub mod lifecycle;
 pub mod matrix;
+pub mod otlp_ops;
+pub mod otlp_sink;
 pub mod pattern;
 pub mod perf;
 pub mod ras_client;

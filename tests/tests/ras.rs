@@ -91,6 +91,9 @@ fn a_healthy_job_reports_every_rank() {
     );
     for r in c["ranks"].as_array().expect("ranks") {
         assert_eq!(r["collective_counts"]["AllReduce"], 5, "{r}");
+        // occl's totals: every operation the worker ran returned, so none is in flight.
+        let ops = &r["occl_operations"];
+        assert!(ops["launched"].as_u64() >= Some(5) && ops["launched"] == ops["completed"], "{r}");
         assert_eq!(r["host"], "127.0.0.1");
     }
     // NCCL's text protocol on the same port.

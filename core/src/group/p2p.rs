@@ -143,6 +143,7 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
                         vec![Leg { peer: o.peer, send: o.send, steps }]
                     }
                 },
+                |p| inner.peers.get(p).and_then(Option::as_ref).map_or("none", |x| x.kind.name()),
             )
         })
         .collect();

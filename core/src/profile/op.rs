@@ -21,7 +21,7 @@
 use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
-use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, StateArgs};
+use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs};
 use std::cell::Cell;
 
 /// One planned ProxyOp: a peer, a direction, and how many slices cross it.
@@ -39,6 +39,10 @@ pub(crate) struct LegEv {
     id: Option<EventId>,
     next_step: Cell<i32>,
     progressing: Cell<bool>,
+    /// The transport to the peer ("shm", "tcp") and the bytes its steps moved, told to the sinks
+    /// at the end (`Note::TransportBytes`: no event carries the transport).
+    transport: &'static str,
+    bytes: Cell<u64>,
 }
 
 /// What the operation is, for its descriptors.
@@ -115,21 +119,23 @@ pub(crate) fn marker(f: &Fanout, mask: EventMask, st: ProxyCtrlState) {
 impl<'f> OpProf<'f> {
     /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
     /// emitted) when no sink wants anything.
-    /// `describe` and `legs` run only when some sink wants events: with none, this is one relaxed load and a
-    /// branch. An operation that a group runs (`crate::group`) gets its Coll/P2p under the
-    /// events the group emitted for it, with the mask captured when it was enqueued.
+    /// `describe`, `legs` and `transport` (the transport's name to a peer) run only when some sink
+    /// wants events: with none, this is one relaxed load and a branch. An operation that a group
+    /// runs (`crate::group`) gets its Coll/P2p under the events the group emitted for it, with
+    /// the mask captured when it was enqueued.
     pub(crate) fn begin<'d>(
         f: &'f Fanout,
         rank: usize,
         describe: impl FnOnce() -> OpDescr<'d>,
         legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
     ) -> Option<OpProf<'f>> {
         let mask = f.capture();
         if mask.is_empty() {
             return None;
         }
         if let Some(g) = crate::group::enclosing(f) {
-            return OpProf::within(f, g.mask, rank, g.api, g.group, describe, legs);
+            return OpProf::within(f, g.mask, rank, g.api, g.group, describe, legs, transport);
         }
         let d = &describe();
         let mut p = OpProf {
@@ -150,13 +156,14 @@ impl<'f> OpProf<'f> {
         p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
         p.group = p.start(None, &EventDescr::Group);
         p.parent_group = p.group;
-        p.open(api, d, legs);
+        p.open(api, d, legs, transport);
         Some(p)
     }
 
     /// The Coll/P2p and ProxyOps of an operation that a group runs: the group emitted its
     /// GroupApi, the call's API event (`api`) and the Group (`group`), and captured `mask` when
     /// the call was enqueued.
+    #[allow(clippy::too_many_arguments)] // begin's arguments and the group's three
     pub(crate) fn within<'d>(
         f: &'f Fanout,
         mask: EventMask,
@@ -165,6 +172,7 @@ impl<'f> OpProf<'f> {
         group: Option<EventId>,
         describe: impl FnOnce() -> OpDescr<'d>,
         legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
     ) -> Option<OpProf<'f>> {
         if mask.is_empty() {
             return None;
@@ -180,12 +188,18 @@ impl<'f> OpProf<'f> {
             coll: None,
             legs: Vec::new(),
         };
-        p.open(api, &describe(), legs);
+        p.open(api, &describe(), legs, transport);
         Some(p)
     }
 
     /// Starts the Coll/P2p (child of the API event `api`) and one ProxyOp per leg.
-    fn open(&mut self, api: Option<EventId>, d: &OpDescr<'_>, legs: impl FnOnce() -> Vec<Leg>) {
+    fn open(
+        &mut self,
+        api: Option<EventId>,
+        d: &OpDescr<'_>,
+        legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
+    ) {
         let rank = self.rank;
         let p = self;
         p.coll = if d.p2p {
@@ -246,6 +260,8 @@ impl<'f> OpProf<'f> {
                     id,
                     next_step: Cell::new(0),
                     progressing: Cell::new(false),
+                    transport: transport(l.peer),
+                    bytes: Cell::new(0),
                 });
             }
             let n = p.legs.len() as i32;
@@ -313,10 +329,14 @@ impl<'f> OpProf<'f> {
     }
 
     /// Stops the ProxyOps (every slice has moved, tcp sends included), then Coll/P2p, Group and
-    /// GroupApi. Runs on failure too, so no event stays open.
+    /// GroupApi, and tells the sinks the bytes each leg's transport moved. Runs on failure too, so
+    /// no event stays open.
     pub(crate) fn end(self) {
         for l in &self.legs {
             self.stop(l.id);
+        }
+        for l in self.legs.iter().filter(|l| l.bytes.get() > 0) {
+            self.f.note(&Note::TransportBytes { transport: l.transport, send: l.send, bytes: l.bytes.get() });
         }
         self.stop(self.coll);
         self.stop(self.group);
@@ -378,6 +398,9 @@ impl Steps<'_> {
     /// socket writer (driven by this thread before the operation returns) ends it once the
     /// frame is on the wire.
     pub(crate) fn send_posted(&mut self, n: usize, fifo: &SendFifo) {
+        if let Some(l) = self.send {
+            l.bytes.set(l.bytes.get() + n as u64);
+        }
         let id = self.cur_send.take();
         self.p.state(id, &StateArgs::ProxyStep { state: ProxyStepState::SendWait, trans_size: n });
         if let Some(id) = id {
@@ -402,6 +425,9 @@ impl Steps<'_> {
     /// `n` bytes arrived (RecvFlushWait with the size: host memory needs no flush) and go to the
     /// consumer (RecvGPUWait: the reduction or copy that reads them).
     pub(crate) fn recv_arrived(&mut self, n: usize) {
+        if let Some(l) = self.recv {
+            l.bytes.set(l.bytes.get() + n as u64);
+        }
         self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvFlushWait, trans_size: n });
         self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvGpuWait, trans_size: n });
     }

@@ -172,6 +172,7 @@ impl Mesh {
     /// Book-keeping once a connection is gone. `by_us`: this process closed it on purpose (never a failure).
     fn conn_gone(&mut self, now: Time, conn: ConnId, c: Conn, by_us: bool) {
         self.drop_child(now, conn, false);
+        self.metrics_conn_gone(conn);
         let Some(p) = c.peer else {
             return;
         };
@@ -355,6 +356,7 @@ impl Mesh {
         self.apply_news(now, None, None, &[crate::wire::NewsItem { peer: p, epoch: remote_epoch, dead: false }], None);
         // Compare views at once rather than a keep-alive interval later.
         self.send_keepalive(now, conn);
+        self.metrics_connected(now, conn, p);
     }
 
     pub(super) fn send_keepalive(&mut self, now: Time, conn: ConnId) {
@@ -393,6 +395,8 @@ impl Mesh {
             Msg::PeerNews(n) => self.apply_news(now, Some(conn), Some(n.id), &n.items, None),
             Msg::StatusRequest(q) => self.handle_status_request(now, conn, q),
             Msg::StatusReply(r) => self.handle_status_reply(now, conn, r),
+            Msg::MetricsRequest(q) => self.handle_metrics_request(now, conn, q),
+            Msg::MetricsReply(r) => self.handle_metrics_reply(now, conn, p, r),
             Msg::Bye(reason) => {
                 tracing::debug!(me = self.me.0, peer = p.0, ?reason, "RAS peer said goodbye");
                 if let Some(c) = self.conns.remove(&conn) {

@@ -24,6 +24,8 @@ pub(super) struct Link {
     pub retry_at: Time,
     /// Since when the ring wants this link (`None`: not wanted).
     pub wanted_since: Option<Time>,
+    /// A node metrics fetch wants a connection to this same-host peer until then.
+    pub metrics_until: Option<Time>,
 }
 
 impl Link {
@@ -38,6 +40,7 @@ impl Link {
             lost_at: None,
             retry_at: now,
             wanted_since: None,
+            metrics_until: None,
         }
     }
 
@@ -64,9 +67,10 @@ impl Mesh {
         }
     }
 
-    /// Whether this process wants its connection to `p` kept: a link of the ring, or a silent peer being watched.
+    /// Whether this process wants its connection to `p` kept: a link of the ring, a silent peer being watched, or a
+    /// same-host peer that scrapes ask for its metrics.
     pub(super) fn wants_conn(&self, p: PeerId) -> bool {
-        self.desired.contains(&p) || self.links.get(&p).is_some_and(|l| l.unresponsive)
+        self.desired.contains(&p) || self.links.get(&p).is_some_and(|l| l.unresponsive || l.metrics_until.is_some())
     }
 
     /// Recomputes the wanted links from who is dead or silent now, and forgets peers it has nothing to do with.
@@ -90,7 +94,12 @@ impl Mesh {
         }
         self.desired = wanted;
         self.links.retain(|_, l| {
-            l.conn.is_some() || l.wanted_since.is_some() || l.connecting.is_some() || l.probe || l.unresponsive
+            l.conn.is_some()
+                || l.wanted_since.is_some()
+                || l.connecting.is_some()
+                || l.probe
+                || l.unresponsive
+                || l.metrics_until.is_some()
         });
     }
 
@@ -104,8 +113,8 @@ impl Mesh {
         if l.conn.is_some() || l.connecting.is_some() || self.news.is_dead(p) {
             return None;
         }
-        // Wanted by the ring, lost without a goodbye, or silent and watched: keep trying.
-        if l.wanted_since.is_none() && !l.probe && !l.unresponsive {
+        // Wanted by the ring or a metrics fetch, lost without a goodbye, or silent and watched: keep trying.
+        if l.wanted_since.is_none() && !l.probe && !l.unresponsive && l.metrics_until.is_none() {
             return None;
         }
         match l.wanted_since {
@@ -176,6 +185,9 @@ impl Mesh {
         }
         for g in self.gathers.values() {
             at(g.deadline);
+        }
+        for f in self.fetches.values() {
+            at(f.deadline);
         }
         t
     }
@@ -262,6 +274,7 @@ impl Mesh {
             }
         }
         self.finish_due_gathers(now);
+        self.metrics_timers(now);
     }
 
     /// This process declares `p` dead and tells everyone.

@@ -37,6 +37,7 @@ mod conn;
 mod fuzz;
 mod gather;
 mod links;
+mod metrics;
 mod news;
 mod table;
 #[cfg(test)]
@@ -54,6 +55,7 @@ use crate::wire::{Msg, ProcessStatus};
 pub use crate::wire::{PeerId, RequestId};
 pub use fuzz::fuzz_mesh_bytes;
 pub use gather::{MAX_BUDGET, MAX_GATHERS};
+pub use metrics::{MetricsResult, MAX_FETCHES, METRICS_KEEP};
 pub use table::{link_targets, strides, PeerAddr, PeerTable, LONG_RANGE_MIN_PEERS};
 
 use auth::Rng;
@@ -272,13 +274,15 @@ pub enum Action {
     Close(ConnId),
     Event(MonitorEvent),
     StatusDone(GatherResult),
+    /// A node metrics fetch ([`Mesh::start_metrics`]) is over.
+    MetricsDone(MetricsResult),
 }
 
 /// Counters for tests and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MeshStats {
     /// Messages sent, by wire type byte.
-    pub sent: [u64; 9],
+    pub sent: [u64; 11],
     pub connects: u64,
 }
 
@@ -312,6 +316,9 @@ pub struct Mesh {
     /// The peers this process wants links to now, from the ring over the live peers.
     desired: Vec<PeerId>,
     gathers: BTreeMap<RequestId, Gather>,
+    /// Node metrics fetches this process started, by their sequence number.
+    fetches: BTreeMap<u64, metrics::Fetch>,
+    metrics_seq: u64,
     seen: VecDeque<RequestId>,
     seen_set: HashSet<RequestId>,
     actions: VecDeque<Action>,
@@ -353,6 +360,8 @@ impl Mesh {
             conns: BTreeMap::new(),
             desired: Vec::new(),
             gathers: BTreeMap::new(),
+            fetches: BTreeMap::new(),
+            metrics_seq: 0,
             seen: VecDeque::new(),
             seen_set: HashSet::new(),
             actions: VecDeque::new(),
@@ -474,6 +483,7 @@ impl Mesh {
             self.close(now, c, bye);
         }
         self.gathers.clear();
+        self.metrics_timers(Time::MAX);
         self.shut_down = true;
     }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{CollType, CommId, RankRecord, MAX_COMM_RANKS};
-use crate::report::{CommData, MissingRankData, RankData};
+use crate::report::{CommData, MissingRankData, OpTotals, RankData};
 
 /// How a host-only rank's device shows in the report model, whose device fields are unsigned: NCCL's -1.
 pub const NO_DEVICE: u32 = u32::MAX;
@@ -26,6 +26,10 @@ impl RankRecord {
             destroy_flag: l.destroy_flag,
             abort_flag: l.abort_flag,
             collective_counts: CollType::NCCL_COUNTED.map(|c| l.launched[c as usize]),
+            occl_ops: Some(OpTotals {
+                launched: l.launched.iter().fold(0u64, |a, &n| a.saturating_add(n)),
+                completed: l.completed.iter().fold(0u64, |a, &n| a.saturating_add(n)),
+            }),
         }
     }
 }

@@ -14,7 +14,7 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use live::LiveRecord;
-pub use registry::{CommRecord, ProcessRecords};
+pub use registry::{CommRecord, MetricsProvider, ProcessRecords};
 
 /// The largest communicator a record may describe. Bounds what a record from a peer can make a reader do (one
 /// missing-rank entry per absent rank); NCCL's own limits are far below it.

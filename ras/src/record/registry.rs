@@ -30,11 +30,24 @@ impl CommRecord {
     }
 }
 
-/// Every rank record of this process. It holds weak references: a communicator that is dropped disappears from
-/// reports without having to unregister (NCCL likewise stops reporting a destroyed comm).
-#[derive(Debug, Default)]
+/// Appends this process's own metrics (Prometheus text exposition) to the string: occl passes one that renders its
+/// telemetry, so that any process of the node can answer a scrape for all of them.
+pub type MetricsProvider = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// What this process reports to RAS: every rank record, and its metrics. It holds weak references to the records: a
+/// communicator that is dropped disappears from reports without having to unregister (NCCL likewise stops reporting
+/// a destroyed comm).
+#[derive(Default)]
 pub struct ProcessRecords {
     comms: Mutex<Vec<Weak<CommRecord>>>,
+    metrics: Mutex<Option<MetricsProvider>>,
+}
+
+impl std::fmt::Debug for ProcessRecords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let metrics = self.metrics.lock().map(|m| m.is_some()).unwrap_or(false);
+        f.debug_struct("ProcessRecords").field("records", &self.len()).field("metrics", &metrics).finish()
+    }
 }
 
 impl ProcessRecords {
@@ -63,6 +76,19 @@ impl ProcessRecords {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Sets what renders this process's metrics (replacing any earlier one).
+    pub fn set_metrics_provider(&self, p: MetricsProvider) {
+        *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
+    /// Appends this process's metrics to `out` (nothing without a provider). The provider runs without the lock held.
+    pub fn render_metrics(&self, out: &mut String) {
+        let p = self.metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(p) = p {
+            p(out);
+        }
     }
 
     /// Snapshots of every live record, ordered by (communicator, rank) as NCCL orders its local data. The lock is

@@ -45,6 +45,15 @@ struct Rank<'a> {
     nvml_dev: u32,
     status: RankStatus,
     collective_counts: Counts,
+    /// occl-only: every kind of operation, launched and completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    occl_operations: Option<Ops>,
+}
+
+#[derive(Serialize)]
+struct Ops {
+    launched: u64,
+    completed: u64,
 }
 
 #[derive(Serialize)]
@@ -126,6 +135,7 @@ fn comm(c: &CommData) -> Comm<'_> {
                         ReduceScatter: rs,
                         AllReduce: ar,
                     },
+                    occl_operations: r.occl_ops.map(|o| Ops { launched: o.launched, completed: o.completed }),
                 }
             })
             .collect(),

@@ -215,6 +215,16 @@ pub struct RankData {
     pub abort_flag: bool,
     /// Broadcast, Reduce, AllGather, ReduceScatter, AllReduce.
     pub collective_counts: [u64; 5],
+    /// occl-only: operations of every kind (p2p and all-to-all included) launched and completed by this rank; `None`
+    /// for data that did not come from occl. Their difference is what the rank has in flight.
+    pub occl_ops: Option<OpTotals>,
+}
+
+/// occl-only per-rank operation totals (JSON `occl_operations`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpTotals {
+    pub launched: u64,
+    pub completed: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

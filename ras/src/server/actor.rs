@@ -10,9 +10,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::conn::{self, ConnHandle};
-use super::{client, unix_ns, Clock, Cmd, Event, Gathered, RasConfig};
+use super::{client, unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics, RasConfig};
 use crate::analysis::{KnownComm, KnownRank};
-use crate::mesh::{Action, ConnId, Mesh, PeerAddr, PeerId, PeerTable};
+use crate::mesh::{Action, ConnId, Mesh, MetricsResult, PeerAddr, PeerId, PeerTable};
 use crate::record::CommId;
 use crate::record::ProcessRecords;
 use crate::wire::Msg;
@@ -50,6 +50,7 @@ struct State {
     next_conn: u64,
     next_token: u64,
     pending: HashMap<u64, oneshot::Sender<Result<Gathered, String>>>,
+    pending_metrics: HashMap<u64, oneshot::Sender<NodeMetrics>>,
     inputs: mpsc::UnboundedSender<Input>,
     /// Connections that arrived before the first communicator gave the mesh its table.
     early: Vec<tokio::net::TcpStream>,
@@ -99,6 +100,7 @@ pub(crate) async fn run(
         next_conn: 1,
         next_token: 1,
         pending: HashMap::new(),
+        pending_metrics: HashMap::new(),
         inputs,
         comms: HashMap::new(),
         early: Vec::new(),
@@ -177,6 +179,21 @@ impl State {
                     let _ = reply.send(Err("no communicator has joined RAS in this process yet".into()));
                 }
             },
+            Input::Cmd(Cmd::Metrics { timeout, reply }) => match self.mesh.as_mut() {
+                Some(m) => {
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    m.start_metrics(now, token, timeout);
+                    self.pending_metrics.insert(token, reply);
+                }
+                None => {
+                    // No mesh yet: this process alone.
+                    let mut text = String::new();
+                    self.sh.records.render_metrics(&mut text);
+                    let _ =
+                        reply.send(NodeMetrics { parts: vec![(std::process::id(), text)], ..NodeMetrics::default() });
+                }
+            },
             Input::Cmd(Cmd::Shutdown | Cmd::Leave { .. }) => {}
             Input::Incoming(stream) => {
                 let conn = self.alloc_conn();
@@ -244,8 +261,17 @@ impl State {
         if let Some(mut old) = self.mesh.take() {
             old.shutdown(now);
             while let Some(a) = old.poll_action() {
-                if let Action::Close(c) = a {
-                    self.conns.remove(&c);
+                match a {
+                    Action::Close(c) => {
+                        self.conns.remove(&c);
+                    }
+                    // A scrape in progress gets what it has (at least this process's own metrics).
+                    Action::MetricsDone(r) => {
+                        if let Some(reply) = self.pending_metrics.remove(&r.token) {
+                            let _ = reply.send(node_metrics(old.table(), r));
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -284,6 +310,11 @@ impl State {
                 Action::Event(event) => {
                     let peer = self.event_peer(&event);
                     let _ = self.sh.events.send(Event { unix_ms: unix_ns() / 1_000_000, event, peer });
+                }
+                Action::MetricsDone(r) => {
+                    if let (Some(reply), Some(m)) = (self.pending_metrics.remove(&r.token), self.mesh.as_ref()) {
+                        let _ = reply.send(node_metrics(m.table(), r));
+                    }
                 }
                 Action::StatusDone(result) => {
                     if let (Some(reply), Some(m)) = (self.pending.remove(&result.token), self.mesh.as_ref()) {
@@ -344,6 +375,13 @@ impl State {
             };
         });
     }
+}
+
+/// A node metrics fetch's outcome with each process named by its pid.
+fn node_metrics(table: &PeerTable, r: MetricsResult) -> NodeMetrics {
+    let pid = |p| table.get(p).map_or(0, |a| a.pid);
+    let parts = r.answers.into_iter().map(|(p, text)| (pid(p), text)).collect();
+    NodeMetrics { parts, timed_out: r.timed_out.len(), dead: r.dead.len() }
 }
 
 /// Fresh randomness for the mesh's nonces and ids.

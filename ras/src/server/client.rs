@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
 
 use super::actor::Shared;
-use super::{http, Cmd, Event, Gathered};
+use super::{http, Cmd, Event, Gathered, NodeMetrics};
 use crate::client::{Action, ClientSession, EventGroups, Format, Timeout};
 
 /// NCCL's listen backlog for the client socket.
@@ -103,6 +103,13 @@ pub(crate) async fn gather(sh: &Shared, budget: Duration) -> Result<Gathered, St
     let (tx, rx) = oneshot::channel();
     sh.cmds.send(Cmd::Status { budget, reply: tx }).map_err(|_| "the RAS thread is stopping".to_string())?;
     rx.await.map_err(|_| "the gather was dropped".to_string())?
+}
+
+/// Collects the metrics of every process of this node through the mesh task, waiting at most `timeout` for each.
+pub(crate) async fn node_metrics(sh: &Shared, timeout: Duration) -> Result<NodeMetrics, String> {
+    let (tx, rx) = oneshot::channel();
+    sh.cmds.send(Cmd::Metrics { timeout, reply: tx }).map_err(|_| "the RAS thread is stopping".to_string())?;
+    rx.await.map_err(|_| "the metrics fetch was dropped".to_string())
 }
 
 /// The gather budget a client's `TIMEOUT` asks for.

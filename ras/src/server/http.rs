@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -16,14 +16,18 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 
 use super::actor::Shared;
-use super::client::{event_line, gather};
-use super::metrics::prometheus;
+use super::client::{event_line, gather, node_metrics};
+use super::metrics::{node_metrics_gauges, prometheus};
 use super::report::build_report;
 use crate::client::{EventGroups, Format};
+use crate::exposition::{merge, Part};
 use crate::report::render_json;
 
-/// Scrapes and status requests gather with this budget unless `?timeout=` says otherwise.
+/// Scrapes and status requests gather with this budget unless `?timeout=` (or, for a scrape, Prometheus's
+/// `X-Prometheus-Scrape-Timeout-Seconds`) says otherwise.
 const HTTP_BUDGET: Duration = Duration::from_secs(5);
+/// The longest a scrape waits for another process of the node to send its metrics.
+const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream) {
     let app = Router::new()
@@ -52,14 +56,43 @@ fn budget(q: &Budget) -> Duration {
     q.timeout.filter(|t| t.is_finite() && *t > 0.0).map_or(HTTP_BUDGET, |t| Duration::from_secs_f64(t.min(600.0)))
 }
 
-async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
-    match gather(&sh, budget(&q)).await {
-        Ok(g) => {
-            let me = g.result.statuses.first().map(|s| s.host.clone()).unwrap_or_default();
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], prometheus(&g, &me)).into_response()
-        }
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+/// A scrape's budget: `?timeout=`, else most of the time Prometheus says it waits, else [`HTTP_BUDGET`].
+fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
+    if q.timeout.is_some() {
+        return budget(q);
     }
+    headers
+        .get("x-prometheus-scrape-timeout-seconds")
+        .and_then(|v| v.to_str().ok()?.trim().parse::<f64>().ok())
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .map_or(HTTP_BUDGET, |t| Duration::from_secs_f64((t * 0.8).min(600.0)))
+}
+
+/// `/metrics`: RAS's view of the job (from a status gather) and the metrics of every process of this node (fetched
+/// over the mesh at the same time), merged into one exposition; each process's series carry its `pid`.
+async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
+    let b = scrape_budget(&q, &headers);
+    let (g, node) = tokio::join!(gather(&sh, b), node_metrics(&sh, b.min(PEER_METRICS_TIMEOUT)));
+    let ras = match &g {
+        Ok(g) => prometheus(g, &g.result.statuses.first().map(|s| s.host.clone()).unwrap_or_default()),
+        Err(e) => {
+            tracing::debug!("occl-ras: /metrics without RAS's view: {e}");
+            String::new()
+        }
+    };
+    let node = match node {
+        Ok(n) => n,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    };
+    let mut parts = vec![Part { text: &ras, pid: None }];
+    parts.extend(node.parts.iter().map(|(pid, text)| Part { text, pid: Some(*pid) }));
+    let merged = merge(&parts);
+    if merged.dropped > 0 {
+        tracing::debug!("occl-ras: /metrics dropped {} malformed or duplicate lines", merged.dropped);
+    }
+    let mut body = merged.text;
+    node_metrics_gauges(&mut body, &node, merged.dropped);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
 async fn status(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {

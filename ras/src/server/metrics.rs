@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::actor::Shared;
 use super::client::gather;
 use super::report::build_report;
-use super::Gathered;
+use super::{Gathered, NodeMetrics};
 use crate::client::Format;
 use crate::mesh::{DeadCause, MonitorEvent};
 use crate::record::CollType;
@@ -121,6 +121,24 @@ pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
         }
     }
     o
+}
+
+/// The scrape's own account of the node's processes: how many answered with their metrics, did not answer in time
+/// (skipped) or are dead, and how many of their lines the merge dropped.
+pub(crate) fn node_metrics_gauges(o: &mut String, n: &NodeMetrics, dropped: usize) {
+    let _ = writeln!(
+        o,
+        "# HELP occl_ras_node_metrics_processes Processes of this node by whether this scrape got their metrics \
+         (timeout: skipped after the per-process timeout).\n# TYPE occl_ras_node_metrics_processes gauge"
+    );
+    for (result, v) in [("answered", n.parts.len()), ("timeout", n.timed_out), ("dead", n.dead)] {
+        let _ = writeln!(o, "occl_ras_node_metrics_processes{{result=\"{result}\"}} {v}");
+    }
+    let _ = writeln!(
+        o,
+        "# HELP occl_ras_node_metrics_dropped_lines Lines of the processes' metrics this scrape dropped as malformed \
+         or duplicate.\n# TYPE occl_ras_node_metrics_dropped_lines gauge\noccl_ras_node_metrics_dropped_lines {dropped}"
+    );
 }
 
 /// NCCL's event name, whether it is in the lifecycle group (else trace), and the details text.

@@ -60,6 +60,17 @@ pub struct Gathered {
     pub unix_ns: u64,
 }
 
+/// The metrics of this node's processes, as one scrape collected them.
+#[derive(Clone, Debug, Default)]
+pub struct NodeMetrics {
+    /// Each answering process's pid and its metrics text (this process first).
+    pub parts: Vec<(u32, String)>,
+    /// Processes of this node that did not answer in time (skipped).
+    pub timed_out: usize,
+    /// Processes of this node known to be dead (not asked).
+    pub dead: usize,
+}
+
 /// What the RAS thread is asked to do.
 pub(crate) enum Cmd {
     /// A communicator rank of this process was created: its communicator's processes, rank by rank (this one
@@ -67,6 +78,8 @@ pub(crate) enum Cmd {
     Join { comm: CommId, size: u32, members: Vec<(u32, PeerAddr)> },
     /// Gather the job's status within `budget`.
     Status { budget: Duration, reply: oneshot::Sender<Result<Gathered, String>> },
+    /// Collect the metrics of every process of this node, waiting at most `timeout` for each.
+    Metrics { timeout: Duration, reply: oneshot::Sender<NodeMetrics> },
     /// This process has no communicator left: say goodbye to the peers and forget the table (a later communicator
     /// starts a new mesh). Replies once the goodbyes are written.
     Leave { done: oneshot::Sender<()> },
@@ -136,6 +149,12 @@ impl RasServer {
     /// The rank records this process reports.
     pub fn records(&self) -> &Arc<ProcessRecords> {
         &self.records
+    }
+
+    /// Sets what renders this process's own metrics (occl's telemetry). `/metrics` on the client port serves them,
+    /// with every other process's of this node, each labelled with its `pid`.
+    pub fn set_metrics_provider(&self, p: crate::record::MetricsProvider) {
+        self.records.set_metrics_provider(p);
     }
 
     /// Registers a communicator rank's record, with the process of each rank of its communicator that runs RAS

@@ -110,7 +110,12 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, what: &'static str) -> Res<String> {
-        let n = self.count(what, MAX_STRING)?;
+        self.text(what, MAX_STRING)
+    }
+
+    /// A string of at most `max` bytes.
+    fn text(&mut self, what: &'static str, max: usize) -> Res<String> {
+        let n = self.count(what, max)?;
         let bytes = self.take(n, what)?;
         std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| WireError::Invalid(what))
     }
@@ -186,7 +191,11 @@ impl<S: Sink> Writer<'_, S> {
     }
 
     fn string(&mut self, what: &'static str, s: &str) -> Res<()> {
-        self.count(what, s.len(), MAX_STRING)?;
+        self.text(what, s, MAX_STRING)
+    }
+
+    fn text(&mut self, what: &'static str, s: &str, max: usize) -> Res<()> {
+        self.count(what, s.len(), max)?;
         self.bytes(s.as_bytes());
         Ok(())
     }
@@ -402,6 +411,11 @@ fn write_body<S: Sink>(w: &mut Writer<'_, S>, msg: &Msg) -> Res<()> {
         }
         Msg::StatusReply(p) => write_reply(w, p)?,
         Msg::Bye(reason) => w.u8(reason.code()),
+        Msg::MetricsRequest(q) => w.varint(q.seq),
+        Msg::MetricsReply(r) => {
+            w.varint(r.seq);
+            w.text("metrics reply: text", &r.text, MAX_METRICS_TEXT)?;
+        }
     }
     Ok(())
 }
@@ -451,6 +465,11 @@ pub(crate) fn read_body(ty: u8, r: &mut Reader<'_>) -> Res<Msg> {
             statuses: r.list("status reply: statuses", MAX_PEERS, read_status)?,
         }),
         8 => Msg::Bye(ByeReason::from_code(r.u8("bye")?)),
+        9 => Msg::MetricsRequest(MetricsRequest { seq: r.varint("metrics request")? }),
+        10 => Msg::MetricsReply(MetricsReply {
+            seq: r.varint("metrics reply")?,
+            text: r.text("metrics reply: text", MAX_METRICS_TEXT)?,
+        }),
         t => return Err(WireError::UnknownType(t)),
     };
     if r.remaining() != 0 {

@@ -52,6 +52,8 @@ pub const MAX_PEERS: usize = 1 << 16;
 pub const MAX_RECORDS: usize = 1 << 16;
 /// The most hops a status request records in its path; further hops are not appended.
 pub const MAX_PATH: usize = 256;
+/// The longest metrics text one process sends (Prometheus exposition of its own series).
+pub const MAX_METRICS_TEXT: usize = 8 << 20;
 
 /// A process's index in the job's sorted peer table (the same on every process of the job).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -172,6 +174,20 @@ pub struct StatusReply {
     pub statuses: Vec<ProcessStatus>,
 }
 
+/// A process asks another on its node for its metrics (a scrape of the node's `/metrics`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsRequest {
+    /// Chosen by the asking process; the reply carries it back.
+    pub seq: u64,
+}
+
+/// A process's metrics in Prometheus text exposition format (at most [`MAX_METRICS_TEXT`] bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsReply {
+    pub seq: u64,
+    pub text: String,
+}
+
 /// Why a connection is being closed on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ByeReason {
@@ -220,6 +236,8 @@ pub enum Msg {
     StatusRequest(StatusRequest),
     StatusReply(StatusReply),
     Bye(ByeReason),
+    MetricsRequest(MetricsRequest),
+    MetricsReply(MetricsReply),
 }
 
 impl Msg {
@@ -233,6 +251,8 @@ impl Msg {
             Msg::StatusRequest(_) => 6,
             Msg::StatusReply(_) => 7,
             Msg::Bye(_) => 8,
+            Msg::MetricsRequest(_) => 9,
+            Msg::MetricsReply(_) => 10,
         }
     }
 
@@ -246,6 +266,8 @@ impl Msg {
             Msg::StatusRequest(_) => "STATUS_REQUEST",
             Msg::StatusReply(_) => "STATUS_REPLY",
             Msg::Bye(_) => "BYE",
+            Msg::MetricsRequest(_) => "METRICS_REQUEST",
+            Msg::MetricsReply(_) => "METRICS_REPLY",
         }
     }
 }

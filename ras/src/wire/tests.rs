@@ -72,7 +72,7 @@ fn status(rng: &mut TestRng) -> ProcessStatus {
 
 pub(crate) fn random_msg(rng: &mut TestRng) -> Msg {
     let nonce = |rng: &mut TestRng| -> [u8; 16] { std::array::from_fn(|_| rng.u64() as u8) };
-    match rng.below(8) {
+    match rng.below(10) {
         0 => Msg::Hello(Hello {
             table_hash: rng.u64(),
             from: PeerId(rng.wide() as u32),
@@ -111,6 +111,8 @@ pub(crate) fn random_msg(rng: &mut TestRng) -> Msg {
             leg_timeouts: rng.wide() as u32,
             statuses: (0..rng.usize(4)).map(|_| status(rng)).collect(),
         }),
+        7 => Msg::MetricsRequest(MetricsRequest { seq: rng.wide() }),
+        8 => Msg::MetricsReply(MetricsReply { seq: rng.wide(), text: string(rng, 300) }),
         _ => Msg::Bye(ByeReason::from_code(rng.u64() as u8)),
     }
 }
@@ -378,4 +380,29 @@ fn a_frame_of_the_maximum_size_decodes() {
     }
     assert_eq!(got, Some(msg));
     assert_eq!(dec.buffered(), 0);
+}
+
+#[test]
+fn metrics_text_is_bounded_on_both_sides() {
+    let long = Msg::MetricsReply(MetricsReply { seq: 1, text: "x".repeat(MAX_METRICS_TEXT + 1) });
+    assert!(matches!(encode(&long, &mut Vec::new()), Err(WireError::TooLong { .. })));
+    let fits = Msg::MetricsReply(MetricsReply { seq: u64::MAX, text: "y".repeat(MAX_METRICS_TEXT) });
+    let bytes = frame(&fits);
+    assert_eq!(decode_one(&bytes), Ok(Some(fits)));
+    // A length above the bound is refused before anything is read or reserved.
+    let mut hostile = vec![0, 0, 0, 0, VERSION, 10, 1];
+    let mut n = (MAX_METRICS_TEXT + 1) as u64;
+    while n >= 0x80 {
+        hostile.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    hostile.push(n as u8);
+    let len = (hostile.len() - HEADER_LEN) as u32;
+    hostile[..4].copy_from_slice(&len.to_be_bytes());
+    assert!(matches!(decode_one(&hostile), Err(WireError::TooLong { what: "metrics reply: text", .. })));
+    // Text must be UTF-8.
+    let mut bad = frame(&Msg::MetricsReply(MetricsReply { seq: 0, text: "ab".into() }));
+    let at = bad.len() - 1;
+    bad[at] = 0xff;
+    assert_eq!(decode_one(&bad), Err(WireError::Invalid("metrics reply: text")));
 }

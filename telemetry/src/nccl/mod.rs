@@ -5,6 +5,9 @@
 //!   loaded once per process; a failure is logged once and not retried.
 //! - [`NcclPlugin::load`]: the same for an explicit specification, uncached.
 //! - [`resolve`]: NCCL 2.28's name rules, without opening anything.
+//! - [`abi`] and [`decode`]: the other direction, for a plugin written in Rust
+//!   (`libnccl-profiler-occl.so`): the `#[repr(C)]` layouts, and what NCCL passes to a plugin read
+//!   back into occl's events, validated.
 //!
 //! Lifetime as in NCCL (reference §2): the library is opened at load, each communicator's sink
 //! holds it, and it is closed when the last sink is dropped; the next communicator opens it again.
@@ -16,9 +19,10 @@
 //! NCCL's last resort of looking for the symbols inside the net plugin does not apply (occl has no
 //! net plugins).
 
-mod abi;
+pub mod abi;
 mod adapter;
 mod convert;
+pub mod decode;
 mod error;
 mod load;
 mod logger;

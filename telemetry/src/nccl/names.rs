@@ -130,6 +130,32 @@ pub fn proto_code(s: &str) -> u8 {
     find(PROTOS, s).map_or(PROTO_FALLBACK, |x| x.code)
 }
 
+/// The spelling of a v1 code: the first entry of `table` with that code (the tables list v1's
+/// own names before the later names that share a fallback code); "Unknown" when none has it.
+fn of_code(table: &'static [Name], code: u8) -> &'static str {
+    table.iter().find(|x| x.code == code).map_or("Unknown", |x| x.text)
+}
+
+/// The spelling of a v1 `func` code (`ncclFuncBroadcast` 0 … `ncclFuncRecv` 7).
+pub fn func_of_code(code: u8) -> &'static str {
+    of_code(FUNCS, code)
+}
+
+/// The spelling of a v1 `datatype` code (`ncclInt8` 0 … `ncclBfloat16` 9).
+pub fn datatype_of_code(code: u8) -> &'static str {
+    of_code(DATATYPES, code)
+}
+
+/// The spelling of a v1 `algo` code (Tree 0 … PAT 6).
+pub fn algo_of_code(code: u8) -> &'static str {
+    of_code(ALGOS, code)
+}
+
+/// The spelling of a v1 `proto` code (LL 0, LL128 1, Simple 2).
+pub fn proto_of_code(code: u8) -> &'static str {
+    of_code(PROTOS, code)
+}
+
 /// v1 `isCollnet`: the algorithm is one of the CollNet ones.
 pub fn is_collnet(algo: &str) -> bool {
     matches!(find(ALGOS, algo).map(|x| x.code), Some(2 | 3))
@@ -183,5 +209,22 @@ mod tests {
         assert_eq!((proto_code("LL"), proto_code("LL128"), proto_code("SIMPLE")), (0, 1, 2));
         assert!(is_collnet("COLLNET_CHAIN") && !is_collnet("RING") && !is_collnet("bogus"));
         assert!(is_nvls("NVLS_TREE") && !is_nvls("PAT"));
+    }
+
+    #[test]
+    fn v1_codes_name_nccls_spellings() {
+        let funcs = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "SendRecv", "Send", "Recv"];
+        for (i, f) in funcs.iter().enumerate() {
+            assert_eq!(func_of_code(i as u8), *f);
+            assert_eq!(func_of_code(func_code(f)), *f, "round trip");
+        }
+        assert_eq!(func_of_code(8), "Unknown");
+        assert_eq!(datatype_of_code(7), "ncclFloat32");
+        assert_eq!(datatype_of_code(8), "ncclFloat64", "v1's own name, not a later type sharing the code");
+        assert_eq!(datatype_of_code(9), "ncclBfloat16");
+        assert_eq!(datatype_of_code(10), "Unknown");
+        assert_eq!((algo_of_code(1), algo_of_code(6), algo_of_code(7)), ("RING", "PAT", "Unknown"));
+        assert_eq!((proto_of_code(0), proto_of_code(2), proto_of_code(3)), ("LL", "SIMPLE", "Unknown"));
+        assert_eq!(proto_of_code(255), "Unknown");
     }
 }

@@ -6,7 +6,7 @@ use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::idtable::{IdMap, IdTable};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
-use crate::sink::Sink;
+use crate::sink::{Note, Sink};
 use std::sync::{Arc, OnceLock};
 
 /// The span collector: one per process in practice ([`Telemetry::global`]), handing finished
@@ -95,6 +95,7 @@ struct Open {
     payload: Box<[u8]>,
     states: Vec<StateMark>,
     states_dropped: u32,
+    steps_done: u32,
 }
 
 /// The collector's sink for one communicator.
@@ -239,7 +240,7 @@ impl Sink for CommSpans {
         }
         let (descr, payload) = own(ev);
         let states = Vec::with_capacity(if matches!(t, EventType::ProxyStep) { 3 } else { 0 });
-        self.open.insert(id, Open { parent, root, start_ns, descr, payload, states, states_dropped: 0 });
+        self.open.insert(id, Open { parent, root, start_ns, descr, payload, states, states_dropped: 0, steps_done: 0 });
     }
 
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
@@ -257,6 +258,9 @@ impl Sink for CommSpans {
         let end_ns = clock::unix_nanos();
         let Some(o) = self.open.remove(id) else { return };
         self.roots.stop(id);
+        if let (EventType::ProxyStep, Some(op)) = (o.descr.event_type(), o.parent) {
+            self.open.with(op, |p| p.steps_done = p.steps_done.saturating_add(1));
+        }
         let span = Span {
             comm: &self.comm,
             id,
@@ -268,12 +272,19 @@ impl Sink for CommSpans {
             payload: &o.payload,
             states: &o.states,
             states_dropped: o.states_dropped,
+            steps_done: o.steps_done,
         };
         let bit = span.event_type().bit();
         for (interest, e) in &self.exporters {
             if interest & bit != 0 {
                 e.span(&span);
             }
+        }
+    }
+
+    fn note(&self, note: &Note) {
+        for (_, e) in &self.exporters {
+            e.note(&self.comm, note);
         }
     }
 

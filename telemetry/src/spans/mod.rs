@@ -23,6 +23,7 @@ pub use intern::intern;
 
 use crate::event::{EventDescr, EventId, EventType};
 use crate::mask::EventMask;
+use crate::sink::Note;
 use std::sync::Arc;
 
 /// The communicator a span belongs to (NCCL's `init` arguments).
@@ -71,6 +72,9 @@ pub struct Span<'a> {
     /// `states_dropped`).
     pub states: &'a [StateMark],
     pub states_dropped: u32,
+    /// For a ProxyOp: its ProxySteps that stopped before it (0 when no exporter asks for
+    /// ProxyStep events). Fewer than `n_steps` means the op ended early: a failed operation.
+    pub steps_done: u32,
 }
 
 impl Span<'_> {
@@ -105,6 +109,12 @@ pub trait Exporter: Send + Sync + 'static {
 
     /// An event of a type in `interest()` finished. Runs on the emitting thread: must not block.
     fn span(&self, span: &Span<'_>);
+
+    /// A [`Note`] from occl's core about this communicator (an operation failed, bytes crossed a
+    /// transport): what the span data lacks. Runs on the emitting thread: must not block.
+    fn note(&self, comm: &Arc<CommMeta>, note: &Note) {
+        let _ = (comm, note);
+    }
 
     /// The communicator is being destroyed (NCCL's `finalize`); no span of it follows.
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {

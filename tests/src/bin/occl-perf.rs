@@ -21,6 +21,7 @@ use clap::Parser;
 use occl::{Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
 use occl_tests::perf::bench::{Average, Bench};
+use occl_tests::perf::events_ab::{AbSink, Plan};
 use occl_tests::perf::{self, Collective, Measure, RowInfo};
 use std::io::Write;
 use std::process::ExitCode;
@@ -86,6 +87,11 @@ struct Args {
     /// counting sink that wants every event (out-of-place only).
     #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u64).range(1..=1000))]
     events_ab: Option<u64>,
+    /// What --events-ab attaches in its "on" batches: counter (every event, counted), collector
+    /// (the span collector, spans dropped), prometheus, otlp, otlp:FRACTION (ProxyStep sampling)
+    /// or trace (that exporter behind the collector).
+    #[arg(long, value_name = "SINK", default_value = "counter", requires = "events_ab")]
+    events_sink: AbSink,
 }
 
 fn main() -> ExitCode {
@@ -252,7 +258,8 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
     let mut bench = Bench::new(&comm, coll, args.dtype, args.op, args.root, max_bytes);
     if let Some(rounds) = args.events_ab {
-        perf::events_ab::run(&comm, &mut bench, &layouts, rounds as usize, warmup, iters, &mut out)?;
+        let plan = Plan { rounds: rounds as usize, warmup, iters, sink: args.events_sink };
+        perf::events_ab::run(&comm, &mut bench, &layouts, plan, &mut out)?;
         drop(bench);
         comm.destroy()?;
         return Ok(ExitCode::SUCCESS);

@@ -28,6 +28,39 @@ fn failure(f: lifecycle::Failure) -> ExitCode {
     }
 }
 
+/// The "trace" scenario's steps; returns the operations each step runs on this rank.
+fn trace_steps(comm: &Comm, steps: u64, slow: bool, delay: Duration) -> occl::Result<u64> {
+    let (r, n) = (comm.rank(), comm.nranks());
+    let big = vec![1.0f32; 1 << 20];
+    let mut big_out = vec![0f32; 1 << 20];
+    let part = vec![r as f32; 4096];
+    let mut gathered = vec![0f32; 4096 * n];
+    let mut bc = vec![0f32; 1024];
+    let mut tiny = [1.0f32; 2];
+    let mut p2p_in = vec![0f32; 256];
+    let p2p_out = vec![r as f32; 256];
+    for step in 1..=steps {
+        let _step = occl::profiler_step(step);
+        if slow {
+            std::thread::sleep(delay);
+        }
+        comm.all_reduce(&big, &mut big_out, RedOp::Sum)?;
+        comm.all_gather(&part, &mut gathered)?;
+        comm.broadcast_in_place(&mut bc, 0)?;
+        comm.all_reduce_in_place(&mut tiny, RedOp::Sum)?;
+        // A ring: even ranks send first, odd ranks receive first.
+        let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+        if r % 2 == 0 {
+            comm.send(&p2p_out, to)?;
+            comm.recv(&mut p2p_in, from)?;
+        } else {
+            comm.recv(&mut p2p_in, from)?;
+            comm.send(&p2p_out, to)?;
+        }
+    }
+    Ok(6)
+}
+
 fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -214,6 +247,41 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_secs(3600));
             drop(keep);
         }
+        // A known workload for the metrics test (tests/tests/prometheus.rs mirrors it), then idle until killed:
+        // 7 all-reduces of 1000 f32 and 2 of 2^18 f32, 3 all-gathers of 256 i32 per rank, 2 broadcasts of 100 f64,
+        // and one send of 300 bytes from each even rank to the next.
+        "metrics" => {
+            let run = || -> occl::Result<()> {
+                let (a, mut b) = (vec![1.0f32; 1000], vec![0f32; 1000]);
+                for _ in 0..7 {
+                    comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+                }
+                let (a, mut b) = (vec![1.0f32; 1 << 18], vec![0f32; 1 << 18]);
+                for _ in 0..2 {
+                    comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+                }
+                let (a, mut b) = (vec![r as i32; 256], vec![0i32; 256 * comm.nranks()]);
+                for _ in 0..3 {
+                    comm.all_gather(&a, &mut b)?;
+                }
+                let mut c = vec![0f64; 100];
+                for _ in 0..2 {
+                    comm.broadcast_in_place(&mut c, 0)?;
+                }
+                let mut p = vec![7u8; 300];
+                if r % 2 == 0 && r + 1 < comm.nranks() {
+                    comm.send(&p, r + 1)?;
+                } else if r % 2 == 1 {
+                    comm.recv(&mut p, r - 1)?;
+                }
+                Ok(())
+            };
+            if let Err(e) = run() {
+                return report(&e);
+            }
+            println!("READY rank={r} pid={}", std::process::id());
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
         "events" => {
             if let Err(e) = occl_tests::events::every_operation(&comm) {
@@ -274,8 +342,35 @@ fn main() -> ExitCode {
                 Err(f) => return failure(f),
             }
         }
+        // A known sequence of operations for the OTLP exporter tests; each prints what it did.
+        "otlp" => {
+            if let Err(e) = occl_tests::otlp_ops::run(&comm) {
+                return report(&e);
+            }
+            println!("OK rank={r} otlp");
+        }
+        // `args[1]` training steps (ProfilerStep#1…) of collectives and a send/recv ring, for the
+        // trace files (OCCL_TRACE_DIR); rank `args[2]` sleeps `args[3]` ms at the start of each
+        // step, before its big all-reduce (a straggler on purpose).
+        "trace" => {
+            let num = |i: usize, d: u64| args.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(d);
+            let (steps, slow, slow_ms) = (num(1, 5), num(2, u64::MAX), num(3, 0));
+            match trace_steps(&comm, steps, r as u64 == slow, Duration::from_millis(slow_ms)) {
+                Ok(per_step) => {
+                    println!("OK rank={r} trace steps={steps} per_step={per_step} collectives={}", per_step * steps)
+                }
+                Err(e) => return report(&e),
+            }
+            // `args[4]` = "exit": leave without destroying the communicator (the trace is written
+            // at process exit).
+            if args.get(4).is_some_and(|a| a == "exit") {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                std::process::exit(0);
+            }
+        }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events, groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events, otlp, trace, groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
             return ExitCode::from(2);
         }
     }

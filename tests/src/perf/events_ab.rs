@@ -1,17 +1,212 @@
-//! `occl-perf --events-ab R`: the cost of profiler events, measured A/B in one run. For each
-//! size, R rounds alternate a batch with no sink attached (every event site is one relaxed load
-//! and a branch) and a batch with a counting sink that wants every event type (NCCL's full
-//! hierarchy, ProxyStep per slice). Reported: the median time of each, the overhead, events per
-//! operation, and the cost per event.
+//! `occl-perf --events-ab R [--events-sink S]`: the cost of profiler events and of each exporter,
+//! measured A/B in one run. For each size, R rounds alternate a batch with no sink attached (every
+//! event site is one relaxed load and a branch) and a batch with sink S attached:
+//!
+//! - `counter` (default): a sink that counts every event type (NCCL's full hierarchy, ProxyStep per
+//!   slice): the cost of emission itself;
+//! - `collector`: the span collector handing every span to an exporter that drops it: what each
+//!   exporter pays before its own work;
+//! - `prometheus`: the collector feeding the Prometheus exporter, as `OCCL_METRICS=1` runs it;
+//! - `otlp[:F]`: the collector feeding the OTLP exporter, ProxySteps sampled at F (default the
+//!   exporter's), exporting over HTTP to a loopback sink each rank starts (a local collector
+//!   agent's place): the whole cost of OpenTelemetry export, its thread included;
+//! - `trace`: the collector feeding the HTA trace exporter, as `OCCL_TRACE_DIR` runs it (the file
+//!   goes to a temporary directory, written once at the end and removed).
+//!
+//! Reported: the median time of each, the overhead, callbacks per operation of the types S wants,
+//! and the cost per callback.
 
 use super::bench::{Average, Bench};
 use super::Layout;
 use crate::events::Counter;
 use occl::Comm;
-use occl_telemetry::EventMask;
+use occl_telemetry::otlp::{OtlpConfig, OtlpExporter};
+use occl_telemetry::spans::{CommMeta, Exporter, Span, Telemetry};
+use occl_telemetry::trace::{TraceConfig, TraceExporter};
+use occl_telemetry::{EventDescr, EventId, EventMask, Sink, StateArgs};
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+
+/// The B side of the comparison.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AbSink {
+    Counter,
+    Collector,
+    Prometheus,
+    /// The OTLP exporter with this ProxyStep sampling fraction (`None`: its default).
+    Otlp(Option<f64>),
+    Trace,
+}
+
+impl std::str::FromStr for AbSink {
+    type Err = String;
+    fn from_str(s: &str) -> Result<AbSink, String> {
+        match s.split_once(':') {
+            None if s == "counter" => Ok(AbSink::Counter),
+            None if s == "collector" => Ok(AbSink::Collector),
+            None if s == "prometheus" => Ok(AbSink::Prometheus),
+            None if s == "otlp" => Ok(AbSink::Otlp(None)),
+            None if s == "trace" => Ok(AbSink::Trace),
+            Some(("otlp", f)) => match f.parse::<f64>() {
+                Ok(f) if (0.0..=1.0).contains(&f) => Ok(AbSink::Otlp(Some(f))),
+                _ => Err(format!("'{f}' is not a sampling fraction between 0 and 1")),
+            },
+            _ => Err(format!(
+                "'{s}' is not a sink: expected counter, collector, prometheus, otlp, otlp:FRACTION or trace"
+            )),
+        }
+    }
+}
+
+/// Takes spans and does nothing with them.
+struct Null(EventMask);
+
+impl Exporter for Null {
+    fn name(&self) -> &str {
+        "null"
+    }
+    fn interest(&self) -> EventMask {
+        self.0
+    }
+    fn span(&self, _: &Span<'_>) {}
+}
+
+/// Forwards everything but `finalize`: detaching between rounds must not write the trace file
+/// each time (tens of MB of I/O beside the timed batches); it is written once, at the end.
+struct KeepOpen(Arc<dyn Sink>);
+
+impl Sink for KeepOpen {
+    fn interest(&self) -> EventMask {
+        self.0.interest()
+    }
+    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+        self.0.start(id, parent, ev);
+    }
+    fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        self.0.state(id, st);
+    }
+    fn stop(&self, id: EventId) {
+        self.0.stop(id);
+    }
+}
+
+/// What the B batches attach.
+enum Kind {
+    /// Attached as is.
+    Counter(Arc<Counter>),
+    /// The span collector: a fresh sink per batch (detaching finalizes it, which flushes the OTLP
+    /// exporter).
+    Collector(Telemetry),
+    /// One collector sink kept open across batches; the file is written at the end.
+    Trace(Arc<dyn Sink>, Arc<TraceExporter>, PathBuf),
+}
+
+/// The B side, and what to report and clean up after the run.
+struct BSide {
+    label: String,
+    kind: Kind,
+    meta: CommMeta,
+    otlp: Option<Arc<OtlpExporter>>,
+}
+
+impl BSide {
+    fn new(which: AbSink, comm: &Comm, max_events: usize) -> anyhow::Result<BSide> {
+        let meta = CommMeta {
+            name: None,
+            hash: comm.id(),
+            rank: comm.rank() as i32,
+            nranks: comm.nranks() as i32,
+            n_nodes: 1,
+        };
+        let collector = |e: Arc<dyn Exporter>| Kind::Collector(Telemetry::new(vec![e]));
+        let (label, kind, otlp) = match which {
+            AbSink::Counter => {
+                let c = Arc::new(Counter::default());
+                c.mask.store(EventMask::ALL.0, Relaxed);
+                ("a counting sink (mask 0x7fff)".to_string(), Kind::Counter(c), None)
+            }
+            AbSink::Collector => (
+                "the span collector and an exporter that drops every span (all types)".into(),
+                collector(Arc::new(Null(EventMask::ALL))),
+                None,
+            ),
+            AbSink::Prometheus => (
+                "the Prometheus exporter (span collector)".into(),
+                collector(Arc::new(occl_telemetry::prometheus::Exporter::new())),
+                None,
+            ),
+            AbSink::Otlp(f) => {
+                let (addr, _) = crate::otlp_sink::start()?;
+                let d = OtlpConfig::default();
+                let cfg = OtlpConfig {
+                    endpoint: format!("http://{addr}/v1/traces"),
+                    step_sampling: f.unwrap_or(d.step_sampling),
+                    rank: Some(comm.rank() as i64),
+                    ..d
+                };
+                let label = format!(
+                    "the OTLP exporter (http/protobuf to a loopback sink, step sampling {})",
+                    cfg.step_sampling
+                );
+                let ex = OtlpExporter::new(cfg)?;
+                (label, collector(ex.clone()), Some(ex))
+            }
+            AbSink::Trace => {
+                let dir = std::env::temp_dir().join(format!("occl-perf-trace-{}", std::process::id()));
+                let ex = Arc::new(TraceExporter::new(TraceConfig { max_events, ..TraceConfig::new(&dir) }));
+                let sink: Arc<dyn Sink> = Arc::new(KeepOpen(Telemetry::new(vec![ex.clone()]).comm_sink(meta.clone())));
+                ("the HTA trace exporter (span collector)".into(), Kind::Trace(sink, ex, dir), None)
+            }
+        };
+        Ok(BSide { label, kind, meta, otlp })
+    }
+
+    fn sink(&self) -> Arc<dyn Sink> {
+        match &self.kind {
+            Kind::Counter(c) => c.clone(),
+            Kind::Collector(t) => t.comm_sink(self.meta.clone()),
+            Kind::Trace(s, _, _) => s.clone(),
+        }
+    }
+
+    /// Reports what the exporter did and removes what it wrote.
+    fn finish(self, lead: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+        if let (Some(o), true) = (&self.otlp, lead) {
+            let s = o.stats();
+            writeln!(
+                out,
+                "# otlp (rank 0): {} spans exported in {} requests, {} dropped ({} queue full, {} export failed)",
+                s.exported,
+                s.requests_ok,
+                s.dropped(),
+                s.dropped_queue_full,
+                s.dropped_export_failed
+            )?;
+        }
+        if let Kind::Trace(_, ex, dir) = self.kind {
+            for p in ex.write_all() {
+                let p = p?;
+                if lead {
+                    writeln!(out, "# trace file written and removed: {} bytes", std::fs::metadata(&p)?.len())?;
+                }
+                std::fs::remove_file(p)?;
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
+    }
+}
+
+/// How the A/B runs: rounds, calls per batch (after `warmup` untimed ones), and the B sink.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub rounds: usize,
+    pub warmup: usize,
+    pub iters: usize,
+    pub sink: AbSink,
+}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -27,27 +222,27 @@ pub fn run(
     comm: &Comm,
     bench: &mut Bench<'_>,
     layouts: &[Layout],
-    rounds: usize,
-    warmup: usize,
-    iters: usize,
+    plan: Plan,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    let Plan { rounds, warmup, iters, sink: which } = plan;
     let lead = comm.rank() == 0;
+    // Room for every event of the run, so the trace exporter never takes the cheaper "log full" path.
+    let max_events = layouts.len().max(1) * (rounds + 1) * (warmup + iters + 4) * 64;
+    let b = BSide::new(which, comm, max_events)?;
     if lead {
-        writeln!(
-            out,
-            "# events A/B: {rounds} rounds of {iters} calls with no sink / with a counting sink (mask 0x7fff)"
-        )?;
+        writeln!(out, "# events A/B: {rounds} rounds of {iters} calls with no sink / with {}", b.label)?;
         writeln!(
             out,
             "#{:>11} {:>12} {:>12} {:>9} {:>10} {:>10}",
             "size(B)", "off(us)", "on(us)", "overhead", "events/op", "ns/event"
         )?;
     }
+    // Counts the callbacks of the types the B sink wants (ancestors included, as emitted).
     let counter = Arc::new(Counter::default());
-    counter.mask.store(EventMask::ALL.0, Relaxed);
+    counter.mask.store(b.sink().interest().with_ancestors().0, Relaxed);
     for &layout in layouts {
-        // Events one call emits (every rank's own count; the slowest rank's time is reported).
+        // Callbacks one call makes (every rank's own count; the slowest rank's time is reported).
         let h = comm.attach_sink(counter.clone())?;
         bench.launch(layout, false)?;
         let before = counter.total();
@@ -58,7 +253,7 @@ pub fn run(
         for _ in 0..rounds {
             let t = bench.time(layout, false, warmup, iters)?;
             off.push(bench.combine(t, Average::Max)?);
-            let h = comm.attach_sink(counter.clone())?;
+            let h = comm.attach_sink(b.sink())?;
             let t = bench.time(layout, false, warmup, iters)?;
             comm.detach_sink(h);
             on.push(bench.combine(t, Average::Max)?);
@@ -79,5 +274,5 @@ pub fn run(
             out.flush()?;
         }
     }
-    Ok(())
+    b.finish(lead, out)
 }

@@ -69,10 +69,11 @@ pub struct Sim {
     next_conn: u64,
     pub latency: Time,
     /// Messages and bytes delivered onto the network, by wire type byte.
-    pub sent: [u64; 9],
-    pub bytes: [u64; 9],
+    pub sent: [u64; 11],
+    pub bytes: [u64; 11],
     pub events: Vec<(Time, usize, MonitorEvent)>,
     pub done: Vec<(Time, usize, GatherResult)>,
+    pub metrics_done: Vec<(Time, usize, MetricsResult)>,
     side: Option<(Vec<u8>, Cut)>,
     steps: u64,
 }
@@ -91,6 +92,11 @@ pub fn peer_addr(i: usize) -> PeerAddr {
 }
 
 pub const SECRET: [u8; 16] = [7; 16];
+
+/// What process `i`'s metrics provider renders.
+pub fn metrics_text(i: usize) -> String {
+    format!("# TYPE sim_ops_total counter\nsim_ops_total{{rank=\"{i}\"}} {}\n", 10 * i)
+}
 
 impl Sim {
     pub fn new(n: usize, cfg: MeshConfig) -> Self {
@@ -118,6 +124,7 @@ impl Sim {
                 }
                 let records = Arc::new(ProcessRecords::new());
                 records.register(&comm);
+                records.set_metrics_provider(Arc::new(move |s: &mut String| s.push_str(&metrics_text(i))));
                 let mut seed = [0u8; 16];
                 seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
                 let mesh = Mesh::new(cfg.clone(), table.clone(), &p.addr, secret(i), seed, records, 0).expect("mesh");
@@ -133,10 +140,11 @@ impl Sim {
             ends: HashMap::new(),
             next_conn: 1,
             latency: 100_000, // 100 us per hop
-            sent: [0; 9],
-            bytes: [0; 9],
+            sent: [0; 11],
+            bytes: [0; 11],
             events: Vec::new(),
             done: Vec::new(),
+            metrics_done: Vec::new(),
             side: None,
             steps: 0,
         };
@@ -210,6 +218,7 @@ impl Sim {
                 }
                 Action::Event(e) => self.events.push((self.now, p, e)),
                 Action::StatusDone(r) => self.done.push((self.now, p, r)),
+                Action::MetricsDone(r) => self.metrics_done.push((self.now, p, r)),
             }
         }
         if let Some(t) = self.procs[p].mesh.poll_timeout() {
@@ -384,6 +393,25 @@ impl Sim {
         panic!("gather at {p} never finished");
     }
 
+    /// Starts a node metrics fetch at `p` and runs until it is done; returns how long it took.
+    pub fn fetch_metrics(&mut self, p: usize, timeout: Duration) -> (Time, MetricsResult) {
+        let token = self.metrics_done.len() as u64 + 5000;
+        let now = self.now;
+        self.procs[p].mesh.start_metrics(now, token, timeout);
+        self.drain(p);
+        let limit = self.now + timeout.as_nanos() as u64 + SEC;
+        loop {
+            if let Some(i) = self.metrics_done.iter().position(|(_, q, r)| *q == p && r.token == token) {
+                let (t, _, r) = self.metrics_done.remove(i);
+                return (t - now, r);
+            }
+            let Some((&(t, _), _)) = self.queue.first_key_value() else { break };
+            assert!(t <= limit, "metrics fetch at {p} not done by {limit}");
+            self.run_until(t);
+        }
+        panic!("metrics fetch at {p} never finished");
+    }
+
     /// Events of one kind, as (time, process, event).
     pub fn events_where(&self, f: impl Fn(&MonitorEvent) -> bool) -> Vec<(Time, usize, MonitorEvent)> {
         self.events.iter().filter(|(_, _, e)| f(e)).cloned().collect()
@@ -394,8 +422,8 @@ impl Sim {
     }
 
     pub fn reset_counters(&mut self) {
-        self.sent = [0; 9];
-        self.bytes = [0; 9];
+        self.sent = [0; 11];
+        self.bytes = [0; 11];
     }
 
     pub fn alive(&self) -> Vec<usize> {

@@ -17,6 +17,7 @@ struct Got {
     states: Vec<u32>,
     values: Vec<u64>,
     payload: Vec<u8>,
+    steps_done: u32,
     dur_ok: bool,
 }
 
@@ -51,6 +52,7 @@ impl Exporter for Capture {
             states: s.states.iter().map(|m| m.state).collect(),
             values: s.states.iter().map(|m| m.value).collect(),
             payload: s.payload.to_vec(),
+            steps_done: s.steps_done,
             dur_ok: s.end_ns >= s.start_ns && s.states.iter().all(|m| m.t_ns >= s.start_ns && m.t_ns <= s.end_ns),
         });
     }
@@ -125,6 +127,8 @@ fn a_late_child_still_finds_its_trace_root_and_exporters_get_only_their_types() 
     assert_eq!((by(4).root, by(5).root), (1, 1));
     assert_eq!(by(4).states, vec![8, 20, 9]);
     assert_eq!(by(4).values, vec![16, 16, 16]);
+    // The ProxyOp counts its finished steps (one of one); other types count none.
+    assert_eq!((by(3).steps_done, by(4).steps_done, by(2).steps_done), (1, 0, 0));
     assert_eq!(by(5).payload.len(), MAX_PAYLOAD);
     assert_eq!((by(6).root, by(6).values.clone()), (6, vec![2]));
     assert_eq!(by(1).states, vec![23]);

@@ -1,0 +1,43 @@
+//! The crate's one error type.
+
+use cudarc::driver::DriverError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// libcuda could not be opened: no NVIDIA driver on this machine.
+    #[error("no CUDA driver: libcuda.so could not be loaded (no NVIDIA driver on this machine)")]
+    NoDriver,
+    /// The driver loaded but reports no device.
+    #[error("no CUDA device: the driver reports {0}")]
+    NoDevice(String),
+    /// libnvrtc could not be opened.
+    #[error(
+        "no NVRTC: libnvrtc.so could not be loaded (install the CUDA toolkit or the nvidia-cuda-nvrtc wheel and put its lib/ on LD_LIBRARY_PATH)"
+    )]
+    NoNvrtc,
+    #[error("CUDA driver call {call} failed: {source:?}")]
+    Driver {
+        call: &'static str,
+        #[source]
+        source: DriverError,
+    },
+    #[error("NVRTC call {call} failed: {code}")]
+    Nvrtc { call: &'static str, code: String },
+    /// The kernel source did not compile; `log` is NVRTC's own.
+    #[error("NVRTC could not compile {name} for {arch} (options {options:?}):\n{log}")]
+    Compile { name: String, arch: String, options: Vec<String>, log: String },
+    #[error("NVRTC {nvrtc} cannot build for {arch}; it supports {supported}")]
+    ArchUnsupported { arch: String, nvrtc: String, supported: String },
+    /// A kernel that this device's architecture lacks (fp8 needs sm_89 or later).
+    #[error("{what} needs {needs}; this device is {arch}")]
+    Unsupported { what: String, needs: &'static str, arch: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Wraps a driver error with the call that returned it.
+pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |source| Error::Driver { call, source }
+}

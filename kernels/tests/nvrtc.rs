@@ -1,0 +1,59 @@
+//! NVRTC builds the real kernel sources (no GPU needed, only libnvrtc): for Hopper and for older
+//! architectures, and a broken source fails with NVRTC's log as a typed error.
+
+use occl_kernels::{compile, nvrtc, Error};
+
+/// NVRTC, or a plain line saying why this test did not run.
+fn nvrtc_or_skip(test: &str) -> bool {
+    if nvrtc::available() {
+        return true;
+    }
+    skip(test, "libnvrtc.so could not be loaded (no CUDA toolkit or nvidia-cuda-nvrtc on LD_LIBRARY_PATH)");
+    false
+}
+
+/// Says why a test did not run, on the real stderr: the test harness captures `eprintln!` of
+/// passing tests, and a skip must be seen.
+fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    // One write, so that lines of tests running side by side do not interleave.
+    let _ = std::io::stderr().lock().write_all(format!("{test}: SKIPPED: {why}\n").as_bytes());
+}
+
+#[test]
+fn the_kernels_compile_for_hopper_and_older_gpus() {
+    if !nvrtc_or_skip("the_kernels_compile_for_hopper_and_older_gpus") {
+        return;
+    }
+    let (major, minor) = nvrtc::version().expect("nvrtc version");
+    let archs = nvrtc::supported_archs().expect("supported archs");
+    assert!(archs.contains(&90), "NVRTC {major}.{minor} lacks sm_90: {archs:?}");
+    for arch in ["sm_90", "sm_80"] {
+        let t = std::time::Instant::now();
+        let cubin = compile(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        // A cubin is an ELF image.
+        assert_eq!(&cubin[..4], b"\x7fELF", "{arch}");
+        // The fp8 kernels exist only from sm_89 on; every name is in the image's string table.
+        let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
+        assert!(has("occl_reduce_bf16_sum") && has("occl_scale_f64") && has("occl_copy"), "{arch}");
+        assert_eq!(has("occl_reduce_f8e4m3_max"), arch == "sm_90", "{arch}");
+        eprintln!("{arch}: {} byte cubin in {:.1} s (NVRTC {major}.{minor})", cubin.len(), t.elapsed().as_secs_f64());
+    }
+}
+
+#[test]
+fn a_compile_error_carries_nvrtcs_log() {
+    if !nvrtc_or_skip("a_compile_error_carries_nvrtcs_log") {
+        return;
+    }
+    let src = "extern \"C\" __global__ void broken(int* p) {\n  *p = undeclared_thing;\n}\n";
+    let err = nvrtc::compile_cubin(src, "broken.cu", "sm_90", &["--gpu-architecture=sm_90".to_string()]).unwrap_err();
+    match &err {
+        Error::Compile { name, arch, log, .. } => {
+            assert_eq!((name.as_str(), arch.as_str()), ("broken.cu", "sm_90"));
+            assert!(log.contains("broken.cu(2)") && log.contains("undeclared_thing"), "log: {log}");
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    assert!(err.to_string().contains("undeclared_thing"), "the message shows the log: {err}");
+}

@@ -1,0 +1,62 @@
+//! The plugin's own counters (what NCCL passed that could not be used) and its metrics: the
+//! lines `/metrics` serves after the exporters' (Prometheus text format, base units).
+
+use crate::comms;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Why a call was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// `startEvent` with a NULL descriptor or a type the version does not have.
+    BadDescriptor,
+    /// `recordEventState` with a state the version does not have.
+    BadState,
+    /// A non-NULL context or handle that names no live communicator of this process.
+    UnknownHandle,
+    /// A ProxyOp created by another process (PXN): its context and parent are not ours.
+    ForeignProcess,
+    /// A callback panicked (caught; NCCL got success).
+    Panic,
+}
+
+const REASONS: [(Reason, &str); 5] = [
+    (Reason::BadDescriptor, "bad_descriptor"),
+    (Reason::BadState, "bad_state"),
+    (Reason::UnknownHandle, "unknown_handle"),
+    (Reason::ForeignProcess, "foreign_process"),
+    (Reason::Panic, "panic"),
+];
+
+static DROPPED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+pub fn count(d: Reason) {
+    DROPPED[d as usize].fetch_add(1, Relaxed);
+}
+
+pub fn dropped(d: Reason) -> u64 {
+    DROPPED[d as usize].load(Relaxed)
+}
+
+/// Every counter, by its label.
+pub fn all() -> [(&'static str, u64); 5] {
+    REASONS.map(|(d, name)| (name, dropped(d)))
+}
+
+/// Appends the plugin's metrics.
+pub fn render(out: &mut String) {
+    out.push_str(
+        "# HELP occl_profiler_plugin_dropped_total NCCL profiler calls the plugin could not use, by reason.\n\
+         # TYPE occl_profiler_plugin_dropped_total counter\n",
+    );
+    for (d, name) in REASONS {
+        let _ = writeln!(out, "occl_profiler_plugin_dropped_total{{reason=\"{name}\"}} {}", dropped(d));
+    }
+    out.push_str(
+        "# HELP occl_profiler_plugin_communicators Communicators the plugin serves, by the profiler API version NCCL chose.\n\
+         # TYPE occl_profiler_plugin_communicators gauge\n",
+    );
+    for (v, n) in comms::census() {
+        let _ = writeln!(out, "occl_profiler_plugin_communicators{{api=\"{v}\"}} {n}");
+    }
+}

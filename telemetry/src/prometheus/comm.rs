@@ -1,0 +1,279 @@
+//! What the exporter keeps per communicator rank, and how each finished span lands in it: every
+//! update is a relaxed atomic add on a series that, after its first sight, is found without a
+//! lock.
+
+use super::hist::{Histogram, DURATION_NS, SIZE_BYTES};
+use super::pending::{Done, Pending};
+use super::table::Table;
+use crate::sink::Note;
+use crate::spans::{CommMeta, Span};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Series of one kind a communicator rank may have (op × algo × proto × dtype combinations).
+pub(crate) const MAX_SERIES: usize = 256;
+/// Transports and (op, error kind) pairs per communicator rank.
+const MAX_SMALL: usize = 64;
+
+/// What an operation series is labelled by. Names are `'static` (NCCL's tables or the
+/// collector's interned strings); p2p has no algorithm or protocol ("").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct OpKey {
+    pub op: &'static str,
+    pub algo: &'static str,
+    pub proto: &'static str,
+    pub dtype: &'static str,
+}
+
+/// Counters of one (op, algo, proto, dtype) of a communicator rank.
+pub(crate) struct OpSeries {
+    pub ops: AtomicU64,
+    pub bytes: AtomicU64,
+    pub bus_bytes: AtomicU64,
+    pub size: Histogram<{ SIZE_BYTES.len() }>,
+    pub duration: Histogram<{ DURATION_NS.len() }>,
+}
+
+impl OpSeries {
+    fn new() -> Self {
+        OpSeries {
+            ops: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            bus_bytes: AtomicU64::new(0),
+            size: Histogram::new(&SIZE_BYTES),
+            duration: Histogram::new(&DURATION_NS),
+        }
+    }
+
+    fn complete(&self, duration_ns: u64, bus: u64) {
+        self.duration.observe(duration_ns);
+        self.bus_bytes.fetch_add(bus, Relaxed);
+    }
+}
+
+/// Collectives (Coll spans) or point-to-point operations (P2p spans).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Coll = 0,
+    P2p = 1,
+}
+
+/// ProxyStep states in the order their counters are kept: NCCL's numbers and ABI names.
+pub(crate) const STEP_STATES: [(u32, &str); 6] = [
+    (8, "SendGPUWait"),
+    (20, "SendPeerWait"),
+    (9, "SendWait"),
+    (10, "RecvWait"),
+    (11, "RecvFlushWait"),
+    (12, "RecvGPUWait"),
+];
+
+fn step_state(raw: u32) -> Option<usize> {
+    STEP_STATES.iter().position(|(n, _)| *n == raw)
+}
+
+/// `direction` label values, by index.
+pub(crate) const DIRECTIONS: [&str; 2] = ["send", "recv"];
+
+/// Why an observation was lost (`occl_metrics_dropped_total{reason}`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Lost {
+    /// A communicator rank reached its limit of series of a kind.
+    SeriesLimit = 0,
+    /// The exporter reached its limit of communicator ranks.
+    CommLimit = 1,
+}
+
+pub(crate) const LOST_REASONS: [&str; 2] = ["series_limit", "comm_limit"];
+
+/// One communicator rank's counters.
+pub(crate) struct CommStats {
+    pub hash: u64,
+    pub rank: i32,
+    pub name: Option<String>,
+    pub nranks: i32,
+    pub n_nodes: i32,
+    pub ops: [Table<OpKey, OpSeries>; 2],
+    pub step_wait_ns: [AtomicU64; STEP_STATES.len()],
+    pub steps: [AtomicU64; 2],
+    pub step_bytes: [AtomicU64; 2],
+    pub socket_bytes: [AtomicU64; 2],
+    pub transport_bytes: Table<&'static str, [AtomicU64; 2]>,
+    pub errors: Table<(&'static str, &'static str), AtomicU64>,
+    pending: Pending,
+    /// The parent of the ProxyOp or KernelCh that stopped last: equal to an operation's id at its
+    /// stop when its children ran inside it (occl), so its own span is its whole duration.
+    last_child_parent: AtomicU64,
+}
+
+fn counters<const N: usize>() -> [AtomicU64; N] {
+    std::array::from_fn(|_| AtomicU64::new(0))
+}
+
+/// NCCL's element size for a datatype name (0 when unknown: its bytes are not counted).
+pub(crate) fn elem_size(dtype: &str) -> u64 {
+    match dtype {
+        "ncclInt8" | "ncclUint8" | "ncclFloat8e4m3" | "ncclFloat8e5m2" => 1,
+        "ncclFloat16" | "ncclBfloat16" => 2,
+        "ncclInt32" | "ncclUint32" | "ncclFloat32" => 4,
+        "ncclInt64" | "ncclUint64" | "ncclFloat64" => 8,
+        _ => 0,
+    }
+}
+
+/// Bytes over the "bus" for one rank's part in an operation of `bytes` (count × element size, as
+/// the descriptor counts: per rank for AllGather, ReduceScatter and AlltoAll), with nccl-tests'
+/// factors (PERFORMANCE.md): busbw = algbw × factor where algbw = S / t and S is nccl-tests' size.
+/// AllReduce: S = bytes, 2(n-1)/n. AllGather, ReduceScatter, AlltoAll, Gather, Scatter:
+/// S = bytes × n, (n-1)/n. Broadcast, Reduce, Send, Recv: 1.
+pub(crate) fn bus_bytes(op: &str, bytes: u64, nranks: i32) -> u64 {
+    let n = u128::from(nranks.max(1) as u32);
+    let b = u128::from(bytes);
+    let bus = match op {
+        "AllReduce" => b * 2 * (n - 1) / n,
+        "AllGather" | "ReduceScatter" | "AlltoAll" | "Gather" | "Scatter" => b * (n - 1),
+        _ => b,
+    };
+    u64::try_from(bus).unwrap_or(u64::MAX)
+}
+
+impl CommStats {
+    pub(crate) fn new(m: &CommMeta) -> Self {
+        CommStats {
+            hash: m.hash,
+            rank: m.rank,
+            name: m.name.clone(),
+            nranks: m.nranks,
+            n_nodes: m.n_nodes,
+            ops: [Table::new(MAX_SERIES), Table::new(MAX_SERIES)],
+            step_wait_ns: counters(),
+            steps: counters(),
+            step_bytes: counters(),
+            socket_bytes: counters(),
+            transport_bytes: Table::new(MAX_SMALL),
+            errors: Table::new(MAX_SMALL),
+            pending: Pending::new(),
+            last_child_parent: AtomicU64::new(0),
+        }
+    }
+
+    /// A Coll or P2p span: counted at once; its duration now if its children ran inside it,
+    /// else once they have stopped too.
+    pub(crate) fn op(&self, s: &Span<'_>, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) {
+        let Some((idx, series)) = self.ops[kind as usize].get_or_insert_with(key, OpSeries::new) else {
+            lost(Lost::SeriesLimit);
+            return;
+        };
+        let bytes = (count as u64).saturating_mul(elem_size(key.dtype));
+        series.ops.fetch_add(1, Relaxed);
+        series.bytes.fetch_add(bytes, Relaxed);
+        series.size.observe(bytes);
+        let bus = bus_bytes(key.op, bytes, self.nranks);
+        let id = s.id.get();
+        if self.last_child_parent.load(Relaxed) == id {
+            series.complete(s.duration_ns(), bus);
+            return;
+        }
+        let op = Done { start: s.start_ns, end: s.end_ns, series: (kind as u64) << 32 | idx as u64, bus };
+        if !self.pending.park(id, op, |d| self.finish(d)) {
+            series.complete(s.duration_ns(), bus);
+        }
+    }
+
+    fn finish(&self, d: Done) {
+        let kind = if d.series >> 32 == Kind::P2p as u64 { Kind::P2p } else { Kind::Coll };
+        if let Some(series) = self.ops[kind as usize].at((d.series & 0xffff_ffff) as usize) {
+            series.complete(d.end.saturating_sub(d.start), d.bus);
+        }
+    }
+
+    /// Observes parked operations untouched since `before` (span clock), all for `u64::MAX`.
+    pub(crate) fn finish_idle(&self, before: u64) {
+        self.pending.finish_idle(before, |d| self.finish(d));
+    }
+
+    /// A ProxyOp or KernelCh stopped: its operation is done no earlier.
+    pub(crate) fn child(&self, s: &Span<'_>) {
+        if let Some(p) = s.parent {
+            self.last_child_parent.store(p.get(), Relaxed);
+            self.pending.extend(p.get(), s.end_ns);
+        }
+    }
+
+    /// A ProxyStep: time in each state (from its mark to the next, the last one to the stop) and
+    /// the bytes it moved (`transSize` at SendWait or RecvFlushWait).
+    pub(crate) fn step(&self, s: &Span<'_>) {
+        let mut dir = None;
+        let mut bytes = None;
+        for (i, m) in s.states.iter().enumerate() {
+            let Some(k) = step_state(m.state) else { continue };
+            let next = s.states.get(i + 1).map_or(s.end_ns, |n| n.t_ns);
+            self.step_wait_ns[k].fetch_add(next.saturating_sub(m.t_ns), Relaxed);
+            let d = usize::from(k >= 3);
+            dir.get_or_insert(d);
+            if (m.state == 9 || m.state == 11) && bytes.is_none() {
+                bytes = Some((d, m.value));
+            }
+        }
+        if let Some(d) = dir {
+            self.steps[d].fetch_add(1, Relaxed);
+        }
+        if let Some((d, n)) = bytes {
+            self.step_bytes[d].fetch_add(n, Relaxed);
+        }
+    }
+
+    /// A NetPlugin request: socket payloads (net type SOCK) carry the direction and length.
+    pub(crate) fn net(&self, id: i64, payload: &[u8]) {
+        const SOCK: i64 = 2;
+        if (id >> 16) & 0xffff != SOCK || payload.len() < 24 || payload[0] != 1 {
+            return;
+        }
+        let word = |r: std::ops::Range<usize>| payload.get(r).and_then(|b| <[u8; 8]>::try_from(b).ok());
+        let op = payload.get(12..16).and_then(|b| <[u8; 4]>::try_from(b).ok()).map(i32::from_ne_bytes);
+        let (Some(op), Some(len)) = (op, word(16..24).map(u64::from_ne_bytes)) else { return };
+        if let Some(c) = self.socket_bytes.get(usize::from(op != 0)) {
+            c.fetch_add(len, Relaxed);
+        }
+    }
+
+    pub(crate) fn note(&self, n: &Note, lost: &dyn Fn(Lost)) {
+        match *n {
+            Note::OpFailed { func, kind } => match self.errors.get_or_insert_with((func, kind), Default::default) {
+                Some((_, c)) => {
+                    c.fetch_add(1, Relaxed);
+                }
+                None => lost(Lost::SeriesLimit),
+            },
+            Note::TransportBytes { transport, send, bytes } => {
+                match self.transport_bytes.get_or_insert_with(transport, counters) {
+                    Some((_, c)) => {
+                        c[usize::from(!send)].fetch_add(bytes, Relaxed);
+                    }
+                    None => lost(Lost::SeriesLimit),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_factors_are_nccl_tests() {
+        // 4 ranks, 1 MiB per rank's descriptor count.
+        let b = 1 << 20;
+        assert_eq!(bus_bytes("AllReduce", b, 4), b * 3 / 2);
+        assert_eq!(bus_bytes("AllGather", b, 4), b * 3);
+        assert_eq!(bus_bytes("ReduceScatter", b, 4), b * 3);
+        assert_eq!(bus_bytes("AlltoAll", b, 4), b * 3);
+        assert_eq!(bus_bytes("Broadcast", b, 4), b);
+        assert_eq!(bus_bytes("Send", b, 4), b);
+        assert_eq!(bus_bytes("AllReduce", b, 1), 0);
+        assert_eq!(bus_bytes("AllReduce", u64::MAX, 2), u64::MAX);
+        assert_eq!(elem_size("ncclBfloat16"), 2);
+        assert_eq!(elem_size("ncclFloat64"), 8);
+        assert_eq!(elem_size("bogus"), 0);
+    }
+}

@@ -1,0 +1,204 @@
+//! Prometheus metrics from finished spans: counters and histograms in base units (seconds,
+//! bytes), kept on atomics. The span path takes no lock: a series is found in a lock-free table
+//! and updated with relaxed adds; only the first sight of a series (a new communicator, op,
+//! algorithm, protocol or datatype) takes a mutex to create it.
+//!
+//! **Enabling.** `OCCL_METRICS=1` (or `true`/`on`) adds this exporter to the process's collector
+//! ([`crate::spans::Telemetry::global`]); `0` turns it off; unset means off. [`enable`], called
+//! before the first communicator is created, does the same from code; or build one with
+//! [`Exporter::new`] and pass it to [`crate::spans::Telemetry::new`] (then register that
+//! collector and serve its `render_metrics` yourself). Under occl, RAS serves the global
+//! collector's metrics of every process of the node on its port (`OCCL_RAS_ADDR`, default
+//! 28028) at `/metrics`, labelled with each process's `pid`. Off by default because its cost is
+//! not negligible for tiny messages: every operation's events go through the span collector
+//! (measured with `occl-perf --events-ab R --events-sink prometheus`; README, "Prometheus
+//! metrics").
+//!
+//! **Labels.** Every series of a communicator rank has `comm` (the communicator's 64-bit hash in
+//! hex, equal on all ranks), `comm_name` (only when the application named it) and `rank`. Ops,
+//! algorithms, protocols and datatypes are NCCL's spellings (`AllReduce`, `RING`, `SIMPLE`,
+//! `ncclFloat32`). No label holds a size, a sequence number or a peer: sizes are histograms.
+//!
+//! | Metric | Type | Labels (besides comm, rank) | What |
+//! |---|---|---|---|
+//! | `occl_communicator_info` | gauge | nranks, nnodes | 1 per communicator rank of the process |
+//! | `occl_collective_operations_total` | counter | op, algo, proto, dtype | collectives that ended, failed ones too (Coll spans) |
+//! | `occl_collective_bytes_total` | counter | op, algo, proto, dtype | count × element size, the descriptor's count (per rank for AllGather, ReduceScatter, AlltoAll) |
+//! | `occl_collective_message_size_bytes` | histogram | op, algo, proto, dtype | that size per collective; buckets 1 B … 4 GiB, ×4 |
+//! | `occl_collective_duration_seconds` | histogram | op, algo, proto, dtype | start to end; buckets 1 µs … 100 s, 1-2.5-5 |
+//! | `occl_collective_bus_bytes_total` | counter | op, algo, proto, dtype | bytes × nccl-tests' bus factor, added when the duration is observed |
+//! | `occl_p2p_operations_total` | counter | op, dtype | Send/Recv that ended (P2p spans) |
+//! | `occl_p2p_bytes_total` | counter | op, dtype | count × element size |
+//! | `occl_p2p_message_size_bytes` | histogram | op, dtype | size per operation |
+//! | `occl_p2p_duration_seconds` | histogram | op, dtype | start to end |
+//! | `occl_proxy_steps_total` | counter | direction | ProxyStep spans (slices on the wire or through shm) |
+//! | `occl_proxy_step_bytes_total` | counter | direction | `transSize` at SendWait / RecvFlushWait |
+//! | `occl_proxy_step_wait_seconds_total` | counter | state | time steps spent in SendGPUWait, SendPeerWait, SendWait, RecvWait, RecvFlushWait, RecvGPUWait |
+//! | `occl_net_socket_bytes_total` | counter | direction | bytes of socket requests (NetPlugin events, net type SOCK) |
+//! | `occl_transport_bytes_total` | counter | transport, direction | bytes per transport (`shm`, `tcp`), reported by occl's core ([`crate::Note`]) |
+//! | `occl_operation_errors_total` | counter | op, kind | failed operations by error kind, reported by occl's core |
+//! | `occl_metrics_dropped_total` | counter | reason (no comm, rank) | observations lost: `series_limit` (256 series of a kind per communicator rank), `comm_limit` (1,024 communicator ranks) |
+//!
+//! **Bus bandwidth**, as nccl-tests computes it, averaged over a window and weighted by time:
+//! `rate(occl_collective_bus_bytes_total[1m]) / rate(occl_collective_duration_seconds_sum[1m])`
+//! (bytes/s; both grow at the same moment, when a collective's duration is known). Algorithm
+//! bandwidth: the same with `occl_collective_bytes_total`, for AllReduce, Broadcast and Reduce.
+//!
+//! **Durations under occl and under NCCL.** In occl a Coll or P2p span stays open while its
+//! ProxyOps run, so its own span is the whole operation and it is observed at its stop. Under
+//! NCCL (the profiler plugin) it stops once the host has enqueued it and its ProxyOps and KernelCh
+//! events stop later: the operation is parked and each child's stop pushes its end out; it is
+//! observed when its parking slot is reused (64 per communicator rank), at a scrape once it has
+//! been idle for a second, or when the communicator is finalized. Intra-node NCCL work without
+//! ProxyOps is timed by its KernelCh events when those are enabled, else by its host enqueue.
+//!
+//! Step wait counts a step's time from each state mark to the next (the last one to the step's
+//! stop). Dashboards get per-rank, per-communicator series; `sum by` and `rate` over them are
+//! meaningful (every series is a per-process counter).
+
+mod comm;
+mod hist;
+mod pending;
+mod render;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use crate::event::{EventDescr, EventType};
+use crate::mask::EventMask;
+use crate::sink::Note;
+use crate::spans::{self, CommMeta, Span};
+use comm::{CommStats, Kind, Lost, OpKey, LOST_REASONS};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use table::Table;
+
+/// The environment variable that turns the exporter on (`1`, `true`, `on`) or off.
+pub const ENV: &str = "OCCL_METRICS";
+
+/// Communicator ranks one exporter keeps counters for (they stay after a communicator is
+/// destroyed, so a job's totals survive to its last scrape).
+pub const MAX_COMMS: usize = 1024;
+
+/// A parked operation (NCCL order, see the module docs) untouched this long is observed at the
+/// next scrape.
+const IDLE_NS: u64 = 1_000_000_000;
+
+static ENABLED_BY_API: AtomicBool = AtomicBool::new(false);
+
+/// Turns the exporter on for the process's collector, as `OCCL_METRICS=1` does. Call it before
+/// the first communicator is created: the collector is built once, at that moment.
+pub fn enable() {
+    ENABLED_BY_API.store(true, Relaxed);
+}
+
+/// Whether the exporter is on: [`enable`] was called, or `OCCL_METRICS` (read through `var`)
+/// says so. A value that is neither on nor off is logged and counts as off.
+pub fn enabled(var: impl Fn(&str) -> Option<String>) -> bool {
+    if ENABLED_BY_API.load(Relaxed) {
+        return true;
+    }
+    match var(ENV).as_deref().map(str::trim) {
+        None | Some("") => false,
+        Some("1" | "true" | "on") => true,
+        Some("0" | "false" | "off") => false,
+        Some(other) => {
+            tracing::warn!("occl telemetry: {ENV}={other:?} is not 0 or 1; Prometheus metrics stay off");
+            false
+        }
+    }
+}
+
+/// The exporter, if [`enabled`] by the process environment (the collector's list of exporters).
+pub fn from_env() -> Option<Arc<dyn spans::Exporter>> {
+    enabled(|k| std::env::var(k).ok()).then(|| Arc::new(Exporter::new()) as Arc<dyn spans::Exporter>)
+}
+
+/// The Prometheus exporter: a [`spans::Exporter`] that aggregates spans into metrics and renders
+/// them in text exposition format.
+pub struct Exporter {
+    comms: Table<(u64, i32), CommStats>,
+    lost: [AtomicU64; LOST_REASONS.len()],
+}
+
+impl Default for Exporter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Exporter {
+    pub fn new() -> Exporter {
+        Exporter { comms: Table::new(MAX_COMMS), lost: std::array::from_fn(|_| AtomicU64::new(0)) }
+    }
+
+    fn lose(&self, why: Lost) {
+        self.lost[why as usize].fetch_add(1, Relaxed);
+    }
+
+    #[inline]
+    fn comm(&self, m: &CommMeta) -> Option<&CommStats> {
+        let c = self.comms.get_or_insert_with((m.hash, m.rank), || CommStats::new(m)).map(|(_, c)| c);
+        if c.is_none() {
+            self.lose(Lost::CommLimit);
+        }
+        c
+    }
+}
+
+impl spans::Exporter for Exporter {
+    fn name(&self) -> &str {
+        "prometheus"
+    }
+
+    fn interest(&self) -> EventMask {
+        EventMask::of(EventType::Coll)
+            | EventType::P2p
+            | EventType::ProxyOp
+            | EventType::ProxyStep
+            | EventType::KernelCh
+            | EventType::NetPlugin
+    }
+
+    fn comm_init(&self, comm: &Arc<CommMeta>) {
+        let _ = self.comm(comm);
+    }
+
+    fn span(&self, s: &Span<'_>) {
+        let Some(c) = self.comm(s.comm) else { return };
+        let lost = |w| self.lose(w);
+        match s.descr {
+            EventDescr::Coll { func, datatype, algo, proto, count, .. } => {
+                c.op(s, Kind::Coll, OpKey { op: func, algo, proto, dtype: datatype }, count, &lost)
+            }
+            EventDescr::P2p { func, datatype, count, .. } => {
+                c.op(s, Kind::P2p, OpKey { op: func, algo: "", proto: "", dtype: datatype }, count, &lost)
+            }
+            EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => c.child(s),
+            EventDescr::ProxyStep { .. } => c.step(s),
+            EventDescr::NetPlugin { id, .. } => c.net(id, s.payload),
+            _ => {}
+        }
+    }
+
+    fn note(&self, comm: &Arc<CommMeta>, note: &Note) {
+        if let Some(c) = self.comm(comm) {
+            c.note(note, &|w| self.lose(w));
+        }
+    }
+
+    fn comm_finalize(&self, comm: &Arc<CommMeta>) {
+        if let Some(c) = self.comms.get(&(comm.hash, comm.rank)) {
+            c.finish_idle(u64::MAX);
+        }
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        let before = spans::unix_nanos().saturating_sub(IDLE_NS);
+        let comms: Vec<&CommStats> = self.comms.iter().map(|(_, c)| c).collect();
+        for c in &comms {
+            c.finish_idle(before);
+        }
+        render::render(out, &comms, &self.lost);
+    }
+}

@@ -1,0 +1,347 @@
+use super::*;
+use crate::event::{ProxyStepState, StateArgs};
+use crate::sink::Sink;
+use crate::spans::Telemetry;
+use crate::EventId;
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+fn id(n: u64) -> EventId {
+    EventId(NonZeroU64::new(n).expect("non-zero"))
+}
+
+fn meta(name: Option<&str>, rank: i32) -> CommMeta {
+    CommMeta { name: name.map(str::to_owned), hash: 0xfeed_beef, rank, nranks: 4, n_nodes: 1 }
+}
+
+fn coll(func: &str, count: usize) -> EventDescr<'_> {
+    EventDescr::Coll {
+        rank: 0,
+        seq_number: 1,
+        func,
+        send_buff: 0,
+        recv_buff: 0,
+        count,
+        root: 0,
+        datatype: "ncclFloat32",
+        n_channels: 1,
+        n_warps: 0,
+        algo: "RING",
+        proto: "SIMPLE",
+        parent_group: None,
+    }
+}
+
+fn proxy_op(send: bool) -> EventDescr<'static> {
+    EventDescr::ProxyOp { rank: 0, pid: 1, channel_id: 0, peer: 1, n_steps: 1, chunk_size: 64, is_send: send }
+}
+
+fn render(e: &Exporter) -> String {
+    let mut s = String::new();
+    spans::Exporter::render_metrics(e, &mut s);
+    s
+}
+
+/// The value of the sample `name{labels}` (labels exactly as rendered).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Checks what a scraper relies on: HELP and TYPE once per family and before its samples, a
+/// family's samples together, no series twice, histogram buckets cumulative with `+Inf` equal to
+/// `_count`, and every line either a comment or `name{labels} value`.
+pub(crate) fn check_exposition(text: &str) -> Result<(), String> {
+    let mut typed: BTreeMap<String, String> = BTreeMap::new();
+    let mut helped = BTreeSet::new();
+    let mut closed = BTreeSet::new();
+    let mut current = String::new();
+    let mut series = BTreeSet::new();
+    let mut buckets: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or("");
+            if !helped.insert(name.to_string()) {
+                return Err(format!("second HELP for {name}"));
+            }
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            let (name, kind) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+            if typed.insert(name.to_string(), kind.to_string()).is_some() {
+                return Err(format!("second TYPE for {name}"));
+            }
+            if !current.is_empty() {
+                closed.insert(std::mem::take(&mut current));
+            }
+            if closed.contains(name) {
+                return Err(format!("{name} appears twice"));
+            }
+            current = name.to_string();
+            continue;
+        }
+        let (head, v) = l.rsplit_once(' ').ok_or(format!("not a sample: {l}"))?;
+        let v: f64 = v.parse().map_err(|_| format!("bad value in {l}"))?;
+        let name = head.split('{').next().unwrap_or("");
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| typed.get(*f).is_some_and(|k| k == "histogram")))
+            .unwrap_or(name);
+        if family != current {
+            return Err(format!("{l}: sample outside its family ({current})"));
+        }
+        if !head.ends_with('}') && head.contains('{') {
+            return Err(format!("unterminated labels: {l}"));
+        }
+        if !series.insert(head.to_string()) {
+            return Err(format!("series twice: {head}"));
+        }
+        if name.ends_with("_bucket") {
+            let key = head.split(",le=").next().unwrap_or("").to_string();
+            buckets.entry(key).or_default().push(v);
+        } else if name.ends_with("_count") {
+            counts.insert(head.replacen("_count", "_bucket", 1).trim_end_matches('}').to_string(), v);
+        }
+    }
+    for (k, b) in &buckets {
+        if b.windows(2).any(|w| w[0] > w[1]) {
+            return Err(format!("{k}: buckets not cumulative"));
+        }
+        let plain = k.trim_end_matches('}');
+        if counts.get(plain).or_else(|| counts.get(k)) != b.last() {
+            return Err(format!("{k}: +Inf bucket is not the count"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn an_occl_collective_is_counted_timed_and_its_steps_waits_summed() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(Some("world \"A\"\n"), 2));
+    // occl's order: the ProxyOps and their steps run inside the open Coll.
+    s.start(id(1), None, &coll("AllReduce", 1000));
+    s.start(id(2), Some(id(1)), &proxy_op(true));
+    s.start(id(3), Some(id(2)), &EventDescr::ProxyStep { rank: 2, step: 0 });
+    s.state(id(3), &StateArgs::ProxyStep { state: ProxyStepState::SendGpuWait, trans_size: 0 });
+    std::thread::sleep(Duration::from_millis(3));
+    s.state(id(3), &StateArgs::ProxyStep { state: ProxyStepState::SendPeerWait, trans_size: 0 });
+    s.state(id(3), &StateArgs::ProxyStep { state: ProxyStepState::SendWait, trans_size: 4000 });
+    s.stop(id(3));
+    s.start(id(4), Some(id(2)), &EventDescr::ProxyStep { rank: 2, step: 1 });
+    s.state(id(4), &StateArgs::ProxyStep { state: ProxyStepState::RecvWait, trans_size: 0 });
+    s.state(id(4), &StateArgs::ProxyStep { state: ProxyStepState::RecvFlushWait, trans_size: 4000 });
+    s.state(id(4), &StateArgs::ProxyStep { state: ProxyStepState::RecvGpuWait, trans_size: 4000 });
+    s.stop(id(4));
+    s.stop(id(2));
+    s.stop(id(1));
+    s.note(&Note::TransportBytes { transport: "shm", send: true, bytes: 4000 });
+    s.note(&Note::OpFailed { func: "AllReduce", kind: "Timeout" });
+
+    let text = render(&e);
+    check_exposition(&text).map_err(|m| format!("{m}\n{text}")).expect("valid exposition");
+    let c = r#"comm="00000000feedbeef",comm_name="world \"A\"\n",rank="2""#;
+    let l = format!("{c},op=\"AllReduce\",algo=\"RING\",proto=\"SIMPLE\",dtype=\"ncclFloat32\"");
+    let v = |name: &str, extra: &str| value(&text, &format!("{name}{{{l}{extra}}}"));
+    assert_eq!(v("occl_collective_operations_total", ""), Some(1.0), "{text}");
+    assert_eq!(v("occl_collective_bytes_total", ""), Some(4000.0));
+    assert_eq!(v("occl_collective_bus_bytes_total", ""), Some(6000.0), "2(n-1)/n of 4000 with n=4");
+    assert_eq!(v("occl_collective_duration_seconds_count", ""), Some(1.0), "observed at its stop");
+    let dur = v("occl_collective_duration_seconds_sum", "").expect("sum");
+    assert!(dur >= 0.003, "{dur}");
+    assert_eq!(v("occl_collective_message_size_bytes_bucket", ",le=\"1024\""), Some(0.0));
+    assert_eq!(v("occl_collective_message_size_bytes_bucket", ",le=\"4096\""), Some(1.0));
+    assert_eq!(v("occl_collective_duration_seconds_bucket", ",le=\"0.000001\""), Some(0.0));
+    let d = |name: &str, extra: &str| value(&text, &format!("{name}{{{c}{extra}}}"));
+    assert_eq!(d("occl_proxy_steps_total", ",direction=\"send\""), Some(1.0));
+    assert_eq!(d("occl_proxy_steps_total", ",direction=\"recv\""), Some(1.0));
+    assert_eq!(d("occl_proxy_step_bytes_total", ",direction=\"recv\""), Some(4000.0), "RecvFlushWait only");
+    let gpu = d("occl_proxy_step_wait_seconds_total", ",state=\"SendGPUWait\"").expect("wait");
+    assert!(gpu >= 0.003 && gpu <= dur, "{gpu} of {dur}");
+    assert_eq!(d("occl_transport_bytes_total", ",transport=\"shm\",direction=\"send\""), Some(4000.0));
+    assert_eq!(d("occl_operation_errors_total", ",op=\"AllReduce\",kind=\"Timeout\""), Some(1.0));
+    assert_eq!(d("occl_communicator_info", ",nranks=\"4\",nnodes=\"1\""), Some(1.0));
+    assert_eq!(value(&text, "occl_metrics_dropped_total{reason=\"series_limit\"}"), Some(0.0));
+}
+
+#[test]
+fn under_nccl_order_an_operation_ends_with_its_last_child() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(None, 0));
+    // NCCL: the Coll stops at enqueue; its ProxyOp (and a KernelCh) start and stop afterwards.
+    s.start(id(1), None, &coll("AllGather", 256));
+    s.stop(id(1));
+    s.start(id(2), Some(id(1)), &proxy_op(false));
+    s.start(id(3), Some(id(1)), &EventDescr::KernelCh { channel_id: 0, p_timer: 0 });
+    std::thread::sleep(Duration::from_millis(5));
+    s.stop(id(2));
+    s.stop(id(3));
+    let l = r#"comm="00000000feedbeef",rank="0",op="AllGather",algo="RING",proto="SIMPLE",dtype="ncclFloat32""#;
+    let text = render(&e);
+    assert_eq!(value(&text, &format!("occl_collective_operations_total{{{l}}}")), Some(1.0), "{text}");
+    assert_eq!(value(&text, &format!("occl_collective_duration_seconds_count{{{l}}}")), Some(0.0), "parked");
+    assert_eq!(value(&text, &format!("occl_collective_bus_bytes_total{{{l}}}")), Some(0.0));
+    s.finalize();
+    let text = render(&e);
+    check_exposition(&text).expect("valid");
+    assert_eq!(value(&text, &format!("occl_collective_duration_seconds_count{{{l}}}")), Some(1.0), "{text}");
+    let sum = value(&text, &format!("occl_collective_duration_seconds_sum{{{l}}}")).expect("sum");
+    assert!(sum >= 0.005, "the children's 5 ms count: {sum}");
+    assert_eq!(value(&text, &format!("occl_collective_bus_bytes_total{{{l}}}")), Some(3072.0), "1024 B x (n-1)");
+}
+
+#[test]
+fn a_parked_operation_idle_for_a_second_is_observed_at_a_scrape_and_p2p_is_its_own_family() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(None, 1));
+    s.start(
+        id(1),
+        None,
+        &EventDescr::P2p {
+            rank: 1,
+            func: "Send",
+            buff: 0,
+            datatype: "ncclInt8",
+            count: 100,
+            peer: 0,
+            n_channels: 1,
+            parent_group: None,
+        },
+    );
+    s.stop(id(1));
+    let l = r#"comm="00000000feedbeef",rank="1",op="Send",dtype="ncclInt8""#;
+    assert_eq!(value(&render(&e), &format!("occl_p2p_duration_seconds_count{{{l}}}")), Some(0.0));
+    std::thread::sleep(Duration::from_millis(1100));
+    let text = render(&e);
+    check_exposition(&text).expect("valid");
+    assert_eq!(value(&text, &format!("occl_p2p_duration_seconds_count{{{l}}}")), Some(1.0), "{text}");
+    assert_eq!(value(&text, &format!("occl_p2p_bytes_total{{{l}}}")), Some(100.0));
+    assert!(!text.contains("occl_collective_operations_total"), "no collective, no collective family");
+}
+
+#[test]
+fn series_beyond_the_limit_are_counted_as_dropped_not_made() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(None, 0));
+    let names: Vec<String> = (0..comm::MAX_SERIES + 3).map(|i| format!("Op{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let i = i as u64 + 1;
+        s.start(id(i), None, &coll(n, 1));
+        s.stop(id(i));
+    }
+    let text = render(&e);
+    check_exposition(&text).expect("valid");
+    assert_eq!(value(&text, "occl_metrics_dropped_total{reason=\"series_limit\"}"), Some(3.0));
+    let series = text.lines().filter(|l| l.starts_with("occl_collective_operations_total{")).count();
+    assert_eq!(series, comm::MAX_SERIES);
+}
+
+#[test]
+fn every_family_is_in_the_docs_table_and_has_help() {
+    let docs = include_str!("mod.rs");
+    for f in render::families() {
+        assert!(docs.contains(&format!("| `{}` | {} |", f.name, f.kind)), "{} missing from the table", f.name);
+        assert!(f.help.len() > 20 && !f.help.contains('\n'), "{}", f.name);
+        assert!(f.name.starts_with("occl_"));
+        assert_eq!(f.kind == "counter", f.name.ends_with("_total"), "{}", f.name);
+    }
+}
+
+#[test]
+fn the_switch() {
+    let v = |x: &'static str| move |_: &str| Some(x.to_string());
+    assert!(enabled(v("1")) && enabled(v("on")) && enabled(v(" true ")));
+    assert!(!enabled(v("0")) && !enabled(v("maybe")) && !enabled(|_| None));
+}
+
+/// The cost of one small collective's span tree (occl's order: 8 spans, 26 events), through the
+/// collector to this exporter and to an idle one; run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn cost_of_one_span_tree() {
+    struct Idle(EventMask);
+    impl spans::Exporter for Idle {
+        fn name(&self) -> &str {
+            "idle"
+        }
+        fn interest(&self) -> EventMask {
+            self.0
+        }
+        fn span(&self, _: &Span<'_>) {}
+    }
+    use crate::event::{GroupApiState, ProxyOpState};
+    let prom = Arc::new(Exporter::new());
+    let interest = spans::Exporter::interest(&*prom);
+    for (name, t) in
+        [("idle", Telemetry::new(vec![Arc::new(Idle(interest))])), ("prometheus", Telemetry::new(vec![prom.clone()]))]
+    {
+        let s = t.comm_sink(meta(None, 0));
+        let n = 200_000u64;
+        let start = std::time::Instant::now();
+        let mut next = 1u64;
+        let mut new_id = || {
+            next += 1;
+            id(next)
+        };
+        for _ in 0..n {
+            let g = new_id();
+            s.start(g, None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
+            s.state(g, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
+            let api = new_id();
+            s.start(
+                api,
+                Some(g),
+                &EventDescr::CollApi {
+                    func: "AllReduce",
+                    count: 2,
+                    datatype: "ncclFloat32",
+                    root: 0,
+                    stream: 0,
+                    graph_captured: false,
+                },
+            );
+            s.stop(api);
+            s.state(g, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
+            let grp = new_id();
+            s.start(grp, None, &EventDescr::Group);
+            let c = new_id();
+            s.start(c, Some(api), &coll("AllReduce", 2));
+            let ops: Vec<EventId> = [true, false]
+                .iter()
+                .map(|&send| {
+                    let o = new_id();
+                    s.start(o, Some(c), &proxy_op(send));
+                    o
+                })
+                .collect();
+            for (k, &o) in ops.iter().enumerate() {
+                s.state(o, &StateArgs::ProxyOp { state: ProxyOpState::InProgress, trans_size: 0, steps: 0 });
+                let st = new_id();
+                s.start(st, Some(o), &EventDescr::ProxyStep { rank: 0, step: 0 });
+                let states = if k == 0 {
+                    [ProxyStepState::SendGpuWait, ProxyStepState::SendPeerWait, ProxyStepState::SendWait]
+                } else {
+                    [ProxyStepState::RecvWait, ProxyStepState::RecvFlushWait, ProxyStepState::RecvGpuWait]
+                };
+                for x in states {
+                    s.state(st, &StateArgs::ProxyStep { state: x, trans_size: 8 });
+                }
+                s.stop(st);
+            }
+            for o in ops {
+                s.stop(o);
+            }
+            s.stop(c);
+            s.stop(grp);
+            s.stop(g);
+        }
+        let per = start.elapsed().as_nanos() as f64 / n as f64;
+        println!("{name}: {per:.0} ns per span tree ({:.0} ns per event)", per / 26.0);
+    }
+}
