@@ -30,30 +30,32 @@ pub struct Comm {
     rank: usize,
     nranks: usize,
     comm_id: u64,
-    config: Config,
-    table: Vec<PeerInfo>,
-    record: Arc<OpRecord>,
-    abort: AtomicBool,
+    pub(crate) config: Config,
+    pub(crate) table: Vec<PeerInfo>,
+    pub(crate) record: Arc<OpRecord>,
+    pub(crate) abort: AtomicBool,
     prof: Profiling,
     /// This rank joined the process's RAS mesh and has not left it yet.
     ras_joined: AtomicBool,
     /// The last operations of this rank (`OCCL_FLIGHT_RECORDER_SIZE`), for dumps and RAS.
-    flight: Arc<FlightRecorder>,
+    pub(crate) flight: Arc<FlightRecorder>,
+    /// What abort, split and shrink need outside the operation lock (`crate::lifecycle`).
+    pub(crate) lifecycle: crate::lifecycle::Lifecycle,
     inner: Mutex<Inner>,
 }
 
-struct Inner {
-    peers: Vec<Option<Peer>>,
-    boot: Option<bootstrap::Client>,
-    slot: usize,
+pub(crate) struct Inner {
+    pub(crate) peers: Vec<Option<Peer>>,
+    pub(crate) boot: Option<bootstrap::Client>,
+    pub(crate) slot: usize,
     coll_seq: u32,
     /// NCCL's per-function sequence numbers (the profiler's `seqNumber`), by `CollType`.
-    func_seq: [u64; 8],
-    p2p_sent: Vec<u32>,
-    p2p_received: Vec<u32>,
-    failed: Option<Error>,
+    pub(crate) func_seq: [u64; 8],
+    pub(crate) p2p_sent: Vec<u32>,
+    pub(crate) p2p_received: Vec<u32>,
+    pub(crate) failed: Option<Error>,
     /// This rank's tcp links, driven by the thread that runs an operation (none without tcp).
-    net: Option<transport::tcp::Net>,
+    pub(crate) net: Option<transport::tcp::Net>,
     staging: Vec<u64>,
 }
 
@@ -125,7 +127,7 @@ fn fnv(b: &[u8]) -> u64 {
 }
 
 /// NCCL's `func` string for the profiler (NCCL spells all-to-all "AlltoAll").
-fn nccl_func(coll: CollType) -> &'static str {
+pub(crate) fn nccl_func(coll: CollType) -> &'static str {
     match coll {
         CollType::AllToAll => "AlltoAll",
         c => c.name(),
@@ -133,8 +135,8 @@ fn nccl_func(coll: CollType) -> &'static str {
 }
 
 /// No reduction: the descriptor value for collectives that only move data.
-const NO_OP: u8 = 0xff;
-const NO_ROOT: u32 = u32::MAX;
+pub(crate) const NO_OP: u8 = 0xff;
+pub(crate) const NO_ROOT: u32 = u32::MAX;
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -210,6 +212,8 @@ impl Comm {
         }
         let listener = TcpListener::bind((config.listen_addr, 0))
             .map_err(|e| Error::sys(format!("bind a transport listener on {}", config.listen_addr), e))?;
+        // Kept open after the transports connect: a shrink's new root listens on it.
+        let kept_listener = listener.try_clone().ok();
         let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;
         let mut boot = bootstrap::Client::join(id, rank, nranks, config.timeout)?;
         let ras = crate::ras::server(&config, &id.secret)?;
@@ -309,6 +313,7 @@ impl Comm {
             crate::ras::joined();
         }
         let ras_joined = AtomicBool::new(ras.is_some());
+        let lifecycle = crate::lifecycle::Lifecycle::new(id.secret, kept_listener, &peers);
         record.initialized();
         Ok(Comm {
             rank,
@@ -319,6 +324,7 @@ impl Comm {
             flight,
             record,
             abort: AtomicBool::new(false),
+            lifecycle,
             prof,
             ras_joined,
             inner: Mutex::new(Inner {
@@ -465,9 +471,12 @@ impl Comm {
 
     /// Makes every operation in flight on this communicator, and every later one, fail. Safe to
     /// call from another thread while a collective runs.
+    /// Peers learn it at once, whether or not this rank is inside a call: every FIFO end of
+    /// this rank is marked aborted, so a peer waiting on this rank fails too.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::SeqCst);
         self.record.aborted();
+        self.lifecycle.fail_peers(state::ABORTED);
     }
 
     /// Leaves the communicator: peers learn that this rank is done, tcp sends are flushed, and
@@ -478,6 +487,7 @@ impl Comm {
     }
 
     fn shutdown(&self) {
+        crate::group::forget(self);
         let mut g = self.lock_any();
         let how = if g.failed.is_some() || self.abort.load(Ordering::Relaxed) { state::ABORTED } else { state::CLOSED };
         self.record.destroyed();
@@ -493,15 +503,24 @@ impl Comm {
         }
     }
 
-    fn lock_any(&self) -> MutexGuard<'_, Inner> {
+    pub(crate) fn lock_any(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs one operation: checks the sticky error, stamps the record, runs `f`, and on failure
-    /// tells every peer.
-    fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>, Algo) -> Result<()>) -> Result<()> {
-        let Op { coll, count, dt, op, root, bytes, p2p_peer, send, recv } = o;
-        let mut g = self
+    /// Whether another thread is running an operation (or a lifecycle call) on this
+    /// communicator right now.
+    pub(crate) fn busy(&self) -> bool {
+        matches!(self.inner.try_lock(), Err(std::sync::TryLockError::WouldBlock))
+    }
+
+    pub(crate) fn fanout(&self) -> &Arc<occl_telemetry::Fanout> {
+        &self.prof.fanout
+    }
+
+    /// Locks the operation state of a communicator that can run operations: not failed,
+    /// aborted or destroyed.
+    pub(crate) fn lock_usable(&self) -> Result<MutexGuard<'_, Inner>> {
+        let g = self
             .inner
             .lock()
             .map_err(|_| Error::internal("the communicator was poisoned by a panic in another thread; destroy it"))?;
@@ -514,6 +533,44 @@ impl Comm {
         if g.boot.is_none() {
             return Err(Error::usage("the communicator was destroyed"));
         }
+        Ok(g)
+    }
+
+    /// The communicator failed with `e` in an operation of type `coll`: the record says so, the
+    /// flight recorder dumps, every peer learns why (so nobody waits on this rank for its
+    /// timeout), and later calls get the error. Returns `e`.
+    pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
+        self.record.failed(e.kind());
+        self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
+        let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
+        if let Some(Err(de)) = self.flight.dump(reason) {
+            tracing::warn!("occl: writing the flight recorder dump failed: {de}");
+        }
+        let how = match e.kind() {
+            ErrorKind::Timeout => state::TIMEOUT,
+            ErrorKind::InvalidUsage if e.to_string().contains("operation mismatch") => state::MISMATCH,
+            _ => state::ABORTED,
+        };
+        tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
+        for p in g.peers.iter().flatten() {
+            p.fail(how);
+            if let Some(l) = &p.tcp {
+                transport::tcp::lock(l).sweep_steps();
+            }
+        }
+        g.failed = Some(e.duplicate());
+        e
+    }
+
+    /// Runs one operation: checks the sticky error, stamps the record, runs `f`, and on failure
+    /// tells every peer.
+    fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>, Algo) -> Result<()>) -> Result<()> {
+        let Op { coll, count, dt, op, root, bytes, p2p_peer, send, recv } = o;
+        if crate::group::is_open() {
+            let call = crate::group::Call { coll, count, dt, op, root, peer: p2p_peer, send, recv };
+            return crate::group::defer(self, call);
+        }
+        let mut g = self.lock_usable()?;
         let opseq = match (coll, p2p_peer) {
             (CollType::Send, Some(p)) => {
                 g.p2p_sent[p] = g.p2p_sent[p].wrapping_add(1);
@@ -617,6 +674,7 @@ impl Comm {
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
                 prof: prof.as_ref(),
                 record: &self.record,
+                members: Some(&self.lifecycle),
             };
             f(&mut ctx, algo)
         };
@@ -637,26 +695,7 @@ impl Comm {
             }
             Err(e) => {
                 self.flight.failed(flight, record::now_ns(), &e.to_string());
-                self.record.failed(e.kind());
-                self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
-                let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
-                if let Some(Err(de)) = self.flight.dump(reason) {
-                    tracing::warn!("occl: writing the flight recorder dump failed: {de}");
-                }
-                let how = match e.kind() {
-                    ErrorKind::Timeout => state::TIMEOUT,
-                    ErrorKind::InvalidUsage if e.to_string().contains("operation mismatch") => state::MISMATCH,
-                    _ => state::ABORTED,
-                };
-                tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
-                for p in g.peers.iter().flatten() {
-                    p.fail(how);
-                    if let Some(l) = &p.tcp {
-                        transport::tcp::lock(l).sweep_steps();
-                    }
-                }
-                g.failed = Some(e.duplicate());
-                Err(e)
+                Err(self.poison(&mut g, coll, e))
             }
         }
     }
@@ -675,7 +714,7 @@ impl Comm {
         if peer >= self.nranks {
             return Err(Error::arg(format!("peer {peer} is out of range for nranks={}", self.nranks)));
         }
-        if peer == self.rank {
+        if peer == self.rank && !crate::group::is_open() {
             return Err(Error::usage(format!(
                 "rank {peer} sends to or receives from itself; a self send/recv needs a group so both halves can run together"
             )));
@@ -896,12 +935,14 @@ fn blocks(what: &str, total: usize, n: usize) -> Result<usize> {
 impl Comm {
     /// `recv[i] = op over all ranks of send[i]`.
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        crate::group::refuse_borrowed("all_reduce")?;
         same_len("all_reduce", send.len(), recv.len())?;
         // SAFETY: the slices are valid and, being a shared and a mutable borrow, disjoint.
         unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
     }
 
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        crate::group::refuse_borrowed("all_reduce_in_place")?;
         let p = buf.as_mut_ptr().cast::<u8>();
         // SAFETY: one valid buffer used as both input and output.
         unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
@@ -910,6 +951,7 @@ impl Comm {
     /// Copies the root's `send` into every rank's `recv`. Off the root `send` is ignored (pass
     /// an empty slice).
     pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        crate::group::refuse_borrowed("broadcast")?;
         if self.rank == root {
             same_len("broadcast", send.len(), recv.len())?;
         }
@@ -918,6 +960,7 @@ impl Comm {
     }
 
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        crate::group::refuse_borrowed("broadcast_in_place")?;
         let p = buf.as_mut_ptr().cast::<u8>();
         // SAFETY: one valid buffer.
         unsafe { self.broadcast_raw(p, p, buf.len(), T::DTYPE, root) }
@@ -926,6 +969,7 @@ impl Comm {
     /// Reduces every rank's `send` into the root's `recv`. Off the root `recv` is ignored (pass
     /// an empty slice).
     pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp, root: usize) -> Result<()> {
+        crate::group::refuse_borrowed("reduce")?;
         if self.rank == root {
             same_len("reduce", send.len(), recv.len())?;
         }
@@ -934,6 +978,7 @@ impl Comm {
     }
 
     pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp, root: usize) -> Result<()> {
+        crate::group::refuse_borrowed("reduce_in_place")?;
         let p = buf.as_mut_ptr().cast::<u8>();
         // SAFETY: one valid buffer.
         unsafe { self.reduce_raw(p, p, buf.len(), T::DTYPE, op, root) }
@@ -941,6 +986,7 @@ impl Comm {
 
     /// `recv` (nranks × send.len()) gets every rank's `send`, in rank order.
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        crate::group::refuse_borrowed("all_gather")?;
         let want = send.len().checked_mul(self.nranks).ok_or_else(|| Error::arg("all_gather: count overflows"))?;
         if recv.len() != want {
             return Err(Error::arg(format!(
@@ -956,6 +1002,7 @@ impl Comm {
 
     /// In place: this rank's contribution is already at `buf[rank * len/nranks ..]`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        crate::group::refuse_borrowed("all_gather_in_place")?;
         let count = blocks("all_gather_in_place", buf.len(), self.nranks)?;
         let p = buf.as_mut_ptr();
         // SAFETY: block `rank` lies within buf.
@@ -967,6 +1014,7 @@ impl Comm {
 
     /// `recv` (send.len() / nranks) gets the reduction of every rank's block `rank` of `send`.
     pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        crate::group::refuse_borrowed("reduce_scatter")?;
         let want = recv.len().checked_mul(self.nranks).ok_or_else(|| Error::arg("reduce_scatter: count overflows"))?;
         if send.len() != want {
             return Err(Error::arg(format!(
@@ -982,6 +1030,7 @@ impl Comm {
 
     /// In place: the result lands in `buf[rank * len/nranks ..][..len/nranks]`.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        crate::group::refuse_borrowed("reduce_scatter_in_place")?;
         let count = blocks("reduce_scatter_in_place", buf.len(), self.nranks)?;
         let p = buf.as_mut_ptr();
         // SAFETY: block `rank` lies within buf.
@@ -993,6 +1042,7 @@ impl Comm {
 
     /// Block j of `send` goes to rank j; block i of `recv` comes from rank i.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        crate::group::refuse_borrowed("all_to_all")?;
         same_len("all_to_all", send.len(), recv.len())?;
         let count = blocks("all_to_all", send.len(), self.nranks)?;
         // SAFETY: valid, disjoint slices.
@@ -1000,6 +1050,7 @@ impl Comm {
     }
 
     pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        crate::group::refuse_borrowed("all_to_all_in_place")?;
         let count = blocks("all_to_all_in_place", buf.len(), self.nranks)?;
         let p = buf.as_mut_ptr().cast::<u8>();
         // SAFETY: one valid buffer.
@@ -1008,11 +1059,13 @@ impl Comm {
 
     /// Sends `buf` to `peer`, which must call `recv` with the same count and type.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        crate::group::refuse_borrowed("send")?;
         // SAFETY: a valid slice.
         unsafe { self.send_raw(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer) }
     }
 
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        crate::group::refuse_borrowed("recv")?;
         // SAFETY: a valid slice.
         unsafe { self.recv_raw(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer) }
     }

@@ -6,6 +6,12 @@
 //! through shared-memory FIFOs; ranks on different hosts through TCP sockets that the calling
 //! thread drives while it waits.
 //!
+//! Calls between [`group_start`] and [`group_end`] (or inside [`group`]) run together as one
+//! launch, so any pattern of sends and receives completes; `all_to_allv`, `gather` and
+//! `scatter` are built that way. A communicator can be split ([`Comm::split`]), aborted from any
+//! thread ([`Comm::abort`]), shrunk to exclude failed ranks ([`Comm::shrink`]), and created
+//! without blocking ([`Comm::init_rank_nonblocking`]).
+//!
 //! Every operation emits NCCL's profiler events (GroupApi → CollApi → Coll → ProxyOp → ProxyStep,
 //! ProxyCtrl, NetPlugin for tcp) to the sinks that want them: profilers registered with
 //! [`telemetry::profiler::register`], an NCCL profiler plugin named by `OCCL_PROFILER_PLUGIN` /
@@ -34,7 +40,9 @@ pub mod cuda;
 pub mod dtype;
 mod env;
 mod error;
+mod group;
 mod id;
+mod lifecycle;
 mod profile;
 mod ras;
 mod record;
@@ -54,5 +62,7 @@ pub use comm::Comm;
 pub use config::{Config, TransportKind};
 pub use dtype::{DataType, Element, RedOp};
 pub use error::{Error, ErrorKind, Result};
+pub use group::{group, group_depth, group_end, group_start, Group};
 pub use id::UniqueId;
+pub use lifecycle::{InitState, PendingComm, ShrinkMode, OCCL_SPLIT_NOCOLOR};
 pub use record::{CollType, InFlight, OpRecord};

@@ -7,7 +7,7 @@ use crate::auth;
 use crate::error::{Error, Result};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Binds `addr` and serves one job from a background thread; returns the bound address.
 pub(crate) fn spawn(addr: SocketAddr, secret: [u8; 16]) -> Result<SocketAddr> {
@@ -16,12 +16,28 @@ pub(crate) fn spawn(addr: SocketAddr, secret: [u8; 16]) -> Result<SocketAddr> {
     std::thread::Builder::new()
         .name("occl-bootstrap-root".into())
         .spawn(move || {
-            if let Err(e) = serve(listener, secret) {
+            if let Err(e) = serve(listener, secret, None) {
                 tracing::warn!("bootstrap root at {bound} stopped: {e}");
             }
         })
         .map_err(|e| Error::sys("bootstrap root: spawn thread", e))?;
     Ok(bound)
+}
+
+/// Serves one job on a listener that is already bound and known to the ranks (a rank's
+/// transport listener, for a shrink), from a background thread; it stops waiting for joins
+/// after `limit`.
+pub(crate) fn spawn_on(listener: TcpListener, secret: [u8; 16], limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    std::thread::Builder::new()
+        .name("occl-bootstrap-root".into())
+        .spawn(move || {
+            if let Err(e) = serve(listener, secret, Some(deadline)) {
+                tracing::warn!("bootstrap root (shrink) stopped: {e}");
+            }
+        })
+        .map_err(|e| Error::sys("bootstrap root: spawn thread", e))?;
+    Ok(())
 }
 
 struct Joined {
@@ -67,7 +83,7 @@ fn admit(mut s: TcpStream, secret: [u8; 16], peer: SocketAddr) -> Option<Joined>
     }
 }
 
-fn serve(listener: TcpListener, secret: [u8; 16]) -> Result<()> {
+fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> Result<()> {
     let (tx, rx) = mpsc::channel::<Joined>();
     // The acceptor runs until the job is complete; then the listener is closed by dropping it
     // together with this thread's handle on it (a non-blocking accept loop polls for that).
@@ -76,6 +92,12 @@ fn serve(listener: TcpListener, secret: [u8; 16]) -> Result<()> {
     let mut nranks = 0usize;
     let mut joined = 0usize;
     while nranks == 0 || joined < nranks {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Error::Timeout {
+                what: format!("waiting for ranks to join ({joined} of {nranks} did)"),
+                secs: 0.0,
+            });
+        }
         match listener.accept() {
             Ok((s, peer)) => {
                 let _ = s.set_nonblocking(false);

@@ -40,6 +40,8 @@ pub(crate) struct Ctx<'a> {
     pub prof: Option<&'a OpProf<'a>>,
     /// The rank record (what a blocked wait waits on).
     pub record: &'a crate::record::OpRecord,
+    /// Every peer's FIFO ends, for waits to notice a failure elsewhere in the communicator.
+    pub members: Option<&'a crate::lifecycle::Lifecycle>,
 }
 
 /// Bytes per slice: one slot of whole elements of `dt`.
@@ -62,8 +64,8 @@ impl<'a> Ctx<'a> {
         let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
         let (abort, drive) = (self.abort, self.drive);
         let sleeper = self.prof.and_then(|p| p.sleeper());
-        let record = Some(self.record);
-        let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper, record };
+        let (record, members) = (Some(self.record), self.members);
+        let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper, record, members };
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;

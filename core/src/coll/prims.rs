@@ -59,9 +59,9 @@ pub(crate) struct Prims<'a> {
 
 /// Ranges at least this large go by pointer where the receiver can read them: below it, the
 /// system call costs more than the copy it saves.
-const DIRECT_MIN: usize = 128 << 10;
+pub(crate) const DIRECT_MIN: usize = 128 << 10;
 
-fn describe(d: &Desc) -> String {
+pub(crate) fn describe(d: &Desc) -> String {
     let coll = CollType::from_u8(d.coll).map_or("unknown operation", |c| c.name());
     let dt = DataType::from_u8(d.dtype).map_or("?", |t| t.name());
     let op = RedOp::from_u8(d.redop).map_or("?", |o| o.name());

@@ -7,6 +7,7 @@
 //! anything that is one relaxed load and a branch, and nothing else on the collective path
 //! touches the profiler. With events on, the operation emits NCCL's hierarchy (see `op.rs`).
 
+pub(crate) mod group;
 pub(crate) mod op;
 
 use occl_telemetry::{CommInfo, Fanout, Profiler, Sink, SinkHandle};

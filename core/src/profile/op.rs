@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! GroupApi (depth 1: the implicit group of a single call)  StartApiStop … EndApiStart
+//!                            (a user's group: one GroupApi over all its calls, `group.rs`)
 //! ├─ CollApi | P2pApi        the call's enqueue work (argument checks, plan)
 //! └─ (parent CollApi/P2pApi, parentGroup = Group)
 //!    Coll | P2p              the plan; open while the calling thread runs it
@@ -67,17 +68,61 @@ pub(crate) struct OpProf<'f> {
     f: &'f Fanout,
     mask: EventMask,
     rank: i32,
+    /// The implicit group's GroupApi and Group events, which this operation owns and stops (a
+    /// grouped operation's belong to its group).
     group_api: Option<EventId>,
     group: Option<EventId>,
+    /// The Group event named in the Coll/P2p descriptor (`parentGroup`).
+    parent_group: Option<EventId>,
+    /// Emits the progress engine's Active/Idle markers around the operation (a group emits
+    /// them once around all its operations).
+    markers: bool,
     coll: Option<EventId>,
     legs: Vec<LegEv>,
+}
+
+/// Starts and stops the call's API event (CollApi or P2pApi) under `group_api`: the enqueue
+/// work of the call. Its Coll/P2p starts later, with it as parent (NCCL's v5 hierarchy).
+pub(crate) fn api_event(f: &Fanout, mask: EventMask, group_api: Option<EventId>, d: &OpDescr<'_>) -> Option<EventId> {
+    let descr = if d.p2p {
+        EventDescr::P2pApi { func: d.func, count: d.count, datatype: d.datatype, stream: 0, graph_captured: false }
+    } else {
+        EventDescr::CollApi {
+            func: d.func,
+            count: d.count,
+            datatype: d.datatype,
+            root: d.root,
+            stream: 0,
+            graph_captured: false,
+        }
+    };
+    if !mask.contains(descr.event_type()) {
+        return None;
+    }
+    let id = f.start(group_api, &descr);
+    if let Some(id) = id {
+        f.stop(id);
+    }
+    id
+}
+
+/// A zero-length ProxyCtrl event in state `st` (the progress engine turning active or idle).
+pub(crate) fn marker(f: &Fanout, mask: EventMask, st: ProxyCtrlState) {
+    if mask.contains(EventType::ProxyCtrl) {
+        if let Some(id) = f.start(None, &EventDescr::ProxyCtrl) {
+            f.state(id, &StateArgs::ProxyCtrl { state: st, appended_proxy_ops: 0 });
+            f.stop(id);
+        }
+    }
 }
 
 impl<'f> OpProf<'f> {
     /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
     /// emitted) when no sink wants anything.
     /// `describe`, `legs` and `transport` (the transport's name to a peer) run only when some sink
-    /// wants events: with none, this is one relaxed load and a branch.
+    /// wants events: with none, this is one relaxed load and a branch. An operation that a group
+    /// runs (`crate::group`) gets its Coll/P2p under the events the group emitted for it, with
+    /// the mask captured when it was enqueued.
     pub(crate) fn begin<'d>(
         f: &'f Fanout,
         rank: usize,
@@ -89,39 +134,74 @@ impl<'f> OpProf<'f> {
         if mask.is_empty() {
             return None;
         }
+        if let Some(g) = crate::group::enclosing(f) {
+            return OpProf::within(f, g.mask, rank, g.api, g.group, describe, legs, transport);
+        }
         let d = &describe();
-        let rank = rank as i32;
-        let mut p = OpProf { f, mask, rank, group_api: None, group: None, coll: None, legs: Vec::new() };
-        p.marker(ProxyCtrlState::Active, 0);
+        let mut p = OpProf {
+            f,
+            mask,
+            rank: rank as i32,
+            group_api: None,
+            group: None,
+            parent_group: None,
+            markers: true,
+            coll: None,
+            legs: Vec::new(),
+        };
+        marker(f, mask, ProxyCtrlState::Active);
         p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
         p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
-        let api = if d.p2p {
-            p.start(
-                p.group_api,
-                &EventDescr::P2pApi {
-                    func: d.func,
-                    count: d.count,
-                    datatype: d.datatype,
-                    stream: 0,
-                    graph_captured: false,
-                },
-            )
-        } else {
-            p.start(
-                p.group_api,
-                &EventDescr::CollApi {
-                    func: d.func,
-                    count: d.count,
-                    datatype: d.datatype,
-                    root: d.root,
-                    stream: 0,
-                    graph_captured: false,
-                },
-            )
-        };
-        p.stop(api);
+        let api = api_event(f, mask, p.group_api, d);
         p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
         p.group = p.start(None, &EventDescr::Group);
+        p.parent_group = p.group;
+        p.open(api, d, legs, transport);
+        Some(p)
+    }
+
+    /// The Coll/P2p and ProxyOps of an operation that a group runs: the group emitted its
+    /// GroupApi, the call's API event (`api`) and the Group (`group`), and captured `mask` when
+    /// the call was enqueued.
+    #[allow(clippy::too_many_arguments)] // begin's arguments and the group's three
+    pub(crate) fn within<'d>(
+        f: &'f Fanout,
+        mask: EventMask,
+        rank: usize,
+        api: Option<EventId>,
+        group: Option<EventId>,
+        describe: impl FnOnce() -> OpDescr<'d>,
+        legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
+    ) -> Option<OpProf<'f>> {
+        if mask.is_empty() {
+            return None;
+        }
+        let mut p = OpProf {
+            f,
+            mask,
+            rank: rank as i32,
+            group_api: None,
+            group: None,
+            parent_group: group,
+            markers: false,
+            coll: None,
+            legs: Vec::new(),
+        };
+        p.open(api, &describe(), legs, transport);
+        Some(p)
+    }
+
+    /// Starts the Coll/P2p (child of the API event `api`) and one ProxyOp per leg.
+    fn open(
+        &mut self,
+        api: Option<EventId>,
+        d: &OpDescr<'_>,
+        legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
+    ) {
+        let rank = self.rank;
+        let p = self;
         p.coll = if d.p2p {
             p.start(
                 api,
@@ -133,7 +213,7 @@ impl<'f> OpProf<'f> {
                     count: d.count,
                     peer: d.peer,
                     n_channels: 1,
-                    parent_group: p.group,
+                    parent_group: p.parent_group,
                 },
             )
         } else {
@@ -152,7 +232,7 @@ impl<'f> OpProf<'f> {
                     n_warps: 0,
                     algo: d.algo,
                     proto: d.proto,
-                    parent_group: p.group,
+                    parent_group: p.parent_group,
                 },
             )
         };
@@ -188,7 +268,6 @@ impl<'f> OpProf<'f> {
             p.state(ctrl, &StateArgs::ProxyCtrl { state: ProxyCtrlState::AppendEnd, appended_proxy_ops: n });
             p.stop(ctrl);
         }
-        Some(p)
     }
 
     #[inline]
@@ -212,15 +291,6 @@ impl<'f> OpProf<'f> {
     fn stop(&self, id: Option<EventId>) {
         if let Some(id) = id {
             self.f.stop(id);
-        }
-    }
-
-    /// A zero-length ProxyCtrl event in state `st`.
-    fn marker(&self, st: ProxyCtrlState, appended: i32) {
-        if self.on(EventType::ProxyCtrl) {
-            let id = self.start(None, &EventDescr::ProxyCtrl);
-            self.state(id, &StateArgs::ProxyCtrl { state: st, appended_proxy_ops: appended });
-            self.stop(id);
         }
     }
 
@@ -271,7 +341,9 @@ impl<'f> OpProf<'f> {
         self.stop(self.coll);
         self.stop(self.group);
         self.stop(self.group_api);
-        self.marker(ProxyCtrlState::Idle, 0);
+        if self.markers {
+            marker(self.f, self.mask, ProxyCtrlState::Idle);
+        }
     }
 }
 

@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub(crate) mod nonblocking;
+
 pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
 pub(crate) const VERSION: u32 = 1;
 
@@ -253,6 +255,9 @@ pub(crate) struct Ends<'a> {
     pub sleeper: Option<&'a dyn wait::Sleeper>,
     /// The rank record: a wait that blocks says on which peer and in which step state, for RAS.
     pub record: Option<&'a crate::record::OpRecord>,
+    /// The communicator's other peers: a wait that has blocked for a while also fails when
+    /// one of them failed (the operation cannot complete; see `lifecycle::abort`).
+    pub members: Option<&'a crate::lifecycle::Lifecycle>,
 }
 
 impl Ends<'_> {
@@ -279,6 +284,9 @@ impl Ends<'_> {
                 if !pid_alive(pid) {
                     return Err(Error::remote(self.peer, format!("process {pid} is dead")));
                 }
+            }
+            if let Some(m) = self.members {
+                m.failed_peer(self.peer)?;
             }
         }
         Ok(())

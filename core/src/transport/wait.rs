@@ -307,7 +307,7 @@ pub(crate) fn wake(word: &AtomicU32, sleepers: &AtomicU32) {
     }
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts =
         libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `word` is a live, aligned u32; shared (not private) futex so it works across

@@ -2,7 +2,8 @@
 //! environment set. `occl-test-worker <scenario> [args]`; prints `OK …` lines on success and
 //! `ERR kind=<ErrorKind> …` when occl returned an error, and exits non-zero on any failure.
 
-use occl::{Comm, RedOp};
+use occl::{Comm, RedOp, ShrinkMode};
+use occl_tests::lifecycle;
 use occl_tests::matrix::{self, Spec};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,6 +15,17 @@ fn now_ns() -> u128 {
 fn report(e: &occl::Error) -> ExitCode {
     println!("ERR kind={:?} at_ns={} msg={}", e.kind(), now_ns(), e);
     ExitCode::from(3)
+}
+
+/// A scenario's failure: occl's error as `ERR`, a wrong result as `WRONG`.
+fn failure(f: lifecycle::Failure) -> ExitCode {
+    match f {
+        lifecycle::Failure::Occl(e) => report(&e),
+        lifecycle::Failure::Wrong(w) => {
+            println!("WRONG {w}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// The "trace" scenario's steps; returns the operations each step runs on this rank.
@@ -63,6 +75,20 @@ fn main() -> ExitCode {
             dir,
             mask: occl_telemetry::EventMask::ALL,
         }));
+    }
+    if scenario == "nbinit" {
+        // Rank 1 starts late; the others poll meanwhile.
+        let late = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(300);
+        return match lifecycle::init_nonblocking(late) {
+            Ok((comm, polls)) => {
+                println!("OK rank={} in_progress_polls={polls}", comm.rank());
+                match comm.destroy() {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => report(&e),
+                }
+            }
+            Err(f) => failure(f),
+        };
     }
     let comm = match Comm::from_env() {
         Ok(c) => c,
@@ -263,6 +289,59 @@ fn main() -> ExitCode {
             }
             println!("OK rank={r} events transport={}", comm.transport_summary());
         }
+        // Grouped send/recv, all-to-all(v), gather, scatter (see occl_tests::lifecycle::groups).
+        "groups" => match lifecycle::groups(&comm) {
+            Ok(n) => println!("OK rank={r} checked={n} transport={}", comm.transport_summary()),
+            Err(f) => return failure(f),
+        },
+        // Split by parity (args[1] = "nocolor": the last rank takes no color) and run the
+        // child and the parent at once.
+        "split" => match lifecycle::split(&comm, args.get(1).is_some_and(|a| a == "nocolor")) {
+            Ok(Some((cr, cn))) => println!("OK rank={r} child={cr}/{cn}"),
+            Ok(None) => println!("OK rank={r} child=none"),
+            Err(f) => return failure(f),
+        },
+        // Rank args[1] passes color args[2] (an invalid one), the others their parity.
+        "split-bad" => {
+            let odd = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let bad = args.get(2).and_then(|s| s.parse::<i32>().ok()).unwrap_or(-7);
+            let color = if r == odd { bad } else { (r % 2) as i32 };
+            match comm.split(color, 0) {
+                Ok(_) => println!("OK rank={r} (no error)"),
+                Err(e) => return report(&e),
+            }
+        }
+        // Rank args[1] stops calling; ranks args[2] ("all" or a list a,b) abort from a watchdog.
+        "abort" => {
+            let hang = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(comm.nranks() - 1);
+            let who: Vec<usize> = match args.get(2).map(String::as_str) {
+                Some("all") | None => (0..comm.nranks()).collect(),
+                Some(list) => list.split(',').filter_map(|x| x.parse().ok()).collect(),
+            };
+            match lifecycle::abort(&comm, hang, &who) {
+                Ok(()) => println!("OK rank={r} (stayed out)"),
+                Err(f) => return failure(f),
+            }
+        }
+        // Rank args[1] is killed by the test; the others shrink (args[2]: default|abort).
+        "shrink" => {
+            let dead = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let mode = if args.get(2).is_some_and(|m| m == "abort") { ShrinkMode::Abort } else { ShrinkMode::Default };
+            match lifecycle::shrink(&comm, dead, mode) {
+                Ok((nr, nn, v)) => println!("OK rank={r} new={nr}/{nn} sum={v}"),
+                Err(f) => return failure(f),
+            }
+        }
+        // Rank args[1] is stopped by the test; the others shrink from a watchdog once the file
+        // args[2] exists.
+        "shrink-hung" => {
+            let stopped = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let go = std::path::PathBuf::from(args.get(2).map(String::as_str).unwrap_or("go"));
+            match lifecycle::shrink_hung(&comm, stopped, &go) {
+                Ok((nr, nn, v)) => println!("OK rank={r} new={nr}/{nn} sum={v}"),
+                Err(f) => return failure(f),
+            }
+        }
         // A known sequence of operations for the OTLP exporter tests; each prints what it did.
         "otlp" => {
             if let Err(e) = occl_tests::otlp_ops::run(&comm) {
@@ -291,7 +370,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events, otlp or trace");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events, otlp, trace, groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
             return ExitCode::from(2);
         }
     }
