@@ -7,6 +7,7 @@
 
 use crate::bootstrap::{self, PeerInfo};
 use crate::coll::plan::{self, Algo, Shape};
+use crate::coll::tune::Tuner;
 use crate::coll::{self, Ctx};
 use crate::config::{Config, TransportKind};
 use crate::dtype::{DataType, Element, RedOp};
@@ -38,6 +39,8 @@ pub struct Comm {
     ras_joined: AtomicBool,
     /// The last operations of this rank (`OCCL_FLIGHT_RECORDER_SIZE`), for dumps and RAS.
     flight: Arc<FlightRecorder>,
+    /// Picks each operation's algorithm and protocol.
+    tuner: Tuner,
     inner: Mutex<Inner>,
 }
 
@@ -85,23 +88,6 @@ impl Op {
     }
     fn peer(self, peer: usize) -> Op {
         Op { p2p_peer: Some(peer), ..self }
-    }
-}
-
-/// Whether an all-reduce of `bytes` over `nranks` runs as one exchange instead of the ring: small
-/// enough to fit one slot, and little total traffic (each rank sends n-1 whole copies, where the
-/// ring sends 2(n-1)/n). Every rank decides alike from the same arguments.
-fn one_shot(bytes: usize, nranks: usize, slice: usize) -> bool {
-    nranks > 1 && bytes > 0 && bytes <= slice && bytes * (nranks - 1) <= 64 << 10
-}
-
-/// The algorithm every rank picks alike for `coll` with `bytes` per rank.
-fn algo_for(coll: CollType, bytes: usize, nranks: usize, slot: usize) -> Algo {
-    match coll {
-        CollType::AllReduce if one_shot(bytes, nranks, slot) => Algo::OneShot,
-        CollType::AllReduce | CollType::AllGather | CollType::ReduceScatter => Algo::Ring,
-        CollType::Broadcast | CollType::Reduce => Algo::Chain,
-        CollType::AllToAll | CollType::Send | CollType::Recv => Algo::Direct,
     }
 }
 
@@ -197,6 +183,28 @@ fn enable_direct(
     Ok(())
 }
 
+/// The communicator's tuner, checked to be the same on every rank: ranks that chose differently
+/// would run different algorithms against each other.
+fn agreed_tuner(
+    config: &Config,
+    me: usize,
+    table: &[PeerInfo],
+    peers: &[Option<Peer>],
+    boot: &mut bootstrap::Client,
+) -> Result<Tuner> {
+    let kinds: Vec<TransportKind> = peers.iter().flatten().map(|p| p.kind).collect();
+    let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
+    let tuner = Tuner::new(config, table.len(), &kinds, local)?;
+    let all = boot.all_gather(&tuner.digest().to_le_bytes())?;
+    if let Some(r) = all.iter().position(|d| d.as_slice() != tuner.digest().to_le_bytes()) {
+        return Err(Error::usage(format!(
+            "rank {r} tunes differently from rank {me} (OCCL_ALGO, OCCL_PROTO, OCCL_TUNER_FILE or the transports differ \
+             between ranks); every rank must choose alike"
+        )));
+    }
+    Ok(tuner)
+}
+
 impl Comm {
     /// Joins rank `rank` of an `nranks`-rank communicator whose root `id` names. Every rank
     /// calls this (each in its own process or thread) with the same `id` and `nranks`.
@@ -247,6 +255,7 @@ impl Comm {
         let (mut peers, net, slot) =
             transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener, Some(net_prof))?;
         enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
+        let tuner = agreed_tuner(&config, rank, &me_tab, &peers, &mut boot)?;
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
             peers
@@ -316,6 +325,7 @@ impl Comm {
             config,
             table: me_tab,
             flight,
+            tuner,
             record,
             abort: AtomicBool::new(false),
             prof,
@@ -440,10 +450,18 @@ impl Comm {
         }
     }
 
-    /// The algorithm this communicator runs for `coll` when each rank contributes `bytes`:
-    /// `"one-shot"`, `"ring"`, `"chain"` or `"direct"` (what benchmarks and logs report).
+    /// The algorithm this communicator runs for `coll` when each rank contributes `bytes` (per
+    /// block for all-gather and reduce-scatter): `"ring"`, `"tree"`, `"pat"`, `"one-shot"`,
+    /// `"chain"` or `"direct"` (what benchmarks and logs report), or `"none"` where `OCCL_ALGO` /
+    /// `OCCL_PROTO` leave nothing supported (the call then fails with `InvalidUsage`).
     pub fn algorithm(&self, coll: CollType, bytes: usize) -> &'static str {
-        algo_for(coll, bytes, self.nranks, self.lock_any().slot).name()
+        self.tuner.choose(coll, bytes).map_or("none", |c| c.algo.name())
+    }
+
+    /// The protocol this communicator runs for `coll` with `bytes` per rank: `"simple"`, or
+    /// `"none"` as for `algorithm`.
+    pub fn protocol(&self, coll: CollType, bytes: usize) -> &'static str {
+        self.tuner.choose(coll, bytes).map_or("none", |c| c.proto.name())
     }
 
     /// Attaches a profiler sink to this communicator alone (the registered profilers of
@@ -500,6 +518,10 @@ impl Comm {
     /// tells every peer.
     fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>, Algo) -> Result<()>) -> Result<()> {
         let Op { coll, count, dt, op, root, bytes, p2p_peer, send, recv } = o;
+        // Before anything is stamped: a forced choice that is not supported fails the call alone,
+        // on every rank alike, and leaves the communicator usable.
+        let choice = self.tuner.choose(coll, count * dt.size())?;
+        let algo = choice.algo;
         let mut g = self
             .inner
             .lock()
@@ -540,7 +562,6 @@ impl Comm {
         let t0 = record::now_ns();
         let seq = self.record.launch(coll, bytes as u64, t0);
         g.func_seq[coll as usize] += 1;
-        let algo = algo_for(coll, bytes, self.nranks, g.slot);
         let (in_bytes, out_bytes) = io_bytes(coll, count * dt.size(), bytes);
         let flight = self.flight.enqueue(
             &OpInfo {
@@ -558,7 +579,7 @@ impl Comm {
                     _ => None,
                 },
                 algo: algo.name(),
-                proto: "simple",
+                proto: choice.proto.name(),
             },
             t0,
         );
@@ -580,7 +601,7 @@ impl Comm {
                 peer: p2p_peer.map_or(-1, |p| p as i32),
                 datatype: dt.nccl_name(),
                 algo: algo.nccl_name(),
-                proto: "SIMPLE",
+                proto: choice.proto.nccl_name(),
                 chunk_size: coll::slice_bytes(slot, dt),
             },
             || {
@@ -731,11 +752,7 @@ impl Comm {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
         self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op).bufs(send, recv as *const u8), |c, algo| {
-            if algo == Algo::OneShot {
-                coll::direct::all_reduce_one_shot(c, send, recv, count)
-            } else {
-                coll::ring::all_reduce(c, send, recv, count)
-            }
+            coll::all_reduce(c, algo, send, recv, count)
         })
     }
 
@@ -759,8 +776,8 @@ impl Comm {
             }
         }
         check_ptr("recv", recv, bytes, dt)?;
-        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::broadcast(c, send, recv, bytes, root)
+        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root).bufs(send, recv as *const u8), |c, algo| {
+            coll::broadcast(c, algo, send, recv, count, root)
         })
     }
 
@@ -785,9 +802,10 @@ impl Comm {
                 return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
             }
         }
-        self.run(Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::reduce(c, send, recv, bytes, root)
-        })
+        self.run(
+            Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root).bufs(send, recv as *const u8),
+            |c, algo| coll::reduce(c, algo, send, recv, count, root),
+        )
     }
 
     /// # Safety
@@ -804,8 +822,8 @@ impl Comm {
                 "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::all_gather(c, send, recv, count)
+        self.run(Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8), |c, algo| {
+            coll::all_gather(c, algo, send, recv, count)
         })
     }
 
@@ -830,8 +848,8 @@ impl Comm {
                 "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::reduce_scatter(c, send, recv, count)
+        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8), |c, algo| {
+            coll::reduce_scatter(c, algo, send, recv, count)
         })
     }
 
