@@ -203,15 +203,17 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let out = std::io::stdout();
     let mut out = out.lock();
     if lead && !args.json {
-        let algos: Vec<&str> =
-            layouts.iter().map(|l| comm.algorithm(coll.coll_type(), l.count * args.dtype.size())).collect();
-        let mut distinct = algos.clone();
-        distinct.dedup();
+        let per_rank = |l: &perf::Layout| l.count * args.dtype.size();
+        let mut algos: Vec<&str> = layouts.iter().map(|l| comm.algorithm(coll.coll_type(), per_rank(l))).collect();
+        algos.dedup();
+        let mut protos: Vec<&str> = layouts.iter().map(|l| comm.protocol(coll.coll_type(), per_rank(l))).collect();
+        protos.dedup();
         writeln!(
             out,
-            "# occl-perf: nranks {n}, transport {}, algo {}, proto simple",
+            "# occl-perf: nranks {n}, transport {}, algo {}, proto {}",
             info.transport,
-            distinct.join("/")
+            algos.join("/"),
+            protos.join("/")
         )?;
         writeln!(
             out,
@@ -278,8 +280,9 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
             bw_sum += m.busbw;
             bw_rows += 1;
             if lead && args.json {
-                let algo = comm.algorithm(coll.coll_type(), layout.count * args.dtype.size());
-                writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, algo))?;
+                let bytes = layout.count * args.dtype.size();
+                let chosen = (comm.algorithm(coll.coll_type(), bytes), comm.protocol(coll.coll_type(), bytes));
+                writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, chosen))?;
                 out.flush()?;
             }
             halves[h] = Some(m);

@@ -52,7 +52,7 @@ pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
         match parts.as_slice() {
             [_, "alpha_us"] => c.links[link].alpha_us = value,
             [_, "gbps"] => c.links[link].gbps = value,
-            [_, coll, algo, rest @ ..] if matches!(rest, ["base_us" | "scale"] | ["simple", "base_us" | "scale"]) => {
+            [_, coll, algo, "base_us" | "scale"] | [_, coll, algo, "simple", "base_us" | "scale"] => {
                 let f =
                     FUNCS.iter().position(|f| f == coll).ok_or_else(|| at(format!("unknown collective {coll:?}")))?;
                 let a =

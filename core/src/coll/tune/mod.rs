@@ -193,6 +193,25 @@ mod tests {
         assert_eq!(t.choose(CollType::ReduceScatter, 8).expect("simple").proto, Proto::Simple);
     }
 
+    /// The defaults' shape: latency-bound algorithms for small messages, the ring for large ones.
+    #[test]
+    fn the_defaults_pick_short_paths_small_and_the_ring_large() {
+        let pick = |n, kind, coll, bytes| tuner(None, None, n, kind).choose(coll, bytes).expect("choice").algo;
+        use TransportKind::{Shm, Tcp};
+        assert_eq!(pick(2, Shm, CollType::AllReduce, 8), Algo::OneShot);
+        for n in [2, 4, 8] {
+            for kind in [Shm, Tcp] {
+                assert_eq!(pick(n, kind, CollType::AllReduce, 64 << 20), Algo::Ring, "n={n} {kind:?}");
+                assert_eq!(pick(n, kind, CollType::AllGather, 64 << 20), Algo::Ring, "n={n} {kind:?}");
+                assert_eq!(pick(n, kind, CollType::Broadcast, 64 << 20), Algo::Chain, "n={n} {kind:?}");
+            }
+        }
+        assert_eq!(pick(8, Tcp, CollType::AllGather, 8), Algo::Pat);
+        assert_eq!(pick(8, Tcp, CollType::ReduceScatter, 8), Algo::Pat);
+        assert_eq!(pick(8, Tcp, CollType::Broadcast, 8), Algo::Tree);
+        assert_eq!(pick(8, Tcp, CollType::Reduce, 8), Algo::Tree);
+    }
+
     #[test]
     fn every_rank_count_and_size_gets_a_choice() {
         for kind in [TransportKind::Shm, TransportKind::Tcp] {

@@ -6,8 +6,8 @@
 //!
 //! where `steps` counts the messages on the critical path (ring all-reduce 2(n-1), tree 2·depth,
 //! one-shot 1, chain n-1, PAT ceil(log2 n)) and `load` the bytes that pass through the busiest
-//! rank, in units of `bytes` (ring all-reduce 2(n-1)/n, double tree 2, one-shot n-1, all-gather
-//! n-1). α and bw are per link; `base` and `scale` correct what the shape alone misses (a
+//! rank, in units of `bytes` (ring all-reduce 2(n-1)/n, double tree 2, one-shot 2(n-1) as it
+//! both sends and reduces n-1 copies, all-gather n-1). α and bw are per link; `base` and `scale` correct what the shape alone misses (a
 //! tree's extra primitives, a reduction's arithmetic). The defaults were fitted to occl-perf
 //! runs on a 2-core machine (tests/results/algos.md); `OCCL_TUNER_FILE` overrides any of them
 //! (see `file.rs`).
@@ -74,13 +74,19 @@ impl Default for Consts {
     fn default() -> Self {
         let mut c = Consts {
             links: [
-                LinkConsts { alpha_us: 0.6, gbps: 4.0 },
-                LinkConsts { alpha_us: 6.0, gbps: 2.0 },
-                LinkConsts { alpha_us: 12.0, gbps: 1.5 },
+                LinkConsts { alpha_us: 0.3, gbps: 4.0 },
+                LinkConsts { alpha_us: 3.0, gbps: 2.0 },
+                LinkConsts { alpha_us: 8.0, gbps: 1.5 },
             ],
             adj: [[[NONE; 4]; 5]; 3],
         };
-        let _ = &mut c;
+        for link in &mut c.adj {
+            // PAT moves every byte through the FIFOs, where the ring reads large blocks
+            // straight from the sender's buffer (single copy).
+            for f in [CollType::AllGather, CollType::ReduceScatter] {
+                link[f as usize][2].scale = 1.25;
+            }
+        }
         c
     }
 }
@@ -119,18 +125,21 @@ fn shape(coll: CollType, algo: Algo, n: usize, bytes: usize) -> (f64, f64) {
     match (coll, algo) {
         (CollType::AllReduce, Algo::Ring) => (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf),
         (CollType::AllReduce, Algo::Tree) => {
-            // One tree: an inner node takes two children's data and sends it to two; two trees
-            // spread that over every rank.
-            let load = if n <= 3 {
-                1.0
-            } else if bytes >= tree::DOUBLE_MIN {
-                2.0
-            } else {
-                3.0
+            // A node sends its partial up once and the result down once per child: a chain node
+            // (n = 3) twice the data, a node with two children three times; two trees give each
+            // rank inner work in one of them only, on half the data.
+            let double = bytes >= tree::DOUBLE_MIN;
+            let load = match (n, double) {
+                (0..=2, _) => 1.0,
+                (3, false) => 2.0,
+                (3, true) => 1.5,
+                (_, false) => 3.0,
+                (_, true) => 2.0,
             };
             (2.0 * depth, load)
         }
-        (CollType::AllReduce, _) => (1.0, nf - 1.0),
+        // Every rank sends its data to n-1 peers and folds in n-1 contributions.
+        (CollType::AllReduce, _) => (1.0, 2.0 * (nf - 1.0)),
         (CollType::Broadcast | CollType::Reduce, Algo::Tree) => (depth, if n <= 3 { 1.0 } else { 2.0 }),
         (CollType::Broadcast | CollType::Reduce, _) => (nf - 1.0, 1.0),
         (CollType::AllGather | CollType::ReduceScatter, Algo::Pat) => (depth, nf - 1.0),
