@@ -12,6 +12,7 @@
 #   COLLS="all_reduce broadcast reduce all_gather reduce_scatter"
 #   LAT="8 64K 2 1000 100" latency sweep: min max factor iters warmup
 #   BW="256K 64M 4 6 2"    bandwidth sweep: min max factor iters warmup
+#   EXTRA="--batches 15"   more occl-perf flags (median of batches: robust on a busy machine)
 #   PIN="0,1"              run under taskset -c PIN (empty: no pinning)
 #   ROUNDS=1               repeat everything, interleaved (rows carry "round"): on a shared,
 #                          noisy machine take the minimum or median over rounds
@@ -41,7 +42,7 @@ run() { # transport ranks coll algo min max factor iters warmup
   local env=(OCCL_TRANSPORT="$t")
   [[ $a != - ]] && env+=(OCCL_ALGO="$a")
   env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
-    --ranks "$n" --json 2>/dev/null \
+    --ranks "$n" --json ${EXTRA:-} 2>/dev/null \
     | python3 -c '
 import json, sys
 forced, rnd = sys.argv[1], int(sys.argv[2])
