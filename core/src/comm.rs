@@ -7,6 +7,7 @@
 
 use crate::bootstrap::{self, PeerInfo};
 use crate::coll::plan::{self, Algo, Shape};
+use crate::coll::tune::Tuner;
 use crate::coll::{self, Ctx};
 use crate::config::{Config, TransportKind};
 use crate::dtype::{DataType, Element, RedOp};
@@ -41,6 +42,8 @@ pub struct Comm {
     pub(crate) flight: Arc<FlightRecorder>,
     /// What abort, split and shrink need outside the operation lock (`crate::lifecycle`).
     pub(crate) lifecycle: crate::lifecycle::Lifecycle,
+    /// Picks each operation's algorithm and protocol.
+    pub(crate) tuner: Tuner,
     inner: Mutex<Inner>,
 }
 
@@ -88,23 +91,6 @@ impl Op {
     }
     fn peer(self, peer: usize) -> Op {
         Op { p2p_peer: Some(peer), ..self }
-    }
-}
-
-/// Whether an all-reduce of `bytes` over `nranks` runs as one exchange instead of the ring: small
-/// enough to fit one slot, and little total traffic (each rank sends n-1 whole copies, where the
-/// ring sends 2(n-1)/n). Every rank decides alike from the same arguments.
-fn one_shot(bytes: usize, nranks: usize, slice: usize) -> bool {
-    nranks > 1 && bytes > 0 && bytes <= slice && bytes * (nranks - 1) <= 64 << 10
-}
-
-/// The algorithm every rank picks alike for `coll` with `bytes` per rank.
-fn algo_for(coll: CollType, bytes: usize, nranks: usize, slot: usize) -> Algo {
-    match coll {
-        CollType::AllReduce if one_shot(bytes, nranks, slot) => Algo::OneShot,
-        CollType::AllReduce | CollType::AllGather | CollType::ReduceScatter => Algo::Ring,
-        CollType::Broadcast | CollType::Reduce => Algo::Chain,
-        CollType::AllToAll | CollType::Send | CollType::Recv => Algo::Direct,
     }
 }
 
@@ -200,6 +186,28 @@ fn enable_direct(
     Ok(())
 }
 
+/// The communicator's tuner, checked to be the same on every rank: ranks that chose differently
+/// would run different algorithms against each other.
+fn agreed_tuner(
+    config: &Config,
+    me: usize,
+    table: &[PeerInfo],
+    peers: &[Option<Peer>],
+    boot: &mut bootstrap::Client,
+) -> Result<Tuner> {
+    let kinds: Vec<TransportKind> = peers.iter().flatten().map(|p| p.kind).collect();
+    let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
+    let tuner = Tuner::new(config, table.len(), &kinds, local)?;
+    let all = boot.all_gather(&tuner.digest().to_le_bytes())?;
+    if let Some(r) = all.iter().position(|d| d.as_slice() != tuner.digest().to_le_bytes()) {
+        return Err(Error::usage(format!(
+            "rank {r} tunes differently from rank {me} (OCCL_ALGO, OCCL_PROTO, OCCL_TUNER_FILE or the transports differ \
+             between ranks); every rank must choose alike"
+        )));
+    }
+    Ok(tuner)
+}
+
 impl Comm {
     /// Joins rank `rank` of an `nranks`-rank communicator whose root `id` names. Every rank
     /// calls this (each in its own process or thread) with the same `id` and `nranks`.
@@ -252,6 +260,7 @@ impl Comm {
         let (mut peers, net, slot) =
             transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener, Some(net_prof))?;
         enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
+        let tuner = agreed_tuner(&config, rank, &me_tab, &peers, &mut boot)?;
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
             peers
@@ -322,6 +331,7 @@ impl Comm {
             config,
             table: me_tab,
             flight,
+            tuner,
             record,
             abort: AtomicBool::new(false),
             lifecycle,
@@ -447,10 +457,18 @@ impl Comm {
         }
     }
 
-    /// The algorithm this communicator runs for `coll` when each rank contributes `bytes`:
-    /// `"one-shot"`, `"ring"`, `"chain"` or `"direct"` (what benchmarks and logs report).
+    /// The algorithm this communicator runs for `coll` when each rank contributes `bytes` (per
+    /// block for all-gather and reduce-scatter): `"ring"`, `"tree"`, `"pat"`, `"one-shot"`,
+    /// `"chain"` or `"direct"` (what benchmarks and logs report), or `"none"` where `OCCL_ALGO` /
+    /// `OCCL_PROTO` leave nothing supported (the call then fails with `InvalidUsage`).
     pub fn algorithm(&self, coll: CollType, bytes: usize) -> &'static str {
-        algo_for(coll, bytes, self.nranks, self.lock_any().slot).name()
+        self.tuner.choose(coll, bytes).map_or("none", |c| c.algo.name())
+    }
+
+    /// The protocol this communicator runs for `coll` with `bytes` per rank: `"simple"`, or
+    /// `"none"` as for `algorithm`.
+    pub fn protocol(&self, coll: CollType, bytes: usize) -> &'static str {
+        self.tuner.choose(coll, bytes).map_or("none", |c| c.proto.name())
     }
 
     /// Attaches a profiler sink to this communicator alone (the registered profilers of
@@ -570,6 +588,10 @@ impl Comm {
             let call = crate::group::Call { coll, count, dt, op, root, peer: p2p_peer, send, recv };
             return crate::group::defer(self, call);
         }
+        // Before anything is stamped: a forced choice that is not supported fails the call alone,
+        // on every rank alike, and leaves the communicator usable.
+        let choice = self.tuner.choose(coll, count * dt.size())?;
+        let algo = choice.algo;
         let mut g = self.lock_usable()?;
         let opseq = match (coll, p2p_peer) {
             (CollType::Send, Some(p)) => {
@@ -598,7 +620,6 @@ impl Comm {
         let t0 = record::now_ns();
         let seq = self.record.launch(coll, bytes as u64, t0);
         g.func_seq[coll as usize] += 1;
-        let algo = algo_for(coll, bytes, self.nranks, g.slot);
         let (in_bytes, out_bytes) = io_bytes(coll, count * dt.size(), bytes);
         let flight = self.flight.enqueue(
             &OpInfo {
@@ -616,7 +637,7 @@ impl Comm {
                     _ => None,
                 },
                 algo: algo.name(),
-                proto: "simple",
+                proto: choice.proto.name(),
             },
             t0,
         );
@@ -638,7 +659,7 @@ impl Comm {
                 peer: p2p_peer.map_or(-1, |p| p as i32),
                 datatype: dt.nccl_name(),
                 algo: algo.nccl_name(),
-                proto: "SIMPLE",
+                proto: choice.proto.nccl_name(),
                 chunk_size: coll::slice_bytes(slot, dt),
             },
             || {
@@ -773,11 +794,7 @@ impl Comm {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
         self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op).bufs(send, recv as *const u8), |c, algo| {
-            if algo == Algo::OneShot {
-                coll::direct::all_reduce_one_shot(c, send, recv, count)
-            } else {
-                coll::ring::all_reduce(c, send, recv, count)
-            }
+            coll::all_reduce(c, algo, send, recv, count)
         })
     }
 
@@ -801,8 +818,8 @@ impl Comm {
             }
         }
         check_ptr("recv", recv, bytes, dt)?;
-        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::broadcast(c, send, recv, bytes, root)
+        self.run(Op::new(CollType::Broadcast, count, dt, bytes).root(root).bufs(send, recv as *const u8), |c, algo| {
+            coll::broadcast(c, algo, send, recv, count, root)
         })
     }
 
@@ -827,9 +844,10 @@ impl Comm {
                 return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
             }
         }
-        self.run(Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::reduce(c, send, recv, bytes, root)
-        })
+        self.run(
+            Op::new(CollType::Reduce, count, dt, bytes).op(op).root(root).bufs(send, recv as *const u8),
+            |c, algo| coll::reduce(c, algo, send, recv, count, root),
+        )
     }
 
     /// # Safety
@@ -846,8 +864,8 @@ impl Comm {
                 "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::all_gather(c, send, recv, count)
+        self.run(Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8), |c, algo| {
+            coll::all_gather(c, algo, send, recv, count)
         })
     }
 
@@ -872,8 +890,8 @@ impl Comm {
                 "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8), |c, _| {
-            coll::ring::reduce_scatter(c, send, recv, count)
+        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8), |c, algo| {
+            coll::reduce_scatter(c, algo, send, recv, count)
         })
     }
 

@@ -52,6 +52,15 @@ pub struct Config {
     /// default 2048, 0 turns it off) and where dumps go (`OCCL_FLIGHT_RECORDER_DIR`: on a
     /// timeout, an error and SIGUSR1; unset: nowhere, the record is still kept for RAS).
     pub flight: occl_telemetry::FlightConfig,
+    /// The algorithms the tuner may choose (`OCCL_ALGO`, also `NCCL_ALGO`), in NCCL's syntax:
+    /// `ring,tree`, `^tree`, `ring;allreduce:tree` (see `coll::tune::policy`). `None`: all.
+    pub algo: Option<String>,
+    /// The protocols it may choose (`OCCL_PROTO`, also `NCCL_PROTO`): `simple`, `ll`, `ll128`
+    /// in the same syntax. `None`: all.
+    pub proto: Option<String>,
+    /// Constants of the tuner's cost model (`OCCL_TUNER_FILE`; format in `coll::tune::file`).
+    /// `None`: the built-in defaults.
+    pub tuner_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -67,6 +76,9 @@ impl Default for Config {
             host_id: None,
             flight: occl_telemetry::FlightConfig::default(),
             shm_direct: true,
+            algo: None,
+            proto: None,
+            tuner_file: None,
         }
     }
 }
@@ -134,6 +146,19 @@ impl Config {
         }
         if let Some((_, v)) = var(&["OCCL_HOSTID"]) {
             c.host_id = Some(v);
+        }
+        // Checked here so that a mistake names the variable the user set.
+        use crate::coll::tune::policy::{List, ALGOS, PROTOS};
+        if let Some((n, v)) = var(&["OCCL_ALGO", "NCCL_ALGO"]) {
+            List::parse(&n, &v, &ALGOS)?;
+            c.algo = Some(v);
+        }
+        if let Some((n, v)) = var(&["OCCL_PROTO", "NCCL_PROTO"]) {
+            List::parse(&n, &v, &PROTOS)?;
+            c.proto = Some(v);
+        }
+        if let Some((_, v)) = var(&["OCCL_TUNER_FILE"]) {
+            c.tuner_file = Some(v.into());
         }
         c.flight = occl_telemetry::FlightConfig::from_env().map_err(|e| Error::arg(e.to_string()))?;
         Ok(c)

@@ -101,3 +101,66 @@ fn threads_mode_large_and_over_tcp() {
     let tcp = Config { transport: Some(TransportKind::Tcp), ..Config::default() };
     threads(3, &Spec::parse(SMALL).expect("spec"), tcp);
 }
+
+/// Forced algorithm sets (`OCCL_ALGO`, NCCL's syntax) covering every algorithm the tuner can
+/// choose, with what the worker must then report at 4 KiB.
+const FORCED: [(&str, &str); 2] = [
+    (
+        "ring;allreduce:tree;broadcast:tree;reduce:tree;allgather:pat;reducescatter:pat",
+        "Broadcast:tree,Reduce:tree,AllGather:pat,ReduceScatter:pat,AllReduce:tree",
+    ),
+    ("ring;allreduce:oneshot", "Broadcast:chain,Reduce:chain,AllGather:ring,ReduceScatter:ring,AllReduce:one-shot"),
+];
+
+/// Tiny FIFOs (4 KiB slices, 8 KiB pieces) so that small counts cross every slice and piece
+/// boundary, and past 64 KiB (f32 16384, i64 8192, bf16 32768 elements) the all-reduce splits
+/// over both trees.
+const SMALL_FIFOS: [(&str, &str); 3] =
+    [("OCCL_SHM_SLOT_SIZE", "4096"), ("OCCL_TCP_SLOT_SIZE", "4096"), ("OCCL_FIFO_SLOTS", "4")];
+const ALGO_SPEC: &str = "colls=all_reduce,broadcast,reduce,all_gather,reduce_scatter;dtypes=f32,bf16,i64;\
+    ops=sum,avg,max;counts=0,1,7,513,1025,2049,4097,16389,32771";
+
+fn forced_job(n: usize, algo: &str, want: &str, tcp: bool) {
+    let mut vars = SMALL_FIFOS.to_vec();
+    vars.push(("OCCL_ALGO", algo));
+    if tcp {
+        vars.push(("OCCL_TRANSPORT", "tcp"));
+    }
+    let outs =
+        run_job(n, &["matrix", ALGO_SPEC], Spawn { env: env(&vars), ..Spawn::default() }, Duration::from_secs(120));
+    assert_all_ok(&outs, &format!("OCCL_ALGO={algo} tcp={tcp} nranks={n}"));
+    if n > 1 {
+        assert!(outs[0].output.contains(&format!("algos={want}")), "{}", outs[0].output);
+    }
+}
+
+#[test]
+fn processes_shm_every_forced_algorithm_ranks_1_to_8() {
+    for n in 1..=8 {
+        forced_job(n, FORCED[0].0, FORCED[0].1, false);
+    }
+    for n in [2, 3, 5, 8] {
+        forced_job(n, FORCED[1].0, FORCED[1].1, false);
+    }
+}
+
+#[test]
+fn processes_tcp_every_forced_algorithm() {
+    for (algo, want) in FORCED {
+        for n in [3, 4] {
+            forced_job(n, algo, want, true);
+        }
+    }
+}
+
+#[test]
+fn threads_mode_every_forced_algorithm_ranks_1_to_8() {
+    let spec = Spec::parse(ALGO_SPEC).expect("spec");
+    let small = Config { shm_slot_size: 4096, tcp_slot_size: 4096, fifo_slots: 4, ..Config::default() };
+    for n in 1..=8 {
+        threads(n, &spec, Config { algo: Some(FORCED[0].0.into()), ..small.clone() });
+    }
+    for n in [3, 6] {
+        threads(n, &spec, Config { algo: Some(FORCED[1].0.into()), ..small.clone() });
+    }
+}

@@ -332,3 +332,47 @@ fn tcp_job_emits_nccls_tree() {
     // Small slots: many slices per operation, so FIFOs fill and waits block (Sleep/Wakeup).
     check_job(&run(2, &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "8192"), ("OCCL_FIFO_SLOTS", "4")]), true);
 }
+
+/// Trees, PAT and one-shot announce what they really send: with each forced (and small slots,
+/// so pieces and both all-reduce trees come into play), the steps seen equal the planned ones on
+/// every rank, sends match receives across ranks, and Coll names NCCL's algorithm.
+#[test]
+fn forced_trees_pat_and_one_shot_emit_matching_steps() {
+    let small = [("OCCL_SHM_SLOT_SIZE", "4096"), ("OCCL_SHM_DIRECT", "0")];
+    for (algo, want) in [
+        (
+            "ring;allreduce:tree;broadcast:tree;reduce:tree;allgather:pat;reducescatter:pat",
+            [
+                ("AllReduce", "TREE"),
+                ("Broadcast", "TREE"),
+                ("Reduce", "TREE"),
+                ("AllGather", "PAT"),
+                ("ReduceScatter", "PAT"),
+            ],
+        ),
+        (
+            "ring;allreduce:oneshot",
+            [
+                ("AllReduce", "ONE_SHOT"),
+                ("Broadcast", "RING"),
+                ("Reduce", "RING"),
+                ("AllGather", "RING"),
+                ("ReduceScatter", "RING"),
+            ],
+        ),
+    ] {
+        let mut vars = small.to_vec();
+        vars.push(("OCCL_ALGO", algo));
+        let ranks = run(5, &vars);
+        check_job(&ranks, false);
+        for r in &ranks {
+            for e in r.events.values().filter(|e| e.ty == "Coll") {
+                let func = e.d["func"].as_str().unwrap_or("");
+                if let Some((_, a)) = want.iter().find(|(f, _)| *f == func) {
+                    assert_eq!(e.d["algo"], *a, "rank {} {func} with OCCL_ALGO={algo}", r.rank);
+                    assert_eq!(e.d["proto"], "SIMPLE");
+                }
+            }
+        }
+    }
+}

@@ -2,6 +2,8 @@
 //! from rank-k, half a FIFO at a time, so every FIFO in use is being drained by its receiver),
 //! and point-to-point send/recv.
 
+use super::plan::Shape;
+use super::walk::{pieces, Buf, Exec, Span};
 use super::{copy_unless_same, Ctx};
 use crate::error::Result;
 
@@ -48,47 +50,47 @@ pub(crate) fn all_to_all(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bloc
     Ok(())
 }
 
-/// Small all-reduce in one step: every rank sends its whole buffer to every peer, then reduces
-/// all n contributions itself. One message latency instead of the ring's 2(n-1) steps; the
+/// Small all-reduce in one step: every rank sends its buffer to every peer, then reduces all n
+/// contributions itself. One message latency instead of the ring's 2(n-1) steps; the
 /// contributions are combined in rank order on every rank, so all ranks get the same bits.
-pub(crate) fn all_reduce_one_shot(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
-    let (n, r) = (ctx.nranks, ctx.rank);
-    let bytes = count * ctx.dt.size();
-    for k in 1..n {
-        ctx.prims(Some((r + k) % n), None)?.send(send, bytes)?;
-    }
-    // In place, the accumulator overwrites this rank's contribution: keep a copy.
-    let mut own = Vec::new();
-    let mine = if std::ptr::eq(send, recv) {
-        own = vec![0u64; bytes.div_ceil(8)];
-        // SAFETY: send holds `bytes`; `own` was sized for them.
-        unsafe { std::ptr::copy_nonoverlapping(send, own.as_mut_ptr().cast::<u8>(), bytes) };
-        own.as_ptr().cast::<u8>()
-    } else {
-        send
-    };
-    for j in 0..n {
-        match (j == r, j == 0) {
-            // SAFETY: recv holds `bytes`; mine is the separate copy or the disjoint send buffer.
-            (true, true) => unsafe { std::ptr::copy_nonoverlapping(mine, recv, bytes) },
-            (true, false) => unsafe {
-                crate::reduce::reduce_in_place(
-                    ctx.dt,
-                    ctx.op,
-                    std::slice::from_raw_parts_mut(recv, bytes),
-                    std::slice::from_raw_parts(mine, bytes),
-                )
-            },
-            (false, true) => ctx.prims(None, Some(j))?.recv(recv, bytes)?,
-            (false, false) => ctx.prims(None, Some(j))?.recv_reduce(recv, bytes)?,
+/// Pieces of half a FIFO: a rank sends a piece to everyone, then takes everyone's piece, so
+/// every FIFO holds at most two pieces and no send waits on a rank that is sending too.
+pub(crate) fn all_reduce_one_shot(s: &Shape, x: &mut impl Exec) -> Result<()> {
+    let (n, r) = (s.nranks, s.rank);
+    let bytes = s.count * s.elem;
+    for (o, l) in pieces(bytes, s.chunk, s.elem) {
+        let (mine, out) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
+        for k in 1..n {
+            x.send((r + k) % n, mine)?;
         }
-    }
-    drop(own);
-    if ctx.op == crate::dtype::RedOp::Avg && bytes > 0 {
-        // SAFETY: recv holds `bytes`.
-        crate::reduce::div_in_place(ctx.dt, unsafe { std::slice::from_raw_parts_mut(recv, bytes) }, n);
+        // In place, rank 0's piece overwrites this rank's own before it is folded in: keep a copy.
+        let own = if r == 0 {
+            mine
+        } else {
+            let keep = Span::new(Buf::Scratch, 0, l);
+            x.copy(mine, keep)?;
+            keep
+        };
+        for j in 0..n {
+            match (j == r, j == 0) {
+                (true, true) => x.copy(own, out)?,
+                (true, false) => x.reduce(own, out)?,
+                (false, true) => x.recv(j, out)?,
+                (false, false) => x.recv_reduce(j, out, out, false)?,
+            }
+        }
+        x.finish(out)?;
     }
     Ok(())
+}
+
+/// Scratch bytes the one-shot all-reduce needs (a copy of one piece of this rank's input).
+pub(crate) fn one_shot_scratch(s: &Shape) -> usize {
+    if s.rank == 0 {
+        0
+    } else {
+        s.chunk.min(s.count * s.elem)
+    }
 }
 
 pub(crate) fn send(ctx: &mut Ctx<'_>, buf: *const u8, bytes: usize, peer: usize) -> Result<()> {

@@ -1,22 +1,33 @@
 //! Collective algorithms: ring (all-reduce, all-gather, reduce-scatter), chains (broadcast,
-//! reduce) and direct exchanges (all-to-all, send/recv). They run as a sequence of primitives
-//! (`prims`) that the calling thread drives through the FIFOs. The calling thread is also the
+//! reduce), trees (all-reduce, broadcast, reduce), PAT (all-gather, reduce-scatter), one-shot
+//! (all-reduce) and direct exchanges (all-to-all, send/recv); the tuner (`tune`) picks one per
+//! call. They run as a sequence of primitives (`prims`) that the calling thread drives through
+//! the FIFOs. The calling thread is also the
 //! progress engine for tcp: every wait moves the sockets of all the communicator's tcp links
 //! (`transport::tcp`), and an operation returns only once its data is on the wire.
 
 pub(crate) mod direct;
+pub(crate) mod pat;
 pub(crate) mod plan;
 pub(crate) mod prims;
 pub(crate) mod ring;
+#[cfg(test)]
+mod sim;
+pub(crate) mod tree;
+pub(crate) mod tune;
+pub(crate) mod walk;
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::profile::OpProf;
+use crate::record::CollType;
 use crate::transport::fifo::{Desc, Ends};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::Peer;
+use plan::{Algo, Shape};
 use prims::{Prims, RecvEnd, SendEnd};
 use std::sync::atomic::AtomicBool;
+use walk::Run;
 
 /// What one operation runs with.
 pub(crate) struct Ctx<'a> {
@@ -57,6 +68,22 @@ pub(crate) fn chunk_bytes(slot: usize, nslots: usize, dt: DataType) -> usize {
 impl<'a> Ctx<'a> {
     pub(crate) fn chunk(&self) -> usize {
         chunk_bytes(self.slot, self.nslots, self.dt)
+    }
+
+    /// The shape a schedule walks: `count` elements per rank (per block).
+    fn shape(&self, coll: CollType, algo: Algo, count: usize, root: usize) -> Shape {
+        Shape {
+            coll,
+            algo,
+            nranks: self.nranks,
+            rank: self.rank,
+            count,
+            elem: self.dt.size(),
+            slice: slice_bytes(self.slot, self.dt),
+            chunk: self.chunk(),
+            root,
+            peer: 0,
+        }
     }
 
     /// Primitives that send to `to` and receive from `from` (either may be absent).
@@ -122,5 +149,71 @@ pub(crate) unsafe fn copy_unless_same(src: *const u8, dst: *mut u8, len: usize) 
     if len > 0 && !std::ptr::eq(src, dst) {
         // SAFETY: the caller's contract.
         unsafe { crate::copy::copy(dst, src, len) };
+    }
+}
+
+/// All-reduce of `count` elements with `algo`.
+pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, algo: Algo, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
+    let s = ctx.shape(CollType::AllReduce, algo, count, 0);
+    match algo {
+        Algo::Tree => tree::all_reduce(&s, &mut Run::new(ctx, send, recv, 0)),
+        Algo::OneShot => direct::all_reduce_one_shot(&s, &mut Run::new(ctx, send, recv, direct::one_shot_scratch(&s))),
+        _ => ring::all_reduce(ctx, send, recv, count),
+    }
+}
+
+/// Broadcast of `count` elements from `root` with `algo`.
+pub(crate) fn broadcast(
+    ctx: &mut Ctx<'_>,
+    algo: Algo,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    root: usize,
+) -> Result<()> {
+    let s = ctx.shape(CollType::Broadcast, algo, count, root);
+    match algo {
+        Algo::Tree => tree::broadcast(&s, &mut Run::new(ctx, send, recv, 0)),
+        _ => ring::broadcast(ctx, send, recv, count * s.elem, root),
+    }
+}
+
+/// Reduce of `count` elements to `root` with `algo`.
+pub(crate) fn reduce(
+    ctx: &mut Ctx<'_>,
+    algo: Algo,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    root: usize,
+) -> Result<()> {
+    let s = ctx.shape(CollType::Reduce, algo, count, root);
+    match algo {
+        Algo::Tree => tree::reduce(&s, &mut Run::new(ctx, send, recv, tree::reduce_scratch(&s))),
+        _ => ring::reduce(ctx, send, recv, count * s.elem, root),
+    }
+}
+
+/// All-gather of `count` elements per rank with `algo`.
+pub(crate) fn all_gather(ctx: &mut Ctx<'_>, algo: Algo, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
+    let s = ctx.shape(CollType::AllGather, algo, count, 0);
+    match algo {
+        Algo::Pat => pat::all_gather(&s, &mut Run::new(ctx, send, recv, 0)),
+        _ => ring::all_gather(ctx, send, recv, count),
+    }
+}
+
+/// Reduce-scatter of `count` elements per rank with `algo`.
+pub(crate) fn reduce_scatter(
+    ctx: &mut Ctx<'_>,
+    algo: Algo,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+) -> Result<()> {
+    let s = ctx.shape(CollType::ReduceScatter, algo, count, 0);
+    match algo {
+        Algo::Pat => pat::reduce_scatter(&s, &mut Run::new(ctx, send, recv, pat::reduce_scatter_scratch(&s))),
+        _ => ring::reduce_scatter(ctx, send, recv, count),
     }
 }

@@ -1,16 +1,23 @@
 //! How many slices each algorithm moves to and from each peer: the ProxyOps of an operation,
-//! known before it runs (NCCL's ProxyOp descriptor carries `nSteps`). Each function mirrors the
-//! loops of its algorithm in `ring.rs` / `direct.rs`; the profiler test checks that the steps
-//! actually seen equal these counts for every collective.
+//! known before it runs (NCCL's ProxyOp descriptor carries `nSteps`). The ring and chain
+//! functions mirror the loops of `ring.rs`; the schedules (`tree`, `pat`, one-shot) are walked
+//! by `Count`, the same code that runs them. The profiler test checks that the steps actually
+//! seen equal these counts for every collective.
 
 use super::ring::Piece;
+use super::walk::{Exec, Span};
+use crate::error::Result;
 use crate::profile::Leg;
 use crate::record::CollType;
 
 /// The algorithms `Comm` chooses among.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Algo {
     Ring,
+    /// Double binary tree (all-reduce), one tree rooted at the root (broadcast, reduce).
+    Tree,
+    /// Bruck-style log-step exchanges (all-gather, reduce-scatter).
+    Pat,
     OneShot,
     Chain,
     Direct,
@@ -21,6 +28,8 @@ impl Algo {
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
+            Algo::Tree => "tree",
+            Algo::Pat => "pat",
             Algo::OneShot => "one-shot",
             Algo::Chain => "chain",
             Algo::Direct => "direct",
@@ -32,8 +41,32 @@ impl Algo {
     pub(crate) const fn nccl_name(self) -> &'static str {
         match self {
             Algo::Ring | Algo::Chain => "RING",
+            Algo::Tree => "TREE",
+            Algo::Pat => "PAT",
             Algo::OneShot => "ONE_SHOT",
             Algo::Direct => "DIRECT",
+        }
+    }
+}
+
+/// The protocols: how a message's arrival is signalled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Proto {
+    /// A slot's data, then its sequence word (NCCL's Simple).
+    Simple,
+}
+
+impl Proto {
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Proto::Simple => "simple",
+        }
+    }
+
+    /// NCCL's spelling, for the profiler.
+    pub(crate) const fn nccl_name(self) -> &'static str {
+        match self {
+            Proto::Simple => "SIMPLE",
         }
     }
 }
@@ -73,14 +106,12 @@ pub(crate) fn legs(s: &Shape) -> Vec<Leg> {
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let bytes = s.count * s.elem;
     match (s.coll, s.algo) {
-        (CollType::AllReduce, Algo::OneShot) => {
-            for k in 1..n {
-                leg((r + k) % n, true, slices(bytes, s.slice));
-            }
-            for j in (0..n).filter(|j| *j != r) {
-                leg(j, false, slices(bytes, s.slice));
-            }
-        }
+        (CollType::AllReduce, Algo::OneShot) => return walked(s, super::direct::all_reduce_one_shot),
+        (CollType::AllReduce, Algo::Tree) => return walked(s, super::tree::all_reduce),
+        (CollType::Broadcast, Algo::Tree) => return walked(s, super::tree::broadcast),
+        (CollType::Reduce, Algo::Tree) => return walked(s, super::tree::reduce),
+        (CollType::AllGather, Algo::Pat) => return walked(s, super::pat::all_gather),
+        (CollType::ReduceScatter, Algo::Pat) => return walked(s, super::pat::reduce_scatter),
         (CollType::AllReduce, _) => {
             let (sends, recvs) = ring_all_reduce(s);
             leg(next, true, sends);
@@ -128,6 +159,73 @@ pub(crate) fn legs(s: &Shape) -> Vec<Leg> {
         (CollType::Recv, _) => leg(s.peer, false, slices(bytes, s.slice)),
     }
     out
+}
+
+/// Counts the slices of a schedule per peer and direction (an `Exec` that moves nothing).
+pub(crate) struct Count {
+    slice: usize,
+    pub legs: Vec<Leg>,
+}
+
+impl Count {
+    pub(crate) fn new(slice: usize) -> Count {
+        Count { slice: slice.max(1), legs: Vec::new() }
+    }
+
+    fn add(&mut self, peer: usize, send: bool, len: usize) {
+        let steps = slices(len, self.slice);
+        if steps == 0 {
+            return;
+        }
+        match self.legs.iter_mut().find(|l| l.peer == peer && l.send == send) {
+            Some(l) => l.steps += steps,
+            None => self.legs.push(Leg { peer, send, steps }),
+        }
+    }
+}
+
+impl Exec for Count {
+    fn send(&mut self, to: usize, src: Span) -> Result<()> {
+        self.add(to, true, src.len);
+        Ok(())
+    }
+    fn recv(&mut self, from: usize, dst: Span) -> Result<()> {
+        self.add(from, false, dst.len);
+        Ok(())
+    }
+    fn recv_reduce(&mut self, from: usize, _: Span, dst: Span, _: bool) -> Result<()> {
+        self.add(from, false, dst.len);
+        Ok(())
+    }
+    fn recv_reduce_send(&mut self, from: usize, to: usize, src: Span) -> Result<()> {
+        self.add(to, true, src.len);
+        self.add(from, false, src.len);
+        Ok(())
+    }
+    fn recv_copy_send(&mut self, from: usize, to: usize, dst: Span) -> Result<()> {
+        self.add(to, true, dst.len);
+        self.add(from, false, dst.len);
+        Ok(())
+    }
+    fn copy(&mut self, _: Span, _: Span) -> Result<()> {
+        Ok(())
+    }
+    fn reduce(&mut self, _: Span, _: Span) -> Result<()> {
+        Ok(())
+    }
+    fn finish(&mut self, _: Span) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The legs of a schedule, sends before receives per peer.
+fn walked(s: &Shape, walk: impl FnOnce(&Shape, &mut Count) -> Result<()>) -> Vec<Leg> {
+    let mut c = Count::new(s.slice);
+    // Counting never fails; a schedule that did would only lose its profiler steps.
+    let _ = walk(s, &mut c);
+    let mut legs = c.legs;
+    legs.sort_by_key(|l| (l.peer, !l.send));
+    legs
 }
 
 /// Slices the ring all-reduce sends to `next` and receives from `prev`, following

@@ -346,28 +346,14 @@ impl<'a> Prims<'a> {
         Ok(())
     }
 
-    /// dst = dst op incoming, not finished for Avg (the caller finishes once, at the end).
-    pub(crate) fn recv_reduce(&mut self, dst: *mut u8, len: usize) -> Result<()> {
-        let (dt, op) = (self.dt, self.op);
-        for (off, n) in self.slices(len) {
-            let m = self.take_recv(n)?;
-            let inc = self.incoming(&m, n)?;
-            // SAFETY: dst+off..+n is the caller's; the incoming bytes are a slot or scratch.
-            unsafe {
-                reduce::reduce_in_place(
-                    dt,
-                    op,
-                    std::slice::from_raw_parts_mut(dst.add(off), n),
-                    std::slice::from_raw_parts(inc, n),
-                );
-            }
-            self.release();
-        }
-        Ok(())
-    }
-
     /// dst = src op incoming (finished for Avg).
     pub(crate) fn recv_reduce_copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
+        self.recv_reduce_into(src, dst, len, true)
+    }
+
+    /// dst = src op incoming, finished for Avg when `finish` (a partial result is not). `src`
+    /// and `dst` are the same range (in place) or disjoint.
+    pub(crate) fn recv_reduce_into(&mut self, src: *const u8, dst: *mut u8, len: usize, finish: bool) -> Result<()> {
         let (dt, op, nr) = (self.dt, self.op, self.nranks);
         for (off, n) in self.slices(len) {
             let m = self.take_recv(n)?;
@@ -381,7 +367,7 @@ impl<'a> Prims<'a> {
                 } else {
                     reduce::reduce(dt, op, d, std::slice::from_raw_parts(src.add(off), n), i);
                 }
-                if op == RedOp::Avg {
+                if finish && op == RedOp::Avg {
                     reduce::div_in_place(dt, d, nr);
                 }
             }

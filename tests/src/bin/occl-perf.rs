@@ -92,6 +92,16 @@ struct Args {
     /// or trace (that exporter behind the collector).
     #[arg(long, value_name = "SINK", default_value = "counter", requires = "events_ab")]
     events_sink: AbSink,
+    /// Time B batches of -n calls (each after a barrier, combined over ranks as -a says) and
+    /// report the median batch: on a shared machine one preemption then spoils one batch, not the
+    /// figure (Open MPI's anchor, mpi_coll.c, measures the same way).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10000))]
+    batches: u64,
+    /// Pin rank r to the r-th CPU this process may use, when there are at least as many CPUs as
+    /// ranks (what Open MPI's mpirun does by default for 2 ranks): on a machine busy with other
+    /// work the scheduler may otherwise stack both ranks on one core.
+    #[arg(long)]
+    bind: bool,
 }
 
 fn main() -> ExitCode {
@@ -167,11 +177,35 @@ fn gather_ranks(comm: &Comm) -> occl::Result<Vec<(u32, String)>> {
     Ok((0..comm.nranks()).filter_map(|r| comm.peer_process(r)).map(|(pid, host)| (pid, host.to_string())).collect())
 }
 
+/// Pins this process to the `rank`-th CPU of its affinity mask if it has at least `nranks`.
+fn bind_to_cpu(rank: usize, nranks: usize) -> anyhow::Result<()> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity/setaffinity fill and read it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            anyhow::bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        if cpus.len() < nranks {
+            return Ok(()); // more ranks than CPUs: binding would only stack them
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus[rank], &mut one);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
+            anyhow::bail!("sched_setaffinity to CPU {}: {}", cpus[rank], std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// One rank of the benchmark.
 fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     check_args(args, None)?;
     let comm = Comm::from_env()?;
     let (n, rank) = (comm.nranks(), comm.rank());
+    if args.bind {
+        bind_to_cpu(rank, n)?;
+    }
     let lead = rank == 0;
     let coll = args.collective;
     if coll == Collective::SendRecv && n < 2 {
@@ -209,15 +243,17 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let out = std::io::stdout();
     let mut out = out.lock();
     if lead && !args.json {
-        let algos: Vec<&str> =
-            layouts.iter().map(|l| comm.algorithm(coll.coll_type(), l.count * args.dtype.size())).collect();
-        let mut distinct = algos.clone();
-        distinct.dedup();
+        let per_rank = |l: &perf::Layout| l.count * args.dtype.size();
+        let mut algos: Vec<&str> = layouts.iter().map(|l| comm.algorithm(coll.coll_type(), per_rank(l))).collect();
+        algos.dedup();
+        let mut protos: Vec<&str> = layouts.iter().map(|l| comm.protocol(coll.coll_type(), per_rank(l))).collect();
+        protos.dedup();
         writeln!(
             out,
-            "# occl-perf: nranks {n}, transport {}, algo {}, proto simple",
+            "# occl-perf: nranks {n}, transport {}, algo {}, proto {}",
             info.transport,
-            distinct.join("/")
+            algos.join("/"),
+            protos.join("/")
         )?;
         writeln!(
             out,
@@ -279,14 +315,20 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
             } else {
                 None
             };
-            let secs = bench.time(layout, inplace, warmup, iters)?;
-            let secs = bench.combine(secs, average)?;
+            let mut times = Vec::with_capacity(args.batches as usize);
+            for b in 0..args.batches {
+                let secs = bench.time(layout, inplace, if b == 0 { warmup } else { 0 }, iters)?;
+                times.push(bench.combine(secs, average)?);
+            }
+            times.sort_by(f64::total_cmp);
+            let secs = times[times.len() / 2];
             let m = Measure::new(coll, layout.bytes, n, secs * 1e6, wrong);
             bw_sum += m.busbw;
             bw_rows += 1;
             if lead && args.json {
-                let algo = comm.algorithm(coll.coll_type(), layout.count * args.dtype.size());
-                writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, algo))?;
+                let bytes = layout.count * args.dtype.size();
+                let chosen = (comm.algorithm(coll.coll_type(), bytes), comm.protocol(coll.coll_type(), bytes));
+                writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, chosen))?;
                 out.flush()?;
             }
             halves[h] = Some(m);

@@ -62,10 +62,15 @@ fn trace_steps(comm: &Comm, steps: u64, slow: bool, delay: Duration) -> occl::Re
 }
 
 fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()))
-        .try_init();
+    // OCCL_LOG takes a tracing filter; OCCL_DEBUG (or NCCL_DEBUG) a level, as NCCL's.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG")
+        .ok()
+        .or_else(|| {
+            let level = std::env::var("OCCL_DEBUG").or_else(|_| std::env::var("NCCL_DEBUG")).ok()?;
+            tracing_subscriber::EnvFilter::try_new(level.to_ascii_lowercase()).ok()
+        })
+        .unwrap_or_else(|| "warn".into());
+    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("");
     if scenario == "events" {
@@ -107,7 +112,17 @@ fn main() -> ExitCode {
             };
             match matrix::run(&comm, &spec) {
                 Ok(out) if out.failures.is_empty() => {
-                    println!("OK rank={r} checked={} transport={}", out.checked, comm.transport_summary());
+                    // What the tuner picks at 4 KiB per rank, so tests see that forcing took effect.
+                    let algos: Vec<String> = occl::CollType::NCCL_COUNTED
+                        .iter()
+                        .map(|&c| format!("{}:{}", c.name(), comm.algorithm(c, 4096)))
+                        .collect();
+                    println!(
+                        "OK rank={r} checked={} transport={} algos={}",
+                        out.checked,
+                        comm.transport_summary(),
+                        algos.join(",")
+                    );
                 }
                 Ok(out) => {
                     for f in &out.failures {

@@ -260,8 +260,14 @@ pub fn table_row(info: &RowInfo, layout: Layout, out: Option<&Measure>, inp: Opt
 }
 
 /// One JSON row (one line) for `--json`.
-/// `algo` is what the communicator ran for this size (`Comm::algorithm`).
-pub fn json_row(info: &RowInfo, layout: Layout, inplace: bool, m: &Measure, algo: &str) -> serde_json::Value {
+/// `algo` and `proto` are what the communicator ran for this size (`Comm::algorithm`, `Comm::protocol`).
+pub fn json_row(
+    info: &RowInfo,
+    layout: Layout,
+    inplace: bool,
+    m: &Measure,
+    (algo, proto): (&str, &str),
+) -> serde_json::Value {
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     serde_json::json!({
         "collective": info.coll.json_name(),
@@ -277,7 +283,7 @@ pub fn json_row(info: &RowInfo, layout: Layout, inplace: bool, m: &Measure, algo
         "busbw_gbps": round(m.busbw),
         "wrong": m.wrong,
         "algo": algo,
-        "proto": "simple",
+        "proto": proto,
         "transport": info.transport,
     })
 }
@@ -337,7 +343,7 @@ mod tests {
         let names = header.lines().nth(1).unwrap_or_default();
         assert_eq!(row.len(), names.len(), "\n{names}\n{row}");
         assert!(row.contains("float") && row.contains("sum") && row.contains("-1"));
-        let j = json_row(&info, l, false, &m, "ring");
+        let j = json_row(&info, l, false, &m, ("ring", "simple"));
         let keys: Vec<_> = j.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
         assert_eq!(keys.len(), 15);
     }

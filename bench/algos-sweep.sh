@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Sweeps every algorithm occl can be forced to (and the tuner's own choice) with occl-perf and
+# writes one JSON line per (collective, ranks, transport, forced, size, in-place) row. The raw
+# material for fitting the tuner's cost model and for bench/algos-vs-mpi.sh. See bench/README.md.
+#
+#   PERF=target/release/occl-perf bash bench/algos-sweep.sh > sweep.jsonl
+#
+# Environment:
+#   PERF=…                 the occl-perf binary (default: target/release/occl-perf)
+#   RANKS="2 4"            rank counts
+#   TRANSPORTS="shm tcp"   transports
+#   COLLS="all_reduce broadcast reduce all_gather reduce_scatter"
+#   LAT="8 64K 2 1000 100" latency sweep: min max factor iters warmup
+#   BW="256K 64M 4 6 2"    bandwidth sweep: min max factor iters warmup
+#   EXTRA="--batches 15"   more occl-perf flags (median of batches: robust on a busy machine)
+#   PIN="0,1"              run under taskset -c PIN (empty: no pinning)
+#   ROUNDS=1               repeat everything, interleaved (rows carry "round"): on a shared,
+#                          noisy machine take the minimum or median over rounds
+set -euo pipefail
+PERF=${PERF:-target/release/occl-perf}
+RANKS=${RANKS:-"2 4"}
+TRANSPORTS=${TRANSPORTS:-"shm tcp"}
+COLLS=${COLLS:-"all_reduce broadcast reduce all_gather reduce_scatter"}
+read -r -a LAT <<<"${LAT:-8 64K 2 1000 100}"
+read -r -a BW <<<"${BW:-256K 64M 4 6 2}"
+PIN=${PIN:-}
+ROUNDS=${ROUNDS:-1}
+[[ -x $PERF ]] || { echo "algos-sweep: $PERF is not executable" >&2; exit 1; }
+
+# The forced lists per collective: the tuner (empty), then each algorithm alone.
+forced() {
+  case $1 in
+    all_reduce) echo "- ring tree oneshot" ;;
+    broadcast | reduce) echo "- ring tree" ;;
+    all_gather | reduce_scatter) echo "- ring pat" ;;
+  esac
+}
+
+run() { # transport ranks coll algo min max factor iters warmup
+  local t=$1 n=$2 c=$3 a=$4 r=$ROUND pin=()
+  [[ -n $PIN ]] && pin=(taskset -c "$PIN")
+  local env=(OCCL_TRANSPORT="$t")
+  [[ $a != - ]] && env+=(OCCL_ALGO="$a")
+  env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
+    --ranks "$n" --json ${EXTRA:-} 2>/dev/null \
+    | python3 -c '
+import json, sys
+forced, rnd = sys.argv[1], int(sys.argv[2])
+for l in sys.stdin:
+    if l.startswith("{"):
+        r = json.loads(l)
+        r["forced"] = forced
+        r["round"] = rnd
+        print(json.dumps(r), flush=True)
+' "$a" "$r" || echo "{\"failed\": true, \"collective\": \"$c\", \"nranks\": $n, \"transport\": \"$t\", \"forced\": \"$a\"}"
+}
+
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+  for n in $RANKS; do
+    for t in $TRANSPORTS; do
+      for c in $COLLS; do
+        for a in $(forced "$c"); do
+          [[ ${LAT[0]} != - ]] && run "$t" "$n" "$c" "$a" "${LAT[@]}"
+          [[ ${BW[0]} != - ]] && run "$t" "$n" "$c" "$a" "${BW[@]}"
+        done
+      done
+    done
+  done
+done

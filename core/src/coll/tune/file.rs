@@ -1,0 +1,107 @@
+//! `OCCL_TUNER_FILE`: the cost model's constants, one per line, over the defaults.
+//!
+//! ```text
+//! # comments and blank lines are ignored
+//! shm.alpha_us = 0.5                       # latency of one message (µs) on a link
+//! tcp.gbps = 2.0                           # bytes through one rank (GB/s)
+//! tcp.allreduce.tree.base_us = 3           # fixed cost of one (collective, algorithm)
+//! shm-shared.allgather.pat.simple.scale = 1.2   # factor on its byte term (protocol optional)
+//! ```
+//!
+//! Links are `shm`, `shm-shared` (more ranks on a host than cores) and `tcp` (also a mix of shm
+//! and tcp); collectives `broadcast reduce allgather reducescatter allreduce`; algorithms
+//! `ring tree pat oneshot`; the protocol, if named, `simple`. An unknown key or a value that is
+//! not a finite non-negative number (positive for `gbps` and `scale`) is an error naming the line.
+
+use super::model::{Consts, Link, MODELLED};
+use super::policy::FUNCS;
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// The defaults with `path`'s settings applied.
+pub(crate) fn load(path: &Path) -> Result<Consts> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::sys(format!("reading OCCL_TUNER_FILE {}", path.display()), e))?;
+    parse(&text).map_err(|e| Error::arg(format!("OCCL_TUNER_FILE {}: {e}", path.display())))
+}
+
+/// Applies `text` over the defaults; the error names the line.
+pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
+    let mut c = Consts::default();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |what: String| format!("line {}: {what}: {raw:?}", i + 1);
+        let (key, value) = line.split_once('=').ok_or_else(|| at("expected key = value".into()))?;
+        let value: f64 = value.trim().parse().map_err(|_| at("the value is not a number".into()))?;
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        let link = Link::ALL
+            .iter()
+            .position(|l| l.name() == parts[0])
+            .ok_or_else(|| at("the key must start with shm, shm-shared or tcp".into()))?;
+        let param = *parts.last().unwrap_or(&"");
+        let positive = matches!(param, "gbps" | "scale");
+        if !value.is_finite() || value < 0.0 || (positive && value <= 0.0) {
+            return Err(at(format!(
+                "{param} must be a finite {} number",
+                if positive { "positive" } else { "non-negative" }
+            )));
+        }
+        match parts.as_slice() {
+            [_, "alpha_us"] => c.links[link].alpha_us = value,
+            [_, "gbps"] => c.links[link].gbps = value,
+            [_, coll, algo, "base_us" | "scale"] | [_, coll, algo, "simple", "base_us" | "scale"] => {
+                let f =
+                    FUNCS.iter().position(|f| f == coll).ok_or_else(|| at(format!("unknown collective {coll:?}")))?;
+                let a =
+                    MODELLED.iter().position(|a| a == algo).ok_or_else(|| at(format!("unknown algorithm {algo:?}")))?;
+                let adj = &mut c.adj[link][f][a];
+                if param == "base_us" {
+                    adj.base_us = value;
+                } else {
+                    adj.scale = value;
+                }
+            }
+            _ => return Err(at("unknown key".into())),
+        }
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_apply_over_the_defaults() {
+        let c = parse("# tuned\nshm.alpha_us = 0.25\ntcp.gbps=3 # inline\n\ntcp.allreduce.tree.base_us = 4\nshm-shared.allgather.pat.simple.scale = 1.5\n")
+            .expect("parses");
+        let d = Consts::default();
+        assert_eq!(c.links[0].alpha_us, 0.25);
+        assert_eq!(c.links[2].gbps, 3.0);
+        assert_eq!(c.links[1], d.links[1]);
+        assert_eq!(c.adj[2][4][1].base_us, 4.0);
+        assert_eq!(c.adj[1][2][2].scale, 1.5);
+        assert_ne!(c.digest(), d.digest());
+    }
+
+    #[test]
+    fn mistakes_name_the_line() {
+        for (text, want) in [
+            ("shm.alpha = 1", "line 1: unknown key"),
+            ("\nnvlink.alpha_us = 1", "line 2"),
+            ("tcp.gbps = 0", "positive"),
+            ("tcp.alpha_us = -1", "non-negative"),
+            ("tcp.alpha_us = fast", "not a number"),
+            ("tcp.allreduce.nvls.scale = 1", "unknown algorithm"),
+            ("tcp.alltoall.ring.scale = 1", "unknown collective"),
+            ("tcp.allreduce.ring.ll.scale = 1", "unknown key"),
+            ("shm alpha_us 1", "key = value"),
+        ] {
+            let e = parse(text).expect_err(text);
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The tuner: which algorithm and protocol each operation runs with. It prices every choice
+//! that the communicator supports and `OCCL_ALGO` / `OCCL_PROTO` allow with the cost model
+//! (`model`, constants from `OCCL_TUNER_FILE` or the defaults) and takes the cheapest. A forced
+//! list that leaves a collective nothing it can run is an `InvalidUsage` error naming what it
+//! supports, never a silent fallback. Every rank decides alike: the choice depends only on the
+//! call's arguments and on settings that the ranks compare at init (`digest`).
+//!
+//! With `OCCL_DEBUG=INFO` each choice is logged once per (collective, power-of-two size class).
+
+pub(crate) mod file;
+pub(crate) mod model;
+pub(crate) mod policy;
+
+use super::plan::{Algo, Proto};
+use crate::config::{Config, TransportKind};
+use crate::error::{Error, Result};
+use crate::record::CollType;
+use model::{Consts, Link};
+use policy::{Policy, ALGOS, FUNCS, PROTOS};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What an operation runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Choice {
+    pub algo: Algo,
+    pub proto: Proto,
+}
+
+/// The algorithms each of the five tuned collectives can run, by policy name.
+fn candidates(coll: CollType) -> &'static [(Algo, &'static str)] {
+    match coll {
+        CollType::AllReduce => &[(Algo::Ring, "ring"), (Algo::Tree, "tree"), (Algo::OneShot, "oneshot")],
+        CollType::Broadcast | CollType::Reduce => &[(Algo::Chain, "ring"), (Algo::Tree, "tree")],
+        CollType::AllGather | CollType::ReduceScatter => &[(Algo::Ring, "ring"), (Algo::Pat, "pat")],
+        _ => &[],
+    }
+}
+
+/// The protocols occl runs, by policy name.
+const PROTOCOLS: [(Proto, &str); 1] = [(Proto::Simple, "simple")];
+
+fn bit(names: &[&str], name: &str) -> usize {
+    names.iter().position(|n| *n == name).unwrap_or(usize::MAX)
+}
+
+fn upper(names: impl Iterator<Item = &'static str>) -> String {
+    names.map(str::to_ascii_uppercase).collect::<Vec<_>>().join(", ")
+}
+
+pub(crate) struct Tuner {
+    nranks: usize,
+    link: Link,
+    policy: Policy,
+    consts: Consts,
+    /// Per collective, the size classes whose choice was logged.
+    logged: [AtomicU64; 5],
+}
+
+impl Tuner {
+    /// The tuner of a communicator of `nranks` whose peers use `kinds`, with `local` ranks on
+    /// this host.
+    pub(crate) fn new(config: &Config, nranks: usize, kinds: &[TransportKind], local: usize) -> Result<Tuner> {
+        let policy = Policy::new(config.algo.as_deref(), config.proto.as_deref())?;
+        let consts = match &config.tuner_file {
+            Some(p) => file::load(p)?,
+            None => Consts::default(),
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let link = if kinds.contains(&TransportKind::Tcp) {
+            Link::Tcp
+        } else if local > cores {
+            Link::ShmShared
+        } else {
+            Link::Shm
+        };
+        Ok(Tuner { nranks, link, policy, consts, logged: Default::default() })
+    }
+
+    /// What every rank must agree on: the lists and the constants (the link follows from the
+    /// peer table, which every rank shares, except the core count, which is included).
+    pub(crate) fn digest(&self) -> u64 {
+        let parts = [self.policy.algos.digest(), self.policy.protos.digest(), self.consts.digest(), self.link as u64];
+        parts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// The choice for `coll` with `bytes` per rank (per block for all-gather and
+    /// reduce-scatter).
+    pub(crate) fn choose(&self, coll: CollType, bytes: usize) -> Result<Choice> {
+        let func = coll as usize;
+        let cands = candidates(coll);
+        if cands.is_empty() || func >= FUNCS.len() {
+            return Ok(Choice { algo: Algo::Direct, proto: Proto::Simple });
+        }
+        let algos: Vec<Algo> =
+            cands.iter().filter(|(_, name)| self.policy.algos.allows(func, bit(&ALGOS, name))).map(|c| c.0).collect();
+        if algos.is_empty() {
+            return Err(Error::usage(format!(
+                "{} leaves no algorithm that occl runs for {}; it supports {} (set OCCL_ALGO to include one)",
+                self.policy.algos.describe(),
+                coll.name(),
+                upper(cands.iter().map(|c| c.1))
+            )));
+        }
+        let protos: Vec<Proto> = PROTOCOLS
+            .iter()
+            .filter(|(_, name)| self.policy.protos.allows(func, bit(&PROTOS, name)))
+            .map(|p| p.0)
+            .collect();
+        if protos.is_empty() {
+            return Err(Error::usage(format!(
+                "{} leaves no protocol that occl runs for {} over {}; it supports {} (set OCCL_PROTO to include one)",
+                self.policy.protos.describe(),
+                coll.name(),
+                self.link.name(),
+                upper(PROTOCOLS.iter().map(|p| p.1))
+            )));
+        }
+        let n = self.nranks;
+        let price = |c: &Choice| model::time(&self.consts, self.link, coll, c.algo, c.proto, n, bytes);
+        let mut best: Option<(Choice, f64)> = None;
+        for &algo in &algos {
+            for &proto in &protos {
+                let c = Choice { algo, proto };
+                let t = price(&c);
+                if best.is_none_or(|(_, bt)| t < bt) {
+                    best = Some((c, t));
+                }
+            }
+        }
+        let (choice, _) = best.ok_or_else(|| Error::internal("the tuner priced no choice"))?;
+        self.log_once(coll, bytes, choice, &algos, &protos);
+        Ok(choice)
+    }
+
+    /// Logs a choice at INFO the first time its (collective, size class) comes up.
+    fn log_once(&self, coll: CollType, bytes: usize, c: Choice, algos: &[Algo], protos: &[Proto]) {
+        if !tracing::enabled!(tracing::Level::INFO) {
+            return;
+        }
+        let class = (usize::BITS - bytes.leading_zeros()).min(63);
+        let Some(seen) = self.logged.get(coll as usize) else { return };
+        if seen.fetch_or(1 << class, Ordering::Relaxed) & (1 << class) != 0 {
+            return;
+        }
+        let n = self.nranks;
+        let priced: Vec<String> = algos
+            .iter()
+            .flat_map(|&a| protos.iter().map(move |&p| (a, p)))
+            .map(|(a, p)| {
+                let t = model::time(&self.consts, self.link, coll, a, p, n, bytes);
+                format!("{}/{} {t:.1} µs", a.name(), p.name())
+            })
+            .collect();
+        let lo = if class == 0 { 0 } else { 1usize << (class - 1) };
+        tracing::info!(
+            "occl: tuner: {} of {lo}..{} B per rank on {n} ranks over {}: {}/{} (model: {})",
+            coll.name(),
+            lo.saturating_mul(2).max(1) - 1,
+            self.link.name(),
+            c.algo.name(),
+            c.proto.name(),
+            priced.join(", ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuner(algo: Option<&str>, proto: Option<&str>, n: usize, kind: TransportKind) -> Tuner {
+        let config = Config { algo: algo.map(str::to_string), proto: proto.map(str::to_string), ..Config::default() };
+        Tuner::new(&config, n, &vec![kind; n.saturating_sub(1)], 1).expect("tuner")
+    }
+
+    #[test]
+    fn forced_choices_are_obeyed_or_refused() {
+        let t = tuner(Some("allreduce:tree"), None, 4, TransportKind::Tcp);
+        for bytes in [0, 8, 1 << 20, 1 << 30] {
+            assert_eq!(t.choose(CollType::AllReduce, bytes).expect("tree").algo, Algo::Tree);
+        }
+        assert_eq!(t.choose(CollType::AllToAll, 8).expect("direct").algo, Algo::Direct);
+        let t = tuner(Some("tree"), None, 4, TransportKind::Shm);
+        assert_eq!(t.choose(CollType::Broadcast, 8).expect("tree").algo, Algo::Tree);
+        let e = t.choose(CollType::AllGather, 8).expect_err("no tree all-gather");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidUsage);
+        assert!(e.to_string().contains("OCCL_ALGO=\"tree\"") && e.to_string().contains("RING, PAT"), "{e}");
+        let e = tuner(Some("nvls,collnetdirect"), None, 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
+        assert!(e.expect_err("nothing runnable").to_string().contains("RING, TREE, ONESHOT"));
+        let e = tuner(None, Some("ll128"), 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
+        assert!(e.expect_err("no ll128").to_string().contains("supports SIMPLE"));
+        let t = tuner(None, Some("^ll"), 2, TransportKind::Shm);
+        assert_eq!(t.choose(CollType::ReduceScatter, 8).expect("simple").proto, Proto::Simple);
+    }
+
+    /// The defaults' shape: latency-bound algorithms for small messages, the ring for large ones.
+    #[test]
+    fn the_defaults_pick_short_paths_small_and_the_ring_large() {
+        let pick = |n, kind, coll, bytes| tuner(None, None, n, kind).choose(coll, bytes).expect("choice").algo;
+        use TransportKind::{Shm, Tcp};
+        assert_eq!(pick(2, Shm, CollType::AllReduce, 8), Algo::OneShot);
+        for n in [2, 4, 8] {
+            for kind in [Shm, Tcp] {
+                assert_eq!(pick(n, kind, CollType::AllReduce, 64 << 20), Algo::Ring, "n={n} {kind:?}");
+                assert_eq!(pick(n, kind, CollType::AllGather, 64 << 20), Algo::Ring, "n={n} {kind:?}");
+                assert_eq!(pick(n, kind, CollType::Broadcast, 64 << 20), Algo::Chain, "n={n} {kind:?}");
+            }
+        }
+        assert_eq!(pick(8, Tcp, CollType::AllGather, 8), Algo::Pat);
+        assert_eq!(pick(8, Tcp, CollType::ReduceScatter, 8), Algo::Pat);
+        assert_eq!(pick(8, Tcp, CollType::Broadcast, 8), Algo::Tree);
+        assert_eq!(pick(8, Tcp, CollType::Reduce, 8), Algo::Tree);
+    }
+
+    #[test]
+    fn every_rank_count_and_size_gets_a_choice() {
+        for kind in [TransportKind::Shm, TransportKind::Tcp] {
+            for n in 1..=9 {
+                let t = tuner(None, None, n, kind);
+                for coll in CollType::ALL {
+                    for shift in 0..34 {
+                        let c = t.choose(coll, (1usize << shift) - 1).expect("a choice");
+                        assert!(candidates(coll).iter().any(|x| x.0 == c.algo) || c.algo == Algo::Direct);
+                    }
+                }
+            }
+        }
+    }
+}
