@@ -1,11 +1,14 @@
 """One rank of the GPU check of libnccl-profiler-occl.so (run by check_nccl.sh under torchrun).
 
-A few hundred NCCL all-reduces at two sizes (8 B and 1 MiB), a correctness check, and then,
+A few hundred NCCL all-reduces at two sizes (8 B and 1 MiB) in training steps marked through
+the plugin's occlProfilerStepBegin/End (ProfilerStep#N rows in the traces), a correctness
+check, and then,
 while the process group still lives (the plugin's /metrics server stops at the last NCCL
 communicator's finalize), this rank's /metrics saved to <out>/metrics-rank<N>.txt.
 """
 
 import argparse
+import ctypes
 import os
 import time
 import urllib.request
@@ -22,9 +25,20 @@ def metrics_url() -> str:
     return f"http://{host or '127.0.0.1'}:{port}/metrics"
 
 
+def step_marker():
+    """The plugin's step functions: the library NCCL loaded (same path, so the same mapping)."""
+    path = os.environ.get("NCCL_PROFILER_PLUGIN", "")
+    if not os.path.isabs(path):
+        return None
+    lib = ctypes.CDLL(path)
+    lib.occlProfilerStepBegin.argtypes = [ctypes.c_uint64]
+    return lib
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=300, help="all-reduces per size")
+    ap.add_argument("--steps", type=int, default=5, help="training steps the iterations are split into")
     ap.add_argument("--out", required=True, help="directory for this rank's /metrics text")
     args = ap.parse_args()
 
@@ -40,12 +54,19 @@ def main() -> None:
     sizes = {"8B": 2, "1MiB": 1 << 18}  # float32 elements
     bufs = {k: torch.ones(n, device=device) for k, n in sizes.items()}
     torch.cuda.synchronize()
+    marker = step_marker()
+    per_step = max(1, args.iters // max(1, args.steps))
     t0 = time.perf_counter()
-    for _ in range(args.iters):
+    for i in range(args.iters):
+        if marker is not None and i % per_step == 0:
+            torch.cuda.synchronize()  # a step's collectives end inside it
+            marker.occlProfilerStepBegin(i // per_step + 1)
         for b in bufs.values():
             dist.all_reduce(b)
             b.div_(world)
     torch.cuda.synchronize()
+    if marker is not None:
+        marker.occlProfilerStepEnd()
     dt = time.perf_counter() - t0
     for k, b in bufs.items():
         if not torch.allclose(b, torch.ones_like(b)):

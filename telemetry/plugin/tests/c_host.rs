@@ -478,3 +478,34 @@ fn the_library_unloads_and_loads_again() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[test]
+fn step_marks_from_c_reach_the_trace_file() {
+    let dir = scratch("steps");
+    let traces = dir.join("traces");
+    let (out, _) = run_ok(
+        host(5, &dir, "steps", &[("OCCL_TRACE_DIR", traces.display().to_string())]),
+        "steps through occlProfilerStepBegin/End",
+    );
+    assert!(out.contains("steps done"), "{out}");
+    let files: Vec<PathBuf> = std::fs::read_dir(&traces)
+        .unwrap_or_else(|e| panic!("no trace directory {}: {e}\n{out}", traces.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(files.len(), 1, "one trace file for the one rank: {files:?}");
+    let text = std::fs::read_to_string(&files[0]).expect("trace text");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
+    let steps: Vec<(String, f64)> = doc["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter_map(|e| {
+            let name = e["name"].as_str()?;
+            name.starts_with("ProfilerStep#").then(|| (name.to_string(), e["dur"].as_f64().unwrap_or(-1.0)))
+        })
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(names, ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"], "{text}");
+    assert!(steps.iter().all(|s| s.1 >= 0.0), "every step closed with a duration: {steps:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

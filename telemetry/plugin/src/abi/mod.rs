@@ -6,6 +6,7 @@
 //! unwinding `extern "C"` function would abort the process). Out-parameters are written NULL
 //! before anything else runs, so NCCL never keeps a stale value.
 
+mod step;
 mod v1;
 mod v2;
 mod v3;
@@ -13,6 +14,7 @@ mod v4;
 mod v5;
 mod v6;
 
+pub use step::{occlProfilerStepBegin, occlProfilerStepEnd};
 pub use v1::ncclProfiler_v1;
 pub use v2::ncclProfiler_v2;
 pub use v3::ncclProfiler_v3;

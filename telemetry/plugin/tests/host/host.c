@@ -850,7 +850,7 @@ static void garbage(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s <library> run|garbage|reload\n", argv[0]);
+        fprintf(stderr, "usage: %s <library> run|garbage|steps|reload\n", argv[0]);
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -860,6 +860,21 @@ int main(int argc, char **argv) {
         run();
     } else if (strcmp(argv[2], "garbage") == 0) {
         garbage();
+    } else if (strcmp(argv[2], "steps") == 0) {
+        /* Training-step marks through the plugin's own C exports, around a communicator's events. */
+        void (*step_begin)(uint64_t) = (void (*)(uint64_t))dlsym(dl, "occlProfilerStepBegin");
+        void (*step_end)(void) = (void (*)(void))dlsym(dl, "occlProfilerStepEnd");
+        if (!step_begin || !step_end) FAIL("no occlProfilerStepBegin/End");
+        int mask = 0;
+        void *ctx = init_comm(0, &mask);
+        for (uint64_t n = 1; n <= 3; n++) {
+            step_begin(n);
+            descr_t d = descr(T_GROUP, NULL, 0);
+            stop(start(ctx, &d));
+        }
+        step_end();
+        if (T->finalize(ctx) != 0) FAIL("finalize");
+        printf("steps done\n");
     } else if (strcmp(argv[2], "reload") == 0) {
         for (int round = 0; round < 2; round++) {
             if (round) load(argv[1], &dl);
