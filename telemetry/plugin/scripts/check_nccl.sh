@@ -4,23 +4,27 @@
 # the plugin (NCCL_DEBUG=INFO names the version it chose), each rank's /metrics (scraped by the
 # job before it destroyed its process group), and the trace files.
 #
-#   telemetry/plugin/scripts/check_nccl.sh [--iters N] [--test-spans]
+#   telemetry/plugin/scripts/check_nccl.sh [--iters N] [--test-spans] [--otlp]
 #
 # Needs: 2 GPUs, python3 with torch (CUDA), cargo (unless PLUGIN=<path to the .so> is given).
 # Environment: OUT_DIR (default: a new /tmp/occl-nccl-check.* directory), METRICS_PORT (base
 # port, rank r listens on +r; default 9464), and any OCCL_* / OTEL_* exporter settings, which
 # are passed through (OTEL_EXPORTER_OTLP_ENDPOINT turns OTLP on). --test-spans adds the plugin's
-# test-only span log (OCCL_PROFILER_TEST_SPANS) next to the real exporters.
+# test-only span log (OCCL_PROFILER_TEST_SPANS) next to the real exporters. --otlp starts a
+# loopback OTLP/HTTP receiver (otlp_sink.py, port 4318) that saves each request under $out/otlp;
+# decode_otlp.py (needs the opentelemetry-proto package) prints the span tree from them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 iters=300
 test_spans=0
+otlp=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --iters) iters=$2; shift 2 ;;
         --test-spans) test_spans=1; shift ;;
-        *) echo "usage: $0 [--iters N] [--test-spans]" >&2; exit 2 ;;
+        --otlp) otlp=1; shift ;;
+        *) echo "usage: $0 [--iters N] [--test-spans] [--otlp]" >&2; exit 2 ;;
     esac
 done
 
@@ -52,11 +56,24 @@ if [ "$test_spans" = 1 ]; then
     export OCCL_PROFILER_TEST_SPANS="$out/spans"
 fi
 
+sink=
+if [ "$otlp" = 1 ]; then
+    python3 "$here/otlp_sink.py" 4318 "$out/otlp" &
+    sink=$!
+    export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf
+    export OTEL_SERVICE_NAME=${OTEL_SERVICE_NAME:-nccl-check}
+fi
+
 echo "== job (log: $out/job.log)"
 set +e
 torchrun --standalone --nproc_per_node=2 "$here/allreduce.py" --iters "$iters" --out "$out" >"$out/job.log" 2>&1
 rc=$?
 set -e
+if [ -n "$sink" ]; then
+    sleep 2
+    kill "$sink"
+    echo "== OTLP requests received: $(ls "$out/otlp" | wc -l) (decode: python3 $here/decode_otlp.py $out/otlp)"
+fi
 grep -E "^rank [0-9]" "$out/job.log" || true
 
 echo "== what NCCL and the plugin said about the plugin"
