@@ -1,16 +1,24 @@
 //! Merging Prometheus text expositions (format 0.0.4) from several processes into one scrape: one `# HELP` and one
 //! `# TYPE` per family, every sample of a family together, and each process's samples labelled with its `pid` so
-//! that series of different processes never collide. The texts come from other processes over the mesh, so every
+//! that series of different processes never collide (and with the node's `host`, so that a job's series name the node
+//! as RAS reports do). The texts come from other processes over the mesh, so every
 //! line is checked: a sample line that does not parse, belongs to no declared family, contradicts a family's type
 //! or repeats a series is dropped and counted, never passed on to break the scrape.
 
 use std::collections::{HashMap, HashSet};
 
-/// One process's text, and the pid to label its samples with (`None`: leave them as they are).
+/// One process's text, and the pid and host to label its samples with (`None`: leave them as they are; a sample
+/// that already has the label keeps its own).
 #[derive(Clone, Copy, Debug)]
 pub struct Part<'a> {
     pub text: &'a str,
     pub pid: Option<u32>,
+    pub host: Option<&'a str>,
+}
+
+/// A label value as the text format writes it: `\\`, `\"` and `\n` escaped.
+pub(crate) fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// The merged exposition, and how many sample lines were dropped.
@@ -203,14 +211,20 @@ pub fn merge(parts: &[Part<'_>]) -> Merged {
                 }
                 let mut out = String::with_capacity(line.len() + 16);
                 out.push_str(s.name);
-                let add_pid = part.pid.filter(|_| !s.labels.iter().any(|(k, _)| *k == "pid"));
-                if add_pid.is_some() || !s.labels.is_empty() {
+                let has = |name: &str| s.labels.iter().any(|(k, _)| *k == name);
+                let mut added: Vec<(&str, String)> = Vec::with_capacity(2);
+                if let Some(p) = part.pid.filter(|_| !has("pid")) {
+                    added.push(("pid", p.to_string()));
+                }
+                if let Some(h) = part.host.filter(|_| !has("host")) {
+                    added.push(("host", escape_label(h)));
+                }
+                let all: Vec<(&str, &str)> =
+                    added.iter().map(|(k, v)| (*k, v.as_str())).chain(s.labels.iter().copied()).collect();
+                if !all.is_empty() {
                     out.push('{');
-                    if let Some(p) = add_pid {
-                        out.push_str(&format!("pid=\"{p}\""));
-                    }
-                    for (i, (k, v)) in s.labels.iter().enumerate() {
-                        if i > 0 || add_pid.is_some() {
+                    for (i, (k, v)) in all.iter().enumerate() {
+                        if i > 0 {
                             out.push(',');
                         }
                         out.push_str(&format!("{k}=\"{v}\""));
@@ -248,22 +262,26 @@ pub fn merge(parts: &[Part<'_>]) -> Merged {
 }
 
 /// The body of a cargo-fuzz target: `data` split at 0xFF bytes into up to 8 processes' texts (odd ones labelled with
-/// a pid). Checks that the merge drops nothing of its own output when merged again and changes nothing (so what it
-/// produces is always well-formed by its own strict reading), and that it never grows beyond a pid label per line.
+/// a pid and a host). Checks that the merge drops nothing of its own output when merged again and changes nothing (so
+/// what it produces is always well-formed by its own strict reading), and that it never grows beyond a pid and a host
+/// label per line.
 pub fn fuzz_exposition_bytes(data: &[u8]) {
     let texts: Vec<String> = data.split(|&b| b == 0xff).take(8).map(|c| String::from_utf8_lossy(c).into()).collect();
     let parts: Vec<Part<'_>> = texts
         .iter()
         .enumerate()
-        .map(|(i, t)| Part { text: t, pid: (i % 2 == 1).then_some(4_000_000_000 + i as u32) })
+        .map(|(i, t)| {
+            let odd = i % 2 == 1;
+            Part { text: t, pid: odd.then_some(4_000_000_000 + i as u32), host: odd.then_some("10.0.0.1\"\\") }
+        })
         .collect();
     let m = merge(&parts);
-    let again = merge(&[Part { text: &m.text, pid: None }]);
+    let again = merge(&[Part { text: &m.text, pid: None, host: None }]);
     assert_eq!(again.dropped, 0, "the merge's own output re-reads without loss:\n{}", m.text);
     assert_eq!(again.text, m.text, "merging is idempotent");
     let lines: usize = texts.iter().map(|t| t.lines().count()).sum();
     let input: usize = texts.iter().map(String::len).sum();
-    assert!(m.text.len() <= input + lines * 24, "output bounded by input plus labels");
+    assert!(m.text.len() <= input + lines * 48, "output bounded by input plus labels");
 }
 
 #[cfg(test)]
@@ -286,8 +304,11 @@ occl_d_seconds_count{rank=\"0\"} 2
     fn families_merge_with_one_header_and_pid_labels() {
         let b = A.replace("rank=\\\"0\\\"", "rank=\\\"1\\\"").replace("rank=\"0\"", "rank=\"1\"");
         let ras = "# HELP occl_ras_peers Peers.\n# TYPE occl_ras_peers gauge\noccl_ras_peers{state=\"alive\"} 2\n";
-        let m =
-            merge(&[Part { text: ras, pid: None }, Part { text: A, pid: Some(10) }, Part { text: &b, pid: Some(11) }]);
+        let m = merge(&[
+            Part { text: ras, pid: None, host: None },
+            Part { text: A, pid: Some(10), host: None },
+            Part { text: &b, pid: Some(11), host: None },
+        ]);
         assert_eq!(m.dropped, 0, "{}", m.text);
         assert_eq!(m.text.matches("# TYPE occl_x_total counter").count(), 1);
         assert_eq!(m.text.matches("# HELP occl_d_seconds").count(), 1);
@@ -299,6 +320,23 @@ occl_d_seconds_count{rank=\"0\"} 2
         let x = m.text.find("# TYPE occl_x_total").expect("x");
         let d = m.text.find("# HELP occl_d_seconds").expect("d");
         assert!(m.text[x..d].matches("occl_x_total{").count() == 2, "{}", m.text);
+    }
+
+    #[test]
+    fn processes_series_get_the_host_after_the_pid_unless_they_have_one() {
+        let own = "# TYPE occl_y gauge\noccl_y{host=\"mine\",rank=\"2\"} 1\n";
+        let m = merge(&[
+            Part { text: A, pid: Some(10), host: Some("10.1.2.3") },
+            Part { text: own, pid: Some(11), host: Some("a\"b\\c") },
+        ]);
+        assert_eq!(m.dropped, 0, "{}", m.text);
+        assert!(m.text.contains("occl_x_total{pid=\"10\",host=\"10.1.2.3\",comm=\"ab\",rank=\"0\"} 3\n"), "{}", m.text);
+        assert!(m.text.contains("occl_d_seconds_sum{pid=\"10\",host=\"10.1.2.3\",rank=\"0\"} 1.5\n"), "{}", m.text);
+        assert!(m.text.contains("occl_y{pid=\"11\",host=\"mine\",rank=\"2\"} 1\n"), "{}", m.text);
+        // An odd host is escaped, and the result reads back unchanged.
+        let m = merge(&[Part { text: A, pid: None, host: Some("a\"b\\c") }]);
+        assert!(m.text.contains("occl_x_total{host=\"a\\\"b\\\\c\",comm=\"ab\",rank=\"0\"} 3\n"), "{}", m.text);
+        assert_eq!(merge(&[Part { text: &m.text, pid: None, host: None }]).text, m.text);
     }
 
     #[test]
@@ -321,7 +359,7 @@ occl_x_total{a=\"7\"} 1
 occl_h 1
 occl_h_count 1
 ";
-        let m = merge(&[Part { text: bad, pid: None }]);
+        let m = merge(&[Part { text: bad, pid: None, host: None }]);
         assert_eq!(
             m.text,
             "# TYPE occl_x_total counter\noccl_x_total{a=\"1\"} 1\noccl_x_total{a=\"6\"} 7 1700000000000\n\
@@ -330,7 +368,7 @@ occl_h_count 1
         assert_eq!(m.dropped, 10);
         // A family declared with another type by a later process keeps the first type; the later samples go.
         let g = "# TYPE occl_x_total gauge\noccl_x_total{a=\"9\"} 1\n";
-        let m = merge(&[Part { text: A, pid: Some(1) }, Part { text: g, pid: Some(2) }]);
+        let m = merge(&[Part { text: A, pid: Some(1), host: None }, Part { text: g, pid: Some(2), host: None }]);
         assert_eq!(m.dropped, 1);
         assert!(!m.text.contains("a=\"9\""));
     }

@@ -8,17 +8,15 @@
 
 mod common;
 
+use common::prometheus::{get, one_target_config, tool, Prometheus};
 use common::{env, scratch, worker};
 use occl::{Comm, RedOp};
 use occl_telemetry::spans::{CommMeta, Exporter as _, Telemetry};
 use occl_tests::launch::{Job, Spawn};
 use occl_tests::ras_client::free_port;
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const RANKS: usize = 4;
@@ -36,126 +34,6 @@ fn expected() -> BTreeMap<(String, usize, String), (f64, f64)> {
         put("p2p", if r % 2 == 0 { "Send" } else { "Recv" }, 1.0, 300.0);
     }
     m
-}
-
-/// `name` on PATH, or `None` after saying plainly that the test is skipped (a failure under CI).
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let why = format!("`{name}` is not installed (Debian: apt-get install prometheus; scripts/test.sh does it)");
-        assert!(std::env::var_os("CI").is_none(), "CI: {why}");
-        // Straight to the stream, past the test harness's capture: a skip must be seen.
-        let _ = writeln!(std::io::stderr(), "SKIPPED prometheus test: {why}");
-    }
-    found
-}
-
-/// A Prometheus server for the test's lifetime.
-struct Prometheus {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Prometheus {
-    /// Starts `bin` scraping `127.0.0.1:target` every second, listening on a free loopback port, storing in `dir`.
-    fn start(bin: &PathBuf, target: u16, dir: &std::path::Path) -> Prometheus {
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: occl\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
-            ),
-        )
-        .expect("write config");
-        let port = free_port();
-        let child = Command::new(bin)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("prometheus.log")).map_or(Stdio::null(), Stdio::from))
-            .spawn()
-            .expect("start prometheus");
-        let p = Prometheus { child, port };
-        let t = Instant::now();
-        while get(port, "/-/ready").map(|(c, _)| c) != Some(200) {
-            assert!(t.elapsed() < Duration::from_secs(30), "prometheus not ready: {}", p.log(dir));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        p
-    }
-
-    fn log(&self, dir: &std::path::Path) -> String {
-        std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// An instant query: each result's labels and value.
-    fn query(&self, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-        let (code, body) = get(self.port, &format!("/api/v1/query?query={}", percent(q))).unwrap_or_default();
-        assert!(code == 200 || code == 0, "query {q}: HTTP {code}: {body}");
-        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        let results = v["data"]["result"].as_array().cloned().unwrap_or_default();
-        results
-            .iter()
-            .map(|r| {
-                let labels = r["metric"]
-                    .as_object()
-                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
-                    .unwrap_or_default();
-                let value = r["value"][1].as_str().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN);
-                (labels, value)
-            })
-            .collect()
-    }
-}
-
-fn percent(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// `GET path` on a fresh connection; the status and the body (de-chunked).
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Some((code, body.to_string()));
-    }
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).ok()?;
-        if n == 0 {
-            break;
-        }
-        out.push_str(tail.get(..n)?);
-        rest = tail.get(n + 2..)?;
-    }
-    Some((code, out))
 }
 
 /// `sum by (rank, op)` of a family, keyed like [`expected`].
@@ -221,7 +99,7 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
     assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n--- scrape:\n{body}");
 
     // Prometheus scrapes the port every second; the series appear with the job's exact numbers.
-    let p = Prometheus::start(&prometheus, port, &dir);
+    let p = Prometheus::start(&prometheus, &one_target_config(port), &dir);
     let want = expected();
     let t = Instant::now();
     let (mut ops, mut bytes, mut durs);
@@ -235,7 +113,7 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
         if ops.len() == want.len() && bytes.len() == want.len() && durs.len() == want.len() {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "series did not appear in Prometheus: {ops:?}\n{}", p.log(&dir));
+        assert!(t.elapsed() < Duration::from_secs(30), "series did not appear in Prometheus: {ops:?}\n{}", p.log());
         std::thread::sleep(Duration::from_millis(250));
     }
     for (k, (n, b)) in &want {

@@ -61,6 +61,31 @@ fn trace_steps(comm: &Comm, steps: u64, slow: bool, delay: Duration) -> occl::Re
     Ok(6)
 }
 
+/// One round of the "dashboards" scenario: small and 1 MiB all-reduces, an all-gather, a reduce-scatter, a
+/// broadcast and a send/recv ring.
+fn dashboards_round(comm: &Comm) -> occl::Result<()> {
+    let (r, n) = (comm.rank(), comm.nranks());
+    let (a, mut b) = (vec![1.0f32; 1000], vec![0f32; 1000]);
+    comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+    let (a, mut b) = (vec![1.0f32; 1 << 18], vec![0f32; 1 << 18]);
+    comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+    let (a, mut g) = (vec![r as i32; 4096], vec![0i32; 4096 * n]);
+    comm.all_gather(&a, &mut g)?;
+    let (a, mut s) = (vec![1.0f32; 8192 * n], vec![0f32; 8192]);
+    comm.reduce_scatter(&a, &mut s, RedOp::Sum)?;
+    let mut c = vec![0f64; 100];
+    comm.broadcast_in_place(&mut c, 0)?;
+    let (out, mut inp) = (vec![r as f32; 256], vec![0f32; 256]);
+    let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+    if r % 2 == 0 {
+        comm.send(&out, to)?;
+        comm.recv(&mut inp, from)
+    } else {
+        comm.recv(&mut inp, from)?;
+        comm.send(&out, to)
+    }
+}
+
 fn main() -> ExitCode {
     // OCCL_LOG takes a tracing filter; OCCL_DEBUG (or NCCL_DEBUG) a level, as NCCL's.
     let filter = tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG")
@@ -297,6 +322,32 @@ fn main() -> ExitCode {
             println!("READY rank={r} pid={}", std::process::id());
             std::thread::sleep(Duration::from_secs(3600));
         }
+        // A live job for the dashboards test (tests/tests/dashboards.rs): rounds of collectives at a few sizes and a
+        // send/recv ring, 20 a second, until killed. While the file `$OCCL_TEST_PAUSE_DIR/pause-<rank>` exists the
+        // rank stops calling collectives (a hung job: its RAS still answers). After an error (a peer was killed) it
+        // stays alive, idle, so that the node's RAS port still answers scrapes.
+        "dashboards" => {
+            let pause =
+                std::env::var_os("OCCL_TEST_PAUSE_DIR").map(|d| std::path::Path::new(&d).join(format!("pause-{r}")));
+            let mut first = true;
+            loop {
+                while pause.as_ref().is_some_and(|p| p.exists()) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                if let Err(e) = dashboards_round(&comm) {
+                    let code = report(&e);
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                    std::thread::sleep(Duration::from_secs(3600));
+                    return code;
+                }
+                if first {
+                    println!("READY rank={r} pid={}", std::process::id());
+                    first = false;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         // Every collective and p2p at a few sizes, with a recording profiler (see "events" above).
         "events" => {
             if let Err(e) = occl_tests::events::every_operation(&comm) {
@@ -385,7 +436,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, events, otlp, trace, groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, idle, hang, subcomm, metrics, dashboards, events, otlp, trace, groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
             return ExitCode::from(2);
         }
     }

@@ -49,3 +49,4 @@ pub fn scratch(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
 }
+pub mod prometheus;
