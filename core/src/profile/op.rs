@@ -20,6 +20,7 @@
 use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
+use occl_telemetry::fanout::View;
 use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs};
 use std::cell::Cell;
 
@@ -62,9 +63,10 @@ pub(crate) struct OpDescr<'s> {
     pub chunk_size: usize,
 }
 
-/// The events of one operation in flight, with the mask it captured at its start.
+/// The events of one operation in flight, with the mask it captured at its start and the sinks
+/// attached then (a view: its callbacks take no lock; detaching a sink waits for the operation).
 pub(crate) struct OpProf<'f> {
-    f: &'f Fanout,
+    f: View<'f>,
     mask: EventMask,
     rank: i32,
     group_api: Option<EventId>,
@@ -91,7 +93,7 @@ impl<'f> OpProf<'f> {
         }
         let d = &describe();
         let rank = rank as i32;
-        let mut p = OpProf { f, mask, rank, group_api: None, group: None, coll: None, legs: Vec::new() };
+        let mut p = OpProf { f: f.view(), mask, rank, group_api: None, group: None, coll: None, legs: Vec::new() };
         p.marker(ProxyCtrlState::Active, 0);
         p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
         p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });

@@ -15,6 +15,7 @@ mod clock;
 mod collector;
 mod env;
 mod intern;
+mod open;
 
 pub use clock::unix_nanos;
 pub use collector::{CommSpans, Telemetry};

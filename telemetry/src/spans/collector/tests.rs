@@ -1,4 +1,6 @@
 use super::*;
+use crate::event::EventType;
+use crate::spans::MAX_STATES;
 use crate::event::{GroupApiState, ProxyCtrlState, ProxyStepState};
 use std::num::NonZeroU64;
 use std::sync::Mutex;
