@@ -20,6 +20,7 @@
 use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::mask::EventMask;
 use crate::sink::{Note, Sink};
+use std::cell::Cell;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::atomic::{fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
@@ -141,7 +142,7 @@ impl Fanout {
     /// no lock. Drop it when the operation ends: `detach` waits for every view that holds the
     /// sink it detaches (so a thread must not detach while it holds a view of the same fan-out).
     pub fn view(&self) -> View<'_> {
-        View { f: self, table: Arc::clone(&self.read()) }
+        View { f: self, table: Arc::clone(&self.read()), seqs: Cell::new((0, 0)) }
     }
 
     fn rebuild(&self, slots: &[Option<Slot>]) {
@@ -202,7 +203,8 @@ impl Fanout {
             }
             None => return Err(TooManySinks),
         };
-        // Under the write lock no start runs, so every later id is at least this.
+        // Under the write lock no locked start runs, and a view's ids come from blocks it took
+        // before now, on a table without this sink: every id routed here is at least this.
         let since = self.next_seq.load(Relaxed);
         slots[slot] = Some(Slot::new(sink, serial, since));
         self.rebuild(&slots);
@@ -256,7 +258,7 @@ impl Fanout {
 
     #[inline(never)] // keep the disabled path small at every call site
     fn start_slow(&self, parent: Option<EventId>, descr: &EventDescr<'_>, bit: u64) -> Option<EventId> {
-        start_on(self, &self.read(), parent, descr, bit)
+        start_on(&self.read(), parent, descr, bit, || self.next_seq.fetch_add(1, Relaxed))
     }
 
     /// Records a state of a live event, on the sinks that saw its start.
@@ -278,10 +280,16 @@ impl Fanout {
     }
 }
 
-/// The fan-out's sinks as one operation sees them: [`Fanout::view`].
+/// Sequence numbers a view takes from its fan-out at once: one atomic add per operation or so
+/// instead of one per event.
+const SEQ_BLOCK: u64 = 32;
+
+/// The fan-out's sinks as one operation sees them ([`Fanout::view`]); used by one thread.
 pub struct View<'f> {
     f: &'f Fanout,
     table: Arc<Table>,
+    /// The rest of this view's block of sequence numbers: (next, end).
+    seqs: Cell<(u64, u64)>,
 }
 
 impl View<'_> {
@@ -292,7 +300,15 @@ impl View<'_> {
         if self.f.interest.load(Relaxed) & bit == 0 {
             return None;
         }
-        start_on(self.f, &self.table, parent, descr, bit)
+        start_on(&self.table, parent, descr, bit, || {
+            let (mut next, mut end) = self.seqs.get();
+            if next == end {
+                next = self.f.next_seq.fetch_add(SEQ_BLOCK, Relaxed);
+                end = next + SEQ_BLOCK;
+            }
+            self.seqs.set((next + 1, end));
+            next
+        })
     }
 
     /// [`Fanout::state`] without the lock.
@@ -319,8 +335,15 @@ impl fmt::Debug for View<'_> {
     }
 }
 
-/// Issues an id and calls `start` on every sink of `slots` that wants the type.
-fn start_on(f: &Fanout, slots: &[Option<Slot>], parent: Option<EventId>, descr: &EventDescr<'_>, bit: u64) -> Option<EventId> {
+/// Issues an id (sequence number from `seq`) and calls `start` on every sink of `slots` that
+/// wants the type.
+fn start_on(
+    slots: &[Option<Slot>],
+    parent: Option<EventId>,
+    descr: &EventDescr<'_>,
+    bit: u64,
+    seq: impl FnOnce() -> u64,
+) -> Option<EventId> {
     // Re-check against the table itself: a detach may have raced with the fast check.
     let routes = slots
         .iter()
@@ -330,8 +353,7 @@ fn start_on(f: &Fanout, slots: &[Option<Slot>], parent: Option<EventId>, descr: 
     if routes == 0 {
         return None;
     }
-    let seq = f.next_seq.fetch_add(1, Relaxed) & SEQ_MASK;
-    let id = EventId(NonZeroU64::new(routes << SEQ_BITS | seq)?);
+    let id = EventId(NonZeroU64::new(routes << SEQ_BITS | (seq() & SEQ_MASK))?);
     for_each_route(slots, id, |s| s.start(id, parent, descr));
     Some(id)
 }

@@ -2,7 +2,8 @@
 //! roots (both in `open.rs`), and the hand-off of finished spans to the exporters.
 
 use super::open::{OpenTable, RootRing, Start};
-use super::{clock, intern, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
+use super::intern::intern_field;
+use super::{clock, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
 use crate::event::{EventDescr, EventId, StateArgs};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
@@ -114,8 +115,9 @@ impl CommSpans {
 
 /// The descriptor with `'static` names; a NetPlugin payload is returned beside it.
 fn own<'a>(ev: &EventDescr<'a>) -> (EventDescr<'static>, &'a [u8]) {
+    use crate::nccl::names::Field;
     use EventDescr as D;
-    let i = intern;
+    let (f, dt) = (|s| intern_field(Field::Func, s), |s| intern_field(Field::Datatype, s));
     let d = match *ev {
         D::Group => D::Group,
         D::Coll {
@@ -135,20 +137,20 @@ fn own<'a>(ev: &EventDescr<'a>) -> (EventDescr<'static>, &'a [u8]) {
         } => D::Coll {
             rank,
             seq_number,
-            func: i(func),
+            func: f(func),
             send_buff,
             recv_buff,
             count,
             root,
-            datatype: i(datatype),
+            datatype: dt(datatype),
             n_channels,
             n_warps,
-            algo: i(algo),
-            proto: i(proto),
+            algo: intern_field(Field::Algo, algo),
+            proto: intern_field(Field::Proto, proto),
             parent_group,
         },
         D::P2p { rank, func, buff, datatype, count, peer, n_channels, parent_group } => {
-            D::P2p { rank, func: i(func), buff, datatype: i(datatype), count, peer, n_channels, parent_group }
+            D::P2p { rank, func: f(func), buff, datatype: dt(datatype), count, peer, n_channels, parent_group }
         }
         D::ProxyOp { rank, pid, channel_id, peer, n_steps, chunk_size, is_send } => {
             D::ProxyOp { rank, pid, channel_id, peer, n_steps, chunk_size, is_send }
@@ -161,10 +163,10 @@ fn own<'a>(ev: &EventDescr<'a>) -> (EventDescr<'static>, &'a [u8]) {
         }
         D::GroupApi { graph_captured, group_depth } => D::GroupApi { graph_captured, group_depth },
         D::CollApi { func, count, datatype, root, stream, graph_captured } => {
-            D::CollApi { func: i(func), count, datatype: i(datatype), root, stream, graph_captured }
+            D::CollApi { func: f(func), count, datatype: dt(datatype), root, stream, graph_captured }
         }
         D::P2pApi { func, count, datatype, stream, graph_captured } => {
-            D::P2pApi { func: i(func), count, datatype: i(datatype), stream, graph_captured }
+            D::P2pApi { func: f(func), count, datatype: dt(datatype), stream, graph_captured }
         }
         D::KernelLaunch { stream } => D::KernelLaunch { stream },
         D::CeColl {
@@ -183,13 +185,13 @@ fn own<'a>(ev: &EventDescr<'a>) -> (EventDescr<'static>, &'a [u8]) {
             stream,
         } => D::CeColl {
             seq_number,
-            func: i(func),
+            func: f(func),
             send_buff,
             recv_buff,
             count,
             root,
-            datatype: i(datatype),
-            sync_strategy: i(sync_strategy),
+            datatype: dt(datatype),
+            sync_strategy: intern_field(Field::SyncStrategy, sync_strategy),
             intra_batch_sync,
             batch_size,
             num_batches,
@@ -218,22 +220,29 @@ impl Sink for CommSpans {
     }
 
     fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
-        let start_ns = clock::unix_nanos();
         // A parent this sink no longer knows (retired long ago) still names a tree: use it.
         let root = parent.map_or(id, |p| self.root_of(p).unwrap_or(p));
         self.roots.insert(id, root);
+        if self.mask.0 & ev.event_type().bit() == 0 {
+            // An ancestor that no exporter wants (the fan-out sends NCCL's implied parents):
+            // only its children's trace root is kept; its states and stop find no entry.
+            return;
+        }
+        let start_ns = clock::unix_nanos();
         let (descr, payload) = own(ev);
         self.open.start(id, Start { parent, root, start_ns, descr, payload });
     }
 
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
-        let mark = StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) };
-        self.open.with(id, |o| o.push_state(mark));
+        // The clock is read only for an event this sink keeps.
+        self.open.with(id, |o| {
+            o.push_state(StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) })
+        });
     }
 
     fn stop(&self, id: EventId) {
-        let end_ns = clock::unix_nanos();
         let step_of = self.open.stop(id, |o, steps_done| {
+            let end_ns = clock::unix_nanos();
             let span = Span {
                 comm: &self.comm,
                 id,

@@ -16,6 +16,7 @@ mod collector;
 mod env;
 mod intern;
 mod open;
+mod spin;
 
 pub use clock::unix_nanos;
 pub use collector::{CommSpans, Telemetry};

@@ -12,9 +12,10 @@
 //!   touching its parent's entry, and kept past the event's stop for late children (reference
 //!   §10: ProxyOps start after their Coll stopped). An entry lasts until an event [`ROOT_SLOTS`]
 //!   ids later takes its slot: at 26–60 events per operation, the last few hundred operations. A
-//!   writer claims the slot by swapping its id for a marker, so a reader never pairs one event's
-//!   id with another's root.
+//!   writer marks the slot before it writes, so a reader never pairs one event's id with another
+//!   event's root.
 
+use super::spin::SpinLock;
 use super::{StateMark, MAX_STATES};
 use crate::event::{EventDescr, EventId};
 use std::collections::HashMap;
@@ -95,7 +96,7 @@ struct Slot {
     id: AtomicU64,
     /// The held event's finished ProxySteps: counted by its steps' stops without its lock.
     steps: AtomicU32,
-    open: Mutex<Open>,
+    open: SpinLock<Open>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -116,7 +117,7 @@ impl Default for OpenTable {
         let placeholder = EventId(std::num::NonZeroU64::MIN);
         OpenTable {
             slots: (0..OPEN_SLOTS)
-                .map(|_| Slot { id: AtomicU64::new(0), steps: AtomicU32::new(0), open: Mutex::new(Open::empty(placeholder)) })
+                .map(|_| Slot { id: AtomicU64::new(0), steps: AtomicU32::new(0), open: SpinLock::new(Open::empty(placeholder)) })
                 .collect(),
             overflow: Mutex::new(HashMap::new()),
             spilled: AtomicUsize::new(0),
@@ -134,7 +135,7 @@ impl OpenTable {
         let key = id.get();
         let slot = self.slot(key);
         {
-            let mut o = lock(&slot.open);
+            let mut o = slot.open.lock();
             if slot.id.load(Relaxed) == 0 {
                 s.fill(&mut o);
                 slot.steps.store(0, Relaxed);
@@ -155,7 +156,7 @@ impl OpenTable {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Relaxed) == key {
-            let mut o = lock(&slot.open);
+            let mut o = slot.open.lock();
             // Checked again under the lock: the event may have stopped meanwhile.
             if slot.id.load(Relaxed) == key {
                 return Some(f(&mut o));
@@ -186,7 +187,7 @@ impl OpenTable {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Relaxed) == key {
-            let o = lock(&slot.open);
+            let o = slot.open.lock();
             if slot.id.load(Relaxed) == key {
                 let r = f(&o, slot.steps.load(Relaxed));
                 slot.id.store(0, Relaxed);
@@ -227,22 +228,19 @@ impl RootRing {
         &self.slots[id as usize & (ROOT_SLOTS - 1)]
     }
 
-    /// Records the root of `id`, replacing the entry of an older event in its slot. Skipped if
-    /// another thread is writing the slot this instant (a later lookup then misses, as after an
-    /// eviction).
+    /// Records the root of `id`, replacing the entry of an older event in its slot. Plain
+    /// stores: two writers of one slot at once would be two events [`ROOT_SLOTS`] ids apart
+    /// starting in the same instant, which one communicator's emitters never are.
     pub fn insert(&self, id: EventId, root: EventId) {
         let (k, v) = self.entry(id.get());
-        let cur = k.load(Ordering::Relaxed);
-        if cur == WRITING || id.get() == WRITING {
+        if id.get() == WRITING {
             return;
         }
-        if k.compare_exchange(cur, WRITING, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            return;
-        }
+        k.store(WRITING, Relaxed);
         // A reader that sees the new root also sees WRITING (or the new id) on its second look.
-        fence(Ordering::Release);
-        v.store(root.get(), Ordering::Relaxed);
-        k.store(id.get(), Ordering::Release);
+        fence(Release);
+        v.store(root.get(), Relaxed);
+        k.store(id.get(), Release);
     }
 
     /// The root of `id`, if its entry is still there.
