@@ -235,13 +235,11 @@ impl Sink for CommSpans {
 
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
         // The clock is read only for an event this sink keeps.
-        self.open.with(id, |o| {
-            o.push_state(StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) })
-        });
+        self.open.state(id, || StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) });
     }
 
     fn stop(&self, id: EventId) {
-        let step_of = self.open.stop(id, |o, steps_done| {
+        let step_of = self.open.stop(id, |o, states, steps_done| {
             let end_ns = clock::unix_nanos();
             let span = Span {
                 comm: &self.comm,
@@ -252,7 +250,7 @@ impl Sink for CommSpans {
                 end_ns,
                 descr: o.descr,
                 payload: &o.payload,
-                states: &o.states,
+                states,
                 states_dropped: o.states_dropped,
                 steps_done,
             };

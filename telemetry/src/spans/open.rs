@@ -28,6 +28,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub const OPEN_SLOTS: usize = 1024;
 /// Root entries; a power of two (16 bytes each).
 pub const ROOT_SLOTS: usize = 16384;
+/// State marks a slot keeps in atomics, written without its lock: every state of a ProxyStep
+/// (three) or a ProxyOp; later ones go under the lock.
+pub const INLINE_MARKS: usize = 4;
 
 /// An event between its start and its stop.
 pub(super) struct Open {
@@ -37,9 +40,12 @@ pub(super) struct Open {
     pub descr: EventDescr<'static>,
     /// A NetPlugin's start payload; empty for other types.
     pub payload: Vec<u8>,
-    pub states: Vec<StateMark>,
+    /// State marks: in a slot, those after its inline ones; in the overflow map, all.
+    states: Vec<StateMark>,
     pub states_dropped: u32,
-    pub steps_done: u32,
+    steps_done: u32,
+    /// The stop's buffer for a slot's inline and later marks together (kept for its capacity).
+    all: Vec<StateMark>,
 }
 
 impl Open {
@@ -53,12 +59,13 @@ impl Open {
             states: Vec::new(),
             states_dropped: 0,
             steps_done: 0,
+            all: Vec::new(),
         }
     }
 
-    /// Appends a state mark, counting those past [`MAX_STATES`].
-    pub fn push_state(&mut self, m: StateMark) {
-        if self.states.len() < MAX_STATES {
+    /// Appends a state mark while fewer than `max` are kept here, else counts it as dropped.
+    fn push_state(&mut self, m: StateMark, max: usize) {
+        if self.states.len() < max {
             self.states.push(m);
         } else {
             self.states_dropped = self.states_dropped.saturating_add(1);
@@ -96,7 +103,23 @@ struct Slot {
     id: AtomicU64,
     /// The held event's finished ProxySteps: counted by its steps' stops without its lock.
     steps: AtomicU32,
+    /// The first [`INLINE_MARKS`] state marks (time, state, value), and how many are written:
+    /// the event's own states, which its emitter orders, write them without the lock.
+    marks: [[AtomicU64; 3]; INLINE_MARKS],
+    n_marks: AtomicU32,
     open: SpinLock<Open>,
+}
+
+impl Slot {
+    fn new(open: Open) -> Slot {
+        Slot {
+            id: AtomicU64::new(0),
+            steps: AtomicU32::new(0),
+            marks: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            n_marks: AtomicU32::new(0),
+            open: SpinLock::new(open),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -116,9 +139,7 @@ impl Default for OpenTable {
     fn default() -> Self {
         let placeholder = EventId(std::num::NonZeroU64::MIN);
         OpenTable {
-            slots: (0..OPEN_SLOTS)
-                .map(|_| Slot { id: AtomicU64::new(0), steps: AtomicU32::new(0), open: SpinLock::new(Open::empty(placeholder)) })
-                .collect(),
+            slots: (0..OPEN_SLOTS).map(|_| Slot::new(Open::empty(placeholder))).collect(),
             overflow: Mutex::new(HashMap::new()),
             spilled: AtomicUsize::new(0),
         }
@@ -139,6 +160,7 @@ impl OpenTable {
             if slot.id.load(Relaxed) == 0 {
                 s.fill(&mut o);
                 slot.steps.store(0, Relaxed);
+                slot.n_marks.store(0, Relaxed);
                 slot.id.store(key, Release);
                 return;
             }
@@ -168,6 +190,35 @@ impl OpenTable {
         lock(&self.overflow).get_mut(&key).map(f)
     }
 
+    /// Records a state of the open event `id`; `mark` (which reads the clock) runs only if the
+    /// event is here. The first [`INLINE_MARKS`] take no lock: only the event's own calls write
+    /// them, in the order its emitter makes them.
+    pub fn state(&self, id: EventId, mark: impl FnOnce() -> StateMark) {
+        let key = id.get();
+        let slot = self.slot(key);
+        if slot.id.load(Acquire) == key {
+            let n = slot.n_marks.load(Relaxed) as usize;
+            if let Some(w) = slot.marks.get(n) {
+                let m = mark();
+                w[0].store(m.t_ns, Relaxed);
+                w[1].store(u64::from(m.state), Relaxed);
+                w[2].store(m.value, Relaxed);
+                slot.n_marks.store(n as u32 + 1, Release);
+                return;
+            }
+            let mut o = slot.open.lock();
+            if slot.id.load(Relaxed) == key {
+                o.push_state(mark(), MAX_STATES - INLINE_MARKS);
+            }
+            return;
+        }
+        if self.spilled.load(Relaxed) != 0 {
+            if let Some(o) = lock(&self.overflow).get_mut(&key) {
+                o.push_state(mark(), MAX_STATES);
+            }
+        }
+    }
+
     /// One more finished ProxyStep for the open event `id` (its ProxyOp).
     pub fn count_step(&self, id: EventId) {
         let key = id.get();
@@ -181,15 +232,26 @@ impl OpenTable {
         }
     }
 
-    /// Ends the event `id`: runs `f` on its entry (with its finished steps), which is then
-    /// forgotten. `f` runs under the entry's lock and must not reach this table.
-    pub fn stop<R>(&self, id: EventId, f: impl FnOnce(&Open, u32) -> R) -> Option<R> {
+    /// Ends the event `id`: runs `f` on its entry, its state marks in order and its finished
+    /// steps; the entry is then forgotten. `f` runs under the entry's lock and must not reach
+    /// this table.
+    pub fn stop<R>(&self, id: EventId, f: impl FnOnce(&Open, &[StateMark], u32) -> R) -> Option<R> {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Relaxed) == key {
-            let o = slot.open.lock();
+            let mut o = slot.open.lock();
             if slot.id.load(Relaxed) == key {
-                let r = f(&o, slot.steps.load(Relaxed));
+                let n = (slot.n_marks.load(Acquire) as usize).min(INLINE_MARKS);
+                let mut all = std::mem::take(&mut o.all);
+                all.clear();
+                all.extend(slot.marks[..n].iter().map(|w| StateMark {
+                    t_ns: w[0].load(Relaxed),
+                    state: w[1].load(Relaxed) as u32,
+                    value: w[2].load(Relaxed),
+                }));
+                all.extend_from_slice(&o.states);
+                let r = f(&o, &all, slot.steps.load(Relaxed));
+                o.all = all;
                 slot.id.store(0, Relaxed);
                 return Some(r);
             }
@@ -199,7 +261,7 @@ impl OpenTable {
         }
         let o = lock(&self.overflow).remove(&key)?;
         self.spilled.fetch_sub(1, Relaxed);
-        Some(f(&o, o.steps_done))
+        Some(f(&o, &o.states, o.steps_done))
     }
 
     /// Events started and not yet stopped.
@@ -282,38 +344,43 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert_eq!(t.with(b, |o| o.root), Some(id(2)));
         assert_eq!(t.with(a, |o| o.root), Some(id(1)));
-        assert_eq!(t.stop(a, |o, _| o.root), Some(id(1)));
-        assert_eq!(t.stop(a, |o, _| o.root), None);
+        assert_eq!(t.stop(a, |o, _, _| o.root), Some(id(1)));
+        assert_eq!(t.stop(a, |o, _, _| o.root), None);
         assert_eq!(t.with(b, |o| o.root), Some(id(2)));
         t.count_step(b);
         t.count_step(a);
-        assert_eq!(t.stop(b, |o, steps| (o.root, steps)), Some((id(2), 1)));
+        assert_eq!(t.stop(b, |o, _, steps| (o.root, steps)), Some((id(2), 1)));
         assert_eq!((t.len(), t.spilled.load(Ordering::Relaxed)), (0, 0));
         assert_eq!(t.with(id(7), |o| o.root), None);
     }
 
     #[test]
-    fn a_reused_slot_starts_clean_and_keeps_its_buffers() {
+    fn a_reused_slot_starts_clean_and_marks_keep_their_order() {
         let t = OpenTable::default();
-        t.start(id(3), Start { payload: &[1, 2, 3], ..start(3) });
-        t.with(id(3), |o| {
+        let mark = |i: usize| StateMark { t_ns: i as u64, state: i as u32, value: 10 * i as u64 };
+        for key in [3, 3 + OPEN_SLOTS as u64] {
+            // In a slot (inline marks, then the rest) and in the overflow map (all in one list).
+            t.start(id(key), Start { payload: &[1, 2, 3], ..start(3) });
+        }
+        for key in [3, 3 + OPEN_SLOTS as u64] {
             for i in 0..MAX_STATES + 2 {
-                o.push_state(StateMark { t_ns: i as u64, state: 1, value: 0 });
+                t.state(id(key), || mark(i));
             }
-        });
-        t.count_step(id(3));
-        assert_eq!(
-            t.stop(id(3), |o, steps| (o.states.len(), o.states_dropped, o.payload.len(), steps)),
-            Some((MAX_STATES, 2, 3, 1))
-        );
-        let again = id(3 + OPEN_SLOTS as u64);
+            t.count_step(id(key));
+            let got = t.stop(id(key), |o, marks, steps| (marks.to_vec(), o.states_dropped, o.payload.len(), steps));
+            let want: Vec<StateMark> = (0..MAX_STATES).map(mark).collect();
+            assert_eq!(got, Some((want, 2, 3, 1)), "event {key}");
+        }
+        let again = id(3 + 2 * OPEN_SLOTS as u64);
         t.start(again, start(9));
-        let cap = t.with(again, |o| {
-            assert_eq!((o.states.len(), o.states_dropped, o.payload.len(), o.root), (0, 0, 0, id(9)));
-            o.states.capacity()
-        });
-        assert!(cap >= Some(MAX_STATES));
-        assert_eq!(t.stop(again, |_, steps| steps), Some(0));
+        t.state(again, || mark(7));
+        assert_eq!(
+            t.stop(again, |o, marks, steps| (marks.to_vec(), o.states_dropped, o.payload.len(), o.root, steps)),
+            Some((vec![mark(7)], 0, 0, id(9), 0))
+        );
+        assert_eq!(t.len(), 0);
+        // A state for an event that is not open reads no clock.
+        t.state(again, || unreachable!("mark made for a stopped event"));
     }
 
     #[test]
