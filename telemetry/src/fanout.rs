@@ -74,7 +74,14 @@ struct Slot {
 
 impl Slot {
     fn new(sink: Arc<dyn Sink>, serial: u64, since: u64) -> Slot {
-        Slot { mask: sink.interest().with_ancestors(), dynamic: sink.dynamic(), sink, serial, since, tables: Arc::new(()) }
+        Slot {
+            mask: sink.interest().with_ancestors(),
+            dynamic: sink.dynamic(),
+            sink,
+            serial,
+            since,
+            tables: Arc::new(()),
+        }
     }
 
     /// What this sink wants now, ancestors included.

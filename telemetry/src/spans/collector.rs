@@ -1,8 +1,8 @@
 //! [`Telemetry`] (the profiler) and [`CommSpans`] (its sink per communicator): open events, trace
 //! roots (both in `open.rs`), and the hand-off of finished spans to the exporters.
 
-use super::open::{OpenTable, RootRing, Start};
 use super::intern::intern_field;
+use super::open::{OpenTable, RootRing, Start};
 use super::{clock, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
 use crate::event::{EventDescr, EventId, StateArgs};
 use crate::mask::EventMask;
