@@ -482,7 +482,8 @@ impl Comm {
     }
 
     /// Detaches and finalizes a sink from `attach_sink`; `false` if the handle is not this
-    /// communicator's.
+    /// communicator's. An operation in flight on another thread sends its events to the sinks
+    /// it started with, so this waits for it to end.
     pub fn detach_sink(&self, h: occl_telemetry::SinkHandle) -> bool {
         self.prof.detach(h)
     }

@@ -10,14 +10,22 @@
 //! to those sinks under the read lock. A slot remembers the first sequence number issued after
 //! its sink was attached, so a sink that reuses a detached sink's slot never receives states or
 //! stops of events it did not start.
+//!
+//! The slot table is an immutable snapshot (`Arc`) that attach, detach and reload replace. An
+//! operation's emitter takes a [`View`] (one clone of the snapshot) when it starts and sends all
+//! the operation's events through it: no lock per callback, which costs two atomic
+//! read-modify-writes each. `detach` waits until no view holds the sink any more, so the promise
+//! stays: once `detach` returns, the sink is never called again.
 
 use crate::event::{EventDescr, EventId, EventType, StateArgs};
 use crate::mask::EventMask;
 use crate::sink::{Note, Sink};
+use std::cell::Cell;
 use std::fmt;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 /// Sinks one fan-out can hold: an event's routes are the top `MAX_SINKS` bits of its id.
 pub const MAX_SINKS: usize = 16;
@@ -50,6 +58,7 @@ impl fmt::Display for TooManySinks {
 
 impl std::error::Error for TooManySinks {}
 
+#[derive(Clone)]
 struct Slot {
     sink: Arc<dyn Sink>,
     /// The sink's interest with ancestors; unused for a dynamic sink.
@@ -58,11 +67,21 @@ struct Slot {
     serial: u64,
     /// Events with a lower sequence number started before this sink was attached.
     since: u64,
+    /// One reference per table (current or held by a view) that has this sink: `detach` waits
+    /// until it holds the last.
+    tables: Arc<()>,
 }
 
 impl Slot {
     fn new(sink: Arc<dyn Sink>, serial: u64, since: u64) -> Slot {
-        Slot { mask: sink.interest().with_ancestors(), dynamic: sink.dynamic(), sink, serial, since }
+        Slot {
+            mask: sink.interest().with_ancestors(),
+            dynamic: sink.dynamic(),
+            sink,
+            serial,
+            since,
+            tables: Arc::new(()),
+        }
     }
 
     /// What this sink wants now, ancestors included.
@@ -87,10 +106,13 @@ pub struct Fanout {
     /// OR of the static sinks' masks alone.
     fixed: AtomicU64,
     next_seq: AtomicU64,
-    /// Slot table. Hooks run under the read lock, so once `detach` returns the sink is never
-    /// called again.
-    sinks: RwLock<Vec<Option<Slot>>>,
+    /// The slot table, replaced (never changed in place) by attach, detach and reload. Hooks
+    /// run under the read lock or through a [`View`] holding the table, and `detach` waits for
+    /// both, so once it returns the sink is never called again.
+    sinks: RwLock<Arc<Table>>,
 }
+
+type Table = Vec<Option<Slot>>;
 
 impl Default for Fanout {
     fn default() -> Self {
@@ -115,12 +137,19 @@ impl Fanout {
             interest: AtomicU64::new(0),
             fixed: AtomicU64::new(0),
             next_seq: AtomicU64::new(1),
-            sinks: RwLock::new(Vec::new()),
+            sinks: RwLock::new(Arc::new(Vec::new())),
         }
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Vec<Option<Slot>>> {
+    fn read(&self) -> RwLockReadGuard<'_, Arc<Table>> {
         self.sinks.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The sinks attached now, for one operation's events: its `start`, `state` and `stop` take
+    /// no lock. Drop it when the operation ends: `detach` waits for every view that holds the
+    /// sink it detaches (so a thread must not detach while it holds a view of the same fan-out).
+    pub fn view(&self) -> View<'_> {
+        View { f: self, table: Arc::clone(&self.read()), seqs: Cell::new((0, 0)) }
     }
 
     fn rebuild(&self, slots: &[Option<Slot>]) {
@@ -171,7 +200,8 @@ impl Fanout {
     /// Attaches `sink` with the mask its `interest()` returns now.
     pub fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, TooManySinks> {
         let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
-        let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        let mut slots = Table::clone(&table);
         let slot = match slots.iter().position(Option::is_none) {
             Some(i) => i,
             None if slots.len() < MAX_SINKS => {
@@ -180,10 +210,12 @@ impl Fanout {
             }
             None => return Err(TooManySinks),
         };
-        // Under the write lock no start runs, so every later id is at least this.
+        // Under the write lock no locked start runs, and a view's ids come from blocks it took
+        // before now, on a table without this sink: every id routed here is at least this.
         let since = self.next_seq.load(Relaxed);
         slots[slot] = Some(Slot::new(sink, serial, since));
         self.rebuild(&slots);
+        *table = Arc::new(slots);
         Ok(SinkHandle { slot, serial })
     }
 
@@ -191,24 +223,32 @@ impl Fanout {
     /// gets no further calls, not even stops of its live events (call its `finalize` if it is
     /// done for good).
     pub fn detach(&self, h: SinkHandle) -> Option<Arc<dyn Sink>> {
-        let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
-        let entry = slots.get_mut(h.slot)?;
-        if entry.as_ref().map(|s| s.serial) != Some(h.serial) {
-            return None;
-        }
-        let gone = entry.take()?;
-        self.rebuild(&slots);
+        let gone = {
+            let mut table = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+            let mut slots = Table::clone(&table);
+            let entry = slots.get_mut(h.slot)?;
+            if entry.as_ref().map(|s| s.serial) != Some(h.serial) {
+                return None;
+            }
+            let gone = entry.take()?;
+            self.rebuild(&slots);
+            *table = Arc::new(slots);
+            gone
+        };
+        wait_unshared(&gone.tables);
         Some(gone.sink)
     }
 
     /// Asks every sink for its `interest()` again and rebuilds the OR. Live events keep their
     /// routes.
     pub fn reload(&self) {
-        let mut slots = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.sinks.write().unwrap_or_else(PoisonError::into_inner);
+        let mut slots = Table::clone(&table);
         for s in slots.iter_mut().flatten() {
             s.mask = s.sink.interest().with_ancestors();
         }
         self.rebuild(&slots);
+        *table = Arc::new(slots);
     }
 
     /// Starts an event: issues an id and calls `start` on every sink whose mask has the type.
@@ -225,33 +265,18 @@ impl Fanout {
 
     #[inline(never)] // keep the disabled path small at every call site
     fn start_slow(&self, parent: Option<EventId>, descr: &EventDescr<'_>, bit: u64) -> Option<EventId> {
-        let slots = self.read();
-        // Re-check against the table itself: a detach may have raced with the fast check.
-        let routes = slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.wants() & bit != 0))
-            .fold(0u64, |r, (i, _)| r | 1 << i);
-        if routes == 0 {
-            return None;
-        }
-        let seq = self.next_seq.fetch_add(1, Relaxed) & SEQ_MASK;
-        let id = EventId(NonZeroU64::new(routes << SEQ_BITS | seq)?);
-        for_each_route(&slots, id, |s| s.start(id, parent, descr));
-        Some(id)
+        start_on(&self.read(), parent, descr, bit, || self.next_seq.fetch_add(1, Relaxed))
     }
 
     /// Records a state of a live event, on the sinks that saw its start.
     pub fn state(&self, id: EventId, st: &StateArgs<'_>) {
-        let slots = self.read();
-        for_each_route(&slots, id, |s| s.state(id, st));
+        for_each_route(&self.read(), id, |s| s.state(id, st));
     }
 
     /// Stops a live event on the sinks that saw its start. Each event is stopped once: the
     /// fan-out keeps no per-event state, so it cannot tell a second stop from the first.
     pub fn stop(&self, id: EventId) {
-        let slots = self.read();
-        for_each_route(&slots, id, |s| s.stop(id));
+        for_each_route(&self.read(), id, |s| s.stop(id));
     }
 
     /// Hands a [`Note`] to every attached sink (notes are not typed events: no mask applies).
@@ -260,6 +285,101 @@ impl Fanout {
             s.sink.note(note);
         }
     }
+}
+
+/// Sequence numbers a view takes from its fan-out at once: one atomic add per operation or so
+/// instead of one per event.
+const SEQ_BLOCK: u64 = 32;
+
+/// The fan-out's sinks as one operation sees them ([`Fanout::view`]); used by one thread.
+pub struct View<'f> {
+    f: &'f Fanout,
+    table: Arc<Table>,
+    /// The rest of this view's block of sequence numbers: (next, end).
+    seqs: Cell<(u64, u64)>,
+}
+
+impl View<'_> {
+    /// [`Fanout::start`] without the lock: the sinks of this view that want the type.
+    #[inline]
+    pub fn start(&self, parent: Option<EventId>, descr: &EventDescr<'_>) -> Option<EventId> {
+        let bit = descr.event_type().bit();
+        if self.f.interest.load(Relaxed) & bit == 0 {
+            return None;
+        }
+        start_on(&self.table, parent, descr, bit, || {
+            let (mut next, mut end) = self.seqs.get();
+            if next == end {
+                next = self.f.next_seq.fetch_add(SEQ_BLOCK, Relaxed);
+                end = next + SEQ_BLOCK;
+            }
+            self.seqs.set((next + 1, end));
+            next
+        })
+    }
+
+    /// [`Fanout::state`] without the lock.
+    pub fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        for_each_route(&self.table, id, |s| s.state(id, st));
+    }
+
+    /// [`Fanout::stop`] without the lock.
+    pub fn stop(&self, id: EventId) {
+        for_each_route(&self.table, id, |s| s.stop(id));
+    }
+
+    /// [`Fanout::note`] to this view's sinks.
+    pub fn note(&self, note: &Note) {
+        for s in self.table.iter().flatten() {
+            s.sink.note(note);
+        }
+    }
+}
+
+impl fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("View").field("sinks", &self.table.iter().flatten().count()).finish()
+    }
+}
+
+/// Issues an id (sequence number from `seq`) and calls `start` on every sink of `slots` that
+/// wants the type.
+fn start_on(
+    slots: &[Option<Slot>],
+    parent: Option<EventId>,
+    descr: &EventDescr<'_>,
+    bit: u64,
+    seq: impl FnOnce() -> u64,
+) -> Option<EventId> {
+    // Re-check against the table itself: a detach may have raced with the fast check.
+    let routes = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.as_ref().is_some_and(|s| s.wants() & bit != 0))
+        .fold(0u64, |r, (i, _)| r | 1 << i);
+    if routes == 0 {
+        return None;
+    }
+    let id = EventId(NonZeroU64::new(routes << SEQ_BITS | (seq() & SEQ_MASK))?);
+    for_each_route(slots, id, |s| s.start(id, parent, descr));
+    Some(id)
+}
+
+/// Returns once no table but the caller's slot refers to a detached sink: every view taken
+/// while it was attached is dropped (read-locked calls ended when the table was replaced).
+fn wait_unshared(tables: &Arc<()>) {
+    let mut spins = 0u32;
+    while Arc::strong_count(tables) > 1 {
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            // An operation in flight holds a view: it ends within its own timeout.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    // The holders' calls happen before the sink is handed back.
+    fence(Acquire);
 }
 
 /// Calls `f` on every sink that saw `id` start: its route bits, skipping slots detached or

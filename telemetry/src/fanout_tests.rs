@@ -197,6 +197,58 @@ fn states_and_stops_follow_the_start() {
     assert_eq!(d.stated(), vec![(c.get(), 18)]);
 }
 
+#[test]
+fn a_view_reaches_its_sinks_without_the_lock_and_detach_waits_for_it() {
+    let f = Arc::new(Fanout::new());
+    let (a, b) = (Rec::new(COLL | STEP), Rec::new(STEP));
+    let _ha = f.attach(a.clone()).expect("attach a");
+    let hb = f.attach(b.clone()).expect("attach b");
+    let v = f.view();
+    let p = v.start(None, &coll()).expect("coll");
+    let s = v.start(Some(p), &STEP_DESCR).expect("step");
+    v.state(s, &step_state(ProxyStepState::SendWait));
+    // The fan-out's own calls and the view's meet on the same events.
+    f.stop(s);
+    // (b gets the Coll too: a step's ancestors come with it.)
+    assert_eq!(b.started()[1..], [(s.get(), Some(p.get()), EventType::ProxyStep)]);
+    assert_eq!((b.stated(), b.stopped()), (vec![(s.get(), 9)], vec![s.get()]));
+
+    // A sink attached after the view was taken is not in it.
+    let c = Rec::new(COLL);
+    let _hc = f.attach(c.clone()).expect("attach c");
+    let q = v.start(None, &coll()).expect("coll");
+    v.stop(q);
+    assert!(c.started().is_empty() && c.stopped().is_empty());
+    assert_eq!(a.stopped(), vec![s.get(), q.get()]);
+    assert_eq!(b.stopped(), vec![s.get(), q.get()]);
+
+    // Detaching b from another thread waits until the view is dropped.
+    let detached = Arc::new(AtomicUsize::new(0));
+    let t = {
+        let (f, detached) = (f.clone(), detached.clone());
+        std::thread::spawn(move || {
+            let gone = f.detach(hb).is_some();
+            detached.store(1 + usize::from(gone), Relaxed);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(detached.load(Relaxed), 0, "detach returned while a view held the sink");
+    let s2 = v.start(None, &STEP_DESCR).expect("step");
+    v.stop(s2);
+    v.stop(p);
+    drop(v);
+    t.join().expect("detaching thread");
+    assert_eq!(detached.load(Relaxed), 2);
+    assert_eq!(b.stopped(), vec![s.get(), q.get(), s2.get(), p.get()]);
+    // Nothing reaches b any more, through a new view or the fan-out.
+    let v = f.view();
+    let s3 = v.start(None, &STEP_DESCR).expect("step for a");
+    v.stop(s3);
+    f.stop(s3);
+    assert_eq!(b.stopped().len(), 4);
+    assert_eq!(a.stopped().last(), Some(&s3.get()));
+}
+
 /// Follows a shared mask cell, as an NCCL plugin follows the global `int` it got in `init`.
 struct Follower(Arc<AtomicU64>);
 

@@ -74,16 +74,13 @@ impl<V> IdMap<V> {
         self.shard(id.get()).insert(id.get(), v);
     }
 
-    pub(crate) fn remove(&self, id: EventId) -> Option<V> {
-        self.shard(id.get()).remove(&id.get())
-    }
-
     /// Runs `f` on the entry of `id`, if there is one, under its shard's lock.
     pub(crate) fn with<R>(&self, id: EventId, f: impl FnOnce(&mut V) -> R) -> Option<R> {
         self.shard(id.get()).get_mut(&id.get()).map(f)
     }
 
     /// Entries held.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(&s.0).len()).sum()
     }

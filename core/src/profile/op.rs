@@ -21,6 +21,7 @@
 use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
+use occl_telemetry::fanout::View;
 use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs};
 use std::cell::Cell;
 
@@ -63,9 +64,10 @@ pub(crate) struct OpDescr<'s> {
     pub chunk_size: usize,
 }
 
-/// The events of one operation in flight, with the mask it captured at its start.
+/// The events of one operation in flight, with the mask it captured at its start and the sinks
+/// attached then (a view: its callbacks take no lock; detaching a sink waits for the operation).
 pub(crate) struct OpProf<'f> {
-    f: &'f Fanout,
+    f: View<'f>,
     mask: EventMask,
     rank: i32,
     /// The implicit group's GroupApi and Group events, which this operation owns and stops (a
@@ -139,7 +141,7 @@ impl<'f> OpProf<'f> {
         }
         let d = &describe();
         let mut p = OpProf {
-            f,
+            f: f.view(),
             mask,
             rank: rank as i32,
             group_api: None,
@@ -178,7 +180,7 @@ impl<'f> OpProf<'f> {
             return None;
         }
         let mut p = OpProf {
-            f,
+            f: f.view(),
             mask,
             rank: rank as i32,
             group_api: None,
@@ -341,8 +343,11 @@ impl<'f> OpProf<'f> {
         self.stop(self.coll);
         self.stop(self.group);
         self.stop(self.group_api);
-        if self.markers {
-            marker(self.f, self.mask, ProxyCtrlState::Idle);
+        if self.markers && self.mask.contains(EventType::ProxyCtrl) {
+            if let Some(id) = self.f.start(None, &EventDescr::ProxyCtrl) {
+                self.f.state(id, &StateArgs::ProxyCtrl { state: ProxyCtrlState::Idle, appended_proxy_ops: 0 });
+                self.f.stop(id);
+            }
         }
     }
 }

@@ -1,9 +1,10 @@
-//! [`Telemetry`] (the profiler) and [`CommSpans`] (its sink per communicator): open-event table,
-//! trace roots, and the hand-off of finished spans to the exporters.
+//! [`Telemetry`] (the profiler) and [`CommSpans`] (its sink per communicator): open events, trace
+//! roots (both in `open.rs`), and the hand-off of finished spans to the exporters.
 
-use super::{clock, intern, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD, MAX_STATES};
-use crate::event::{EventDescr, EventId, EventType, StateArgs};
-use crate::idtable::{IdMap, IdTable};
+use super::intern::intern_field;
+use super::open::{OpenTable, RootRing, Start};
+use super::{clock, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
+use crate::event::{EventDescr, EventId, StateArgs};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
 use crate::sink::{Note, Sink};
@@ -65,7 +66,7 @@ impl Telemetry {
             e.comm_init(&comm);
         }
         let mask = EventMask(exporters.iter().fold(0, |m, (i, _)| m | i));
-        Arc::new(CommSpans { comm, exporters, mask, open: IdMap::default(), roots: IdTable::default() })
+        Arc::new(CommSpans { comm, exporters, mask, open: OpenTable::default(), roots: RootRing::default() })
     }
 }
 
@@ -86,27 +87,15 @@ impl Profiler for Telemetry {
     }
 }
 
-/// An event between its start and its stop.
-struct Open {
-    parent: Option<EventId>,
-    root: EventId,
-    start_ns: u64,
-    descr: EventDescr<'static>,
-    payload: Box<[u8]>,
-    states: Vec<StateMark>,
-    states_dropped: u32,
-    steps_done: u32,
-}
-
 /// The collector's sink for one communicator.
 pub struct CommSpans {
     comm: Arc<CommMeta>,
     /// Each exporter with its interest bits.
     exporters: Vec<(u64, Arc<dyn Exporter>)>,
     mask: EventMask,
-    open: IdMap<Open>,
+    open: OpenTable,
     /// Trace root of each event that may still get children (kept a while after its stop).
-    roots: IdTable<EventId>,
+    roots: RootRing,
 }
 
 impl CommSpans {
@@ -125,9 +114,10 @@ impl CommSpans {
 }
 
 /// The descriptor with `'static` names; a NetPlugin payload is returned beside it.
-fn own(ev: &EventDescr<'_>) -> (EventDescr<'static>, Box<[u8]>) {
+fn own<'a>(ev: &EventDescr<'a>) -> (EventDescr<'static>, &'a [u8]) {
+    use crate::nccl::names::Field;
     use EventDescr as D;
-    let i = intern;
+    let (f, dt) = (|s| intern_field(Field::Func, s), |s| intern_field(Field::Datatype, s));
     let d = match *ev {
         D::Group => D::Group,
         D::Coll {
@@ -147,20 +137,20 @@ fn own(ev: &EventDescr<'_>) -> (EventDescr<'static>, Box<[u8]>) {
         } => D::Coll {
             rank,
             seq_number,
-            func: i(func),
+            func: f(func),
             send_buff,
             recv_buff,
             count,
             root,
-            datatype: i(datatype),
+            datatype: dt(datatype),
             n_channels,
             n_warps,
-            algo: i(algo),
-            proto: i(proto),
+            algo: intern_field(Field::Algo, algo),
+            proto: intern_field(Field::Proto, proto),
             parent_group,
         },
         D::P2p { rank, func, buff, datatype, count, peer, n_channels, parent_group } => {
-            D::P2p { rank, func: i(func), buff, datatype: i(datatype), count, peer, n_channels, parent_group }
+            D::P2p { rank, func: f(func), buff, datatype: dt(datatype), count, peer, n_channels, parent_group }
         }
         D::ProxyOp { rank, pid, channel_id, peer, n_steps, chunk_size, is_send } => {
             D::ProxyOp { rank, pid, channel_id, peer, n_steps, chunk_size, is_send }
@@ -169,15 +159,14 @@ fn own(ev: &EventDescr<'_>) -> (EventDescr<'static>, Box<[u8]>) {
         D::ProxyCtrl => D::ProxyCtrl,
         D::KernelCh { channel_id, p_timer } => D::KernelCh { channel_id, p_timer },
         D::NetPlugin { rank, id, data } => {
-            let keep = &data[..data.len().min(MAX_PAYLOAD)];
-            return (D::NetPlugin { rank, id, data: &[] }, keep.into());
+            return (D::NetPlugin { rank, id, data: &[] }, &data[..data.len().min(MAX_PAYLOAD)]);
         }
         D::GroupApi { graph_captured, group_depth } => D::GroupApi { graph_captured, group_depth },
         D::CollApi { func, count, datatype, root, stream, graph_captured } => {
-            D::CollApi { func: i(func), count, datatype: i(datatype), root, stream, graph_captured }
+            D::CollApi { func: f(func), count, datatype: dt(datatype), root, stream, graph_captured }
         }
         D::P2pApi { func, count, datatype, stream, graph_captured } => {
-            D::P2pApi { func: i(func), count, datatype: i(datatype), stream, graph_captured }
+            D::P2pApi { func: f(func), count, datatype: dt(datatype), stream, graph_captured }
         }
         D::KernelLaunch { stream } => D::KernelLaunch { stream },
         D::CeColl {
@@ -196,13 +185,13 @@ fn own(ev: &EventDescr<'_>) -> (EventDescr<'static>, Box<[u8]>) {
             stream,
         } => D::CeColl {
             seq_number,
-            func: i(func),
+            func: f(func),
             send_buff,
             recv_buff,
             count,
             root,
-            datatype: i(datatype),
-            sync_strategy: i(sync_strategy),
+            datatype: dt(datatype),
+            sync_strategy: intern_field(Field::SyncStrategy, sync_strategy),
             intra_batch_sync,
             batch_size,
             num_batches,
@@ -212,7 +201,7 @@ fn own(ev: &EventDescr<'_>) -> (EventDescr<'static>, Box<[u8]>) {
         D::CeSync { is_complete, n_ranks } => D::CeSync { is_complete, n_ranks },
         D::CeBatch { num_ops, total_bytes, use_intra_sync } => D::CeBatch { num_ops, total_bytes, use_intra_sync },
     };
-    (d, Box::default())
+    (d, &[])
 }
 
 /// A state's number worth keeping (see [`StateMark::value`]).
@@ -231,57 +220,51 @@ impl Sink for CommSpans {
     }
 
     fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
-        let start_ns = clock::unix_nanos();
-        let t = ev.event_type();
         // A parent this sink no longer knows (retired long ago) still names a tree: use it.
         let root = parent.map_or(id, |p| self.root_of(p).unwrap_or(p));
-        if crate::idtable::kept_after_stop(t) {
-            self.roots.insert(id, t, root);
+        self.roots.insert(id, root);
+        if self.mask.0 & ev.event_type().bit() == 0 {
+            // An ancestor that no exporter wants (the fan-out sends NCCL's implied parents):
+            // only its children's trace root is kept; its states and stop find no entry.
+            return;
         }
+        let start_ns = clock::unix_nanos();
         let (descr, payload) = own(ev);
-        let states = Vec::with_capacity(if matches!(t, EventType::ProxyStep) { 3 } else { 0 });
-        self.open.insert(id, Open { parent, root, start_ns, descr, payload, states, states_dropped: 0, steps_done: 0 });
+        self.open.start(id, Start { parent, root, start_ns, descr, payload });
     }
 
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
-        let mark = StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) };
-        self.open.with(id, |o| {
-            if o.states.len() < MAX_STATES {
-                o.states.push(mark);
-            } else {
-                o.states_dropped = o.states_dropped.saturating_add(1);
-            }
-        });
+        // The clock is read only for an event this sink keeps.
+        self.open.state(id, || StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) });
     }
 
     fn stop(&self, id: EventId) {
-        let end_ns = clock::unix_nanos();
-        let Some(o) = self.open.remove(id) else { return };
-        // Only per-operation types have a root entry (see `start`): steps skip that lock.
-        if crate::idtable::kept_after_stop(o.descr.event_type()) {
-            self.roots.stop(id);
-        }
-        if let (EventType::ProxyStep, Some(op)) = (o.descr.event_type(), o.parent) {
-            self.open.with(op, |p| p.steps_done = p.steps_done.saturating_add(1));
-        }
-        let span = Span {
-            comm: &self.comm,
-            id,
-            parent: o.parent,
-            root: o.root,
-            start_ns: o.start_ns,
-            end_ns,
-            descr: o.descr,
-            payload: &o.payload,
-            states: &o.states,
-            states_dropped: o.states_dropped,
-            steps_done: o.steps_done,
-        };
-        let bit = span.event_type().bit();
-        for (interest, e) in &self.exporters {
-            if interest & bit != 0 {
-                e.span(&span);
+        let step_of = self.open.stop(id, |o, states, steps_done| {
+            let end_ns = clock::unix_nanos();
+            let span = Span {
+                comm: &self.comm,
+                id,
+                parent: o.parent,
+                root: o.root,
+                start_ns: o.start_ns,
+                end_ns,
+                descr: o.descr,
+                payload: &o.payload,
+                states,
+                states_dropped: o.states_dropped,
+                steps_done,
+            };
+            let bit = span.event_type().bit();
+            for (interest, e) in &self.exporters {
+                if interest & bit != 0 {
+                    e.span(&span);
+                }
             }
+            o.parent.filter(|_| matches!(o.descr, EventDescr::ProxyStep { .. }))
+        });
+        // Counted after the step's own entry is released: two entries are never held at once.
+        if let Some(op) = step_of.flatten() {
+            self.open.count_step(op);
         }
     }
 

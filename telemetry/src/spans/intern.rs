@@ -2,7 +2,7 @@
 //! spellings come from the static tables; anything else is leaked once, up to a bound, so a
 //! plugin host sending ever-new strings cannot grow memory without limit.
 
-use crate::nccl::names;
+use crate::nccl::names::{self, Field};
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};
 
@@ -10,6 +10,12 @@ use std::sync::{Mutex, PoisonError};
 const MAX_LEAKED: usize = 1024;
 
 static LEAKED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// `s`, read from a descriptor's `field`, as a `'static` string: NCCL's exact spelling is found
+/// in that field's table alone, anything else as [`intern`] finds it.
+pub fn intern_field(field: Field, s: &str) -> &'static str {
+    names::exact(field, s).unwrap_or_else(|| intern(s))
+}
 
 /// `s` as a `'static` string.
 pub fn intern(s: &str) -> &'static str {
@@ -40,6 +46,8 @@ mod tests {
     fn known_names_are_the_tables_and_others_are_kept_once() {
         assert!(std::ptr::eq(intern("AllReduce"), intern(&String::from("AllReduce"))));
         assert_eq!(intern("ring"), "RING");
+        assert!(std::ptr::eq(intern_field(Field::Proto, "SIMPLE"), intern("SIMPLE")));
+        assert_eq!(intern_field(Field::Algo, "ring"), "RING");
         let a = intern(&String::from("occl-test-name"));
         let b = intern(&String::from("occl-test-name"));
         assert!(std::ptr::eq(a, b));

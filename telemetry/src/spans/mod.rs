@@ -3,8 +3,9 @@
 //!
 //! Modelled on `tracing-subscriber`'s registry and layers: [`Telemetry`] is a [`Profiler`] whose
 //! per-communicator sink keeps each open event's data (start time, descriptor with its names made
-//! `'static`, state marks, its trace root) in a sharded table, and at the stop hands a finished
-//! [`Span`] to every [`Exporter`] that asked for its type. Exporters never see half an event and
+//! `'static`, state marks, its trace root) in a slab addressed by the event id (`open.rs`), and
+//! at the stop hands a finished [`Span`] to every [`Exporter`] that asked for its type (an
+//! ancestor none asked for keeps only its trace root). Exporters never see half an event and
 //! never keep their own per-event tables. The same collector runs inside occl and inside
 //! `libnccl-profiler-occl.so`, so both feed identical exporters.
 //!
@@ -15,6 +16,8 @@ mod clock;
 mod collector;
 mod env;
 mod intern;
+mod open;
+mod spin;
 
 pub use clock::unix_nanos;
 pub use collector::{CommSpans, Telemetry};

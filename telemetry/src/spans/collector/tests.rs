@@ -1,5 +1,7 @@
 use super::*;
+use crate::event::EventType;
 use crate::event::{GroupApiState, ProxyCtrlState, ProxyStepState};
+use crate::spans::MAX_STATES;
 use std::num::NonZeroU64;
 use std::sync::Mutex;
 

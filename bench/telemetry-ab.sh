@@ -1,0 +1,30 @@
+#!/bin/bash
+# Telemetry overhead, A/B in one run per sink (tests/results/telemetry-overhead.md): for each
+# sink (collector, prometheus, otlp to a loopback receiver, trace) and size (8 B, 1 MiB), a
+# 2-rank shm all-reduce with `occl-perf --events-ab`, for each given build of occl-perf.
+#
+#   bench/telemetry-ab.sh DIR TAG...   runs DIR/occl-perf-TAG (and DIR/event_cost-TAG, if there)
+#   CPUS=2-5 ROUNDS=31 NOMICRO=1       pinning (taskset list), A/B rounds, skip event_cost
+set -u
+dir=$1
+shift
+CPUS=${CPUS:-2-5}
+ROUNDS=${ROUNDS:-31}
+echo "# host: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource), pinned to $CPUS"
+for tag in "$@"; do
+  if [ -x "$dir/event_cost-$tag" ] && [ -z "${NOMICRO:-}" ]; then
+    for a in "null 1" "prometheus 1" "null 16"; do
+      echo "event_cost-$tag $a: $(taskset -c 3 "$dir/event_cost-$tag" $a)"
+    done
+  fi
+done
+for sink in collector prometheus otlp trace; do
+  for size in 8 1M; do
+    if [ $size = 8 ]; then it="-n 2000 -w 200"; else it="-n 200 -w 20"; fi
+    for tag in "$@"; do
+      echo "## $tag $sink $size: taskset -c $CPUS occl-perf all_reduce -b $size -e $size --ranks 2 $it --events-ab $ROUNDS --events-sink $sink"
+      timeout 120 taskset -c "$CPUS" "$dir/occl-perf-$tag" all_reduce -b $size -e $size --ranks 2 $it \
+        --events-ab "$ROUNDS" --events-sink $sink 2>&1 | grep -v "^#  *size" | tail -3
+    done
+  done
+done
