@@ -20,6 +20,11 @@ struct Anchor {
 
 static ANCHOR: OnceLock<Anchor> = OnceLock::new();
 
+thread_local! {
+    /// This thread's last TSC-based reading.
+    static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn anchor() -> &'static Anchor {
     ANCHOR.get_or_init(|| {
         let at = Instant::now();
@@ -39,7 +44,16 @@ pub fn unix_nanos() -> u64 {
     let a = anchor();
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = &a.tsc {
-        return a.unix_ns + t.since(a.at);
+        // A reading can step back by the calibration error when another thread re-anchors or
+        // the thread moves to a core whose TSC lags; a thread's own readings must never run
+        // backwards (a training step begun before a collective must contain it), so clamp to
+        // this thread's last one.
+        let now = a.unix_ns + t.since(a.at);
+        return LAST.with(|l| {
+            let v = now.max(l.get());
+            l.set(v);
+            v
+        });
     }
     a.unix_ns + a.at.elapsed().as_nanos() as u64
 }
