@@ -37,7 +37,7 @@ fn candidates(coll: CollType) -> &'static [(Algo, &'static str)] {
 }
 
 /// The protocols occl runs, by policy name.
-const PROTOCOLS: [(Proto, &str); 1] = [(Proto::Simple, "simple")];
+const PROTOCOLS: [(Proto, &str); 2] = [(Proto::Simple, "simple"), (Proto::Ll, "ll")];
 
 fn bit(names: &[&str], name: &str) -> usize {
     names.iter().position(|n| *n == name).unwrap_or(usize::MAX)
@@ -101,7 +101,8 @@ impl Tuner {
                 upper(cands.iter().map(|c| c.1))
             )));
         }
-        let protos: Vec<Proto> = PROTOCOLS
+        let runs = self.protocols();
+        let protos: Vec<Proto> = runs
             .iter()
             .filter(|(_, name)| self.policy.protos.allows(func, bit(&PROTOS, name)))
             .map(|p| p.0)
@@ -112,7 +113,7 @@ impl Tuner {
                 self.policy.protos.describe(),
                 coll.name(),
                 self.link.name(),
-                upper(PROTOCOLS.iter().map(|p| p.1))
+                upper(runs.iter().map(|p| p.1))
             )));
         }
         let n = self.nranks;
@@ -130,6 +131,14 @@ impl Tuner {
         let (choice, _) = best.ok_or_else(|| Error::internal("the tuner priced no choice"))?;
         self.log_once(coll, bytes, choice, &algos, &protos);
         Ok(choice)
+    }
+
+    /// The protocols this communicator's links run: LL needs shared memory on every link.
+    fn protocols(&self) -> &'static [(Proto, &'static str)] {
+        match self.link {
+            Link::Shm | Link::ShmShared => &PROTOCOLS,
+            Link::Tcp => &PROTOCOLS[..1],
+        }
     }
 
     /// Logs a choice at INFO the first time its (collective, size class) comes up.

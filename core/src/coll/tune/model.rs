@@ -51,6 +51,10 @@ pub(crate) struct LinkConsts {
     pub alpha_us: f64,
     /// Bytes through one rank (GB/s = 1e3 bytes per µs).
     pub gbps: f64,
+    /// The same for the LL protocol: a shorter path (no flag round trip), half the bandwidth
+    /// (half of every line is flag) and more work per byte (line by line).
+    pub ll_alpha_us: f64,
+    pub ll_gbps: f64,
 }
 
 /// Corrections for one (collective, algorithm, protocol).
@@ -66,25 +70,25 @@ const NONE: Adj = Adj { base_us: 0.0, scale: 1.0 };
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Consts {
     pub links: [LinkConsts; 3],
-    /// [link][collective (FUNCS)][algorithm (MODELLED)], Simple protocol.
-    pub adj: [[[Adj; 4]; 5]; 3],
+    /// [link][collective (FUNCS)][algorithm (MODELLED)][protocol (Simple, LL)].
+    pub adj: [[[[Adj; 2]; 4]; 5]; 3],
 }
 
 impl Default for Consts {
     fn default() -> Self {
         let mut c = Consts {
             links: [
-                LinkConsts { alpha_us: 0.3, gbps: 4.0 },
-                LinkConsts { alpha_us: 3.0, gbps: 2.0 },
-                LinkConsts { alpha_us: 8.0, gbps: 1.5 },
+                LinkConsts { alpha_us: 0.3, gbps: 4.0, ll_alpha_us: 0.2, ll_gbps: 1.0 },
+                LinkConsts { alpha_us: 3.0, gbps: 2.0, ll_alpha_us: 2.0, ll_gbps: 0.5 },
+                LinkConsts { alpha_us: 8.0, gbps: 1.5, ll_alpha_us: 8.0, ll_gbps: 0.75 },
             ],
-            adj: [[[NONE; 4]; 5]; 3],
+            adj: [[[[NONE; 2]; 4]; 5]; 3],
         };
         for link in &mut c.adj {
             // PAT moves every byte through the FIFOs, where the ring reads large blocks
             // straight from the sender's buffer (single copy).
             for f in [CollType::AllGather, CollType::ReduceScatter] {
-                link[f as usize][2].scale = 1.25;
+                link[f as usize][2][0].scale = 1.25;
             }
         }
         c
@@ -99,8 +103,10 @@ impl Consts {
         for l in &self.links {
             eat(l.alpha_us);
             eat(l.gbps);
+            eat(l.ll_alpha_us);
+            eat(l.ll_gbps);
         }
-        for a in self.adj.iter().flatten().flatten() {
+        for a in self.adj.iter().flatten().flatten().flatten() {
             eat(a.base_us);
             eat(a.scale);
         }
@@ -149,12 +155,16 @@ fn shape(coll: CollType, algo: Algo, n: usize, bytes: usize) -> (f64, f64) {
 }
 
 /// Predicted µs of `coll` with `algo`/`proto` for `bytes` per rank on `n` ranks over `link`.
-pub(crate) fn time(c: &Consts, link: Link, coll: CollType, algo: Algo, _proto: Proto, n: usize, bytes: usize) -> f64 {
+pub(crate) fn time(c: &Consts, link: Link, coll: CollType, algo: Algo, proto: Proto, n: usize, bytes: usize) -> f64 {
     let l = c.links[link as usize];
     let adj = match (modelled(algo), (coll as usize) < FUNCS.len()) {
-        (Some(a), true) => c.adj[link as usize][coll as usize][a],
+        (Some(a), true) => c.adj[link as usize][coll as usize][a][proto as usize],
         _ => NONE,
     };
+    let (alpha, gbps) = match proto {
+        Proto::Simple => (l.alpha_us, l.gbps),
+        Proto::Ll => (l.ll_alpha_us, l.ll_gbps),
+    };
     let (steps, load) = shape(coll, algo, n, bytes);
-    adj.base_us + steps * l.alpha_us + bytes as f64 * load * adj.scale / (l.gbps * 1e3)
+    adj.base_us + steps * alpha + bytes as f64 * load * adj.scale / (gbps * 1e3)
 }
