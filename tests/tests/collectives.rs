@@ -178,9 +178,9 @@ fn threads_mode_every_forced_algorithm_ranks_1_to_8() {
 }
 
 /// The LL protocol (`OCCL_PROTO=LL`, shm only) under every algorithm that can carry it, at
-/// ranks 1-8 in the threads mode. Its slices are one LL step (4 KiB of payload) and its pieces
-/// two steps here, so the counts of `ALGO_SPEC` cross every LL slice and piece boundary for
-/// each datatype (f32 1024 elements a step, bf16 2048, i64 512) and pass 64 KiB, where the
+/// ranks 1-8 in the threads mode. Its slices are one LL step (2024 bytes of payload) and its
+/// pieces two steps here, so the counts of `ALGO_SPEC` cross every LL slice and piece boundary
+/// for each datatype (f32 506 elements a step, bf16 1012, i64 253) and pass 64 KiB, where the
 /// tree all-reduce splits over both trees.
 #[test]
 fn threads_mode_every_forced_algorithm_with_ll_ranks_1_to_8() {

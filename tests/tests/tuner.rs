@@ -56,14 +56,29 @@ fn a_forced_choice_occl_cannot_run_is_invalid_usage_naming_what_it_supports() {
         let e = c.broadcast_in_place(&mut [0u8; 4], 0).unwrap_err();
         assert!(e.to_string().contains("supports RING, TREE"), "{e}");
     });
-    for proto in ["ll", "LL128", "allreduce:ll"] {
+    for proto in ["LL128", "allreduce:ll128"] {
         on_threads(2, forced(None, Some(proto)), |c| {
             let e = c.all_reduce(&[1.0f32], &mut [0f32], RedOp::Sum).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUsage);
-            assert!(e.to_string().contains("no protocol") && e.to_string().contains("supports SIMPLE"), "{e}");
+            assert!(e.to_string().contains("no protocol") && e.to_string().contains("supports SIMPLE, LL"), "{e}");
         });
     }
-    // Excluding what occl does not run leaves Simple.
+    // LL runs on shm, and is refused over tcp, naming what tcp runs.
+    on_threads(2, forced(None, Some("ll")), |c| {
+        assert_eq!(c.protocol(CollType::AllReduce, 8), "ll");
+        let mut out = [0f32; 3];
+        c.all_reduce(&[1.0f32, 2.0, 3.0], &mut out, RedOp::Sum).expect("LL all-reduce");
+        assert_eq!(out, [2.0, 4.0, 6.0]);
+    });
+    let tcp_ll = Config { transport: Some(occl::TransportKind::Tcp), ..forced(None, Some("ll")) };
+    on_threads(2, tcp_ll, |c| {
+        let e = c.all_reduce(&[1.0f32], &mut [0f32], RedOp::Sum).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        let m = e.to_string();
+        assert!(m.contains("OCCL_PROTO=\"ll\"") && m.contains("over tcp") && m.contains("supports SIMPLE ("), "{m}");
+        assert_eq!(c.protocol(CollType::AllReduce, 8), "none");
+    });
+    // Excluding LL and LL128 leaves Simple.
     on_threads(2, forced(None, Some("^ll,ll128")), |c| {
         assert_eq!(c.protocol(CollType::AllReduce, 8), "simple");
         c.all_reduce(&[1.0f32], &mut [0f32], RedOp::Sum).expect("simple");

@@ -197,7 +197,11 @@ mod tests {
         let e = tuner(Some("nvls,collnetdirect"), None, 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
         assert!(e.expect_err("nothing runnable").to_string().contains("RING, TREE, ONESHOT"));
         let e = tuner(None, Some("ll128"), 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
-        assert!(e.expect_err("no ll128").to_string().contains("supports SIMPLE"));
+        assert!(e.expect_err("no ll128").to_string().contains("supports SIMPLE, LL"));
+        let e = tuner(None, Some("ll"), 4, TransportKind::Tcp).choose(CollType::Broadcast, 8).expect_err("no LL on tcp");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidUsage);
+        assert!(e.to_string().contains("over tcp; it supports SIMPLE ("), "{e}");
+        assert_eq!(tuner(None, Some("ll"), 4, TransportKind::Shm).choose(CollType::Broadcast, 8).expect("LL").proto, Proto::Ll);
         let t = tuner(None, Some("^ll"), 2, TransportKind::Shm);
         assert_eq!(t.choose(CollType::ReduceScatter, 8).expect("simple").proto, Proto::Simple);
     }
