@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! # comments and blank lines are ignored
-//! shm.alpha_us = 0.5                       # latency of one message (µs) on a link
+//! shm.alpha_us = 0.5                       # latency of one step (µs) on a link
+//! shm.gamma_us = 0.1                       # cost of one more message for the rank handling it
 //! tcp.gbps = 2.0                           # bytes through one rank (GB/s)
 //! shm.ll.alpha_us = 0.2                    # the same two for the LL protocol
 //! shm.ll.gbps = 1.0
@@ -10,9 +11,10 @@
 //! shm-shared.allgather.pat.simple.scale = 1.2   # factor on its byte term (protocol optional)
 //! ```
 //!
-//! Links are `shm`, `shm-shared` (more ranks on a host than cores) and `tcp` (also a mix of shm
-//! and tcp); collectives `broadcast reduce allgather reducescatter allreduce`; algorithms
-//! `ring tree pat oneshot`; the protocol, if named, `simple` or `ll`. An unknown key or a value that is
+//! Links are `shm`, `tcp` (also a mix of shm and tcp) and `shm-shared`, `tcp-shared` (the same
+//! with more ranks on a host than cores); collectives `broadcast reduce allgather reducescatter
+//! allreduce`; algorithms `ring tree pat oneshot`; the protocol, if named, `simple` or `ll`. An
+//! unknown key or a value that is
 //! not a finite non-negative number (positive for `gbps` and `scale`) is an error naming the line.
 
 use super::model::{Consts, Link, MODELLED};
@@ -42,7 +44,7 @@ pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
         let link = Link::ALL
             .iter()
             .position(|l| l.name() == parts[0])
-            .ok_or_else(|| at("the key must start with shm, shm-shared or tcp".into()))?;
+            .ok_or_else(|| at("the key must start with shm, shm-shared, tcp or tcp-shared".into()))?;
         let param = *parts.last().unwrap_or(&"");
         let positive = matches!(param, "gbps" | "scale");
         if !value.is_finite() || value < 0.0 || (positive && value <= 0.0) {
@@ -53,6 +55,7 @@ pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
         }
         match parts.as_slice() {
             [_, "alpha_us"] => c.links[link].alpha_us = value,
+            [_, "gamma_us"] => c.links[link].gamma_us = value,
             [_, "gbps"] => c.links[link].gbps = value,
             [_, "ll", "alpha_us"] => c.links[link].ll_alpha_us = value,
             [_, "ll", "gbps"] => c.links[link].ll_gbps = value,

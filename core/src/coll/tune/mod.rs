@@ -49,6 +49,9 @@ fn upper(names: impl Iterator<Item = &'static str>) -> String {
 
 pub(crate) struct Tuner {
     nranks: usize,
+    /// FIFO slot bytes and slots (an algorithm's pieces follow from them and the protocol).
+    slot: usize,
+    nslots: usize,
     link: Link,
     policy: Policy,
     consts: Consts,
@@ -66,14 +69,14 @@ impl Tuner {
             None => Consts::default(),
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let link = if kinds.contains(&TransportKind::Tcp) {
-            Link::Tcp
-        } else if local > cores {
-            Link::ShmShared
-        } else {
-            Link::Shm
+        let link = match (kinds.contains(&TransportKind::Tcp), local > cores) {
+            (true, false) => Link::Tcp,
+            (true, true) => Link::TcpShared,
+            (false, true) => Link::ShmShared,
+            (false, false) => Link::Shm,
         };
-        Ok(Tuner { nranks, link, policy, consts, logged: Default::default() })
+        let slot = if kinds.contains(&TransportKind::Tcp) { config.tcp_slot_size } else { config.shm_slot_size };
+        Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default() })
     }
 
     /// What every rank must agree on: the lists and the constants (the link follows from the
@@ -116,8 +119,7 @@ impl Tuner {
                 upper(runs.iter().map(|p| p.1))
             )));
         }
-        let n = self.nranks;
-        let price = |c: &Choice| model::time(&self.consts, self.link, coll, c.algo, c.proto, n, bytes);
+        let price = |c: &Choice| self.price(coll, *c, bytes);
         let mut best: Option<(Choice, f64)> = None;
         for &algo in &algos {
             for &proto in &protos {
@@ -137,8 +139,15 @@ impl Tuner {
     fn protocols(&self) -> &'static [(Proto, &'static str)] {
         match self.link {
             Link::Shm | Link::ShmShared => &PROTOCOLS,
-            Link::Tcp => &PROTOCOLS[..1],
+            Link::Tcp | Link::TcpShared => &PROTOCOLS[..1],
         }
+    }
+
+    /// The model's µs for `coll` with `c` and `bytes` per rank.
+    fn price(&self, coll: CollType, c: Choice, bytes: usize) -> f64 {
+        let chunk = crate::coll::geometry(c.algo, c.proto, self.slot, self.nslots, crate::DataType::U8).1;
+        let op = model::Op { coll, algo: c.algo, proto: c.proto, nranks: self.nranks, bytes, chunk };
+        model::time(&self.consts, self.link, &op)
     }
 
     /// Logs a choice at INFO the first time its (collective, size class) comes up.
@@ -156,7 +165,7 @@ impl Tuner {
             .iter()
             .flat_map(|&a| protos.iter().map(move |&p| (a, p)))
             .map(|(a, p)| {
-                let t = model::time(&self.consts, self.link, coll, a, p, n, bytes);
+                let t = self.price(coll, Choice { algo: a, proto: p }, bytes);
                 format!("{}/{} {t:.1} µs", a.name(), p.name())
             })
             .collect();
@@ -223,6 +232,67 @@ mod tests {
         assert_eq!(pick(8, Tcp, CollType::ReduceScatter, 8), Algo::Pat);
         assert_eq!(pick(8, Tcp, CollType::Broadcast, 8), Algo::Tree);
         assert_eq!(pick(8, Tcp, CollType::Reduce, 8), Algo::Tree);
+    }
+
+    /// The all-reduce choices the measured runs call for (tests/results/algos.md): medians of
+    /// forced runs of every algorithm and protocol at 2 ranks (shm, tcp) and 4 ranks on 2 cores
+    /// (shm-shared, tcp-shared). Where two were within noise either is accepted.
+    #[test]
+    fn the_defaults_follow_the_measured_all_reduce_choices() {
+        use TransportKind::{Shm, Tcp};
+        let at = |n: usize, kind, shared: bool| {
+            let config = Config::default();
+            let local = if shared { 1 << 20 } else { 1 };
+            Tuner::new(&config, n, &vec![kind; n - 1], local).expect("tuner")
+        };
+        let name = |c: Choice| format!("{}/{}", c.algo.name(), c.proto.name());
+        let cases: [(usize, TransportKind, bool, &[(usize, &[&str])]); 4] = [
+            (
+                2,
+                Shm,
+                false,
+                &[
+                    (8, &["one-shot/ll"]),
+                    (128, &["one-shot/ll"]),
+                    (512, &["one-shot/simple"]),
+                    (8 << 10, &["one-shot/simple"]),
+                    (32 << 10, &["ring/simple"]),
+                    (1 << 20, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+            (
+                4,
+                Shm,
+                true,
+                &[
+                    (8, &["one-shot/simple"]),
+                    (8 << 10, &["one-shot/simple"]),
+                    (32 << 10, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+            (2, Tcp, false, &[(8, &["one-shot/simple"]), (32 << 10, &["one-shot/simple"]), (256 << 10, &["ring/simple"]), (64 << 20, &["ring/simple"])]),
+            (
+                4,
+                Tcp,
+                true,
+                &[
+                    (8, &["one-shot/simple"]),
+                    (8 << 10, &["one-shot/simple"]),
+                    (32 << 10, &["one-shot/simple", "tree/simple"]),
+                    (256 << 10, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+        ];
+        for (n, kind, shared, sizes) in cases {
+            let t = at(n, kind, shared);
+            for &(bytes, ok) in sizes {
+                let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
+                assert!(ok.contains(&c.as_str()), "n={n} {kind:?} shared={shared} {bytes} B: {c}, measured best {ok:?}");
+            }
+        }
     }
 
     #[test]
