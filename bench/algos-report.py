@@ -53,7 +53,7 @@ def main():
         # The same configuration forced: its median is the fairer figure for the choice (on a
         # noisy machine the tuner's own rows vary as much as any single row).
         algo, proto = picked.get(k, "?/?").split("/")
-        name = {"one-shot": "oneshot"}.get(algo, algo)
+        name = {"one-shot": "oneshot", "chain": "ring"}.get(algo, algo)
         same = forced.get(name if proto == "simple" else f"{name}/{proto}")
         if same is not None and a.by_choice:
             ratio = same / best if best > 0 else float("nan")

@@ -51,9 +51,11 @@ forced() { # collective transport
 run() { # transport ranks coll algo min max factor iters warmup
   local t=$1 n=$2 c=$3 a=$4 r=$ROUND pin=()
   [[ -n $PIN ]] && pin=(taskset -c "$PIN")
-  local env=(OCCL_TRANSPORT="$t")
-  [[ $a != - ]] && env+=(OCCL_ALGO="${a%%/*}")
-  [[ $a == */* ]] && env+=(OCCL_PROTO="${a#*/}")
+  local env=(OCCL_TRANSPORT="$t") f=${c//_/}
+  # Forced for this collective only (NCCL's per-collective syntax): occl-perf's own all-reduce
+  # (barrier, result check) keeps the tuner's choice, and "pat" leaves it one.
+  [[ $a != - ]] && env+=(OCCL_ALGO="$f:${a%%/*}")
+  [[ $a == */* ]] && env+=(OCCL_PROTO="$f:${a#*/}")
   env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
     --ranks "$n" --json ${EXTRA:-} 2>/dev/null \
     | python3 -c '

@@ -79,6 +79,12 @@ impl Tuner {
         Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default() })
     }
 
+    /// Whether this host runs more of the communicator's ranks than it has cores (decided once,
+    /// at init: asking the OS costs system calls and cgroup file reads).
+    pub(crate) fn oversubscribed(&self) -> bool {
+        matches!(self.link, Link::ShmShared | Link::TcpShared)
+    }
+
     /// What every rank must agree on: the lists and the constants (the link follows from the
     /// peer table, which every rank shares, except the core count, which is included).
     pub(crate) fn digest(&self) -> u64 {
