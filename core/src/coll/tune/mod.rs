@@ -111,11 +111,8 @@ impl Tuner {
             )));
         }
         let runs = self.protocols();
-        let protos: Vec<Proto> = runs
-            .iter()
-            .filter(|(_, name)| self.policy.protos.allows(func, bit(&PROTOS, name)))
-            .map(|p| p.0)
-            .collect();
+        let protos: Vec<Proto> =
+            runs.iter().filter(|(_, name)| self.policy.protos.allows(func, bit(&PROTOS, name))).map(|p| p.0).collect();
         if protos.is_empty() {
             return Err(Error::usage(format!(
                 "{} leaves no protocol that occl runs for {} over {}; it supports {} (set OCCL_PROTO to include one)",
@@ -213,10 +210,14 @@ mod tests {
         assert!(e.expect_err("nothing runnable").to_string().contains("RING, TREE, ONESHOT"));
         let e = tuner(None, Some("ll128"), 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
         assert!(e.expect_err("no ll128").to_string().contains("supports SIMPLE, LL"));
-        let e = tuner(None, Some("ll"), 4, TransportKind::Tcp).choose(CollType::Broadcast, 8).expect_err("no LL on tcp");
+        let e =
+            tuner(None, Some("ll"), 4, TransportKind::Tcp).choose(CollType::Broadcast, 8).expect_err("no LL on tcp");
         assert_eq!(e.kind(), crate::ErrorKind::InvalidUsage);
         assert!(e.to_string().contains("over tcp; it supports SIMPLE ("), "{e}");
-        assert_eq!(tuner(None, Some("ll"), 4, TransportKind::Shm).choose(CollType::Broadcast, 8).expect("LL").proto, Proto::Ll);
+        assert_eq!(
+            tuner(None, Some("ll"), 4, TransportKind::Shm).choose(CollType::Broadcast, 8).expect("LL").proto,
+            Proto::Ll
+        );
         let t = tuner(None, Some("^ll"), 2, TransportKind::Shm);
         assert_eq!(t.choose(CollType::ReduceScatter, 8).expect("simple").proto, Proto::Simple);
     }
@@ -252,7 +253,9 @@ mod tests {
             Tuner::new(&config, n, &vec![kind; n - 1], local).expect("tuner")
         };
         let name = |c: Choice| format!("{}/{}", c.algo.name(), c.proto.name());
-        let cases: [(usize, TransportKind, bool, &[(usize, &[&str])]); 4] = [
+        // (ranks, transport, more ranks than cores, [(bytes, acceptable choices)]).
+        type Case = (usize, TransportKind, bool, &'static [(usize, &'static [&'static str])]);
+        let cases: [Case; 4] = [
             (
                 2,
                 Shm,
@@ -278,7 +281,17 @@ mod tests {
                     (64 << 20, &["ring/simple"]),
                 ],
             ),
-            (2, Tcp, false, &[(8, &["one-shot/simple"]), (32 << 10, &["one-shot/simple"]), (256 << 10, &["ring/simple"]), (64 << 20, &["ring/simple"])]),
+            (
+                2,
+                Tcp,
+                false,
+                &[
+                    (8, &["one-shot/simple"]),
+                    (32 << 10, &["one-shot/simple"]),
+                    (256 << 10, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
             (
                 4,
                 Tcp,
@@ -296,7 +309,10 @@ mod tests {
             let t = at(n, kind, shared);
             for &(bytes, ok) in sizes {
                 let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
-                assert!(ok.contains(&c.as_str()), "n={n} {kind:?} shared={shared} {bytes} B: {c}, measured best {ok:?}");
+                assert!(
+                    ok.contains(&c.as_str()),
+                    "n={n} {kind:?} shared={shared} {bytes} B: {c}, measured best {ok:?}"
+                );
             }
         }
     }

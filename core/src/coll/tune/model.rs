@@ -10,7 +10,8 @@
 //! (ring all-reduce 2(n-1)/n, double tree 2, one-shot n-1, all-gather n-1), and `step_bytes`
 //! what one step carries, so that an operation of one piece pays for its path (a chain of n-1
 //! hops of the whole buffer) and a long one for its load. α (per step), γ (per message) and bw
-//! are per link; `base` and `scale` per (collective, algorithm, protocol, link) correct what the
+//! are per link, α and bw also per protocol (LL: a shorter path, less bandwidth; `chunk` is
+//! then the LL piece); `base` and `scale` per (collective, algorithm, protocol, link) correct what the
 //! shape alone misses (a tree's unfused primitives, the ring's single copy). The defaults were
 //! fitted to occl-perf runs on a 2-core machine (tests/results/algos.md); `OCCL_TUNER_FILE`
 //! overrides any of them (see `file.rs`).
@@ -85,7 +86,7 @@ pub(crate) struct Consts {
 /// Corrections fitted per (link, collective, algorithm, protocol): base µs and byte-term scale.
 /// Anything not listed is neither (base 0, scale 1).
 const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
-    use CollType::{AllGather as AG, AllReduce as AR, ReduceScatter as RS};
+    use CollType::{AllGather as AG, AllReduce as AR, Broadcast as BC, Reduce as RD, ReduceScatter as RS};
     use Link::{Shm, ShmShared, Tcp, TcpShared};
     use Proto::{Ll, Simple};
     const RING: usize = 0;
@@ -105,6 +106,14 @@ const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
         (Tcp, AR, ONESHOT, Simple, 0.0, 1.6),
         (TcpShared, AR, TREE, Simple, 0.0, 0.92),
         (TcpShared, AR, ONESHOT, Simple, 8.8, 0.97),
+        // 4 ranks on 2 cores: a broadcast chain beat the tree at every size to 1 MiB (by
+        // 1.1-2.9x), a reduce chain to 32 KiB, with the tree ahead from 1 MiB over tcp.
+        (ShmShared, BC, TREE, Simple, 3.0, 1.5),
+        (ShmShared, BC, TREE, Ll, 3.0, 1.5),
+        (ShmShared, RD, TREE, Simple, 1.5, 1.0),
+        (ShmShared, RD, TREE, Ll, 1.5, 1.0),
+        (TcpShared, BC, TREE, Simple, 12.0, 1.6),
+        (TcpShared, RD, TREE, Simple, 15.0, 0.6),
         // PAT moves every byte through the FIFOs, where the ring reads large blocks straight
         // from the sender's buffer (single copy).
         (Shm, AG, PAT, Simple, 0.0, 1.25),
@@ -212,7 +221,9 @@ fn shape(coll: CollType, algo: Algo, n: usize, bytes: usize) -> Shape {
             sh(depth, if big { 3.0 } else { 2.0 }, 1.0, if big { 2.0 } else { 1.0 })
         }
         (CollType::Broadcast | CollType::Reduce, _) => sh(nf - 1.0, 2.0, 1.0, 1.0),
-        (CollType::AllGather | CollType::ReduceScatter, Algo::Pat) => sh(depth, 2.0 * depth, (nf - 1.0) / depth, nf - 1.0),
+        (CollType::AllGather | CollType::ReduceScatter, Algo::Pat) => {
+            sh(depth, 2.0 * depth, (nf - 1.0) / depth, nf - 1.0)
+        }
         (CollType::AllGather | CollType::ReduceScatter, _) => sh(nf - 1.0, 2.0 * (nf - 1.0), 1.0, nf - 1.0),
         _ => sh(1.0, 2.0, 1.0, 1.0),
     }

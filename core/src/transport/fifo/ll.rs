@@ -17,11 +17,11 @@
 //! clears the area, so a line written exactly one flag period ago can never pass for new.
 //!
 //! The sender writes the payload, then the header, the length line last; the receiver polls
-//! the length line only (polling lines that the sender is still writing would bounce their
-//! cache lines between the two cores several times: measured 20-60× slower at 2-8 KiB), then
-//! reads the rest, each line still checked for its flag, so no memory-ordering assumption is
-//! needed: on x86-64 they are all there by then. It acknowledges the step by its count in `acked`; the sender reuses a step only once
-//! it is acknowledged, which for small messages is long done. The counters `posted` and `acked`
+//! the length line only (polling lines that the sender is still writing bounces their cache
+//! lines between the two cores), then reads the rest, each line still checked for its flag, so
+//! no memory-ordering assumption is needed: on x86-64 they are all there by then. It
+//! acknowledges the step by its count in `acked`; the sender reuses a step only once it is
+//! acknowledged, which for small messages is long done. The counters `posted` and `acked`
 //! exist for waiters that went to sleep (the futex words): the fast path never reads them on
 //! the receiving side. Storing them is the one sequentially consistent store per step, which the
 //! sleeper handshake of `wait` needs (a receiver that sleeps must be woken).
@@ -31,10 +31,9 @@ use crate::error::{Error, Result};
 use crate::transport::wait::Deadline;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Lines of one step: one 4 KiB page. A step that straddles pages is slow: the receiver's
-/// hardware prefetcher streams on into the next step while the sender still writes it, and
-/// the lines bounce between the cores (measured: 2-rank 8 KiB all-reduce 31 µs with 8 KiB
-/// steps at 8-byte lines, against 2.5 µs for Simple). Prefetchers do not cross pages.
+/// Lines of one step: one 4 KiB page, so that a hardware prefetcher streaming through the step
+/// being read (prefetchers stay within a page) does not pull lines of the next step away from
+/// a sender still writing them.
 const STEP_LINES: usize = PAGE / 8;
 const PAGE: usize = 4096;
 /// Lines ahead of the payload: the length, then the descriptor's five words.
@@ -143,7 +142,7 @@ impl SendFifo {
             // Step `step - n` used this slot; it must be consumed.
             self.ll.seen = self.ll_wait_acked(step - n + 1, ends, deadline, "waiting for a free LL step")?;
         }
-        if step > 0 && step % FLAGS == 0 {
+        if step > 0 && step.is_multiple_of(FLAGS) {
             self.ll.seen = self.ll_wait_acked(step, ends, deadline, "waiting to renew the LL flags")?;
             for i in 0..self.nslots {
                 for l in self.region.ll_lines(i) {
@@ -204,7 +203,7 @@ impl SendFifo {
             let w = unsafe { std::ptr::read_unaligned(src.add(4 * k) as *const u32) };
             l.store(line(f, w), Ordering::Relaxed);
         }
-        if len % 4 != 0 {
+        if !len.is_multiple_of(4) {
             let mut b = [0u8; 4];
             // SAFETY: the last len % 4 bytes of src.
             unsafe { std::ptr::copy_nonoverlapping(src.add(4 * whole), b.as_mut_ptr(), len % 4) };
@@ -283,7 +282,7 @@ impl RecvFifo {
         let lines = &self.region.ll_lines(slot)[1..HDR_LINES + len.div_ceil(4)];
         // One pass without a branch per line, so the loads of many cache lines are in flight
         // at once (a loop that tests each line before loading the next one pays a full
-        // cross-core miss per cache line: 6× slower at 4 KiB). The length line was written last
+        // cross-core miss per cache line). The length line was written last
         // (Release), so the lines are normally all there; any that are not are waited for.
         let mut w = [0u32; 5];
         let mut late = false;
@@ -300,8 +299,8 @@ impl RecvFifo {
         if late {
             for k in 0..lines.len() {
                 let v = self.ll_line(slot, 1 + k, f, ends, deadline)?;
-                if k < 5 {
-                    w[k] = v;
+                if let Some(x) = w.get_mut(k) {
+                    *x = v;
                 } else {
                     // SAFETY: as above.
                     unsafe { out.add(k - 5).write(v) };
@@ -429,4 +428,3 @@ mod tests {
         assert_eq!(e.kind(), crate::ErrorKind::RemoteError, "{e}");
     }
 }
-
