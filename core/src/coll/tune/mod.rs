@@ -63,13 +63,27 @@ impl Tuner {
     /// The tuner of a communicator of `nranks` whose peers use `kinds`, with `local` ranks on
     /// this host.
     pub(crate) fn new(config: &Config, nranks: usize, kinds: &[TransportKind], local: usize) -> Result<Tuner> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Tuner::with_cores(config, nranks, kinds, local, cores)
+    }
+
+    /// As `new`, on a host of `cores` cores.
+    fn with_cores(
+        config: &Config,
+        nranks: usize,
+        kinds: &[TransportKind],
+        local: usize,
+        cores: usize,
+    ) -> Result<Tuner> {
         let policy = Policy::new(config.algo.as_deref(), config.proto.as_deref())?;
         let consts = match &config.tuner_file {
             Some(p) => file::load(p)?,
             None => Consts::default(),
         };
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let link = match (kinds.contains(&TransportKind::Tcp), local > cores) {
+        // Every rank must see the same link: across hosts the ranks per host and the cores
+        // differ, so only a one-host job (where all ranks count alike) can be "shared".
+        let shared = local == nranks && local > cores;
+        let link = match (kinds.contains(&TransportKind::Tcp), shared) {
             (true, false) => Link::Tcp,
             (true, true) => Link::TcpShared,
             (false, true) => Link::ShmShared,
@@ -247,10 +261,10 @@ mod tests {
     #[test]
     fn the_defaults_follow_the_measured_all_reduce_choices() {
         use TransportKind::{Shm, Tcp};
+        // One host of 2 cores (the measured machine), or one rank per host.
         let at = |n: usize, kind, shared: bool| {
-            let config = Config::default();
-            let local = if shared { 1 << 20 } else { 1 };
-            Tuner::new(&config, n, &vec![kind; n - 1], local).expect("tuner")
+            let local = if shared { n } else { 1 };
+            Tuner::with_cores(&Config::default(), n, &vec![kind; n - 1], local, 2).expect("tuner")
         };
         let name = |c: Choice| format!("{}/{}", c.algo.name(), c.proto.name());
         // (ranks, transport, more ranks than cores, [(bytes, acceptable choices)]).
