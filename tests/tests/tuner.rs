@@ -96,7 +96,11 @@ fn nccl_spellings_force_and_malformed_lists_fail_init() {
         Duration::from_secs(60),
     );
     assert_all_ok(&outs, "NCCL_ALGO");
-    assert!(outs[0].output.contains("AllReduce:tree"), "{}", outs[0].output);
+    assert!(
+        outs[0].output.contains("AllReduce:tree") && outs[0].output.contains("protos=simple"),
+        "{}",
+        outs[0].output
+    );
     let both = env(&[("NCCL_ALGO", "allreduce:tree"), ("OCCL_ALGO", "allreduce:ring"), ("NCCL_PROTO", "Simple")]);
     let outs = run_job(3, &["matrix", spec], Spawn { env: both, ..Spawn::default() }, Duration::from_secs(60));
     assert_all_ok(&outs, "OCCL_ALGO over NCCL_ALGO");
@@ -136,12 +140,13 @@ fn ranks_that_would_choose_differently_fail_init_on_every_rank() {
 #[test]
 fn the_tuner_file_sets_the_model_and_its_mistakes_name_the_line() {
     let dir = scratch("tuner-file");
-    // Trees for free, everything else dear: the tuner must pick trees at every size.
+    // Trees for free, everything else dear (LL too): the tuner must pick trees at every size.
     let good = dir.join("cheap-trees.conf");
     std::fs::write(
         &good,
         "# test\nshm.alpha_us = 1000\nshm.allreduce.tree.scale = 0.000001\nshm.allreduce.ring.base_us = 1e6\n\
-         shm.allreduce.oneshot.base_us = 1e6\nshm-shared.allreduce.ring.base_us = 1e6\nshm-shared.allreduce.oneshot.base_us = 1e6\n",
+         shm.allreduce.oneshot.base_us = 1e6\nshm-shared.allreduce.ring.base_us = 1e6\nshm-shared.allreduce.oneshot.base_us = 1e6\n\
+         shm.ll.alpha_us = 1e6\nshm-shared.ll.alpha_us = 1e6\n",
     )
     .expect("write");
     let g = good.to_string_lossy().to_string();
@@ -153,7 +158,11 @@ fn the_tuner_file_sets_the_model_and_its_mistakes_name_the_line() {
         Duration::from_secs(60),
     );
     assert_all_ok(&outs, "tuner file");
-    assert!(outs[0].output.contains("AllReduce:tree"), "{}", outs[0].output);
+    assert!(
+        outs[0].output.contains("AllReduce:tree") && outs[0].output.contains("protos=simple"),
+        "{}",
+        outs[0].output
+    );
     let bad = dir.join("bad.conf");
     std::fs::write(&bad, "shm.alpha_us = 1\ntcp.gbps = fast\n").expect("write");
     let b = bad.to_string_lossy().to_string();
