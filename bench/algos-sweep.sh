@@ -13,6 +13,8 @@
 #   LAT="8 64K 2 1000 100" latency sweep: min max factor iters warmup
 #   BW="256K 64M 4 6 2"    bandwidth sweep: min max factor iters warmup
 #   EXTRA="--batches 15"   more occl-perf flags (median of batches: robust on a busy machine)
+#   PROTOS="simple ll"     protocols forced on shm (each algorithm once per protocol; tcp runs
+#                          Simple only); a forced row's "forced" is ALGO or ALGO/PROTO
 #   PIN="0,1"              run under taskset -c PIN (empty: no pinning)
 #   ROUNDS=1               repeat everything, interleaved (rows carry "round"): on a shared,
 #                          noisy machine take the minimum or median over rounds
@@ -25,22 +27,35 @@ read -r -a LAT <<<"${LAT:-8 64K 2 1000 100}"
 read -r -a BW <<<"${BW:-256K 64M 4 6 2}"
 PIN=${PIN:-}
 ROUNDS=${ROUNDS:-1}
+PROTOS=${PROTOS:-"simple ll"}
 [[ -x $PERF ]] || { echo "algos-sweep: $PERF is not executable" >&2; exit 1; }
 
-# The forced lists per collective: the tuner (empty), then each algorithm alone.
-forced() {
+# The forced lists per collective: the tuner (-), then each algorithm alone, with each protocol
+# on shm (ALGO/PROTO; Simple alone is plain ALGO).
+forced() { # collective transport
+  local algos a p
   case $1 in
-    all_reduce) echo "- ring tree oneshot" ;;
-    broadcast | reduce) echo "- ring tree" ;;
-    all_gather | reduce_scatter) echo "- ring pat" ;;
+    all_reduce) algos="ring tree oneshot" ;;
+    broadcast | reduce) algos="ring tree" ;;
+    all_gather | reduce_scatter) algos="ring pat" ;;
   esac
+  echo -n "-"
+  for a in $algos; do
+    for p in $PROTOS; do
+      if [[ $p == simple ]]; then echo -n " $a"; elif [[ $2 == shm ]]; then echo -n " $a/$p"; fi
+    done
+  done
+  echo
 }
 
 run() { # transport ranks coll algo min max factor iters warmup
   local t=$1 n=$2 c=$3 a=$4 r=$ROUND pin=()
   [[ -n $PIN ]] && pin=(taskset -c "$PIN")
-  local env=(OCCL_TRANSPORT="$t")
-  [[ $a != - ]] && env+=(OCCL_ALGO="$a")
+  local env=(OCCL_TRANSPORT="$t") f=${c//_/}
+  # Forced for this collective only (NCCL's per-collective syntax): occl-perf's own all-reduce
+  # (barrier, result check) keeps the tuner's choice, and "pat" leaves it one.
+  [[ $a != - ]] && env+=(OCCL_ALGO="$f:${a%%/*}")
+  [[ $a == */* ]] && env+=(OCCL_PROTO="$f:${a#*/}")
   env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
     --ranks "$n" --json ${EXTRA:-} 2>/dev/null \
     | python3 -c '
@@ -59,9 +74,10 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
   for n in $RANKS; do
     for t in $TRANSPORTS; do
       for c in $COLLS; do
-        for a in $(forced "$c"); do
+        for a in $(forced "$c" "$t"); do
           [[ ${LAT[0]} != - ]] && run "$t" "$n" "$c" "$a" "${LAT[@]}"
-          [[ ${BW[0]} != - ]] && run "$t" "$n" "$c" "$a" "${BW[@]}"
+          # LL only in the latency sweep: half of every line is flag, it never pays at 256 KiB+.
+          [[ ${BW[0]} != - && $a != */ll ]] && run "$t" "$n" "$c" "$a" "${BW[@]}"
         done
       done
     done

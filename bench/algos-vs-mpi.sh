@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # occl's all-reduce algorithms against Open MPI, side by side in one run: for 2 and 4 ranks over
-# shm and tcp, the tuner's choice and each forced algorithm (ring, tree, one-shot), alternating
+# shm and tcp, the tuner's choice and each forced algorithm (ring, tree, one-shot; on shm each
+# also with the LL protocol at the latency sizes), alternating
 # with Open MPI's MPI_Allreduce, ROUNDS times. Prints a markdown table (median over rounds):
 # latency (µs) at 8 B–64 KiB, bus bandwidth (GB/s) at 1–64 MiB. See bench/README.md.
 #
@@ -74,15 +75,16 @@ for line in open(raw):
     cells.setdefault(key, []).append((float(r["time_us"]), float(r["busbw_gbps"]), r.get("algo", ""), r.get("wrong", 0)))
 LAT = [8, 64, 1024, 8192, 65536]
 BW = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
-WHO = ["tuner", "ring", "tree", "oneshot", "mpi"]
+LLS = ["ring/ll", "tree/ll", "oneshot/ll"]
+WHO = ["tuner", "ring", "tree", "oneshot", "mpi"] + LLS
 def size(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else (f"{b >> 10} KiB" if b >= 1024 else f"{b} B")
 for n in ranks:
     for t in transports:
         n_ = int(n)
         print(f"\n### {n} ranks, {t}\n")
-        print("| size | tuner (choice) | ring | tree | one-shot | Open MPI | tuner / best forced | tree / ring |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| size | tuner (choice) | ring | tree | one-shot | best LL (shm) | Open MPI | tuner / best forced | tree / ring |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for s in LAT + BW:
             lat = s in LAT
             med = {}
@@ -98,14 +100,16 @@ for n in ranks:
                     choice += " WRONG"
             fmt = (lambda x: f"{x:.1f} µs") if lat else (lambda x: f"{x:.2f} GB/s")
             col = lambda w: fmt(med[w]) if w in med else "-"
-            forced = [med[w] for w in ["ring", "tree", "oneshot"] if w in med]
+            forced = [med[w] for w in ["ring", "tree", "oneshot"] + LLS if w in med]
+            lls = [(med[w], w) for w in LLS if w in med]
+            best_ll = f"{fmt(min(lls)[0])} ({min(lls)[1]})" if lls else "-"
             ratio = tr = "-"
             if "tuner" in med and forced:
                 best = min(forced) if lat else max(forced)
                 ratio = f"{med['tuner'] / best:.2f}" if lat else f"{best / med['tuner']:.2f}"
             if "tree" in med and "ring" in med:
                 tr = f"{med['tree'] / med['ring']:.2f}" if lat else f"{med['ring'] / med['tree']:.2f}"
-            print(f"| {size(s)} | {col('tuner')} ({choice}) | {col('ring')} | {col('tree')} | {col('oneshot')} | {col('mpi')} | {ratio} | {tr} |")
+            print(f"| {size(s)} | {col('tuner')} ({choice}) | {col('ring')} | {col('tree')} | {col('oneshot')} | {best_ll} | {col('mpi')} | {ratio} | {tr} |")
 print("\nRatios are time ratios (above 1: slower than the reference), for bandwidth rows too "
       "(best busbw / tuner busbw, ring busbw / tree busbw).")
 PY

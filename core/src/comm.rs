@@ -465,7 +465,7 @@ impl Comm {
         self.tuner.choose(coll, bytes).map_or("none", |c| c.algo.name())
     }
 
-    /// The protocol this communicator runs for `coll` with `bytes` per rank: `"simple"`, or
+    /// The protocol this communicator runs for `coll` with `bytes` per rank: `"simple"` or `"ll"`, or
     /// `"none"` as for `algorithm`.
     pub fn protocol(&self, coll: CollType, bytes: usize) -> &'static str {
         self.tuner.choose(coll, bytes).map_or("none", |c| c.proto.name())
@@ -646,6 +646,7 @@ impl Comm {
         self.flight.started(flight, t0);
         let inner = &mut *g;
         let (slot, func_seq) = (inner.slot, inner.func_seq[coll as usize]);
+        let geo = coll::geometry(algo, choice.proto, slot, self.config.fifo_slots, dt);
         let prof = OpProf::begin(
             &self.prof.fanout,
             self.rank,
@@ -661,7 +662,7 @@ impl Comm {
                 datatype: dt.nccl_name(),
                 algo: algo.nccl_name(),
                 proto: choice.proto.nccl_name(),
-                chunk_size: coll::slice_bytes(slot, dt),
+                chunk_size: geo.0,
             },
             || {
                 plan::legs(&Shape {
@@ -672,8 +673,8 @@ impl Comm {
                     // Per rank or per block, as each algorithm takes it.
                     count,
                     elem: dt.size(),
-                    slice: coll::slice_bytes(slot, dt),
-                    chunk: coll::chunk_bytes(slot, self.config.fifo_slots, dt),
+                    slice: geo.0,
+                    chunk: geo.1,
                     root: root.unwrap_or(0),
                     peer: p2p_peer.unwrap_or(0),
                 })
@@ -692,6 +693,8 @@ impl Comm {
                 op: op.unwrap_or(RedOp::Sum),
                 slot: inner.slot,
                 nslots: self.config.fifo_slots,
+                algo,
+                proto: choice.proto,
                 staging: &mut inner.staging,
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
                 prof: prof.as_ref(),

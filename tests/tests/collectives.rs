@@ -121,16 +121,28 @@ const ALGO_SPEC: &str = "colls=all_reduce,broadcast,reduce,all_gather,reduce_sca
     ops=sum,avg,max;counts=0,1,7,513,1025,2049,4097,16389,32771";
 
 fn forced_job(n: usize, algo: &str, want: &str, tcp: bool) {
+    forced_proto_job(n, algo, want, tcp, None);
+}
+
+/// As `forced_job`, with `OCCL_PROTO=proto` when given (the worker then reports it).
+fn forced_proto_job(n: usize, algo: &str, want: &str, tcp: bool, proto: Option<&str>) {
     let mut vars = SMALL_FIFOS.to_vec();
     vars.push(("OCCL_ALGO", algo));
     if tcp {
         vars.push(("OCCL_TRANSPORT", "tcp"));
     }
+    if let Some(p) = proto {
+        vars.push(("OCCL_PROTO", p));
+    }
     let outs =
         run_job(n, &["matrix", ALGO_SPEC], Spawn { env: env(&vars), ..Spawn::default() }, Duration::from_secs(120));
-    assert_all_ok(&outs, &format!("OCCL_ALGO={algo} tcp={tcp} nranks={n}"));
+    assert_all_ok(&outs, &format!("OCCL_ALGO={algo} OCCL_PROTO={proto:?} tcp={tcp} nranks={n}"));
     if n > 1 {
         assert!(outs[0].output.contains(&format!("algos={want}")), "{}", outs[0].output);
+        if let Some(p) = proto {
+            let want = format!("protos={}", p.to_ascii_lowercase());
+            assert!(outs[0].output.contains(&want), "{}", outs[0].output);
+        }
     }
 }
 
@@ -162,5 +174,30 @@ fn threads_mode_every_forced_algorithm_ranks_1_to_8() {
     }
     for n in [3, 6] {
         threads(n, &spec, Config { algo: Some(FORCED[1].0.into()), ..small.clone() });
+    }
+}
+
+/// The LL protocol (`OCCL_PROTO=LL`, shm only) under every algorithm that can carry it, at
+/// ranks 1-8 in the threads mode. Its slices are one LL step (2024 bytes of payload) and its
+/// pieces two steps here, so the counts of `ALGO_SPEC` cross every LL slice and piece boundary
+/// for each datatype (f32 506 elements a step, bf16 1012, i64 253) and pass 64 KiB, where the
+/// tree all-reduce splits over both trees.
+#[test]
+fn threads_mode_every_forced_algorithm_with_ll_ranks_1_to_8() {
+    let spec = Spec::parse(ALGO_SPEC).expect("spec");
+    let small = Config { shm_slot_size: 4096, fifo_slots: 4, proto: Some("LL".into()), ..Config::default() };
+    for n in 1..=8 {
+        for (algo, _) in FORCED {
+            threads(n, &spec, Config { algo: Some(algo.into()), ..small.clone() });
+        }
+    }
+}
+
+/// LL in real processes (cross-process shared memory and its wake-ups): a representative
+/// subset of rank counts; the worker reports the protocol it ran.
+#[test]
+fn processes_shm_every_forced_algorithm_with_ll() {
+    for (n, (algo, want)) in [(2, FORCED[0]), (5, FORCED[0]), (8, FORCED[0]), (3, FORCED[1]), (4, FORCED[1])] {
+        forced_proto_job(n, algo, want, false, Some("LL"));
     }
 }

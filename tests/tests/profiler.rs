@@ -370,7 +370,8 @@ fn forced_trees_pat_and_one_shot_emit_matching_steps() {
                 let func = e.d["func"].as_str().unwrap_or("");
                 if let Some((_, a)) = want.iter().find(|(f, _)| *f == func) {
                     assert_eq!(e.d["algo"], *a, "rank {} {func} with OCCL_ALGO={algo}", r.rank);
-                    assert_eq!(e.d["proto"], "SIMPLE");
+                    // Small operations may run LL where each rank has a core of its own.
+                    assert!(["SIMPLE", "LL"].contains(&e.d["proto"].as_str().unwrap_or("")), "{:?}", e.d["proto"]);
                 }
             }
         }

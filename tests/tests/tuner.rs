@@ -56,14 +56,29 @@ fn a_forced_choice_occl_cannot_run_is_invalid_usage_naming_what_it_supports() {
         let e = c.broadcast_in_place(&mut [0u8; 4], 0).unwrap_err();
         assert!(e.to_string().contains("supports RING, TREE"), "{e}");
     });
-    for proto in ["ll", "LL128", "allreduce:ll"] {
+    for proto in ["LL128", "allreduce:ll128"] {
         on_threads(2, forced(None, Some(proto)), |c| {
             let e = c.all_reduce(&[1.0f32], &mut [0f32], RedOp::Sum).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUsage);
-            assert!(e.to_string().contains("no protocol") && e.to_string().contains("supports SIMPLE"), "{e}");
+            assert!(e.to_string().contains("no protocol") && e.to_string().contains("supports SIMPLE, LL"), "{e}");
         });
     }
-    // Excluding what occl does not run leaves Simple.
+    // LL runs on shm, and is refused over tcp, naming what tcp runs.
+    on_threads(2, forced(None, Some("ll")), |c| {
+        assert_eq!(c.protocol(CollType::AllReduce, 8), "ll");
+        let mut out = [0f32; 3];
+        c.all_reduce(&[1.0f32, 2.0, 3.0], &mut out, RedOp::Sum).expect("LL all-reduce");
+        assert_eq!(out, [2.0, 4.0, 6.0]);
+    });
+    let tcp_ll = Config { transport: Some(occl::TransportKind::Tcp), ..forced(None, Some("ll")) };
+    on_threads(2, tcp_ll, |c| {
+        let e = c.all_reduce(&[1.0f32], &mut [0f32], RedOp::Sum).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        let m = e.to_string();
+        assert!(m.contains("OCCL_PROTO=\"ll\"") && m.contains("over tcp") && m.contains("supports SIMPLE ("), "{m}");
+        assert_eq!(c.protocol(CollType::AllReduce, 8), "none");
+    });
+    // Excluding LL and LL128 leaves Simple.
     on_threads(2, forced(None, Some("^ll,ll128")), |c| {
         assert_eq!(c.protocol(CollType::AllReduce, 8), "simple");
         c.all_reduce(&[1.0f32], &mut [0f32], RedOp::Sum).expect("simple");
@@ -81,7 +96,11 @@ fn nccl_spellings_force_and_malformed_lists_fail_init() {
         Duration::from_secs(60),
     );
     assert_all_ok(&outs, "NCCL_ALGO");
-    assert!(outs[0].output.contains("AllReduce:tree"), "{}", outs[0].output);
+    assert!(
+        outs[0].output.contains("AllReduce:tree") && outs[0].output.contains("protos=simple"),
+        "{}",
+        outs[0].output
+    );
     let both = env(&[("NCCL_ALGO", "allreduce:tree"), ("OCCL_ALGO", "allreduce:ring"), ("NCCL_PROTO", "Simple")]);
     let outs = run_job(3, &["matrix", spec], Spawn { env: both, ..Spawn::default() }, Duration::from_secs(60));
     assert_all_ok(&outs, "OCCL_ALGO over NCCL_ALGO");
@@ -121,12 +140,13 @@ fn ranks_that_would_choose_differently_fail_init_on_every_rank() {
 #[test]
 fn the_tuner_file_sets_the_model_and_its_mistakes_name_the_line() {
     let dir = scratch("tuner-file");
-    // Trees for free, everything else dear: the tuner must pick trees at every size.
+    // Trees for free, everything else dear (LL too): the tuner must pick trees at every size.
     let good = dir.join("cheap-trees.conf");
     std::fs::write(
         &good,
         "# test\nshm.alpha_us = 1000\nshm.allreduce.tree.scale = 0.000001\nshm.allreduce.ring.base_us = 1e6\n\
-         shm.allreduce.oneshot.base_us = 1e6\nshm-shared.allreduce.ring.base_us = 1e6\nshm-shared.allreduce.oneshot.base_us = 1e6\n",
+         shm.allreduce.oneshot.base_us = 1e6\nshm-shared.allreduce.ring.base_us = 1e6\nshm-shared.allreduce.oneshot.base_us = 1e6\n\
+         shm.ll.alpha_us = 1e6\nshm-shared.ll.alpha_us = 1e6\n",
     )
     .expect("write");
     let g = good.to_string_lossy().to_string();
@@ -138,7 +158,11 @@ fn the_tuner_file_sets_the_model_and_its_mistakes_name_the_line() {
         Duration::from_secs(60),
     );
     assert_all_ok(&outs, "tuner file");
-    assert!(outs[0].output.contains("AllReduce:tree"), "{}", outs[0].output);
+    assert!(
+        outs[0].output.contains("AllReduce:tree") && outs[0].output.contains("protos=simple"),
+        "{}",
+        outs[0].output
+    );
     let bad = dir.join("bad.conf");
     std::fs::write(&bad, "shm.alpha_us = 1\ntcp.gbps = fast\n").expect("write");
     let b = bad.to_string_lossy().to_string();

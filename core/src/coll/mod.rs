@@ -21,10 +21,10 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::profile::OpProf;
 use crate::record::CollType;
-use crate::transport::fifo::{Desc, Ends};
+use crate::transport::fifo::{ll, Desc, Ends};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::Peer;
-use plan::{Algo, Shape};
+use plan::{Algo, Proto, Shape};
 use prims::{Prims, RecvEnd, SendEnd};
 use std::sync::atomic::AtomicBool;
 use walk::Run;
@@ -42,6 +42,9 @@ pub(crate) struct Ctx<'a> {
     /// FIFO slot bytes (the same on every FIFO of the communicator) and slots per FIFO.
     pub slot: usize,
     pub nslots: usize,
+    /// The operation's algorithm and protocol (the tuner's choice), which set its slices.
+    pub algo: Algo,
+    pub proto: Proto,
     /// Progresses the communicator's tcp sockets while this rank waits (none without tcp peers).
     pub drive: Option<&'a dyn Drive>,
     /// Reused staging memory (in-place all-to-all), kept by the communicator between calls so
@@ -55,19 +58,38 @@ pub(crate) struct Ctx<'a> {
     pub members: Option<&'a crate::lifecycle::Lifecycle>,
 }
 
-/// Bytes per slice: one slot of whole elements of `dt`.
+/// Bytes per slice: one slot of whole elements of `dt` (Simple; p2p and all-to-all).
 pub(crate) fn slice_bytes(slot: usize, dt: DataType) -> usize {
     slot / dt.size() * dt.size()
 }
 
-/// Bytes per ring step: half the FIFO of `nslots` slots, so the next step's send never waits on this one.
-pub(crate) fn chunk_bytes(slot: usize, nslots: usize, dt: DataType) -> usize {
-    slice_bytes(slot, dt) * (nslots / 2).max(1)
+/// LL payload bytes per slice, per algorithm: at most one LL step. Multi-hop algorithms pass
+/// each slice on only once it is whole, so shorter slices pipeline better over their hops
+/// while each step's fixed costs (flags, acknowledgement) favour longer ones.
+fn ll_slice(algo: Algo) -> usize {
+    match algo {
+        Algo::Ring | Algo::Chain | Algo::Tree | Algo::Pat | Algo::OneShot | Algo::Direct => ll::STEP_BYTES,
+    }
+}
+
+/// Bytes per slice and per step of an algorithm (ring chunk, tree piece) for `algo` with
+/// `proto` on FIFOs of `nslots` slots of `slot` bytes. A step is half the FIFO, so the next
+/// step's send never waits on this one.
+pub(crate) fn geometry(algo: Algo, proto: Proto, slot: usize, nslots: usize, dt: DataType) -> (usize, usize) {
+    let slice = match proto {
+        Proto::Simple => slice_bytes(slot, dt),
+        Proto::Ll => (ll_slice(algo) / dt.size() * dt.size()).max(dt.size()),
+    };
+    (slice, slice * (nslots / 2).max(1))
 }
 
 impl<'a> Ctx<'a> {
     pub(crate) fn chunk(&self) -> usize {
-        chunk_bytes(self.slot, self.nslots, self.dt)
+        geometry(self.algo, self.proto, self.slot, self.nslots, self.dt).1
+    }
+
+    fn slice(&self) -> usize {
+        geometry(self.algo, self.proto, self.slot, self.nslots, self.dt).0
     }
 
     /// The shape a schedule walks: `count` elements per rank (per block).
@@ -79,7 +101,7 @@ impl<'a> Ctx<'a> {
             rank: self.rank,
             count,
             elem: self.dt.size(),
-            slice: slice_bytes(self.slot, self.dt),
+            slice: self.slice(),
             chunk: self.chunk(),
             root,
             peer: 0,
@@ -92,6 +114,7 @@ impl<'a> Ctx<'a> {
         let (abort, drive) = (self.abort, self.drive);
         let sleeper = self.prof.and_then(|p| p.sleeper());
         let (record, members) = (Some(self.record), self.members);
+        let (slice, ll) = (self.slice(), self.proto == Proto::Ll);
         let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper, record, members };
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {
@@ -132,7 +155,8 @@ impl<'a> Ctx<'a> {
             dt: self.dt,
             op: self.op,
             nranks: self.nranks,
-            slice: slice_bytes(self.slot, self.dt),
+            slice,
+            ll,
             scratch: Vec::new(),
             direct: false,
             stream: false,

@@ -54,12 +54,15 @@ impl Algo {
 pub(crate) enum Proto {
     /// A slot's data, then its sequence word (NCCL's Simple).
     Simple,
+    /// Lines that carry their own flag (NCCL's LL; `transport::fifo::ll`), shm only.
+    Ll,
 }
 
 impl Proto {
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Proto::Simple => "simple",
+            Proto::Ll => "ll",
         }
     }
 
@@ -67,6 +70,7 @@ impl Proto {
     pub(crate) const fn nccl_name(self) -> &'static str {
         match self {
             Proto::Simple => "SIMPLE",
+            Proto::Ll => "LL",
         }
     }
 }

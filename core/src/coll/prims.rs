@@ -43,8 +43,11 @@ pub(crate) struct Prims<'a> {
     pub op: RedOp,
     /// Divisor that finishes `Avg`.
     pub nranks: usize,
-    /// Bytes per slice: one slot, whole elements.
+    /// Bytes per slice: one slot (Simple) or one LL step at most, whole elements.
     pub slice: usize,
+    /// Slices go as LL steps (`transport::fifo::ll`) instead of Simple slots. Everything above
+    /// `take_send`/`post`/`take_recv`/`release` is the same for both protocols.
+    pub ll: bool,
     /// Where pointer slots are read into before a reduction (one slice, allocated on first use).
     pub scratch: Vec<u64>,
     /// Whether this algorithm sends large ranges by pointer (see `allow_direct`).
@@ -78,14 +81,23 @@ impl<'a> Prims<'a> {
         if let Some(st) = self.steps.as_mut() {
             st.send_peer_wait();
         }
-        let d = self.deadline;
+        let (d, ll) = (self.deadline, self.ll);
         let s = self.tx()?;
-        s.fifo.acquire(&s.ends, &d)
+        if ll {
+            s.fifo.ll_acquire(&s.ends, &d)
+        } else {
+            s.fifo.acquire(&s.ends, &d)
+        }
     }
 
     fn post(&mut self, len: usize) -> Result<()> {
-        let desc = self.desc;
-        self.tx()?.fifo.post(len, &desc);
+        let (desc, ll) = (self.desc, self.ll);
+        let s = self.tx()?;
+        if ll {
+            s.fifo.ll_post(len, &desc);
+        } else {
+            s.fifo.post(len, &desc);
+        }
         if let (Some(st), Some(s)) = (self.steps.as_mut(), self.send.as_ref()) {
             st.send_posted(len, s.fifo);
         }
@@ -106,8 +118,9 @@ impl<'a> Prims<'a> {
         }
         let d = self.deadline;
         let expect = self.desc;
+        let ll = self.ll;
         let r = self.recv.as_mut().ok_or_else(|| Error::internal("primitive needs a receive peer"))?;
-        let m = r.fifo.peek(&r.ends, &d)?;
+        let m = if ll { r.fifo.ll_peek(&r.ends, &d)? } else { r.fifo.peek(&r.ends, &d)? };
         if m.desc != expect {
             return Err(Error::usage(format!(
                 "operation mismatch: this rank runs {} but rank {} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
@@ -132,7 +145,11 @@ impl<'a> Prims<'a> {
 
     fn release(&mut self) {
         if let Some(r) = self.recv.as_mut() {
-            r.fifo.release();
+            if self.ll {
+                r.fifo.ll_release();
+            } else {
+                r.fifo.release();
+            }
         }
         if let Some(st) = self.steps.as_mut() {
             st.recv_done();
@@ -155,7 +172,7 @@ impl<'a> Prims<'a> {
 
     /// Whether a `len`-byte range should go to the send peer by pointer.
     fn by_pointer(&self, len: usize) -> bool {
-        self.direct && len >= DIRECT_MIN && self.send.as_ref().is_some_and(|s| s.fifo.direct != Direct::No)
+        self.direct && !self.ll && len >= DIRECT_MIN && self.send.as_ref().is_some_and(|s| s.fifo.direct != Direct::No)
     }
 
     /// Copies message `m` (`n` bytes) to `dst`, reading the sender's memory for a pointer slot.
@@ -199,9 +216,12 @@ impl<'a> Prims<'a> {
     /// Posts `n` bytes at `src` to the send peer: by pointer, or copied into the slot.
     fn put(&mut self, src: *const u8, n: usize, by_ptr: bool) -> Result<()> {
         let out = self.take_send()?;
-        let desc = self.desc;
+        let (desc, ll) = (self.desc, self.ll);
         let s = self.tx()?;
-        if by_ptr {
+        if ll {
+            // SAFETY: src has n bytes (caller); encoded straight from there.
+            unsafe { s.fifo.ll_post_from(src, n, &desc) };
+        } else if by_ptr {
             s.fifo.post_ptr(src, n, &desc);
         } else {
             // SAFETY: src has n bytes (caller); the slot has slot_size >= n.

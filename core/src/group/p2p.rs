@@ -229,9 +229,9 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
         s.queue.push_back(i);
     }
     let (timeout, slot) = (comm.config.timeout, inner.slot);
-    let me_host = comm.table.get(me).map(|p| p.host_id.as_str());
-    let local = comm.table.iter().filter(|p| Some(p.host_id.as_str()) == me_host).count();
-    let spin_rounds = if local > std::thread::available_parallelism().map_or(1, |c| c.get()) { 0 } else { SPIN_ROUNDS };
+    // Known since init: `available_parallelism` here cost a sched_getaffinity and cgroup file
+    // reads per launch, several times the whole of a small all-to-allv.
+    let spin_rounds = if comm.tuner.oversubscribed() { 0 } else { SPIN_ROUNDS };
     let driving = inner.net.is_some();
     let mut last_moved = None::<Instant>;
     let mut idle_since = None::<Instant>;

@@ -18,10 +18,12 @@ use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub(crate) mod ll;
 pub(crate) mod nonblocking;
 
 pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
-pub(crate) const VERSION: u32 = 1;
+/// 2: the LL area follows the slots.
+pub(crate) const VERSION: u32 = 2;
 
 /// Endpoint states, written by each side into its own header word. Anything but `OPEN` ends
 /// the other side's waits with an error that says why.
@@ -131,8 +133,10 @@ pub(crate) fn stride(slot_size: usize) -> usize {
     (SLOT_HDR + slot_size).next_multiple_of(64)
 }
 
+/// The Simple slots, then the LL area (`ll`), which every FIFO has so that one layout serves
+/// shm and tcp alike (tcp never uses it).
 pub(crate) fn region_size(nslots: usize, slot_size: usize) -> usize {
-    header_size() + nslots * stride(slot_size)
+    header_size() + nslots * stride(slot_size) + ll::area_size(nslots)
 }
 
 /// A mapping that holds one FIFO; unmapped when the last user drops it.
@@ -313,6 +317,8 @@ pub(crate) struct SendFifo {
     /// For a tcp link: per slot, the ProxyStep event of the message in it, which the socket
     /// writer stops when the frame is on the wire (0: none).
     pub net_steps: Option<Arc<[AtomicU64]>>,
+    /// The LL protocol's side of this end.
+    ll: ll::SendState,
 }
 
 impl SendFifo {
@@ -328,6 +334,7 @@ impl SendFifo {
             direct: Direct::No,
             ptr_outstanding: false,
             net_steps: None,
+            ll: ll::SendState::default(),
         }
     }
 
@@ -428,6 +435,7 @@ impl SendFifo {
         for i in 0..self.nslots {
             wait::wake(&self.region.slot_hdr(i).seq, &h.recv_sleepers.0);
         }
+        ll::wake_all(&self.region);
     }
 }
 
@@ -444,9 +452,12 @@ pub(crate) struct RecvFifo {
     /// For a tcp link: per slot, the ProxyStep waiting for the message, the parent of the
     /// socket reader's NetPlugin event (0: none waiting yet).
     pub net_steps: Option<Arc<[AtomicU64]>>,
+    /// The LL protocol's side of this end.
+    ll: ll::RecvState,
 }
 
 /// A published slot: its data, length and descriptor.
+#[derive(Debug)]
 pub(crate) struct Msg {
     pub data: *const u8,
     pub len: usize,
@@ -459,7 +470,16 @@ impl RecvFifo {
     pub(crate) fn new(region: Arc<Region>, patience: Patience) -> RecvFifo {
         let h = region.header();
         let (nslots, slot_size) = (h.nslots as usize, h.slot_size as usize);
-        RecvFifo { region, nslots, slot_size, tail: 0, patience, direct: Direct::No, net_steps: None }
+        RecvFifo {
+            region,
+            nslots,
+            slot_size,
+            tail: 0,
+            patience,
+            direct: Direct::No,
+            net_steps: None,
+            ll: ll::RecvState::default(),
+        }
     }
 
     /// Waits for the next message. Its data stays valid until `release`.
@@ -476,6 +496,7 @@ impl RecvFifo {
                 if hdr.seq.load(Ordering::Acquire) == want {
                     return Ok(());
                 }
+                self.ll_instead(peer)?;
                 ends.check(&h.send_state.0, slow)
             };
             let check: Check<'_> = &mut check;
@@ -528,5 +549,6 @@ impl RecvFifo {
         for i in 0..self.nslots {
             wait::wake(&self.region.slot_hdr(i).ack, &h.send_sleepers.0);
         }
+        ll::wake_all(&self.region);
     }
 }

@@ -142,11 +142,16 @@ fn main() -> ExitCode {
                         .iter()
                         .map(|&c| format!("{}:{}", c.name(), comm.algorithm(c, 4096)))
                         .collect();
+                    let mut protos: Vec<&str> =
+                        occl::CollType::NCCL_COUNTED.iter().map(|&c| comm.protocol(c, 4096)).collect();
+                    protos.sort_unstable();
+                    protos.dedup();
                     println!(
-                        "OK rank={r} checked={} transport={} algos={}",
+                        "OK rank={r} checked={} transport={} algos={} protos={}",
                         out.checked,
                         comm.transport_summary(),
-                        algos.join(",")
+                        algos.join(","),
+                        protos.join(",")
                     );
                 }
                 Ok(out) => {

@@ -2,15 +2,19 @@
 //!
 //! ```text
 //! # comments and blank lines are ignored
-//! shm.alpha_us = 0.5                       # latency of one message (µs) on a link
+//! shm.alpha_us = 0.5                       # latency of one step (µs) on a link
+//! shm.gamma_us = 0.1                       # cost of one more message for the rank handling it
 //! tcp.gbps = 2.0                           # bytes through one rank (GB/s)
+//! shm.ll.alpha_us = 0.2                    # the same two for the LL protocol
+//! shm.ll.gbps = 1.0
 //! tcp.allreduce.tree.base_us = 3           # fixed cost of one (collective, algorithm)
 //! shm-shared.allgather.pat.simple.scale = 1.2   # factor on its byte term (protocol optional)
 //! ```
 //!
-//! Links are `shm`, `shm-shared` (more ranks on a host than cores) and `tcp` (also a mix of shm
-//! and tcp); collectives `broadcast reduce allgather reducescatter allreduce`; algorithms
-//! `ring tree pat oneshot`; the protocol, if named, `simple`. An unknown key or a value that is
+//! Links are `shm`, `tcp` (also a mix of shm and tcp) and `shm-shared`, `tcp-shared` (the same
+//! with more ranks on a host than cores); collectives `broadcast reduce allgather reducescatter
+//! allreduce`; algorithms `ring tree pat oneshot`; the protocol, if named, `simple` or `ll`. An
+//! unknown key or a value that is
 //! not a finite non-negative number (positive for `gbps` and `scale`) is an error naming the line.
 
 use super::model::{Consts, Link, MODELLED};
@@ -40,7 +44,7 @@ pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
         let link = Link::ALL
             .iter()
             .position(|l| l.name() == parts[0])
-            .ok_or_else(|| at("the key must start with shm, shm-shared or tcp".into()))?;
+            .ok_or_else(|| at("the key must start with shm, shm-shared, tcp or tcp-shared".into()))?;
         let param = *parts.last().unwrap_or(&"");
         let positive = matches!(param, "gbps" | "scale");
         if !value.is_finite() || value < 0.0 || (positive && value <= 0.0) {
@@ -51,13 +55,17 @@ pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
         }
         match parts.as_slice() {
             [_, "alpha_us"] => c.links[link].alpha_us = value,
+            [_, "gamma_us"] => c.links[link].gamma_us = value,
             [_, "gbps"] => c.links[link].gbps = value,
-            [_, coll, algo, "base_us" | "scale"] | [_, coll, algo, "simple", "base_us" | "scale"] => {
+            [_, "ll", "alpha_us"] => c.links[link].ll_alpha_us = value,
+            [_, "ll", "gbps"] => c.links[link].ll_gbps = value,
+            [_, coll, algo, "base_us" | "scale"] | [_, coll, algo, "simple" | "ll", "base_us" | "scale"] => {
+                let proto = usize::from(parts.len() == 5 && parts[3] == "ll");
                 let f =
                     FUNCS.iter().position(|f| f == coll).ok_or_else(|| at(format!("unknown collective {coll:?}")))?;
                 let a =
                     MODELLED.iter().position(|a| a == algo).ok_or_else(|| at(format!("unknown algorithm {algo:?}")))?;
-                let adj = &mut c.adj[link][f][a];
+                let adj = &mut c.adj[link][f][a][proto];
                 if param == "base_us" {
                     adj.base_us = value;
                 } else {
@@ -82,8 +90,11 @@ mod tests {
         assert_eq!(c.links[0].alpha_us, 0.25);
         assert_eq!(c.links[2].gbps, 3.0);
         assert_eq!(c.links[1], d.links[1]);
-        assert_eq!(c.adj[2][4][1].base_us, 4.0);
-        assert_eq!(c.adj[1][2][2].scale, 1.5);
+        assert_eq!(c.adj[2][4][1][0].base_us, 4.0);
+        assert_eq!(c.adj[1][2][2][0].scale, 1.5);
+        let c = parse("shm.ll.alpha_us = 0.1\nshm.allreduce.ring.ll.base_us = 2\nshm.ll.gbps = 0.8").expect("parses");
+        assert_eq!((c.links[0].ll_alpha_us, c.links[0].ll_gbps), (0.1, 0.8));
+        assert_eq!((c.adj[0][4][0][1].base_us, c.adj[0][4][0][0].base_us), (2.0, 0.0));
         assert_ne!(c.digest(), d.digest());
     }
 
@@ -97,7 +108,7 @@ mod tests {
             ("tcp.alpha_us = fast", "not a number"),
             ("tcp.allreduce.nvls.scale = 1", "unknown algorithm"),
             ("tcp.alltoall.ring.scale = 1", "unknown collective"),
-            ("tcp.allreduce.ring.ll.scale = 1", "unknown key"),
+            ("tcp.allreduce.ring.ll128.scale = 1", "unknown key"),
             ("shm alpha_us 1", "key = value"),
         ] {
             let e = parse(text).expect_err(text);

@@ -37,7 +37,7 @@ fn candidates(coll: CollType) -> &'static [(Algo, &'static str)] {
 }
 
 /// The protocols occl runs, by policy name.
-const PROTOCOLS: [(Proto, &str); 1] = [(Proto::Simple, "simple")];
+const PROTOCOLS: [(Proto, &str); 2] = [(Proto::Simple, "simple"), (Proto::Ll, "ll")];
 
 fn bit(names: &[&str], name: &str) -> usize {
     names.iter().position(|n| *n == name).unwrap_or(usize::MAX)
@@ -49,6 +49,9 @@ fn upper(names: impl Iterator<Item = &'static str>) -> String {
 
 pub(crate) struct Tuner {
     nranks: usize,
+    /// FIFO slot bytes and slots (an algorithm's pieces follow from them and the protocol).
+    slot: usize,
+    nslots: usize,
     link: Link,
     policy: Policy,
     consts: Consts,
@@ -60,20 +63,40 @@ impl Tuner {
     /// The tuner of a communicator of `nranks` whose peers use `kinds`, with `local` ranks on
     /// this host.
     pub(crate) fn new(config: &Config, nranks: usize, kinds: &[TransportKind], local: usize) -> Result<Tuner> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Tuner::with_cores(config, nranks, kinds, local, cores)
+    }
+
+    /// As `new`, on a host of `cores` cores.
+    fn with_cores(
+        config: &Config,
+        nranks: usize,
+        kinds: &[TransportKind],
+        local: usize,
+        cores: usize,
+    ) -> Result<Tuner> {
         let policy = Policy::new(config.algo.as_deref(), config.proto.as_deref())?;
         let consts = match &config.tuner_file {
             Some(p) => file::load(p)?,
             None => Consts::default(),
         };
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let link = if kinds.contains(&TransportKind::Tcp) {
-            Link::Tcp
-        } else if local > cores {
-            Link::ShmShared
-        } else {
-            Link::Shm
+        // Every rank must see the same link: across hosts the ranks per host and the cores
+        // differ, so only a one-host job (where all ranks count alike) can be "shared".
+        let shared = local == nranks && local > cores;
+        let link = match (kinds.contains(&TransportKind::Tcp), shared) {
+            (true, false) => Link::Tcp,
+            (true, true) => Link::TcpShared,
+            (false, true) => Link::ShmShared,
+            (false, false) => Link::Shm,
         };
-        Ok(Tuner { nranks, link, policy, consts, logged: Default::default() })
+        let slot = if kinds.contains(&TransportKind::Tcp) { config.tcp_slot_size } else { config.shm_slot_size };
+        Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default() })
+    }
+
+    /// Whether this host runs more of the communicator's ranks than it has cores (decided once,
+    /// at init: asking the OS costs system calls and cgroup file reads).
+    pub(crate) fn oversubscribed(&self) -> bool {
+        matches!(self.link, Link::ShmShared | Link::TcpShared)
     }
 
     /// What every rank must agree on: the lists and the constants (the link follows from the
@@ -101,22 +124,19 @@ impl Tuner {
                 upper(cands.iter().map(|c| c.1))
             )));
         }
-        let protos: Vec<Proto> = PROTOCOLS
-            .iter()
-            .filter(|(_, name)| self.policy.protos.allows(func, bit(&PROTOS, name)))
-            .map(|p| p.0)
-            .collect();
+        let runs = self.protocols();
+        let protos: Vec<Proto> =
+            runs.iter().filter(|(_, name)| self.policy.protos.allows(func, bit(&PROTOS, name))).map(|p| p.0).collect();
         if protos.is_empty() {
             return Err(Error::usage(format!(
                 "{} leaves no protocol that occl runs for {} over {}; it supports {} (set OCCL_PROTO to include one)",
                 self.policy.protos.describe(),
                 coll.name(),
                 self.link.name(),
-                upper(PROTOCOLS.iter().map(|p| p.1))
+                upper(runs.iter().map(|p| p.1))
             )));
         }
-        let n = self.nranks;
-        let price = |c: &Choice| model::time(&self.consts, self.link, coll, c.algo, c.proto, n, bytes);
+        let price = |c: &Choice| self.price(coll, *c, bytes);
         let mut best: Option<(Choice, f64)> = None;
         for &algo in &algos {
             for &proto in &protos {
@@ -130,6 +150,21 @@ impl Tuner {
         let (choice, _) = best.ok_or_else(|| Error::internal("the tuner priced no choice"))?;
         self.log_once(coll, bytes, choice, &algos, &protos);
         Ok(choice)
+    }
+
+    /// The protocols this communicator's links run: LL needs shared memory on every link.
+    fn protocols(&self) -> &'static [(Proto, &'static str)] {
+        match self.link {
+            Link::Shm | Link::ShmShared => &PROTOCOLS,
+            Link::Tcp | Link::TcpShared => &PROTOCOLS[..1],
+        }
+    }
+
+    /// The model's µs for `coll` with `c` and `bytes` per rank.
+    fn price(&self, coll: CollType, c: Choice, bytes: usize) -> f64 {
+        let chunk = crate::coll::geometry(c.algo, c.proto, self.slot, self.nslots, crate::DataType::U8).1;
+        let op = model::Op { coll, algo: c.algo, proto: c.proto, nranks: self.nranks, bytes, chunk };
+        model::time(&self.consts, self.link, &op)
     }
 
     /// Logs a choice at INFO the first time its (collective, size class) comes up.
@@ -147,7 +182,7 @@ impl Tuner {
             .iter()
             .flat_map(|&a| protos.iter().map(move |&p| (a, p)))
             .map(|(a, p)| {
-                let t = model::time(&self.consts, self.link, coll, a, p, n, bytes);
+                let t = self.price(coll, Choice { algo: a, proto: p }, bytes);
                 format!("{}/{} {t:.1} µs", a.name(), p.name())
             })
             .collect();
@@ -188,7 +223,15 @@ mod tests {
         let e = tuner(Some("nvls,collnetdirect"), None, 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
         assert!(e.expect_err("nothing runnable").to_string().contains("RING, TREE, ONESHOT"));
         let e = tuner(None, Some("ll128"), 2, TransportKind::Shm).choose(CollType::AllReduce, 8);
-        assert!(e.expect_err("no ll128").to_string().contains("supports SIMPLE"));
+        assert!(e.expect_err("no ll128").to_string().contains("supports SIMPLE, LL"));
+        let e =
+            tuner(None, Some("ll"), 4, TransportKind::Tcp).choose(CollType::Broadcast, 8).expect_err("no LL on tcp");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidUsage);
+        assert!(e.to_string().contains("over tcp; it supports SIMPLE ("), "{e}");
+        assert_eq!(
+            tuner(None, Some("ll"), 4, TransportKind::Shm).choose(CollType::Broadcast, 8).expect("LL").proto,
+            Proto::Ll
+        );
         let t = tuner(None, Some("^ll"), 2, TransportKind::Shm);
         assert_eq!(t.choose(CollType::ReduceScatter, 8).expect("simple").proto, Proto::Simple);
     }
@@ -210,6 +253,82 @@ mod tests {
         assert_eq!(pick(8, Tcp, CollType::ReduceScatter, 8), Algo::Pat);
         assert_eq!(pick(8, Tcp, CollType::Broadcast, 8), Algo::Tree);
         assert_eq!(pick(8, Tcp, CollType::Reduce, 8), Algo::Tree);
+    }
+
+    /// The all-reduce choices the measured runs call for (tests/results/algos.md): medians of
+    /// forced runs of every algorithm and protocol at 2 ranks (shm, tcp) and 4 ranks on 2 cores
+    /// (shm-shared, tcp-shared). Where two were within noise either is accepted.
+    #[test]
+    fn the_defaults_follow_the_measured_all_reduce_choices() {
+        use TransportKind::{Shm, Tcp};
+        // One host of 2 cores (the measured machine), or one rank per host.
+        let at = |n: usize, kind, shared: bool| {
+            let local = if shared { n } else { 1 };
+            Tuner::with_cores(&Config::default(), n, &vec![kind; n - 1], local, 2).expect("tuner")
+        };
+        let name = |c: Choice| format!("{}/{}", c.algo.name(), c.proto.name());
+        // (ranks, transport, more ranks than cores, [(bytes, acceptable choices)]).
+        type Case = (usize, TransportKind, bool, &'static [(usize, &'static [&'static str])]);
+        let cases: [Case; 4] = [
+            (
+                2,
+                Shm,
+                false,
+                &[
+                    (8, &["one-shot/ll"]),
+                    (128, &["one-shot/ll"]),
+                    (512, &["one-shot/simple"]),
+                    (8 << 10, &["one-shot/simple"]),
+                    (32 << 10, &["ring/simple"]),
+                    (1 << 20, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+            (
+                4,
+                Shm,
+                true,
+                &[
+                    (8, &["one-shot/simple"]),
+                    (8 << 10, &["one-shot/simple"]),
+                    (32 << 10, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+            (
+                2,
+                Tcp,
+                false,
+                &[
+                    (8, &["one-shot/simple"]),
+                    (32 << 10, &["one-shot/simple"]),
+                    (256 << 10, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+            (
+                4,
+                Tcp,
+                true,
+                &[
+                    (8, &["one-shot/simple"]),
+                    (8 << 10, &["one-shot/simple"]),
+                    (32 << 10, &["one-shot/simple", "tree/simple"]),
+                    (256 << 10, &["ring/simple"]),
+                    (64 << 20, &["ring/simple"]),
+                ],
+            ),
+        ];
+        for (n, kind, shared, sizes) in cases {
+            let t = at(n, kind, shared);
+            for &(bytes, ok) in sizes {
+                let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
+                assert!(
+                    ok.contains(&c.as_str()),
+                    "n={n} {kind:?} shared={shared} {bytes} B: {c}, measured best {ok:?}"
+                );
+            }
+        }
     }
 
     #[test]

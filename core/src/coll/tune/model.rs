@@ -1,16 +1,20 @@
-//! The α-β cost model: the time of an operation of `bytes` per rank on `n` ranks is
+//! The α-β cost model: an operation of `bytes` per rank on `n` ranks takes
 //!
 //! ```text
-//! base(coll, algo, proto) + steps(coll, algo, n) · α(link) + bytes · load(coll, algo, n) · scale(coll, algo, proto) / bw(link)
+//! base + steps · α + msgs · γ + max(load · bytes, steps · min(step_bytes, chunk)) · scale / bw
 //! ```
 //!
-//! where `steps` counts the messages on the critical path (ring all-reduce 2(n-1), tree 2·depth,
-//! one-shot 1, chain n-1, PAT ceil(log2 n)) and `load` the bytes that pass through the busiest
-//! rank, in units of `bytes` (ring all-reduce 2(n-1)/n, double tree 2, one-shot 2(n-1) as it
-//! both sends and reduces n-1 copies, all-gather n-1). α and bw are per link; `base` and `scale` correct what the shape alone misses (a
-//! tree's extra primitives, a reduction's arithmetic). The defaults were fitted to occl-perf
-//! runs on a 2-core machine (tests/results/algos.md); `OCCL_TUNER_FILE` overrides any of them
-//! (see `file.rs`).
+//! `steps` counts the messages on the critical path (ring all-reduce 2(n-1), tree 2·depth,
+//! one-shot 1, chain n-1, PAT ceil(log2 n)), `msgs` those the busiest rank handles (one-shot
+//! 2(n-1), an inner tree node 6), `load` the bytes the busiest rank sends, in units of `bytes`
+//! (ring all-reduce 2(n-1)/n, double tree 2, one-shot n-1, all-gather n-1), and `step_bytes`
+//! what one step carries, so that an operation of one piece pays for its path (a chain of n-1
+//! hops of the whole buffer) and a long one for its load. α (per step), γ (per message) and bw
+//! are per link, α and bw also per protocol (LL: a shorter path, less bandwidth; `chunk` is
+//! then the LL piece); `base` and `scale` per (collective, algorithm, protocol, link) correct what the
+//! shape alone misses (a tree's unfused primitives, the ring's single copy). The defaults were
+//! fitted to occl-perf runs on a 2-core machine (tests/results/algos.md); `OCCL_TUNER_FILE`
+//! overrides any of them (see `file.rs`).
 
 use super::policy::FUNCS;
 use crate::coll::plan::{Algo, Proto};
@@ -27,16 +31,19 @@ pub(crate) enum Link {
     ShmShared,
     /// TCP (also a mix of shm and tcp: the slowest link paces every algorithm).
     Tcp,
+    /// TCP with more ranks on a host than cores.
+    TcpShared,
 }
 
 impl Link {
-    pub(crate) const ALL: [Link; 3] = [Link::Shm, Link::ShmShared, Link::Tcp];
+    pub(crate) const ALL: [Link; 4] = [Link::Shm, Link::ShmShared, Link::Tcp, Link::TcpShared];
 
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Link::Shm => "shm",
             Link::ShmShared => "shm-shared",
             Link::Tcp => "tcp",
+            Link::TcpShared => "tcp-shared",
         }
     }
 }
@@ -47,10 +54,16 @@ pub(crate) const MODELLED: [&str; 4] = ["ring", "tree", "pat", "oneshot"];
 /// Latency and bandwidth of a link.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct LinkConsts {
-    /// One message on an idle path: post, wake-up, consume (µs).
+    /// One step on an idle path: post, wake-up, consume (µs).
     pub alpha_us: f64,
+    /// What one more message costs the rank that handles it (µs).
+    pub gamma_us: f64,
     /// Bytes through one rank (GB/s = 1e3 bytes per µs).
     pub gbps: f64,
+    /// The same for the LL protocol: a shorter path (no flag round trip), half the bandwidth
+    /// (half of every line is flag) and more work per byte (line by line).
+    pub ll_alpha_us: f64,
+    pub ll_gbps: f64,
 }
 
 /// Corrections for one (collective, algorithm, protocol).
@@ -65,27 +78,75 @@ const NONE: Adj = Adj { base_us: 0.0, scale: 1.0 };
 /// Every constant of the model, for every link.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Consts {
-    pub links: [LinkConsts; 3],
-    /// [link][collective (FUNCS)][algorithm (MODELLED)], Simple protocol.
-    pub adj: [[[Adj; 4]; 5]; 3],
+    pub links: [LinkConsts; 4],
+    /// [link][collective (FUNCS)][algorithm (MODELLED)][protocol (Simple, LL)].
+    pub adj: [[[[Adj; 2]; 4]; 5]; 4],
 }
 
+/// Corrections fitted per (link, collective, algorithm, protocol): base µs and byte-term scale.
+/// Anything not listed is neither (base 0, scale 1).
+const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
+    use CollType::{AllGather as AG, AllReduce as AR, Broadcast as BC, Reduce as RD, ReduceScatter as RS};
+    use Link::{Shm, ShmShared, Tcp, TcpShared};
+    use Proto::{Ll, Simple};
+    const RING: usize = 0;
+    const TREE: usize = 1;
+    const PAT: usize = 2;
+    const ONESHOT: usize = 3;
+    &[
+        // Two trees over 2 ranks are two chains of unfused primitives: 2.7× the ring's time
+        // at every size measured (and 4× at 64 MiB).
+        (Shm, AR, TREE, Simple, 0.0, 2.7),
+        (Shm, AR, TREE, Ll, 0.2, 1.4),
+        (Shm, AR, ONESHOT, Simple, 0.0, 1.2),
+        (Shm, AR, ONESHOT, Ll, 0.0, 1.15),
+        (ShmShared, AR, TREE, Simple, 2.2, 0.85),
+        (ShmShared, AR, ONESHOT, Simple, 0.3, 1.17),
+        (Tcp, AR, TREE, Simple, 30.0, 1.85),
+        (Tcp, AR, ONESHOT, Simple, 0.0, 1.6),
+        (TcpShared, AR, TREE, Simple, 0.0, 0.92),
+        (TcpShared, AR, ONESHOT, Simple, 8.8, 0.97),
+        // 4 ranks on 2 cores: a broadcast chain beat the tree at every size to 1 MiB (by
+        // 1.1-2.9x), a reduce chain to 32 KiB, with the tree ahead from 1 MiB over tcp.
+        (ShmShared, BC, TREE, Simple, 3.0, 1.5),
+        (ShmShared, BC, TREE, Ll, 3.0, 1.5),
+        (ShmShared, RD, TREE, Simple, 1.5, 1.0),
+        (ShmShared, RD, TREE, Ll, 1.5, 1.0),
+        (TcpShared, BC, TREE, Simple, 12.0, 1.6),
+        (TcpShared, RD, TREE, Simple, 15.0, 0.6),
+        // PAT moves every byte through the FIFOs, where the ring reads large blocks straight
+        // from the sender's buffer (single copy).
+        (Shm, AG, PAT, Simple, 0.0, 1.25),
+        (Shm, RS, PAT, Simple, 0.0, 1.25),
+        (ShmShared, AG, PAT, Simple, 0.0, 1.25),
+        (ShmShared, RS, PAT, Simple, 0.0, 1.25),
+        (Tcp, AG, PAT, Simple, 0.0, 1.25),
+        (Tcp, RS, PAT, Simple, 0.0, 1.25),
+        (TcpShared, AG, PAT, Simple, 0.0, 1.25),
+        (TcpShared, RS, PAT, Simple, 0.0, 1.25),
+        (Shm, AR, RING, Ll, 0.0, 1.0),
+    ]
+};
+
 impl Default for Consts {
+    /// Fitted to medians of forced runs of `bench/algos-sweep.sh` on a 2-core machine (2 ranks:
+    /// `shm`, `tcp`; 4 ranks: `shm-shared`, `tcp-shared`); tests/results/algos.md has the runs.
     fn default() -> Self {
         let mut c = Consts {
             links: [
-                LinkConsts { alpha_us: 0.3, gbps: 4.0 },
-                LinkConsts { alpha_us: 3.0, gbps: 2.0 },
-                LinkConsts { alpha_us: 8.0, gbps: 1.5 },
+                // LL: a shorter path than Simple (0.16 against 0.32 µs a step), a quarter of
+                // its bandwidth here (half of each line is flag, and lines cross one by one).
+                LinkConsts { alpha_us: 0.32, gamma_us: 0.07, gbps: 3.9, ll_alpha_us: 0.16, ll_gbps: 1.15 },
+                // With more ranks than cores LL never paid in any run: its waits spin on more
+                // lines while the peer it waits for needs the core.
+                LinkConsts { alpha_us: 2.95, gamma_us: 1.35, gbps: 1.93, ll_alpha_us: 3.5, ll_gbps: 0.5 },
+                LinkConsts { alpha_us: 23.5, gamma_us: 0.0, gbps: 2.17, ll_alpha_us: 23.5, ll_gbps: 1.0 },
+                LinkConsts { alpha_us: 10.4, gamma_us: 0.66, gbps: 1.11, ll_alpha_us: 10.4, ll_gbps: 0.5 },
             ],
-            adj: [[[NONE; 4]; 5]; 3],
+            adj: [[[[NONE; 2]; 4]; 5]; 4],
         };
-        for link in &mut c.adj {
-            // PAT moves every byte through the FIFOs, where the ring reads large blocks
-            // straight from the sender's buffer (single copy).
-            for f in [CollType::AllGather, CollType::ReduceScatter] {
-                link[f as usize][2].scale = 1.25;
-            }
+        for &(link, coll, algo, proto, base_us, scale) in FITTED {
+            c.adj[link as usize][coll as usize][algo][proto as usize] = Adj { base_us, scale };
         }
         c
     }
@@ -98,9 +159,12 @@ impl Consts {
         let mut eat = |x: f64| h = (h ^ x.to_bits()).wrapping_mul(0x100_0000_01b3);
         for l in &self.links {
             eat(l.alpha_us);
+            eat(l.gamma_us);
             eat(l.gbps);
+            eat(l.ll_alpha_us);
+            eat(l.ll_gbps);
         }
-        for a in self.adj.iter().flatten().flatten() {
+        for a in self.adj.iter().flatten().flatten().flatten() {
             eat(a.base_us);
             eat(a.scale);
         }
@@ -118,43 +182,80 @@ fn modelled(algo: Algo) -> Option<usize> {
     })
 }
 
-/// Messages on the critical path and bytes through the busiest rank (in units of `bytes`).
-fn shape(coll: CollType, algo: Algo, n: usize, bytes: usize) -> (f64, f64) {
+/// The shape of an algorithm on `n` ranks for `bytes` per rank.
+struct Shape {
+    steps: f64,
+    msgs: f64,
+    /// Bytes one step carries, and bytes the busiest rank sends, in units of `bytes`.
+    step: f64,
+    load: f64,
+}
+
+fn shape(coll: CollType, algo: Algo, n: usize, bytes: usize) -> Shape {
     let nf = n as f64;
     let depth = tree::depth(n) as f64;
+    let sh = |steps: f64, msgs: f64, step: f64, load: f64| Shape { steps, msgs, step, load };
+    if n < 2 {
+        return sh(0.0, 0.0, 0.0, 0.0);
+    }
     match (coll, algo) {
-        (CollType::AllReduce, Algo::Ring) => (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf),
+        (CollType::AllReduce, Algo::Ring) => sh(2.0 * (nf - 1.0), 4.0, 1.0 / nf, 2.0 * (nf - 1.0) / nf),
         (CollType::AllReduce, Algo::Tree) => {
             // A node sends its partial up once and the result down once per child: a chain node
             // (n = 3) twice the data, a node with two children three times; two trees give each
             // rank inner work in one of them only, on half the data.
             let double = bytes >= tree::DOUBLE_MIN;
-            let load = match (n, double) {
-                (0..=2, _) => 1.0,
-                (3, false) => 2.0,
-                (3, true) => 1.5,
-                (_, false) => 3.0,
-                (_, true) => 2.0,
+            let (msgs, load) = match (n, double) {
+                (2, _) => (2.0, 1.0),
+                (3, false) => (4.0, 2.0),
+                (3, true) => (4.0, 1.5),
+                (_, false) => (6.0, 3.0),
+                (_, true) => (6.0, 2.0),
             };
-            (2.0 * depth, load)
+            sh(2.0 * depth, msgs, if double { 0.5 } else { 1.0 }, load)
         }
-        // Every rank sends its data to n-1 peers and folds in n-1 contributions.
-        (CollType::AllReduce, _) => (1.0, 2.0 * (nf - 1.0)),
-        (CollType::Broadcast | CollType::Reduce, Algo::Tree) => (depth, if n <= 3 { 1.0 } else { 2.0 }),
-        (CollType::Broadcast | CollType::Reduce, _) => (nf - 1.0, 1.0),
-        (CollType::AllGather | CollType::ReduceScatter, Algo::Pat) => (depth, nf - 1.0),
-        (CollType::AllGather | CollType::ReduceScatter, _) => (nf - 1.0, nf - 1.0),
-        _ => (1.0, 1.0),
+        // Every rank sends its data to each of n-1 peers before it can finish.
+        (CollType::AllReduce, _) => sh(1.0, 2.0 * (nf - 1.0), nf - 1.0, nf - 1.0),
+        (CollType::Broadcast | CollType::Reduce, Algo::Tree) => {
+            let big = n > 3;
+            sh(depth, if big { 3.0 } else { 2.0 }, 1.0, if big { 2.0 } else { 1.0 })
+        }
+        (CollType::Broadcast | CollType::Reduce, _) => sh(nf - 1.0, 2.0, 1.0, 1.0),
+        (CollType::AllGather | CollType::ReduceScatter, Algo::Pat) => {
+            sh(depth, 2.0 * depth, (nf - 1.0) / depth, nf - 1.0)
+        }
+        (CollType::AllGather | CollType::ReduceScatter, _) => sh(nf - 1.0, 2.0 * (nf - 1.0), 1.0, nf - 1.0),
+        _ => sh(1.0, 2.0, 1.0, 1.0),
     }
 }
 
-/// Predicted µs of `coll` with `algo`/`proto` for `bytes` per rank on `n` ranks over `link`.
-pub(crate) fn time(c: &Consts, link: Link, coll: CollType, algo: Algo, _proto: Proto, n: usize, bytes: usize) -> f64 {
+/// What the model needs to know about one operation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Op {
+    pub coll: CollType,
+    pub algo: Algo,
+    pub proto: Proto,
+    pub nranks: usize,
+    /// Bytes per rank (per block for all-gather and reduce-scatter).
+    pub bytes: usize,
+    /// The most bytes one step moves before the next can start (half a FIFO, or of the LL area).
+    pub chunk: usize,
+}
+
+/// Predicted µs of `op` over `link`.
+pub(crate) fn time(c: &Consts, link: Link, op: &Op) -> f64 {
     let l = c.links[link as usize];
-    let adj = match (modelled(algo), (coll as usize) < FUNCS.len()) {
-        (Some(a), true) => c.adj[link as usize][coll as usize][a],
+    let adj = match (modelled(op.algo), (op.coll as usize) < FUNCS.len()) {
+        (Some(a), true) => c.adj[link as usize][op.coll as usize][a][op.proto as usize],
         _ => NONE,
     };
-    let (steps, load) = shape(coll, algo, n, bytes);
-    adj.base_us + steps * l.alpha_us + bytes as f64 * load * adj.scale / (l.gbps * 1e3)
+    let (alpha, gbps) = match op.proto {
+        Proto::Simple => (l.alpha_us, l.gbps),
+        Proto::Ll => (l.ll_alpha_us, l.ll_gbps),
+    };
+    let s = shape(op.coll, op.algo, op.nranks, op.bytes);
+    let b = op.bytes as f64;
+    let path = s.steps * (s.step * b).min(op.chunk as f64);
+    let moved = (s.load * b).max(path);
+    adj.base_us + s.steps * alpha + s.msgs * l.gamma_us + moved * adj.scale / (gbps * 1e3)
 }

@@ -12,8 +12,8 @@
 //! to all five collectives (broadcast, reduce, allgather, reducescatter, allreduce); a prefixed
 //! entry replaces that collective's list. Lists are `,`-separated; a leading `^` excludes them
 //! instead. Names are case-insensitive. NCCL's algorithms that occl does not run (collnetdirect,
-//! collnetchain, nvls, nvlstree) and protocol LL128 are accepted and simply never chosen; a
-//! name neither knows is an error. All-to-all and send/recv take no part (they are direct).
+//! collnetchain, nvls, nvlstree) and protocol LL128 are accepted and simply never chosen (LL runs
+//! on shm only: see `Tuner::protocols`); a name neither knows is an error. All-to-all and send/recv take no part (they are direct).
 
 use crate::error::{Error, Result};
 

@@ -99,6 +99,7 @@ fn wake_all(h: &Header, r: &Region) {
         wait::wake(&r.slot_hdr(i).seq, &h.recv_sleepers.0);
         wait::wake(&r.slot_hdr(i).ack, &h.send_sleepers.0);
     }
+    super::ll::wake_all(r);
 }
 
 /// Marks this rank's end of the FIFO it sends into as `how` (unless it already left) and wakes
