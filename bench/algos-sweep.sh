@@ -75,9 +75,9 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     for t in $TRANSPORTS; do
       for c in $COLLS; do
         for a in $(forced "$c" "$t"); do
-          [[ ${LAT[0]} != - ]] && run "$t" "$n" "$c" "$a" "${LAT[@]}"
+          if [[ ${LAT[0]} != - ]]; then run "$t" "$n" "$c" "$a" "${LAT[@]}"; fi
           # LL only in the latency sweep: half of every line is flag, it never pays at 256 KiB+.
-          [[ ${BW[0]} != - && $a != */ll ]] && run "$t" "$n" "$c" "$a" "${BW[@]}"
+          if [[ ${BW[0]} != - && $a != */ll ]]; then run "$t" "$n" "$c" "$a" "${BW[@]}"; fi
         done
       done
     done
