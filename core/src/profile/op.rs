@@ -119,6 +119,12 @@ pub(crate) fn marker(f: &Fanout, mask: EventMask, st: ProxyCtrlState) {
 }
 
 impl<'f> OpProf<'f> {
+    /// An operation with no events started yet, under the Group `parent_group`.
+    fn empty(f: &'f Fanout, mask: EventMask, rank: usize, parent_group: Option<EventId>, markers: bool) -> Self {
+        let (group_api, group, coll) = (None, None, None);
+        OpProf { f: f.view(), mask, rank: rank as i32, group_api, group, parent_group, markers, coll, legs: Vec::new() }
+    }
+
     /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
     /// emitted) when no sink wants anything.
     /// `describe`, `legs` and `transport` (the transport's name to a peer) run only when some sink
@@ -140,17 +146,7 @@ impl<'f> OpProf<'f> {
             return OpProf::within(f, g.mask, rank, g.api, g.group, describe, legs, transport);
         }
         let d = &describe();
-        let mut p = OpProf {
-            f: f.view(),
-            mask,
-            rank: rank as i32,
-            group_api: None,
-            group: None,
-            parent_group: None,
-            markers: true,
-            coll: None,
-            legs: Vec::new(),
-        };
+        let mut p = OpProf::empty(f, mask, rank, None, true);
         marker(f, mask, ProxyCtrlState::Active);
         p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
         p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
@@ -179,17 +175,7 @@ impl<'f> OpProf<'f> {
         if mask.is_empty() {
             return None;
         }
-        let mut p = OpProf {
-            f: f.view(),
-            mask,
-            rank: rank as i32,
-            group_api: None,
-            group: None,
-            parent_group: group,
-            markers: false,
-            coll: None,
-            legs: Vec::new(),
-        };
+        let mut p = OpProf::empty(f, mask, rank, group, false);
         p.open(api, &describe(), legs, transport);
         Some(p)
     }
