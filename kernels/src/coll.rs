@@ -56,8 +56,7 @@ impl Layout {
     }
 
     pub fn bytes(&self) -> u64 {
-        self.data_off()
-            + u64::from(self.channels) * u64::from(self.nranks) * u64::from(self.slots) * self.slot_bytes
+        self.data_off() + u64::from(self.channels) * u64::from(self.nranks) * u64::from(self.slots) * self.slot_bytes
     }
 }
 
@@ -119,7 +118,9 @@ unsafe impl DeviceRepr for CollArgs {}
 /// The program for `dt` (`None`: the byte-moving one).
 pub fn source(dt: Option<Dtype>) -> String {
     let mut s = String::new();
-    for (name, text) in [("common.cuh", include_str!("../cuda/common.cuh")), ("coll.cu", include_str!("../cuda/coll.cu"))] {
+    for (name, text) in
+        [("common.cuh", include_str!("../cuda/common.cuh")), ("coll.cu", include_str!("../cuda/coll.cu"))]
+    {
         s.push_str(&format!("#line 1 \"{name}\"\n{text}\n"));
     }
     match dt {
@@ -170,7 +171,8 @@ impl CollKernels {
     /// The kernels of `ctx`'s device, cached in [`cache::default_dir`]. Builds the byte-moving
     /// program now, so that a missing NVRTC or an unsupported device shows at once.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<CollKernels> {
-        let k = CollKernels { ctx: ctx.clone(), cache: cache::default_dir().map(Cache::new), programs: Mutex::default() };
+        let k =
+            CollKernels { ctx: ctx.clone(), cache: cache::default_dir().map(Cache::new), programs: Mutex::default() };
         k.program(None)?;
         Ok(k)
     }
@@ -216,14 +218,7 @@ impl CollKernels {
     /// `args` names live device memory: input and output valid for what `mode` reads and writes,
     /// and regions laid out as `args` says and mapped in this context; every rank launches the
     /// matching call with the same grid, in the same order on its channels.
-    pub unsafe fn launch(
-        &self,
-        stream: &CudaStream,
-        args: &CollArgs,
-        dt: Dtype,
-        op: RedOp,
-        blocks: u32,
-    ) -> Result<()> {
+    pub unsafe fn launch(&self, stream: &CudaStream, args: &CollArgs, dt: Dtype, op: RedOp, blocks: u32) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
         }

@@ -80,9 +80,7 @@ impl DeviceRegion {
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         // SAFETY: 8 bytes inside the allocation from a local u64.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, (&v as *const u64).cast(), 8)
-        })
+        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, (&v as *const u64).cast(), 8) })
     }
 }
 

@@ -109,14 +109,7 @@ impl Kernels {
             scale.push(if present { Some(func(&scale_name(dt))?) } else { None });
         }
         let copy = func(COPY_NAME)?;
-        Ok(Kernels {
-            ctx: ctx.clone(),
-            reduce,
-            scale,
-            copy,
-            report,
-            _module: module,
-        })
+        Ok(Kernels { ctx: ctx.clone(), reduce, scale, copy, report, _module: module })
     }
 
     pub fn report(&self) -> &LoadReport {

@@ -147,8 +147,24 @@ impl CudaComm {
         // No rank writes a peer's region before every rank has mapped everyone's.
         comm.boot_all_gather(&[])?;
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
-        tracing::debug!("occl: rank {} on GPU {device}: cuda-p2p to {} peers, {} MiB region", comm.rank(), n - 1, layout.bytes() >> 20);
-        Ok(CudaComm { comm, ctx, kernels, layout, regions, tuner, timeout_ns, forced: Default::default(), region, _peers: peers })
+        tracing::debug!(
+            "occl: rank {} on GPU {device}: cuda-p2p to {} peers, {} MiB region",
+            comm.rank(),
+            n - 1,
+            layout.bytes() >> 20
+        );
+        Ok(CudaComm {
+            comm,
+            ctx,
+            kernels,
+            layout,
+            regions,
+            tuner,
+            timeout_ns,
+            forced: Default::default(),
+            region,
+            _peers: peers,
+        })
     }
 
     pub fn comm(&self) -> &Comm {
@@ -178,7 +194,10 @@ impl CudaComm {
     pub fn device_error(&self) -> Result<()> {
         match self.region.read_u64(ERROR_WORD).map_err(err("read the device error word"))? {
             0 => Ok(()),
-            _ => Err(Error::Timeout { what: "a device collective waiting for a peer".into(), secs: self.comm.config().timeout.as_secs_f64() }),
+            _ => Err(Error::Timeout {
+                what: "a device collective waiting for a peer".into(),
+                secs: self.comm.config().timeout.as_secs_f64(),
+            }),
         }
     }
 

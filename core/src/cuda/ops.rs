@@ -30,6 +30,7 @@ impl CudaComm {
             mode: mode as u32,
             rank: self.rank() as u32,
             nranks: self.nranks() as u32,
+            nslots: self.layout.slots,
             ..CollArgs::default()
         }
     }
@@ -41,7 +42,8 @@ impl CudaComm {
     }
 
     fn check_ptrs(&self, dt: DataType, ptrs: &[(&str, u64)], count: usize) -> Result<u64> {
-        let bytes = count.checked_mul(dt.size()).ok_or_else(|| Error::arg(format!("{count} {dt} elements overflow")))?;
+        let bytes =
+            count.checked_mul(dt.size()).ok_or_else(|| Error::arg(format!("{count} {dt} elements overflow")))?;
         for &(what, p) in ptrs {
             if count > 0 && p == 0 {
                 return Err(Error::arg(format!("{what} is a null device address")));
@@ -214,7 +216,14 @@ impl CudaComm {
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce_raw`], with `recv` of nranks × `count` elements.
-    pub unsafe fn all_gather_raw(&self, stream: &CudaStream, send: u64, recv: u64, count: usize, dt: DataType) -> Result<()> {
+    pub unsafe fn all_gather_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+    ) -> Result<()> {
         // SAFETY: the caller's promise.
         unsafe { self.copy_op(stream, Mode::AllGather, (send, recv), count, dt, 0) }
     }
@@ -243,7 +252,14 @@ impl CudaComm {
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce_raw`], with both buffers nranks × `count` elements.
-    pub unsafe fn all_to_all_raw(&self, stream: &CudaStream, send: u64, recv: u64, count: usize, dt: DataType) -> Result<()> {
+    pub unsafe fn all_to_all_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+    ) -> Result<()> {
         // SAFETY: the caller's promise.
         unsafe { self.copy_op(stream, Mode::AllToAll, (send, recv), count, dt, 0) }
     }
@@ -260,7 +276,14 @@ impl CudaComm {
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce_raw`].
-    pub unsafe fn send_raw(&self, stream: &CudaStream, send: u64, count: usize, dt: DataType, peer: usize) -> Result<()> {
+    pub unsafe fn send_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        count: usize,
+        dt: DataType,
+        peer: usize,
+    ) -> Result<()> {
         let p = self.check_peer(peer)?;
         // SAFETY: the caller's promise.
         unsafe { self.copy_op(stream, Mode::Send, (send, send), count, dt, p) }
@@ -270,7 +293,14 @@ impl CudaComm {
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce_raw`].
-    pub unsafe fn recv_raw(&self, stream: &CudaStream, recv: u64, count: usize, dt: DataType, peer: usize) -> Result<()> {
+    pub unsafe fn recv_raw(
+        &self,
+        stream: &CudaStream,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        peer: usize,
+    ) -> Result<()> {
         let p = self.check_peer(peer)?;
         // SAFETY: the caller's promise.
         unsafe { self.copy_op(stream, Mode::Recv, (recv, recv), count, dt, p) }

@@ -20,9 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()),
-    ).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()))
+        .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let res = match args.iter().position(|a| a == "--ranks") {
         Some(i) => launch(&args, i),
@@ -152,7 +153,16 @@ enum Coll {
 /// One case: fills inputs, runs (optionally captured in a graph and replayed twice), compares.
 /// Returns wrong elements.
 #[allow(clippy::too_many_arguments)]
-fn case(cc: &CudaComm, s: &Arc<CudaStream>, coll: Coll, dt: DataType, op: RedOp, count: usize, inplace: bool, graph: bool) -> anyhow::Result<usize> {
+fn case(
+    cc: &CudaComm,
+    s: &Arc<CudaStream>,
+    coll: Coll,
+    dt: DataType,
+    op: RedOp,
+    count: usize,
+    inplace: bool,
+    graph: bool,
+) -> anyhow::Result<usize> {
     let (r, n, es) = (cc.rank(), cc.nranks(), dt.size());
     let (in_n, out_n) = match coll {
         Coll::AllReduce(_) | Coll::Reduce | Coll::Broadcast | Coll::SendRecv => (count, count),
@@ -355,7 +365,8 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
     };
     let graph = args.iter().any(|a| a == "--graph");
     let algo = flag(args, "--algo");
-    let sizes: Vec<usize> = flag(args, "--sizes").unwrap_or("8,64K,1M,64M,256M,1G").split(',').map(parse_size).collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> =
+        flag(args, "--sizes").unwrap_or("8,64K,1M,64M,256M,1G").split(',').map(parse_size).collect::<Result<_, _>>()?;
     let colls = args.last().map(String::as_str).filter(|c| !c.starts_with('-')).unwrap_or("all_reduce");
     if let Some(a) = algo {
         let a = DevAlgo::ALL.into_iter().find(|x| x.name() == a).context("--algo oneshot|twoshot|ring")?;
