@@ -522,6 +522,16 @@ impl Comm {
         }
     }
 
+    /// Every rank's `mine`, through the bootstrap (a collective call: every rank makes it).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn boot_all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut g = self.lock_usable()?;
+        match g.boot.as_mut() {
+            Some(b) => b.all_gather(mine),
+            None => Err(Error::usage("the communicator's bootstrap connection is closed")),
+        }
+    }
+
     pub(crate) fn lock_any(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -96,61 +96,9 @@ impl Kernels {
 
     /// As [`Kernels::load`], with the given cache (`None`: always compile).
     pub fn load_with(ctx: &Arc<CudaContext>, cache: Option<&Cache>) -> Result<Kernels> {
-        let device = DeviceInfo::of(ctx)?;
-        let arch = device.arch();
-        let nvrtc_version = nvrtc::version()?;
-        let supported = nvrtc::supported_archs()?;
-        if !supported.contains(&(device.cc.0 * 10 + device.cc.1)) {
-            return Err(Error::ArchUnsupported {
-                arch,
-                nvrtc: format!("{}.{}", nvrtc_version.0, nvrtc_version.1),
-                supported: supported.iter().map(|a| format!("sm_{a}")).collect::<Vec<_>>().join(" "),
-            });
-        }
-        let src = source();
-        let opts = options(&arch);
-        let key = Key { source: &src, options: &opts, arch: &arch, nvrtc: nvrtc_version };
-
-        let mut cache_file = None;
-        let mut module = None;
-        if let Some(bin) = cache.and_then(|c| c.load(&key)) {
-            let n = bin.len();
-            match ctx.load_module(Ptx::from_binary(bin)) {
-                Ok(m) => {
-                    cache_file = cache.map(|c| c.path(&key));
-                    module = Some((m, n));
-                }
-                Err(e) => tracing::warn!(target: "occl_kernels", "the cached kernels did not load ({e:?}); rebuilding"),
-            }
-        }
-        let mut compile_time = None;
-        let (module, cubin_bytes) = match module {
-            Some(m) => m,
-            None => {
-                let t = Instant::now();
-                let bin = nvrtc::compile_cubin(&src, "occl-kernels.cu", &arch, &opts)?;
-                compile_time = Some(t.elapsed());
-                tracing::info!(target: "occl_kernels", %arch, ms = t.elapsed().as_millis() as u64, bytes = bin.len(), "compiled the kernels with NVRTC");
-                if let Some(c) = cache {
-                    match c.store(&key, &bin) {
-                        Ok(p) => cache_file = Some(p),
-                        Err(e) => {
-                            tracing::warn!(target: "occl_kernels", dir = %c.dir().display(), "cannot write the kernel cache: {e}")
-                        }
-                    }
-                }
-                let n = bin.len();
-                (ctx.load_module(Ptx::from_binary(bin)).map_err(driver("cuModuleLoadData"))?, n)
-            }
-        };
-
-        let func = |name: &str| -> Result<Func> {
-            let f = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
-            let per_sm = f
-                .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
-                .map_err(driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
-            Ok(Func { f, max_blocks: per_sm.max(1) * device.sms })
-        };
+        let (module, report) = build_module(ctx, cache, "occl-kernels.cu", &source())?;
+        let device = report.device.clone();
+        let func = |name: &str| function(&module, &device, name);
         let mut reduce = Vec::with_capacity(Dtype::ALL.len() * RedOp::ALL.len());
         let mut scale = Vec::with_capacity(Dtype::ALL.len());
         for dt in Dtype::ALL {
@@ -161,14 +109,7 @@ impl Kernels {
             scale.push(if present { Some(func(&scale_name(dt))?) } else { None });
         }
         let copy = func(COPY_NAME)?;
-        Ok(Kernels {
-            ctx: ctx.clone(),
-            reduce,
-            scale,
-            copy,
-            report: LoadReport { device, arch, nvrtc: nvrtc_version, compile_time, cache_file, cubin_bytes },
-            _module: module,
-        })
+        Ok(Kernels { ctx: ctx.clone(), reduce, scale, copy, report, _module: module })
     }
 
     pub fn report(&self) -> &LoadReport {
@@ -187,4 +128,70 @@ impl Kernels {
     pub(crate) fn unsupported(&self, dt: Dtype) -> Error {
         Error::Unsupported { what: format!("{dt} kernels"), needs: "sm_89 or later", arch: self.report.arch.clone() }
     }
+}
+
+/// Builds (or reads from `cache`) the program `src` for `ctx`'s device and loads it. NVRTC must
+/// be present even when the cache holds the binary: its version is part of the key.
+pub(crate) fn build_module(
+    ctx: &Arc<CudaContext>,
+    cache: Option<&Cache>,
+    name: &str,
+    src: &str,
+) -> Result<(Arc<CudaModule>, LoadReport)> {
+    let device = DeviceInfo::of(ctx)?;
+    let arch = device.arch();
+    let nvrtc_version = nvrtc::version()?;
+    let supported = nvrtc::supported_archs()?;
+    if !supported.contains(&(device.cc.0 * 10 + device.cc.1)) {
+        return Err(Error::ArchUnsupported {
+            arch,
+            nvrtc: format!("{}.{}", nvrtc_version.0, nvrtc_version.1),
+            supported: supported.iter().map(|a| format!("sm_{a}")).collect::<Vec<_>>().join(" "),
+        });
+    }
+    let opts = options(&arch);
+    let key = Key { source: src, options: &opts, arch: &arch, nvrtc: nvrtc_version };
+
+    let mut cache_file = None;
+    let mut module = None;
+    if let Some(bin) = cache.and_then(|c| c.load(&key)) {
+        let n = bin.len();
+        match ctx.load_module(Ptx::from_binary(bin)) {
+            Ok(m) => {
+                cache_file = cache.map(|c| c.path(&key));
+                module = Some((m, n));
+            }
+            Err(e) => tracing::warn!(target: "occl_kernels", "the cached {name} did not load ({e:?}); rebuilding"),
+        }
+    }
+    let mut compile_time = None;
+    let (module, cubin_bytes) = match module {
+        Some(m) => m,
+        None => {
+            let t = Instant::now();
+            let bin = nvrtc::compile_cubin(src, name, &arch, &opts)?;
+            compile_time = Some(t.elapsed());
+            tracing::info!(target: "occl_kernels", %arch, ms = t.elapsed().as_millis() as u64, bytes = bin.len(), "compiled {name} with NVRTC");
+            if let Some(c) = cache {
+                match c.store(&key, &bin) {
+                    Ok(p) => cache_file = Some(p),
+                    Err(e) => {
+                        tracing::warn!(target: "occl_kernels", dir = %c.dir().display(), "cannot write the kernel cache: {e}")
+                    }
+                }
+            }
+            let n = bin.len();
+            (ctx.load_module(Ptx::from_binary(bin)).map_err(driver("cuModuleLoadData"))?, n)
+        }
+    };
+    Ok((module, LoadReport { device, arch, nvrtc: nvrtc_version, compile_time, cache_file, cubin_bytes }))
+}
+
+/// Resolves `name` in `module` with the blocks of `THREADS` threads that fit on the device.
+pub(crate) fn function(module: &Arc<CudaModule>, device: &DeviceInfo, name: &str) -> Result<Func> {
+    let f = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+        .map_err(driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+    Ok(Func { f, max_blocks: per_sm.max(1) * device.sms })
 }

@@ -22,9 +22,11 @@
 
 pub mod cache;
 pub mod check;
+pub mod coll;
 pub mod device;
 mod dtype;
 mod error;
+pub mod ipc;
 mod kernels;
 mod launch;
 pub mod nvrtc;

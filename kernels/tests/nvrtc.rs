@@ -57,3 +57,28 @@ fn a_compile_error_carries_nvrtcs_log() {
     }
     assert!(err.to_string().contains("undeclared_thing"), "the message shows the log: {err}");
 }
+
+#[test]
+fn the_collective_programs_compile_for_hopper() {
+    use occl_kernels::{coll, options, Dtype};
+    if !nvrtc_or_skip("the_collective_programs_compile_for_hopper") {
+        return;
+    }
+    // One program per element size (and fp8, whose conversions are sm_89's), and the byte mover.
+    for (dt, kernels) in [
+        (Some(Dtype::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_min"]),
+        (Some(Dtype::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod"]),
+        (Some(Dtype::F8E4M3), vec!["occl_coll_f8e4m3_max"]),
+        (Some(Dtype::I64), vec!["occl_coll_i64_sum"]),
+        (None, vec!["occl_coll_copy"]),
+    ] {
+        let t = std::time::Instant::now();
+        let cubin = nvrtc::compile_cubin(&coll::source(dt), "occl-coll.cu", "sm_90", &options("sm_90"))
+            .unwrap_or_else(|e| panic!("{dt:?}: {e}"));
+        assert_eq!(&cubin[..4], b"\x7fELF", "{dt:?}");
+        for k in kernels {
+            assert!(cubin.windows(k.len()).any(|w| w == k.as_bytes()), "{dt:?} lacks {k}");
+        }
+        eprintln!("{dt:?}: {} byte cubin in {:.1} s", cubin.len(), t.elapsed().as_secs_f64());
+    }
+}

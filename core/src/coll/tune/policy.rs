@@ -18,8 +18,8 @@
 use crate::error::{Error, Result};
 
 /// Algorithm names: occl's (ring, tree, pat, and its own oneshot), then NCCL's others.
-pub(crate) const ALGOS: [&str; 8] =
-    ["ring", "tree", "pat", "oneshot", "collnetdirect", "collnetchain", "nvls", "nvlstree"];
+pub(crate) const ALGOS: [&str; 9] =
+    ["ring", "tree", "pat", "oneshot", "collnetdirect", "collnetchain", "nvls", "nvlstree", "twoshot"];
 /// Protocol names: NCCL's three.
 pub(crate) const PROTOS: [&str; 3] = ["simple", "ll", "ll128"];
 /// The collectives a list may name, indexed like `CollType` (NCCL's `ncclFunc_t`).

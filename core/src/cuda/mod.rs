@@ -1,9 +1,39 @@
-//! GPU support (feature `cuda`): occl's element types and operators as `occl-kernels` knows
-//! them. The device collectives are built on this.
+//! GPU support (feature `cuda`): collectives on device buffers between the GPUs of one host,
+//! one process (or thread) per GPU, through the `cuda-p2p` transport: CUDA IPC regions that
+//! every rank maps, written over NVLink (or PCIe) with system-scope flags. Every operation is
+//! stream-ordered: it enqueues one kernel on the caller's stream and returns, so it can be
+//! captured in a CUDA graph (the sequence numbers live on the device).
+//!
+//! ```no_run
+//! # fn main() -> occl::Result<()> {
+//! use occl::cuda::{kernels::cudarc::driver::CudaContext, CudaComm};
+//! let comm = occl::Comm::from_env()?;
+//! let dev = comm.rank(); // one GPU per rank on this host
+//! let cc = CudaComm::new(comm, dev)?;
+//! let stream = cc.context().default_stream();
+//! # let _ = stream; Ok(()) }
+//! ```
 
 pub use occl_kernels as kernels;
 
+mod comm;
+mod ops;
+pub(crate) mod tune;
+
+pub use comm::{CudaComm, DeviceSettings};
+pub use tune::DevAlgo;
+
 use crate::dtype::{DataType, RedOp};
+use crate::error::Error;
+
+/// A kernel-crate error as occl's: bad arguments stay arguments, the rest are system errors
+/// that name the CUDA call.
+pub(crate) fn err(context: &'static str) -> impl FnOnce(kernels::Error) -> Error {
+    move |e| match e {
+        kernels::Error::InvalidArgument(m) => Error::arg(format!("{context}: {m}")),
+        e => Error::sys(context, std::io::Error::other(e.to_string())),
+    }
+}
 
 /// The kernels' element type for `dt`.
 pub fn kernel_dtype(dt: DataType) -> kernels::Dtype {

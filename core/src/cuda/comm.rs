@@ -1,0 +1,208 @@
+//! The device communicator: a host `Comm` (bootstrap, telemetry, RAS) plus, on one GPU, the
+//! shared region every peer maps. Set up collectively: allocate and export the region, swap
+//! handles and settings over the bootstrap, open every peer's.
+
+use super::err;
+use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_RANKS};
+use super::kernels::cudarc::driver::CudaContext;
+use super::kernels::ipc::{DeviceRegion, PeerRegion};
+use super::kernels::{device, Dtype};
+use super::tune::DevTuner;
+use crate::comm::Comm;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::id::UniqueId;
+use std::sync::Arc;
+
+/// The shape of the shared region (`OCCL_CUDA_CHANNELS`, `OCCL_CUDA_SLOTS`,
+/// `OCCL_CUDA_SLOT_SIZE`); every rank must use the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSettings {
+    /// Thread blocks (channels) a large operation spreads over.
+    pub channels: u32,
+    /// Buffers per channel and peer.
+    pub slots: u32,
+    pub slot_bytes: u64,
+}
+
+impl Default for DeviceSettings {
+    fn default() -> Self {
+        DeviceSettings { channels: 32, slots: 4, slot_bytes: 256 << 10 }
+    }
+}
+
+impl DeviceSettings {
+    pub fn from_env() -> Result<DeviceSettings> {
+        let mut s = DeviceSettings::default();
+        let num = |k: &str| -> Result<Option<u64>> {
+            match std::env::var(k) {
+                Ok(v) => parse_size(&v).map(Some).ok_or_else(|| Error::arg(format!("{k}={v:?} is not a size"))),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(v) = num("OCCL_CUDA_CHANNELS")? {
+            s.channels = u32::try_from(v).map_err(|_| Error::arg("OCCL_CUDA_CHANNELS is too large"))?;
+        }
+        if let Some(v) = num("OCCL_CUDA_SLOTS")? {
+            s.slots = u32::try_from(v).map_err(|_| Error::arg("OCCL_CUDA_SLOTS is too large"))?;
+        }
+        if let Some(v) = num("OCCL_CUDA_SLOT_SIZE")? {
+            s.slot_bytes = v;
+        }
+        Ok(s)
+    }
+}
+
+/// `123`, `256K`, `4M`, `1G` (binary).
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, shift) = match v.chars().last()?.to_ascii_uppercase() {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// A communicator whose collectives run on one GPU's buffers.
+pub struct CudaComm {
+    pub(crate) comm: Comm,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) kernels: CollKernels,
+    pub(crate) layout: Layout,
+    pub(crate) regions: [u64; MAX_RANKS],
+    pub(crate) tuner: DevTuner,
+    pub(crate) timeout_ns: u64,
+    /// A per-communicator override of the tuner (0: none, else 1 + the `DevAlgo::ALL` index).
+    pub(crate) forced: std::sync::atomic::AtomicU8,
+    region: DeviceRegion,
+    _peers: Vec<PeerRegion>,
+}
+
+/// What ranks swap: the handle and the settings they must share.
+const RECORD: usize = 64 + 4 + 4 + 8 + 8;
+
+impl CudaComm {
+    /// `Comm::init_rank` on device `device` (NCCL's cudaSetDevice + ncclCommInitRank).
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, config: Config, device: usize) -> Result<CudaComm> {
+        CudaComm::new(Comm::init_rank(nranks, id, rank, config)?, device)
+    }
+
+    /// Puts `comm` on GPU `device`: a collective call, every rank makes it with its own GPU.
+    pub fn new(comm: Comm, device: usize) -> Result<CudaComm> {
+        CudaComm::with_settings(comm, device, DeviceSettings::from_env()?)
+    }
+
+    pub fn with_settings(comm: Comm, device: usize, s: DeviceSettings) -> Result<CudaComm> {
+        let n = comm.nranks();
+        let layout = Layout { nranks: n as u32, channels: s.channels, slots: s.slots, slot_bytes: s.slot_bytes };
+        layout.validate().map_err(err("device communicator"))?;
+        let tuner = DevTuner::new(comm.config(), n)?;
+        // Every rank gets this far, or says why not to all (no rank waits on one that left).
+        let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
+            let k = CollKernels::load(&ctx).map_err(err("load the collective kernels"))?;
+            let bytes = usize::try_from(layout.bytes()).map_err(|_| Error::arg("region too large"))?;
+            let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
+            let h = r.ipc_handle().map_err(err("export the shared region"))?;
+            Ok((ctx, k, r, h))
+        });
+        let mut mine = vec![0u8; RECORD];
+        if let Ok((_, _, _, h)) = &local {
+            mine[..64].copy_from_slice(h);
+            mine[64] = 1;
+        }
+        mine[68..72].copy_from_slice(&s.channels.to_le_bytes());
+        mine[72..80].copy_from_slice(&u64::from(s.slots).to_le_bytes());
+        mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
+        let all = comm.boot_all_gather(&mine)?;
+        let (ctx, kernels, region, _) = local?;
+        for (r, rec) in all.iter().enumerate() {
+            if rec.len() != RECORD {
+                return Err(Error::internal(format!("rank {r} sent a {}-byte device record", rec.len())));
+            }
+            if rec[64] != 1 {
+                return Err(Error::remote(r, "could not set up its GPU (its own error says why)"));
+            }
+            if rec[68..] != mine[68..] {
+                return Err(Error::usage(format!(
+                    "rank {r} uses other device settings (OCCL_CUDA_CHANNELS, OCCL_CUDA_SLOTS, OCCL_CUDA_SLOT_SIZE \
+                     must be the same on every rank)"
+                )));
+            }
+        }
+        let mut regions = [0u64; MAX_RANKS];
+        let mut peers = Vec::new();
+        for (r, rec) in all.iter().enumerate() {
+            if r == comm.rank() {
+                regions[r] = region.ptr();
+                continue;
+            }
+            let mut h = [0u8; 64];
+            h.copy_from_slice(&rec[..64]);
+            let p = PeerRegion::open(&ctx, &h).map_err(err("open a peer's region (cuIpcOpenMemHandle)"))?;
+            regions[r] = p.ptr();
+            peers.push(p);
+        }
+        // No rank writes a peer's region before every rank has mapped everyone's.
+        comm.boot_all_gather(&[])?;
+        let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
+        tracing::debug!(
+            "occl: rank {} on GPU {device}: cuda-p2p to {} peers, {} MiB region",
+            comm.rank(),
+            n - 1,
+            layout.bytes() >> 20
+        );
+        Ok(CudaComm {
+            comm,
+            ctx,
+            kernels,
+            layout,
+            regions,
+            tuner,
+            timeout_ns,
+            forced: Default::default(),
+            region,
+            _peers: peers,
+        })
+    }
+
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.comm.nranks()
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Builds the kernels of `dt` now (before a graph captures its first use).
+    pub fn prepare(&self, dt: crate::DataType) -> Result<()> {
+        let d: Dtype = super::kernel_dtype(dt);
+        self.kernels.prepare(d).map_err(err("build the collective kernels"))
+    }
+
+    /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it
+    /// (its results are garbage, and so are every later call's).
+    pub fn device_error(&self) -> Result<()> {
+        match self.region.read_u64(ERROR_WORD).map_err(err("read the device error word"))? {
+            0 => Ok(()),
+            _ => Err(Error::Timeout {
+                what: "a device collective waiting for a peer".into(),
+                secs: self.comm.config().timeout.as_secs_f64(),
+            }),
+        }
+    }
+
+    /// Makes every kernel of this rank that waits on a peer give up (and mark the error word).
+    pub fn abort_device(&self) -> Result<()> {
+        self.region.write_u64(ERROR_WORD, 1).map_err(err("write the device error word"))
+    }
+}

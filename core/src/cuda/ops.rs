@@ -1,0 +1,308 @@
+//! The device collectives: each validates its arguments, fills one argument block and enqueues
+//! one kernel on the caller's stream. Buffers are device addresses of this communicator's GPU
+//! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
+
+use super::comm::CudaComm;
+use super::err;
+use super::kernels::coll::{CollArgs, Mode};
+use super::kernels::cudarc::driver::CudaStream;
+use super::tune::DevAlgo;
+use super::{kernel_dtype, kernel_op};
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+
+/// Bytes of a block's share below which fewer blocks are used: one block for small messages.
+const MIN_BLOCK_BYTES: u64 = 32 << 10;
+
+impl CudaComm {
+    fn args(&self, mode: Mode, input: u64, output: u64, count: u64, stride: u64, total: u64) -> CollArgs {
+        CollArgs {
+            input,
+            output,
+            count,
+            stride,
+            total,
+            regions: self.regions,
+            ctrl_off: self.layout.ctrl_off(),
+            data_off: self.layout.data_off(),
+            slot_bytes: self.layout.slot_bytes,
+            timeout_ns: self.timeout_ns,
+            mode: mode as u32,
+            rank: self.rank() as u32,
+            nranks: self.nranks() as u32,
+            nslots: self.layout.slots,
+            ..CollArgs::default()
+        }
+    }
+
+    /// Blocks for a share of `bytes`: every rank computes the same from the same call.
+    fn blocks(&self, bytes: u64) -> u32 {
+        let want = bytes.div_ceil(MIN_BLOCK_BYTES).max(1);
+        u32::try_from(want.min(u64::from(self.layout.channels))).unwrap_or(1)
+    }
+
+    fn check_ptrs(&self, dt: DataType, ptrs: &[(&str, u64)], count: usize) -> Result<u64> {
+        let bytes =
+            count.checked_mul(dt.size()).ok_or_else(|| Error::arg(format!("{count} {dt} elements overflow")))?;
+        for &(what, p) in ptrs {
+            if count > 0 && p == 0 {
+                return Err(Error::arg(format!("{what} is a null device address")));
+            }
+            if p % dt.size() as u64 != 0 {
+                return Err(Error::arg(format!("{what} at {p:#x} is not aligned to {dt}")));
+            }
+        }
+        Ok(bytes as u64)
+    }
+
+    fn check_root(&self, root: usize, what: &str) -> Result<()> {
+        if root >= self.nranks() {
+            return Err(Error::arg(format!("{what} {root} is out of range for {} ranks", self.nranks())));
+        }
+        Ok(())
+    }
+
+    fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        if stream.context() != &self.ctx {
+            return Err(Error::arg("the stream belongs to another GPU than this communicator's"));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// As for every raw call: the addresses are this GPU's memory, valid for what the operation
+    /// reads and writes until the stream has run it.
+    unsafe fn go(&self, stream: &CudaStream, a: &CollArgs, dt: DataType, op: RedOp, blocks: u32) -> Result<()> {
+        self.check_stream(stream)?;
+        // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
+        unsafe { self.kernels.launch(stream, a, kernel_dtype(dt), kernel_op(op), blocks) }
+            .map_err(err("launch a device collective"))
+    }
+
+    fn div(&self, op: RedOp) -> u32 {
+        if op == RedOp::Avg {
+            self.nranks() as u32
+        } else {
+            0
+        }
+    }
+
+    /// The algorithm an all-reduce of `count` elements of `dt` runs with.
+    pub fn all_reduce_algorithm(&self, count: usize, dt: DataType) -> DevAlgo {
+        match self.forced.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => self.tuner.choose(count.saturating_mul(dt.size())),
+            i => DevAlgo::ALL[usize::from(i - 1).min(2)],
+        }
+    }
+
+    /// Runs every later all-reduce with `algo` (`None`: the tuner's choice again), as a
+    /// per-communicator `OCCL_ALGO`; every rank must set the same. Ring needs 2 ranks or more.
+    pub fn force_all_reduce(&self, algo: Option<DevAlgo>) -> Result<()> {
+        let v = match algo {
+            None => 0,
+            Some(DevAlgo::OneShot) => 1,
+            Some(a) if self.nranks() < 2 => return Err(Error::usage(format!("{} needs 2 ranks or more", a.name()))),
+            Some(DevAlgo::TwoShot) => 2,
+            Some(DevAlgo::Ring) => 3,
+        };
+        self.forced.store(v, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// All-reduce of `count` elements from `send` into `recv` (equal: in place).
+    ///
+    /// # Safety
+    /// `send` and `recv` are device addresses on this GPU of `count` elements each, live until
+    /// the stream has run the operation; every rank makes the same call in the same order.
+    pub unsafe fn all_reduce_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
+        if count == 0 {
+            return self.check_stream(stream);
+        }
+        let algo = self.all_reduce_algorithm(count, dt);
+        let (n, es, c) = (self.nranks() as u64, dt.size() as u64, count as u64);
+        let (mode, unit) = match algo {
+            DevAlgo::OneShot => (Mode::AllReduceOneShot, c),
+            DevAlgo::TwoShot => (Mode::AllReduceTwoShot, c.div_ceil(n).next_multiple_of(16 / es)),
+            DevAlgo::Ring => (Mode::AllReduceRing, c.div_ceil(n).next_multiple_of(16 / es)),
+        };
+        let mut a = self.args(mode, send, recv, unit, unit, c);
+        a.div = self.div(op);
+        let blocks = self.blocks(if algo == DevAlgo::OneShot { bytes } else { unit * es });
+        // SAFETY: the caller's promise.
+        unsafe { self.go(stream, &a, dt, op, blocks) }
+    }
+
+    /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`], with `send` of nranks × `count` elements.
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
+        if count == 0 {
+            return self.check_stream(stream);
+        }
+        let mut a = self.args(Mode::ReduceScatter, send, recv, count as u64, count as u64, 0);
+        a.div = self.div(op);
+        // SAFETY: the caller's promise.
+        unsafe { self.go(stream, &a, dt, op, self.blocks(bytes)) }
+    }
+
+    /// Reduce into `recv` on `root` (other ranks' `recv` is untouched).
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`].
+    #[allow(clippy::too_many_arguments)] // NCCL's argument list
+    pub unsafe fn reduce_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root(root, "root")?;
+        let recv_p = if self.rank() == root { recv } else { send };
+        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv_p)], count)?;
+        if count == 0 {
+            return self.check_stream(stream);
+        }
+        let mut a = self.args(Mode::Reduce, send, recv_p, count as u64, 0, 0);
+        a.root = root as u32;
+        a.div = self.div(op);
+        // SAFETY: the caller's promise.
+        unsafe { self.go(stream, &a, dt, op, self.blocks(bytes)) }
+    }
+
+    /// Byte-moving collectives share this: `count` elements become bytes.
+    unsafe fn copy_op(
+        &self,
+        stream: &CudaStream,
+        mode: Mode,
+        (send, recv): (u64, u64),
+        count: usize,
+        dt: DataType,
+        root: u32,
+    ) -> Result<()> {
+        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
+        if count == 0 {
+            return self.check_stream(stream);
+        }
+        let mut a = self.args(mode, send, recv, bytes, bytes, 0);
+        a.root = root;
+        // SAFETY: the caller's promise.
+        unsafe { self.go(stream, &a, DataType::U8, RedOp::Sum, self.blocks(bytes)) }
+    }
+
+    /// All-gather: every rank's `count` elements into `recv` (nranks × `count`, in rank order).
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`], with `recv` of nranks × `count` elements.
+    pub unsafe fn all_gather_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { self.copy_op(stream, Mode::AllGather, (send, recv), count, dt, 0) }
+    }
+
+    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`] (`send` is read on the root only).
+    pub unsafe fn broadcast_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root(root, "root")?;
+        let send = if self.rank() == root { send } else { recv };
+        // SAFETY: the caller's promise.
+        unsafe { self.copy_op(stream, Mode::Broadcast, (send, recv), count, dt, root as u32) }
+    }
+
+    /// All-to-all: block p (`count` elements) of `send` goes to rank p, block q of `recv`
+    /// comes from rank q.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`], with both buffers nranks × `count` elements.
+    pub unsafe fn all_to_all_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { self.copy_op(stream, Mode::AllToAll, (send, recv), count, dt, 0) }
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<u32> {
+        self.check_root(peer, "peer")?;
+        if peer == self.rank() {
+            return Err(Error::arg("a device send/recv to this rank itself"));
+        }
+        Ok(peer as u32)
+    }
+
+    /// Sends `count` elements to `peer`, which makes the matching `recv_raw`.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`].
+    pub unsafe fn send_raw(
+        &self,
+        stream: &CudaStream,
+        send: u64,
+        count: usize,
+        dt: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        let p = self.check_peer(peer)?;
+        // SAFETY: the caller's promise.
+        unsafe { self.copy_op(stream, Mode::Send, (send, send), count, dt, p) }
+    }
+
+    /// Receives `count` elements from `peer` into `recv`.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`].
+    pub unsafe fn recv_raw(
+        &self,
+        stream: &CudaStream,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        let p = self.check_peer(peer)?;
+        // SAFETY: the caller's promise.
+        unsafe { self.copy_op(stream, Mode::Recv, (recv, recv), count, dt, p) }
+    }
+}

@@ -1,0 +1,446 @@
+// Device collectives between the GPUs of one host, over CUDA IPC.
+//
+// Every rank owns one region of device memory that every peer maps (cuIpcOpenMemHandle). Per
+// thread block ("channel") b and peer q it holds:
+//   ctrl(b, q).head   written by q: how many chunks q has put in my slots for (b, q)
+//   ctrl(b, q).tail   written by q: how many of my chunks to q (on b) q has consumed
+//   ctrl(b, q).sent   mine alone: chunks I have sent q on b
+//   ctrl(b, q).recvd  mine alone: chunks I have received from q on b
+//   slots(b, q)       nslots buffers of slot_bytes that q writes (a FIFO)
+// Data is pushed: a sender writes the receiver's slot over NVLink, then publishes head with a
+// system-scope release; the receiver acquires head, reads its own memory and releases tail.
+// sent/recvd live in device memory and carry over from call to call, so a captured CUDA graph
+// replays with the right sequence numbers. Every rank computes the same grid and the same chunk
+// loop from the call's arguments, so both ends of a channel count alike.
+
+#define OCCL_MAXR 8
+#define OCCL_CTRL 256
+
+enum {
+    M_AR_ONESHOT = 0,
+    M_AR_TWOSHOT = 1,
+    M_AR_RING = 2,
+    M_RS = 3,
+    M_REDUCE = 4,
+    M_AG = 5,
+    M_BCAST = 6,
+    M_A2A = 7,
+    M_SEND = 8,
+    M_RECV = 9,
+};
+
+// Mirrors occl_kernels::coll::CollArgs field for field.
+struct CollArgs {
+    u64 in, out;
+    u64 count;   // elements each rank contributes per block of the operation (see each mode)
+    u64 stride;  // elements between rank blocks of in/out (shard size for all-reduce)
+    u64 total;   // elements of the whole all-reduce buffer (shards past it are clipped)
+    u64 regions[OCCL_MAXR];
+    u64 ctrl_off, data_off, slot_bytes, timeout_ns;
+    unsigned mode, rank, nranks, root;  // root: the peer of send/recv
+    unsigned div, nslots, pad0, pad1;
+};
+
+struct Ctrl {
+    u64 head;
+    u64 pad0[15];
+    u64 tail;
+    u64 pad1[7];
+    u64 sent;
+    u64 recvd;
+};
+
+DEV u64 ld_acquire(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+DEV void st_release(u64* p, u64 v) { asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); }
+
+DEV u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+DEV Ctrl* ctrl(const CollArgs& a, unsigned owner, unsigned b, unsigned q) {
+    return (Ctrl*)(a.regions[owner] + a.ctrl_off + ((u64)b * a.nranks + q) * OCCL_CTRL);
+}
+
+// The per-block channel state, in shared memory for the kernel's duration.
+struct Chan {
+    u64 sent[OCCL_MAXR];
+    u64 recvd[OCCL_MAXR];
+    int failed;
+};
+
+// Spins until *p >= want; on timeout marks the region's error word and the block as failed, so
+// that the rest of the kernel runs through without waiting (the host reads the word).
+DEV void wait_ge(const CollArgs& a, Chan& c, const u64* p, u64 want) {
+    if (ld_acquire(p) >= want) return;
+    const u64 t0 = globaltimer();
+    unsigned spins = 0;
+    while (ld_acquire(p) < want) {
+        if (c.failed) return;
+        if ((++spins & 1023) == 0) {
+            u64* err = (u64*)a.regions[a.rank];
+            if (ld_acquire(err) != 0 || globaltimer() - t0 > a.timeout_ns) {
+                st_release(err, 1);
+                c.failed = 1;
+                return;
+            }
+        }
+    }
+}
+
+// Thread q waits for peer q: a free slot towards it (send) and/or a chunk from it (recv).
+DEV void wait_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
+    const unsigned t = threadIdx.x;
+    if (t < a.nranks && !c.failed) {
+        if ((send >> t) & 1) wait_ge(a, c, &ctrl(a, a.rank, b, t)->tail, c.sent[t] + 1 > a.nslots ? c.sent[t] + 1 - a.nslots : 0);
+        if ((recv >> t) & 1) wait_ge(a, c, &ctrl(a, a.rank, b, t)->head, c.recvd[t] + 1);
+    }
+    __syncthreads();
+}
+
+// After the block's writes to peers' slots (send) and reads of its own (recv): publish them.
+DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
+    __syncthreads();
+    const unsigned t = threadIdx.x;
+    if (t < a.nranks) {
+        if ((send >> t) & 1) {
+            c.sent[t]++;
+            st_release(&ctrl(a, t, b, a.rank)->head, c.sent[t]);
+        }
+        if ((recv >> t) & 1) {
+            c.recvd[t]++;
+            st_release(&ctrl(a, t, b, a.rank)->tail, c.recvd[t]);
+        }
+    }
+    __syncthreads();
+}
+
+DEV unsigned char* send_slot(const CollArgs& a, const Chan& c, unsigned b, unsigned p) {
+    return (unsigned char*)(a.regions[p] + a.data_off +
+                            (((u64)b * a.nranks + a.rank) * a.nslots + c.sent[p] % a.nslots) * a.slot_bytes);
+}
+
+DEV const unsigned char* recv_slot(const CollArgs& a, const Chan& c, unsigned b, unsigned q) {
+    return (const unsigned char*)(a.regions[a.rank] + a.data_off +
+                                  (((u64)b * a.nranks + q) * a.nslots + c.recvd[q] % a.nslots) * a.slot_bytes);
+}
+
+// dst[0..nd) = src[0] op src[1] op ... op src[ns-1] (then / div), over n elements. With one
+// source and no divisor it is a copy. 16-byte packs when every address is 16-byte aligned,
+// else element by element. Peer-written slots are read with .cg (L2), never a stale L1 line.
+#define OCCL_CU 4
+template <class E, class O>
+static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, const typename E::S* const* src, int ns, u64 n, unsigned div) {
+    typedef typename E::S S;
+    enum { EPP = 16 / sizeof(S) };
+    const u64 t = threadIdx.x, st = blockDim.x;
+    u64 al = 0;
+#pragma unroll
+    for (int k = 0; k < OCCL_MAXR + 1; k++) {
+        if (k < nd) al |= (u64)dst[k];
+        if (k < ns) al |= (u64)src[k];
+    }
+    const u64 nv = (al & 15) == 0 ? n / EPP : 0;
+    const bool red = ns > 1 || div != 0;
+    for (u64 base = t; base < nv; base += st * OCCL_CU) {
+        Pack<S> x[OCCL_CU];
+#pragma unroll
+        for (int u = 0; u < OCCL_CU; u++) {
+            const u64 i = base + u * st;
+            if (i < nv) x[u].v = __ldcg((const uint4*)src[0] + i);
+        }
+        if (red) {
+#pragma unroll 1
+            for (int k = 1; k < OCCL_MAXR; k++) {
+                if (k < ns) {
+#pragma unroll
+                    for (int u = 0; u < OCCL_CU; u++) {
+                        const u64 i = base + u * st;
+                        if (i < nv) {
+                            Pack<S> y;
+                            y.v = __ldcg((const uint4*)src[k] + i);
+#pragma unroll
+                            for (int e = 0; e < EPP; e++) x[u].e[e] = E::st(O::template ap<E>(E::ld(x[u].e[e]), E::ld(y.e[e])));
+                        }
+                    }
+                }
+            }
+            if (div) {
+#pragma unroll
+                for (int u = 0; u < OCCL_CU; u++)
+#pragma unroll
+                    for (int e = 0; e < EPP; e++) x[u].e[e] = E::st(E::div(E::ld(x[u].e[e]), div));
+            }
+        }
+#pragma unroll 1
+        for (int k = 0; k < OCCL_MAXR + 1; k++) {
+            if (k < nd) {
+#pragma unroll
+                for (int u = 0; u < OCCL_CU; u++) {
+                    const u64 i = base + u * st;
+                    if (i < nv) ((uint4*)dst[k])[i] = x[u].v;
+                }
+            }
+        }
+    }
+    for (u64 i = nv * EPP + t; i < n; i += st) {
+        S r = __ldcg(src[0] + i);
+        for (int k = 1; k < ns; k++) r = E::st(O::template ap<E>(E::ld(r), E::ld(__ldcg(src[k] + i))));
+        if (div) r = E::st(E::div(E::ld(r), div));
+        for (int k = 0; k < nd; k++) dst[k][i] = r;
+    }
+}
+
+// One copy of n bytes into nd destinations.
+DEV void copy_bytes(unsigned char* const* dst, int nd, const unsigned char* src, u64 n) {
+    const unsigned char* s[1] = {src};
+    fold<U8, OpSum>(dst, nd, s, 1, n, 0);
+}
+
+DEV void copy1(unsigned char* dst, const unsigned char* src, u64 n) {
+    unsigned char* d[1] = {dst};
+    copy_bytes(d, 1, src, n);
+}
+
+// Block b's part of [0, len): whole 16-byte units split as evenly as the grid allows.
+DEV void share(u64 len, u64 unit, unsigned b, unsigned nb, u64& lo, u64& hi) {
+    const u64 units = (len + unit - 1) / unit;
+    const u64 per = units / nb, rem = units % nb;
+    const u64 ulo = b * per + (b < rem ? b : rem);
+    const u64 uhi = ulo + per + (b < rem ? 1 : 0);
+    lo = ulo * unit < len ? ulo * unit : len;
+    hi = uhi * unit < len ? uhi * unit : len;
+}
+
+DEV u64 clip(u64 total, u64 start, u64 n) { return start >= total ? 0 : (total - start < n ? total - start : n); }
+
+// The all-reduce family and the other reducing collectives, for element type E and operator O.
+template <class E, class O>
+DEV void reduce_modes(const CollArgs& a, Chan& c) {
+    typedef typename E::S S;
+    const unsigned b = blockIdx.x, nb = gridDim.x, r = a.rank, n = a.nranks;
+    const unsigned all = ((1u << n) - 1) & ~(1u << r);
+    const u64 es = sizeof(S), chunk = a.slot_bytes / es, unit = 16 / es;
+    const S* in = (const S*)a.in;
+    S* out = (S*)a.out;
+    u64 lo, hi;
+    share(a.count, unit, b, nb, lo, hi);
+    for (u64 o = lo; o < hi; o += chunk) {
+        const u64 m = hi - o < chunk ? hi - o : chunk;
+        if (a.mode == M_AR_ONESHOT) {
+            // Push my whole chunk to every peer, then fold every rank's copy in rank order (all
+            // ranks then round alike).
+            wait_peers(a, c, b, all, 0);
+            {
+                unsigned char* d[OCCL_MAXR];
+                int nd = 0;
+                for (unsigned p = 0; p < n; p++)
+                    if (p != r) d[nd++] = send_slot(a, c, b, p);
+                copy_bytes(d, nd, (const unsigned char*)(in + o), m * es);
+            }
+            post_peers(a, c, b, all, 0);
+            wait_peers(a, c, b, 0, all);
+            {
+                const S* s[OCCL_MAXR];
+                for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + o : (const S*)recv_slot(a, c, b, k);
+                S* d[1] = {out + o};
+                fold<E, O>(d, 1, s, n, m, a.div);
+            }
+            post_peers(a, c, b, 0, all);
+        } else if (a.mode == M_AR_TWOSHOT) {
+            // Shard p of every rank goes to rank p, which folds it and pushes the result to all.
+            const u64 sh = a.stride;
+            wait_peers(a, c, b, all, 0);
+            for (unsigned p = 0; p < n; p++)
+                if (p != r) copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * sh + o), clip(a.total, p * sh + o, m) * es);
+            post_peers(a, c, b, all, 0);
+            wait_peers(a, c, b, all, all);
+            {
+                const S* s[OCCL_MAXR];
+                for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + r * sh + o : (const S*)recv_slot(a, c, b, k);
+                S* d[OCCL_MAXR + 1];
+                int nd = 0;
+                d[nd++] = out + r * sh + o;
+                for (unsigned p = 0; p < n; p++)
+                    if (p != r) d[nd++] = (S*)send_slot(a, c, b, p);
+                fold<E, O>(d, nd, s, n, clip(a.total, r * sh + o, m), a.div);
+            }
+            post_peers(a, c, b, all, all);
+            wait_peers(a, c, b, 0, all);
+            for (unsigned q = 0; q < n; q++)
+                if (q != r) copy1((unsigned char*)(out + q * sh + o), recv_slot(a, c, b, q), clip(a.total, q * sh + o, m) * es);
+            post_peers(a, c, b, 0, all);
+        } else if (a.mode == M_AR_RING) {
+            // Reduce-scatter then all-gather around the ring r -> r+1; rank r finishes shard r.
+            const u64 sh = a.stride;
+            const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
+            unsigned k = pv;
+            wait_peers(a, c, b, tx, 0);
+            copy1(send_slot(a, c, b, nx), (const unsigned char*)(in + k * sh + o), clip(a.total, k * sh + o, m) * es);
+            post_peers(a, c, b, tx, 0);
+            for (unsigned s = 1; s < n; s++) {
+                k = (r + 2 * n - 1 - s) % n;
+                wait_peers(a, c, b, tx, rx);
+                const S* src[2] = {(const S*)recv_slot(a, c, b, pv), in + k * sh + o};
+                S* d[2] = {(S*)send_slot(a, c, b, nx), out + k * sh + o};
+                const bool last = s == n - 1;
+                // The last step finishes shard r: into the output and on to the next rank.
+                fold<E, O>(d, last ? 2 : 1, src, 2, clip(a.total, k * sh + o, m), last ? a.div : 0);
+                post_peers(a, c, b, tx, rx);
+            }
+            for (unsigned t = 0; t + 1 < n; t++) {
+                k = (r + 2 * n - 1 - t) % n;
+                const unsigned fwd = t + 2 < n ? tx : 0;
+                wait_peers(a, c, b, fwd, rx);
+                unsigned char* d[2] = {(unsigned char*)(out + k * sh + o), fwd ? send_slot(a, c, b, nx) : 0};
+                copy_bytes(d, fwd ? 2 : 1, recv_slot(a, c, b, pv), clip(a.total, k * sh + o, m) * es);
+                post_peers(a, c, b, fwd, rx);
+            }
+        } else if (a.mode == M_RS) {
+            // Block p of every rank's input goes to rank p, which folds them in rank order.
+            wait_peers(a, c, b, all, 0);
+            for (unsigned p = 0; p < n; p++)
+                if (p != r) copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * a.stride + o), m * es);
+            post_peers(a, c, b, all, 0);
+            wait_peers(a, c, b, 0, all);
+            const S* s[OCCL_MAXR];
+            for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + r * a.stride + o : (const S*)recv_slot(a, c, b, k);
+            S* d[1] = {out + o};
+            fold<E, O>(d, 1, s, n, m, a.div);
+            post_peers(a, c, b, 0, all);
+        } else if (a.mode == M_REDUCE) {
+            const unsigned root = a.root;
+            if (r != root) {
+                wait_peers(a, c, b, 1u << root, 0);
+                copy1(send_slot(a, c, b, root), (const unsigned char*)(in + o), m * es);
+                post_peers(a, c, b, 1u << root, 0);
+            } else {
+                wait_peers(a, c, b, 0, all);
+                const S* s[OCCL_MAXR];
+                for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + o : (const S*)recv_slot(a, c, b, k);
+                S* d[1] = {out + o};
+                fold<E, O>(d, 1, s, n, m, a.div);
+                post_peers(a, c, b, 0, all);
+            }
+        }
+    }
+}
+
+// Collectives that only move bytes (count and stride in bytes).
+DEV void copy_modes(const CollArgs& a, Chan& c) {
+    const unsigned b = blockIdx.x, nb = gridDim.x, r = a.rank, n = a.nranks;
+    const unsigned all = ((1u << n) - 1) & ~(1u << r);
+    const u64 chunk = a.slot_bytes;
+    const unsigned char* in = (const unsigned char*)a.in;
+    unsigned char* out = (unsigned char*)a.out;
+    u64 lo, hi;
+    share(a.count, 16, b, nb, lo, hi);
+    for (u64 o = lo; o < hi; o += chunk) {
+        const u64 m = hi - o < chunk ? hi - o : chunk;
+        if (a.mode == M_AG) {
+            // Push my block to every peer (and into my own output), take theirs.
+            wait_peers(a, c, b, all, 0);
+            unsigned char* d[OCCL_MAXR + 1];
+            int nd = 0;
+            for (unsigned p = 0; p < n; p++)
+                if (p != r) d[nd++] = send_slot(a, c, b, p);
+            if (in != out + r * a.stride) d[nd++] = out + r * a.stride + o;
+            copy_bytes(d, nd, in + o, m);
+            post_peers(a, c, b, all, 0);
+            wait_peers(a, c, b, 0, all);
+            for (unsigned q = 0; q < n; q++)
+                if (q != r) copy1(out + q * a.stride + o, recv_slot(a, c, b, q), m);
+            post_peers(a, c, b, 0, all);
+        } else if (a.mode == M_BCAST) {
+            const unsigned root = a.root;
+            if (r == root) {
+                wait_peers(a, c, b, all, 0);
+                unsigned char* d[OCCL_MAXR + 1];
+                int nd = 0;
+                for (unsigned p = 0; p < n; p++)
+                    if (p != r) d[nd++] = send_slot(a, c, b, p);
+                if (in != out) d[nd++] = out + o;
+                copy_bytes(d, nd, in + o, m);
+                post_peers(a, c, b, all, 0);
+            } else {
+                wait_peers(a, c, b, 0, 1u << root);
+                copy1(out + o, recv_slot(a, c, b, root), m);
+                post_peers(a, c, b, 0, 1u << root);
+            }
+        } else if (a.mode == M_A2A) {
+            // Block p of my input to rank p; chunk o of every block is sent before any is
+            // overwritten, so in == out works too.
+            wait_peers(a, c, b, all, 0);
+            for (unsigned p = 0; p < n; p++)
+                if (p != r) copy1(send_slot(a, c, b, p), in + p * a.stride + o, m);
+            if (in != out) copy1(out + r * a.stride + o, in + r * a.stride + o, m);
+            post_peers(a, c, b, all, 0);
+            wait_peers(a, c, b, 0, all);
+            for (unsigned q = 0; q < n; q++)
+                if (q != r) copy1(out + q * a.stride + o, recv_slot(a, c, b, q), m);
+            post_peers(a, c, b, 0, all);
+        } else if (a.mode == M_SEND) {
+            const unsigned p = a.root;
+            wait_peers(a, c, b, 1u << p, 0);
+            copy1(send_slot(a, c, b, p), in + o, m);
+            post_peers(a, c, b, 1u << p, 0);
+        } else if (a.mode == M_RECV) {
+            const unsigned q = a.root;
+            wait_peers(a, c, b, 0, 1u << q);
+            copy1(out + o, recv_slot(a, c, b, q), m);
+            post_peers(a, c, b, 0, 1u << q);
+        }
+    }
+}
+
+// Loads this block's sequence numbers, runs the mode, stores them back for the next call.
+DEV void chan_open(const CollArgs& a, Chan& c) {
+    const unsigned t = threadIdx.x;
+    if (t == 0) c.failed = 0;
+    if (t < a.nranks) {
+        const Ctrl* k = ctrl(a, a.rank, blockIdx.x, t);
+        c.sent[t] = k->sent;
+        c.recvd[t] = k->recvd;
+    }
+    __syncthreads();
+}
+
+DEV void chan_close(const CollArgs& a, Chan& c) {
+    __syncthreads();
+    const unsigned t = threadIdx.x;
+    if (t < a.nranks) {
+        Ctrl* k = ctrl(a, a.rank, blockIdx.x, t);
+        k->sent = c.sent[t];
+        k->recvd = c.recvd[t];
+    }
+}
+
+#define OCCL_COLL(T, E, OPN, O)                                                                     \
+    extern "C" __global__ void __launch_bounds__(512) occl_coll_##T##_##OPN(const CollArgs a) {     \
+        __shared__ Chan c;                                                                          \
+        chan_open(a, c);                                                                            \
+        reduce_modes<E, O>(a, c);                                                                   \
+        chan_close(a, c);                                                                           \
+    }
+
+#define OCCL_COLL_COPY                                                                              \
+    extern "C" __global__ void __launch_bounds__(512) occl_coll_copy(const CollArgs a) {            \
+        __shared__ Chan c;                                                                          \
+        chan_open(a, c);                                                                            \
+        copy_modes(a, c);                                                                           \
+        chan_close(a, c);                                                                           \
+    }
+
+#define OCCL_COLL_TYPE(T, E)                                                                        \
+    OCCL_COLL(T, E, sum, OpSum)                                                                     \
+    OCCL_COLL(T, E, prod, OpProd)                                                                   \
+    OCCL_COLL(T, E, max, OpMax)                                                                     \
+    OCCL_COLL(T, E, min, OpMin)
+
+// The program for one element type ends with OCCL_COLL_TYPE(name, E) (occl_kernels::coll::source).

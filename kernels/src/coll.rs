@@ -1,0 +1,280 @@
+//! The device collectives' kernels (`cuda/coll.cu`): the layout of the shared region every rank
+//! agrees on, the argument block, and the launch on the caller's stream.
+//!
+//! One program per element type (plus one that only moves bytes) is built at its first use, so
+//! a job that reduces f32 never compiles fp8.
+
+use crate::cache::{self, Cache};
+use crate::dtype::{Dtype, RedOp};
+use crate::error::{driver, Error, Result};
+use crate::kernels::{build_module, function, Func, THREADS};
+use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Ranks one region can serve (`OCCL_MAXR` in the source).
+pub const MAX_RANKS: usize = 8;
+/// Bytes of one channel's control block per peer (`OCCL_CTRL`).
+const CTRL_BYTES: u64 = 256;
+/// The region starts with its error word (a timeout, or the host's abort).
+pub const ERROR_WORD: usize = 0;
+
+/// The shape of the shared region: `channels` blocks, each with a FIFO of `slots` buffers of
+/// `slot_bytes` per peer. Every rank must use the same layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub nranks: u32,
+    pub channels: u32,
+    pub slots: u32,
+    pub slot_bytes: u64,
+}
+
+impl Layout {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |w: String| Err(Error::InvalidArgument(w));
+        if self.nranks == 0 || self.nranks as usize > MAX_RANKS {
+            return bad(format!("{} ranks; device collectives serve 1 to {MAX_RANKS}", self.nranks));
+        }
+        if self.channels == 0 || self.channels > 1024 {
+            return bad(format!("{} channels; 1 to 1024", self.channels));
+        }
+        if self.slots == 0 || self.slots > 64 {
+            return bad(format!("{} slots per FIFO; 1 to 64", self.slots));
+        }
+        if self.slot_bytes < 4096 || self.slot_bytes % 4096 != 0 || self.slot_bytes > 1 << 30 {
+            return bad(format!("{}-byte slots; a multiple of 4096 up to 1 GiB", self.slot_bytes));
+        }
+        Ok(())
+    }
+
+    pub fn ctrl_off(&self) -> u64 {
+        CTRL_BYTES
+    }
+
+    pub fn data_off(&self) -> u64 {
+        (CTRL_BYTES + u64::from(self.channels) * u64::from(self.nranks) * CTRL_BYTES).next_multiple_of(4096)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.data_off() + u64::from(self.channels) * u64::from(self.nranks) * u64::from(self.slots) * self.slot_bytes
+    }
+}
+
+/// What a launch does (`M_*` in the source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Mode {
+    AllReduceOneShot = 0,
+    AllReduceTwoShot = 1,
+    AllReduceRing = 2,
+    ReduceScatter = 3,
+    Reduce = 4,
+    AllGather = 5,
+    Broadcast = 6,
+    AllToAll = 7,
+    Send = 8,
+    Recv = 9,
+}
+
+impl Mode {
+    /// Modes with an element type and operator (the others move bytes).
+    pub const fn reduces(self) -> bool {
+        (self as u32) <= Mode::Reduce as u32
+    }
+}
+
+/// The kernel's argument block, field for field `CollArgs` in `cuda/coll.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollArgs {
+    pub input: u64,
+    pub output: u64,
+    /// Elements (bytes for the byte-moving modes) per rank block, the unit the grid splits.
+    pub count: u64,
+    /// Elements (bytes) between rank blocks of the input/output, the shard size of all-reduce.
+    pub stride: u64,
+    /// All-reduce: the whole buffer's elements (the last shards are clipped to it).
+    pub total: u64,
+    /// Every rank's region as this process maps it (its own at `rank`).
+    pub regions: [u64; MAX_RANKS],
+    pub ctrl_off: u64,
+    pub data_off: u64,
+    pub slot_bytes: u64,
+    pub timeout_ns: u64,
+    pub mode: u32,
+    pub rank: u32,
+    pub nranks: u32,
+    /// The root of broadcast and reduce; the peer of send and recv.
+    pub root: u32,
+    /// Divide the result by this (the average), 0 for none.
+    pub div: u32,
+    pub nslots: u32,
+    pub pad: [u32; 2],
+}
+
+// SAFETY: plain old data of u64/u32 fields laid out as the kernel's struct.
+unsafe impl DeviceRepr for CollArgs {}
+
+/// The program for `dt` (`None`: the byte-moving one).
+pub fn source(dt: Option<Dtype>) -> String {
+    let mut s = String::new();
+    for (name, text) in
+        [("common.cuh", include_str!("../cuda/common.cuh")), ("coll.cu", include_str!("../cuda/coll.cu"))]
+    {
+        s.push_str(&format!("#line 1 \"{name}\"\n{text}\n"));
+    }
+    match dt {
+        Some(dt) => s.push_str(&format!("OCCL_COLL_TYPE({}, {})\n", dt.name(), struct_name(dt))),
+        None => s.push_str("OCCL_COLL_COPY\n"),
+    }
+    s
+}
+
+/// The element struct of `dt` in `common.cuh`.
+fn struct_name(dt: Dtype) -> &'static str {
+    match dt {
+        Dtype::I8 => "I8",
+        Dtype::U8 => "U8",
+        Dtype::I32 => "I32",
+        Dtype::U32 => "U32",
+        Dtype::I64 => "I64",
+        Dtype::U64 => "U64",
+        Dtype::F16 => "F16",
+        Dtype::Bf16 => "BF16",
+        Dtype::F32 => "F32",
+        Dtype::F64 => "F64",
+        Dtype::F8E4M3 => "F8E4M3",
+        Dtype::F8E5M2 => "F8E5M2",
+    }
+}
+
+struct Program {
+    funcs: Vec<Func>,
+    _module: Arc<CudaModule>,
+}
+
+/// The collective kernels of one device, built per element type at first use.
+pub struct CollKernels {
+    ctx: Arc<CudaContext>,
+    cache: Option<Cache>,
+    /// Key `None`: the byte-moving program.
+    programs: Mutex<HashMap<Option<Dtype>, Arc<Program>>>,
+}
+
+impl std::fmt::Debug for CollKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollKernels").field("device", &self.ctx.ordinal()).finish()
+    }
+}
+
+impl CollKernels {
+    /// The kernels of `ctx`'s device, cached in [`cache::default_dir`]. Builds the byte-moving
+    /// program now, so that a missing NVRTC or an unsupported device shows at once.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<CollKernels> {
+        let k =
+            CollKernels { ctx: ctx.clone(), cache: cache::default_dir().map(Cache::new), programs: Mutex::default() };
+        k.program(None)?;
+        Ok(k)
+    }
+
+    /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
+    /// a CUDA graph captures should not be the first.
+    pub fn prepare(&self, dt: Dtype) -> Result<()> {
+        self.program(Some(dt)).map(|_| ())
+    }
+
+    fn program(&self, dt: Option<Dtype>) -> Result<Arc<Program>> {
+        let mut g = self.programs.lock().map_err(|_| poisoned())?;
+        if let Some(p) = g.get(&dt) {
+            return Ok(p.clone());
+        }
+        let name = match dt {
+            Some(dt) => format!("occl-coll-{}.cu", dt.name()),
+            None => "occl-coll-copy.cu".to_string(),
+        };
+        let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt))?;
+        if let Some(dt) = dt {
+            if dt.is_fp8() && !report.device.has_fp8() {
+                return Err(Error::Unsupported {
+                    what: format!("{dt} collectives"),
+                    needs: "sm_89 or later",
+                    arch: report.arch,
+                });
+            }
+        }
+        let names: Vec<String> = match dt {
+            Some(dt) => RedOp::ALL.iter().map(|op| format!("occl_coll_{}_{}", dt.name(), op.name())).collect(),
+            None => vec!["occl_coll_copy".to_string()],
+        };
+        let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
+        let p = Arc::new(Program { funcs, _module: module });
+        g.insert(dt, p.clone());
+        Ok(p)
+    }
+
+    /// Enqueues one collective kernel of `blocks` blocks on `stream`.
+    ///
+    /// # Safety
+    /// `args` names live device memory: input and output valid for what `mode` reads and writes,
+    /// and regions laid out as `args` says and mapped in this context; every rank launches the
+    /// matching call with the same grid, in the same order on its channels.
+    pub unsafe fn launch(&self, stream: &CudaStream, args: &CollArgs, dt: Dtype, op: RedOp, blocks: u32) -> Result<()> {
+        if stream.context() != &self.ctx {
+            return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
+        }
+        if blocks == 0 {
+            return Err(Error::InvalidArgument("a collective launch of 0 blocks".into()));
+        }
+        let mode = match args.mode {
+            m if m <= Mode::Recv as u32 => m,
+            m => return Err(Error::InvalidArgument(format!("collective mode {m}"))),
+        };
+        let reduces = mode <= Mode::Reduce as u32;
+        let prog = self.program(reduces.then_some(dt))?;
+        let f = if reduces { &prog.funcs[op.index()] } else { &prog.funcs[0] };
+        let mut l = stream.launch_builder(&f.f);
+        l.arg(args);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
+        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
+        Ok(())
+    }
+}
+
+fn poisoned() -> Error {
+    Error::InvalidArgument("the collective kernel table's lock was poisoned by a panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_block_has_the_kernels_layout() {
+        // 5 addresses/counts, 8 regions, 4 u64, 8 u32: no padding anywhere.
+        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4);
+        assert_eq!(std::mem::align_of::<CollArgs>(), 8);
+    }
+
+    #[test]
+    fn layouts_are_validated_and_aligned() {
+        let l = Layout { nranks: 2, channels: 32, slots: 4, slot_bytes: 256 << 10 };
+        assert!(l.validate().is_ok());
+        assert_eq!(l.data_off() % 4096, 0);
+        assert!(l.data_off() >= l.ctrl_off() + 32 * 2 * 256);
+        assert_eq!(l.bytes(), l.data_off() + 32 * 2 * 4 * (256 << 10));
+        assert!(Layout { nranks: 9, ..l }.validate().is_err());
+        assert!(Layout { slot_bytes: 1000, ..l }.validate().is_err());
+        assert!(Layout { slots: 0, ..l }.validate().is_err());
+    }
+
+    #[test]
+    fn every_type_has_a_program_and_modes_split_by_reduction() {
+        for dt in Dtype::ALL {
+            assert!(source(Some(dt)).ends_with(&format!("OCCL_COLL_TYPE({}, {})\n", dt.name(), struct_name(dt))));
+        }
+        assert!(source(None).ends_with("OCCL_COLL_COPY\n"));
+        assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces());
+        assert!(!Mode::AllGather.reduces() && !Mode::Recv.reduces());
+    }
+}

@@ -1,0 +1,135 @@
+//! Device memory shared between the processes of one host through CUDA IPC: a region this
+//! process allocates and exports, and peers' regions opened from their handles (with peer
+//! access enabled lazily by the driver).
+
+use crate::error::{driver, Error, Result};
+use cudarc::driver::{result::DriverError, sys, CudaContext};
+use std::sync::Arc;
+
+/// The 64 opaque bytes of a `CUipcMemHandle`, as sent to peers.
+pub type IpcHandle = [u8; 64];
+
+fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Driver { call, source: DriverError(r) })
+    }
+}
+
+/// A zeroed allocation of this process, exportable to peers.
+#[derive(Debug)]
+pub struct DeviceRegion {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceRegion {
+    /// Allocates `bytes` with `cuMemAlloc` (IPC needs a plain allocation) and zeroes them.
+    pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceRegion> {
+        if bytes == 0 {
+            return Err(Error::InvalidArgument("a shared region of 0 bytes".into()));
+        }
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer; the context is current.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        let region = DeviceRegion { ctx: ctx.clone(), ptr, bytes };
+        // SAFETY: the allocation just made, `bytes` long; synchronous.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) })?;
+        ctx.synchronize().map_err(driver("cuCtxSynchronize"))?;
+        Ok(region)
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The handle peers open this region with.
+    pub fn ipc_handle(&self) -> Result<IpcHandle> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer and a live cuMemAlloc allocation.
+        check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut h, self.ptr) })?;
+        Ok(h.reserved.map(|b| b as u8))
+    }
+
+    /// Reads the u64 at byte `offset` (synchronously).
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        if offset + 8 > self.bytes {
+            return Err(Error::InvalidArgument(format!("offset {offset} past the region's {} bytes", self.bytes)));
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut v = 0u64;
+        // SAFETY: 8 bytes inside the allocation into a local u64.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2((&mut v as *mut u64).cast(), self.ptr + offset as u64, 8)
+        })?;
+        Ok(v)
+    }
+
+    /// Writes the u64 at byte `offset` (synchronously; kernels spinning on it see it).
+    pub fn write_u64(&self, offset: usize, v: u64) -> Result<()> {
+        if offset + 8 > self.bytes {
+            return Err(Error::InvalidArgument(format!("offset {offset} past the region's {} bytes", self.bytes)));
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: 8 bytes inside the allocation from a local u64.
+        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, (&v as *const u64).cast(), 8) })
+    }
+}
+
+impl Drop for DeviceRegion {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemAlloc and freed only here. A failure leaks, no more.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// A peer's region mapped into this context.
+#[derive(Debug)]
+pub struct PeerRegion {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl PeerRegion {
+    /// Opens a peer's handle (`cuIpcOpenMemHandle`, peer access enabled on first use).
+    pub fn open(ctx: &Arc<CudaContext>, handle: &IpcHandle) -> Result<PeerRegion> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
+        let mut ptr: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: a valid out-pointer; the handle's bytes came from a peer's cuIpcGetMemHandle.
+        check("cuIpcOpenMemHandle", unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) })?;
+        Ok(PeerRegion { ctx: ctx.clone(), ptr })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for PeerRegion {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: opened by cuIpcOpenMemHandle and closed only here.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// Whether device `a` can map device `b`'s memory (NVLink or PCIe peer access).
+pub fn can_access_peer(a: &Arc<CudaContext>, b: i32) -> Result<bool> {
+    let mut v = 0i32;
+    // SAFETY: a valid out-pointer and device handles.
+    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut v, a.cu_device(), b) })?;
+    Ok(v != 0)
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Device collectives on a GPU machine without a Rust toolchain, in two halves:
+#   scripts/gpu-collectives.sh build DIR   here: builds occl-gpu (release, feature cuda) and copies
+#                                          it, stripped, with this script and nccl_bench.py into DIR
+#   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all),
+#                                          then occl's and NCCL's benchmarks side by side (JSON
+#                                          lines under $OUT)
+# NVLink multicast stays off (the shared machines require it).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+case "${1:-}" in
+build)
+    dir=${2:?usage: gpu-collectives.sh build DIR}
+    cd "$(dirname "$0")/.."
+    mkdir -p "$dir"
+    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build -p occl-tests --features cuda --release --bin occl-gpu || exit 1
+    strip -o "$dir/occl-gpu" target/release/occl-gpu
+    cp scripts/gpu-collectives.sh "$dir/"
+    [ -e ../shared/anchors/nccl_bench.py ] && cp ../shared/anchors/nccl_bench.py "$dir/"
+    ls -la "$dir"
+    ;;
+run)
+    cd "$(dirname "$0")"
+    OUT=${OUT:-/tmp/occl-gpu-out}
+    mkdir -p "$OUT"
+    n=${2:-$(nvidia-smi -L | wc -l)}
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv
+    nvidia-smi topo -m
+    nv=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.13*' 2>/dev/null | grep -v builtins | head -1)
+    export LD_LIBRARY_PATH=$(dirname "$nv")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export OCCL_KERNEL_CACHE_DIR=/tmp/occl-kernel-cache OCCL_TIMEOUT=${OCCL_TIMEOUT:-30}
+    echo "== correctness on $n GPUs"
+    timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check.txt" | tail -20
+    echo "== occl bench"
+    sizes=8,64K,1M,64M,256M,1G
+    {
+        timeout 150 ./occl-gpu bench --ranks "$n" --sizes $sizes all_reduce,all_gather,reduce_scatter,broadcast,all_to_all
+        timeout 40 ./occl-gpu bench --ranks "$n" --sizes $sizes -d bfloat16 all_reduce
+        timeout 30 ./occl-gpu bench --ranks "$n" --sizes 8,64K --graph all_reduce
+        for a in oneshot twoshot; do
+            timeout 30 ./occl-gpu bench --ranks "$n" --sizes 8,1M,16M,256M --algo $a all_reduce
+        done
+    } 2>&1 | tee "$OUT/occl.jsonl" | grep -v '^{' | tail -20
+    echo "== nccl bench"
+    {
+        timeout 150 python3 nccl_bench.py --nranks "$n" --sizes $sizes
+        timeout 60 python3 nccl_bench.py --nranks "$n" --sizes $sizes --dtypes bfloat16 --collectives all_reduce
+        timeout 60 python3 nccl_bench.py --nranks "$n" --sizes 8,64K --graph --collectives all_reduce
+    } 2>&1 | tee "$OUT/nccl.jsonl" | grep -v '^{' | tail -5
+    python3 - "$OUT/occl.jsonl" "$OUT/nccl.jsonl" <<'PY'
+import json, sys
+rows = {}
+for lib, path in (("occl", sys.argv[1]), ("nccl", sys.argv[2])):
+    for l in open(path):
+        if l.startswith("{"):
+            j = json.loads(l)
+            if lib == "occl" and j.get("algorithm") not in (None, "direct") and "--algo" in l:
+                pass
+            rows.setdefault((j["collective"], j["dtype"], j["size_bytes"], j["graph"], j.get("algorithm", "") if lib == "occl" else ""), {})[lib] = j
+print("| collective | dtype | bytes | graph | occl algo | occl µs | occl busbw | nccl µs | nccl busbw | busbw ratio | time ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+nccl = {(k[0], k[1], k[2], k[3]): v["nccl"] for k, v in rows.items() if "nccl" in v}
+for k, v in sorted(rows.items()):
+    if "occl" not in v: continue
+    o = v["occl"]; c = nccl.get(k[:4])
+    if c:
+        print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {o.get('algorithm')} | {o['time_us']} | {o['busbw_gbps']} | {c['time_us']} | {c['busbw_gbps']} | {o['busbw_gbps']/max(c['busbw_gbps'],1e-9):.2f} | {o['time_us']/c['time_us']:.2f} |")
+    else:
+        print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {o.get('algorithm')} | {o['time_us']} | {o['busbw_gbps']} | - | - | - | - |")
+PY
+    ;;
+*)
+    echo "usage: gpu-collectives.sh build DIR | run [NGPUS]" >&2
+    exit 2
+    ;;
+esac

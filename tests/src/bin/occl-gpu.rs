@@ -1,0 +1,456 @@
+//! `occl-gpu`: occl's device collectives on the GPU machine, one process per GPU.
+//!
+//! ```text
+//! occl-gpu check --ranks 2                       # every collective x type x op x algorithm
+//! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
+//! ```
+//!
+//! `check` compares against a host reference: sizes 0, 1, odd, across the FIFO's chunks and
+//! 1 GiB, in and out of place, and replayed from a captured CUDA graph. `bench` prints one JSON
+//! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
+//! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
+
+use anyhow::{bail, Context};
+use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use occl::cuda::{CudaComm, DevAlgo};
+use occl::{Comm, DataType, RedOp};
+use occl_tests::launch::{Job, Spawn};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()))
+        .try_init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let res = match args.iter().position(|a| a == "--ranks") {
+        Some(i) => launch(&args, i),
+        None => run(&args),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("occl-gpu: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn launch(args: &[String], i: usize) -> anyhow::Result<()> {
+    let n: usize = args.get(i + 1).context("--ranks N")?.parse().context("--ranks N")?;
+    let mut child: Vec<String> = args.to_vec();
+    child.drain(i..i + 2);
+    let exe = std::env::current_exe()?;
+    let outs = Job::spawn(&exe, &child, n, &Spawn::default())?.wait(Duration::from_secs(3600))?;
+    if let Some(o) = outs.iter().find(|o| !o.status.success()) {
+        bail!("rank {} failed ({})", o.rank, o.status);
+    }
+    Ok(())
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+fn parse_size(t: &str) -> anyhow::Result<usize> {
+    let t = t.trim().to_ascii_uppercase();
+    let (n, m) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (&t[..], 1),
+    };
+    Ok(n.parse::<usize>().with_context(|| format!("size {t}"))? * m)
+}
+
+fn run(args: &[String]) -> anyhow::Result<()> {
+    let comm = Comm::from_env()?;
+    if let Err(e) = occl::cuda::kernels::device::device_count() {
+        println!("occl-gpu: SKIPPED: no usable GPU: {e}");
+        return Ok(());
+    }
+    let dev = comm.rank() % occl::cuda::kernels::device::device_count()?;
+    let cc = CudaComm::new(comm, dev)?;
+    let stream = cc.context().new_stream()?;
+    match args.first().map(String::as_str) {
+        Some("check") => check(&cc, &stream, args),
+        Some("bench") => bench(&cc, &stream, args),
+        _ => bail!("usage: occl-gpu check|bench [--ranks N] ..."),
+    }
+}
+
+/// Device buffer of `bytes` and its address.
+fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<(CudaSlice<u8>, u64)> {
+    let s = stream.alloc_zeros::<u8>(bytes.max(16))?;
+    let p = { s.device_ptr(stream).0 };
+    Ok((s, p))
+}
+
+/// Element `i` of rank `r`'s input as a small integer: exact in every type, sums and products
+/// of a few ranks stay exact.
+fn val(op: RedOp, r: usize, i: usize) -> f64 {
+    match op {
+        RedOp::Prod => [1.0, 2.0, -1.0][(i + r) % 3],
+        _ => ((i * 7 + r * 3) % 11) as f64 - 5.0,
+    }
+}
+
+fn encode(dt: DataType, v: f64, out: &mut Vec<u8>) {
+    match dt {
+        DataType::F32 => out.extend((v as f32).to_le_bytes()),
+        DataType::F64 => out.extend(v.to_le_bytes()),
+        DataType::Bf16 => out.extend((((v as f32).to_bits() >> 16) as u16).to_le_bytes()),
+        DataType::I32 => out.extend((v as i32).to_le_bytes()),
+        DataType::I64 => out.extend((v as i64).to_le_bytes()),
+        DataType::I8 => out.push(v as i8 as u8),
+        _ => unreachable!("types the check uses"),
+    }
+}
+
+fn decode(dt: DataType, b: &[u8]) -> f64 {
+    match dt {
+        DataType::F32 => f64::from(f32::from_le_bytes(b[..4].try_into().unwrap_or_default())),
+        DataType::F64 => f64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
+        DataType::Bf16 => f64::from(f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+        DataType::I32 => f64::from(i32::from_le_bytes(b[..4].try_into().unwrap_or_default())),
+        DataType::I64 => i64::from_le_bytes(b[..8].try_into().unwrap_or_default()) as f64,
+        DataType::I8 => f64::from(b[0] as i8),
+        _ => f64::NAN,
+    }
+}
+
+fn fold(op: RedOp, n: usize, dt: DataType, i: usize) -> f64 {
+    let vs = (0..n).map(|r| val(op, r, i));
+    match op {
+        RedOp::Sum => vs.sum(),
+        RedOp::Prod => vs.product(),
+        RedOp::Max => vs.fold(f64::MIN, f64::max),
+        RedOp::Min => vs.fold(f64::MAX, f64::min),
+        RedOp::Avg => {
+            let s: f64 = vs.sum();
+            if dt.is_float() {
+                s / n as f64
+            } else {
+                (s / n as f64).trunc()
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    AllReduce(DevAlgo),
+    ReduceScatter,
+    Reduce,
+    AllGather,
+    Broadcast,
+    AllToAll,
+    SendRecv,
+}
+
+/// One case: fills inputs, runs (optionally captured in a graph and replayed twice), compares.
+/// Returns wrong elements.
+#[allow(clippy::too_many_arguments)]
+fn case(
+    cc: &CudaComm,
+    s: &Arc<CudaStream>,
+    coll: Coll,
+    dt: DataType,
+    op: RedOp,
+    count: usize,
+    inplace: bool,
+    graph: bool,
+) -> anyhow::Result<usize> {
+    let (r, n, es) = (cc.rank(), cc.nranks(), dt.size());
+    let (in_n, out_n) = match coll {
+        Coll::AllReduce(_) | Coll::Reduce | Coll::Broadcast | Coll::SendRecv => (count, count),
+        Coll::ReduceScatter => (count * n, count),
+        Coll::AllGather => (count, count * n),
+        Coll::AllToAll => (count * n, count * n),
+    };
+    let mut host = Vec::with_capacity(in_n * es);
+    for i in 0..in_n {
+        encode(dt, val(op, r, i), &mut host);
+    }
+    let (mut obuf, optr) = alloc(s, out_n * es)?;
+    let (mut ibuf, iptr) = alloc(s, in_n * es)?;
+    // Poison the output: every element must be written.
+    s.memset_zeros(&mut obuf)?;
+    let poison = vec![0x7bu8; out_n * es];
+    if out_n > 0 {
+        s.memcpy_htod(&poison, &mut obuf.slice_mut(..out_n * es))?;
+    }
+    let (src, dst) = if inplace {
+        // The input sits where NCCL's in-place form puts it.
+        let off = match coll {
+            Coll::AllGather => r * count * es,
+            _ => 0,
+        };
+        let target = if in_n > 0 { Some(off) } else { None };
+        if let Some(off) = target {
+            s.memcpy_htod(&host, &mut obuf.slice_mut(off..off + in_n * es))?;
+        }
+        let rs_off = if coll == Coll::ReduceScatter { r * count * es } else { 0 };
+        (optr + off as u64, optr + rs_off as u64)
+    } else {
+        if in_n > 0 {
+            s.memcpy_htod(&host, &mut ibuf.slice_mut(..in_n * es))?;
+        }
+        (iptr, optr)
+    };
+    let go = || -> anyhow::Result<()> {
+        // SAFETY: buffers of the sizes each operation reads and writes, alive until synchronised.
+        unsafe {
+            match coll {
+                Coll::AllReduce(_) => cc.all_reduce_raw(s, src, dst, count, dt, op)?,
+                Coll::ReduceScatter => cc.reduce_scatter_raw(s, src, dst, count, dt, op)?,
+                Coll::Reduce => cc.reduce_raw(s, src, dst, count, dt, op, n - 1)?,
+                Coll::AllGather => cc.all_gather_raw(s, src, dst, count, dt)?,
+                Coll::Broadcast => cc.broadcast_raw(s, src, dst, count, dt, n - 1)?,
+                Coll::AllToAll => cc.all_to_all_raw(s, src, dst, count, dt)?,
+                Coll::SendRecv => {
+                    let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+                    // Even ranks send first; odd ranks receive first (FIFO-bounded both ways).
+                    if r % 2 == 0 {
+                        cc.send_raw(s, src, count, dt, to)?;
+                        cc.recv_raw(s, dst, count, dt, from)?;
+                    } else {
+                        cc.recv_raw(s, dst, count, dt, from)?;
+                        cc.send_raw(s, src, count, dt, to)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    if graph && !matches!(coll, Coll::Reduce | Coll::Broadcast) {
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        go()?;
+        let g = s.end_capture(sys::CUgraphInstantiate_flags(0))?.context("empty graph")?;
+        // Replays: the sequence numbers move on on the device.
+        g.launch()?;
+        g.launch()?;
+    } else {
+        go()?;
+    }
+    s.synchronize()?;
+    cc.device_error()?;
+    let mut got = vec![0u8; out_n * es];
+    if out_n > 0 {
+        s.memcpy_dtoh(&obuf.slice(..out_n * es), &mut got)?;
+    }
+    let want = |i: usize| -> Option<f64> {
+        Some(match coll {
+            Coll::AllReduce(_) => fold(op, n, dt, i),
+            Coll::ReduceScatter => fold(op, n, dt, r * count + i),
+            Coll::Reduce => {
+                if r != n - 1 {
+                    return None;
+                }
+                fold(op, n, dt, i)
+            }
+            Coll::AllGather => val(op, i / count, i % count),
+            Coll::Broadcast => val(op, n - 1, i),
+            Coll::AllToAll => val(op, i / count, r * count + i % count),
+            Coll::SendRecv => val(op, (r + n - 1) % n, i),
+        })
+    };
+    let mut wrong = 0;
+    for i in 0..out_n {
+        if let Some(w) = want(i) {
+            let g = decode(dt, &got[i * es..]);
+            let w = match dt {
+                DataType::I8 => f64::from(w as i64 as i8),
+                _ => w,
+            };
+            if g != w {
+                if wrong < 3 {
+                    eprintln!("rank {r}: {coll:?} {dt} {op:?} count {count} inplace {inplace} graph {graph}: [{i}] = {g}, want {w}");
+                }
+                wrong += 1;
+            }
+        }
+    }
+    Ok(wrong)
+}
+
+fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
+    let n = cc.nranks();
+    let big = flag(args, "--big").map(parse_size).transpose()?.unwrap_or(1 << 30);
+    let chunk = 256 << 10;
+    let mut algos = vec![DevAlgo::OneShot];
+    if n > 1 {
+        algos.extend([DevAlgo::TwoShot, DevAlgo::Ring]);
+    }
+    let dts = [DataType::F32, DataType::Bf16, DataType::I32, DataType::F64, DataType::I64, DataType::I8];
+    let ops = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
+    let (mut cases, mut bad) = (0usize, 0usize);
+    let mut run = |coll: Coll, dt: DataType, op: RedOp, count: usize, ip: bool, g: bool| -> anyhow::Result<()> {
+        if let Coll::AllReduce(a) = coll {
+            cc.force_all_reduce(Some(a))?;
+        }
+        let w = case(cc, s, coll, dt, op, count, ip, g)?;
+        cases += 1;
+        if w > 0 {
+            bad += 1;
+        }
+        Ok(())
+    };
+    for dt in dts {
+        let e = dt.size();
+        // 0, 1, odd, across several FIFO chunks of one channel and of many channels.
+        let sizes = [0, 1, 1001, 3 * chunk / e + 7, 40 * chunk / e + 3];
+        for &a in &algos {
+            for op in ops {
+                if op == RedOp::Avg && dt == DataType::I8 {
+                    continue;
+                }
+                for &c in &sizes {
+                    for ip in [false, true] {
+                        run(Coll::AllReduce(a), dt, op, c, ip, false)?;
+                    }
+                }
+                run(Coll::AllReduce(a), dt, op, 1001, false, true)?;
+            }
+        }
+        for coll in [Coll::ReduceScatter, Coll::Reduce] {
+            for op in ops {
+                if op == RedOp::Avg && dt == DataType::I8 {
+                    continue;
+                }
+                for &c in &sizes {
+                    run(coll, dt, op, c, false, false)?;
+                }
+            }
+            run(coll, dt, RedOp::Sum, 1001, false, true)?;
+        }
+        for coll in [Coll::AllGather, Coll::Broadcast, Coll::AllToAll, Coll::SendRecv] {
+            for &c in &sizes {
+                for ip in [false, true] {
+                    if ip && matches!(coll, Coll::SendRecv) {
+                        continue;
+                    }
+                    run(coll, dt, RedOp::Sum, c, ip, false)?;
+                }
+            }
+            if n > 1 || coll != Coll::SendRecv {
+                run(coll, dt, RedOp::Sum, 1001, false, true)?;
+            }
+        }
+    }
+    // 1 GiB per rank, f32 sum, each all-reduce algorithm and the byte movers.
+    for &a in &algos {
+        run(Coll::AllReduce(a), DataType::F32, RedOp::Sum, big / 4, false, false)?;
+    }
+    run(Coll::AllGather, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
+    run(Coll::ReduceScatter, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
+    run(Coll::AllToAll, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
+    cc.force_all_reduce(None)?;
+    println!("rank {}: {cases} cases, {bad} wrong", cc.rank());
+    if bad > 0 {
+        bail!("{bad} of {cases} cases wrong");
+    }
+    Ok(())
+}
+
+fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
+    let (r, n) = (cc.rank(), cc.nranks());
+    let dname = flag(args, "-d").unwrap_or("float32");
+    let dt = match dname {
+        "float32" | "float" => DataType::F32,
+        "bfloat16" => DataType::Bf16,
+        d => bail!("-d {d}: float32 or bfloat16"),
+    };
+    let graph = args.iter().any(|a| a == "--graph");
+    let algo = flag(args, "--algo");
+    let sizes: Vec<usize> =
+        flag(args, "--sizes").unwrap_or("8,64K,1M,64M,256M,1G").split(',').map(parse_size).collect::<Result<_, _>>()?;
+    let colls = args.last().map(String::as_str).filter(|c| !c.starts_with('-')).unwrap_or("all_reduce");
+    if let Some(a) = algo {
+        let a = DevAlgo::ALL.into_iter().find(|x| x.name() == a).context("--algo oneshot|twoshot|ring")?;
+        cc.force_all_reduce(Some(a))?;
+    }
+    cc.prepare(dt)?;
+    let es = dt.size();
+    let iters_arg: usize = flag(args, "--iters").map(str::parse).transpose()?.unwrap_or(100);
+    for coll in colls.split(',') {
+        for &size in &sizes {
+            // nccl_bench.py's sizes: per-rank bytes; all_gather reports the output, reduce_scatter the input.
+            let count = (size / es).max(1);
+            let (nbytes, ibytes, obytes, factor) = match coll {
+                "all_reduce" => (count * es, count * es, count * es, 2.0 * (n as f64 - 1.0) / n as f64),
+                "broadcast" => (count * es, count * es, count * es, 1.0),
+                "all_gather" => (count * es * n, count * es, count * es * n, (n as f64 - 1.0) / n as f64),
+                "reduce_scatter" => (count * es * n, count * es * n, count * es, (n as f64 - 1.0) / n as f64),
+                "all_to_all" => {
+                    let c = (count - count % n).max(n);
+                    (c * es, c * es, c * es, (n as f64 - 1.0) / n as f64)
+                }
+                c => bail!("unknown collective {c}"),
+            };
+            let (_ib, ip) = alloc(s, ibytes)?;
+            let (_ob, op) = alloc(s, obytes)?;
+            let go = || -> anyhow::Result<()> {
+                // SAFETY: buffers of the sizes above, alive for the whole measurement.
+                unsafe {
+                    match coll {
+                        "all_reduce" => cc.all_reduce_raw(s, ip, op, count, dt, RedOp::Sum)?,
+                        "broadcast" => cc.broadcast_raw(s, ip, op, count, dt, 0)?,
+                        "all_gather" => cc.all_gather_raw(s, ip, op, count, dt)?,
+                        "reduce_scatter" => cc.reduce_scatter_raw(s, ip, op, count, dt, RedOp::Sum)?,
+                        _ => cc.all_to_all_raw(s, ip, op, ibytes / es / n, dt)?,
+                    }
+                }
+                Ok(())
+            };
+            let iters = if size <= 16 << 20 { iters_arg } else { (iters_arg / 10).max(5) };
+            for _ in 0..10 {
+                go()?;
+            }
+            s.synchronize()?;
+            let graph_exec = if graph {
+                s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                for _ in 0..iters {
+                    go()?;
+                }
+                let g = s.end_capture(sys::CUgraphInstantiate_flags(0))?.context("empty graph")?;
+                g.launch()?;
+                s.synchronize()?;
+                Some(g)
+            } else {
+                None
+            };
+            cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?; // a host barrier
+            let t0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            match &graph_exec {
+                Some(g) => g.launch()?,
+                None => {
+                    for _ in 0..iters {
+                        go()?;
+                    }
+                }
+            }
+            let t1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            t1.synchronize()?;
+            cc.device_error()?;
+            let us = f64::from(t0.elapsed_ms(&t1)?) * 1000.0 / iters as f64;
+            let mut worst = [0f64];
+            cc.comm().all_reduce(&[us], &mut worst, RedOp::Max)?;
+            if r == 0 {
+                let t = worst[0];
+                let algbw = nbytes as f64 / (t * 1e-6) / 1e9;
+                let algo_name = if coll == "all_reduce" { cc.all_reduce_algorithm(count, dt).name() } else { "direct" };
+                println!(
+                    "{}",
+                    serde_json::json!({"collective": coll, "nranks": n, "size_bytes": nbytes, "dtype": dname,
+                        "time_us": (t * 1000.0).round() / 1000.0, "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
+                        "busbw_gbps": (algbw * factor * 1000.0).round() / 1000.0, "graph": graph,
+                        "library": "occl", "algorithm": algo_name})
+                );
+            }
+        }
+    }
+    Ok(())
+}
