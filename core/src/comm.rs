@@ -212,6 +212,28 @@ impl Comm {
     /// Joins rank `rank` of an `nranks`-rank communicator whose root `id` names. Every rank
     /// calls this (each in its own process or thread) with the same `id` and `nranks`.
     pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<Comm> {
+        Comm::init_ids(nranks, std::slice::from_ref(id), rank, config)
+    }
+
+    /// Scalable init (NCCL 2.23's `ncclCommInitRankScalable`): rank r joins the root of
+    /// `ids[r * ids.len() / nranks]`, so each id's root serves a share of the ranks and the
+    /// roots swap their shares among themselves. Every rank passes the same `ids` in the same
+    /// order; the communicator is the same as with one id (rank order, peer table).
+    pub fn init_rank_scalable(nranks: usize, ids: &[UniqueId], rank: usize, config: Config) -> Result<Comm> {
+        if ids.is_empty() || ids.len() > nranks.max(1) {
+            return Err(Error::arg(format!(
+                "init_rank_scalable: {} unique ids for nranks={nranks}; pass between 1 and nranks ids",
+                ids.len()
+            )));
+        }
+        Comm::init_ids(nranks, ids, rank, config)
+    }
+
+    fn init_ids(nranks: usize, ids: &[UniqueId], rank: usize, config: Config) -> Result<Comm> {
+        let mut timer = crate::init_timer::InitTimer::start();
+        // The job's secret: every rank has every id, and the first one's secret keys the
+        // transports, RAS and a later shrink.
+        let id = &ids[0];
         if nranks == 0 {
             return Err(Error::arg("nranks must be at least 1"));
         }
@@ -223,8 +245,9 @@ impl Comm {
         // Kept open after the transports connect: a shrink's new root listens on it.
         let kept_listener = listener.try_clone().ok();
         let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;
-        let mut boot = bootstrap::Client::join(id, rank, nranks, config.timeout)?;
+        let mut boot = bootstrap::Client::join_any(ids, rank, nranks, config.timeout)?;
         let ras = crate::ras::server(&config, &id.secret)?;
+        timer.lap(crate::init_timer::Phase::Bootstrap);
         let me = PeerInfo {
             rank,
             host_id: host_identity(&config),
@@ -241,6 +264,7 @@ impl Comm {
                 return Err(Error::internal(format!("bootstrap table entry {r} claims rank {}", p.rank)));
             }
         }
+        timer.lap(crate::init_timer::Phase::AllGather);
         let mut me_tab = table.clone();
         let comm_id = table[0].comm_id;
         for p in &mut me_tab {
@@ -260,7 +284,9 @@ impl Comm {
         let (mut peers, net, slot) =
             transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener, Some(net_prof))?;
         enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
+        timer.lap(crate::init_timer::Phase::Connect);
         let tuner = agreed_tuner(&config, rank, &me_tab, &peers, &mut boot)?;
+        timer.lap(crate::init_timer::Phase::AllGather);
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
             peers
@@ -324,6 +350,8 @@ impl Comm {
         let ras_joined = AtomicBool::new(ras.is_some());
         let lifecycle = crate::lifecycle::Lifecycle::new(id.secret, kept_listener, &peers);
         record.initialized();
+        timer.lap(crate::init_timer::Phase::Rest);
+        timer.report(rank, nranks, ids.len());
         Ok(Comm {
             rank,
             nranks,
@@ -360,16 +388,23 @@ impl Comm {
 
     /// As `init_all`, with an explicit configuration.
     pub fn init_all_with(nranks: usize, config: Config) -> Result<Vec<Comm>> {
+        Comm::init_all_scalable(nranks, 1, config)
+    }
+
+    /// As `init_all_with`, through `nids` unique ids (scalable init).
+    pub fn init_all_scalable(nranks: usize, nids: usize, config: Config) -> Result<Vec<Comm>> {
         if nranks == 0 {
             return Err(Error::arg("nranks must be at least 1"));
         }
-        let id = UniqueId::new_on(config.listen_addr)?;
+        let ids = (0..nids).map(|_| UniqueId::new_on(config.listen_addr)).collect::<Result<Vec<_>>>()?;
+        let ids = Arc::new(ids);
         let handles: Vec<_> = (0..nranks)
             .map(|r| {
-                let (id, config) = (id.clone(), config.clone());
+                let (ids, config) = (ids.clone(), config.clone());
                 std::thread::Builder::new()
                     .name(format!("occl-init-{r}"))
-                    .spawn(move || Comm::init_rank(nranks, &id, r, config))
+                    .stack_size(256 << 10)
+                    .spawn(move || Comm::init_rank_scalable(nranks, &ids, r, config))
                     .map_err(|e| Error::sys("spawn an init thread", e))
             })
             .collect::<Result<_>>()?;
@@ -392,14 +427,15 @@ impl Comm {
         }
     }
 
-    /// Joins a job from the launcher's environment: `OCCL_RANK`/`OCCL_NRANKS`/`OCCL_UNIQUE_ID`,
+    /// Joins a job from the launcher's environment: `OCCL_RANK`/`OCCL_NRANKS`/`OCCL_UNIQUE_ID`
+    /// (several ids separated by commas: scalable init),
     /// or torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`, Open MPI's
     /// `OMPI_COMM_WORLD_RANK`/`_SIZE` or Slurm's `SLURM_PROCID`/`SLURM_NTASKS` (the last two
     /// with `OCCL_UNIQUE_ID` or `MASTER_ADDR`/`MASTER_PORT` for the root).
     pub fn from_env() -> Result<Comm> {
         let config = Config::from_env()?;
         let launch = crate::env::detect(&config)?;
-        Comm::init_rank(launch.nranks, &launch.id, launch.rank, config)
+        Comm::init_rank_scalable(launch.nranks, &launch.ids, launch.rank, config)
     }
 
     pub fn rank(&self) -> usize {

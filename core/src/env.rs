@@ -10,7 +10,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 pub(crate) struct Launch {
     pub rank: usize,
     pub nranks: usize,
-    pub id: UniqueId,
+    /// One id, or several for scalable init (`OCCL_UNIQUE_ID=<id>,<id>,…`).
+    pub ids: Vec<UniqueId>,
 }
 
 fn get(name: &str) -> Option<String> {
@@ -51,18 +52,22 @@ pub(crate) fn detect(config: &Config) -> Result<Launch> {
     if rank >= nranks {
         return Err(Error::arg(format!("{rv}={rank} is out of range for {sv}={nranks}")));
     }
-    let id = if let Some(text) = get("OCCL_UNIQUE_ID") {
-        text.parse()?
+    let ids = if let Some(text) = get("OCCL_UNIQUE_ID") {
+        text.split(',').map(str::parse).collect::<Result<Vec<UniqueId>>>()?
     } else if let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) {
-        root_at_master(&addr, &port, rank, config)?
+        vec![root_at_master(&addr, &port, rank, config)?]
     } else {
         return Err(Error::usage(format!(
             "{rv}/{sv} are set but not where the root is: set OCCL_UNIQUE_ID (the text of a UniqueId created on one \
              rank) or MASTER_ADDR and MASTER_PORT"
         )));
     };
-    tracing::debug!("occl: joining as rank {rank} of {nranks} ({rv}/{sv}), root {}", id.addr());
-    Ok(Launch { rank, nranks, id })
+    tracing::debug!(
+        "occl: joining as rank {rank} of {nranks} ({rv}/{sv}), {} root(s), first {:?}",
+        ids.len(),
+        ids.first().map(UniqueId::addr)
+    );
+    Ok(Launch { rank, nranks, ids })
 }
 
 /// torchrun-style: rank 0 serves the root at MASTER_ADDR on MASTER_PORT+1 (MASTER_PORT itself

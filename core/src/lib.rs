@@ -42,6 +42,7 @@ mod env;
 mod error;
 mod group;
 mod id;
+mod init_timer;
 mod lifecycle;
 mod profile;
 mod ras;

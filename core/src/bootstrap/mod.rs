@@ -3,6 +3,7 @@
 //! (address, host, pid), then whatever transports need to exchange during setup.
 
 pub(crate) mod root;
+pub(crate) mod tier;
 pub(crate) mod wire;
 
 use crate::auth;
@@ -74,7 +75,12 @@ pub(crate) struct Client {
 impl Client {
     /// Connects (retrying while the root is not up yet, until `timeout`), authenticates and
     /// joins as `rank` of `nranks`.
-    pub(crate) fn join(id: &UniqueId, rank: usize, nranks: usize, timeout: Duration) -> Result<Client> {
+    /// With several `ids` (scalable init) it joins the root of id `rank * ids.len() / nranks`
+    /// and tells it which id that is and the next root's id.
+    pub(crate) fn join_any(ids: &[UniqueId], rank: usize, nranks: usize, timeout: Duration) -> Result<Client> {
+        let m = ids.len();
+        let k = tier::id_of(rank, m, nranks);
+        let id = ids.get(k).ok_or_else(|| Error::arg("no unique id for this rank"))?;
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(5);
         let mut stream = loop {
@@ -92,9 +98,18 @@ impl Client {
         auth::client(&mut stream, &id.secret)?;
         stream.set_read_timeout(Some(timeout)).map_err(|e| Error::sys("bootstrap: set read timeout", e))?;
         let mut w = Writer::default();
-        w.u8(wire::JOIN);
-        w.u32(nranks as u32);
-        w.u32(rank as u32);
+        if m == 1 {
+            w.u8(wire::JOIN);
+            w.u32(nranks as u32);
+            w.u32(rank as u32);
+        } else {
+            w.u8(wire::JOIN_MULTI);
+            w.u32(nranks as u32);
+            w.u32(rank as u32);
+            w.u32(m as u32);
+            w.u32(k as u32);
+            w.str(&ids[(k + 1) % m].to_string());
+        }
         wire::send(&mut stream, &w.into_inner())?;
         Ok(Client { stream, rank, nranks })
     }

@@ -2,9 +2,11 @@
 //! join (same rank count, a rank in range and not taken), then serves all-gather rounds until
 //! every rank has said goodbye. Strangers are refused and logged; they never reach a round.
 
+use super::tier::{self, Block, Tier};
 use super::wire::{self, Reader, Writer};
 use crate::auth;
 use crate::error::{Error, Result};
+use crate::id::UniqueId;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -40,10 +42,21 @@ pub(crate) fn spawn_on(listener: TcpListener, secret: [u8; 16], limit: Duration)
     Ok(())
 }
 
+/// What a rank's join says: the job's size, its rank, and (scalable init) which of `m` ids it
+/// joined and the id of the next root in the ring of roots.
 struct Joined {
     stream: TcpStream,
     nranks: usize,
     rank: usize,
+    m: usize,
+    k: usize,
+    next: Option<UniqueId>,
+}
+
+/// A connection that passed authentication: a rank, or the previous root of the ring.
+enum Arrival {
+    Rank(Joined),
+    Root { stream: TcpStream, nranks: usize, m: usize, k: usize },
 }
 
 fn reject(mut s: TcpStream, why: &str) {
@@ -53,9 +66,29 @@ fn reject(mut s: TcpStream, why: &str) {
     let _ = wire::send(&mut s, &w.into_inner());
 }
 
+fn parse_join(frame: &[u8]) -> Result<(usize, usize, usize, usize, Option<UniqueId>, bool)> {
+    let mut r = Reader::new(frame);
+    let t = r.u8()?;
+    let (n, rank) = (r.u32()? as usize, r.u32()? as usize);
+    let parsed = match t {
+        wire::JOIN => (n, rank, 1, 0, None, false),
+        wire::JOIN_MULTI => {
+            let (m, k) = (r.u32()? as usize, r.u32()? as usize);
+            let next = r.str()?;
+            let next = if next.is_empty() { None } else { Some(next.parse::<UniqueId>()?) };
+            (n, rank, m, k, next, false)
+        }
+        // A root's hello: nranks, m, k (read as the "rank" field).
+        wire::ROOT_PEER => (n, 0, rank, r.u32()? as usize, None, true),
+        t => return Err(Error::internal(format!("unexpected frame type {t}"))),
+    };
+    r.finish()?;
+    Ok(parsed)
+}
+
 /// Authenticates and reads the join of one connection (on its own thread so that a stranger
 /// that connects and stays silent cannot hold up the others).
-fn admit(mut s: TcpStream, secret: [u8; 16], peer: SocketAddr) -> Option<Joined> {
+fn admit(mut s: TcpStream, secret: [u8; 16], peer: SocketAddr) -> Option<Arrival> {
     if let Err(e) = auth::server(&mut s, &secret) {
         tracing::warn!("bootstrap root: refused a connection from {peer}: {e}");
         return None;
@@ -69,32 +102,81 @@ fn admit(mut s: TcpStream, secret: [u8; 16], peer: SocketAddr) -> Option<Joined>
             return None;
         }
     };
-    let mut r = Reader::new(&frame);
-    match (r.u8(), r.u32(), r.u32(), r.finish()) {
-        (Ok(wire::JOIN), Ok(n), Ok(rank), Ok(())) => {
+    match parse_join(&frame) {
+        Ok((nranks, _, m, k, _, true)) => {
             let _ = s.set_read_timeout(None);
-            Some(Joined { stream: s, nranks: n as usize, rank: rank as usize })
+            Some(Arrival::Root { stream: s, nranks, m, k })
         }
-        _ => {
-            tracing::warn!("bootstrap root: malformed join from {peer}");
+        Ok((nranks, rank, m, k, next, false)) => {
+            let _ = s.set_read_timeout(None);
+            Some(Arrival::Rank(Joined { stream: s, nranks, rank, m, k, next }))
+        }
+        Err(e) => {
+            tracing::warn!("bootstrap root: malformed join from {peer}: {e}");
             reject(s, "malformed join message");
             None
         }
     }
 }
 
+/// The job as the first join describes it: this root is id `k` of `m` and serves `[lo, hi)`.
+struct Job {
+    nranks: usize,
+    m: usize,
+    k: usize,
+    next: Option<UniqueId>,
+    lo: usize,
+    hi: usize,
+}
+
+impl Job {
+    /// Why `j` does not belong to this job, if it does not.
+    fn refuse(&self, j: &Joined, slots: &[Option<TcpStream>]) -> Option<String> {
+        if j.nranks != self.nranks {
+            return Some(format!("this rank says nranks={} but the job has nranks={}", j.nranks, self.nranks));
+        }
+        if j.m != self.m || j.k != self.k || j.next.as_ref().map(|i| i.addr) != self.next.as_ref().map(|i| i.addr) {
+            return Some(format!(
+                "rank {} joined as id {} of {} but this root is id {} of {} (every rank must pass the same ids)",
+                j.rank, j.k, j.m, self.k, self.m
+            ));
+        }
+        if j.rank >= self.nranks {
+            return Some(format!("rank {} is out of range for nranks={}", j.rank, self.nranks));
+        }
+        if j.rank < self.lo || j.rank >= self.hi {
+            return Some(format!(
+                "rank {} belongs to id {}, not to id {}",
+                j.rank,
+                tier::id_of(j.rank, self.m, self.nranks),
+                self.k
+            ));
+        }
+        if slots[j.rank - self.lo].is_some() {
+            return Some(format!("rank {} joined twice", j.rank));
+        }
+        None
+    }
+}
+
 fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> Result<()> {
-    let (tx, rx) = mpsc::channel::<Joined>();
+    let (tx, rx) = mpsc::channel::<Arrival>();
     // The acceptor runs until the job is complete; then the listener is closed by dropping it
     // together with this thread's handle on it (a non-blocking accept loop polls for that).
     listener.set_nonblocking(true).map_err(|e| Error::sys("bootstrap root: set non-blocking", e))?;
     let mut slots: Vec<Option<TcpStream>> = Vec::new();
-    let mut nranks = 0usize;
+    let mut job: Option<Job> = None;
     let mut joined = 0usize;
-    while nranks == 0 || joined < nranks {
+    let mut prev: Option<(TcpStream, usize, usize, usize)> = None;
+    let mut dialing: Option<mpsc::Receiver<Result<TcpStream>>> = None;
+    let complete = |job: &Option<Job>, joined: usize, prev: &Option<_>| {
+        job.as_ref().is_some_and(|j| joined == j.hi - j.lo && (j.m == 1 || prev.is_some()))
+    };
+    while !complete(&job, joined, &prev) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
+            let want = job.as_ref().map_or(0, |j| j.hi - j.lo);
             return Err(Error::Timeout {
-                what: format!("waiting for ranks to join ({joined} of {nranks} did)"),
+                what: format!("waiting for ranks to join ({joined} of {want} did)"),
                 secs: 0.0,
             });
         }
@@ -111,47 +193,98 @@ fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> 
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => tracing::warn!("bootstrap root: accept failed: {e}"),
         }
-        while let Ok(j) = rx.recv_timeout(Duration::from_millis(2)) {
-            if nranks == 0 {
-                if j.nranks == 0 {
-                    reject(j.stream, "nranks must be at least 1");
+        while let Ok(a) = rx.recv_timeout(Duration::from_millis(2)) {
+            let j = match a {
+                Arrival::Root { stream, nranks, m, k } => {
+                    if prev.is_some() {
+                        tracing::warn!("bootstrap root: a second previous root connected; dropped");
+                    } else {
+                        prev = Some((stream, nranks, m, k));
+                    }
                     continue;
                 }
-                nranks = j.nranks;
-                slots = (0..nranks).map(|_| None).collect();
+                Arrival::Rank(j) => j,
+            };
+            if job.is_none() {
+                if j.nranks == 0 || j.m == 0 || j.m > j.nranks || j.k >= j.m || (j.m > 1) != j.next.is_some() {
+                    reject(j.stream, "nranks must be at least 1, with between 1 and nranks ids");
+                    continue;
+                }
+                let (lo, hi) = tier::share(j.k, j.m, j.nranks);
+                slots = (lo..hi).map(|_| None).collect();
+                if let Some(next) = j.next.clone() {
+                    // Dialed at once, on its own thread: every root waits for its previous
+                    // root before serving, so dialing only after that would wait in a circle.
+                    let (dtx, drx) = mpsc::channel();
+                    let (k, m, n) = (j.k, j.m, j.nranks);
+                    let limit = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(120));
+                    let _ = std::thread::Builder::new().name("occl-bootstrap-dial".into()).spawn(move || {
+                        let _ = dtx.send(tier::dial_next(&next, k, m, n, limit));
+                    });
+                    dialing = Some(drx);
+                }
+                job = Some(Job { nranks: j.nranks, m: j.m, k: j.k, next: j.next.clone(), lo, hi });
             }
-            if j.nranks != nranks {
-                let why = format!("this rank says nranks={} but the job has nranks={nranks}", j.nranks);
+            let Some(jb) = job.as_ref() else { continue };
+            if let Some(why) = jb.refuse(&j, &slots) {
                 tracing::warn!("bootstrap root: refused rank {}: {why}", j.rank);
                 reject(j.stream, &why);
-            } else if j.rank >= nranks {
-                let why = format!("rank {} is out of range for nranks={nranks}", j.rank);
-                tracing::warn!("bootstrap root: {why}");
-                reject(j.stream, &why);
-            } else if slots[j.rank].is_some() {
-                let why = format!("rank {} joined twice", j.rank);
-                tracing::warn!("bootstrap root: {why}");
-                reject(j.stream, &why);
             } else {
-                slots[j.rank] = Some(j.stream);
+                slots[j.rank - jb.lo] = Some(j.stream);
                 joined += 1;
             }
         }
     }
     drop(listener);
+    let Some(job) = job else { return Err(Error::internal("bootstrap root: no job")) };
     let mut streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
-    tracing::debug!("bootstrap root: all {nranks} ranks joined");
-    rounds(&mut streams)
+    let tier = match prev {
+        None => None,
+        Some((prev, nranks, m, k)) => {
+            if nranks != job.nranks || m != job.m || k != (job.k + m - 1) % m {
+                let why = format!(
+                    "the previous root says it is id {k} of {m} for nranks={nranks}; this is id {} of {}",
+                    job.k, job.m
+                );
+                fail_all(&mut streams, &why);
+                return Err(Error::usage(why));
+            }
+            let dialed = dialing.as_ref().map_or_else(
+                || Err(Error::internal("no dial to the next root")),
+                |d| d.recv().unwrap_or_else(|_| Err(Error::internal("the dialing thread vanished"))),
+            );
+            match dialed {
+                Ok(n) => Some(Tier::new(job.k, job.m, n, prev)),
+                Err(e) => {
+                    fail_all(&mut streams, &format!("bootstrap root {} could not reach the next root: {e}", job.k));
+                    return Err(e);
+                }
+            }
+        }
+    };
+    tracing::debug!("bootstrap root {}/{}: all {} ranks of its share joined", job.k, job.m, job.hi - job.lo);
+    rounds(&mut streams, job.lo, tier)
 }
 
-/// All-gather rounds: read one frame from every rank, answer each with all of them. Ends when
-/// every rank said goodbye; a rank that vanishes mid-round fails the round for the others.
-fn rounds(streams: &mut [TcpStream]) -> Result<()> {
+fn fail_all(streams: &mut [TcpStream], msg: &str) {
+    for s in streams.iter_mut() {
+        let mut w = Writer::default();
+        w.u8(wire::ERROR);
+        w.str(msg);
+        let _ = wire::send(s, &w.into_inner());
+    }
+}
+
+/// All-gather rounds: read one frame from every rank of the share, swap shares with the other
+/// roots (if any), answer each rank with all of them. Ends when every rank said goodbye; a rank
+/// that vanishes mid-round fails the round for every rank of every root.
+fn rounds(streams: &mut [TcpStream], lo: usize, mut tier: Option<Tier>) -> Result<()> {
     let n = streams.len();
     loop {
         let mut parts: Vec<Vec<u8>> = Vec::with_capacity(n);
         let mut gone = Vec::new();
-        for (rank, s) in streams.iter_mut().enumerate() {
+        for (i, s) in streams.iter_mut().enumerate() {
+            let rank = lo + i;
             match wire::recv(s) {
                 Ok(f) => {
                     let mut r = Reader::new(&f);
@@ -167,24 +300,56 @@ fn rounds(streams: &mut [TcpStream]) -> Result<()> {
                 Err(e) => gone.push((rank, e.to_string())),
             }
         }
-        if gone.len() == n {
+        let mine = if gone.len() == n {
+            Block::Bye
+        } else if let Some((rank, why)) = gone.first() {
+            Block::Failed(format!("rank {rank} left the bootstrap ({why}) while others waited in a round"))
+        } else {
+            Block::Parts(parts)
+        };
+        let blocks = match tier.as_mut() {
+            None => vec![mine],
+            Some(t) => match t.exchange(mine.clone()) {
+                Ok(b) => b,
+                Err(e) if mine == Block::Bye => {
+                    // The other roots may already be gone after the last round; nothing is owed.
+                    tracing::debug!("bootstrap root: ring closed after the last round: {e}");
+                    return Ok(());
+                }
+                Err(e) => {
+                    fail_all(streams, &format!("the bootstrap roots lost each other: {e}"));
+                    return Err(e);
+                }
+            },
+        };
+        if blocks.iter().all(|b| *b == Block::Bye) {
             return Ok(());
         }
-        if let Some((rank, why)) = gone.first() {
-            let msg = format!("rank {rank} left the bootstrap ({why}) while others waited in a round");
-            for s in streams.iter_mut() {
-                let mut w = Writer::default();
-                w.u8(wire::ERROR);
-                w.str(&msg);
-                let _ = wire::send(s, &w.into_inner());
-            }
-            return Err(Error::remote(*rank, msg));
+        let failed = blocks.iter().find_map(|b| match b {
+            Block::Failed(m) => Some(m.clone()),
+            _ => None,
+        });
+        let msg = failed.or_else(|| {
+            blocks
+                .iter()
+                .any(|b| *b == Block::Bye)
+                .then(|| "the ranks of another root left while these waited in a round".to_string())
+        });
+        if let Some(msg) = msg {
+            fail_all(streams, &msg);
+            let rank = gone.first().map_or(lo, |g| g.0);
+            return Err(Error::remote(rank, msg));
         }
+        let total: usize = blocks.iter().map(|b| if let Block::Parts(p) = b { p.len() } else { 0 }).sum();
         let mut w = Writer::default();
         w.u8(wire::RESULT);
-        w.u32(n as u32);
-        for p in &parts {
-            w.bytes(p);
+        w.u32(total as u32);
+        for b in &blocks {
+            if let Block::Parts(p) = b {
+                for x in p {
+                    w.bytes(x);
+                }
+            }
         }
         let frame = w.into_inner();
         for s in streams.iter_mut() {

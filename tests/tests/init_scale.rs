@@ -1,0 +1,93 @@
+//! Scalable init (several unique ids, NCCL's `ncclCommInitRankScalable`): communicators made
+//! through 1, 2 and 8 ids are the same as through one (rank order, peer table) and pass the
+//! collective suite, in threads mode and in real processes (`OCCL_UNIQUE_ID=<id>,<id>,…`).
+
+mod common;
+
+use common::{assert_all_ok, env, run_job};
+use occl::{Comm, Config, ErrorKind, UniqueId};
+use occl_tests::launch::Spawn;
+use occl_tests::matrix::{self, Spec};
+use std::time::Duration;
+
+const SMALL: &str = "counts=0,1,7,4099";
+
+fn suite(comms: Vec<Comm>, spec: &Spec, what: &str) {
+    let n = comms.len();
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| {
+            assert_eq!((c.rank(), c.nranks()), (r, n), "{what}");
+            let spec = spec.clone();
+            std::thread::spawn(move || {
+                let out = matrix::run(&c, &spec);
+                c.destroy().expect("destroy");
+                out
+            })
+        })
+        .collect();
+    for (r, h) in handles.into_iter().enumerate() {
+        let out = h.join().expect("rank thread").unwrap_or_else(|e| panic!("{what} rank {r}: {e}"));
+        assert!(out.failures.is_empty(), "{what} rank {r}: {:#?}", out.failures);
+        assert!(out.checked > 0, "{what}");
+    }
+}
+
+#[test]
+fn threads_with_1_2_and_8_ids_pass_the_collective_suite() {
+    let spec = Spec::parse(SMALL).expect("spec");
+    for (n, m) in [(8, 1), (8, 2), (8, 8), (5, 2), (9, 8)] {
+        let comms = Comm::init_all_scalable(n, m, Config::default()).unwrap_or_else(|e| panic!("n={n} ids={m}: {e}"));
+        // Every rank sees the same peer table, in rank order: this process, once per rank.
+        for c in &comms {
+            for p in 0..n {
+                assert_eq!(c.peer_process(p).map(|x| x.0), Some(std::process::id()), "n={n} ids={m}");
+            }
+            assert_eq!(c.id(), comms[0].id(), "one communicator id on every rank (n={n} ids={m})");
+        }
+        suite(comms, &spec, &format!("threads n={n} ids={m}"));
+    }
+}
+
+#[test]
+fn processes_through_three_ids_from_the_environment() {
+    // Rank r joins id r*3/5: ranks 0,1 → id 0; 2,3 → id 1; 4 → id 2. Each id's root runs in
+    // this process; the ranks are real processes.
+    let ids: Vec<String> = (0..3).map(|_| UniqueId::new().expect("id").to_string()).collect();
+    let spawn = Spawn { env: env(&[("OCCL_UNIQUE_ID", &ids.join(","))]), ..Spawn::default() };
+    let outs = run_job(5, &["matrix", SMALL], spawn, Duration::from_secs(120));
+    assert_all_ok(&outs, "5 processes through 3 ids");
+    assert!(outs[0].output.contains("checked=1824"), "{}", outs[0].output);
+}
+
+#[test]
+fn ids_that_disagree_fail_every_rank_instead_of_hanging() {
+    let config = Config { timeout: Duration::from_secs(5), ..Config::default() };
+    assert_eq!(
+        Comm::init_rank_scalable(4, &[], 0, config.clone()).expect_err("no ids").kind(),
+        ErrorKind::InvalidArgument
+    );
+    let three: Vec<UniqueId> = (0..3).map(|_| UniqueId::new().expect("id")).collect();
+    assert_eq!(
+        Comm::init_rank_scalable(2, &three, 0, config.clone()).expect_err("more ids than ranks").kind(),
+        ErrorKind::InvalidArgument
+    );
+    // Ranks 0 and 1 share id 0 but rank 1 names a different next root: the root refuses it,
+    // and rank 0 (whose round cannot complete) times out rather than hanging.
+    let a: Vec<UniqueId> = (0..2).map(|_| UniqueId::new().expect("id")).collect();
+    let b = vec![a[0].clone(), UniqueId::new().expect("id")];
+    let t0 = std::time::Instant::now();
+    let h: Vec<_> = [(0usize, a.clone()), (1, b)]
+        .into_iter()
+        .map(|(r, ids)| {
+            let config = config.clone();
+            std::thread::spawn(move || Comm::init_rank_scalable(4, &ids, r, config).map(|_| ()))
+        })
+        .collect();
+    let res: Vec<_> = h.into_iter().map(|h| h.join().expect("thread")).collect();
+    assert!(res.iter().all(Result::is_err), "{res:?}");
+    let refused = res[1].as_ref().expect_err("rank 1");
+    assert!(refused.to_string().contains("same ids"), "{refused}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
