@@ -5,6 +5,7 @@
 
 pub(crate) mod fifo;
 pub(crate) mod shm;
+mod shm_reap;
 pub(crate) mod tcp;
 pub(crate) mod wait;
 
@@ -93,12 +94,15 @@ pub(crate) fn connect_all(
     let shm_patience = if local > cores { Patience::Share } else { Patience::Eager };
 
     // shm, phase 1: create the segments this rank sends into.
+    if kinds.contains(&Some(TransportKind::Shm)) {
+        shm_reap::reap_once();
+    }
     let mut created = Vec::new();
     let mut out_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
     let result = (|| -> Result<(Vec<Option<Peer>>, Option<tcp::Net>)> {
         for p in 0..n {
             if kinds[p] == Some(TransportKind::Shm) {
-                let name = shm::segment_name(comm_id, me, p);
+                let name = shm::segment_name(comm_id, me, p, table[me].pid);
                 let r = shm::create(&name, nslots, slot, table[me].pid, table[p].pid)?;
                 created.push(name);
                 out_regions[p] = Some(Arc::new(r));
@@ -109,7 +113,8 @@ pub(crate) fn connect_all(
         let mut in_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
         for p in 0..n {
             if kinds[p] == Some(TransportKind::Shm) {
-                in_regions[p] = Some(Arc::new(shm::open(&shm::segment_name(comm_id, p, me), nslots, slot)?));
+                in_regions[p] =
+                    Some(Arc::new(shm::open(&shm::segment_name(comm_id, p, me, table[p].pid), nslots, slot)?));
             }
         }
         boot.barrier()?;

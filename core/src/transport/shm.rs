@@ -1,13 +1,16 @@
 //! The shm transport: one POSIX shared-memory segment per ordered pair of ranks on a host,
 //! holding the FIFO from sender to receiver. The sender creates it, both map it, and it is
-//! unlinked as soon as both have (so a crash leaves nothing behind in /dev/shm).
+//! unlinked as soon as both have (so a crash leaves nothing behind in /dev/shm; a crash during
+//! setup can, and `shm_reap` removes such segments later).
 
 use super::fifo::{self, Region};
 use crate::error::{Error, Result};
 use std::ffi::CString;
 
-pub(crate) fn segment_name(comm_id: u64, from: usize, to: usize) -> String {
-    format!("/occl-{comm_id:016x}-{from}-{to}")
+/// The segment for the FIFO from `from` to `to`, named with its creator's pid so that a later
+/// process can tell a segment whose creator died (`shm_reap`).
+pub(crate) fn segment_name(comm_id: u64, from: usize, to: usize, creator_pid: u32) -> String {
+    format!("/occl-{comm_id:016x}-{from}-{to}-{creator_pid}")
 }
 
 fn cname(name: &str) -> Result<CString> {
