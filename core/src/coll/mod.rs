@@ -73,14 +73,14 @@ fn ll_slice(algo: Algo) -> usize {
 }
 
 /// Bytes per slice and per step of an algorithm (ring chunk, tree piece) for `algo` with
-/// `proto` on FIFOs of `nslots` slots of `slot` bytes. A step is half the FIFO, so the next
-/// step's send never waits on this one.
+/// `proto` on FIFOs of `nslots` Simple slots of `slot` bytes (LL has its own ring of
+/// `ll::STEPS`). A step is half the FIFO, so the next step's send never waits on this one.
 pub(crate) fn geometry(algo: Algo, proto: Proto, slot: usize, nslots: usize, dt: DataType) -> (usize, usize) {
-    let slice = match proto {
-        Proto::Simple => slice_bytes(slot, dt),
-        Proto::Ll => (ll_slice(algo) / dt.size() * dt.size()).max(dt.size()),
+    let (slice, depth) = match proto {
+        Proto::Simple => (slice_bytes(slot, dt), nslots),
+        Proto::Ll => ((ll_slice(algo) / dt.size() * dt.size()).max(dt.size()), ll::STEPS),
     };
-    (slice, slice * (nslots / 2).max(1))
+    (slice, slice * (depth / 2).max(1))
 }
 
 impl<'a> Ctx<'a> {

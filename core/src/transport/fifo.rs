@@ -22,8 +22,8 @@ pub(crate) mod ll;
 pub(crate) mod nonblocking;
 
 pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
-/// 2: the LL area follows the slots.
-pub(crate) const VERSION: u32 = 2;
+/// 2: the LL area follows the slots; 3: it has its own step count (`ll::STEPS`).
+pub(crate) const VERSION: u32 = 3;
 
 /// Endpoint states, written by each side into its own header word. Anything but `OPEN` ends
 /// the other side's waits with an error that says why.
@@ -136,7 +136,7 @@ pub(crate) fn stride(slot_size: usize) -> usize {
 /// The Simple slots, then the LL area (`ll`), which every FIFO has so that one layout serves
 /// shm and tcp alike (tcp never uses it).
 pub(crate) fn region_size(nslots: usize, slot_size: usize) -> usize {
-    header_size() + nslots * stride(slot_size) + ll::area_size(nslots)
+    header_size() + nslots * stride(slot_size) + ll::area_size()
 }
 
 /// A mapping that holds one FIFO; unmapped when the last user drops it.

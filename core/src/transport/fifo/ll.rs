@@ -2,7 +2,8 @@
 //! receiver that sees a line's flag has that line's data, with no fence between data and flag
 //! and no separate "published" word to wait for (NCCL's `prims_ll.h` idea, for CPUs).
 //!
-//! Each FIFO has an LL area next to its Simple slots: `nslots` steps of `STEP_LINES` lines.
+//! Each FIFO has an LL area next to its Simple slots: a ring of `STEPS` steps of `STEP_LINES`
+//! lines.
 //! A line is one `u64`: 4 bytes of data in the low half, the step's flag in the high half,
 //! written and read with one atomic 8-byte access. NCCL's GPU lines are 16 bytes (two data
 //! words, two flags); on x86-64 a 16-byte SSE store is atomic in practice but not
@@ -36,6 +37,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// a sender still writing them.
 const STEP_LINES: usize = PAGE / 8;
 const PAGE: usize = 4096;
+/// Steps in the LL ring of a FIFO, whatever its Simple slot count. With the Simple default (8)
+/// LL was 3-20x slower than Simple above 2 KiB; 32 steps (2-rank one-shot all-reduce over shm,
+/// LL forced) took 2 KiB from 1.85 to 1.10 µs, 8 KiB from 6.2 to 3.2 and 32 KiB from 123 to
+/// 11 µs (Simple: 1.2, 2.1, 5.6), leaving the factor of about 2 that LL's half-flag lines cost.
+/// Going from 8 to 20 steps changed nothing and 24-28 did (Simple's 2 KiB shows the same cliff
+/// with OCCL_FIFO_SLOTS), so it is the distance at which a step's page is reused, not only the
+/// pieces in flight; the mechanism is not pinned down (tests/results/algos.md).
+pub(crate) const STEPS: usize = 32;
 /// Lines ahead of the payload: the length, then the descriptor's five words.
 const HDR_LINES: usize = 6;
 /// Payload bytes of one LL step (the LL slice of every algorithm is at most this): 2024, a
@@ -59,10 +68,9 @@ struct LlHeader {
 
 const _: () = assert!(std::mem::size_of::<LlHeader>() <= PAGE);
 
-/// Bytes of the LL area of a FIFO of `nslots` slots: up to a page boundary, a page for the
-/// counters, then a page per step.
-pub(crate) fn area_size(nslots: usize) -> usize {
-    PAGE + PAGE + nslots * PAGE
+/// Bytes of the LL area: up to a page boundary, a page for the counters, then a page per step.
+pub(crate) fn area_size() -> usize {
+    PAGE + PAGE + STEPS * PAGE
 }
 
 fn flag(step: u64) -> u32 {
@@ -97,7 +105,7 @@ impl Region {
         unsafe { &*(self.ll_base() as *const LlHeader) }
     }
 
-    /// The lines of step slot `i` (< nslots).
+    /// The lines of step slot `i` (< STEPS).
     fn ll_lines(&self, i: usize) -> &[AtomicU64] {
         // SAFETY: slot i's lines lie within the area; 64-byte aligned; atomics make shared
         // access sound.
@@ -136,7 +144,7 @@ impl SendFifo {
     /// Waits until the next LL step may be written and returns a buffer of `STEP_BYTES` for
     /// its payload (post it with `ll_post`, or post other memory with `ll_post_from`).
     pub(crate) fn ll_acquire(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<*mut u8> {
-        let n = self.nslots as u64;
+        let n = STEPS as u64;
         let step = self.ll.step;
         if step >= self.ll.seen + n {
             // Step `step - n` used this slot; it must be consumed.
@@ -144,14 +152,14 @@ impl SendFifo {
         }
         if step > 0 && step.is_multiple_of(FLAGS) {
             self.ll.seen = self.ll_wait_acked(step, ends, deadline, "waiting to renew the LL flags")?;
-            for i in 0..self.nslots {
+            for i in 0..STEPS {
                 for l in self.region.ll_lines(i) {
                     l.store(0, Ordering::Relaxed);
                 }
             }
         }
         if self.ll.stage.is_empty() {
-            self.ll.stage = vec![0u64; STEP_BYTES / 8];
+            self.ll.stage = vec![0u64; STEP_BYTES.div_ceil(8)];
         }
         Ok(self.ll.stage.as_mut_ptr().cast())
     }
@@ -159,7 +167,7 @@ impl SendFifo {
     /// Waits until the receiver has consumed `want` steps; returns how many it has (≥ want).
     fn ll_wait_acked(&self, want: u64, ends: &Ends<'_>, deadline: &Deadline, what: &str) -> Result<u64> {
         let lh = self.region.ll_header();
-        // The counter holds the low 32 bits; the receiver is never more than nslots behind.
+        // The counter holds the low 32 bits; the receiver is never more than STEPS behind.
         let ahead = || lh.acked.0.load(Ordering::Acquire).wrapping_sub(want as u32) as i32;
         let done = || ahead() >= 0;
         if done() {
@@ -196,7 +204,7 @@ impl SendFifo {
         let len = len.min(STEP_BYTES);
         let step = self.ll.step;
         let f = flag(step);
-        let lines = self.region.ll_lines((step % self.nslots as u64) as usize);
+        let lines = self.region.ll_lines((step % STEPS as u64) as usize);
         let whole = len / 4;
         for (k, l) in lines[HDR_LINES..HDR_LINES + whole].iter().enumerate() {
             // SAFETY: word k lies within src's len bytes; the caller's memory may be unaligned.
@@ -267,7 +275,7 @@ impl RecvFifo {
     pub(crate) fn ll_peek(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<Msg> {
         let step = self.ll.step;
         let f = flag(step);
-        let slot = (step % self.nslots as u64) as usize;
+        let slot = (step % STEPS as u64) as usize;
         let len = self.ll_line(slot, 0, f, ends, deadline)? as usize;
         if len > STEP_BYTES {
             return Err(Error::internal(format!(
@@ -276,37 +284,35 @@ impl RecvFifo {
             )));
         }
         if self.ll.stage.is_empty() {
-            self.ll.stage = vec![0u64; STEP_BYTES / 8];
+            self.ll.stage = vec![0u64; STEP_LINES / 2];
         }
+        // The stage holds the step's words at their line numbers: the header's, then the payload.
         let out = self.ll.stage.as_mut_ptr().cast::<u32>();
-        let lines = &self.region.ll_lines(slot)[1..HDR_LINES + len.div_ceil(4)];
+        let lines = &self.region.ll_lines(slot)[..HDR_LINES + len.div_ceil(4)];
         // One pass without a branch per line, so the loads of many cache lines are in flight
         // at once (a loop that tests each line before loading the next one pays a full
-        // cross-core miss per cache line). The length line was written last
-        // (Release), so the lines are normally all there; any that are not are waited for.
-        let mut w = [0u32; 5];
-        let mut late = false;
-        for (k, l) in lines.iter().enumerate() {
+        // cross-core miss per cache line). The length line was written last (Release), so the
+        // lines are normally all there; any that are not are waited for. Every line carries
+        // `f` when the AND and the OR of all the flags both equal `f` (two operations a line).
+        let (mut all, mut any) = (u64::MAX, 0u64);
+        for (k, l) in lines.iter().enumerate().skip(1) {
             let v = l.load(Ordering::Acquire);
-            late |= (v >> 32) as u32 != f;
-            if k < 5 {
-                w[k] = v as u32;
-            } else {
-                // SAFETY: k - 5 < STEP_BYTES / 4, within the stage.
-                unsafe { out.add(k - 5).write(v as u32) };
+            all &= v;
+            any |= v;
+            // SAFETY: k < lines.len() ≤ STEP_LINES, within the stage.
+            unsafe { out.add(k).write(v as u32) };
+        }
+        if (all >> 32) as u32 != f || (any >> 32) as u32 != f {
+            for k in 1..lines.len() {
+                let v = self.ll_line(slot, k, f, ends, deadline)?;
+                // SAFETY: as above.
+                unsafe { out.add(k).write(v) };
             }
         }
-        if late {
-            for k in 0..lines.len() {
-                let v = self.ll_line(slot, 1 + k, f, ends, deadline)?;
-                if let Some(x) = w.get_mut(k) {
-                    *x = v;
-                } else {
-                    // SAFETY: as above.
-                    unsafe { out.add(k - 5).write(v) };
-                }
-            }
-        }
+        // SAFETY: the header's words are the stage's first HDR_LINES.
+        let w = unsafe { [1, 2, 3, 4, 5].map(|k| out.add(k).read()) };
+        // SAFETY: the payload starts after the header, inside the stage.
+        let out = unsafe { out.add(HDR_LINES) };
         Ok(Msg { data: out.cast(), len, desc: desc_of(w), remote: None })
     }
 
@@ -337,7 +343,7 @@ impl RecvFifo {
     pub(super) fn ll_instead(&self, peer: usize) -> Result<()> {
         let step = self.ll.step;
         let f = flag(step);
-        let lines = self.region.ll_lines((step % self.nslots as u64) as usize);
+        let lines = self.region.ll_lines((step % STEPS as u64) as usize);
         let got: Vec<u64> = lines[..HDR_LINES].iter().map(|l| l.load(Ordering::Relaxed)).collect();
         if (got[0] >> 32) as u32 != f {
             return Ok(());
