@@ -25,7 +25,7 @@ pub(crate) enum Patience {
     /// of wake-up latency is on the critical path.
     Eager,
     /// A shm FIFO on a host with more ranks than cores: the peer we wait for is often not
-    /// running, and spinning would only keep it off the core; yield at once.
+    /// running, and spinning would only keep it off the core; yield after one look.
     Share,
     /// A tcp FIFO: this thread fills and drains it itself, moving socket data in `ready()`
     /// (built by `driven`), and blocks in poll(2) on the sockets, never on the futex (no other
@@ -38,7 +38,10 @@ impl Patience {
 
     fn spins(self) -> u32 {
         match self {
-            Patience::Share => 32,
+            // Poll once, then yield (what Open MPI does when oversubscribed): 4-rank 8 B
+            // all-reduce on 2 cores, interleaved, medians of 5: 6.3 µs with 32 spins, 5.2 with
+            // 8, 4.95 with none; the spins' pauses only delay the rank we wait for.
+            Patience::Share => 0,
             _ => 4096,
         }
     }

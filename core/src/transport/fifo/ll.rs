@@ -237,7 +237,9 @@ impl RecvFifo {
     /// Waits for line `i` of step slot `slot` to carry flag `f` and returns its data.
     fn ll_line(&self, slot: usize, i: usize, f: u32, ends: &Ends<'_>, deadline: &Deadline) -> Result<u32> {
         let l = &self.region.ll_lines(slot)[i];
-        for _ in 0..LINE_SPINS {
+        // Oversubscribed, one look before `wait_until` yields (see `Patience::Share`).
+        let spins = if self.patience == wait::Patience::Share { 1 } else { LINE_SPINS };
+        for _ in 0..spins {
             // Acquire pairs with the length line's Release (see `ll_post_from`).
             let v = l.load(Ordering::Acquire);
             if (v >> 32) as u32 == f {
