@@ -360,13 +360,16 @@ impl TcpLink {
 
     /// Does all the non-blocking I/O it can; true if anything moved. A failure ends the link:
     /// both FIFOs get the state that every wait on this peer then reports.
-    fn progress(&mut self) -> bool {
+    /// `ready` holds a zero-timeout poll(2) result per socket (see `Net::progress`): a socket
+    /// with no event is not read, only its data already read ahead is delivered.
+    fn progress(&mut self, ready: &[libc::pollfd]) -> bool {
         if self.dead {
             return false;
         }
         let mut moved = false;
         for k in 0..self.socks.len() {
-            match self.tx(k).and_then(|a| Ok(a | self.rx(k)?)) {
+            let readable = ready.get(k).is_none_or(|p| p.revents != 0);
+            match self.tx(k).and_then(|a| Ok(a | self.rx(k, readable)?)) {
                 Ok(m) => moved |= m,
                 Err(e) => {
                     if !self.dead {
@@ -481,12 +484,13 @@ impl TcpLink {
         m < n || self.recv_region.slot_hdr(slot_of(m, self.nslots)).ack.load(Ordering::Acquire) == seq_of(m - n)
     }
 
-    /// Reads frames from socket `k` into free receive slots and publishes them.
-    fn rx(&mut self, k: usize) -> io::Result<bool> {
+    /// Reads frames from socket `k` into free receive slots and publishes them (`readable`:
+    /// the socket may have data; if not, only bytes already read ahead are delivered).
+    fn rx(&mut self, k: usize, readable: bool) -> io::Result<bool> {
         let nsocks = self.socks.len() as u64;
         let mut moved = false;
         // The last read came back short: the socket is empty, do not ask again this round.
-        let mut drained = false;
+        let mut drained = !readable;
         loop {
             let (free, m) = (self.rx_slot_free(self.socks[k].rx_m), self.socks[k].rx_m);
             let s = &mut self.socks[k];
@@ -686,7 +690,7 @@ impl TcpLink {
                 }
                 // Frames still queued: the peer is not reading. Stop if it went away.
                 for k in 0..self.socks.len() {
-                    if !self.dead && self.rx(k).is_err() {
+                    if !self.dead && self.rx(k, true).is_err() {
                         self.end_link(state::LOST);
                     }
                 }
@@ -722,11 +726,22 @@ fn poll(fds: &mut [libc::pollfd], timeout: Duration) {
 /// Every tcp link of one communicator: what the collective thread drives while it waits.
 pub(crate) struct Net {
     links: Vec<SharedLink>,
+    /// `progress`'s poll(2) array, kept between calls.
+    fds: Mutex<Vec<libc::pollfd>>,
+    /// Sockets of all links.
+    sockets: usize,
 }
+
+/// From this many sockets on, `progress` asks poll(2) which to read rather than trying each:
+/// with 2 (one peer) a poll and then a read cost more than two reads (2-rank 64 B-4 KiB
+/// all-reduce 4.3 -> 4.9 µs); with 6 (4 ranks) the poll saves four calls a round (8 B: tree
+/// 40 -> 33 µs, ring 41 -> 34).
+const POLL_FIRST: usize = 3;
 
 impl Net {
     pub(crate) fn new(links: Vec<SharedLink>) -> Net {
-        Net { links }
+        let sockets = links.iter().map(|l| lock(l).socks.len()).sum();
+        Net { links, fds: Mutex::new(Vec::new()), sockets }
     }
 
     /// Keeps driving the sockets until every posted slot is written to its socket (the kernel
@@ -768,10 +783,32 @@ impl Net {
 }
 
 impl Drive for Net {
+    /// One zero-timeout poll(2) over every socket says which to read: a waiting rank calls this
+    /// in a loop, and a recv(2) per socket that finds nothing costs as much as the poll (4
+    /// ranks over tcp: 6 sockets, 6 system calls a round where one does).
     fn progress(&self) -> bool {
-        let mut moved = false;
+        let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
+        fds.clear();
+        if self.sockets < POLL_FIRST {
+            let mut moved = false;
+            for l in &self.links {
+                moved |= lock(l).progress(&[]);
+            }
+            return moved;
+        }
         for l in &self.links {
-            moved |= lock(l).progress();
+            for s in &lock(l).socks {
+                let events = if s.rx_done { 0 } else { libc::POLLIN };
+                fds.push(libc::pollfd { fd: s.fd, events, revents: 0 });
+            }
+        }
+        poll(&mut fds, Duration::ZERO);
+        let (mut moved, mut at) = (false, 0);
+        for l in &self.links {
+            let mut l = lock(l);
+            let n = l.socks.len();
+            moved |= l.progress(fds.get(at..at + n).unwrap_or(&[]));
+            at += n;
         }
         moved
     }
