@@ -67,3 +67,10 @@ pub use group::{group, group_depth, group_end, group_start, Group};
 pub use id::UniqueId;
 pub use lifecycle::{InitState, PendingComm, ShrinkMode, OCCL_SPLIT_NOCOLOR};
 pub use record::{CollType, InFlight, OpRecord};
+
+/// The tuner's calibration, for the `occl-tune` tool (not a stable API).
+#[doc(hidden)]
+pub mod tuning {
+    pub use crate::coll::tune::calibrate;
+    pub use crate::coll::tune::fit::{Calibration, Measured};
+}

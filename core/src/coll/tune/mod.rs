@@ -8,6 +8,7 @@
 //! With `OCCL_DEBUG=INFO` each choice is logged once per (collective, power-of-two size class).
 
 pub(crate) mod file;
+pub(crate) mod fit;
 pub(crate) mod model;
 pub(crate) mod policy;
 
@@ -18,6 +19,12 @@ use crate::record::CollType;
 use model::{Consts, Link};
 use policy::{Policy, ALGOS, FUNCS, PROTOS};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Fits `OCCL_TUNER_FILE` constants to measured forced runs on a host of `cores` cores (the
+/// `occl-tune` tool; see `fit`).
+pub fn calibrate(rows: &[fit::Measured], cores: usize) -> Result<fit::Calibration> {
+    fit::fit(rows, cores, Consts::default())
+}
 
 /// What an operation runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
