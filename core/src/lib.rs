@@ -71,6 +71,6 @@ pub use record::{CollType, InFlight, OpRecord};
 /// The tuner's calibration, for the `occl-tune` tool (not a stable API).
 #[doc(hidden)]
 pub mod tuning {
-    pub use crate::coll::tune::calibrate;
     pub use crate::coll::tune::fit::{Calibration, Measured};
+    pub use crate::coll::tune::{calibrate, check_file};
 }

@@ -6,13 +6,16 @@
 //! OCCL_TUNER_FILE=tuner.conf my-job
 //! ```
 //!
+//! `--check FILE` (or `--check default`) fits nothing: it reports how the picks of that file (or
+//! of the built-in constants) fare against the input, e.g. a sweep held out from the fit.
+//!
 //! Input: occl-perf `--json` rows with the sweep's `forced` field (`ring`, `tree/ll`, …; the
 //! tuner's own rows, `-`, and failed or in-place rows are skipped), median over repeats. Prints,
 //! per measured point, the fitted model's pick against the best measured choice.
 
 use anyhow::Context;
 use clap::Parser;
-use occl::tuning::{calibrate, Measured};
+use occl::tuning::{calibrate, check_file, Measured};
 
 #[derive(Parser)]
 #[command(about = "Fit the tuner's constants to forced occl-perf runs and write an OCCL_TUNER_FILE")]
@@ -27,6 +30,9 @@ struct Args {
     /// cores); default: this host's.
     #[arg(long)]
     cores: Option<usize>,
+    /// Judge this tuner file (or `default`: the built-in constants) instead of fitting one.
+    #[arg(long, value_name = "FILE")]
+    check: Option<std::path::PathBuf>,
     /// Print the file only, not the per-point report.
     #[arg(short, long)]
     quiet: bool,
@@ -69,19 +75,27 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let cores = a.cores.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let cal = calibrate(&rows, cores)?;
+    let cal = match &a.check {
+        None => calibrate(&rows, cores)?,
+        Some(p) if p.as_os_str() == "default" => check_file(&rows, cores, None)?,
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            check_file(&rows, cores, Some(&text))?
+        }
+    };
     if !a.quiet {
         for l in &cal.report {
             eprintln!("{l}");
         }
         eprintln!(
-            "occl-tune: {} forced rows, {} points; the fitted picks are within 10% of the best measured choice at {} of them",
+            "occl-tune: {} forced rows, {} points; the picks are within 10% of the best measured choice at {} of them",
             rows.len(),
             cal.points,
             cal.points - cal.misses
         );
     }
     match &a.output {
+        _ if a.check.is_some() => {}
         Some(p) => std::fs::write(p, &cal.file).with_context(|| format!("writing {}", p.display()))?,
         None => print!("{}", cal.file),
     }

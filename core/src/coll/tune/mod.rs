@@ -26,6 +26,15 @@ pub fn calibrate(rows: &[fit::Measured], cores: usize) -> Result<fit::Calibratio
     fit::fit(rows, cores, Consts::default())
 }
 
+/// How the picks of a tuner file (`None`: the defaults) fare against measured forced runs.
+pub fn check_file(rows: &[fit::Measured], cores: usize, file: Option<&str>) -> Result<fit::Calibration> {
+    let consts = match file {
+        Some(text) => file::parse(text).map_err(|e| Error::arg(format!("tuner file: {e}")))?,
+        None => Consts::default(),
+    };
+    fit::check(rows, cores, &consts)
+}
+
 /// What an operation runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Choice {
