@@ -30,7 +30,7 @@ def main():
             if not line.startswith("{"):
                 continue
             r = json.loads(line)
-            if r.get("failed") or r.get("inplace"):
+            if r.get("failed") or r.get("inplace") or "collective" not in r:
                 continue
             if a.coll and r["collective"] != a.coll:
                 continue

@@ -293,8 +293,11 @@ mod tests {
                 &[
                     (8, &["one-shot/ll"]),
                     (128, &["one-shot/ll"]),
-                    (512, &["one-shot/simple"]),
+                    (512, &["one-shot/ll"]),
+                    (2 << 10, &["one-shot/ll"]),
+                    (4 << 10, &["one-shot/simple"]),
                     (8 << 10, &["one-shot/simple"]),
+                    (16 << 10, &["one-shot/simple"]),
                     (32 << 10, &["ring/simple"]),
                     (1 << 20, &["ring/simple"]),
                     (64 << 20, &["ring/simple"]),

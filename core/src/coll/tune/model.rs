@@ -98,7 +98,9 @@ const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
         // at every size measured (and 4× at 64 MiB).
         (Shm, AR, TREE, Simple, 0.0, 2.7),
         (Shm, AR, TREE, Ll, 0.2, 1.4),
-        (Shm, AR, ONESHOT, Simple, 0.0, 1.2),
+        // 1.1 (was 1.2): one-shot measured ahead of the ring at 16 KiB (3.0 against 4.0 µs,
+        // three rounds) and behind at 32 KiB (5.5 against 4.8).
+        (Shm, AR, ONESHOT, Simple, 0.0, 1.1),
         (Shm, AR, ONESHOT, Ll, 0.0, 1.15),
         (ShmShared, AR, TREE, Simple, 2.2, 0.85),
         (ShmShared, AR, ONESHOT, Simple, 0.3, 1.17),
@@ -134,9 +136,11 @@ impl Default for Consts {
     fn default() -> Self {
         let mut c = Consts {
             links: [
-                // LL: a shorter path than Simple (0.16 against 0.32 µs a step), a quarter of
-                // its bandwidth here (half of each line is flag, and lines cross one by one).
-                LinkConsts { alpha_us: 0.32, gamma_us: 0.07, gbps: 3.9, ll_alpha_us: 0.16, ll_gbps: 1.15 },
+                // LL: a shorter path than Simple (0.16 against 0.32 µs a step), less bandwidth
+                // (half of each line is flag). 3.2 since LL got its own 32-step ring (it was
+                // 1.15): 2-rank one-shot/LL measured ahead of Simple up to 2 KiB (1.05 against
+                // 1.30 µs) and behind from 4 KiB (1.85 against 1.36), so the crossover is ~3 KiB.
+                LinkConsts { alpha_us: 0.32, gamma_us: 0.07, gbps: 3.9, ll_alpha_us: 0.16, ll_gbps: 3.2 },
                 // With more ranks than cores LL never paid in any run: its waits spin on more
                 // lines while the peer it waits for needs the core.
                 LinkConsts { alpha_us: 2.95, gamma_us: 1.35, gbps: 1.93, ll_alpha_us: 3.5, ll_gbps: 0.5 },
