@@ -55,6 +55,8 @@ struct Cfg {
 
 /// Median times per (configuration, ranks, bytes per rank).
 type Table = BTreeMap<(Cfg, usize, usize), f64>;
+/// Per configuration: (ranks, bytes per rank, median µs).
+type ByCfg = BTreeMap<Cfg, Vec<(usize, usize, f64)>>;
 
 const ALGOS: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Pat, Algo::OneShot];
 const PROTOS: [Proto; 2] = [Proto::Simple, Proto::Ll];
@@ -200,7 +202,7 @@ fn name(cfg: Cfg) -> String {
 
 /// The measurements by configuration, and the points (link, collective, ranks, bytes) where
 /// more than one configuration was measured.
-fn tables(rows: &[Measured], cores: usize) -> Result<(BTreeMap<Cfg, Vec<(usize, usize, f64)>>, Points)> {
+fn tables(rows: &[Measured], cores: usize) -> Result<(ByCfg, Points)> {
     let mut raw: BTreeMap<(Cfg, usize, usize), Vec<f64>> = BTreeMap::new();
     for m in rows {
         if let Some((k, t)) = parse(m, cores) {
@@ -211,7 +213,7 @@ fn tables(rows: &[Measured], cores: usize) -> Result<(BTreeMap<Cfg, Vec<(usize, 
         return Err(Error::arg("no forced run in the input that the model prices (need the sweep's \"forced\" rows)"));
     }
     let table: Table = raw.into_iter().map(|(k, mut v)| (k, median(&mut v))).collect();
-    let mut by_cfg: BTreeMap<Cfg, Vec<(usize, usize, f64)>> = BTreeMap::new();
+    let mut by_cfg: ByCfg = BTreeMap::new();
     let mut points: Points = BTreeMap::new();
     for (&(cfg, n, bytes), &t) in &table {
         by_cfg.entry(cfg).or_default().push((n, bytes, t));
