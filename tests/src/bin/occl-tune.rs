@@ -33,6 +33,10 @@ struct Args {
     /// Judge this tuner file (or `default`: the built-in constants) instead of fitting one.
     #[arg(long, value_name = "FILE")]
     check: Option<std::path::PathBuf>,
+    /// Fit the links' α, γ and bandwidths too, not only the per-algorithm corrections. They
+    /// price every collective on the link: use it with a sweep of every collective.
+    #[arg(long)]
+    links: bool,
     /// Print the file only, not the per-point report.
     #[arg(short, long)]
     quiet: bool,
@@ -76,7 +80,7 @@ fn main() -> anyhow::Result<()> {
     }
     let cores = a.cores.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let cal = match &a.check {
-        None => calibrate(&rows, cores)?,
+        None => calibrate(&rows, cores, a.links)?,
         Some(p) if p.as_os_str() == "default" => check_file(&rows, cores, None)?,
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;

@@ -254,27 +254,46 @@ pub(crate) fn check(rows: &[Measured], cores: usize, c: &Consts) -> Result<Calib
     Ok(Calibration { file: String::new(), report, misses, points: points.len() })
 }
 
-/// Coordinate search on the regret from `c`, one correction and factor at a time: the best
+/// Factors a search step tries on one constant.
+const FACTORS: [f64; 8] = [0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0];
+
+/// The constants one search step may change: a correction's base or scale, or (with
+/// `--links`) one of a link's five.
+#[derive(Clone, Copy)]
+enum Knob {
+    Base(Cfg),
+    Scale(Cfg),
+    Link(usize, usize),
+}
+
+fn turn(c: &mut Consts, k: Knob, f: f64) {
+    match k {
+        // A base of 0 cannot grow by a factor: start it from 0.1 µs.
+        Knob::Base(cfg) => {
+            let a = &mut c.adj[cfg.link][cfg.func][cfg.algo][cfg.proto];
+            a.base_us = if a.base_us == 0.0 { 0.1 * f } else { a.base_us * f };
+        }
+        Knob::Scale(cfg) => c.adj[cfg.link][cfg.func][cfg.algo][cfg.proto].scale *= f,
+        Knob::Link(l, i) => {
+            let x = &mut c.links[l];
+            *[&mut x.alpha_us, &mut x.gamma_us, &mut x.gbps, &mut x.ll_alpha_us, &mut x.ll_gbps][i] *= f;
+        }
+    }
+}
+
+/// Coordinate search on the regret from `c`, one constant and factor at a time: the best
 /// constants found and their regret.
-fn search(mut c: Consts, keys: &[Cfg], points: &Points) -> (Consts, f64) {
+fn search(mut c: Consts, knobs: &[Knob], points: &Points) -> (Consts, f64) {
     let (mut best, _) = regret(&c, points);
     for _round in 0..20 {
         let mut improved = false;
-        for &cfg in keys {
-            for which in 0..2 {
-                for f in [0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0] {
-                    let mut t = c.clone();
-                    let a = &mut t.adj[cfg.link][cfg.func][cfg.algo][cfg.proto];
-                    if which == 0 {
-                        // A base of 0 cannot grow by a factor: start it from 0.1 µs.
-                        a.base_us = if a.base_us == 0.0 { 0.1 * f } else { a.base_us * f };
-                    } else {
-                        a.scale *= f;
-                    }
-                    let (r, _) = regret(&t, points);
-                    if r < best - 1e-9 {
-                        (best, c, improved) = (r, t, true);
-                    }
+        for &k in knobs {
+            for f in FACTORS {
+                let mut t = c.clone();
+                turn(&mut t, k, f);
+                let (r, _) = regret(&t, points);
+                if r < best - 1e-9 {
+                    (best, c, improved) = (r, t, true);
                 }
             }
         }
@@ -285,23 +304,41 @@ fn search(mut c: Consts, keys: &[Cfg], points: &Points) -> (Consts, f64) {
     (c, best)
 }
 
-/// Fits the corrections to `rows` (forced runs on a host of `cores` cores) over `start`.
-pub(crate) fn fit(rows: &[Measured], cores: usize, start: Consts) -> Result<Calibration> {
+const LINK_PARAMS: [&str; 5] = ["alpha_us", "gamma_us", "gbps", "ll.alpha_us", "ll.gbps"];
+
+/// Fits the corrections to `rows` (forced runs on a host of `cores` cores) over `start`;
+/// with `links`, the measured links' α, γ and bandwidths too (they price every collective on
+/// the link, so only for a sweep of every collective).
+pub(crate) fn fit(rows: &[Measured], cores: usize, start: Consts, links: bool) -> Result<Calibration> {
     let (by_cfg, points) = tables(rows, cores)?;
     let mut ls = start.clone();
     for (&cfg, pts) in &by_cfg {
         let (base_us, scale) = least_squares(&ls, cfg, pts);
         ls.adj[cfg.link][cfg.func][cfg.algo][cfg.proto] = model::Adj { base_us, scale };
     }
+    let mut knobs: Vec<Knob> = by_cfg.keys().flat_map(|&cfg| [Knob::Base(cfg), Knob::Scale(cfg)]).collect();
+    let mut measured: Vec<usize> = by_cfg.keys().map(|c| c.link).collect();
+    measured.dedup();
+    if links {
+        knobs.extend(measured.iter().flat_map(|&l| (0..LINK_PARAMS.len()).map(move |i| Knob::Link(l, i))));
+    }
     // The search runs from the least-squares fit and from the constants it started with (a
     // close fit can rank worse than cruder constants); the lower regret wins.
-    let keys: Vec<Cfg> = by_cfg.keys().copied().collect();
-    let (a, b) = (search(ls, &keys, &points), search(start, &keys, &points));
+    let (a, b) = (search(ls, &knobs, &points), search(start, &knobs, &points));
     let c = if a.1 <= b.1 { a.0 } else { b.0 };
     let mut file = String::from(
         "# occl tuner constants fitted by occl-tune to forced occl-perf runs (base µs and byte-term\n\
          # scale per link, collective, algorithm, protocol; see core/src/coll/tune/file.rs)\n",
     );
+    if links {
+        for &l in &measured {
+            let x = c.links[l];
+            let v = [x.alpha_us, x.gamma_us, x.gbps, x.ll_alpha_us, x.ll_gbps];
+            for (p, v) in LINK_PARAMS.iter().zip(v) {
+                file += &format!("{}.{p} = {v:.4}\n", Link::ALL[l].name());
+            }
+        }
+    }
     for &cfg in by_cfg.keys() {
         let a = c.adj[cfg.link][cfg.func][cfg.algo][cfg.proto];
         file += &format!("{}.base_us = {:.3}\n{}.scale = {:.4}\n", name(cfg), a.base_us, name(cfg), a.scale);
@@ -340,7 +377,7 @@ mod tests {
                 rows.push(row("tree", size, 5.0 * ring));
             }
         }
-        let cal = fit(&rows, 2, Consts::default()).expect("fits");
+        let cal = fit(&rows, 2, Consts::default(), false).expect("fits");
         assert_eq!((cal.misses, cal.points), (0, 5), "{}", cal.report.join("\n"));
         let c = super::super::file::parse(&cal.file).expect("the file loads");
         assert_eq!(check(&rows, 2, &c).expect("checks").misses, 0);
@@ -359,7 +396,8 @@ mod tests {
 
     #[test]
     fn rows_it_cannot_use_are_an_error() {
-        let e = fit(&[row("-", 8, 1.0), row("nvls", 8, 1.0)], 2, Consts::default()).err().expect("nothing to fit");
+        let e =
+            fit(&[row("-", 8, 1.0), row("nvls", 8, 1.0)], 2, Consts::default(), false).err().expect("nothing to fit");
         assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
     }
 }

@@ -21,9 +21,9 @@ use policy::{Policy, ALGOS, FUNCS, PROTOS};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Fits `OCCL_TUNER_FILE` constants to measured forced runs on a host of `cores` cores (the
-/// `occl-tune` tool; see `fit`).
-pub fn calibrate(rows: &[fit::Measured], cores: usize) -> Result<fit::Calibration> {
-    fit::fit(rows, cores, Consts::default())
+/// `occl-tune` tool; see `fit`); `links`: the links' own constants too.
+pub fn calibrate(rows: &[fit::Measured], cores: usize, links: bool) -> Result<fit::Calibration> {
+    fit::fit(rows, cores, Consts::default(), links)
 }
 
 /// How the picks of a tuner file (`None`: the defaults) fare against measured forced runs.
