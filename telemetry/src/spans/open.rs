@@ -101,7 +101,7 @@ struct Slot {
     /// The id of the event held (0: free); changed only under `open`'s lock, read without it
     /// by `count_step`.
     id: AtomicU64,
-    /// The held event's finished ProxySteps: counted by its steps' stops without its lock.
+    /// The held event's finished ProxySteps: counted by its steps' stops (or their sums) without its lock.
     steps: AtomicU32,
     /// The first [`INLINE_MARKS`] state marks (time, state, value), and how many are written:
     /// the event's own states, which its emitter orders, write them without the lock.
@@ -219,15 +219,15 @@ impl OpenTable {
         }
     }
 
-    /// One more finished ProxyStep for the open event `id` (its ProxyOp).
-    pub fn count_step(&self, id: EventId) {
+    /// `n` more finished ProxySteps for the open event `id` (its ProxyOp).
+    pub fn count_steps(&self, id: EventId, n: u32) {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Acquire) == key {
-            slot.steps.fetch_add(1, Relaxed);
+            slot.steps.fetch_add(n, Relaxed);
         } else if self.spilled.load(Relaxed) != 0 {
             if let Some(o) = lock(&self.overflow).get_mut(&key) {
-                o.steps_done = o.steps_done.saturating_add(1);
+                o.steps_done = o.steps_done.saturating_add(n);
             }
         }
     }
@@ -347,8 +347,8 @@ mod tests {
         assert_eq!(t.stop(a, |o, _, _| o.root), Some(id(1)));
         assert_eq!(t.stop(a, |o, _, _| o.root), None);
         assert_eq!(t.with(b, |o| o.root), Some(id(2)));
-        t.count_step(b);
-        t.count_step(a);
+        t.count_steps(b, 1);
+        t.count_steps(a, 1);
         assert_eq!(t.stop(b, |o, _, steps| (o.root, steps)), Some((id(2), 1)));
         assert_eq!((t.len(), t.spilled.load(Ordering::Relaxed)), (0, 0));
         assert_eq!(t.with(id(7), |o| o.root), None);
@@ -366,7 +366,7 @@ mod tests {
             for i in 0..MAX_STATES + 2 {
                 t.state(id(key), || mark(i));
             }
-            t.count_step(id(key));
+            t.count_steps(id(key), 1);
             let got = t.stop(id(key), |o, marks, steps| (marks.to_vec(), o.states_dropped, o.payload.len(), steps));
             let want: Vec<StateMark> = (0..MAX_STATES).map(mark).collect();
             assert_eq!(got, Some((want, 2, 3, 1)), "event {key}");
