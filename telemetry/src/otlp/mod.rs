@@ -34,7 +34,7 @@ mod worker;
 
 pub use config::{ConfigError, OtlpConfig, Protocol};
 
-use crate::event::EventType;
+use crate::event::{EventId, EventType};
 use crate::mask::EventMask;
 use crate::spans::{CommMeta, Exporter, Span};
 use record::Rec;
@@ -167,6 +167,10 @@ impl Exporter for OtlpExporter {
     fn comm_init(&self, comm: &Arc<CommMeta>) {
         let _ = self.sh.job.set(format!("{:016x}", comm.hash));
         self.live_comms.fetch_add(1, Relaxed);
+    }
+
+    fn keeps_step(&self, id: EventId) -> bool {
+        ids::sampled(id.get(), self.step_threshold)
     }
 
     fn span(&self, span: &Span<'_>) {

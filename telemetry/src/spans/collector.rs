@@ -108,6 +108,12 @@ impl CommSpans {
         self.open.len()
     }
 
+    /// Whether an exporter wants the ProxyStep `id` as a span (or its sums).
+    fn keeps_step(&self, id: EventId) -> bool {
+        let bit = EventType::ProxyStep.bit();
+        self.mask.wants_totals() || self.exporters.iter().any(|(i, e)| i & bit != 0 && e.keeps_step(id))
+    }
+
     /// Step sums to the exporters that want them.
     fn totals(&self, t: &StepTotals) {
         for (interest, e) in &self.exporters {
@@ -237,9 +243,17 @@ impl Sink for CommSpans {
             // only its children's trace root is kept; its states and stop find no entry.
             return;
         }
+        if let EventDescr::ProxyStep { .. } = ev {
+            if !self.keeps_step(id) {
+                // Counted in its ProxyOp's steps_done, nothing more: no clock, no span.
+                let (descr, payload) = (EventDescr::ProxyStep { rank: 0, step: 0 }, &[][..]);
+                self.open.start(id, Start { light: true, parent, root, start_ns: 0, descr, payload });
+                return;
+            }
+        }
         let start_ns = clock::unix_nanos();
         let (descr, payload) = own(ev);
-        self.open.start(id, Start { parent, root, start_ns, descr, payload });
+        self.open.start(id, Start { light: false, parent, root, start_ns, descr, payload });
     }
 
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
@@ -249,6 +263,9 @@ impl Sink for CommSpans {
 
     fn stop(&self, id: EventId) {
         let step_of = self.open.stop(id, |o, states, steps_done| {
+            if o.light {
+                return o.parent;
+            }
             let end_ns = clock::unix_nanos();
             let span = Span {
                 comm: &self.comm,

@@ -137,6 +137,14 @@ pub trait Exporter: Send + Sync + 'static {
         let _ = comm;
     }
 
+    /// Whether this exporter wants the ProxyStep `id` (asked at its start; a sampling exporter
+    /// declines most). A step no exporter wants costs no clock read and makes no span; it still
+    /// counts in its ProxyOp's `steps_done`.
+    fn keeps_step(&self, id: EventId) -> bool {
+        let _ = id;
+        true
+    }
+
     /// An event of a type in `interest()` finished. Runs on the emitting thread: must not block.
     fn span(&self, span: &Span<'_>);
 

@@ -20,7 +20,7 @@ use super::{StateMark, MAX_STATES};
 use crate::event::{EventDescr, EventId};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::{self, Acquire, Relaxed, Release};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Open events addressed directly; a power of two. NCCL keeps at most a few hundred events of a
@@ -34,6 +34,8 @@ pub const INLINE_MARKS: usize = 4;
 
 /// An event between its start and its stop.
 pub(super) struct Open {
+    /// Only counted (a ProxyStep no exporter keeps): no marks, no span at the stop.
+    pub light: bool,
     pub parent: Option<EventId>,
     pub root: EventId,
     pub start_ns: u64,
@@ -51,6 +53,7 @@ pub(super) struct Open {
 impl Open {
     fn empty(root: EventId) -> Open {
         Open {
+            light: false,
             parent: None,
             root,
             start_ns: 0,
@@ -75,6 +78,8 @@ impl Open {
 
 /// What a new event's entry starts with.
 pub(super) struct Start<'a> {
+    /// See [`Open::light`].
+    pub light: bool,
     pub parent: Option<EventId>,
     pub root: EventId,
     pub start_ns: u64,
@@ -85,6 +90,7 @@ pub(super) struct Start<'a> {
 impl Start<'_> {
     /// Overwrites `o` with this start, keeping its buffers' capacity.
     fn fill(self, o: &mut Open) {
+        o.light = self.light;
         o.parent = self.parent;
         o.root = self.root;
         o.start_ns = self.start_ns;
@@ -107,6 +113,8 @@ struct Slot {
     /// the event's own states, which its emitter orders, write them without the lock.
     marks: [[AtomicU64; 3]; INLINE_MARKS],
     n_marks: AtomicU32,
+    /// The held event's [`Open::light`], readable without the lock once `id` is.
+    light: AtomicBool,
     open: SpinLock<Open>,
 }
 
@@ -117,6 +125,7 @@ impl Slot {
             steps: AtomicU32::new(0),
             marks: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             n_marks: AtomicU32::new(0),
+            light: AtomicBool::new(false),
             open: SpinLock::new(open),
         }
     }
@@ -158,6 +167,7 @@ impl OpenTable {
         {
             let mut o = slot.open.lock();
             if slot.id.load(Relaxed) == 0 {
+                slot.light.store(s.light, Relaxed);
                 s.fill(&mut o);
                 slot.steps.store(0, Relaxed);
                 slot.n_marks.store(0, Relaxed);
@@ -197,6 +207,9 @@ impl OpenTable {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Acquire) == key {
+            if slot.light.load(Relaxed) {
+                return;
+            }
             let n = slot.n_marks.load(Relaxed) as usize;
             if let Some(w) = slot.marks.get(n) {
                 let m = mark();
@@ -213,7 +226,7 @@ impl OpenTable {
             return;
         }
         if self.spilled.load(Relaxed) != 0 {
-            if let Some(o) = lock(&self.overflow).get_mut(&key) {
+            if let Some(o) = lock(&self.overflow).get_mut(&key).filter(|o| !o.light) {
                 o.push_state(mark(), MAX_STATES);
             }
         }
@@ -233,7 +246,7 @@ impl OpenTable {
     }
 
     /// Ends the event `id`: runs `f` on its entry, its state marks in order and its finished
-    /// steps; the entry is then forgotten. `f` runs under the entry's lock and must not reach
+    /// steps (none of either for a light entry); the entry is then forgotten. `f` runs under the entry's lock and must not reach
     /// this table.
     pub fn stop<R>(&self, id: EventId, f: impl FnOnce(&Open, &[StateMark], u32) -> R) -> Option<R> {
         let key = id.get();
@@ -241,6 +254,11 @@ impl OpenTable {
         if slot.id.load(Relaxed) == key {
             let mut o = slot.open.lock();
             if slot.id.load(Relaxed) == key {
+                if o.light {
+                    let r = f(&o, &[], 0);
+                    slot.id.store(0, Relaxed);
+                    return Some(r);
+                }
                 let n = (slot.n_marks.load(Acquire) as usize).min(INLINE_MARKS);
                 let mut all = std::mem::take(&mut o.all);
                 all.clear();
@@ -331,7 +349,7 @@ mod tests {
     }
 
     fn start(root: u64) -> Start<'static> {
-        Start { parent: None, root: id(root), start_ns: 1, descr: EventDescr::ProxyCtrl, payload: &[] }
+        Start { light: false, parent: None, root: id(root), start_ns: 1, descr: EventDescr::ProxyCtrl, payload: &[] }
     }
 
     #[test]
@@ -381,6 +399,24 @@ mod tests {
         assert_eq!(t.len(), 0);
         // A state for an event that is not open reads no clock.
         t.state(again, || unreachable!("mark made for a stopped event"));
+    }
+
+    #[test]
+    fn a_light_entry_takes_no_marks_and_a_reused_slot_is_full_again() {
+        let t = OpenTable::default();
+        let mark = || StateMark { t_ns: 1, state: 2, value: 3 };
+        for key in [4, 4 + OPEN_SLOTS as u64] {
+            // In a slot, then (the slot still held) in the overflow map.
+            t.start(id(key), Start { light: true, parent: Some(id(1)), ..start(1) });
+            t.state(id(key), || unreachable!("a light entry reads no clock"));
+        }
+        for key in [4, 4 + OPEN_SLOTS as u64] {
+            assert_eq!(t.stop(id(key), |o, marks, _| (o.light, o.parent, marks.len())), Some((true, Some(id(1)), 0)));
+        }
+        let again = id(4 + 2 * OPEN_SLOTS as u64);
+        t.start(again, start(2));
+        t.state(again, mark);
+        assert_eq!(t.stop(again, |o, marks, _| (o.light, marks.to_vec())), Some((false, vec![mark()])));
     }
 
     #[test]
