@@ -41,7 +41,7 @@ impl Layout {
         if self.slots == 0 || self.slots > 64 {
             return bad(format!("{} slots per FIFO; 1 to 64", self.slots));
         }
-        if self.slot_bytes < 4096 || self.slot_bytes % 4096 != 0 || self.slot_bytes > 1 << 30 {
+        if self.slot_bytes < 4096 || !self.slot_bytes.is_multiple_of(4096) || self.slot_bytes > 1 << 30 {
             return bad(format!("{}-byte slots; a multiple of 4096 up to 1 GiB", self.slot_bytes));
         }
         Ok(())

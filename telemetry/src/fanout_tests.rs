@@ -415,7 +415,10 @@ fn step_sums_go_to_sinks_that_want_them_and_steps_still_reach_them() {
     assert!(f.capture().wants_totals() && f.capture().contains(EventType::ProxyOp));
     let v = f.view();
     let op = v
-        .start(None, &EventDescr::ProxyOp { rank: 1, pid: 1, channel_id: 0, peer: 0, n_steps: 2, chunk_size: 8, is_send: true })
+        .start(
+            None,
+            &EventDescr::ProxyOp { rank: 1, pid: 1, channel_id: 0, peer: 0, n_steps: 2, chunk_size: 8, is_send: true },
+        )
         .expect("op wanted");
     // A step an emitter could not sum (tcp) reaches the sum sink as an event.
     let s = v.start(Some(op), &STEP_DESCR).expect("step wanted");

@@ -206,7 +206,12 @@ impl occl_telemetry::Sink for SumWatch {
     fn interest(&self) -> occl_telemetry::EventMask {
         occl_telemetry::EventMask::STEP_TOTALS
     }
-    fn start(&self, _: occl_telemetry::EventId, _: Option<occl_telemetry::EventId>, ev: &occl_telemetry::EventDescr<'_>) {
+    fn start(
+        &self,
+        _: occl_telemetry::EventId,
+        _: Option<occl_telemetry::EventId>,
+        ev: &occl_telemetry::EventDescr<'_>,
+    ) {
         if ev.event_type() == occl_telemetry::EventType::ProxyStep {
             self.step_starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

@@ -331,8 +331,7 @@ fn rounds(streams: &mut [TcpStream], lo: usize, mut tier: Option<Tier>) -> Resul
         });
         let msg = failed.or_else(|| {
             blocks
-                .iter()
-                .any(|b| *b == Block::Bye)
+                .contains(&Block::Bye)
                 .then(|| "the ranks of another root left while these waited in a round".to_string())
         });
         if let Some(msg) = msg {

@@ -204,7 +204,9 @@ fn step_sums_reach_sum_exporters_and_steps_become_sums_for_them() {
     s.start(id(1), None, &op);
     // One step as an event (NCCL, or a tcp leg): summed for `sums`, a span for `steps`.
     s.start(id(2), Some(id(1)), &EventDescr::ProxyStep { rank: 1, step: 0 });
-    for (state, n) in [(ProxyStepState::RecvWait, 0), (ProxyStepState::RecvFlushWait, 40), (ProxyStepState::RecvGpuWait, 40)] {
+    for (state, n) in
+        [(ProxyStepState::RecvWait, 0), (ProxyStepState::RecvFlushWait, 40), (ProxyStepState::RecvGpuWait, 40)]
+    {
         s.state(id(2), &StateArgs::ProxyStep { state, trans_size: n });
     }
     s.stop(id(2));
