@@ -5,6 +5,7 @@
 #
 #   bench/telemetry-ab.sh DIR TAG...   runs DIR/occl-perf-TAG (and DIR/event_cost-TAG, if there)
 #   CPUS=2-5 ROUNDS=31 NOMICRO=1       pinning (taskset list), A/B rounds, skip event_cost
+#   SINKS="prometheus otlp"             the sinks to measure (default all four)
 set -u
 dir=$1
 shift
@@ -18,7 +19,7 @@ for tag in "$@"; do
     done
   fi
 done
-for sink in collector prometheus otlp trace; do
+for sink in ${SINKS:-collector prometheus otlp trace}; do
   for size in 8 1M; do
     if [ $size = 8 ]; then it="-n 2000 -w 200"; else it="-n 200 -w 20"; fi
     for tag in "$@"; do
