@@ -5,6 +5,7 @@
 #
 #   bench/telemetry-ab.sh DIR TAG...   runs DIR/occl-perf-TAG (and DIR/event_cost-TAG, if there)
 #   CPUS=2-5 ROUNDS=31 NOMICRO=1       pinning (taskset list), A/B rounds, skip event_cost
+#   SINKS="prometheus otlp" SIZES=1M    the sinks and sizes to measure (default all four, 8 and 1M)
 set -u
 dir=$1
 shift
@@ -18,8 +19,8 @@ for tag in "$@"; do
     done
   fi
 done
-for sink in collector prometheus otlp trace; do
-  for size in 8 1M; do
+for sink in ${SINKS:-collector prometheus otlp trace}; do
+  for size in ${SIZES:-8 1M}; do
     if [ $size = 8 ]; then it="-n 2000 -w 200"; else it="-n 200 -w 20"; fi
     for tag in "$@"; do
       echo "## $tag $sink $size: taskset -c $CPUS occl-perf all_reduce -b $size -e $size --ranks 2 $it --events-ab $ROUNDS --events-sink $sink"

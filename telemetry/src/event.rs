@@ -254,6 +254,41 @@ pub enum ProxyStepState {
     SendPeerWait = 20,
 }
 
+/// The steps of one ProxyOp, summed by its emitter instead of sent one by one: what a sink that
+/// asks for [`crate::EventMask::STEP_TOTALS`] gets at the op's end (`Sink::step_totals`) for the
+/// steps the emitter did not send as ProxyStep events. Metrics need only these sums, and a
+/// 1 MiB all-reduce has dozens of steps per call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTotals {
+    /// The op's direction (its `is_send`).
+    pub send: bool,
+    /// Steps summed (finished, or cut short by a failure).
+    pub steps: u32,
+    /// `transSize` of each step: posted (send) or received (receive).
+    pub bytes: u64,
+    /// Time the steps spent in each state of [`StepTotals::STATES`], from its mark to the next
+    /// (the last to the step's stop), in ns.
+    pub wait_ns: [u64; 6],
+}
+
+impl StepTotals {
+    /// The states of `wait_ns`, in order: the send side's, then the receive side's.
+    pub const STATES: [ProxyStepState; 6] = [
+        ProxyStepState::SendGpuWait,
+        ProxyStepState::SendPeerWait,
+        ProxyStepState::SendWait,
+        ProxyStepState::RecvWait,
+        ProxyStepState::RecvFlushWait,
+        ProxyStepState::RecvGpuWait,
+    ];
+
+    /// The index of NCCL's ProxyStep state `raw` in [`StepTotals::STATES`].
+    #[inline]
+    pub fn index_of(raw: u32) -> Option<usize> {
+        Self::STATES.iter().position(|s| *s as u32 == raw)
+    }
+}
+
 /// ProxyCtrl states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]

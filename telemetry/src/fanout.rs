@@ -17,7 +17,7 @@
 //! read-modify-writes each. `detach` waits until no view holds the sink any more, so the promise
 //! stays: once `detach` returns, the sink is never called again.
 
-use crate::event::{EventDescr, EventId, EventType, StateArgs};
+use crate::event::{EventDescr, EventId, EventType, StateArgs, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::{Note, Sink};
 use std::cell::Cell;
@@ -184,7 +184,7 @@ impl Fanout {
     /// before building a descriptor.
     #[inline]
     pub fn enabled(&self, t: EventType) -> bool {
-        self.interest.load(Relaxed) & t.bit() != 0
+        self.interest.load(Relaxed) & EventMask::route_bits(t) != 0
     }
 
     /// The OR of the attached sinks' masks, ancestors included (dynamic sinks as last captured).
@@ -256,7 +256,7 @@ impl Fanout {
     /// then skips the event's states, stop and children (as NCCL does with a NULL handle).
     #[inline]
     pub fn start(&self, parent: Option<EventId>, descr: &EventDescr<'_>) -> Option<EventId> {
-        let bit = descr.event_type().bit();
+        let bit = EventMask::route_bits(descr.event_type());
         if self.interest.load(Relaxed) & bit == 0 {
             return None;
         }
@@ -277,6 +277,11 @@ impl Fanout {
     /// fan-out keeps no per-event state, so it cannot tell a second stop from the first.
     pub fn stop(&self, id: EventId) {
         for_each_route(&self.read(), id, |s| s.stop(id));
+    }
+
+    /// [`View::step_totals`] under the read lock.
+    pub fn step_totals(&self, op: EventId, totals: &StepTotals) {
+        totals_on(&self.read(), op, totals);
     }
 
     /// Hands a [`Note`] to every attached sink (notes are not typed events: no mask applies).
@@ -303,7 +308,7 @@ impl View<'_> {
     /// [`Fanout::start`] without the lock: the sinks of this view that want the type.
     #[inline]
     pub fn start(&self, parent: Option<EventId>, descr: &EventDescr<'_>) -> Option<EventId> {
-        let bit = descr.event_type().bit();
+        let bit = EventMask::route_bits(descr.event_type());
         if self.f.interest.load(Relaxed) & bit == 0 {
             return None;
         }
@@ -326,6 +331,12 @@ impl View<'_> {
     /// [`Fanout::stop`] without the lock.
     pub fn stop(&self, id: EventId) {
         for_each_route(&self.table, id, |s| s.stop(id));
+    }
+
+    /// Hands the step sums of the live ProxyOp `op` to the sinks that saw its start and want
+    /// [`EventMask::STEP_TOTALS`].
+    pub fn step_totals(&self, op: EventId, totals: &StepTotals) {
+        totals_on(&self.table, op, totals);
     }
 
     /// [`Fanout::note`] to this view's sinks.
@@ -365,6 +376,15 @@ fn start_on(
     Some(id)
 }
 
+/// Step sums to the sinks that saw `op` start and want them.
+fn totals_on(slots: &[Option<Slot>], op: EventId, totals: &StepTotals) {
+    for_each_slot(slots, op, |s| {
+        if s.wants() & EventMask::STEP_TOTALS.0 != 0 {
+            s.sink.step_totals(op, totals);
+        }
+    });
+}
+
 /// Returns once no table but the caller's slot refers to a detached sink: every view taken
 /// while it was attached is dropped (read-locked calls ended when the table was replaced).
 fn wait_unshared(tables: &Arc<()>) {
@@ -385,13 +405,17 @@ fn wait_unshared(tables: &Arc<()>) {
 /// Calls `f` on every sink that saw `id` start: its route bits, skipping slots detached or
 /// reused since.
 fn for_each_route(slots: &[Option<Slot>], id: EventId, mut f: impl FnMut(&dyn Sink)) {
+    for_each_slot(slots, id, |s| f(&*s.sink));
+}
+
+fn for_each_slot(slots: &[Option<Slot>], id: EventId, mut f: impl FnMut(&Slot)) {
     let (mut routes, seq) = (id.get() >> SEQ_BITS, id.get() & SEQ_MASK);
     while routes != 0 {
         let i = routes.trailing_zeros() as usize;
         routes &= routes - 1;
         if let Some(Some(s)) = slots.get(i) {
             if seq >= s.since {
-                f(&*s.sink);
+                f(s);
             }
         }
     }

@@ -20,6 +20,7 @@ struct Rec {
     stops: Mutex<Vec<u64>>,
     n_start: AtomicUsize,
     n_stop: AtomicUsize,
+    totals: Mutex<Vec<(u64, StepTotals)>>,
 }
 
 impl Rec {
@@ -53,6 +54,9 @@ impl Sink for Rec {
     fn stop(&self, id: EventId) {
         self.n_stop.fetch_add(1, Relaxed);
         lock(&self.stops).push(id.get());
+    }
+    fn step_totals(&self, op: EventId, t: &StepTotals) {
+        lock(&self.totals).push((op.get(), *t));
     }
 }
 
@@ -399,4 +403,37 @@ fn notes_reach_every_attached_sink_whatever_its_mask() {
     f.note(&Note::OpFailed { func: "AllReduce", kind: "Timeout" });
     assert_eq!(lock(&a.0).len(), 2);
     assert_eq!(*lock(&b.0), vec![n]);
+}
+
+#[test]
+fn step_sums_go_to_sinks_that_want_them_and_steps_still_reach_them() {
+    let f = Fanout::new();
+    let sums = Rec::new(EventMask::STEP_TOTALS);
+    let steps = Rec::new(STEP);
+    let ops = Rec::new(EventMask::of(EventType::ProxyOp));
+    let _h: Vec<_> = [&sums, &steps, &ops].iter().map(|s| f.attach((*s).clone()).expect("attach")).collect();
+    assert!(f.capture().wants_totals() && f.capture().contains(EventType::ProxyOp));
+    let v = f.view();
+    let op = v
+        .start(
+            None,
+            &EventDescr::ProxyOp { rank: 1, pid: 1, channel_id: 0, peer: 0, n_steps: 2, chunk_size: 8, is_send: true },
+        )
+        .expect("op wanted");
+    // A step an emitter could not sum (tcp) reaches the sum sink as an event.
+    let s = v.start(Some(op), &STEP_DESCR).expect("step wanted");
+    v.stop(s);
+    let t = StepTotals { send: true, steps: 2, bytes: 16, wait_ns: [1, 2, 0, 0, 0, 0] };
+    v.step_totals(op, &t);
+    v.stop(op);
+    assert_eq!(lock(&sums.totals).clone(), vec![(op.get(), t)]);
+    assert!(lock(&steps.totals).is_empty() && lock(&ops.totals).is_empty(), "only sinks that asked get sums");
+    assert!(sums.started().contains(&(s.get(), Some(op.get()), EventType::ProxyStep)));
+    assert!(!ops.started().iter().any(|x| x.2 == EventType::ProxyStep));
+    // Without a sum or step sink no step is issued.
+    drop(v);
+    let g = Fanout::new();
+    let _h = g.attach(ops.clone()).expect("attach");
+    assert_eq!(g.start(None, &STEP_DESCR), None);
+    assert!(!g.enabled(EventType::ProxyStep));
 }

@@ -38,6 +38,7 @@ pub mod trace;
 
 pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,
+    StepTotals,
 };
 pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
 pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, RootOrPeer};

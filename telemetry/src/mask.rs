@@ -17,6 +17,39 @@ impl EventMask {
     pub const NONE: EventMask = EventMask(0);
     /// Every defined event type (NCCL's "all v6 events", 0x7FFF).
     pub const ALL: EventMask = EventMask(0x7FFF);
+    /// occl's own bit, above NCCL's 32-bit mask: per-ProxyOp sums of its steps
+    /// ([`crate::StepTotals`]) instead of each ProxyStep. An emitter that can sum a leg's steps
+    /// (occl's shm legs) does, and hands the sums at the op's end; steps it still sends as events
+    /// (NCCL's, occl's tcp legs, whose NetPlugin children need a parent) reach the sink as
+    /// ProxySteps, from which it sums them itself.
+    pub const STEP_TOTALS: EventMask = EventMask(1 << 32);
+
+    /// The bits that route an event of type `t` to a sink: ProxySteps also go to sinks that want
+    /// [`EventMask::STEP_TOTALS`] (the steps an emitter did not sum).
+    #[inline]
+    pub const fn route_bits(t: EventType) -> u64 {
+        match t {
+            EventType::ProxyStep => t.bit() | Self::STEP_TOTALS.0,
+            _ => t.bit(),
+        }
+    }
+
+    /// Whether step sums are asked for.
+    #[inline]
+    pub const fn wants_totals(self) -> bool {
+        self.0 & Self::STEP_TOTALS.0 != 0
+    }
+
+    /// The mask for an emitter that sends every step as an event (NCCL): step sums become
+    /// ProxySteps.
+    #[inline]
+    pub const fn steps_as_events(self) -> EventMask {
+        if self.wants_totals() {
+            EventMask(self.0 | EventType::ProxyStep.bit())
+        } else {
+            self
+        }
+    }
 
     /// The mask of one type.
     #[inline]
@@ -59,10 +92,11 @@ impl EventMask {
         }
         let m = self.0;
         let mut out = m;
-        if has(m, &[T::ProxyStep, T::NetPlugin]) {
+        // With step sums, the steps that have NetPlugin children are sent as events anyway.
+        if has(m, &[T::NetPlugin]) && m & Self::STEP_TOTALS.0 == 0 {
             out |= T::ProxyStep.bit();
         }
-        if has(m, &[T::ProxyOp, T::ProxyStep, T::NetPlugin]) {
+        if has(m, &[T::ProxyOp, T::ProxyStep, T::NetPlugin]) || m & Self::STEP_TOTALS.0 != 0 {
             out |= T::ProxyOp.bit();
         }
         let below = &[T::ProxyOp, T::ProxyStep, T::KernelCh, T::NetPlugin];
@@ -270,5 +304,18 @@ mod tests {
         assert_eq!(anc(&[T::P2pApi]), EventMask::NONE.with(T::P2pApi).with(T::GroupApi));
         assert_eq!(anc(&[T::CeSync]), EventMask::NONE.with(T::CeSync).with(T::CollApi).with(T::GroupApi));
         assert_eq!(EventMask::ALL.with_ancestors(), EventMask::ALL);
+    }
+
+    #[test]
+    fn step_totals_imply_the_op_not_each_step() {
+        use EventType as T;
+        let m = (EventMask::STEP_TOTALS | EventType::NetPlugin).with_ancestors();
+        assert!(m.wants_totals() && m.contains(T::ProxyOp) && m.contains(T::Coll) && m.contains(T::GroupApi));
+        assert!(!m.contains(T::ProxyStep), "sums replace the steps an emitter can sum");
+        assert!(m.steps_as_events().contains(T::ProxyStep), "NCCL sends every step");
+        assert_eq!(EventMask::of(T::Coll).steps_as_events(), EventMask::of(T::Coll));
+        assert_eq!(EventMask::route_bits(T::ProxyStep) & m.0, EventMask::STEP_TOTALS.0);
+        assert_eq!(EventMask::route_bits(T::Coll), T::Coll.bit());
+        assert!(EventMask::STEP_TOTALS.0 > u64::from(u32::MAX), "never in NCCL's int mask");
     }
 }

@@ -2,7 +2,7 @@
 //! adapter) implements. Modelled on `tracing`'s `Layer`: every hook defaults to a no-op, and
 //! interest is declared once instead of being asked per event.
 
-use crate::event::{EventDescr, EventId, StateArgs};
+use crate::event::{EventDescr, EventId, StateArgs, StepTotals};
 use crate::mask::EventMask;
 
 /// A fact the emitter knows that no profiler event carries: occl's own addition, never sent by
@@ -37,6 +37,13 @@ pub trait Sink: Send + Sync + 'static {
     /// A state change of an event this sink saw start.
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
         let _ = (id, st);
+    }
+
+    /// The sums of the steps of the ProxyOp `op` that its emitter did not send as ProxyStep
+    /// events, just before the op's stop; only to a sink whose interest has
+    /// [`EventMask::STEP_TOTALS`].
+    fn step_totals(&self, op: EventId, totals: &StepTotals) {
+        let _ = (op, totals);
     }
 
     /// The end of an event this sink saw start; `id` is not used again.

@@ -127,11 +127,13 @@ pub struct Counter {
     pub starts: AtomicU64,
     pub states: AtomicU64,
     pub stops: AtomicU64,
+    /// `step_totals` calls (one per summed ProxyOp).
+    pub sums: AtomicU64,
 }
 
 impl Counter {
     pub fn total(&self) -> u64 {
-        self.starts.load(Relaxed) + self.states.load(Relaxed) + self.stops.load(Relaxed)
+        self.starts.load(Relaxed) + self.states.load(Relaxed) + self.stops.load(Relaxed) + self.sums.load(Relaxed)
     }
 }
 
@@ -150,6 +152,9 @@ impl Sink for Counter {
     }
     fn stop(&self, _: EventId) {
         self.stops.fetch_add(1, Relaxed);
+    }
+    fn step_totals(&self, _: EventId, _: &occl_telemetry::StepTotals) {
+        self.sums.fetch_add(1, Relaxed);
     }
 }
 

@@ -194,3 +194,118 @@ fn the_core_reports_errors_by_kind_and_bytes_by_transport() {
         let _ = c.destroy();
     }
 }
+
+/// Counts what a sink asking for step sums receives: ProxySteps sent as events, and `step_totals` calls.
+#[derive(Default)]
+struct SumWatch {
+    step_starts: std::sync::atomic::AtomicU64,
+    sums: std::sync::atomic::AtomicU64,
+}
+
+impl occl_telemetry::Sink for SumWatch {
+    fn interest(&self) -> occl_telemetry::EventMask {
+        occl_telemetry::EventMask::STEP_TOTALS
+    }
+    fn start(
+        &self,
+        _: occl_telemetry::EventId,
+        _: Option<occl_telemetry::EventId>,
+        ev: &occl_telemetry::EventDescr<'_>,
+    ) {
+        if ev.event_type() == occl_telemetry::EventType::ProxyStep {
+            self.step_starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn step_totals(&self, _: occl_telemetry::EventId, _: &occl_telemetry::StepTotals) {
+        self.sums.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A ProxyStep sink beside the exporter: then every step is an event.
+struct WantSteps;
+
+impl occl_telemetry::Sink for WantSteps {
+    fn interest(&self) -> occl_telemetry::EventMask {
+        occl_telemetry::EventMask::of(occl_telemetry::EventType::ProxyStep)
+    }
+}
+
+/// Per rank: steps and step bytes by direction, and transport bytes sent; and what a `SumWatch` saw (step events,
+/// sums).
+fn step_metrics(transport: occl::TransportKind, with_step_sink: bool) -> (Vec<[f64; 5]>, u64, u64) {
+    let cfg = occl::Config { transport: Some(transport), ..occl::Config::default() };
+    let comms = Comm::init_all_with(2, cfg).expect("two ranks");
+    let prom = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
+    let t = Telemetry::new(vec![prom.clone()]);
+    let watch = std::sync::Arc::new(SumWatch::default());
+    let mut handles = Vec::new();
+    for c in &comms {
+        let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
+        handles.push(c.attach_sink(t.comm_sink(meta)).expect("attach"));
+        handles.push(c.attach_sink(watch.clone()).expect("attach"));
+        if with_step_sink {
+            handles.push(c.attach_sink(std::sync::Arc::new(WantSteps)).expect("attach"));
+        }
+    }
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                // Several slices per ring step, and one of a single slice.
+                for n in [300_000usize, 300_000, 10] {
+                    let (a, mut b) = (vec![1.0f32; n], vec![0f32; n]);
+                    c.all_reduce(&a, &mut b, RedOp::Sum).expect("all-reduce");
+                }
+            });
+        }
+    });
+    for (i, h) in handles.into_iter().enumerate() {
+        comms[i / if with_step_sink { 3 } else { 2 }].detach_sink(h);
+    }
+    let mut text = String::new();
+    prom.render_metrics(&mut text);
+    let per_rank = (0..2)
+        .map(|r| {
+            let l = format!("comm=\"{:016x}\",rank=\"{r}\"", comms[0].id());
+            let v = |name: &str, dir: &str| -> f64 {
+                text.lines()
+                    .filter(|x| x.starts_with(name) && x.contains(&l) && x.contains(&format!("direction=\"{dir}\"")))
+                    .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            };
+            [
+                v("occl_proxy_steps_total{", "send"),
+                v("occl_proxy_steps_total{", "recv"),
+                v("occl_proxy_step_bytes_total{", "send"),
+                v("occl_proxy_step_bytes_total{", "recv"),
+                v("occl_transport_bytes_total{", "send"),
+            ]
+        })
+        .collect();
+    for c in comms {
+        let _ = c.destroy();
+    }
+    let r = std::sync::atomic::Ordering::Relaxed;
+    (per_rank, watch.step_starts.load(r), watch.sums.load(r))
+}
+
+/// Prometheus asks for step sums: over shm the core sums each ProxyOp's steps (no ProxyStep event at all), over tcp
+/// the steps stay events (the socket writer ends them) and the collector sums them; either way the step counts and
+/// bytes are those of per-step events (a ProxyStep sink attached beside it), and the bytes are the transport's.
+#[test]
+fn step_sums_count_what_step_events_count_over_shm_and_tcp() {
+    for tr in [occl::TransportKind::Shm, occl::TransportKind::Tcp] {
+        let (sums, step_events, sum_calls) = step_metrics(tr, false);
+        let (events, _, sum_calls_with_steps) = step_metrics(tr, true);
+        assert_eq!(sums, events, "{tr:?}: summed vs per-step events");
+        for r in &sums {
+            assert!(r[0] > 0.0 && r[1] > 0.0, "{tr:?}: steps {r:?}");
+            assert_eq!(r[2], r[4], "{tr:?}: step bytes sent vs transport bytes {r:?}");
+            assert_eq!(r[2], r[3], "{tr:?}: a 2-rank ring sends what it receives {r:?}");
+        }
+        assert_eq!(sum_calls_with_steps, 0, "{tr:?}: with a ProxyStep sink every step is an event");
+        match tr {
+            occl::TransportKind::Tcp => assert_eq!((step_events > 0, sum_calls), (true, 0), "tcp steps stay events"),
+            _ => assert_eq!((step_events, sum_calls > 0), (0, true), "shm steps are summed"),
+        }
+    }
+}

@@ -10,6 +10,8 @@
 //!       │                    InProgress at its first step
 //!       └─ ProxyStep         one per slice: send SendGPUWait → SendPeerWait → SendWait;
 //!                            receive RecvWait → RecvFlushWait → RecvGPUWait
+//!                            (or, for sinks that want only step sums, one `step_totals`
+//!                            per shm ProxyOp at its end: see `Steps`)
 //! ProxyCtrl                  Active/Idle markers, Append…AppendEnd(n) around the ProxyOp
 //!                            starts, Sleep → Wakeup around every blocking wait
 //! ```
@@ -22,7 +24,7 @@ use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
 use occl_telemetry::fanout::View;
-use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs};
+use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs, StepTotals};
 use std::cell::Cell;
 
 /// One planned ProxyOp: a peer, a direction, and how many slices cross it.
@@ -44,6 +46,38 @@ pub(crate) struct LegEv {
     /// at the end (`Note::TransportBytes`: no event carries the transport).
     transport: &'static str,
     bytes: Cell<u64>,
+    /// Its steps are summed into `totals` (handed to the sinks at the op's end) instead of sent
+    /// as ProxyStep events: the sinks want only sums, and posting is delivery (shm), so a step
+    /// ends on this thread. A tcp leg's steps end on the socket writer and parent its NetPlugin
+    /// events: they stay events.
+    sum: bool,
+    totals: Cell<StepTotals>,
+}
+
+/// Where a summed step is: its state (index in `StepTotals::STATES`) since `t_ns`.
+#[derive(Clone, Copy)]
+struct Mark {
+    state: usize,
+    t_ns: u64,
+}
+
+/// `StepTotals::STATES` indices.
+const SEND_GPU_WAIT: usize = 0;
+const SEND_PEER_WAIT: usize = 1;
+const RECV_WAIT: usize = 3;
+const RECV_GPU_WAIT: usize = 5;
+
+impl LegEv {
+    /// Adds the time since `m` to its state (and `bytes`, and a step if `done`); returns now.
+    fn add(&self, m: Mark, bytes: usize, done: bool) -> u64 {
+        let now = occl_telemetry::spans::unix_nanos();
+        let mut t = self.totals.get();
+        t.wait_ns[m.state] = t.wait_ns[m.state].saturating_add(now.saturating_sub(m.t_ns));
+        t.bytes = t.bytes.saturating_add(bytes as u64);
+        t.steps = t.steps.saturating_add(u32::from(done));
+        self.totals.set(t);
+        now
+    }
 }
 
 /// What the operation is, for its descriptors.
@@ -225,6 +259,7 @@ impl<'f> OpProf<'f> {
             )
         };
         let legs = if p.on(EventType::ProxyOp) { legs() } else { Vec::new() };
+        let sums = p.mask.wants_totals() && !p.on(EventType::ProxyStep);
         if !legs.is_empty() {
             let ctrl = p.start(None, &EventDescr::ProxyCtrl);
             p.state(ctrl, &StateArgs::ProxyCtrl { state: ProxyCtrlState::Append, appended_proxy_ops: 0 });
@@ -242,14 +277,17 @@ impl<'f> OpProf<'f> {
                         is_send: l.send,
                     },
                 );
+                let transport = transport(l.peer);
                 p.legs.push(LegEv {
                     peer: l.peer,
                     send: l.send,
                     id,
                     next_step: Cell::new(0),
                     progressing: Cell::new(false),
-                    transport: transport(l.peer),
+                    transport,
                     bytes: Cell::new(0),
+                    sum: sums && transport == "shm",
+                    totals: Cell::new(StepTotals { send: l.send, ..StepTotals::default() }),
                 });
             }
             let n = p.legs.len() as i32;
@@ -294,7 +332,7 @@ impl<'f> OpProf<'f> {
 
     /// Step events for primitives that send to `to` and receive from `from`.
     pub(crate) fn steps(&self, to: Option<usize>, from: Option<usize>) -> Option<Steps<'_>> {
-        if !self.on(EventType::ProxyStep) {
+        if !self.on(EventType::ProxyStep) && !self.mask.wants_totals() {
             // ProxyOps still get InProgress when their first slice moves.
             let send = to.and_then(|p| self.leg(p, true));
             let recv = from.and_then(|p| self.leg(p, false));
@@ -307,6 +345,8 @@ impl<'f> OpProf<'f> {
             recv: from.and_then(|p| self.leg(p, false)),
             cur_send: None,
             cur_recv: None,
+            send_mark: None,
+            recv_mark: None,
         })
     }
 
@@ -321,6 +361,12 @@ impl<'f> OpProf<'f> {
     /// no event stays open.
     pub(crate) fn end(self) {
         for l in &self.legs {
+            if let (true, Some(id)) = (l.sum, l.id) {
+                let t = l.totals.get();
+                if t.steps > 0 {
+                    self.f.step_totals(id, &t);
+                }
+            }
             self.stop(l.id);
         }
         for l in self.legs.iter().filter(|l| l.bytes.get() > 0) {
@@ -351,13 +397,17 @@ impl Sleeper for OpProf<'_> {
     }
 }
 
-/// ProxyStep events of one primitive's slices: at most one open step per direction.
+/// ProxyStep events of one primitive's slices: at most one open step per direction. A leg whose
+/// steps are summed (`LegEv::sum`) gets no events: each state change reads the clock once and
+/// adds the time in the state it leaves to the leg's sums.
 pub(crate) struct Steps<'a> {
     p: &'a OpProf<'a>,
     send: Option<&'a LegEv>,
     recv: Option<&'a LegEv>,
     cur_send: Option<EventId>,
     cur_recv: Option<EventId>,
+    send_mark: Option<Mark>,
+    recv_mark: Option<Mark>,
 }
 
 impl Steps<'_> {
@@ -365,32 +415,50 @@ impl Steps<'_> {
         self.p.in_progress(l);
         let step = l.next_step.get();
         l.next_step.set(step + 1);
-        let id = self.p.start(l.id, &EventDescr::ProxyStep { rank: self.p.rank, step });
+        // Not `p.start`: a tcp leg's steps go to sinks that want only sums too (the route bits).
+        let id = l.id.and_then(|op| self.p.f.start(Some(op), &EventDescr::ProxyStep { rank: self.p.rank, step }));
         self.p.state(id, &StateArgs::ProxyStep { state: first, trans_size: 0 });
         id
     }
 
+    /// A summed step of `l` begins in state `state`.
+    fn mark(&self, l: &LegEv, state: usize) -> Option<Mark> {
+        self.p.in_progress(l);
+        Some(Mark { state, t_ns: occl_telemetry::spans::unix_nanos() })
+    }
+
     /// A slice to send begins: its data is not produced yet (SendGPUWait).
     pub(crate) fn send_begin(&mut self) {
-        if self.cur_send.is_none() {
-            if let Some(l) = self.send {
-                self.cur_send = self.begin(l, ProxyStepState::SendGpuWait);
-            }
+        if self.cur_send.is_some() || self.send_mark.is_some() {
+            return;
+        }
+        match self.send {
+            Some(l) if l.sum => self.send_mark = self.mark(l, SEND_GPU_WAIT),
+            Some(l) => self.cur_send = self.begin(l, ProxyStepState::SendGpuWait),
+            None => {}
         }
     }
 
     /// The slice's data is ready; waiting for the receiver's credit (a free slot).
     pub(crate) fn send_peer_wait(&mut self) {
         self.send_begin();
+        if let (Some(l), Some(m)) = (self.send, self.send_mark) {
+            self.send_mark = Some(Mark { state: SEND_PEER_WAIT, t_ns: l.add(m, 0, false) });
+            return;
+        }
         self.p.state(self.cur_send, &StateArgs::ProxyStep { state: ProxyStepState::SendPeerWait, trans_size: 0 });
     }
 
-    /// The slice was posted (`n` bytes). Over shm that is delivery: the step ends. Over tcp the
-    /// socket writer (driven by this thread before the operation returns) ends it once the
-    /// frame is on the wire.
+    /// The slice was posted (`n` bytes). Over shm that is delivery: the step ends (summed, its
+    /// SendWait is 0). Over tcp the socket writer (driven by this thread before the operation
+    /// returns) ends it once the frame is on the wire.
     pub(crate) fn send_posted(&mut self, n: usize, fifo: &SendFifo) {
         if let Some(l) = self.send {
             l.bytes.set(l.bytes.get() + n as u64);
+            if let Some(m) = self.send_mark.take() {
+                l.add(m, n, true);
+                return;
+            }
         }
         let id = self.cur_send.take();
         self.p.state(id, &StateArgs::ProxyStep { state: ProxyStepState::SendWait, trans_size: n });
@@ -403,13 +471,18 @@ impl Steps<'_> {
 
     /// A slice to receive is expected (RecvWait); a tcp reader learns which step waits.
     pub(crate) fn recv_begin(&mut self, fifo: &RecvFifo) {
-        if self.cur_recv.is_none() {
-            if let Some(l) = self.recv {
+        if self.cur_recv.is_some() || self.recv_mark.is_some() {
+            return;
+        }
+        match self.recv {
+            Some(l) if l.sum => self.recv_mark = self.mark(l, RECV_WAIT),
+            Some(l) => {
                 self.cur_recv = self.begin(l, ProxyStepState::RecvWait);
                 if let Some(id) = self.cur_recv {
                     fifo.waiting_step(id.get());
                 }
             }
+            None => {}
         }
     }
 
@@ -418,6 +491,11 @@ impl Steps<'_> {
     pub(crate) fn recv_arrived(&mut self, n: usize) {
         if let Some(l) = self.recv {
             l.bytes.set(l.bytes.get() + n as u64);
+            // Summed: RecvWait ends, RecvFlushWait takes no time, RecvGPUWait begins.
+            if let Some(m) = self.recv_mark {
+                self.recv_mark = Some(Mark { state: RECV_GPU_WAIT, t_ns: l.add(m, n, false) });
+                return;
+            }
         }
         self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvFlushWait, trans_size: n });
         self.p.state(self.cur_recv, &StateArgs::ProxyStep { state: ProxyStepState::RecvGpuWait, trans_size: n });
@@ -425,14 +503,23 @@ impl Steps<'_> {
 
     /// The slice was consumed and its slot released.
     pub(crate) fn recv_done(&mut self) {
+        if let (Some(l), Some(m)) = (self.recv, self.recv_mark.take()) {
+            l.add(m, 0, true);
+        }
         self.p.stop(self.cur_recv.take());
     }
 }
 
 impl Drop for Steps<'_> {
-    /// A primitive that fails leaves no step open.
+    /// A primitive that fails leaves no step open (a summed one counts, as a stopped event
+    /// would).
     fn drop(&mut self) {
         self.p.stop(self.cur_send.take());
         self.p.stop(self.cur_recv.take());
+        for (l, m) in [(self.send, self.send_mark.take()), (self.recv, self.recv_mark.take())] {
+            if let (Some(l), Some(m)) = (l, m) {
+                l.add(m, 0, true);
+            }
+        }
     }
 }

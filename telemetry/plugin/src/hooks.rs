@@ -51,7 +51,8 @@ pub fn init(version: ApiVersion, info: &CommInfo<'_>) -> Init {
         );
         return none();
     };
-    let interest = sink.interest() & known;
+    // NCCL sends every step: a sink that wants step sums gets them as ProxySteps.
+    let interest = sink.interest().steps_as_events() & known;
     let Some(comm) = comms::add(version, sink.clone(), interest) else {
         sink.finalize();
         nccl_log::warn_once(

@@ -4,9 +4,11 @@
 //! **What is exported.** GroupApi → CollApi/P2pApi → Coll/P2p → ProxyOp, the legacy Group (as a
 //! child of its GroupApi, in the same trace), KernelCh and KernelLaunch; ProxySteps as child
 //! spans of their ProxyOp, sampled by `OCCL_OTEL_STEP_SAMPLING` (a fraction, default
-//! [`config::DEFAULT_STEP_SAMPLING`]; 0 turns ProxyStep events off altogether). Every state change
-//! is a span event. ProxyCtrl (process-wide progress-thread activity, no trace to belong to) and
-//! NetPlugin (socket requests under a step) are left to the metrics and trace-file exporters.
+//! [`config::DEFAULT_STEP_SAMPLING`]; 0 turns ProxyStep events off altogether); the collector
+//! asks [`Exporter::keeps_step`] at a step's start, so a step not sampled is only counted.
+//! Every state change is a span event. ProxyCtrl (process-wide progress-thread activity, no
+//! trace to belong to) and NetPlugin (socket requests under a step) are left to the metrics and
+//! trace-file exporters.
 //! Names and attributes: [`model`]. Status ERROR marks a ProxyOp that finished fewer steps than
 //! planned (with step sampling on), and under occl its Coll/P2p (which stops after its
 //! ProxyOps; under NCCL the Coll stops first and only the ProxyOp says so).
@@ -34,7 +36,7 @@ mod worker;
 
 pub use config::{ConfigError, OtlpConfig, Protocol};
 
-use crate::event::EventType;
+use crate::event::{EventId, EventType};
 use crate::mask::EventMask;
 use crate::spans::{CommMeta, Exporter, Span};
 use record::Rec;
@@ -167,6 +169,10 @@ impl Exporter for OtlpExporter {
     fn comm_init(&self, comm: &Arc<CommMeta>) {
         let _ = self.sh.job.set(format!("{:016x}", comm.hash));
         self.live_comms.fetch_add(1, Relaxed);
+    }
+
+    fn keeps_step(&self, id: EventId) -> bool {
+        ids::sampled(id.get(), self.step_threshold)
     }
 
     fn span(&self, span: &Span<'_>) {

@@ -5,6 +5,7 @@
 use super::hist::{Histogram, DURATION_NS, SIZE_BYTES};
 use super::pending::{Done, Pending};
 use super::table::Table;
+use crate::event::StepTotals;
 use crate::sink::Note;
 use crate::spans::{CommMeta, Span};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -57,7 +58,8 @@ pub(crate) enum Kind {
     P2p = 1,
 }
 
-/// ProxyStep states in the order their counters are kept: NCCL's numbers and ABI names.
+/// ProxyStep states in the order their counters are kept (`StepTotals::STATES`): NCCL's numbers
+/// and ABI names.
 pub(crate) const STEP_STATES: [(u32, &str); 6] = [
     (8, "SendGPUWait"),
     (20, "SendPeerWait"),
@@ -67,9 +69,13 @@ pub(crate) const STEP_STATES: [(u32, &str); 6] = [
     (12, "RecvGPUWait"),
 ];
 
-fn step_state(raw: u32) -> Option<usize> {
-    STEP_STATES.iter().position(|(n, _)| *n == raw)
-}
+const _: () = {
+    let mut i = 0;
+    while i < STEP_STATES.len() {
+        assert!(STEP_STATES[i].0 == StepTotals::STATES[i] as u32);
+        i += 1;
+    }
+};
 
 /// `direction` label values, by index.
 pub(crate) const DIRECTIONS: [&str; 2] = ["send", "recv"];
@@ -199,27 +205,16 @@ impl CommStats {
         }
     }
 
-    /// A ProxyStep: time in each state (from its mark to the next, the last one to the stop) and
-    /// the bytes it moved (`transSize` at SendWait or RecvFlushWait).
-    pub(crate) fn step(&self, s: &Span<'_>) {
-        let mut dir = None;
-        let mut bytes = None;
-        for (i, m) in s.states.iter().enumerate() {
-            let Some(k) = step_state(m.state) else { continue };
-            let next = s.states.get(i + 1).map_or(s.end_ns, |n| n.t_ns);
-            self.step_wait_ns[k].fetch_add(next.saturating_sub(m.t_ns), Relaxed);
-            let d = usize::from(k >= 3);
-            dir.get_or_insert(d);
-            if (m.state == 9 || m.state == 11) && bytes.is_none() {
-                bytes = Some((d, m.value));
+    /// Step sums of a ProxyOp (or one ProxyStep): time in each state and the bytes moved.
+    pub(crate) fn steps(&self, t: &StepTotals) {
+        for (c, ns) in self.step_wait_ns.iter().zip(t.wait_ns) {
+            if ns != 0 {
+                c.fetch_add(ns, Relaxed);
             }
         }
-        if let Some(d) = dir {
-            self.steps[d].fetch_add(1, Relaxed);
-        }
-        if let Some((d, n)) = bytes {
-            self.step_bytes[d].fetch_add(n, Relaxed);
-        }
+        let d = usize::from(!t.send);
+        self.steps[d].fetch_add(u64::from(t.steps), Relaxed);
+        self.step_bytes[d].fetch_add(t.bytes, Relaxed);
     }
 
     /// A NetPlugin request: socket payloads (net type SOCK) carry the direction and length.

@@ -54,7 +54,11 @@
 //! ProxyOps is timed by its KernelCh events when those are enabled, else by its host enqueue.
 //!
 //! Step wait counts a step's time from each state mark to the next (the last one to the step's
-//! stop). Dashboards get per-rank, per-communicator series; `sum by` and `rate` over them are
+//! stop). The exporter asks for step sums ([`EventMask::STEP_TOTALS`]), not ProxySteps: occl's
+//! core sums the steps of its shm legs per ProxyOp (one call per op instead of five per step);
+//! its tcp legs' steps and NCCL's arrive as ProxySteps and the collector sums them. Over shm a
+//! summed step's SendWait and RecvFlushWait are 0 (posting is delivery; host memory needs no
+//! flush), where a ProxyStep event shows the few ns between its two marks. Dashboards get per-rank, per-communicator series; `sum by` and `rate` over them are
 //! meaningful (every series is a per-process counter).
 
 mod comm;
@@ -65,7 +69,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use crate::event::{EventDescr, EventType};
+use crate::event::{EventDescr, EventType, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::Note;
 use crate::spans::{self, CommMeta, Span};
@@ -156,9 +160,15 @@ impl spans::Exporter for Exporter {
         EventMask::of(EventType::Coll)
             | EventType::P2p
             | EventType::ProxyOp
-            | EventType::ProxyStep
             | EventType::KernelCh
             | EventType::NetPlugin
+            | EventMask::STEP_TOTALS
+    }
+
+    fn step_totals(&self, comm: &Arc<CommMeta>, totals: &StepTotals) {
+        if let Some(c) = self.comm(comm) {
+            c.steps(totals);
+        }
     }
 
     fn comm_init(&self, comm: &Arc<CommMeta>) {
@@ -176,7 +186,6 @@ impl spans::Exporter for Exporter {
                 c.op(s, Kind::P2p, OpKey { op: func, algo: "", proto: "", dtype: datatype }, count, &lost)
             }
             EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => c.child(s),
-            EventDescr::ProxyStep { .. } => c.step(s),
             EventDescr::NetPlugin { id, .. } => c.net(id, s.payload),
             _ => {}
         }

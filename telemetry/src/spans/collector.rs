@@ -4,7 +4,7 @@
 use super::intern::intern_field;
 use super::open::{OpenTable, RootRing, Start};
 use super::{clock, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
-use crate::event::{EventDescr, EventId, StateArgs};
+use crate::event::{EventDescr, EventId, EventType, StateArgs, StepTotals};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
 use crate::sink::{Note, Sink};
@@ -106,6 +106,21 @@ impl CommSpans {
     /// Events started and not yet stopped.
     pub fn open_events(&self) -> usize {
         self.open.len()
+    }
+
+    /// Whether an exporter wants the ProxyStep `id` as a span (or its sums).
+    fn keeps_step(&self, id: EventId) -> bool {
+        let bit = EventType::ProxyStep.bit();
+        self.mask.wants_totals() || self.exporters.iter().any(|(i, e)| i & bit != 0 && e.keeps_step(id))
+    }
+
+    /// Step sums to the exporters that want them.
+    fn totals(&self, t: &StepTotals) {
+        for (interest, e) in &self.exporters {
+            if interest & EventMask::STEP_TOTALS.0 != 0 {
+                e.step_totals(&self.comm, t);
+            }
+        }
     }
 
     fn root_of(&self, parent: EventId) -> Option<EventId> {
@@ -223,14 +238,22 @@ impl Sink for CommSpans {
         // A parent this sink no longer knows (retired long ago) still names a tree: use it.
         let root = parent.map_or(id, |p| self.root_of(p).unwrap_or(p));
         self.roots.insert(id, root);
-        if self.mask.0 & ev.event_type().bit() == 0 {
+        if self.mask.0 & EventMask::route_bits(ev.event_type()) == 0 {
             // An ancestor that no exporter wants (the fan-out sends NCCL's implied parents):
             // only its children's trace root is kept; its states and stop find no entry.
             return;
         }
+        if let EventDescr::ProxyStep { .. } = ev {
+            if !self.keeps_step(id) {
+                // Counted in its ProxyOp's steps_done, nothing more: no clock, no span.
+                let (descr, payload) = (EventDescr::ProxyStep { rank: 0, step: 0 }, &[][..]);
+                self.open.start(id, Start { light: true, parent, root, start_ns: 0, descr, payload });
+                return;
+            }
+        }
         let start_ns = clock::unix_nanos();
         let (descr, payload) = own(ev);
-        self.open.start(id, Start { parent, root, start_ns, descr, payload });
+        self.open.start(id, Start { light: false, parent, root, start_ns, descr, payload });
     }
 
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
@@ -240,6 +263,9 @@ impl Sink for CommSpans {
 
     fn stop(&self, id: EventId) {
         let step_of = self.open.stop(id, |o, states, steps_done| {
+            if o.light {
+                return o.parent;
+            }
             let end_ns = clock::unix_nanos();
             let span = Span {
                 comm: &self.comm,
@@ -260,12 +286,22 @@ impl Sink for CommSpans {
                     e.span(&span);
                 }
             }
+            if bit == EventType::ProxyStep.bit() && self.mask.wants_totals() {
+                if let Some(t) = span.as_step_totals() {
+                    self.totals(&t);
+                }
+            }
             o.parent.filter(|_| matches!(o.descr, EventDescr::ProxyStep { .. }))
         });
         // Counted after the step's own entry is released: two entries are never held at once.
         if let Some(op) = step_of.flatten() {
-            self.open.count_step(op);
+            self.open.count_steps(op, 1);
         }
+    }
+
+    fn step_totals(&self, op: EventId, totals: &StepTotals) {
+        self.totals(totals);
+        self.open.count_steps(op, totals.steps);
     }
 
     fn note(&self, note: &Note) {

@@ -5,7 +5,9 @@
 //! per-communicator sink keeps each open event's data (start time, descriptor with its names made
 //! `'static`, state marks, its trace root) in a slab addressed by the event id (`open.rs`), and
 //! at the stop hands a finished [`Span`] to every [`Exporter`] that asked for its type (an
-//! ancestor none asked for keeps only its trace root). Exporters never see half an event and
+//! ancestor none asked for keeps only its trace root, a ProxyStep none keeps is only counted in
+//! its ProxyOp, and an exporter that asks for [`EventMask::STEP_TOTALS`] gets step sums, from the
+//! emitter or summed here from ProxySteps). Exporters never see half an event and
 //! never keep their own per-event tables. The same collector runs inside occl and inside
 //! `libnccl-profiler-occl.so`, so both feed identical exporters.
 //!
@@ -24,7 +26,7 @@ pub use collector::{CommSpans, Telemetry};
 pub use env::exporters_from_env;
 pub use intern::intern;
 
-use crate::event::{EventDescr, EventId, EventType};
+use crate::event::{EventDescr, EventId, EventType, ProxyStepState, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::Note;
 use std::sync::Arc;
@@ -75,8 +77,9 @@ pub struct Span<'a> {
     /// `states_dropped`).
     pub states: &'a [StateMark],
     pub states_dropped: u32,
-    /// For a ProxyOp: its ProxySteps that stopped before it (0 when no exporter asks for
-    /// ProxyStep events). Fewer than `n_steps` means the op ended early: a failed operation.
+    /// For a ProxyOp: its ProxySteps that stopped before it, as events or in step sums (0 when
+    /// no exporter asks for either). Fewer than `n_steps` means the op ended early: a failed
+    /// operation.
     pub steps_done: u32,
 }
 
@@ -88,6 +91,32 @@ impl Span<'_> {
     /// Duration in ns.
     pub fn duration_ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// A ProxyStep as step sums of one step: the time from each state mark to the next (the
+    /// last one to the stop), the bytes at SendWait or RecvFlushWait, the direction of its first
+    /// state. `None` for another type or a step with no ProxyStep state.
+    pub fn as_step_totals(&self) -> Option<StepTotals> {
+        if self.event_type() != EventType::ProxyStep {
+            return None;
+        }
+        let mut t = StepTotals::default();
+        let (mut dir, mut bytes) = (None, None);
+        for (i, m) in self.states.iter().enumerate() {
+            let Some(k) = StepTotals::index_of(m.state) else { continue };
+            let next = self.states.get(i + 1).map_or(self.end_ns, |n| n.t_ns);
+            t.wait_ns[k] = t.wait_ns[k].saturating_add(next.saturating_sub(m.t_ns));
+            dir.get_or_insert(k < 3);
+            if (m.state == ProxyStepState::SendWait as u32 || m.state == ProxyStepState::RecvFlushWait as u32)
+                && bytes.is_none()
+            {
+                bytes = Some(m.value);
+            }
+        }
+        t.send = dir?;
+        t.steps = 1;
+        t.bytes = bytes.unwrap_or(0);
+        Some(t)
     }
 }
 
@@ -110,8 +139,23 @@ pub trait Exporter: Send + Sync + 'static {
         let _ = comm;
     }
 
+    /// Whether this exporter wants the ProxyStep `id` (asked at its start; a sampling exporter
+    /// declines most). A step no exporter wants costs no clock read and makes no span; it still
+    /// counts in its ProxyOp's `steps_done`.
+    fn keeps_step(&self, id: EventId) -> bool {
+        let _ = id;
+        true
+    }
+
     /// An event of a type in `interest()` finished. Runs on the emitting thread: must not block.
     fn span(&self, span: &Span<'_>);
+
+    /// Step sums of one ProxyOp, for an exporter whose interest has
+    /// [`EventMask::STEP_TOTALS`]: those its emitter summed, and one per ProxyStep event
+    /// ([`Span::as_step_totals`]). Runs on the emitting thread: must not block.
+    fn step_totals(&self, comm: &Arc<CommMeta>, totals: &StepTotals) {
+        let _ = (comm, totals);
+    }
 
     /// A [`Note`] from occl's core about this communicator (an operation failed, bytes crossed a
     /// transport): what the span data lacks. Runs on the emitting thread: must not block.

@@ -20,7 +20,7 @@ use super::{StateMark, MAX_STATES};
 use crate::event::{EventDescr, EventId};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::{self, Acquire, Relaxed, Release};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Open events addressed directly; a power of two. NCCL keeps at most a few hundred events of a
@@ -34,6 +34,8 @@ pub const INLINE_MARKS: usize = 4;
 
 /// An event between its start and its stop.
 pub(super) struct Open {
+    /// Only counted (a ProxyStep no exporter keeps): no marks, no span at the stop.
+    pub light: bool,
     pub parent: Option<EventId>,
     pub root: EventId,
     pub start_ns: u64,
@@ -51,6 +53,7 @@ pub(super) struct Open {
 impl Open {
     fn empty(root: EventId) -> Open {
         Open {
+            light: false,
             parent: None,
             root,
             start_ns: 0,
@@ -75,6 +78,8 @@ impl Open {
 
 /// What a new event's entry starts with.
 pub(super) struct Start<'a> {
+    /// See [`Open::light`].
+    pub light: bool,
     pub parent: Option<EventId>,
     pub root: EventId,
     pub start_ns: u64,
@@ -85,6 +90,7 @@ pub(super) struct Start<'a> {
 impl Start<'_> {
     /// Overwrites `o` with this start, keeping its buffers' capacity.
     fn fill(self, o: &mut Open) {
+        o.light = self.light;
         o.parent = self.parent;
         o.root = self.root;
         o.start_ns = self.start_ns;
@@ -101,12 +107,14 @@ struct Slot {
     /// The id of the event held (0: free); changed only under `open`'s lock, read without it
     /// by `count_step`.
     id: AtomicU64,
-    /// The held event's finished ProxySteps: counted by its steps' stops without its lock.
+    /// The held event's finished ProxySteps: counted by its steps' stops (or their sums) without its lock.
     steps: AtomicU32,
     /// The first [`INLINE_MARKS`] state marks (time, state, value), and how many are written:
     /// the event's own states, which its emitter orders, write them without the lock.
     marks: [[AtomicU64; 3]; INLINE_MARKS],
     n_marks: AtomicU32,
+    /// The held event's [`Open::light`], readable without the lock once `id` is.
+    light: AtomicBool,
     open: SpinLock<Open>,
 }
 
@@ -117,6 +125,7 @@ impl Slot {
             steps: AtomicU32::new(0),
             marks: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             n_marks: AtomicU32::new(0),
+            light: AtomicBool::new(false),
             open: SpinLock::new(open),
         }
     }
@@ -158,6 +167,7 @@ impl OpenTable {
         {
             let mut o = slot.open.lock();
             if slot.id.load(Relaxed) == 0 {
+                slot.light.store(s.light, Relaxed);
                 s.fill(&mut o);
                 slot.steps.store(0, Relaxed);
                 slot.n_marks.store(0, Relaxed);
@@ -197,6 +207,9 @@ impl OpenTable {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Acquire) == key {
+            if slot.light.load(Relaxed) {
+                return;
+            }
             let n = slot.n_marks.load(Relaxed) as usize;
             if let Some(w) = slot.marks.get(n) {
                 let m = mark();
@@ -213,27 +226,27 @@ impl OpenTable {
             return;
         }
         if self.spilled.load(Relaxed) != 0 {
-            if let Some(o) = lock(&self.overflow).get_mut(&key) {
+            if let Some(o) = lock(&self.overflow).get_mut(&key).filter(|o| !o.light) {
                 o.push_state(mark(), MAX_STATES);
             }
         }
     }
 
-    /// One more finished ProxyStep for the open event `id` (its ProxyOp).
-    pub fn count_step(&self, id: EventId) {
+    /// `n` more finished ProxySteps for the open event `id` (its ProxyOp).
+    pub fn count_steps(&self, id: EventId, n: u32) {
         let key = id.get();
         let slot = self.slot(key);
         if slot.id.load(Acquire) == key {
-            slot.steps.fetch_add(1, Relaxed);
+            slot.steps.fetch_add(n, Relaxed);
         } else if self.spilled.load(Relaxed) != 0 {
             if let Some(o) = lock(&self.overflow).get_mut(&key) {
-                o.steps_done = o.steps_done.saturating_add(1);
+                o.steps_done = o.steps_done.saturating_add(n);
             }
         }
     }
 
     /// Ends the event `id`: runs `f` on its entry, its state marks in order and its finished
-    /// steps; the entry is then forgotten. `f` runs under the entry's lock and must not reach
+    /// steps (none of either for a light entry); the entry is then forgotten. `f` runs under the entry's lock and must not reach
     /// this table.
     pub fn stop<R>(&self, id: EventId, f: impl FnOnce(&Open, &[StateMark], u32) -> R) -> Option<R> {
         let key = id.get();
@@ -241,6 +254,11 @@ impl OpenTable {
         if slot.id.load(Relaxed) == key {
             let mut o = slot.open.lock();
             if slot.id.load(Relaxed) == key {
+                if o.light {
+                    let r = f(&o, &[], 0);
+                    slot.id.store(0, Relaxed);
+                    return Some(r);
+                }
                 let n = (slot.n_marks.load(Acquire) as usize).min(INLINE_MARKS);
                 let mut all = std::mem::take(&mut o.all);
                 all.clear();
@@ -331,7 +349,7 @@ mod tests {
     }
 
     fn start(root: u64) -> Start<'static> {
-        Start { parent: None, root: id(root), start_ns: 1, descr: EventDescr::ProxyCtrl, payload: &[] }
+        Start { light: false, parent: None, root: id(root), start_ns: 1, descr: EventDescr::ProxyCtrl, payload: &[] }
     }
 
     #[test]
@@ -347,8 +365,8 @@ mod tests {
         assert_eq!(t.stop(a, |o, _, _| o.root), Some(id(1)));
         assert_eq!(t.stop(a, |o, _, _| o.root), None);
         assert_eq!(t.with(b, |o| o.root), Some(id(2)));
-        t.count_step(b);
-        t.count_step(a);
+        t.count_steps(b, 1);
+        t.count_steps(a, 1);
         assert_eq!(t.stop(b, |o, _, steps| (o.root, steps)), Some((id(2), 1)));
         assert_eq!((t.len(), t.spilled.load(Ordering::Relaxed)), (0, 0));
         assert_eq!(t.with(id(7), |o| o.root), None);
@@ -366,7 +384,7 @@ mod tests {
             for i in 0..MAX_STATES + 2 {
                 t.state(id(key), || mark(i));
             }
-            t.count_step(id(key));
+            t.count_steps(id(key), 1);
             let got = t.stop(id(key), |o, marks, steps| (marks.to_vec(), o.states_dropped, o.payload.len(), steps));
             let want: Vec<StateMark> = (0..MAX_STATES).map(mark).collect();
             assert_eq!(got, Some((want, 2, 3, 1)), "event {key}");
@@ -381,6 +399,24 @@ mod tests {
         assert_eq!(t.len(), 0);
         // A state for an event that is not open reads no clock.
         t.state(again, || unreachable!("mark made for a stopped event"));
+    }
+
+    #[test]
+    fn a_light_entry_takes_no_marks_and_a_reused_slot_is_full_again() {
+        let t = OpenTable::default();
+        let mark = || StateMark { t_ns: 1, state: 2, value: 3 };
+        for key in [4, 4 + OPEN_SLOTS as u64] {
+            // In a slot, then (the slot still held) in the overflow map.
+            t.start(id(key), Start { light: true, parent: Some(id(1)), ..start(1) });
+            t.state(id(key), || unreachable!("a light entry reads no clock"));
+        }
+        for key in [4, 4 + OPEN_SLOTS as u64] {
+            assert_eq!(t.stop(id(key), |o, marks, _| (o.light, o.parent, marks.len())), Some((true, Some(id(1)), 0)));
+        }
+        let again = id(4 + 2 * OPEN_SLOTS as u64);
+        t.start(again, start(2));
+        t.state(again, mark);
+        assert_eq!(t.stop(again, |o, marks, _| (o.light, marks.to_vec())), Some((false, vec![mark()])));
     }
 
     #[test]

@@ -90,6 +90,9 @@ impl Sink for KeepOpen {
     fn stop(&self, id: EventId) {
         self.0.stop(id);
     }
+    fn step_totals(&self, op: EventId, t: &occl_telemetry::StepTotals) {
+        self.0.step_totals(op, t);
+    }
 }
 
 /// What the B batches attach.

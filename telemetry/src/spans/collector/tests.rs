@@ -27,11 +27,17 @@ struct Capture {
     mask: EventMask,
     got: Mutex<Vec<Got>>,
     finalized: Mutex<Vec<u64>>,
+    totals: Mutex<Vec<StepTotals>>,
 }
 
 impl Capture {
     fn new(mask: EventMask) -> Arc<Capture> {
-        Arc::new(Capture { mask, got: Mutex::new(Vec::new()), finalized: Mutex::new(Vec::new()) })
+        Arc::new(Capture {
+            mask,
+            got: Mutex::new(Vec::new()),
+            finalized: Mutex::new(Vec::new()),
+            totals: Mutex::new(Vec::new()),
+        })
     }
     fn got(&self) -> Vec<Got> {
         self.got.lock().expect("lock").clone()
@@ -60,6 +66,9 @@ impl Exporter for Capture {
     }
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {
         self.finalized.lock().expect("lock").push(comm.hash);
+    }
+    fn step_totals(&self, _: &Arc<CommMeta>, t: &StepTotals) {
+        self.totals.lock().expect("lock").push(*t);
     }
 }
 
@@ -183,4 +192,34 @@ fn the_profiler_gives_every_communicator_its_own_table() {
     b.stop(id(1));
     a.stop(id(1));
     assert_eq!(all.got().len(), 2);
+}
+
+#[test]
+fn step_sums_reach_sum_exporters_and_steps_become_sums_for_them() {
+    let sums = Capture::new(EventMask::of(EventType::ProxyOp) | EventMask::STEP_TOTALS);
+    let steps = Capture::new(EventMask::of(EventType::ProxyStep));
+    let t = Telemetry::new(vec![sums.clone(), steps.clone()]);
+    let s = t.comm_sink(meta());
+    let op = EventDescr::ProxyOp { rank: 1, pid: 1, channel_id: 0, peer: 0, n_steps: 3, chunk_size: 8, is_send: false };
+    s.start(id(1), None, &op);
+    // One step as an event (NCCL, or a tcp leg): summed for `sums`, a span for `steps`.
+    s.start(id(2), Some(id(1)), &EventDescr::ProxyStep { rank: 1, step: 0 });
+    for (state, n) in
+        [(ProxyStepState::RecvWait, 0), (ProxyStepState::RecvFlushWait, 40), (ProxyStepState::RecvGpuWait, 40)]
+    {
+        s.state(id(2), &StateArgs::ProxyStep { state, trans_size: n });
+    }
+    s.stop(id(2));
+    // Two steps summed by the emitter.
+    let two = StepTotals { send: false, steps: 2, bytes: 80, wait_ns: [0, 0, 0, 5, 0, 7] };
+    s.step_totals(id(1), &two);
+    s.stop(id(1));
+    let got = sums.totals.lock().expect("lock").clone();
+    assert_eq!(got.len(), 2);
+    assert_eq!((got[0].send, got[0].steps, got[0].bytes), (false, 1, 40), "RecvFlushWait's size, once");
+    assert_eq!(got[1], two);
+    assert!(steps.totals.lock().expect("lock").is_empty());
+    assert_eq!(steps.got().iter().map(|g| g.ty).collect::<Vec<_>>(), vec![EventType::ProxyStep]);
+    let op_span = sums.got().into_iter().find(|g| g.ty == EventType::ProxyOp).expect("op span");
+    assert_eq!(op_span.steps_done, 3, "steps as events and in sums");
 }
