@@ -282,12 +282,33 @@ impl StepTotals {
         ProxyStepState::RecvGpuWait,
     ];
 
+    /// The index of `state` in [`StepTotals::STATES`] (and so in `wait_ns`).
+    #[inline]
+    pub const fn index(state: ProxyStepState) -> usize {
+        match state {
+            ProxyStepState::SendGpuWait => 0,
+            ProxyStepState::SendPeerWait => 1,
+            ProxyStepState::SendWait => 2,
+            ProxyStepState::RecvWait => 3,
+            ProxyStepState::RecvFlushWait => 4,
+            ProxyStepState::RecvGpuWait => 5,
+        }
+    }
+
     /// The index of NCCL's ProxyStep state `raw` in [`StepTotals::STATES`].
     #[inline]
     pub fn index_of(raw: u32) -> Option<usize> {
         Self::STATES.iter().position(|s| *s as u32 == raw)
     }
 }
+
+const _: () = {
+    let mut i = 0;
+    while i < StepTotals::STATES.len() {
+        assert!(StepTotals::index(StepTotals::STATES[i]) == i);
+        i += 1;
+    }
+};
 
 /// ProxyCtrl states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

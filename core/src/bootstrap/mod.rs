@@ -70,6 +70,8 @@ pub(crate) struct Client {
     stream: TcpStream,
     rank: usize,
     nranks: usize,
+    /// The read timeout set on `stream`, named in the error when a round does not complete.
+    timeout: Duration,
 }
 
 impl Client {
@@ -111,7 +113,7 @@ impl Client {
             w.str(&ids[(k + 1) % m].to_string());
         }
         wire::send(&mut stream, &w.into_inner())?;
-        Ok(Client { stream, rank, nranks })
+        Ok(Client { stream, rank, nranks, timeout })
     }
 
     /// Every rank contributes `mine`; returns all contributions in rank order.
@@ -120,11 +122,12 @@ impl Client {
         w.u8(wire::GATHER);
         w.bytes(mine);
         wire::send(&mut self.stream, &w.into_inner())?;
+        let secs = self.timeout.as_secs_f64();
         let frame = wire::recv(&mut self.stream).map_err(|e| match e {
             Error::SystemError { source, .. }
                 if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
             {
-                Error::Timeout { what: "bootstrap all-gather (waiting for the other ranks to join)".into(), secs: 0.0 }
+                Error::Timeout { what: "bootstrap all-gather (waiting for the other ranks to join)".into(), secs }
             }
             e => e,
         })?;

@@ -61,11 +61,10 @@ struct Mark {
     t_ns: u64,
 }
 
-/// `StepTotals::STATES` indices.
-const SEND_GPU_WAIT: usize = 0;
-const SEND_PEER_WAIT: usize = 1;
-const RECV_WAIT: usize = 3;
-const RECV_GPU_WAIT: usize = 5;
+const SEND_GPU_WAIT: usize = StepTotals::index(ProxyStepState::SendGpuWait);
+const SEND_PEER_WAIT: usize = StepTotals::index(ProxyStepState::SendPeerWait);
+const RECV_WAIT: usize = StepTotals::index(ProxyStepState::RecvWait);
+const RECV_GPU_WAIT: usize = StepTotals::index(ProxyStepState::RecvGpuWait);
 
 impl LegEv {
     /// Adds the time since `m` to its state (and `bytes`, and a step if `done`); returns now.

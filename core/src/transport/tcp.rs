@@ -787,8 +787,6 @@ impl Drive for Net {
     /// in a loop, and a recv(2) per socket that finds nothing costs as much as the poll (4
     /// ranks over tcp: 6 sockets, 6 system calls a round where one does).
     fn progress(&self) -> bool {
-        let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
-        fds.clear();
         if self.sockets < POLL_FIRST {
             let mut moved = false;
             for l in &self.links {
@@ -796,6 +794,8 @@ impl Drive for Net {
             }
             return moved;
         }
+        let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
+        fds.clear();
         for l in &self.links {
             for s in &lock(l).socks {
                 let events = if s.rx_done { 0 } else { libc::POLLIN };
