@@ -60,6 +60,15 @@ pub(crate) struct Inner {
     /// This rank's tcp links, driven by the thread that runs an operation (none without tcp).
     pub(crate) net: Option<transport::tcp::Net>,
     staging: Vec<u64>,
+    /// Connects shm peers on first use (`None` once the communicator is shut down).
+    pub(crate) lazy: Option<transport::connect::Lazy>,
+}
+
+impl Inner {
+    /// The transport to rank `p` by name, connected yet or not ("none" for this rank).
+    pub(crate) fn kind_name(&self, p: usize) -> &'static str {
+        self.lazy.as_ref().and_then(|l| l.kind(p)).map_or("none", |k| k.name())
+    }
 }
 
 /// One call, as `run` stamps it: what it is, its arguments, and the bytes it moves.
@@ -144,58 +153,16 @@ fn host_identity(config: &Config) -> String {
     format!("{}:{}", hostname(), boot.trim())
 }
 
-/// Decides, per shm FIFO, whether large messages may be read straight from the sender's memory:
-/// every rank tests which peers it can read and the answers are exchanged, since the sender
-/// must know before it posts a pointer instead of data. Ends with the barrier that completes
-/// init.
-fn enable_direct(
-    config: &Config,
-    me: usize,
-    table: &[PeerInfo],
-    peers: &mut [Option<Peer>],
-    boot: &mut bootstrap::Client,
-) -> Result<()> {
-    use crate::transport::fifo::Direct;
-    let n = table.len();
-    let mut readable = vec![0u8; n];
-    for (p, peer) in peers.iter_mut().enumerate() {
-        let Some(peer) = peer.as_mut() else { continue };
-        if peer.kind != TransportKind::Shm || !config.shm_direct {
-            continue;
-        }
-        peer.recv.direct = if table[p].pid == table[me].pid {
-            Direct::SameProcess
-        } else if crate::transport::shm::can_read(table[p].pid, table[p].probe_addr) {
-            Direct::Cma(table[p].pid)
-        } else {
-            tracing::info!("occl: cannot read rank {p}'s memory (process_vm_readv refused); large messages from it go through the FIFO");
-            Direct::No
-        };
-        readable[p] = (peer.recv.direct != Direct::No) as u8;
-    }
-    let all = boot.all_gather(&readable)?;
-    for (p, peer) in peers.iter_mut().enumerate() {
-        if let Some(peer) = peer.as_mut() {
-            // Rank p told everyone whether it can read each rank; we may post pointers to p only
-            // if it can read us.
-            if all.get(p).and_then(|v| v.get(me)).copied() == Some(1) {
-                peer.send.direct = peer.recv.direct;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The communicator's tuner, checked to be the same on every rank: ranks that chose differently
 /// would run different algorithms against each other.
 fn agreed_tuner(
     config: &Config,
     me: usize,
     table: &[PeerInfo],
-    peers: &[Option<Peer>],
+    kinds: &[Option<TransportKind>],
     boot: &mut bootstrap::Client,
 ) -> Result<Tuner> {
-    let kinds: Vec<TransportKind> = peers.iter().flatten().map(|p| p.kind).collect();
+    let kinds: Vec<TransportKind> = kinds.iter().flatten().copied().collect();
     let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
     let tuner = Tuner::new(config, table.len(), &kinds, local)?;
     let all = boot.all_gather(&tuner.digest().to_le_bytes())?;
@@ -281,26 +248,16 @@ impl Comm {
             rank: rank as i32,
         });
         let net_prof = transport::tcp::NetProf { fanout: prof.fanout.clone(), rank: rank as i32 };
-        let (mut peers, net, slot) =
-            transport::connect_all(&config, rank, &me_tab, &id.secret, &mut boot, listener, Some(net_prof))?;
-        enable_direct(&config, rank, &me_tab, &mut peers, &mut boot)?;
+        let (peers, net, slot, lazy) =
+            transport::connect_all(&config, rank, &me_tab, &id.secret, listener, Some(net_prof))?;
         timer.lap(crate::init_timer::Phase::Connect);
-        let tuner = agreed_tuner(&config, rank, &me_tab, &peers, &mut boot)?;
+        let tuner = agreed_tuner(&config, rank, &me_tab, lazy.kinds(), &mut boot)?;
         timer.lap(crate::init_timer::Phase::AllGather);
         tracing::debug!(
-            "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready (shm to {:?}, tcp to {:?}, slot {slot} B)",
-            peers
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Shm))
-                .map(|(i, _)| i)
-                .collect::<Vec<_>>(),
-            peers
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.as_ref().is_some_and(|p| p.kind == TransportKind::Tcp))
-                .map(|(i, _)| i)
-                .collect::<Vec<_>>(),
+            "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready ({} shm peers{}, tcp to {:?}, slot {slot} B)",
+            lazy.kinds().iter().filter(|k| **k == Some(TransportKind::Shm)).count(),
+            if config.runtime_connect { ", connected on first use" } else { "" },
+            (0..nranks).filter(|&p| lazy.kind(p) == Some(TransportKind::Tcp)).collect::<Vec<_>>(),
         );
         if let Err(e) = occl_telemetry::flight::install_config(&config.flight) {
             tracing::warn!("occl: flight recorder dumps are off: {e}");
@@ -376,6 +333,7 @@ impl Comm {
                 failed: None,
                 staging: Vec::new(),
                 net,
+                lazy: Some(lazy),
             }),
         })
     }
@@ -449,6 +407,15 @@ impl Comm {
     /// The communicator's id (the same on every rank), as RAS and logs print it.
     pub fn id(&self) -> u64 {
         self.comm_id
+    }
+
+    /// The ranks this rank has a connection to, in ascending order. tcp peers connect at init;
+    /// shm peers on their first operation together (`OCCL_RUNTIME_CONNECT=0`: at init). Does
+    /// not wait for an operation in flight.
+    pub fn connected_peers(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.lifecycle.ends().iter().map(|e| e.peer).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Rank `rank`'s process id and host name, as the bootstrap exchanged them.
@@ -725,13 +692,14 @@ impl Comm {
                     peer: p2p_peer.unwrap_or(0),
                 })
             },
-            |p| inner.peers.get(p).and_then(Option::as_ref).map_or("none", |x| x.kind.name()),
+            |p| inner.kind_name(p),
         );
         let res = {
             let mut ctx = Ctx {
                 rank: self.rank,
                 nranks: self.nranks,
                 peers: &mut inner.peers,
+                lazy: inner.lazy.as_ref(),
                 abort: &self.abort,
                 deadline: Deadline::after(self.config.timeout),
                 desc,

@@ -45,6 +45,10 @@ pub struct Config {
     /// large messages are read straight from the sender's buffer with `process_vm_readv`
     /// instead of passing through the shared-memory FIFO.
     pub shm_direct: bool,
+    /// Connect shared-memory peers on first use (`OCCL_RUNTIME_CONNECT`, also
+    /// `NCCL_RUNTIME_CONNECT`; default 1) rather than all of them at init (0), so init does
+    /// not grow with nranks² when each rank talks to a few peers.
+    pub runtime_connect: bool,
     /// Host identity override (`OCCL_HOSTID`): ranks with the same id share memory. Tests use it
     /// to put the ranks of one machine on "different hosts".
     pub host_id: Option<String>,
@@ -76,6 +80,7 @@ impl Default for Config {
             host_id: None,
             flight: occl_telemetry::FlightConfig::default(),
             shm_direct: true,
+            runtime_connect: true,
             algo: None,
             proto: None,
             tuner_file: None,
@@ -137,12 +142,17 @@ impl Config {
         if let Some((n, v)) = var(&["OCCL_SOCKET_ADDR"]) {
             c.listen_addr = parse(&n, &v, "an IP address")?;
         }
-        if let Some((n, v)) = var(&["OCCL_SHM_DIRECT"]) {
-            c.shm_direct = match v.trim() {
-                "1" | "true" | "on" => true,
-                "0" | "false" | "off" => false,
-                _ => return Err(Error::arg(format!("{n}={v:?} must be 0 or 1"))),
-            };
+        for (names, field) in [
+            (&["OCCL_SHM_DIRECT"][..], &mut c.shm_direct),
+            (&["OCCL_RUNTIME_CONNECT", "NCCL_RUNTIME_CONNECT"][..], &mut c.runtime_connect),
+        ] {
+            if let Some((n, v)) = var(names) {
+                *field = match v.trim() {
+                    "1" | "true" | "on" => true,
+                    "0" | "false" | "off" => false,
+                    _ => return Err(Error::arg(format!("{n}={v:?} must be 0 or 1"))),
+                };
+            }
         }
         if let Some((_, v)) = var(&["OCCL_HOSTID"]) {
             c.host_id = Some(v);

@@ -149,10 +149,6 @@ impl Client {
             t => Err(Error::internal(format!("bootstrap: unexpected frame type {t} from the root"))),
         }
     }
-
-    pub(crate) fn barrier(&mut self) -> Result<()> {
-        self.all_gather(&[]).map(|_| ())
-    }
 }
 
 impl Drop for Client {

@@ -34,6 +34,8 @@ pub(crate) struct Ctx<'a> {
     pub rank: usize,
     pub nranks: usize,
     pub peers: &'a mut [Option<Peer>],
+    /// Connects a peer the first time an operation needs it.
+    pub lazy: Option<&'a crate::transport::connect::Lazy>,
     pub abort: &'a AtomicBool,
     pub deadline: Deadline,
     pub desc: Desc,
@@ -110,6 +112,9 @@ impl<'a> Ctx<'a> {
 
     /// Primitives that send to `to` and receive from `from` (either may be absent).
     pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
+        for p in [to, from].into_iter().flatten() {
+            crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
+        }
         let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
         let (abort, drive) = (self.abort, self.drive);
         let sleeper = self.prof.and_then(|p| p.sleeper());

@@ -172,7 +172,7 @@ impl<'a> Prims<'a> {
 
     /// Whether a `len`-byte range should go to the send peer by pointer.
     fn by_pointer(&self, len: usize) -> bool {
-        self.direct && !self.ll && len >= DIRECT_MIN && self.send.as_ref().is_some_and(|s| s.fifo.direct != Direct::No)
+        self.direct && !self.ll && len >= DIRECT_MIN && self.send.as_ref().is_some_and(|s| s.fifo.may_post_ptr())
     }
 
     /// Copies message `m` (`n` bytes) to `dst`, reading the sender's memory for a pointer slot.

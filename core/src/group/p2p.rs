@@ -143,7 +143,7 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
                         vec![Leg { peer: o.peer, send: o.send, steps }]
                     }
                 },
-                |p| inner.peers.get(p).and_then(Option::as_ref).map_or("none", |x| x.kind.name()),
+                |p| inner.kind_name(p),
             )
         })
         .collect();
@@ -211,6 +211,8 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
         let s = match pos {
             Some(p) => &mut streams[p],
             None => {
+                let lazy = inner.lazy.as_ref();
+                crate::transport::connect::ensure(&mut inner.peers, o.peer, lazy, Some(&comm.lifecycle))?;
                 let liveness = peer_mut(&mut inner.peers, o.peer)?.liveness;
                 streams.push(Stream {
                     peer: o.peer,
@@ -385,7 +387,7 @@ fn advance_send<'p>(
         if s.off == 0 && !s.by_ptr {
             // Large ranges go by pointer where the receiver can read this rank's memory, as a
             // plain send does.
-            s.by_ptr = o.bytes >= DIRECT_MIN && p.send.direct != Direct::No;
+            s.by_ptr = o.bytes >= DIRECT_MIN && p.send.may_post_ptr();
         }
         while s.off < o.bytes {
             if let Some(st) = s.steps.as_mut() {

@@ -18,7 +18,7 @@ impl Lifecycle {
     /// if the socket takes it). Only atomics and the tcp links' own locks are touched, never
     /// the communicator's operation lock, so this works while an operation is blocked.
     pub(crate) fn fail_peers(&self, how: u32) {
-        for e in &self.ends {
+        for e in self.ends().iter() {
             fail_send_end(&e.send, how);
             fail_recv_end(&e.recv, how);
             if let Some(t) = &e.tcp {
@@ -32,7 +32,7 @@ impl Lifecycle {
     /// a collective cannot complete once any member failed. A peer that merely destroyed its
     /// communicator is not a failure here.
     pub(crate) fn failed_peer(&self, except: usize) -> Result<()> {
-        for e in self.ends.iter().filter(|e| e.peer != except) {
+        for e in self.ends().iter().filter(|e| e.peer != except) {
             let theirs = [
                 e.recv.header().send_state.0.load(Ordering::Acquire),
                 e.send.header().recv_state.0.load(Ordering::Acquire),

@@ -20,7 +20,7 @@ use crate::transport::fifo::Region;
 use crate::transport::{tcp, Peer};
 use std::net::TcpListener;
 use std::sync::atomic::AtomicU32;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// One peer's FIFO regions (this rank sends into `send`, receives from `recv`) and tcp link.
 pub(crate) struct PeerEnds {
@@ -37,7 +37,8 @@ pub(crate) struct Lifecycle {
     /// that a shrink whose new rank 0 this rank is can serve the new root on it without a
     /// round of address exchange the failed ranks could not take part in.
     listener: Option<TcpListener>,
-    ends: Vec<PeerEnds>,
+    /// Grows as peers connect (`add`); read by abort and by waits that have blocked a while.
+    ends: Mutex<Vec<PeerEnds>>,
     /// Shrinks started from this communicator; part of each successor's secret.
     shrinks: AtomicU32,
 }
@@ -52,6 +53,15 @@ impl Lifecycle {
                 Some(PeerEnds { peer: i, send: p.send.region.clone(), recv: p.recv.region.clone(), tcp: p.tcp.clone() })
             })
             .collect();
-        Lifecycle { secret, listener, ends, shrinks: AtomicU32::new(0) }
+        Lifecycle { secret, listener, ends: Mutex::new(ends), shrinks: AtomicU32::new(0) }
+    }
+
+    /// Takes in a peer connected after init.
+    pub(crate) fn add(&self, peer: usize, p: &Peer) {
+        self.ends().push(PeerEnds { peer, send: p.send.region.clone(), recv: p.recv.region.clone(), tcp: p.tcp.clone() });
+    }
+
+    pub(crate) fn ends(&self) -> MutexGuard<'_, Vec<PeerEnds>> {
+        self.ends.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

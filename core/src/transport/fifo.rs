@@ -22,8 +22,9 @@ pub(crate) mod ll;
 pub(crate) mod nonblocking;
 
 pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
-/// 2: the LL area follows the slots; 3: it has its own step count (`ll::STEPS`).
-pub(crate) const VERSION: u32 = 3;
+/// 2: the LL area follows the slots; 3: it has its own step count (`ll::STEPS`); 4: the
+/// `ready`, `attached` and `reader_direct` words of lazy connection.
+pub(crate) const VERSION: u32 = 4;
 
 /// Endpoint states, written by each side into its own header word. Anything but `OPEN` ends
 /// the other side's waits with an error that says why.
@@ -68,6 +69,14 @@ pub(crate) struct Header {
     pub recv_sleepers: Line<AtomicU32>,
     pub send_state: Line<AtomicU32>,
     pub recv_state: Line<AtomicU32>,
+    /// Set last by the creator (release): a side that opens the segment waits for it before
+    /// it reads anything else, since either side may create it (`shm::attach`).
+    pub ready: Line<AtomicU32>,
+    /// Sides that have mapped the region: the second one unlinks the name.
+    pub attached: AtomicU32,
+    /// Written by the receiver when it attaches: 1 if it can read the sender's memory
+    /// (same process, or `process_vm_readv` allowed), so the sender may post pointers.
+    pub reader_direct: AtomicU32,
 }
 
 /// What a message is part of; every slot carries it so that a receiver detects, on the first
@@ -180,6 +189,8 @@ impl Region {
             (*h).slot_size = slot_size as u32;
             (*h).send_pid = send_pid;
             (*h).recv_pid = recv_pid;
+            (*h).attached.store(1, Ordering::Relaxed);
+            (*h).ready.0.store(1, Ordering::Release);
         }
     }
 
@@ -234,7 +245,7 @@ pub(crate) enum Liveness {
     Process(u32),
 }
 
-fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
@@ -308,8 +319,9 @@ pub(crate) struct SendFifo {
     pub region: Arc<Region>,
     nslots: usize,
     patience: Patience,
-    /// Whether the receiver can read this rank's memory (set after init's probe).
-    pub direct: Direct,
+    /// Whether this end may post pointers at all (shm with OCCL_SHM_DIRECT); the receiver
+    /// also has to say in the header that it can read this rank's memory (`may_post_ptr`).
+    pub pointers: bool,
     /// A pointer slot was posted and may not be consumed yet: `drain` before the op returns.
     ptr_outstanding: bool,
     /// Messages posted so far.
@@ -331,11 +343,17 @@ impl SendFifo {
             region,
             head: 0,
             patience,
-            direct: Direct::No,
+            pointers: false,
             ptr_outstanding: false,
             net_steps: None,
             ll: ll::SendState::default(),
         }
+    }
+
+    /// Whether a message may go by pointer: the receiver attached and can read this rank's
+    /// memory. Until it attaches every byte goes through the slots, which it reads either way.
+    pub(crate) fn may_post_ptr(&self) -> bool {
+        self.pointers && self.region.header().reader_direct.load(Ordering::Acquire) == 1
     }
 
     /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).

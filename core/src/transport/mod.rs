@@ -3,6 +3,7 @@
 //! hosts (`tcp`, moved by the collective thread itself while it waits). Selection is by host
 //! identity; `OCCL_TRANSPORT` forces one.
 
+pub(crate) mod connect;
 pub(crate) mod fifo;
 pub(crate) mod shm;
 mod shm_reap;
@@ -10,12 +11,12 @@ pub(crate) mod tcp;
 pub(crate) mod wait;
 
 use crate::auth;
-use crate::bootstrap::{self, wire, PeerInfo};
+use crate::bootstrap::{wire, PeerInfo};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
 use fifo::{Liveness, RecvFifo, SendFifo};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use wait::Patience;
 
@@ -23,9 +24,10 @@ use wait::Patience;
 pub(crate) struct Peer {
     pub send: SendFifo,
     pub recv: RecvFifo,
-    pub kind: TransportKind,
     pub liveness: Liveness,
     pub tcp: Option<tcp::SharedLink>,
+    /// The shm segment names of the send and receive FIFOs (processes on one host).
+    pub shm_names: Vec<String>,
 }
 
 impl Peer {
@@ -36,6 +38,20 @@ impl Peer {
         self.recv.set_state(how);
         if let Some(t) = &self.tcp {
             tcp::lock(t).close(how);
+        }
+        self.unlink_orphans();
+    }
+
+    /// A segment the peer never mapped keeps its name (the peer may still come for data this
+    /// rank sent) unless the peer is dead; then nobody will, and the name goes now rather than
+    /// at `shm_reap`'s next pass.
+    fn unlink_orphans(&self) {
+        let Liveness::Process(pid) = self.liveness else { return };
+        let regions = [&self.send.region, &self.recv.region];
+        for (name, r) in self.shm_names.iter().zip(regions) {
+            if r.header().attached.load(std::sync::atomic::Ordering::Acquire) < 2 && !fifo::pid_alive(pid) {
+                shm::unlink(name);
+            }
         }
     }
 
@@ -64,27 +80,34 @@ pub(crate) fn select(config: &Config, me: &PeerInfo, peer: &PeerInfo) -> Result<
     }
 }
 
-/// Connects this rank to every other rank. Collective over the communicator: every rank calls
-/// it with the same table. `listener` is the socket advertised in this rank's `PeerInfo`.
-/// Returns the peers, the driver of this rank's tcp links (if it has any) and the slot size.
+/// Connects this rank to its tcp peers (eagerly: each pair's lower rank dials) and returns a
+/// connector for its shm peers, which connect on first use (`connect`), or at once with
+/// `OCCL_RUNTIME_CONNECT=0`. Collective over the communicator: every rank calls it with the
+/// same table. `listener` is the socket advertised in this rank's `PeerInfo`. Returns the
+/// peers (shm ones still `None` when lazy), the driver of this rank's tcp links (if it has
+/// any), the slot size and the connector.
 pub(crate) fn connect_all(
     config: &Config,
     me: usize,
     table: &[PeerInfo],
     secret: &[u8; 16],
-    boot: &mut bootstrap::Client,
     listener: TcpListener,
     prof: Option<tcp::NetProf>,
-) -> Result<(Vec<Option<Peer>>, Option<tcp::Net>, usize)> {
+) -> Result<(Vec<Option<Peer>>, Option<tcp::Net>, usize, connect::Lazy)> {
     let n = table.len();
     let comm_id = table[0].comm_id;
     let kinds: Vec<Option<TransportKind>> = (0..n)
         .map(|p| if p == me { Ok(None) } else { select(config, &table[me], &table[p]).map(Some) })
         .collect::<Result<_>>()?;
     // One slot size for the whole communicator, so a ring step that receives over one
-    // transport and sends over another cuts its slices the same way on both.
-    let any_tcp =
-        (0..n).any(|a| (0..n).any(|b| a != b && select(config, &table[a], &table[b]).ok() != Some(TransportKind::Shm)));
+    // transport and sends over another cuts its slices the same way on both. Some pair uses
+    // tcp when it is forced or when the ranks span hosts (a forced shm across hosts failed above
+    // for some rank's pair, and every rank computes the same).
+    let hosts_differ = table.iter().any(|p| p.host_id != table[0].host_id);
+    let any_tcp = match config.transport {
+        Some(k) => k == TransportKind::Tcp,
+        None => hosts_differ,
+    };
     let slot = if any_tcp { config.tcp_slot_size } else { config.shm_slot_size };
     let nslots = config.fifo_slots;
     let deadline = Instant::now() + config.timeout;
@@ -92,92 +115,58 @@ pub(crate) fn connect_all(
     let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let shm_patience = if local > cores { Patience::Share } else { Patience::Eager };
+    let lazy = connect::Lazy::new(
+        config,
+        comm_id,
+        me,
+        table.iter().map(|p| p.pid).collect(),
+        table.iter().map(|p| p.probe_addr).collect(),
+        kinds.clone(),
+        slot,
+        shm_patience,
+    );
 
-    // shm, phase 1: create the segments this rank sends into.
-    if kinds.contains(&Some(TransportKind::Shm)) {
-        shm_reap::reap_once();
+    // tcp: lower ranks connect to higher ranks, nsocks sockets each.
+    let tcp_lower: Vec<usize> = (0..me).filter(|&p| kinds[p] == Some(TransportKind::Tcp)).collect();
+    let expected = tcp_lower.len() * config.nsocks;
+    let acceptor = spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?;
+    let mut socks: Vec<Vec<Option<TcpStream>>> = (0..n).map(|_| (0..config.nsocks).map(|_| None).collect()).collect();
+    for p in me + 1..n {
+        if kinds[p] != Some(TransportKind::Tcp) {
+            continue;
+        }
+        for (k, slot) in socks[p].iter_mut().enumerate() {
+            *slot = Some(dial(&table[p], secret, comm_id, me, k, deadline)?);
+        }
     }
-    let mut created = Vec::new();
-    let mut out_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
-    let result = (|| -> Result<(Vec<Option<Peer>>, Option<tcp::Net>)> {
-        for p in 0..n {
-            if kinds[p] == Some(TransportKind::Shm) {
-                let name = shm::segment_name(comm_id, me, p, table[me].pid);
-                let r = shm::create(&name, nslots, slot, table[me].pid, table[p].pid)?;
-                created.push(name);
-                out_regions[p] = Some(Arc::new(r));
-            }
-        }
-        boot.barrier()?;
-        // Phase 2: map the segments peers send into; then nobody needs the names any more.
-        let mut in_regions: Vec<Option<Arc<fifo::Region>>> = (0..n).map(|_| None).collect();
-        for p in 0..n {
-            if kinds[p] == Some(TransportKind::Shm) {
-                in_regions[p] =
-                    Some(Arc::new(shm::open(&shm::segment_name(comm_id, p, me, table[p].pid), nslots, slot)?));
-            }
-        }
-        boot.barrier()?;
-        for name in created.drain(..) {
-            shm::unlink(&name);
-        }
-
-        // tcp: lower ranks connect to higher ranks, nsocks sockets each.
-        let tcp_lower: Vec<usize> = (0..me).filter(|&p| kinds[p] == Some(TransportKind::Tcp)).collect();
-        let expected = tcp_lower.len() * config.nsocks;
-        let acceptor = spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?;
-        let mut socks: Vec<Vec<Option<TcpStream>>> =
-            (0..n).map(|_| (0..config.nsocks).map(|_| None).collect()).collect();
-        for p in me + 1..n {
-            if kinds[p] != Some(TransportKind::Tcp) {
-                continue;
-            }
-            for (k, slot) in socks[p].iter_mut().enumerate() {
-                *slot = Some(dial(&table[p], secret, comm_id, me, k, deadline)?);
-            }
-        }
-        for (p, k, s) in acceptor.recv().map_err(|_| Error::internal("tcp acceptor thread vanished"))?? {
-            socks[p][k] = Some(s);
-        }
-
-        let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
-        let mut links = Vec::new();
-        for p in 0..n {
-            let Some(kind) = kinds[p] else { continue };
-            let peer = match kind {
-                TransportKind::Shm => {
-                    let (out, inn) = match (out_regions[p].take(), in_regions[p].take()) {
-                        (Some(o), Some(i)) => (o, i),
-                        _ => return Err(Error::internal(format!("shm FIFOs for rank {p} missing"))),
-                    };
-                    let liveness =
-                        if table[p].pid == table[me].pid { Liveness::Local } else { Liveness::Process(table[p].pid) };
-                    Peer {
-                        send: SendFifo::new(out, shm_patience),
-                        recv: RecvFifo::new(inn, shm_patience),
-                        kind,
-                        liveness,
-                        tcp: None,
-                    }
-                }
-                TransportKind::Tcp => {
-                    let s: Vec<TcpStream> = socks[p].iter_mut().filter_map(Option::take).collect();
-                    if s.len() != config.nsocks {
-                        return Err(Error::internal(format!("tcp sockets for rank {p} missing")));
-                    }
-                    let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout, prof.clone())?;
-                    links.push(link.clone());
-                    Peer { send, recv, kind, liveness: Liveness::Local, tcp: Some(link) }
-                }
-            };
-            peers[p] = Some(peer);
-        }
-        Ok((peers, (!links.is_empty()).then(|| tcp::Net::new(links))))
-    })();
-    for name in created {
-        shm::unlink(&name);
+    for (p, k, s) in acceptor.recv().map_err(|_| Error::internal("tcp acceptor thread vanished"))?? {
+        socks[p][k] = Some(s);
     }
-    result.map(|(peers, net)| (peers, net, slot))
+
+    let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
+    let mut links = Vec::new();
+    for p in 0..n {
+        match kinds[p] {
+            Some(TransportKind::Shm) if !config.runtime_connect => peers[p] = Some(lazy.connect(p)?),
+            Some(TransportKind::Tcp) => {
+                let s: Vec<TcpStream> = socks[p].iter_mut().filter_map(Option::take).collect();
+                if s.len() != config.nsocks {
+                    return Err(Error::internal(format!("tcp sockets for rank {p} missing")));
+                }
+                let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout, prof.clone())?;
+                links.push(link.clone());
+                peers[p] = Some(Peer {
+                    send,
+                    recv,
+                    liveness: Liveness::Local,
+                    tcp: Some(link),
+                    shm_names: Vec::new(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok((peers, (!links.is_empty()).then(|| tcp::Net::new(links)), slot, lazy))
 }
 
 const HELLO_MAGIC: u64 = 0x4f43_434c_5443_5048; // "OCCLTCPH"

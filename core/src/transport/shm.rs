@@ -1,7 +1,8 @@
 //! The shm transport: one POSIX shared-memory segment per ordered pair of ranks on a host,
-//! holding the FIFO from sender to receiver. The sender creates it, both map it, and it is
-//! unlinked as soon as both have (so a crash leaves nothing behind in /dev/shm; a crash during
-//! setup can, and `shm_reap` removes such segments later).
+//! holding the FIFO from sender to receiver. Connection is lazy (`attach`): whichever side
+//! needs the pair first creates the segment, the other maps it, and the second to map it
+//! unlinks the name, so a running job leaves nothing in /dev/shm. A segment whose peer never
+//! came is unlinked when its peer is found dead; `shm_reap` removes what a crash left.
 
 use super::fifo::{self, Region};
 use crate::error::{Error, Result};
@@ -52,13 +53,59 @@ pub(crate) fn create(name: &str, nslots: usize, slot_size: usize, send_pid: u32,
     Ok(region)
 }
 
-/// Maps a segment that the peer created for a FIFO this rank receives from.
-pub(crate) fn open(name: &str, nslots: usize, slot_size: usize) -> Result<Region> {
+/// Maps the segment `name` (the FIFO from a rank of pid `send_pid` to one of `recv_pid`),
+/// creating it if the peer has not yet. No handshake: both sides compute the name, one wins the
+/// O_EXCL create and the other waits (up to `timeout`) for the creator's `ready` word. The
+/// second side to map it unlinks the name.
+pub(crate) fn attach(
+    name: &str,
+    nslots: usize,
+    slot_size: usize,
+    send_pid: u32,
+    recv_pid: u32,
+    timeout: std::time::Duration,
+) -> Result<Region> {
+    use std::sync::atomic::Ordering;
+    let deadline = std::time::Instant::now() + timeout;
+    let region = loop {
+        match create(name, nslots, slot_size, send_pid, recv_pid) {
+            Ok(r) => return Ok(r),
+            Err(Error::SystemError { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        match open_ready(name, nslots, slot_size) {
+            Ok(Some(r)) => break r,
+            // Created but not sized or initialised yet, or unlinked between our create and
+            // open (the peer attached twice? no: a stale name was reaped): try again.
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::yield_now(),
+            Ok(None) => {
+                return Err(Error::Timeout {
+                    what: format!("waiting for the peer to initialise shared-memory FIFO {name}"),
+                    secs: timeout.as_secs_f64(),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    region.check(nslots, slot_size)?;
+    if region.header().attached.fetch_add(1, Ordering::AcqRel) >= 1 {
+        unlink(name);
+    }
+    Ok(region)
+}
+
+/// Maps `name` if it exists and its creator has finished it; `None` if not yet.
+fn open_ready(name: &str, nslots: usize, slot_size: usize) -> Result<Option<Region>> {
+    use std::sync::atomic::Ordering;
     let c = cname(name)?;
     // SAFETY: as above.
     let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
     if fd < 0 {
-        return Err(Error::last_os(format!("shm_open({name}) to map a peer's FIFO")));
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        return Err(Error::sys(format!("shm_open({name}) to map a peer's FIFO"), e));
     }
     let fd = Fd(fd);
     // SAFETY: fstat into a zeroed struct.
@@ -68,14 +115,16 @@ pub(crate) fn open(name: &str, nslots: usize, slot_size: usize) -> Result<Region
     }
     let len = fifo::region_size(nslots, slot_size);
     if (st.st_size as usize) < len {
-        return Err(Error::internal(format!(
-            "shared-memory FIFO {name} is {} bytes, expected {len}; do all ranks use the same OCCL_FIFO_SLOTS and OCCL_SHM_SLOT_SIZE?",
-            st.st_size
-        )));
+        if st.st_size > 0 {
+            return Err(Error::internal(format!(
+                "shared-memory FIFO {name} is {} bytes, expected {len}; do all ranks use the same OCCL_FIFO_SLOTS and OCCL_SHM_SLOT_SIZE?",
+                st.st_size
+            )));
+        }
+        return Ok(None);
     }
     let region = Region::map(fd.0, len)?;
-    region.check(nslots, slot_size)?;
-    Ok(region)
+    Ok((region.header().ready.0.load(Ordering::Acquire) == 1).then_some(region))
 }
 
 pub(crate) fn unlink(name: &str) {
