@@ -209,6 +209,8 @@ impl Comm {
         }
         let listener = TcpListener::bind((config.listen_addr, 0))
             .map_err(|e| Error::sys(format!("bind a transport listener on {}", config.listen_addr), e))?;
+        // Every lower tcp peer dials at once (and a shrink's ranks join here).
+        bootstrap::root::deepen_backlog(&listener);
         // Kept open after the transports connect: a shrink's new root listens on it.
         let kept_listener = listener.try_clone().ok();
         let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;

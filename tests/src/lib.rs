@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod launch;
+pub mod logging;
 pub mod lifecycle;
 pub mod matrix;
 pub mod otlp_ops;

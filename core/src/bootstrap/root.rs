@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 /// Binds `addr` and serves one job from a background thread; returns the bound address.
 pub(crate) fn spawn(addr: SocketAddr, secret: [u8; 16]) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).map_err(|e| Error::sys(format!("bootstrap root: bind {addr}"), e))?;
+    deepen_backlog(&listener);
     let bound = listener.local_addr().map_err(|e| Error::sys("bootstrap root: local address", e))?;
     std::thread::Builder::new()
         .name("occl-bootstrap-root".into())
@@ -24,6 +25,17 @@ pub(crate) fn spawn(addr: SocketAddr, secret: [u8; 16]) -> Result<SocketAddr> {
         })
         .map_err(|e| Error::sys("bootstrap root: spawn thread", e))?;
     Ok(bound)
+}
+
+/// Every rank of a job connects to its root at once: std's backlog of 128 overflows at a few
+/// hundred ranks and the kernel drops SYNs, which clients retry only after a second. Listening
+/// again with a larger backlog raises it (the kernel caps it at net.core.somaxconn).
+pub(crate) fn deepen_backlog(listener: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: listen(2) on a socket we own that is already listening only changes its backlog.
+    if unsafe { libc::listen(listener.as_raw_fd(), 65535) } != 0 {
+        tracing::debug!("bootstrap root: raising the listen backlog failed: {}", std::io::Error::last_os_error());
+    }
 }
 
 /// Serves one job on a listener that is already bound and known to the ranks (a rank's
@@ -180,20 +192,31 @@ fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> 
                 secs: 0.0,
             });
         }
-        match listener.accept() {
-            Ok((s, peer)) => {
-                let _ = s.set_nonblocking(false);
-                let tx = tx.clone();
-                let _ = std::thread::Builder::new().name("occl-bootstrap-admit".into()).spawn(move || {
-                    if let Some(j) = admit(s, secret, peer) {
-                        let _ = tx.send(j);
-                    }
-                });
+        // Take every pending connection before waiting: one accept per wait would cap a root
+        // at a few hundred joins a second (1,024 ranks on one id took 10 s).
+        let mut accepted = false;
+        loop {
+            match listener.accept() {
+                Ok((s, peer)) => {
+                    accepted = true;
+                    let _ = s.set_nonblocking(false);
+                    let tx = tx.clone();
+                    let _ = std::thread::Builder::new().name("occl-bootstrap-admit".into()).spawn(move || {
+                        if let Some(j) = admit(s, secret, peer) {
+                            let _ = tx.send(j);
+                        }
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::warn!("bootstrap root: accept failed: {e}");
+                    break;
+                }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => tracing::warn!("bootstrap root: accept failed: {e}"),
         }
-        while let Ok(a) = rx.recv_timeout(Duration::from_millis(2)) {
+        // Wait briefly for an admission only when nothing new came in; then take all there are.
+        let mut wait = if accepted { Duration::ZERO } else { Duration::from_millis(1) };
+        while let Ok(a) = rx.recv_timeout(std::mem::take(&mut wait)) {
             let j = match a {
                 Arrival::Root { stream, nranks, m, k } => {
                     if prev.is_some() {

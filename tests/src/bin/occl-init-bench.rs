@@ -6,6 +6,7 @@ use occl::{Comm, Config};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
+    occl_tests::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut sizes = Vec::new();
     let mut ids = vec![1usize, 8];

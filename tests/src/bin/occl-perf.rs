@@ -106,7 +106,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging();
+    occl_tests::logging::init();
     let res = match args.ranks {
         Some(n) => check_args(&args, Some(n as usize)).and_then(|()| launch(n as usize)),
         None => run_rank(&args),
@@ -118,21 +118,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `OCCL_DEBUG` (or `NCCL_DEBUG`) as a tracing filter (`warn`, `info`, `debug`...); warnings by
-/// default, on stderr.
-fn init_logging() {
-    let level = std::env::var("OCCL_DEBUG")
-        .or_else(|_| std::env::var("NCCL_DEBUG"))
-        .ok()
-        .and_then(|v| tracing_subscriber::EnvFilter::try_new(v.to_ascii_lowercase()).ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(level)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// Checks what can be checked before any rank starts (`nranks` when known), so that a bad
