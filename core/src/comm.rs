@@ -250,7 +250,7 @@ impl Comm {
             rank: rank as i32,
         });
         let net_prof = transport::tcp::NetProf { fanout: prof.fanout.clone(), rank: rank as i32 };
-        let (peers, net, slot, lazy) =
+        let transport::Connected { peers, net, slot, lazy } =
             transport::connect_all(&config, rank, &me_tab, &id.secret, listener, Some(net_prof))?;
         timer.lap(crate::init_timer::Phase::Connect);
         let tuner = agreed_tuner(&config, rank, &me_tab, lazy.kinds(), &mut boot)?;

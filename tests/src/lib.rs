@@ -3,8 +3,8 @@
 
 pub mod events;
 pub mod launch;
-pub mod logging;
 pub mod lifecycle;
+pub mod logging;
 pub mod matrix;
 pub mod otlp_ops;
 pub mod otlp_sink;

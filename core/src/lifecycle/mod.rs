@@ -58,7 +58,12 @@ impl Lifecycle {
 
     /// Takes in a peer connected after init.
     pub(crate) fn add(&self, peer: usize, p: &Peer) {
-        self.ends().push(PeerEnds { peer, send: p.send.region.clone(), recv: p.recv.region.clone(), tcp: p.tcp.clone() });
+        self.ends().push(PeerEnds {
+            peer,
+            send: p.send.region.clone(),
+            recv: p.recv.region.clone(),
+            tcp: p.tcp.clone(),
+        });
     }
 
     pub(crate) fn ends(&self) -> MutexGuard<'_, Vec<PeerEnds>> {

@@ -49,8 +49,9 @@ impl Lazy {
         patience: Patience,
     ) -> Lazy {
         let my_pid = pids[me];
-        let local = pids.iter().enumerate().any(|(p, &pid)| p != me && pid == my_pid && kinds[p] == Some(TransportKind::Shm));
-        if kinds.iter().any(|k| *k == Some(TransportKind::Shm)) {
+        let local =
+            pids.iter().enumerate().any(|(p, &pid)| p != me && pid == my_pid && kinds[p] == Some(TransportKind::Shm));
+        if kinds.contains(&Some(TransportKind::Shm)) {
             super::shm_reap::reap_once();
         }
         Lazy {

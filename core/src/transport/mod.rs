@@ -93,7 +93,7 @@ pub(crate) fn connect_all(
     secret: &[u8; 16],
     listener: TcpListener,
     prof: Option<tcp::NetProf>,
-) -> Result<(Vec<Option<Peer>>, Option<tcp::Net>, usize, connect::Lazy)> {
+) -> Result<Connected> {
     let n = table.len();
     let comm_id = table[0].comm_id;
     let kinds: Vec<Option<TransportKind>> = (0..n)
@@ -155,18 +155,20 @@ pub(crate) fn connect_all(
                 }
                 let (link, send, recv) = tcp::TcpLink::start(p, s, nslots, slot, config.timeout, prof.clone())?;
                 links.push(link.clone());
-                peers[p] = Some(Peer {
-                    send,
-                    recv,
-                    liveness: Liveness::Local,
-                    tcp: Some(link),
-                    shm_names: Vec::new(),
-                });
+                peers[p] = Some(Peer { send, recv, liveness: Liveness::Local, tcp: Some(link), shm_names: Vec::new() });
             }
             _ => {}
         }
     }
-    Ok((peers, (!links.is_empty()).then(|| tcp::Net::new(links)), slot, lazy))
+    Ok(Connected { peers, net: (!links.is_empty()).then(|| tcp::Net::new(links)), slot, lazy })
+}
+
+/// What `connect_all` leaves a rank with.
+pub(crate) struct Connected {
+    pub peers: Vec<Option<Peer>>,
+    pub net: Option<tcp::Net>,
+    pub slot: usize,
+    pub lazy: connect::Lazy,
 }
 
 const HELLO_MAGIC: u64 = 0x4f43_434c_5443_5048; // "OCCLTCPH"
