@@ -265,6 +265,9 @@ impl Comm {
             }
         }
         timer.lap(crate::init_timer::Phase::AllGather);
+        let first_on_host = table.iter().position(|p| p.host_id == table[rank].host_id) == Some(rank);
+        let host = crate::topo::Host { name: table[rank].hostname.clone(), hash: fnv(table[rank].host_id.as_bytes()) };
+        crate::topo::dump_at_init(&config, host, first_on_host);
         let mut me_tab = table.clone();
         let comm_id = table[0].comm_id;
         for p in &mut me_tab {
