@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 const N: usize = 4;
 
 fn comms(algo: &str) -> Vec<Comm> {
-    let id = UniqueId::new().unwrap();
+    let id = UniqueId::new().expect("unique id");
     let handles: Vec<_> = (0..N)
         .map(|r| {
             let id = id.clone();
@@ -21,14 +21,14 @@ fn comms(algo: &str) -> Vec<Comm> {
             std::thread::spawn(move || Comm::init_rank(N, &id, r, config))
         })
         .collect();
-    handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+    handles.into_iter().map(|h| h.join().expect("init").expect("init")).collect()
 }
 
 /// Runs `f` on every rank at once.
 fn each<T: Send>(comms: &[Comm], f: impl Fn(&Comm) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     })
 }
 
@@ -42,7 +42,7 @@ fn check_all(comms: &[Comm], count: usize) {
     let out = each(comms, |c| {
         let send: Vec<f64> = (0..count).map(|i| val(c.rank(), i)).collect();
         let mut recv = vec![0.0; count];
-        c.all_reduce(&send, &mut recv, RedOp::Sum).unwrap();
+        c.all_reduce(&send, &mut recv, RedOp::Sum).expect("all-reduce");
         recv
     });
     for (r, v) in out.iter().enumerate() {
@@ -52,7 +52,7 @@ fn check_all(comms: &[Comm], count: usize) {
         let out = each(comms, |c| {
             let send: Vec<f64> = (0..count).map(|i| val(c.rank(), i)).collect();
             let mut recv = vec![0.0; count];
-            c.broadcast(&send, &mut recv, root).unwrap();
+            c.broadcast(&send, &mut recv, root).expect("broadcast");
             recv
         });
         for (r, v) in out.iter().enumerate() {
@@ -61,7 +61,7 @@ fn check_all(comms: &[Comm], count: usize) {
         let out = each(comms, |c| {
             let send: Vec<f64> = (0..count).map(|i| val(c.rank(), i)).collect();
             let mut recv = vec![0.0; count];
-            c.reduce(&send, &mut recv, RedOp::Sum, root).unwrap();
+            c.reduce(&send, &mut recv, RedOp::Sum, root).expect("reduce");
             recv
         });
         assert!(out[root].iter().enumerate().all(|(i, &x)| x == sum(i)), "reduce to {root}, count {count}");
@@ -72,7 +72,7 @@ fn check_blocks(comms: &[Comm], count: usize) {
     let out = each(comms, |c| {
         let send: Vec<f64> = (0..count).map(|i| val(c.rank(), i)).collect();
         let mut recv = vec![0.0; count * N];
-        c.all_gather(&send, &mut recv).unwrap();
+        c.all_gather(&send, &mut recv).expect("all-gather");
         recv
     });
     for (r, v) in out.iter().enumerate() {
@@ -84,7 +84,7 @@ fn check_blocks(comms: &[Comm], count: usize) {
         // Block b of rank r: val(r, b * count + i).
         let send: Vec<f64> = (0..count * N).map(|i| val(c.rank(), i)).collect();
         let mut recv = vec![0.0; count];
-        c.reduce_scatter(&send, &mut recv, RedOp::Sum).unwrap();
+        c.reduce_scatter(&send, &mut recv, RedOp::Sum).expect("reduce-scatter");
         recv
     });
     for (r, v) in out.iter().enumerate() {
@@ -130,7 +130,7 @@ impl Sink for Legs {
     }
     fn start(&self, _: EventId, _: Option<EventId>, ev: &EventDescr<'_>) {
         if let EventDescr::ProxyOp { peer, is_send, .. } = ev {
-            self.0.lock().unwrap().push((*peer, *is_send));
+            self.0.lock().expect("sink lock").push((*peer, *is_send));
         }
     }
 }
