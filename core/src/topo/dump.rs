@@ -27,6 +27,15 @@ fn json_str(s: &str) -> String {
     o
 }
 
+/// A JSON array of pre-rendered items, one per line.
+fn json_lines(items: &[String]) -> String {
+    if items.is_empty() {
+        "[]".to_string()
+    } else {
+        format!("[\n{}\n  ]", items.join(",\n"))
+    }
+}
+
 fn json_opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
     v.map_or_else(|| "null".to_string(), f)
 }
@@ -96,11 +105,11 @@ pub fn to_json(t: &Topology, fusion: Option<&Fusion>) -> String {
         .iter()
         .map(|n| format!("    {{\"id\": {}, \"cpus\": {}}}", n.id, json_str(&n.cpus.to_string())))
         .collect();
-    let _ = writeln!(o, "  \"numa\": [\n{}\n  ],", numa.join(",\n"));
+    let _ = writeln!(o, "  \"numa\": {},", json_lines(&numa));
     let _ = writeln!(o, "  \"affinity\": {},", json_opt(t.affinity.as_ref(), |a| json_str(&a.to_string())));
     let gpus: Vec<String> =
         t.gpus.iter().map(|g| format!("    {{\"index\": {}, {}}}", g.index, pci_json(&g.pci))).collect();
-    let _ = writeln!(o, "  \"gpus\": [\n{}\n  ],", gpus.join(",\n"));
+    let _ = writeln!(o, "  \"gpus\": {},", json_lines(&gpus));
     let nics: Vec<String> = t
         .nics
         .iter()
@@ -117,7 +126,7 @@ pub fn to_json(t: &Topology, fusion: Option<&Fusion>) -> String {
             )
         })
         .collect();
-    let _ = writeln!(o, "  \"nics\": [\n{}\n  ],", nics.join(",\n"));
+    let _ = writeln!(o, "  \"nics\": {},", json_lines(&nics));
     let fusion = json_opt(fusion, |f| {
         let v: Vec<String> = f
             .vnics
