@@ -6,6 +6,7 @@
 //! that failed stays failed (NCCL's async error): later calls say why, and it must be destroyed.
 
 use crate::bootstrap::{self, PeerInfo};
+use crate::coll::order::RingOrder;
 use crate::coll::plan::{self, Algo, Shape};
 use crate::coll::tune::Tuner;
 use crate::coll::{self, Ctx};
@@ -44,6 +45,8 @@ pub struct Comm {
     pub(crate) lifecycle: crate::lifecycle::Lifecycle,
     /// Picks each operation's algorithm and protocol.
     pub(crate) tuner: Tuner,
+    /// The ring, chain and tree order: ranks of one host next to each other.
+    ring: RingOrder,
     inner: Mutex<Inner>,
 }
 
@@ -234,6 +237,9 @@ impl Comm {
             }
         }
         timer.lap(crate::init_timer::Phase::AllGather);
+        let first_on_host = table.iter().position(|p| p.host_id == table[rank].host_id) == Some(rank);
+        let host = crate::topo::Host { name: table[rank].hostname.clone(), hash: fnv(table[rank].host_id.as_bytes()) };
+        crate::topo::dump_at_init(&config, host, first_on_host);
         let mut me_tab = table.clone();
         let comm_id = table[0].comm_id;
         for p in &mut me_tab {
@@ -319,6 +325,7 @@ impl Comm {
             table: me_tab,
             flight,
             tuner,
+            ring: RingOrder::host_grouped(&table.iter().map(|p| p.host_id.as_str()).collect::<Vec<_>>()),
             record,
             abort: AtomicBool::new(false),
             lifecycle,
@@ -662,6 +669,9 @@ impl Comm {
         let inner = &mut *g;
         let (slot, func_seq) = (inner.slot, inner.func_seq[coll as usize]);
         let geo = coll::geometry(algo, choice.proto, slot, self.config.fifo_slots, dt);
+        // Rings, chains and trees run on positions in the host-grouped order (`coll::order`).
+        let order =
+            (matches!(algo, Algo::Ring | Algo::Chain | Algo::Tree) && !self.ring.is_identity()).then_some(&self.ring);
         let prof = OpProf::begin(
             &self.prof.fanout,
             self.rank,
@@ -680,25 +690,31 @@ impl Comm {
                 chunk_size: geo.0,
             },
             || {
-                plan::legs(&Shape {
+                // Planned in the order the algorithm runs in, reported with real peers.
+                let pos = |r: usize| order.map_or(r, |o| o.pos(r));
+                let mut legs = plan::legs(&Shape {
                     coll,
                     algo,
                     nranks: self.nranks,
-                    rank: self.rank,
+                    rank: pos(self.rank),
                     // Per rank or per block, as each algorithm takes it.
                     count,
                     elem: dt.size(),
                     slice: geo.0,
                     chunk: geo.1,
-                    root: root.unwrap_or(0),
+                    root: pos(root.unwrap_or(0)),
                     peer: p2p_peer.unwrap_or(0),
-                })
+                });
+                for l in &mut legs {
+                    l.peer = order.map_or(l.peer, |o| o.rank(l.peer));
+                }
+                legs
             },
             |p| inner.kind_name(p),
         );
         let res = {
             let mut ctx = Ctx {
-                rank: self.rank,
+                rank: order.map_or(self.rank, |o| o.pos(self.rank)),
                 nranks: self.nranks,
                 peers: &mut inner.peers,
                 lazy: inner.lazy.as_ref(),
@@ -716,6 +732,7 @@ impl Comm {
                 prof: prof.as_ref(),
                 record: &self.record,
                 members: Some(&self.lifecycle),
+                order,
             };
             f(&mut ctx, algo)
         };

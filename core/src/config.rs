@@ -65,6 +65,15 @@ pub struct Config {
     /// Constants of the tuner's cost model (`OCCL_TUNER_FILE`; format in `coll::tune::file`).
     /// `None`: the built-in defaults.
     pub tuner_file: Option<std::path::PathBuf>,
+    /// Where the first rank of each host writes the topology at init (`OCCL_TOPO_DUMP_FILE`,
+    /// also `NCCL_TOPO_DUMP_FILE`): XML when the name ends in `.xml`, JSON otherwise.
+    pub topo_dump_file: Option<std::path::PathBuf>,
+    /// How far apart NICs may be and still fuse into one virtual NIC (`OCCL_NET_MERGE_LEVEL`,
+    /// also `NCCL_NET_MERGE_LEVEL`): LOC, PORT (default, as NCCL), PIX, PXB, PHB or SYS.
+    pub net_merge_level: crate::topo::PathType,
+    /// NIC groups fused whatever their distance (`OCCL_NET_FORCE_MERGE`, also
+    /// `NCCL_NET_FORCE_MERGE`): `mlx5_0,mlx5_1;mlx5_2,mlx5_3`.
+    pub net_force_merge: Option<crate::topo::ForceMerge>,
 }
 
 impl Default for Config {
@@ -84,6 +93,9 @@ impl Default for Config {
             algo: None,
             proto: None,
             tuner_file: None,
+            topo_dump_file: None,
+            net_merge_level: crate::topo::PathType::Port,
+            net_force_merge: None,
         }
     }
 }
@@ -169,6 +181,15 @@ impl Config {
         }
         if let Some((_, v)) = var(&["OCCL_TUNER_FILE"]) {
             c.tuner_file = Some(v.into());
+        }
+        if let Some((_, v)) = var(&["OCCL_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE"]) {
+            c.topo_dump_file = Some(v.into());
+        }
+        if let Some((n, v)) = var(&["OCCL_NET_MERGE_LEVEL", "NCCL_NET_MERGE_LEVEL"]) {
+            c.net_merge_level = crate::topo::fuse::parse_level(&n, &v)?;
+        }
+        if let Some((n, v)) = var(&["OCCL_NET_FORCE_MERGE", "NCCL_NET_FORCE_MERGE"]) {
+            c.net_force_merge = Some(crate::topo::ForceMerge::parse(&n, &v)?);
         }
         c.flight = occl_telemetry::FlightConfig::from_env().map_err(|e| Error::arg(e.to_string()))?;
         Ok(c)

@@ -48,6 +48,7 @@ mod profile;
 mod ras;
 mod record;
 mod reduce;
+pub mod topo;
 mod transport;
 
 /// The profiler event model, sinks and registry (`occl-telemetry`), re-exported so applications

@@ -46,6 +46,17 @@ fn processes_two_hosts_mix_shm_and_tcp() {
 }
 
 #[test]
+fn processes_interleaved_hosts_run_in_host_order() {
+    // Hosts interleaved by rank: rings, chains and trees run in the order 0,2 | 1,3,4 (ranks of
+    // one host adjacent), not in rank order, and every result must still be rank-ordered.
+    let hosts = ["a", "b", "a", "b", "b"];
+    let spawn = Spawn { rank_env: hosts.iter().map(|h| env(&[("OCCL_HOSTID", h)])).collect(), ..Spawn::default() };
+    let outs = run_job(5, &["matrix", SMALL], spawn, Duration::from_secs(120));
+    assert_all_ok(&outs, "interleaved hosts");
+    assert!(outs[0].output.contains("transport=shm+tcp"), "{}", outs[0].output);
+}
+
+#[test]
 fn processes_one_mib_plus_3_every_collective_dtype_op() {
     let outs = run_job(3, &["matrix", BIG], Spawn::default(), Duration::from_secs(600));
     assert_all_ok(&outs, "1 MiB + 3, nranks=3");

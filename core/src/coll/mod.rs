@@ -7,6 +7,7 @@
 //! (`transport::tcp`), and an operation returns only once its data is on the wire.
 
 pub(crate) mod direct;
+pub(crate) mod order;
 pub(crate) mod pat;
 pub(crate) mod plan;
 pub(crate) mod prims;
@@ -31,6 +32,7 @@ use walk::Run;
 
 /// What one operation runs with.
 pub(crate) struct Ctx<'a> {
+    /// This rank, or its position in `order` when that is set.
     pub rank: usize,
     pub nranks: usize,
     pub peers: &'a mut [Option<Peer>],
@@ -58,6 +60,9 @@ pub(crate) struct Ctx<'a> {
     pub record: &'a crate::record::OpRecord,
     /// Every peer's FIFO ends, for waits to notice a failure elsewhere in the communicator.
     pub members: Option<&'a crate::lifecycle::Lifecycle>,
+    /// Set for ring, chain and tree operations when the host-grouped order is not rank order:
+    /// `rank`, the peers given to `prims` and roots are then positions in it.
+    pub order: Option<&'a order::RingOrder>,
 }
 
 /// Bytes per slice: one slot of whole elements of `dt` (Simple; p2p and all-to-all).
@@ -110,8 +115,20 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Primitives that send to `to` and receive from `from` (either may be absent).
+    /// The rank at position `p` (`p` itself without an order).
+    pub(crate) fn real(&self, p: usize) -> usize {
+        self.order.map_or(p, |o| o.rank(p))
+    }
+
+    /// The position of `rank` (`rank` itself without an order).
+    fn virt(&self, rank: usize) -> usize {
+        self.order.map_or(rank, |o| o.pos(rank))
+    }
+
+    /// Primitives that send to `to` and receive from `from` (either may be absent), given as
+    /// positions when the operation runs in ring order.
     pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
+        let (to, from) = (to.map(|p| self.real(p)), from.map(|p| self.real(p)));
         for p in [to, from].into_iter().flatten() {
             crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
         }
@@ -200,6 +217,7 @@ pub(crate) fn broadcast(
     count: usize,
     root: usize,
 ) -> Result<()> {
+    let root = ctx.virt(root);
     let s = ctx.shape(CollType::Broadcast, algo, count, root);
     match algo {
         Algo::Tree => tree::broadcast(&s, &mut Run::new(ctx, send, recv, 0)),
@@ -216,6 +234,7 @@ pub(crate) fn reduce(
     count: usize,
     root: usize,
 ) -> Result<()> {
+    let root = ctx.virt(root);
     let s = ctx.shape(CollType::Reduce, algo, count, root);
     match algo {
         Algo::Tree => tree::reduce(&s, &mut Run::new(ctx, send, recv, tree::reduce_scratch(&s))),

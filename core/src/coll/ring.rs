@@ -85,8 +85,11 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
 /// All-gather: each rank's `count` elements land at `recv[rank * count..]` on every rank.
 pub(crate) fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
     let (n, r, es) = (ctx.nranks, ctx.rank, ctx.dt.size());
+    // Blocks are laid out by rank; the ring runs on positions (`Ctx::order`).
+    let order = ctx.order;
+    let owner = |p: usize| order.map_or(p, |o| o.rank(p));
     // SAFETY: recv holds n*count elements; send is either recv's own block or disjoint.
-    unsafe { copy_unless_same(send, recv.add(r * count * es), count * es) };
+    unsafe { copy_unless_same(send, recv.add(owner(r) * count * es), count * es) };
     if n == 1 {
         return Ok(());
     }
@@ -98,7 +101,7 @@ pub(crate) fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
     while base < count {
         let len = chunk_elems.min(count - base);
         // SAFETY: block c, elements base..base+len, is within recv; likewise for send.
-        let block = |c: usize| unsafe { recv.add((c * count + base) * es) };
+        let block = |c: usize| unsafe { recv.add((owner(c) * count + base) * es) };
         p.send(unsafe { send.add(base * es) }, len * es)?;
         for k in 1..n - 1 {
             p.recv_copy_send(block((r + n - k) % n), len * es)?;
@@ -118,12 +121,14 @@ pub(crate) fn reduce_scatter(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, 
         return Ok(());
     }
     let chunk_elems = (ctx.chunk() / es).max(1);
+    let order = ctx.order;
+    let owner = |p: usize| order.map_or(p, |o| o.rank(p));
     let mut p = ctx.prims(Some((r + 1) % n), Some((r + n - 1) % n))?;
     let mut base = 0;
     while base < count {
         let len = chunk_elems.min(count - base);
-        // SAFETY: block c of send, elements base..base+len.
-        let block = |c: usize| unsafe { send.add((c * count + base) * es) };
+        // SAFETY: block c of send, elements base..base+len (blocks by rank, the ring by position).
+        let block = |c: usize| unsafe { send.add((owner(c) * count + base) * es) };
         p.send(block((r + n - 1) % n), len * es)?;
         for k in 2..n {
             p.recv_reduce_send(block((r + n - k) % n), len * es)?;
