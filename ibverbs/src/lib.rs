@@ -2,9 +2,24 @@
 //! library is opened at run time (`verbs`, declared in `sys`), so this crate builds and tests
 //! everywhere and only a device needs `libibverbs.so.1`.
 //!
+//! The transport's protocol parts are pure state machines with no I/O, in the quinn style, each
+//! tested without a device:
+//! - `hca`: the `OCCL_IB_HCA` / `NCCL_IB_HCA` device list;
+//! - `device`: discovery (needs the library) and the choice of ports and GIDs (pure);
+//! - `conn`: the connection record exchanged through the bootstrap and the QP's
+//!   RESET→INIT→RTR→RTS steps;
+//! - `credit`: flow control for RDMA write-with-immediate into N slots;
+//! - `mr_cache`: the memory-registration cache.
+//!
+//! `resources` wraps the verbs objects (PD, MR, CQ, RC QP) for the data path.
+//!
 //! A leaf crate: it never depends on `occl`.
 
+pub mod conn;
+pub mod credit;
 mod error;
+pub mod hca;
+pub mod mr_cache;
 pub mod sys;
 pub mod verbs;
 
