@@ -17,9 +17,11 @@
 
 pub mod conn;
 pub mod credit;
+pub mod device;
 mod error;
 pub mod hca;
 pub mod mr_cache;
+pub mod resources;
 pub mod sys;
 pub mod verbs;
 
