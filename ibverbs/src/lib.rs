@@ -9,12 +9,14 @@
 //! - `conn`: the connection record exchanged through the bootstrap and the QP's
 //!   RESET→INIT→RTR→RTS steps;
 //! - `credit`: flow control for RDMA write-with-immediate into N slots;
-//! - `mr_cache`: the memory-registration cache.
+//! - `mr_cache`: the memory-registration cache;
+//! - `completion`: what a polled work completion means, and both flow-control halves of a QP.
 //!
 //! `resources` wraps the verbs objects (PD, MR, CQ, RC QP) for the data path.
 //!
 //! A leaf crate: it never depends on `occl`.
 
+pub mod completion;
 pub mod conn;
 pub mod credit;
 pub mod device;

@@ -60,6 +60,23 @@ pub(crate) fn probe(config: &Config) -> Result<bool> {
     }
 }
 
+/// A failed completion on the QP to `peer`, as the error every operation waiting on that peer
+/// reports: a verbs error status is the peer's (or the path's) failure, a broken flow-control
+/// protocol is a corrupted peer or an occl bug.
+// Called by the data path's progress loop once it exists; tested now.
+#[cfg(feature = "ib")]
+#[allow(dead_code)]
+pub(crate) fn completion_error(peer: usize, e: &ibverbs::completion::CompletionError) -> Error {
+    use ibverbs::completion::CompletionError;
+    match e {
+        CompletionError::Wc(wc) if wc.is_flush() => {
+            Error::remote(peer, format!("ib: {wc} (an earlier completion on this connection failed first)"))
+        }
+        CompletionError::Wc(wc) => Error::remote(peer, format!("ib: {wc}")),
+        CompletionError::Protocol(p) => Error::internal(format!("ib connection to rank {peer}: {p}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +112,26 @@ mod tests {
         let e = forced_error(Ok("mlx5_0:1".into()));
         assert_eq!(e.kind(), ErrorKind::InvalidUsage);
         assert!(e.to_string().contains("mlx5_0:1 are usable") && e.to_string().contains("OCCL_TRANSPORT=tcp"));
+    }
+
+    #[cfg(feature = "ib")]
+    #[test]
+    fn failed_completions_become_remote_errors_naming_the_peer() {
+        use ibverbs::completion::{classify, CompletionError, Endpoint};
+        let wc = ibverbs::sys::IbvWc { status: 12, wr_id: 3, ..Default::default() };
+        let Err(wc_err) = classify(&wc) else { panic!("status 12 is a failure") };
+        let e = completion_error(5, &CompletionError::Wc(wc_err));
+        assert_eq!(e.kind(), ErrorKind::RemoteError);
+        let text = e.to_string();
+        assert!(
+            text.starts_with("remote error: peer rank 5: ib: work request 3 failed: IBV_WC_RETRY_EXC_ERR"),
+            "{text}"
+        );
+        let mut ep = Endpoint::new(1, 0, 0).expect("endpoint");
+        let Err(p) = ep.send.handle_credit(9) else { panic!("credit for nothing sent") };
+        let e = completion_error(2, &CompletionError::Protocol(p));
+        assert_eq!(e.kind(), ErrorKind::InternalError);
+        assert!(e.to_string().contains("ib connection to rank 2"), "{e}");
     }
 
     #[test]
