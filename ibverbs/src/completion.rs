@@ -143,6 +143,38 @@ impl Endpoint {
     }
 }
 
+/// Fuzz entry (`ibverbs/fuzz`): arbitrary completions (each 13 bytes: status, opcode/flags,
+/// immediate, length) fed to an endpoint, interleaved with sends and consumption, never panic
+/// and never let the sender exceed its slots.
+pub fn fuzz_completions(data: &[u8]) {
+    let Some((&n, rest)) = data.split_first() else { return };
+    let nslots = u32::from(n % 8) + 1;
+    let Ok(mut ep) = Endpoint::new(nslots, 0, 0) else { return };
+    for c in rest.chunks_exact(13) {
+        let word = |i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+        let wc = sys::IbvWc {
+            status: u32::from(c[0] % 4 / 3) * 12,
+            opcode: if c[0] & 0x10 != 0 { sys::IBV_WC_RECV_RDMA_WITH_IMM } else { 1 },
+            wc_flags: if c[0] & 0x20 != 0 { 0 } else { sys::IBV_WC_WITH_IMM },
+            imm_data: word(1),
+            byte_len: word(5),
+            wr_id: u64::from(word(9)),
+            ..Default::default()
+        };
+        if c[0] & 0x40 != 0 {
+            let _ = ep.send.poll_send();
+        }
+        if c[0] & 0x80 != 0 {
+            if let Some(d) = ep.recv.peek() {
+                let _ = ep.recv.consume(d.slot);
+                let _ = ep.recv.poll_credit();
+            }
+        }
+        let _ = ep.handle_wc(&wc);
+        assert!(ep.send.in_flight() <= nslots, "the sender exceeded its {nslots} slots");
+    }
+}
+
 /// Why a completion could not be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompletionError {
@@ -194,6 +226,26 @@ mod tests {
         assert!(text.contains("0x81") && text.contains("work request 7"), "{text}");
         let flush = classify(&sys::IbvWc { status: 5, ..Default::default() }).expect_err("flush");
         assert!(flush.is_flush());
+    }
+
+    #[test]
+    fn random_completion_streams_never_panic() {
+        let mut x: u64 = 0xc0ffee;
+        for len in 0..3000usize {
+            let bytes: Vec<u8> = (0..len % 400)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    // Small immediates, so that some sequence numbers are the expected ones.
+                    let b = (x >> 33) as u8;
+                    if x & 1 == 0 {
+                        b % 4
+                    } else {
+                        b
+                    }
+                })
+                .collect();
+            fuzz_completions(&bytes);
+        }
     }
 
     /// Two endpoints wired through encoded completions, as the progress engine would drive them.
