@@ -5,15 +5,17 @@
 //! least recently used entries are deregistered beyond a capacity.
 //!
 //! The cache is generic over a `Registrar` so that its logic is tested with a fake; the ib
-//! transport plugs in `ibv_reg_mr`/`ibv_dereg_mr`. A handle stays valid until the next call that
-//! may evict or merge (`get`, `invalidate`): the caller must not keep one across operations
-//! whose work requests are still in flight.
+//! transport plugs in `ibv_reg_mr`/`ibv_dereg_mr` with `Arc<Mr>` handles, so that a registration
+//! evicted or merged away while a work request still uses it is deregistered only when that
+//! request lets go of its clone.
 
 use std::collections::BTreeMap;
 
 /// Registers and deregisters address ranges (`ibv_reg_mr` / `ibv_dereg_mr` in the transport).
 pub trait Registrar {
-    type Handle;
+    /// Cloned out to callers: with `Arc<Mr>`, an evicted registration lives until the last
+    /// work request that uses it has dropped its clone.
+    type Handle: Clone;
     type Error;
     /// Registers `[addr, addr + len)`; both are page-aligned.
     fn register(&mut self, addr: usize, len: usize) -> Result<Self::Handle, Self::Error>;
@@ -37,8 +39,8 @@ pub struct MrCache<R: Registrar> {
 
 /// What `get` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lookup<'a, H> {
-    pub handle: &'a H,
+pub struct Lookup<H> {
+    pub handle: H,
     /// The registered range that covers the request.
     pub start: usize,
     pub end: usize,
@@ -80,43 +82,35 @@ impl<R: Registrar> MrCache<R> {
 
     /// The registration covering `[addr, addr + len)`, registering (and merging) on a miss. On a
     /// registration error the merged entries are gone and nothing new is cached.
-    pub fn get(&mut self, addr: usize, len: usize) -> Result<Lookup<'_, R::Handle>, R::Error> {
+    pub fn get(&mut self, addr: usize, len: usize) -> Result<Lookup<R::Handle>, R::Error> {
         self.clock += 1;
-        let (start, end) = self.align(addr, len);
-        let covering = self.entries.range(..=start).next_back().filter(|(_, e)| e.end >= end).map(|(s, _)| *s);
-        let (key, hit) = match covering {
-            Some(s) => (s, true),
-            None => {
-                let (mut lo, mut hi) = (start, end);
-                for s in self.neighbours(start, end) {
-                    if let Some(e) = self.entries.remove(&s) {
-                        lo = lo.min(s);
-                        hi = hi.max(e.end);
-                        self.reg.deregister(e.handle);
-                    }
-                }
-                let handle = self.reg.register(lo, hi - lo)?;
-                self.entries.insert(lo, Entry { end: hi, handle, last_use: 0 });
-                self.evict_except(lo);
-                (lo, false)
-            }
-        };
         let clock = self.clock;
-        match self.entries.get_mut(&key) {
-            Some(e) => {
+        let (start, end) = self.align(addr, len);
+        if let Some((s, e)) = self.entries.range_mut(..=start).next_back() {
+            if e.end >= end {
                 e.last_use = clock;
-                Ok(Lookup { handle: &e.handle, start: key, end: e.end, hit })
+                return Ok(Lookup { handle: e.handle.clone(), start: *s, end: e.end, hit: true });
             }
-            // Unreachable: `key` was found or inserted above and eviction spares it.
-            None => unreachable!("mr cache entry {key:#x} vanished"),
         }
+        let (mut lo, mut hi) = (start, end);
+        for s in self.neighbours(start, end) {
+            if let Some(e) = self.entries.remove(&s) {
+                lo = lo.min(s);
+                hi = hi.max(e.end);
+                self.reg.deregister(e.handle);
+            }
+        }
+        let handle = self.reg.register(lo, hi - lo)?;
+        // Room first, so the new entry (the most recent) is never the one evicted.
+        self.evict_to(self.capacity - 1);
+        self.entries.insert(lo, Entry { end: hi, handle: handle.clone(), last_use: clock });
+        Ok(Lookup { handle, start: lo, end: hi, hit: false })
     }
 
-    /// Deregisters the least recently used entries (never `keep`) down to the capacity.
-    fn evict_except(&mut self, keep: usize) {
-        while self.entries.len() > self.capacity {
-            let victim =
-                self.entries.iter().filter(|(s, _)| **s != keep).min_by_key(|(_, e)| e.last_use).map(|(s, _)| *s);
+    /// Deregisters the least recently used entries until at most `keep` are left.
+    fn evict_to(&mut self, keep: usize) {
+        while self.entries.len() > keep {
+            let victim = self.entries.iter().min_by_key(|(_, e)| e.last_use).map(|(s, _)| *s);
             match victim.and_then(|s| self.entries.remove(&s)) {
                 Some(e) => self.reg.deregister(e.handle),
                 None => break,

@@ -200,12 +200,13 @@ impl Drop for Mr {
 pub struct PdRegistrar(pub Arc<Pd>);
 
 impl Registrar for PdRegistrar {
-    type Handle = Mr;
+    type Handle = Arc<Mr>;
     type Error = Error;
-    fn register(&mut self, addr: usize, len: usize) -> Result<Mr> {
-        Mr::register(self.0.clone(), addr, len)
+    fn register(&mut self, addr: usize, len: usize) -> Result<Arc<Mr>> {
+        Mr::register(self.0.clone(), addr, len).map(Arc::new)
     }
-    fn deregister(&mut self, mr: Mr) {
+    /// The region is deregistered when the last clone (a work request in flight) is dropped.
+    fn deregister(&mut self, mr: Arc<Mr>) {
         drop(mr);
     }
 }
