@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check occl has: formatting, clippy with warnings as errors, and all tests (unit
-# tests, multi-process integration tests over shm and tcp, threads mode, error cases).
+# tests, multi-process integration tests over shm and tcp, threads mode, error cases, and the
+# ib feature as far as a machine without an RDMA device can test it).
 # Installs what the tests need on a fresh Debian machine; needs only a Rust toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,7 +76,15 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 # The cuda feature builds without CUDA (the libraries are loaded at run time).
 cargo clippy -p occl --features cuda --all-targets --release -- -D warnings
+# So does the ib feature (libibverbs.so.1 is loaded at run time; no rdma-core headers needed).
+cargo clippy -p occl --features ib --all-targets --release -- -D warnings
+cargo clippy -p occl-tests --features ib --all-targets --release -- -D warnings
 echo "== tests"
 # Release build: the integration tests move hundreds of MiB through real processes.
 cargo test --workspace --release -- --test-threads 2
 cargo test -p occl --features cuda --release --lib -- --test-threads 2 cuda::
+# ib: the verbs crate's state machines and layouts, occl's selection with the feature on, and the
+# integration test that forces OCCL_TRANSPORT=ib (it says SKIPPED for the suite without a device).
+cargo test -p ibverbs --release -- --test-threads 2
+cargo test -p occl --features ib --release --lib -- --test-threads 2 transport::
+cargo test -p occl-tests --features ib --release --test ib -- --test-threads 2 --nocapture

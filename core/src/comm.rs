@@ -210,6 +210,8 @@ impl Comm {
         if rank >= nranks {
             return Err(Error::arg(format!("rank {rank} is out of range for nranks={nranks} (ranks are 0..{nranks})")));
         }
+        // Before the bootstrap, so that a forced ib that cannot work fails on every rank at once.
+        let ib = transport::ib::probe(&config)?;
         let listener = TcpListener::bind((config.listen_addr, 0))
             .map_err(|e| Error::sys(format!("bind a transport listener on {}", config.listen_addr), e))?;
         // Every lower tcp peer dials at once (and a shrink's ranks join here).
@@ -229,6 +231,7 @@ impl Comm {
             comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
             probe_addr: &crate::transport::shm::PROBE as *const u64 as u64,
             ras_addr: ras.map_or(String::new(), |r| r.mesh_addr().to_string()),
+            ib,
         };
         let table = boot.all_gather(&me.encode())?.iter().map(|b| PeerInfo::decode(b)).collect::<Result<Vec<_>>>()?;
         for (r, p) in table.iter().enumerate() {
@@ -457,14 +460,19 @@ impl Comm {
         transport::select(&self.config, me, p).ok()
     }
 
-    /// "shm", "tcp" or "shm+tcp": what this communicator's peers use.
+    /// "shm", "tcp", "ib" or a `+`-joined mix ("shm+tcp"): what this communicator's peers use.
     pub fn transport_summary(&self) -> &'static str {
         let kinds: Vec<_> = (0..self.nranks).filter_map(|p| self.transport_to(p)).collect();
         let shm = kinds.contains(&TransportKind::Shm);
         let tcp = kinds.contains(&TransportKind::Tcp);
-        match (shm, tcp) {
-            (true, true) => "shm+tcp",
-            (false, true) => "tcp",
+        let ib = kinds.contains(&TransportKind::Ib);
+        match (shm, tcp, ib) {
+            (true, true, true) => "shm+tcp+ib",
+            (true, true, false) => "shm+tcp",
+            (true, false, true) => "shm+ib",
+            (false, true, true) => "tcp+ib",
+            (false, true, false) => "tcp",
+            (false, false, true) => "ib",
             _ => "shm",
         }
     }

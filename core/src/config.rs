@@ -11,6 +11,8 @@ pub enum TransportKind {
     Shm,
     /// TCP sockets, moved by the proxy thread.
     Tcp,
+    /// RDMA through ibverbs RC queue pairs (feature `ib`), for peers on other hosts.
+    Ib,
 }
 
 impl TransportKind {
@@ -18,6 +20,7 @@ impl TransportKind {
         match self {
             TransportKind::Shm => "shm",
             TransportKind::Tcp => "tcp",
+            TransportKind::Ib => "ib",
         }
     }
 }
@@ -29,7 +32,8 @@ pub struct Config {
     /// Bound on every wait (`OCCL_TIMEOUT`, seconds). A wait that exceeds it fails with
     /// `Timeout` instead of hanging.
     pub timeout: Duration,
-    /// Forces one transport for every peer (`OCCL_TRANSPORT=shm|tcp`); `None` picks by host.
+    /// Forces one transport for every peer (`OCCL_TRANSPORT=shm|tcp|ib`); `None` picks by host
+    /// (and by RDMA devices, with feature `ib`).
     pub transport: Option<TransportKind>,
     /// TCP sockets per peer (`OCCL_NSOCKS`, also `NCCL_NSOCKS_PERTHREAD`×`NCCL_SOCKET_NTHREADS`).
     pub nsocks: usize,
@@ -74,6 +78,13 @@ pub struct Config {
     /// NIC groups fused whatever their distance (`OCCL_NET_FORCE_MERGE`, also
     /// `NCCL_NET_FORCE_MERGE`): `mlx5_0,mlx5_1;mlx5_2,mlx5_3`.
     pub net_force_merge: Option<crate::topo::ForceMerge>,
+    /// The RDMA device ports the ib transport may use (`OCCL_IB_HCA`, also `NCCL_IB_HCA`), in
+    /// NCCL's syntax: `mlx5_0:1,mlx5_1`, `=mlx5_0` (exact names), `^mlx5_2` (all but).
+    /// `None`: every active port. Checked at parse time with feature `ib`, unused without it.
+    pub ib_hca: Option<String>,
+    /// The GID table entry to route by on RoCE ports (`OCCL_IB_GID_INDEX`, also
+    /// `NCCL_IB_GID_INDEX`; -1 or unset: a RoCE v2 IPv4 entry if there is one).
+    pub ib_gid_index: Option<u8>,
 }
 
 impl Default for Config {
@@ -96,6 +107,8 @@ impl Default for Config {
             topo_dump_file: None,
             net_merge_level: crate::topo::PathType::Port,
             net_force_merge: None,
+            ib_hca: None,
+            ib_gid_index: None,
         }
     }
 }
@@ -124,7 +137,8 @@ impl Config {
             c.transport = Some(match v.trim().to_ascii_lowercase().as_str() {
                 "shm" => TransportKind::Shm,
                 "tcp" | "socket" | "net" => TransportKind::Tcp,
-                _ => return Err(Error::arg(format!("{n}={v:?}: supported transports are shm and tcp"))),
+                "ib" | "rdma" => TransportKind::Ib,
+                _ => return Err(Error::arg(format!("{n}={v:?}: supported transports are shm, tcp and ib"))),
             });
         }
         if let Some((n, v)) = var(&["OCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD"]) {
@@ -190,6 +204,21 @@ impl Config {
         }
         if let Some((n, v)) = var(&["OCCL_NET_FORCE_MERGE", "NCCL_NET_FORCE_MERGE"]) {
             c.net_force_merge = Some(crate::topo::ForceMerge::parse(&n, &v)?);
+        }
+        if let Some((n, v)) = var(&["OCCL_IB_HCA", "NCCL_IB_HCA"]) {
+            #[cfg(feature = "ib")]
+            ibverbs::hca::HcaFilter::parse(&v).map_err(|e| Error::arg(format!("{n}: {e}")))?;
+            #[cfg(not(feature = "ib"))]
+            let _ = n;
+            c.ib_hca = Some(v);
+        }
+        if let Some((n, v)) = var(&["OCCL_IB_GID_INDEX", "NCCL_IB_GID_INDEX"]) {
+            let i: i32 = parse(&n, &v, "a GID index")?;
+            c.ib_gid_index = match i {
+                -1 => None,
+                0..=255 => Some(i as u8),
+                _ => return Err(Error::arg(format!("{n}={v:?} must be -1 (automatic) or 0 to 255"))),
+            };
         }
         c.flight = occl_telemetry::FlightConfig::from_env().map_err(|e| Error::arg(e.to_string()))?;
         Ok(c)

@@ -29,6 +29,8 @@ pub(crate) struct PeerInfo {
     pub probe_addr: u64,
     /// This process's RAS mesh address (`ip:port`), empty when RAS is off.
     pub ras_addr: String,
+    /// The rank offers the ib transport (a usable RDMA port, feature `ib`).
+    pub ib: bool,
 }
 
 impl PeerInfo {
@@ -42,6 +44,7 @@ impl PeerInfo {
         w.u64(self.comm_id);
         w.u64(self.probe_addr);
         w.str(&self.ras_addr);
+        w.u32(u32::from(self.ib));
         w.into_inner()
     }
 
@@ -59,6 +62,11 @@ impl PeerInfo {
             comm_id: r.u64()?,
             probe_addr: r.u64()?,
             ras_addr: r.str()?,
+            ib: match r.u32()? {
+                0 => false,
+                1 => true,
+                x => return Err(Error::internal(format!("bootstrap: a peer sent ib={x}"))),
+            },
         };
         r.finish()?;
         Ok(info)

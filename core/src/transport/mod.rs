@@ -1,10 +1,12 @@
 //! Transports: how bytes get from one rank to another. Every peer pair gets a pair of FIFOs
 //! (`fifo`), carried by shared memory between ranks of one host (`shm`) or by sockets between
 //! hosts (`tcp`, moved by the collective thread itself while it waits). Selection is by host
-//! identity; `OCCL_TRANSPORT` forces one.
+//! identity and, for ib (RDMA, feature `ib`), by whether both ranks have a usable device
+//! (`ib`); `OCCL_TRANSPORT` forces one.
 
 pub(crate) mod connect;
 pub(crate) mod fifo;
+pub(crate) mod ib;
 pub(crate) mod shm;
 mod shm_reap;
 pub(crate) mod tcp;
@@ -74,8 +76,15 @@ pub(crate) fn select(config: &Config, me: &PeerInfo, peer: &PeerInfo) -> Result<
             "OCCL_TRANSPORT=shm, but rank {} is on host {} and rank {} on host {}; shm only connects ranks of one host (use tcp)",
             me.rank, me.hostname, peer.rank, peer.hostname
         ))),
+        // Each rank checked its own device at init (`ib::probe`); this catches a peer without.
+        Some(TransportKind::Ib) if !(me.ib && peer.ib) => Err(Error::usage(format!(
+            "OCCL_TRANSPORT=ib, but rank {} on host {} has no usable RDMA device",
+            if me.ib { peer.rank } else { me.rank },
+            if me.ib { &peer.hostname } else { &me.hostname }
+        ))),
         Some(k) => Ok(k),
         None if same_host => Ok(TransportKind::Shm),
+        None if me.ib && peer.ib => Ok(TransportKind::Ib),
         None => Ok(TransportKind::Tcp),
     }
 }
@@ -105,7 +114,7 @@ pub(crate) fn connect_all(
     // for some rank's pair, and every rank computes the same).
     let hosts_differ = table.iter().any(|p| p.host_id != table[0].host_id);
     let any_tcp = match config.transport {
-        Some(k) => k == TransportKind::Tcp,
+        Some(k) => k != TransportKind::Shm,
         None => hosts_differ,
     };
     let slot = if any_tcp { config.tcp_slot_size } else { config.shm_slot_size };
@@ -157,7 +166,11 @@ pub(crate) fn connect_all(
                 links.push(link.clone());
                 peers[p] = Some(Peer { send, recv, liveness: Liveness::Local, tcp: Some(link), shm_names: Vec::new() });
             }
-            _ => {}
+            // `ib::probe` offers ib to no peer until the data path exists.
+            Some(TransportKind::Ib) => {
+                return Err(Error::internal(format!("ib selected for rank {p}, but occl has no ib data path")))
+            }
+            Some(TransportKind::Shm) | None => {}
         }
     }
     Ok(Connected { peers, net: (!links.is_empty()).then(|| tcp::Net::new(links)), slot, lazy })
@@ -262,4 +275,59 @@ fn read_hello(s: &mut TcpStream, comm_id: u64, me: usize, n: usize, nsocks: usiz
         return Err(Error::usage(format!("hello from rank {from} socket {k} is out of range")));
     }
     Ok((from, k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn peer(rank: usize, host: &str, ib: bool) -> PeerInfo {
+        PeerInfo {
+            rank,
+            host_id: host.into(),
+            hostname: format!("node-{host}"),
+            pid: 100 + rank as u32,
+            listen: "127.0.0.1:1".parse().expect("addr"),
+            comm_id: 7,
+            probe_addr: 0,
+            ras_addr: String::new(),
+            ib,
+        }
+    }
+
+    #[test]
+    fn peer_info_carries_the_ib_offer() {
+        for ib in [false, true] {
+            let p = peer(3, "a", ib);
+            assert_eq!(PeerInfo::decode(&p.encode()).expect("round trip"), p);
+        }
+        let mut b = peer(0, "a", true).encode();
+        *b.last_mut().expect("non-empty") = 2;
+        assert!(PeerInfo::decode(&b).is_err(), "ib must be 0 or 1");
+    }
+
+    #[test]
+    fn automatic_selection_uses_ib_only_across_hosts_with_devices_on_both_ends() {
+        let auto = Config::default();
+        let (a0, a1, b_ib, b_no) = (peer(0, "a", true), peer(1, "a", true), peer(2, "b", true), peer(3, "b", false));
+        assert_eq!(select(&auto, &a0, &a1).expect("same host"), TransportKind::Shm);
+        assert_eq!(select(&auto, &a0, &b_ib).expect("both have ib"), TransportKind::Ib);
+        assert_eq!(select(&auto, &b_ib, &a0).expect("symmetric"), TransportKind::Ib);
+        assert_eq!(select(&auto, &a0, &b_no).expect("one lacks ib"), TransportKind::Tcp);
+        assert_eq!(select(&auto, &peer(0, "a", false), &peer(1, "b", false)).expect("none"), TransportKind::Tcp);
+    }
+
+    #[test]
+    fn forced_transports_override_and_a_forced_ib_names_the_rank_without_a_device() {
+        let ib = Config { transport: Some(TransportKind::Ib), ..Config::default() };
+        assert_eq!(select(&ib, &peer(0, "a", true), &peer(1, "a", true)).expect("loopback ib"), TransportKind::Ib);
+        let e = select(&ib, &peer(0, "a", true), &peer(1, "b", false)).expect_err("peer has none");
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.to_string().contains("rank 1 on host node-b has no usable RDMA device"), "{e}");
+        let e = select(&ib, &peer(0, "a", false), &peer(1, "b", true)).expect_err("I have none");
+        assert!(e.to_string().contains("rank 0 on host node-a"), "{e}");
+        let tcp = Config { transport: Some(TransportKind::Tcp), ..Config::default() };
+        assert_eq!(select(&tcp, &peer(0, "a", true), &peer(1, "b", true)).expect("forced"), TransportKind::Tcp);
+    }
 }

@@ -99,13 +99,15 @@ impl Tuner {
         // Every rank must see the same link: across hosts the ranks per host and the cores
         // differ, so only a one-host job (where all ranks count alike) can be "shared".
         let shared = local == nranks && local > cores;
-        let link = match (kinds.contains(&TransportKind::Tcp), shared) {
+        // ib (when it carries data) is modelled as a network link, like tcp.
+        let network = kinds.iter().any(|k| *k != TransportKind::Shm);
+        let link = match (network, shared) {
             (true, false) => Link::Tcp,
             (true, true) => Link::TcpShared,
             (false, true) => Link::ShmShared,
             (false, false) => Link::Shm,
         };
-        let slot = if kinds.contains(&TransportKind::Tcp) { config.tcp_slot_size } else { config.shm_slot_size };
+        let slot = if network { config.tcp_slot_size } else { config.shm_slot_size };
         Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default() })
     }
 
