@@ -379,20 +379,20 @@ impl Comm {
             })
             .collect::<Result<_>>()?;
         let mut comms = Vec::with_capacity(nranks);
-        let mut first_err = None;
+        let mut errs = Vec::new();
         for h in handles {
             match h.join() {
                 Ok(Ok(c)) => comms.push(c),
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(_) => {
-                    first_err.get_or_insert(Error::internal("an init thread panicked"));
-                }
+                Ok(Err(e)) => errs.push(e),
+                Err(_) => errs.push(Error::internal("an init thread panicked")),
             }
         }
-        match first_err {
-            Some(e) => Err(e),
+        // One rank's failure (a refused mmap, say) makes every other rank fail with "rank r
+        // left the bootstrap" or a timeout: report the cause, not the first consequence.
+        let consequence =
+            |e: &Error| matches!(e.kind(), ErrorKind::InvalidUsage | ErrorKind::RemoteError | ErrorKind::Timeout);
+        match errs.iter().position(|e| !consequence(e)).or((!errs.is_empty()).then_some(0)) {
+            Some(i) => Err(errs.swap_remove(i)),
             None => Ok(comms),
         }
     }

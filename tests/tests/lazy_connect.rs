@@ -105,3 +105,21 @@ fn a_bad_runtime_connect_value_names_the_variable() {
         assert!(o.output.contains("OCCL_RUNTIME_CONNECT=\"lazy\" must be 0 or 1"), "{}", o.output);
     }
 }
+
+#[test]
+fn runtime_connect_off_refuses_more_thread_ranks_than_the_map_limit_allows() {
+    // Eagerly, n thread ranks map n·(n−1) FIFOs; past the kernel's limit thread creation
+    // itself would fail and abort the process, so init must refuse first and say why.
+    let limit: usize =
+        std::fs::read_to_string("/proc/sys/vm/max_map_count").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(65530);
+    let n = (limit as f64 / 2.0).sqrt().ceil() as usize + 2;
+    if n > 1024 {
+        println!("SKIPPED: vm.max_map_count={limit} would need {n} thread ranks to reach the limit");
+        return;
+    }
+    let err = Comm::init_all_with(n, Config { runtime_connect: false, ..Config::default() })
+        .err()
+        .expect("init past the map limit must fail");
+    assert_eq!(err.kind(), occl::ErrorKind::InvalidUsage, "{err}");
+    assert!(err.to_string().contains("vm.max_map_count") && err.to_string().contains("OCCL_RUNTIME_CONNECT"), "{err}");
+}

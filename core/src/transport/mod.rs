@@ -124,6 +124,9 @@ pub(crate) fn connect_all(
     let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let shm_patience = if local > cores { Patience::Share } else { Patience::Eager };
+    if !config.runtime_connect {
+        eager_fits(table, me, &kinds)?;
+    }
     let lazy = connect::Lazy::new(
         config,
         comm_id,
@@ -138,7 +141,12 @@ pub(crate) fn connect_all(
     // tcp: lower ranks connect to higher ranks, nsocks sockets each.
     let tcp_lower: Vec<usize> = (0..me).filter(|&p| kinds[p] == Some(TransportKind::Tcp)).collect();
     let expected = tcp_lower.len() * config.nsocks;
-    let acceptor = spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?;
+    // No thread for a rank that no lower rank dials (one host: every rank, lazily connected).
+    let acceptor = if expected > 0 {
+        Some(spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?)
+    } else {
+        None
+    };
     let mut socks: Vec<Vec<Option<TcpStream>>> = (0..n).map(|_| (0..config.nsocks).map(|_| None).collect()).collect();
     for p in me + 1..n {
         if kinds[p] != Some(TransportKind::Tcp) {
@@ -148,8 +156,10 @@ pub(crate) fn connect_all(
             *slot = Some(dial(&table[p], secret, comm_id, me, k, deadline)?);
         }
     }
-    for (p, k, s) in acceptor.recv().map_err(|_| Error::internal("tcp acceptor thread vanished"))?? {
-        socks[p][k] = Some(s);
+    if let Some(acceptor) = acceptor {
+        for (p, k, s) in acceptor.recv().map_err(|_| Error::internal("tcp acceptor thread vanished"))?? {
+            socks[p][k] = Some(s);
+        }
     }
 
     let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
@@ -174,6 +184,25 @@ pub(crate) fn connect_all(
         }
     }
     Ok(Connected { peers, net: (!links.is_empty()).then(|| tcp::Net::new(links)), slot, lazy })
+}
+
+/// With `OCCL_RUNTIME_CONNECT=0`, the thread ranks of one process map one FIFO per ordered
+/// pair: past the kernel's map limit thread creation itself fails and the process aborts, so
+/// refuse first, naming the way out.
+fn eager_fits(table: &[PeerInfo], me: usize, kinds: &[Option<TransportKind>]) -> Result<()> {
+    let local = (0..table.len())
+        .filter(|&p| p == me || (table[p].pid == table[me].pid && kinds[p] == Some(TransportKind::Shm)))
+        .count();
+    let maps = local * local.saturating_sub(1);
+    let limit: usize =
+        std::fs::read_to_string("/proc/sys/vm/max_map_count").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(65530);
+    if maps > limit / 2 {
+        return Err(Error::usage(format!(
+            "OCCL_RUNTIME_CONNECT=0 with {local} ranks in one process needs {maps} shared-memory FIFOs, \
+             more than half of vm.max_map_count={limit}; leave OCCL_RUNTIME_CONNECT at 1 (peers connect on first use)"
+        )));
+    }
+    Ok(())
 }
 
 /// What `connect_all` leaves a rank with.
