@@ -45,10 +45,11 @@ pub(crate) fn probe(config: &Config) -> Result<bool> {
         // A forced shm or tcp never touches the verbs library.
         Some(_) => Ok(false),
         None if cfg!(feature = "ib") => {
-            let found = find_ports(config);
-            // Once per process: every communicator (and split) probes, the answer rarely changes.
+            // Without a data path the answer is no whatever the probe finds, so only the first
+            // communicator of a process probes, to say why in the log; splits and later
+            // communicators skip the library and device walk.
             static LOGGED: std::sync::Once = std::sync::Once::new();
-            LOGGED.call_once(|| match &found {
+            LOGGED.call_once(|| match &find_ports(config) {
                 Err(why) => tracing::info!("occl: ib transport not used: {why}; peers on other hosts use tcp"),
                 Ok(ports) => tracing::info!(
                     "occl: RDMA port(s) {ports} found, but the ib data path is not built yet; peers on other hosts use tcp"

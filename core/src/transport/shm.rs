@@ -75,8 +75,8 @@ pub(crate) fn attach(
         }
         match open_ready(name, nslots, slot_size) {
             Ok(Some(r)) => break r,
-            // Created but not sized or initialised yet, or unlinked between our create and
-            // open (the peer attached twice? no: a stale name was reaped): try again.
+            // The peer created it but has not sized or initialised it yet, or the name went
+            // between our create and our open (a crashed setup's segment was reaped): again.
             Ok(None) if std::time::Instant::now() < deadline => std::thread::yield_now(),
             Ok(None) => {
                 return Err(Error::Timeout {
