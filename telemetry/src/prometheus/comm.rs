@@ -23,6 +23,25 @@ pub(crate) struct OpKey {
     pub algo: &'static str,
     pub proto: &'static str,
     pub dtype: &'static str,
+    /// [`size_class`] of the operation's bytes.
+    pub size_class: &'static str,
+}
+
+/// Upper bounds (exclusive) of the size classes and their label values; the last class is open.
+/// Six fixed values, ×16 apart, so dashboards can show bandwidth and latency per collective and
+/// size without a size in any label (the exact sizes are the message-size histogram's).
+pub(crate) const SIZE_CLASSES: [(u64, &str); 6] = [
+    (4 << 10, "0-4KiB"),
+    (64 << 10, "4KiB-64KiB"),
+    (1 << 20, "64KiB-1MiB"),
+    (16 << 20, "1MiB-16MiB"),
+    (256 << 20, "16MiB-256MiB"),
+    (u64::MAX, "256MiB+"),
+];
+
+/// The `size_class` label of an operation of `bytes` (per rank, as the descriptor counts).
+pub(crate) fn size_class(bytes: u64) -> &'static str {
+    SIZE_CLASSES.iter().find(|(below, _)| bytes < *below).map_or(SIZE_CLASSES[5].1, |(_, name)| name)
 }
 
 /// Counters of one (op, algo, proto, dtype) of a communicator rank.
@@ -254,6 +273,18 @@ impl CommStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_classes_split_at_their_bounds() {
+        assert_eq!(size_class(0), "0-4KiB");
+        assert_eq!(size_class(4095), "0-4KiB");
+        assert_eq!(size_class(4096), "4KiB-64KiB");
+        assert_eq!(size_class((1 << 20) - 1), "64KiB-1MiB");
+        assert_eq!(size_class(1 << 20), "1MiB-16MiB");
+        assert_eq!(size_class(64 << 20), "16MiB-256MiB");
+        assert_eq!(size_class(256 << 20), "256MiB+");
+        assert_eq!(size_class(u64::MAX), "256MiB+");
+    }
 
     #[test]
     fn bus_factors_are_nccl_tests() {

@@ -18,20 +18,23 @@
 //! **Labels.** Every series of a communicator rank has `comm` (the communicator's 64-bit hash in
 //! hex, equal on all ranks), `comm_name` (only when the application named it) and `rank`. Ops,
 //! algorithms, protocols and datatypes are NCCL's spellings (`AllReduce`, `RING`, `SIMPLE`,
-//! `ncclFloat32`). No label holds a size, a sequence number or a peer: sizes are histograms.
+//! `ncclFloat32`). No label holds a size, a sequence number or a peer: sizes are histograms, and
+//! operation series carry a `size_class` out of six fixed values (`0-4KiB`, `4KiB-64KiB`,
+//! `64KiB-1MiB`, `1MiB-16MiB`, `16MiB-256MiB`, `256MiB+`; bytes per rank, lower bound included),
+//! so bandwidth and latency can be read per collective and size class.
 //!
 //! | Metric | Type | Labels (besides comm, rank) | What |
 //! |---|---|---|---|
 //! | `occl_communicator_info` | gauge | nranks, nnodes | 1 per communicator rank of the process |
-//! | `occl_collective_operations_total` | counter | op, algo, proto, dtype | collectives that ended, failed ones too (Coll spans) |
-//! | `occl_collective_bytes_total` | counter | op, algo, proto, dtype | count × element size, the descriptor's count (per rank for AllGather, ReduceScatter, AlltoAll) |
-//! | `occl_collective_message_size_bytes` | histogram | op, algo, proto, dtype | that size per collective; buckets 1 B … 4 GiB, ×4 |
-//! | `occl_collective_duration_seconds` | histogram | op, algo, proto, dtype | start to end; buckets 1 µs … 100 s, 1-2.5-5 |
-//! | `occl_collective_bus_bytes_total` | counter | op, algo, proto, dtype | bytes × nccl-tests' bus factor, added when the duration is observed |
-//! | `occl_p2p_operations_total` | counter | op, dtype | Send/Recv that ended (P2p spans) |
-//! | `occl_p2p_bytes_total` | counter | op, dtype | count × element size |
-//! | `occl_p2p_message_size_bytes` | histogram | op, dtype | size per operation |
-//! | `occl_p2p_duration_seconds` | histogram | op, dtype | start to end |
+//! | `occl_collective_operations_total` | counter | op, algo, proto, dtype, size_class | collectives that ended, failed ones too (Coll spans) |
+//! | `occl_collective_bytes_total` | counter | op, algo, proto, dtype, size_class | count × element size, the descriptor's count (per rank for AllGather, ReduceScatter, AlltoAll) |
+//! | `occl_collective_message_size_bytes` | histogram | op, algo, proto, dtype, size_class | that size per collective; buckets 1 B … 4 GiB, ×4 |
+//! | `occl_collective_duration_seconds` | histogram | op, algo, proto, dtype, size_class | start to end; buckets 1 µs … 100 s, 1-2.5-5 |
+//! | `occl_collective_bus_bytes_total` | counter | op, algo, proto, dtype, size_class | bytes × nccl-tests' bus factor, added when the duration is observed |
+//! | `occl_p2p_operations_total` | counter | op, dtype, size_class | Send/Recv that ended (P2p spans) |
+//! | `occl_p2p_bytes_total` | counter | op, dtype, size_class | count × element size |
+//! | `occl_p2p_message_size_bytes` | histogram | op, dtype, size_class | size per operation |
+//! | `occl_p2p_duration_seconds` | histogram | op, dtype, size_class | start to end |
 //! | `occl_proxy_steps_total` | counter | direction | ProxyStep spans (slices on the wire or through shm) |
 //! | `occl_proxy_step_bytes_total` | counter | direction | `transSize` at SendWait / RecvFlushWait |
 //! | `occl_proxy_step_wait_seconds_total` | counter | state | time steps spent in SendGPUWait, SendPeerWait, SendWait, RecvWait, RecvFlushWait, RecvGPUWait |
@@ -73,10 +76,15 @@ use crate::event::{EventDescr, EventType, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::Note;
 use crate::spans::{self, CommMeta, Span};
-use comm::{CommStats, Kind, Lost, OpKey, LOST_REASONS};
+use comm::{elem_size, CommStats, Kind, Lost, OpKey, LOST_REASONS};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use table::Table;
+
+/// The size class of `count` elements of `dtype`.
+fn size_class(count: usize, dtype: &str) -> &'static str {
+    comm::size_class((count as u64).saturating_mul(elem_size(dtype)))
+}
 
 /// The environment variable that turns the exporter on (`1`, `true`, `on`) or off.
 pub const ENV: &str = "OCCL_METRICS";
@@ -180,10 +188,13 @@ impl spans::Exporter for Exporter {
         let lost = |w| self.lose(w);
         match s.descr {
             EventDescr::Coll { func, datatype, algo, proto, count, .. } => {
-                c.op(s, Kind::Coll, OpKey { op: func, algo, proto, dtype: datatype }, count, &lost)
+                let size_class = size_class(count, datatype);
+                c.op(s, Kind::Coll, OpKey { op: func, algo, proto, dtype: datatype, size_class }, count, &lost)
             }
             EventDescr::P2p { func, datatype, count, .. } => {
-                c.op(s, Kind::P2p, OpKey { op: func, algo: "", proto: "", dtype: datatype }, count, &lost)
+                let size_class = size_class(count, datatype);
+                let key = OpKey { op: func, algo: "", proto: "", dtype: datatype, size_class };
+                c.op(s, Kind::P2p, key, count, &lost)
             }
             EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => c.child(s),
             EventDescr::NetPlugin { id, .. } => c.net(id, s.payload),

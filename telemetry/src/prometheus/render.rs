@@ -195,7 +195,7 @@ pub(crate) fn render(out: &mut String, comms: &[&CommStats], lost: &[AtomicU64])
                 if kind == Kind::Coll {
                     kv.extend([("algo", k.algo), ("proto", k.proto)]);
                 }
-                kv.push(("dtype", k.dtype));
+                kv.extend([("dtype", k.dtype), ("size_class", k.size_class)]);
                 pairs(&mut labels, &kv);
                 (s, labels)
             })

@@ -144,7 +144,7 @@ fn an_occl_collective_is_counted_timed_and_its_steps_waits_summed() {
     let text = render(&e);
     check_exposition(&text).map_err(|m| format!("{m}\n{text}")).expect("valid exposition");
     let c = r#"comm="00000000feedbeef",comm_name="world \"A\"\n",rank="2""#;
-    let l = format!("{c},op=\"AllReduce\",algo=\"RING\",proto=\"SIMPLE\",dtype=\"ncclFloat32\"");
+    let l = format!("{c},op=\"AllReduce\",algo=\"RING\",proto=\"SIMPLE\",dtype=\"ncclFloat32\",size_class=\"0-4KiB\"");
     let v = |name: &str, extra: &str| value(&text, &format!("{name}{{{l}{extra}}}"));
     assert_eq!(v("occl_collective_operations_total", ""), Some(1.0), "{text}");
     assert_eq!(v("occl_collective_bytes_total", ""), Some(4000.0));
@@ -180,7 +180,7 @@ fn under_nccl_order_an_operation_ends_with_its_last_child() {
     std::thread::sleep(Duration::from_millis(5));
     s.stop(id(2));
     s.stop(id(3));
-    let l = r#"comm="00000000feedbeef",rank="0",op="AllGather",algo="RING",proto="SIMPLE",dtype="ncclFloat32""#;
+    let l = r#"comm="00000000feedbeef",rank="0",op="AllGather",algo="RING",proto="SIMPLE",dtype="ncclFloat32",size_class="0-4KiB""#;
     let text = render(&e);
     assert_eq!(value(&text, &format!("occl_collective_operations_total{{{l}}}")), Some(1.0), "{text}");
     assert_eq!(value(&text, &format!("occl_collective_duration_seconds_count{{{l}}}")), Some(0.0), "parked");
@@ -214,7 +214,7 @@ fn a_parked_operation_idle_for_a_second_is_observed_at_a_scrape_and_p2p_is_its_o
         },
     );
     s.stop(id(1));
-    let l = r#"comm="00000000feedbeef",rank="1",op="Send",dtype="ncclInt8""#;
+    let l = r#"comm="00000000feedbeef",rank="1",op="Send",dtype="ncclInt8",size_class="0-4KiB""#;
     assert_eq!(value(&render(&e), &format!("occl_p2p_duration_seconds_count{{{l}}}")), Some(0.0));
     std::thread::sleep(Duration::from_millis(1100));
     let text = render(&e);
@@ -222,6 +222,28 @@ fn a_parked_operation_idle_for_a_second_is_observed_at_a_scrape_and_p2p_is_its_o
     assert_eq!(value(&text, &format!("occl_p2p_duration_seconds_count{{{l}}}")), Some(1.0), "{text}");
     assert_eq!(value(&text, &format!("occl_p2p_bytes_total{{{l}}}")), Some(100.0));
     assert!(!text.contains("occl_collective_operations_total"), "no collective, no collective family");
+}
+
+#[test]
+fn each_size_class_is_its_own_series() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(None, 0));
+    // f32 counts: 1023 elements = 4092 B, 1024 = 4 KiB, 2^18 = 1 MiB (twice).
+    for (i, count) in [1023usize, 1024, 1 << 18, 1 << 18].into_iter().enumerate() {
+        let i = i as u64 + 1;
+        s.start(id(i), None, &coll("AllReduce", count));
+        s.stop(id(i));
+    }
+    let text = render(&e);
+    check_exposition(&text).expect("valid");
+    let l = r#"comm="00000000feedbeef",rank="0",op="AllReduce",algo="RING",proto="SIMPLE",dtype="ncclFloat32""#;
+    let ops = |class: &str| value(&text, &format!("occl_collective_operations_total{{{l},size_class=\"{class}\"}}"));
+    assert_eq!(ops("0-4KiB"), Some(1.0), "{text}");
+    assert_eq!(ops("4KiB-64KiB"), Some(1.0));
+    assert_eq!(ops("1MiB-16MiB"), Some(2.0));
+    assert_eq!(ops("64KiB-1MiB"), None, "no series for a class nothing fell in");
+    assert_eq!(text.matches("occl_collective_bytes_total{").count(), 3, "{text}");
 }
 
 #[test]
