@@ -8,7 +8,10 @@
 #   bash bench/algos-vs-mpi.sh > table.md
 #
 # Environment: ROUNDS=3, RANKS="2 4", TRANSPORTS="shm tcp", MPI_COLL_SRC (the anchor's source),
-# MPI_MIN_SEC=0.3, KEEP=dir (keep the raw JSON lines there).
+# MPI_MIN_SEC=0.3, KEEP=dir (keep the raw JSON lines there). On a machine without cargo or mpicc
+# (the GPU machines, with Open MPI from bench/pack-openmpi.sh): PERF=prebuilt occl-perf,
+# MPI_COLL_BIN=mpi_coll built elsewhere with this table's sizes (MPI_COLL_SIZES_ONLY=DIR writes
+# that source to DIR/mpi_coll.c and exits). PIN=2-5 runs both under taskset -c 2-5.
 set -euo pipefail
 say() { printf '%s\n' "$*" >&2; }
 die() { say "algos-vs-mpi: $*"; exit 1; }
@@ -24,30 +27,41 @@ if [[ -z ${MPI_COLL_SRC:-} ]]; then
   [[ -f $MPI_COLL_SRC ]] || MPI_COLL_SRC=../../shared/anchors/mpi_coll.c
 fi
 MPI_MIN_SEC=${MPI_MIN_SEC:-0.3}
-command -v mpirun >/dev/null && command -v mpicc >/dev/null \
-  || die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
-[[ -f $MPI_COLL_SRC ]] || die "mpi_coll.c not found at $MPI_COLL_SRC"
+PIN=${PIN:-}
+pin=()
+[[ -n $PIN ]] && pin=(taskset -c "$PIN")
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/algos-vs-mpi.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
 # The anchor with the sizes of this table.
-sed 's/^static const size_t SIZES\[\] = .*/static const size_t SIZES[] = {8, 64, 1024, 8192, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};/' \
-  "$MPI_COLL_SRC" >"$TMP/mpi_coll.c"
-mpicc -O2 -o "$TMP/mpi_coll" "$TMP/mpi_coll.c" -lm || die "mpicc failed"
-cargo build --release -p occl-tests --bin occl-perf >"$TMP/build.log" 2>&1 || { cat "$TMP/build.log" >&2; die "build failed"; }
-PERF="${CARGO_TARGET_DIR:-$ROOT/target}/release/occl-perf"
+if [[ -z ${MPI_COLL_BIN:-} ]]; then
+  [[ -f $MPI_COLL_SRC ]] || die "mpi_coll.c not found at $MPI_COLL_SRC"
+  sed 's/^static const size_t SIZES\[\] = .*/static const size_t SIZES[] = {8, 64, 1024, 8192, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};/' \
+    "$MPI_COLL_SRC" >"$TMP/mpi_coll.c"
+  if [[ -n ${MPI_COLL_SIZES_ONLY:-} ]]; then
+    cp "$TMP/mpi_coll.c" "$MPI_COLL_SIZES_ONLY/" && exit 0
+  fi
+  command -v mpicc >/dev/null || die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+  mpicc -O2 -o "$TMP/mpi_coll" "$TMP/mpi_coll.c" -lm || die "mpicc failed"
+  MPI_COLL_BIN=$TMP/mpi_coll
+fi
+command -v mpirun >/dev/null || die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+if [[ -z ${PERF:-} ]]; then
+  cargo build --release -p occl-tests --bin occl-perf >"$TMP/build.log" 2>&1 || { cat "$TMP/build.log" >&2; die "build failed"; }
+  PERF="${CARGO_TARGET_DIR:-$ROOT/target}/release/occl-perf"
+fi
 
 RAW="$TMP/raw.jsonl"
 for ((round = 1; round <= ROUNDS; round++)); do
   for n in $RANKS; do
     for t in $TRANSPORTS; do
       say "algos-vs-mpi: round $round/$ROUNDS, $n ranks, $t: occl"
-      PERF=$PERF ROUNDS=1 RANKS=$n TRANSPORTS=$t COLLS=all_reduce LAT="8 64K 2 100 50" BW="1M 64M 4 1 1" EXTRA="--batches 15 --bind" \
+      PERF=$PERF PIN=$PIN ROUNDS=1 RANKS=$n TRANSPORTS=$t COLLS=all_reduce LAT="8 64K 2 100 50" BW="1M 64M 4 1 1" EXTRA="--batches 15 --bind" \
         bash bench/algos-sweep.sh | sed "s/\"round\": 1/\"round\": $round/" >>"$RAW"
       say "algos-vs-mpi: round $round/$ROUNDS, $n ranks, $t: Open MPI"
       extra=()
       [[ $t == tcp ]] && extra=(--mca pml ob1 --mca btl self,tcp)
-      timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$n" "${extra[@]}" "$TMP/mpi_coll" allreduce \
+      timeout 600 "${pin[@]}" mpirun --allow-run-as-root --oversubscribe -np "$n" "${extra[@]}" "$MPI_COLL_BIN" allreduce \
         "$MPI_MIN_SEC" 2>/dev/null | awk -v n="$n" -v t="$t" -v r="$round" '
           $1 == "allreduce" && NF >= 9 {
             printf "{\"tool\": \"mpi\", \"nranks\": %s, \"transport\": \"%s\", \"size_bytes\": %s, \"time_us\": %s, \"busbw_gbps\": %s, \"round\": %s}\n", n, t, $2, $5, $8, r }' \
