@@ -254,6 +254,23 @@ pub enum ProxyStepState {
     SendPeerWait = 20,
 }
 
+/// One whole operation summed by its emitter, for sinks that ask for
+/// [`crate::EventMask::OP_TOTALS`] (`Sink::op_totals`): what its Coll or P2p, ProxyOps, steps
+/// and transport notes would have told a metrics sink, in one call. A 1 MiB all-reduce's events
+/// touch dozens of cache lines that the data just evicted; this touches the sink's counters only.
+#[derive(Clone, Copy, Debug)]
+pub struct OpTotals<'a> {
+    /// The Coll or P2p descriptor the operation's event would have carried.
+    pub descr: EventDescr<'static>,
+    /// Start and end on the span clock (`spans::unix_nanos`).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Step sums of its send legs and of its receive legs (`steps` 0 where it had none).
+    pub steps: [StepTotals; 2],
+    /// Bytes it moved per transport and direction: (transport, send, bytes).
+    pub transport_bytes: &'a [(&'static str, bool, u64)],
+}
+
 /// The steps of one ProxyOp, summed by its emitter instead of sent one by one: what a sink that
 /// asks for [`crate::EventMask::STEP_TOTALS`] gets at the op's end (`Sink::step_totals`) for the
 /// steps the emitter did not send as ProxyStep events. Metrics need only these sums, and a

@@ -17,7 +17,7 @@
 //! read-modify-writes each. `detach` waits until no view holds the sink any more, so the promise
 //! stays: once `detach` returns, the sink is never called again.
 
-use crate::event::{EventDescr, EventId, EventType, StateArgs, StepTotals};
+use crate::event::{EventDescr, EventId, EventType, OpTotals, StateArgs, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::{Note, Sink};
 use std::cell::Cell;
@@ -153,7 +153,12 @@ impl Fanout {
     }
 
     fn rebuild(&self, slots: &[Option<Slot>]) {
-        let fixed = slots.iter().flatten().filter(|s| !s.dynamic).fold(0, |m, s| m | s.mask.0);
+        let mut fixed = slots.iter().flatten().filter(|s| !s.dynamic).fold(0, |m, s| m | s.mask.0);
+        // Operation sums only while every sink takes them: the emitter then sends nothing else
+        // for the operations it sums (dynamic sinks, NCCL plugins, never take them).
+        if !slots.iter().flatten().all(|s| !s.dynamic && s.mask.wants_op_totals()) {
+            fixed &= !EventMask::OP_TOTALS.0;
+        }
         let dynamic = slots.iter().flatten().filter(|s| s.dynamic).fold(0, |m, s| m | s.wants() | DYNAMIC);
         self.fixed.store(fixed, Relaxed);
         self.interest.store(fixed | dynamic, Relaxed);
@@ -337,6 +342,16 @@ impl View<'_> {
     /// [`EventMask::STEP_TOTALS`].
     pub fn step_totals(&self, op: EventId, totals: &StepTotals) {
         totals_on(&self.table, op, totals);
+    }
+
+    /// Hands one summed operation to the sinks of this view that want
+    /// [`EventMask::OP_TOTALS`] (every one, when the captured interest has the bit).
+    pub fn op_totals(&self, totals: &OpTotals<'_>) {
+        for s in self.table.iter().flatten() {
+            if s.wants() & EventMask::OP_TOTALS.0 != 0 {
+                s.sink.op_totals(totals);
+            }
+        }
     }
 
     /// [`Fanout::note`] to this view's sinks.

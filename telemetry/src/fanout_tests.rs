@@ -437,3 +437,35 @@ fn step_sums_go_to_sinks_that_want_them_and_steps_still_reach_them() {
     assert_eq!(g.start(None, &STEP_DESCR), None);
     assert!(!g.enabled(EventType::ProxyStep));
 }
+
+/// Takes operation sums (and Coll events for the operations its emitter cannot sum); counts sums.
+#[derive(Default)]
+struct Sums(AtomicUsize);
+
+impl Sink for Sums {
+    fn interest(&self) -> EventMask {
+        EventMask::OP_TOTALS | EventType::Coll
+    }
+    fn op_totals(&self, _: &OpTotals<'_>) {
+        self.0.fetch_add(1, Relaxed);
+    }
+}
+
+#[test]
+fn operation_sums_only_while_every_sink_takes_them() {
+    let f = Fanout::new();
+    assert!(!f.capture().wants_op_totals(), "no sink, no sums");
+    let a = Arc::new(Sums::default());
+    let ha = f.attach(a.clone()).expect("attach");
+    assert!(f.capture().wants_op_totals());
+    let b = f.attach(Arc::new(Count::default())).expect("attach");
+    assert!(!f.capture().wants_op_totals(), "a sink without sums turns them off");
+    assert!(f.capture().contains(EventType::Coll), "the events stay");
+    f.detach(b);
+    assert!(f.capture().wants_op_totals(), "and back on when it goes");
+    let totals = OpTotals { descr: coll(), start_ns: 1, end_ns: 2, steps: Default::default(), transport_bytes: &[] };
+    f.view().op_totals(&totals);
+    assert_eq!(a.0.load(Relaxed), 1);
+    f.detach(ha);
+    assert!(f.capture().is_empty());
+}

@@ -37,8 +37,8 @@ pub mod spans;
 pub mod trace;
 
 pub use event::{
-    CeState, EventDescr, EventId, EventType, GroupApiState, ProxyCtrlState, ProxyOpState, ProxyStepState, StateArgs,
-    StepTotals,
+    CeState, EventDescr, EventId, EventType, GroupApiState, OpTotals, ProxyCtrlState, ProxyOpState, ProxyStepState,
+    StateArgs, StepTotals,
 };
 pub use fanout::{Fanout, SinkHandle, TooManySinks, MAX_SINKS};
 pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, RootOrPeer};

@@ -23,6 +23,13 @@ impl EventMask {
     /// (NCCL's, occl's tcp legs, whose NetPlugin children need a parent) reach the sink as
     /// ProxySteps, from which it sums them itself.
     pub const STEP_TOTALS: EventMask = EventMask(1 << 32);
+    /// occl's own bit: one [`crate::OpTotals`] per operation (`Sink::op_totals`) instead of its
+    /// events, where the emitter can sum the whole operation (occl's single calls whose legs are
+    /// all summed: shm and threads). Other operations (NCCL's, tcp legs, grouped calls) still
+    /// arrive as the events of the rest of the sink's interest, so a sink asks for those too.
+    /// In a fan-out's combined interest the bit is set only when *every* attached sink has it:
+    /// the emitter then emits nothing else for the operations it sums.
+    pub const OP_TOTALS: EventMask = EventMask(1 << 33);
 
     /// The bits that route an event of type `t` to a sink: ProxySteps also go to sinks that want
     /// [`EventMask::STEP_TOTALS`] (the steps an emitter did not sum).
@@ -38,6 +45,12 @@ impl EventMask {
     #[inline]
     pub const fn wants_totals(self) -> bool {
         self.0 & Self::STEP_TOTALS.0 != 0
+    }
+
+    /// Whether whole-operation sums are asked for (by every sink, in a fan-out's interest).
+    #[inline]
+    pub const fn wants_op_totals(self) -> bool {
+        self.0 & Self::OP_TOTALS.0 != 0
     }
 
     /// The mask for an emitter that sends every step as an event (NCCL): step sums become

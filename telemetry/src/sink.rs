@@ -2,7 +2,7 @@
 //! adapter) implements. Modelled on `tracing`'s `Layer`: every hook defaults to a no-op, and
 //! interest is declared once instead of being asked per event.
 
-use crate::event::{EventDescr, EventId, StateArgs, StepTotals};
+use crate::event::{EventDescr, EventId, OpTotals, StateArgs, StepTotals};
 use crate::mask::EventMask;
 
 /// A fact the emitter knows that no profiler event carries: occl's own addition, never sent by
@@ -44,6 +44,12 @@ pub trait Sink: Send + Sync + 'static {
     /// [`EventMask::STEP_TOTALS`].
     fn step_totals(&self, op: EventId, totals: &StepTotals) {
         let _ = (op, totals);
+    }
+
+    /// One whole operation, summed by its emitter, instead of its events; only to a sink whose
+    /// interest has [`EventMask::OP_TOTALS`], and only while every attached sink has it.
+    fn op_totals(&self, totals: &OpTotals<'_>) {
+        let _ = totals;
     }
 
     /// The end of an event this sink saw start; `id` is not used again.

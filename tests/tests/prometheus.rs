@@ -150,7 +150,8 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
 fn the_core_reports_errors_by_kind_and_bytes_by_transport() {
     let comms = Comm::init_all(2).expect("two ranks");
     let prom = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
-    let t = Telemetry::new(vec![prom.clone()]);
+    let how = std::sync::Arc::new(HowOpsArrive::default());
+    let t = Telemetry::new(vec![prom.clone(), how.clone()]);
     let handles: Vec<_> = comms
         .iter()
         .map(|c| {
@@ -221,6 +222,31 @@ impl occl_telemetry::Sink for SumWatch {
     }
 }
 
+/// An exporter beside Prometheus in the same collector that takes operation sums too, and counts how its
+/// operations arrived: as sums, or as Coll spans.
+#[derive(Default)]
+struct HowOpsArrive {
+    sums: std::sync::atomic::AtomicU64,
+    spans: std::sync::atomic::AtomicU64,
+}
+
+impl occl_telemetry::spans::Exporter for HowOpsArrive {
+    fn name(&self) -> &str {
+        "how-ops-arrive"
+    }
+    fn interest(&self) -> occl_telemetry::EventMask {
+        occl_telemetry::EventMask::OP_TOTALS | occl_telemetry::EventType::Coll
+    }
+    fn span(&self, s: &occl_telemetry::spans::Span<'_>) {
+        if s.descr.event_type() == occl_telemetry::EventType::Coll {
+            self.spans.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn op_totals(&self, _: &std::sync::Arc<CommMeta>, _: &occl_telemetry::OpTotals<'_>) {
+        self.sums.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A ProxyStep sink beside the exporter: then every step is an event.
 struct WantSteps;
 
@@ -232,17 +258,26 @@ impl occl_telemetry::Sink for WantSteps {
 
 /// Per rank: steps and step bytes by direction, and transport bytes sent; and what a `SumWatch` saw (step events,
 /// sums).
-fn step_metrics(transport: occl::TransportKind, with_step_sink: bool) -> (Vec<[f64; 5]>, u64, u64) {
+/// `watch`: a `SumWatch` beside the exporter (without it the exporter is alone and takes whole-operation sums over
+/// shm); `with_step_sink`: a ProxyStep sink too.
+fn step_metrics(
+    transport: occl::TransportKind,
+    watch_sums: bool,
+    with_step_sink: bool,
+) -> (Vec<[f64; 8]>, u64, u64, [u64; 2]) {
     let cfg = occl::Config { transport: Some(transport), ..occl::Config::default() };
     let comms = Comm::init_all_with(2, cfg).expect("two ranks");
     let prom = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
-    let t = Telemetry::new(vec![prom.clone()]);
+    let how = std::sync::Arc::new(HowOpsArrive::default());
+    let t = Telemetry::new(vec![prom.clone(), how.clone()]);
     let watch = std::sync::Arc::new(SumWatch::default());
     let mut handles = Vec::new();
     for c in &comms {
         let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
         handles.push(c.attach_sink(t.comm_sink(meta)).expect("attach"));
-        handles.push(c.attach_sink(watch.clone()).expect("attach"));
+        if watch_sums {
+            handles.push(c.attach_sink(watch.clone()).expect("attach"));
+        }
         if with_step_sink {
             handles.push(c.attach_sink(std::sync::Arc::new(WantSteps)).expect("attach"));
         }
@@ -258,8 +293,9 @@ fn step_metrics(transport: occl::TransportKind, with_step_sink: bool) -> (Vec<[f
             });
         }
     });
+    let per_comm = 1 + usize::from(watch_sums) + usize::from(with_step_sink);
     for (i, h) in handles.into_iter().enumerate() {
-        comms[i / if with_step_sink { 3 } else { 2 }].detach_sink(h);
+        comms[i / per_comm].detach_sink(h);
     }
     let mut text = String::new();
     prom.render_metrics(&mut text);
@@ -268,7 +304,8 @@ fn step_metrics(transport: occl::TransportKind, with_step_sink: bool) -> (Vec<[f
             let l = format!("comm=\"{:016x}\",rank=\"{r}\"", comms[0].id());
             let v = |name: &str, dir: &str| -> f64 {
                 text.lines()
-                    .filter(|x| x.starts_with(name) && x.contains(&l) && x.contains(&format!("direction=\"{dir}\"")))
+                    .filter(|x| x.starts_with(name) && x.contains(&l))
+                    .filter(|x| dir.is_empty() || x.contains(&format!("direction=\"{dir}\"")))
                     .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
                     .sum()
             };
@@ -278,6 +315,9 @@ fn step_metrics(transport: occl::TransportKind, with_step_sink: bool) -> (Vec<[f
                 v("occl_proxy_step_bytes_total{", "send"),
                 v("occl_proxy_step_bytes_total{", "recv"),
                 v("occl_transport_bytes_total{", "send"),
+                v("occl_collective_operations_total{", ""),
+                v("occl_collective_bytes_total{", ""),
+                v("occl_collective_duration_seconds_count{", ""),
             ]
         })
         .collect();
@@ -285,22 +325,36 @@ fn step_metrics(transport: occl::TransportKind, with_step_sink: bool) -> (Vec<[f
         let _ = c.destroy();
     }
     let r = std::sync::atomic::Ordering::Relaxed;
-    (per_rank, watch.step_starts.load(r), watch.sums.load(r))
+    (per_rank, watch.step_starts.load(r), watch.sums.load(r), [how.sums.load(r), how.spans.load(r)])
 }
 
 /// Prometheus asks for step sums: over shm the core sums each ProxyOp's steps (no ProxyStep event at all), over tcp
 /// the steps stay events (the socket writer ends them) and the collector sums them; either way the step counts and
-/// bytes are those of per-step events (a ProxyStep sink attached beside it), and the bytes are the transport's.
+/// bytes are those of per-step events (a ProxyStep sink attached beside it), and the bytes are the transport's. Alone,
+/// it takes whole-operation sums over shm (one call per operation, no event) and counts the same.
 #[test]
 fn step_sums_count_what_step_events_count_over_shm_and_tcp() {
     for tr in [occl::TransportKind::Shm, occl::TransportKind::Tcp] {
-        let (sums, step_events, sum_calls) = step_metrics(tr, false);
-        let (events, _, sum_calls_with_steps) = step_metrics(tr, true);
+        let (sums, step_events, sum_calls, how) = step_metrics(tr, true, false);
+        let (events, _, sum_calls_with_steps, _) = step_metrics(tr, true, true);
+        // The collector alone: over shm every all-reduce reaches it as one operation sum, no event.
+        let (alone, _, _, how_alone) = step_metrics(tr, false, false);
         assert_eq!(sums, events, "{tr:?}: summed vs per-step events");
+        assert_eq!(alone, events, "{tr:?}: operation sums vs events");
+        assert_eq!(how, [0, 6], "{tr:?}: a sink without operation sums beside: every operation is events");
+        match tr {
+            occl::TransportKind::Tcp => assert_eq!(how_alone, [0, 6], "tcp operations stay events"),
+            _ => assert_eq!(how_alone, [6, 0], "shm operations are summed whole"),
+        }
         for r in &sums {
             assert!(r[0] > 0.0 && r[1] > 0.0, "{tr:?}: steps {r:?}");
             assert_eq!(r[2], r[4], "{tr:?}: step bytes sent vs transport bytes {r:?}");
             assert_eq!(r[2], r[3], "{tr:?}: a 2-rank ring sends what it receives {r:?}");
+            assert_eq!(
+                r[5..],
+                [3.0, 2_400_040.0, 3.0],
+                "{tr:?}: three all-reduces of 300,000, 300,000 and 10 f32 {r:?}"
+            );
         }
         assert_eq!(sum_calls_with_steps, 0, "{tr:?}: with a ProxyStep sink every step is an event");
         match tr {

@@ -24,7 +24,9 @@ use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::transport::wait::Sleeper;
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
 use occl_telemetry::fanout::View;
-use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, StateArgs, StepTotals};
+use occl_telemetry::{
+    EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, OpTotals, StateArgs, StepTotals,
+};
 use std::cell::Cell;
 
 /// One planned ProxyOp: a peer, a direction, and how many slices cross it.
@@ -67,6 +69,20 @@ const RECV_WAIT: usize = StepTotals::index(ProxyStepState::RecvWait);
 const RECV_GPU_WAIT: usize = StepTotals::index(ProxyStepState::RecvGpuWait);
 
 impl LegEv {
+    fn new(l: &Leg, id: Option<EventId>, transport: &'static str, sum: bool) -> LegEv {
+        LegEv {
+            peer: l.peer,
+            send: l.send,
+            id,
+            next_step: Cell::new(0),
+            progressing: Cell::new(false),
+            transport,
+            bytes: Cell::new(0),
+            sum,
+            totals: Cell::new(StepTotals { send: l.send, ..StepTotals::default() }),
+        }
+    }
+
     /// Adds the time since `m` to its state (and `bytes`, and a step if `done`); returns now.
     fn add(&self, m: Mark, bytes: usize, done: bool) -> u64 {
         let now = occl_telemetry::spans::unix_nanos();
@@ -97,6 +113,40 @@ pub(crate) struct OpDescr<'s> {
     pub chunk_size: usize,
 }
 
+impl<'s> OpDescr<'s> {
+    /// Its Coll or P2p descriptor.
+    fn event(&self, rank: i32, parent_group: Option<EventId>) -> EventDescr<'s> {
+        if self.p2p {
+            EventDescr::P2p {
+                rank,
+                func: self.func,
+                buff: self.send_buff.max(self.recv_buff),
+                datatype: self.datatype,
+                count: self.count,
+                peer: self.peer,
+                n_channels: 1,
+                parent_group,
+            }
+        } else {
+            EventDescr::Coll {
+                rank,
+                seq_number: self.seq_number,
+                func: self.func,
+                send_buff: self.send_buff,
+                recv_buff: self.recv_buff,
+                count: self.count,
+                root: self.root,
+                datatype: self.datatype,
+                n_channels: 1,
+                n_warps: 0,
+                algo: self.algo,
+                proto: self.proto,
+                parent_group,
+            }
+        }
+    }
+}
+
 /// The events of one operation in flight, with the mask it captured at its start and the sinks
 /// attached then (a view: its callbacks take no lock; detaching a sink waits for the operation).
 pub(crate) struct OpProf<'f> {
@@ -114,6 +164,15 @@ pub(crate) struct OpProf<'f> {
     markers: bool,
     coll: Option<EventId>,
     legs: Vec<LegEv>,
+    /// Set when every sink takes whole-operation sums and this operation can be summed: no
+    /// event at all, one `op_totals` at the end.
+    summed: Option<Summed>,
+}
+
+/// A summed operation: its Coll/P2p descriptor and start (span clock).
+struct Summed {
+    descr: EventDescr<'static>,
+    start_ns: u64,
 }
 
 /// Starts and stops the call's API event (CollApi or P2pApi) under `group_api`: the enqueue
@@ -155,7 +214,33 @@ impl<'f> OpProf<'f> {
     /// An operation with no events started yet, under the Group `parent_group`.
     fn empty(f: &'f Fanout, mask: EventMask, rank: usize, parent_group: Option<EventId>, markers: bool) -> Self {
         let (group_api, group, coll) = (None, None, None);
-        OpProf { f: f.view(), mask, rank: rank as i32, group_api, group, parent_group, markers, coll, legs: Vec::new() }
+        OpProf {
+            f: f.view(),
+            mask,
+            rank: rank as i32,
+            group_api,
+            group,
+            parent_group,
+            markers,
+            coll,
+            legs: Vec::new(),
+            summed: None,
+        }
+    }
+
+    /// An operation handed to the sinks as one [`OpTotals`] at its end: its legs' steps are
+    /// summed (the mask keeps only that), no event is started.
+    fn summed(
+        f: &'f Fanout,
+        rank: usize,
+        d: &OpDescr<'static>,
+        legs: Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
+    ) -> Self {
+        let mut p = OpProf::empty(f, EventMask::STEP_TOTALS, rank, None, false);
+        p.summed = Some(Summed { descr: d.event(rank as i32, None), start_ns: occl_telemetry::spans::unix_nanos() });
+        p.legs = legs.iter().map(|l| LegEv::new(l, None, transport(l.peer), true)).collect();
+        p
     }
 
     /// Emits the API, Group and Coll/P2p events and starts one ProxyOp per leg. `None` (nothing
@@ -164,10 +249,10 @@ impl<'f> OpProf<'f> {
     /// wants events: with none, this is one relaxed load and a branch. An operation that a group
     /// runs (`crate::group`) gets its Coll/P2p under the events the group emitted for it, with
     /// the mask captured when it was enqueued.
-    pub(crate) fn begin<'d>(
+    pub(crate) fn begin(
         f: &'f Fanout,
         rank: usize,
-        describe: impl FnOnce() -> OpDescr<'d>,
+        describe: impl FnOnce() -> OpDescr<'static>,
         legs: impl FnOnce() -> Vec<Leg>,
         transport: impl Fn(usize) -> &'static str,
     ) -> Option<OpProf<'f>> {
@@ -179,6 +264,18 @@ impl<'f> OpProf<'f> {
             return OpProf::within(f, g.mask, rank, g.api, g.group, describe, legs, transport);
         }
         let d = &describe();
+        let mut legs = Some(legs);
+        let mut planned = None;
+        if mask.wants_op_totals() {
+            // Every sink takes operation sums; they can be had when every leg's steps end on
+            // this thread (shm and threads; a tcp step ends on the socket writer).
+            let l = legs.take().map_or_else(Vec::new, |f| f());
+            if l.iter().all(|l| transport(l.peer) == "shm") {
+                return Some(OpProf::summed(f, rank, d, l, transport));
+            }
+            planned = Some(l);
+        }
+        let legs = move || planned.or_else(|| legs.take().map(|f| f())).unwrap_or_default();
         let mut p = OpProf::empty(f, mask, rank, None, true);
         marker(f, mask, ProxyCtrlState::Active);
         p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
@@ -223,40 +320,7 @@ impl<'f> OpProf<'f> {
     ) {
         let rank = self.rank;
         let p = self;
-        p.coll = if d.p2p {
-            p.start(
-                api,
-                &EventDescr::P2p {
-                    rank,
-                    func: d.func,
-                    buff: d.send_buff.max(d.recv_buff),
-                    datatype: d.datatype,
-                    count: d.count,
-                    peer: d.peer,
-                    n_channels: 1,
-                    parent_group: p.parent_group,
-                },
-            )
-        } else {
-            p.start(
-                api,
-                &EventDescr::Coll {
-                    rank,
-                    seq_number: d.seq_number,
-                    func: d.func,
-                    send_buff: d.send_buff,
-                    recv_buff: d.recv_buff,
-                    count: d.count,
-                    root: d.root,
-                    datatype: d.datatype,
-                    n_channels: 1,
-                    n_warps: 0,
-                    algo: d.algo,
-                    proto: d.proto,
-                    parent_group: p.parent_group,
-                },
-            )
-        };
+        p.coll = p.start(api, &d.event(rank, p.parent_group));
         let legs = if p.on(EventType::ProxyOp) { legs() } else { Vec::new() };
         let sums = p.mask.wants_totals() && !p.on(EventType::ProxyStep);
         if !legs.is_empty() {
@@ -277,17 +341,7 @@ impl<'f> OpProf<'f> {
                     },
                 );
                 let transport = transport(l.peer);
-                p.legs.push(LegEv {
-                    peer: l.peer,
-                    send: l.send,
-                    id,
-                    next_step: Cell::new(0),
-                    progressing: Cell::new(false),
-                    transport,
-                    bytes: Cell::new(0),
-                    sum: sums && transport == "shm",
-                    totals: Cell::new(StepTotals { send: l.send, ..StepTotals::default() }),
-                });
+                p.legs.push(LegEv::new(l, id, transport, sums && transport == "shm"));
             }
             let n = p.legs.len() as i32;
             p.state(ctrl, &StateArgs::ProxyCtrl { state: ProxyCtrlState::AppendEnd, appended_proxy_ops: n });
@@ -321,7 +375,7 @@ impl<'f> OpProf<'f> {
 
     /// The ProxyOp of `peer` in direction `send`, if one was planned.
     pub(crate) fn leg(&self, peer: usize, send: bool) -> Option<&LegEv> {
-        self.legs.iter().find(|l| l.peer == peer && l.send == send && l.id.is_some())
+        self.legs.iter().find(|l| l.peer == peer && l.send == send && (l.id.is_some() || l.sum))
     }
 
     /// Whether ProxyCtrl sleep/wake-up events are wanted.
@@ -359,6 +413,10 @@ impl<'f> OpProf<'f> {
     /// GroupApi, and tells the sinks the bytes each leg's transport moved. Runs on failure too, so
     /// no event stays open.
     pub(crate) fn end(self) {
+        if let Some(s) = &self.summed {
+            self.end_summed(s);
+            return;
+        }
         for l in &self.legs {
             if let (true, Some(id)) = (l.sum, l.id) {
                 let t = l.totals.get();
@@ -380,6 +438,43 @@ impl<'f> OpProf<'f> {
                 self.f.stop(id);
             }
         }
+    }
+}
+
+impl OpProf<'_> {
+    /// The one call a summed operation makes: its legs' step sums by direction and its bytes by
+    /// transport and direction.
+    fn end_summed(&self, s: &Summed) {
+        let mut steps = [StepTotals { send: true, ..StepTotals::default() }, StepTotals::default()];
+        let mut bytes: [(&'static str, bool, u64); 4] = [("", false, 0); 4];
+        let mut n = 0;
+        for l in &self.legs {
+            let t = l.totals.get();
+            let d = &mut steps[usize::from(!l.send)];
+            d.steps = d.steps.saturating_add(t.steps);
+            d.bytes = d.bytes.saturating_add(t.bytes);
+            for (w, x) in d.wait_ns.iter_mut().zip(t.wait_ns) {
+                *w = w.saturating_add(x);
+            }
+            let b = l.bytes.get();
+            if b == 0 {
+                continue;
+            }
+            if let Some(e) = bytes[..n].iter_mut().find(|(tr, send, _)| *tr == l.transport && *send == l.send) {
+                e.2 += b;
+            } else if let Some(e) = bytes.get_mut(n) {
+                *e = (l.transport, l.send, b);
+                n += 1;
+            }
+        }
+        let end_ns = occl_telemetry::spans::unix_nanos();
+        self.f.op_totals(&OpTotals {
+            descr: s.descr,
+            start_ns: s.start_ns,
+            end_ns,
+            steps,
+            transport_bytes: &bytes[..n],
+        });
     }
 }
 

@@ -184,15 +184,7 @@ impl CommStats {
     /// A Coll or P2p span: counted at once; its duration now if its children ran inside it,
     /// else once they have stopped too.
     pub(crate) fn op(&self, s: &Span<'_>, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) {
-        let Some((idx, series)) = self.ops[kind as usize].get_or_insert_with(key, OpSeries::new) else {
-            lost(Lost::SeriesLimit);
-            return;
-        };
-        let bytes = (count as u64).saturating_mul(elem_size(key.dtype));
-        series.ops.fetch_add(1, Relaxed);
-        series.bytes.fetch_add(bytes, Relaxed);
-        series.size.observe(bytes);
-        let bus = bus_bytes(key.op, bytes, self.nranks);
+        let Some((idx, series, bus)) = self.count_op(kind, key, count, lost) else { return };
         let id = s.id.get();
         if self.last_child_parent.load(Relaxed) == id {
             series.complete(s.duration_ns(), bus);
@@ -202,6 +194,26 @@ impl CommStats {
         if !self.pending.park(id, op, |d| self.finish(d)) {
             series.complete(s.duration_ns(), bus);
         }
+    }
+
+    /// An operation its emitter summed ([`crate::OpTotals`]): counted and observed at once.
+    pub(crate) fn op_summed(&self, kind: Kind, key: OpKey, count: usize, duration_ns: u64, lost: &dyn Fn(Lost)) {
+        if let Some((_, series, bus)) = self.count_op(kind, key, count, lost) {
+            series.complete(duration_ns, bus);
+        }
+    }
+
+    /// Counts one operation and its bytes in its series; returns the series and its bus bytes.
+    fn count_op(&self, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) -> Option<(usize, &OpSeries, u64)> {
+        let Some((idx, series)) = self.ops[kind as usize].get_or_insert_with(key, OpSeries::new) else {
+            lost(Lost::SeriesLimit);
+            return None;
+        };
+        let bytes = (count as u64).saturating_mul(elem_size(key.dtype));
+        series.ops.fetch_add(1, Relaxed);
+        series.bytes.fetch_add(bytes, Relaxed);
+        series.size.observe(bytes);
+        Some((idx, series, bus_bytes(key.op, bytes, self.nranks)))
     }
 
     fn finish(&self, d: Done) {

@@ -72,7 +72,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use crate::event::{EventDescr, EventType, StepTotals};
+use crate::event::{EventDescr, EventType, OpTotals, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::Note;
 use crate::spans::{self, CommMeta, Span};
@@ -81,9 +81,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use table::Table;
 
-/// The size class of `count` elements of `dtype`.
-fn size_class(count: usize, dtype: &str) -> &'static str {
-    comm::size_class((count as u64).saturating_mul(elem_size(dtype)))
+/// The series an operation's Coll or P2p descriptor counts in, and its element count.
+fn op_key(d: &EventDescr<'static>) -> Option<(Kind, OpKey, usize)> {
+    let size_class = |count: usize, dtype: &str| comm::size_class((count as u64).saturating_mul(elem_size(dtype)));
+    match *d {
+        EventDescr::Coll { func, datatype, algo, proto, count, .. } => {
+            let key = OpKey { op: func, algo, proto, dtype: datatype, size_class: size_class(count, datatype) };
+            Some((Kind::Coll, key, count))
+        }
+        EventDescr::P2p { func, datatype, count, .. } => {
+            let key = OpKey { op: func, algo: "", proto: "", dtype: datatype, size_class: size_class(count, datatype) };
+            Some((Kind::P2p, key, count))
+        }
+        _ => None,
+    }
 }
 
 /// The environment variable that turns the exporter on (`1`, `true`, `on`) or off.
@@ -171,6 +182,7 @@ impl spans::Exporter for Exporter {
             | EventType::KernelCh
             | EventType::NetPlugin
             | EventMask::STEP_TOTALS
+            | EventMask::OP_TOTALS
     }
 
     fn step_totals(&self, comm: &Arc<CommMeta>, totals: &StepTotals) {
@@ -187,18 +199,28 @@ impl spans::Exporter for Exporter {
         let Some(c) = self.comm(s.comm) else { return };
         let lost = |w| self.lose(w);
         match s.descr {
-            EventDescr::Coll { func, datatype, algo, proto, count, .. } => {
-                let size_class = size_class(count, datatype);
-                c.op(s, Kind::Coll, OpKey { op: func, algo, proto, dtype: datatype, size_class }, count, &lost)
-            }
-            EventDescr::P2p { func, datatype, count, .. } => {
-                let size_class = size_class(count, datatype);
-                let key = OpKey { op: func, algo: "", proto: "", dtype: datatype, size_class };
-                c.op(s, Kind::P2p, key, count, &lost)
+            EventDescr::Coll { .. } | EventDescr::P2p { .. } => {
+                if let Some((kind, key, count)) = op_key(&s.descr) {
+                    c.op(s, kind, key, count, &lost)
+                }
             }
             EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => c.child(s),
             EventDescr::NetPlugin { id, .. } => c.net(id, s.payload),
             _ => {}
+        }
+    }
+
+    fn op_totals(&self, comm: &Arc<CommMeta>, t: &OpTotals<'_>) {
+        let Some(c) = self.comm(comm) else { return };
+        let lost = |w| self.lose(w);
+        if let Some((kind, key, count)) = op_key(&t.descr) {
+            c.op_summed(kind, key, count, t.end_ns.saturating_sub(t.start_ns), &lost);
+        }
+        for s in t.steps.iter().filter(|s| s.steps > 0) {
+            c.steps(s);
+        }
+        for &(transport, send, bytes) in t.transport_bytes {
+            c.note(&Note::TransportBytes { transport, send, bytes }, &lost);
         }
     }
 

@@ -4,7 +4,7 @@
 use super::intern::intern_field;
 use super::open::{OpenTable, RootRing, Start};
 use super::{clock, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
-use crate::event::{EventDescr, EventId, EventType, StateArgs, StepTotals};
+use crate::event::{EventDescr, EventId, EventType, OpTotals, StateArgs, StepTotals};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
 use crate::sink::{Note, Sink};
@@ -65,7 +65,11 @@ impl Telemetry {
         for (_, e) in &exporters {
             e.comm_init(&comm);
         }
-        let mask = EventMask(exporters.iter().fold(0, |m, (i, _)| m | i));
+        let mut mask = EventMask(exporters.iter().fold(0, |m, (i, _)| m | i));
+        // Operation sums skip the spans: only if no exporter needs them.
+        if !exporters.iter().all(|(i, _)| EventMask(*i).wants_op_totals()) {
+            mask = EventMask(mask.0 & !EventMask::OP_TOTALS.0);
+        }
         Arc::new(CommSpans { comm, exporters, mask, open: OpenTable::default(), roots: RootRing::default() })
     }
 }
@@ -302,6 +306,12 @@ impl Sink for CommSpans {
     fn step_totals(&self, op: EventId, totals: &StepTotals) {
         self.totals(totals);
         self.open.count_steps(op, totals.steps);
+    }
+
+    fn op_totals(&self, totals: &OpTotals<'_>) {
+        for (_, e) in &self.exporters {
+            e.op_totals(&self.comm, totals);
+        }
     }
 
     fn note(&self, note: &Note) {

@@ -26,7 +26,7 @@ pub use collector::{CommSpans, Telemetry};
 pub use env::exporters_from_env;
 pub use intern::intern;
 
-use crate::event::{EventDescr, EventId, EventType, ProxyStepState, StepTotals};
+use crate::event::{EventDescr, EventId, EventType, OpTotals, ProxyStepState, StepTotals};
 use crate::mask::EventMask;
 use crate::sink::Note;
 use std::sync::Arc;
@@ -154,6 +154,13 @@ pub trait Exporter: Send + Sync + 'static {
     /// [`EventMask::STEP_TOTALS`]: those its emitter summed, and one per ProxyStep event
     /// ([`Span::as_step_totals`]). Runs on the emitting thread: must not block.
     fn step_totals(&self, comm: &Arc<CommMeta>, totals: &StepTotals) {
+        let _ = (comm, totals);
+    }
+
+    /// One whole operation summed by its emitter, instead of its spans, step sums and transport
+    /// notes; only while every exporter of the collector has [`EventMask::OP_TOTALS`] in its
+    /// interest. Runs on the emitting thread: must not block.
+    fn op_totals(&self, comm: &Arc<CommMeta>, totals: &OpTotals<'_>) {
         let _ = (comm, totals);
     }
 
