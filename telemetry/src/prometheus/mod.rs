@@ -56,6 +56,12 @@
 //! been idle for a second, or when the communicator is finalized. Intra-node NCCL work without
 //! ProxyOps is timed by its KernelCh events when those are enabled, else by its host enqueue.
 //!
+//! **Operation sums.** The exporter also takes [`EventMask::OP_TOTALS`]: while it is the only
+//! consumer of a communicator's events (no OTLP, trace file, plugin or attached sink beside it),
+//! occl's core hands each single shm/threads call as one [`OpTotals`] instead of its ~18
+//! callbacks; tcp legs and grouped calls still come as events. The series are the same either way
+//! (`tests/tests/prometheus.rs`).
+//!
 //! Step wait counts a step's time from each state mark to the next (the last one to the step's
 //! stop). The exporter asks for step sums ([`EventMask::STEP_TOTALS`]), not ProxySteps: occl's
 //! core sums the steps of its shm legs per ProxyOp (one call per op instead of five per step);
