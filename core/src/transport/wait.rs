@@ -174,6 +174,17 @@ fn slept<R>(s: Option<&dyn Sleeper>, block: impl FnOnce() -> R) -> R {
 /// Why a wait stopped early: the check callback's verdict.
 pub(crate) type Check<'a> = &'a mut dyn FnMut(bool) -> Result<()>;
 
+/// A failed check loses to a condition that came true meanwhile: a peer that acknowledged the
+/// last slot (or published it) and then closed its end did all this wait asked of it, and its
+/// state word is written after the slot, so seeing the state means seeing the slot. The caller's
+/// loop returns on its next `ready()`.
+fn unless_ready(checked: Result<()>, ready: &mut dyn FnMut() -> bool) -> Result<()> {
+    match checked {
+        Err(e) if !ready() => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Waits until `ready()` is true.
 ///
 /// `word` is the futex word the other side changes when `ready()` may have become true, and
@@ -200,7 +211,7 @@ pub(crate) fn wait_until(
             return Ok(());
         }
         if i % 1024 == 1023 {
-            check(false)?;
+            unless_ready(check(false), &mut ready)?;
         }
         std::hint::spin_loop();
     }
@@ -213,10 +224,10 @@ pub(crate) fn wait_until(
             }
             std::thread::yield_now();
         }
-        check(false)?;
+        unless_ready(check(false), &mut ready)?;
     }
     let mut last_slow = Instant::now();
-    check(true)?;
+    unless_ready(check(true), &mut ready)?;
     loop {
         let seen = word.load(Ordering::Acquire);
         sleepers.fetch_add(1, Ordering::SeqCst);
@@ -236,7 +247,7 @@ pub(crate) fn wait_until(
         if slow {
             last_slow = now;
         }
-        check(slow)?;
+        unless_ready(check(slow), &mut ready)?;
         if now >= give_up {
             return Err(Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() });
         }
@@ -293,7 +304,7 @@ fn drive_wait(
             if slow {
                 last_slow = now;
             }
-            check(slow)?;
+            unless_ready(check(slow), &mut || ready.ready())?;
             if now.duration_since(start) >= deadline.timeout {
                 return Err(Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() });
             }
@@ -377,6 +388,44 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Timeout);
         assert!(e.to_string().contains("never"));
+    }
+
+    /// The peer acknowledges the last slot and closes its end between this side's look at the
+    /// slot and its look at the peer's state (the check): the wait succeeds, in every patience.
+    /// Without the re-look, a 3-rank job's last send failed with "destroyed its communicator".
+    #[test]
+    fn a_peer_that_finished_then_closed_is_not_an_error() {
+        for patience in [Patience::Eager, Patience::Share, Patience::Drive] {
+            let word = AtomicU32::new(0);
+            let done = std::cell::Cell::new(false);
+            wait_until(
+                || done.get(),
+                &word,
+                &word,
+                &mut |_| {
+                    done.set(true);
+                    Err(Error::remote(1, "closed"))
+                },
+                &Deadline::after(Duration::from_secs(5)),
+                patience,
+                &|| "the last slot".into(),
+                None,
+            )
+            .unwrap_or_else(|e| panic!("{patience:?}: {e}"));
+            // A check that fails while the condition stays false still ends the wait.
+            let e = wait_until(
+                || false,
+                &word,
+                &word,
+                &mut |_| Err(Error::remote(1, "closed")),
+                &Deadline::after(Duration::from_secs(5)),
+                patience,
+                &|| "never".into(),
+                None,
+            )
+            .unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::RemoteError, "{patience:?}");
+        }
     }
 
     /// A driver whose I/O completes on the 100th progress call; blocks are counted.
