@@ -183,6 +183,30 @@ impl CollKernels {
         self.program(Some(dt)).map(|_| ())
     }
 
+    /// Builds every element type's program the device supports and loads each kernel onto
+    /// it now. Ranks that share one context (thread ranks on one GPU) need this: a kernel loaded
+    /// at its first launch may wait for the context's running kernels (CUDA's lazy loading),
+    /// and those spin until that very launch runs: a deadlock.
+    pub fn load_all(&self) -> Result<()> {
+        let mut progs = vec![self.program(None)?];
+        for dt in Dtype::ALL {
+            match self.program(Some(dt)) {
+                Ok(p) => progs.push(p),
+                Err(Error::Unsupported { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        for f in progs.iter().flat_map(|p| p.funcs.iter()) {
+            // SAFETY: a live function of a module this table keeps loaded.
+            let r = unsafe { cudarc::driver::sys::cuFuncLoad(f.f.cu_function()) };
+            if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                return Err(Error::Driver { call: "cuFuncLoad", source: cudarc::driver::DriverError(r) });
+            }
+        }
+        Ok(())
+    }
+
     fn program(&self, dt: Option<Dtype>) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
         if let Some(p) = g.get(&dt) {

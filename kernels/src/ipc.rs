@@ -23,7 +23,16 @@ pub struct DeviceRegion {
     ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
     bytes: usize,
+    /// A non-blocking stream of its own for the host's reads and writes of control words: the
+    /// legacy default stream would wait for every blocking stream of the context, including
+    /// kernels that spin until this very write (abort), or until a rank of this process that is
+    /// blocked in this very read launches its part (thread ranks on one GPU).
+    side: sys::CUstream,
 }
+
+// SAFETY: a stream handle may be used from any thread; the region's memory is device memory.
+unsafe impl Send for DeviceRegion {}
+unsafe impl Sync for DeviceRegion {}
 
 impl DeviceRegion {
     /// Allocates `bytes` with `cuMemAlloc` (IPC needs a plain allocation) and zeroes them.
@@ -32,14 +41,28 @@ impl DeviceRegion {
             return Err(Error::InvalidArgument("a shared region of 0 bytes".into()));
         }
         ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut side: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: a valid out-pointer; the context is current.
+        check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut side, flags) })?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: a valid out-pointer; the context is current.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
-        let region = DeviceRegion { ctx: ctx.clone(), ptr, bytes };
-        // SAFETY: the allocation just made, `bytes` long; synchronous.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) })?;
-        ctx.synchronize().map_err(driver("cuCtxSynchronize"))?;
+        if let Err(e) = check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }) {
+            // SAFETY: created above, used by nobody.
+            unsafe { sys::cuStreamDestroy_v2(side) };
+            return Err(e);
+        }
+        let region = DeviceRegion { ctx: ctx.clone(), ptr, bytes, side };
+        // SAFETY: the allocation just made, `bytes` long, zeroed before anyone sees it.
+        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, side) })?;
+        region.settle()?;
         Ok(region)
+    }
+
+    /// Waits for the side stream's work.
+    fn settle(&self) -> Result<()> {
+        // SAFETY: the region's own live stream.
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.side) })
     }
 
     pub fn ptr(&self) -> u64 {
@@ -66,10 +89,12 @@ impl DeviceRegion {
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let mut v = 0u64;
-        // SAFETY: 8 bytes inside the allocation into a local u64.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2((&mut v as *mut u64).cast(), self.ptr + offset as u64, 8)
+        // SAFETY: 8 bytes inside the allocation into a local u64, which outlives the copy
+        // (waited for below).
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2((&mut v as *mut u64).cast(), self.ptr + offset as u64, 8, self.side)
         })?;
+        self.settle()?;
         Ok(v)
     }
 
@@ -79,16 +104,25 @@ impl DeviceRegion {
             return Err(Error::InvalidArgument(format!("offset {offset} past the region's {} bytes", self.bytes)));
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: 8 bytes inside the allocation from a local u64.
-        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, (&v as *const u64).cast(), 8) })
+        // SAFETY: 8 bytes inside the allocation from a local u64, which outlives the copy
+        // (waited for below).
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(self.ptr + offset as u64, (&v as *const u64).cast(), 8, self.side)
+        })?;
+        self.settle()
     }
 }
 
 impl Drop for DeviceRegion {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by cuMemAlloc and freed only here. A failure leaks, no more.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            // SAFETY: allocated by cuMemAlloc and freed only here, the stream destroyed only
+            // here. A failure leaks, no more.
+            unsafe {
+                let _ = sys::cuStreamSynchronize(self.side);
+                let _ = sys::cuMemFree_v2(self.ptr);
+                let _ = sys::cuStreamDestroy_v2(self.side);
+            }
         }
     }
 }

@@ -1,12 +1,15 @@
 //! The device communicator: a host `Comm` (bootstrap, telemetry, RAS) plus, on one GPU, the
 //! shared region every peer maps. Set up collectively: allocate and export the region, swap
-//! handles and settings over the bootstrap, open every peer's.
+//! handles and settings over the bootstrap, open every peer's: through CUDA IPC for another
+//! process, by address for a rank of this process (`CudaComm::init_all`). When a peer is on
+//! another host there is nothing to map: every call is staged through host memory (`staged`).
 
 use super::err;
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
-use super::kernels::{device, Dtype};
+use super::kernels::{device, staging, Dtype};
+use super::staged::Staged;
 use super::tune::DevTuner;
 use crate::comm::Comm;
 use crate::config::Config;
@@ -67,7 +70,7 @@ fn parse_size(v: &str) -> Option<u64> {
 
 /// A communicator whose collectives run on one GPU's buffers.
 pub struct CudaComm {
-    pub(crate) comm: Comm,
+    pub(crate) comm: Arc<Comm>,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) kernels: CollKernels,
     pub(crate) layout: Layout,
@@ -76,17 +79,49 @@ pub struct CudaComm {
     pub(crate) timeout_ns: u64,
     /// A per-communicator override of the tuner (0: none, else 1 + the `DevAlgo::ALL` index).
     pub(crate) forced: std::sync::atomic::AtomicU8,
+    /// Set when a peer is on another host: every call goes through host memory.
+    pub(crate) staged: Option<Staged>,
     region: DeviceRegion,
     _peers: Vec<PeerRegion>,
 }
 
-/// What ranks swap: the handle and the settings they must share.
-const RECORD: usize = 64 + 4 + 4 + 8 + 8;
+/// What ranks swap: the IPC handle, a set-up flag, the settings they must share (bytes
+/// 68..88), then the process id, the device and the region's address, which a rank of the same
+/// process uses instead of the handle (IPC cannot open this process's own allocations).
+const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8;
+const SETTINGS: std::ops::Range<usize> = 68..88;
 
 impl CudaComm {
     /// `Comm::init_rank` on device `device` (NCCL's cudaSetDevice + ncclCommInitRank).
     pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, config: Config, device: usize) -> Result<CudaComm> {
         CudaComm::new(Comm::init_rank(nranks, id, rank, config)?, device)
+    }
+
+    /// One communicator over several GPUs of this process, rank i on `devices[i]` (NCCL's
+    /// ncclCommInitAll): thread ranks whose regions are shared by address, with peer access
+    /// enabled between different GPUs. A GPU may appear more than once. Every element type's
+    /// kernels are built and loaded here: ranks on one GPU share its context, where loading a
+    /// kernel at its first launch could wait for a peer's kernel that waits for that launch.
+    pub fn init_all(devices: &[usize]) -> Result<Vec<CudaComm>> {
+        let s = DeviceSettings::from_env()?;
+        let comms = Comm::init_all(devices.len())?;
+        let made: Vec<Result<CudaComm>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .zip(devices)
+                .map(|(c, &d)| {
+                    sc.spawn(move || {
+                        let cc = CudaComm::with_settings(c, d, s)?;
+                        cc.kernels.load_all().map_err(err("load every collective kernel"))?;
+                        Ok(cc)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("device set-up thread panicked"))))
+                .collect()
+        });
+        made.into_iter().collect()
     }
 
     /// Puts `comm` on GPU `device`: a collective call, every rank makes it with its own GPU.
@@ -115,6 +150,11 @@ impl CudaComm {
         mine[68..72].copy_from_slice(&s.channels.to_le_bytes());
         mine[72..80].copy_from_slice(&u64::from(s.slots).to_le_bytes());
         mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
+        mine[88..92].copy_from_slice(&std::process::id().to_le_bytes());
+        mine[92..96].copy_from_slice(&(device as u32).to_le_bytes());
+        if let Ok((_, _, r, _)) = &local {
+            mine[96..104].copy_from_slice(&r.ptr().to_le_bytes());
+        }
         let all = comm.boot_all_gather(&mine)?;
         let (ctx, kernels, region, _) = local?;
         for (r, rec) in all.iter().enumerate() {
@@ -124,7 +164,7 @@ impl CudaComm {
             if rec[64] != 1 {
                 return Err(Error::remote(r, "could not set up its GPU (its own error says why)"));
             }
-            if rec[68..] != mine[68..] {
+            if rec[SETTINGS] != mine[SETTINGS] {
                 return Err(Error::usage(format!(
                     "rank {r} uses other device settings (OCCL_CUDA_CHANNELS, OCCL_CUDA_SLOTS, OCCL_CUDA_SLOT_SIZE \
                      must be the same on every rank)"
@@ -133,23 +173,37 @@ impl CudaComm {
         }
         let mut regions = [0u64; MAX_RANKS];
         let mut peers = Vec::new();
-        for (r, rec) in all.iter().enumerate() {
+        let me = &comm.table[comm.rank()];
+        let remote = comm.table.iter().any(|p| p.host_id != me.host_id);
+        let word = |rec: &[u8], at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().unwrap_or_default());
+        let half = |rec: &[u8], at: usize| u32::from_le_bytes(rec[at..at + 4].try_into().unwrap_or_default());
+        // With a peer on another host the regions go unused (every call is staged), so none is
+        // opened: IPC handles of another host's GPUs mean nothing here.
+        for (r, rec) in all.iter().enumerate().filter(|_| !remote) {
             if r == comm.rank() {
                 regions[r] = region.ptr();
-                continue;
+            } else if half(rec, 88) == std::process::id() {
+                let theirs = device::context(half(rec, 92) as usize).map_err(err("open a peer's GPU"))?;
+                staging::enable_peer_access(&ctx, &theirs)
+                    .map_err(err("enable peer access to a GPU of this process"))?;
+                regions[r] = word(rec, 96);
+            } else {
+                let mut h = [0u8; 64];
+                h.copy_from_slice(&rec[..64]);
+                let p = PeerRegion::open(&ctx, &h).map_err(err("open a peer's region (cuIpcOpenMemHandle)"))?;
+                regions[r] = p.ptr();
+                peers.push(p);
             }
-            let mut h = [0u8; 64];
-            h.copy_from_slice(&rec[..64]);
-            let p = PeerRegion::open(&ctx, &h).map_err(err("open a peer's region (cuIpcOpenMemHandle)"))?;
-            regions[r] = p.ptr();
-            peers.push(p);
         }
         // No rank writes a peer's region before every rank has mapped everyone's.
         comm.boot_all_gather(&[])?;
+        let comm = Arc::new(comm);
+        let staged = if remote { Some(Staged::new(&ctx, comm.clone())?) } else { None };
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
         tracing::debug!(
-            "occl: rank {} on GPU {device}: cuda-p2p to {} peers, {} MiB region",
+            "occl: rank {} on GPU {device}: {} to {} peers, {} MiB region",
             comm.rank(),
+            if staged.is_some() { "staged through host memory" } else { "cuda-p2p" },
             n - 1,
             layout.bytes() >> 20
         );
@@ -162,6 +216,7 @@ impl CudaComm {
             tuner,
             timeout_ns,
             forced: Default::default(),
+            staged,
             region,
             _peers: peers,
         })
@@ -179,6 +234,11 @@ impl CudaComm {
         self.comm.nranks()
     }
 
+    /// Whether calls are staged through host memory (a peer is on another host).
+    pub fn is_staged(&self) -> bool {
+        self.staged.is_some()
+    }
+
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
@@ -192,6 +252,9 @@ impl CudaComm {
     /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it
     /// (its results are garbage, and so are every later call's).
     pub fn device_error(&self) -> Result<()> {
+        if let Some(e) = self.staged.as_ref().and_then(Staged::error) {
+            return Err(e);
+        }
         match self.region.read_u64(ERROR_WORD).map_err(err("read the device error word"))? {
             0 => Ok(()),
             _ => Err(Error::Timeout {

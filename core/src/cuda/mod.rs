@@ -18,6 +18,7 @@ pub use occl_kernels as kernels;
 
 mod comm;
 mod ops;
+mod staged;
 pub(crate) mod tune;
 
 pub use comm::{CudaComm, DeviceSettings};

@@ -6,6 +6,7 @@ use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
 use super::kernels::cudarc::driver::CudaStream;
+use super::staged::HostOp;
 use super::tune::DevAlgo;
 use super::{kernel_dtype, kernel_op};
 use crate::dtype::{DataType, RedOp};
@@ -69,6 +70,32 @@ impl CudaComm {
         Ok(())
     }
 
+    /// Runs the call through host memory when the communicator is staged (a peer on another
+    /// host): `input` and `output` are (device address, elements), `count` what the host
+    /// collective takes. `None`: not staged, run it on the device.
+    ///
+    /// # Safety
+    /// As for every raw call.
+    #[allow(clippy::too_many_arguments)] // one staged call's whole description
+    unsafe fn staged(
+        &self,
+        stream: &CudaStream,
+        op: HostOp,
+        input: Option<(u64, usize)>,
+        output: Option<(u64, usize)>,
+        count: usize,
+        dt: DataType,
+    ) -> Option<Result<()>> {
+        let st = self.staged.as_ref()?;
+        if let Err(e) = self.check_stream(stream) {
+            return Some(Err(e));
+        }
+        let es = dt.size();
+        let bytes = |(p, n): (u64, usize)| (p, n * es);
+        // SAFETY: the caller's promise about the device buffers.
+        Some(unsafe { st.enqueue(stream, op, input.map(bytes), output.map(bytes), count, dt) })
+    }
+
     /// # Safety
     /// As for every raw call: the addresses are this GPU's memory, valid for what the operation
     /// reads and writes until the stream has run it.
@@ -127,6 +154,12 @@ impl CudaComm {
         if count == 0 {
             return self.check_stream(stream);
         }
+        // SAFETY: the caller's promise.
+        if let Some(r) =
+            unsafe { self.staged(stream, HostOp::AllReduce(op), Some((send, count)), Some((recv, count)), count, dt) }
+        {
+            return r;
+        }
         let algo = self.all_reduce_algorithm(count, dt);
         let (n, es, c) = (self.nranks() as u64, dt.size() as u64, count as u64);
         let (mode, unit) = match algo {
@@ -158,6 +191,12 @@ impl CudaComm {
         if count == 0 {
             return self.check_stream(stream);
         }
+        let n = self.nranks();
+        let (input, output) = (Some((send, count * n)), Some((recv, count)));
+        // SAFETY: the caller's promise.
+        if let Some(r) = unsafe { self.staged(stream, HostOp::ReduceScatter(op), input, output, count, dt) } {
+            return r;
+        }
         let mut a = self.args(Mode::ReduceScatter, send, recv, count as u64, count as u64, 0);
         a.div = self.div(op);
         // SAFETY: the caller's promise.
@@ -185,6 +224,13 @@ impl CudaComm {
         if count == 0 {
             return self.check_stream(stream);
         }
+        let output = (self.rank() == root).then_some((recv, count));
+        // SAFETY: the caller's promise.
+        if let Some(r) =
+            unsafe { self.staged(stream, HostOp::Reduce(op, root), Some((send, count)), output, count, dt) }
+        {
+            return r;
+        }
         let mut a = self.args(Mode::Reduce, send, recv_p, count as u64, 0, 0);
         a.root = root as u32;
         a.div = self.div(op);
@@ -193,6 +239,8 @@ impl CudaComm {
     }
 
     /// Byte-moving collectives share this: `count` elements become bytes.
+    /// `host`: the same call staged (the host collective, and the elements copied in and out).
+    #[allow(clippy::too_many_arguments)] // the device call and its staged twin
     unsafe fn copy_op(
         &self,
         stream: &CudaStream,
@@ -201,10 +249,18 @@ impl CudaComm {
         count: usize,
         dt: DataType,
         root: u32,
+        host: (HostOp, Option<usize>, Option<usize>),
     ) -> Result<()> {
         let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
         if count == 0 {
             return self.check_stream(stream);
+        }
+        let (op, input, output) = host;
+        // SAFETY: the caller's promise.
+        if let Some(r) =
+            unsafe { self.staged(stream, op, input.map(|n| (send, n)), output.map(|n| (recv, n)), count, dt) }
+        {
+            return r;
         }
         let mut a = self.args(mode, send, recv, bytes, bytes, 0);
         a.root = root;
@@ -224,8 +280,9 @@ impl CudaComm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
+        let host = (HostOp::AllGather, Some(count), Some(count * self.nranks()));
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::AllGather, (send, recv), count, dt, 0) }
+        unsafe { self.copy_op(stream, Mode::AllGather, (send, recv), count, dt, 0, host) }
     }
 
     /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
@@ -243,8 +300,9 @@ impl CudaComm {
     ) -> Result<()> {
         self.check_root(root, "root")?;
         let send = if self.rank() == root { send } else { recv };
+        let host = (HostOp::Broadcast(root), (self.rank() == root).then_some(count), Some(count));
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::Broadcast, (send, recv), count, dt, root as u32) }
+        unsafe { self.copy_op(stream, Mode::Broadcast, (send, recv), count, dt, root as u32, host) }
     }
 
     /// All-to-all: block p (`count` elements) of `send` goes to rank p, block q of `recv`
@@ -260,8 +318,19 @@ impl CudaComm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
+        let n = self.nranks();
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::AllToAll, (send, recv), count, dt, 0) }
+        unsafe {
+            self.copy_op(
+                stream,
+                Mode::AllToAll,
+                (send, recv),
+                count,
+                dt,
+                0,
+                (HostOp::AllToAll, Some(count * n), Some(count * n)),
+            )
+        }
     }
 
     fn check_peer(&self, peer: usize) -> Result<u32> {
@@ -286,7 +355,7 @@ impl CudaComm {
     ) -> Result<()> {
         let p = self.check_peer(peer)?;
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::Send, (send, send), count, dt, p) }
+        unsafe { self.copy_op(stream, Mode::Send, (send, send), count, dt, p, (HostOp::Send(peer), Some(count), None)) }
     }
 
     /// Receives `count` elements from `peer` into `recv`.
@@ -303,6 +372,6 @@ impl CudaComm {
     ) -> Result<()> {
         let p = self.check_peer(peer)?;
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::Recv, (recv, recv), count, dt, p) }
+        unsafe { self.copy_op(stream, Mode::Recv, (recv, recv), count, dt, p, (HostOp::Recv(peer), None, Some(count))) }
     }
 }
