@@ -31,6 +31,7 @@ mod kernels;
 mod launch;
 pub mod nvrtc;
 pub mod reference;
+pub mod timer;
 
 pub use cudarc;
 pub use dtype::{Dtype, RedOp};
