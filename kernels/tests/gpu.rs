@@ -122,3 +122,18 @@ fn raw_launches_replay_from_a_cuda_graph() {
         assert_eq!(got, want, "replay {round}");
     }
 }
+
+#[test]
+fn the_clock_probe_maps_the_device_clock_onto_the_hosts() {
+    let test = "the_clock_probe_maps_the_device_clock_onto_the_hosts";
+    let Some((ctx, _k, _stream)) = gpu(test) else { return };
+    let coll = occl_kernels::coll::CollKernels::load(&ctx).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let host = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let a = coll.calibrate(&host).expect("calibrate");
+    let b = coll.calibrate(&host).expect("calibrate again");
+    eprintln!("{test}: offset {} ns ± {} ns, again {} ± {}", a.offset_ns, a.err_ns, b.offset_ns, b.err_ns);
+    // A PCIe round trip is a few µs; a bound past 100 µs means the probe did not answer promptly.
+    assert!(a.err_ns < 100_000 && b.err_ns < 100_000, "{a:?} {b:?}");
+    // Two calibrations agree within their bounds (plus the clocks' drift over a few ms).
+    assert!(a.offset_ns.abs_diff(b.offset_ns) <= a.err_ns + b.err_ns + 2_000, "{a:?} vs {b:?}");
+}

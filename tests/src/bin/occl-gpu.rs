@@ -3,6 +3,7 @@
 //! ```text
 //! occl-gpu check --ranks 2                       # every collective x type x op x algorithm
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
+//! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
 //! ```
 //!
 //! `check` compares against a host reference: sizes 0, 1, odd, across the FIFO's chunks and
@@ -77,7 +78,8 @@ fn run(args: &[String]) -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("check") => check(&cc, &stream, args),
         Some("bench") => bench(&cc, &stream, args),
-        _ => bail!("usage: occl-gpu check|bench [--ranks N] ..."),
+        Some("events") => occl_tests::gpu_events::run(&cc, &stream, args),
+        _ => bail!("usage: occl-gpu check|bench|events [--ranks N] ..."),
     }
 }
 
