@@ -214,7 +214,11 @@ const PROBE_PATIENCE: Duration = Duration::from_secs(1);
 /// (`occl_clock_probe` in `cuda/coll.cu`) answers [`PROBE_SAMPLES`] numbered requests with the
 /// device time, and each answer is bracketed by two host readings. Runs on a stream of its own
 /// and waits for it.
-pub(crate) fn calibrate(ctx: &Arc<CudaContext>, probe: &CudaFunction, host_clock: &dyn Fn() -> u64) -> Result<ClockMap> {
+pub(crate) fn calibrate(
+    ctx: &Arc<CudaContext>,
+    probe: &CudaFunction,
+    host_clock: &dyn Fn() -> u64,
+) -> Result<ClockMap> {
     // box: [request number, device time, answered number]
     let words = Words::pinned(ctx, 3)?;
     let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;

@@ -280,9 +280,7 @@ impl Fanout {
         if self.interest.load(Relaxed) & bit == 0 {
             return None;
         }
-        start_on(&self.read(), bit, || self.next_seq.fetch_add(1, Relaxed), |s, id| {
-            s.start_at(id, parent, descr, t_ns)
-        })
+        start_on(&self.read(), bit, || self.next_seq.fetch_add(1, Relaxed), |s, id| s.start_at(id, parent, descr, t_ns))
     }
 
     /// [`Fanout::stop`] at an explicit time (see [`Fanout::start_at`]).

@@ -506,7 +506,10 @@ fn explicit_times_reach_the_sinks_and_default_to_start_and_stop() {
         vec![("start", a.get(), 1_000), ("stop", a.get(), 2_000), ("start", b.get(), 3_000), ("stop", b.get(), 4_000)]
     );
     // A sink that keeps no times gets plain starts and stops, with the parent.
-    assert_eq!(plain.started(), vec![(a.get(), None, EventType::KernelCh), (b.get(), Some(a.get()), EventType::KernelCh)]);
+    assert_eq!(
+        plain.started(),
+        vec![(a.get(), None, EventType::KernelCh), (b.get(), Some(a.get()), EventType::KernelCh)]
+    );
     assert_eq!(plain.stopped(), vec![a.get(), b.get()]);
     // No sink wants the type: nothing is issued.
     assert_eq!(f.start_at(None, &EventDescr::ProxyCtrl, 5), None);

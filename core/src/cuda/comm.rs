@@ -3,12 +3,12 @@
 //! handles and settings over the bootstrap, open every peer's.
 
 use super::err;
+use super::events::{DevEvents, RING_SLOTS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
-use super::kernels::{device, Dtype};
-use super::events::{DevEvents, RING_SLOTS};
 use super::kernels::timer::{ClockMap, TimerRing};
+use super::kernels::{device, Dtype};
 use super::ops::FUNCS;
 use super::tune::DevTuner;
 use crate::comm::Comm;

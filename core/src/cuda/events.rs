@@ -146,9 +146,12 @@ mod tests {
     use occl_telemetry::{EventMask, EventType, Sink};
     use std::sync::Arc;
 
+    /// A KernelCh as received: id, parent, channel, pTimer, start and stop times.
+    type Chan = (u64, Option<u64>, u8, u64, u64, u64);
+
     /// Keeps the KernelCh events with their times.
     #[derive(Default)]
-    struct Chans(Mutex<Vec<(u64, Option<u64>, u8, u64, u64, u64)>>);
+    struct Chans(Mutex<Vec<Chan>>);
 
     impl Sink for Chans {
         fn interest(&self) -> EventMask {

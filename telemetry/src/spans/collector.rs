@@ -295,7 +295,6 @@ impl CommSpans {
             self.open.count_steps(op, 1);
         }
     }
-
 }
 
 impl Sink for CommSpans {
