@@ -446,14 +446,14 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
         chan_time(a, t0);                                                                           \
     }
 
-// Clock calibration (occl_kernels::timer::calibrate): answers the host's numbered requests in
-// box[0] with %globaltimer in box[1], then the request's number in box[2]; gives up after a
-// second without a request.
-extern "C" __global__ void occl_clock_probe(u64 box, unsigned n) {
+// Clock calibration (occl_kernels::timer::Probe): answers the host's requests first..first+n-1,
+// posted in box[0], with %globaltimer in box[1], then the request's number in box[2]; gives up
+// after a second without a request.
+extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
     if (threadIdx.x != 0) return;
     u64* b = (u64*)box;
     u64 last = globaltimer();
-    for (unsigned i = 1; i <= n; i++) {
+    for (u64 i = first; i < first + n; i++) {
         while (ld_acquire(&b[0]) < i)
             if (globaltimer() - last > 1000000000ull) return;
         const u64 t = globaltimer();

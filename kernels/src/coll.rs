@@ -215,11 +215,14 @@ impl CollKernels {
         Ok(p)
     }
 
-    /// The offset of the device clock (`%globaltimer`) from `host_clock` ([`crate::timer`]).
-    pub fn calibrate(&self, host_clock: &dyn Fn() -> u64) -> Result<crate::timer::ClockMap> {
+    /// A clock probe of this device ([`crate::timer::Probe`]) and its first measurement of the
+    /// device clock (`%globaltimer`) against `host_clock`.
+    pub fn clock_probe(&self, host_clock: &dyn Fn() -> u64) -> Result<(crate::timer::Probe, crate::timer::ClockMap)> {
         let prog = self.program(None)?;
-        let probe = prog.funcs.get(1).ok_or_else(|| Error::InvalidArgument("no clock probe kernel".into()))?;
-        crate::timer::calibrate(&self.ctx, &probe.f, host_clock)
+        let f = prog.funcs.get(1).ok_or_else(|| Error::InvalidArgument("no clock probe kernel".into()))?;
+        let mut probe = crate::timer::Probe::new(&self.ctx, f.f.clone())?;
+        let map = crate::timer::calibrate(&mut probe, host_clock)?;
+        Ok((probe, map))
     }
 
     /// Enqueues one collective kernel of `blocks` blocks on `stream`.

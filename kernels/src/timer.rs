@@ -181,13 +181,23 @@ impl TimerRing {
     }
 }
 
-/// Device time to host time: `host = device + offset`, known to within `err_ns`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Device time to host time: `host = device + offset_ns + (device - device_ns) × ppb / 10^9`,
+/// known to within `err_ns` at `device_ns` (the calibration's moment).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClockMap {
     pub offset_ns: i64,
     /// Half the round trip of the tightest sample: the offset's error bound.
     pub err_ns: u64,
+    /// The device time the offset was measured at.
+    pub device_ns: u64,
+    /// How fast the host clock gains on the device's, in parts per billion (0: unknown). The
+    /// two run from different crystals: some 10 ppm apart, 10 µs a second.
+    pub ppb: i64,
 }
+
+/// The shortest baseline a drift is measured over: the offsets' errors (µs) over it stay
+/// below a few ppm.
+const MIN_DRIFT_BASELINE_NS: u64 = 500_000_000;
 
 impl ClockMap {
     /// From samples `(host before, device, host after)` of one request each: the tightest
@@ -196,66 +206,119 @@ impl ClockMap {
         let &(h0, d, h1) = samples.iter().filter(|s| s.2 >= s.0 && s.1 != 0).min_by_key(|s| s.2 - s.0)?;
         let mid = h0 + (h1 - h0) / 2;
         let offset_ns = i64::try_from(i128::from(mid) - i128::from(d)).ok()?;
-        Some(ClockMap { offset_ns, err_ns: (h1 - h0).div_ceil(2) })
+        Some(ClockMap { offset_ns, err_ns: (h1 - h0).div_ceil(2), device_ns: d, ppb: 0 })
+    }
+
+    /// A fresh measurement `now`, with the drift since `base` (an earlier one) when they are far
+    /// enough apart to tell it.
+    pub fn with_drift_since(now: ClockMap, base: &ClockMap) -> ClockMap {
+        let span = now.device_ns.saturating_sub(base.device_ns);
+        if span < MIN_DRIFT_BASELINE_NS {
+            return ClockMap { ppb: base.ppb, ..now };
+        }
+        let gained = i128::from(now.offset_ns) - i128::from(base.offset_ns);
+        let ppb = i64::try_from(gained * 1_000_000_000 / i128::from(span)).unwrap_or(0);
+        ClockMap { ppb, ..now }
     }
 
     /// A device time on the host clock (saturating at the clock's ends).
     pub fn to_host(&self, device_ns: u64) -> u64 {
-        device_ns.saturating_add_signed(self.offset_ns)
+        let since = i128::from(device_ns) - i128::from(self.device_ns);
+        let t = i128::from(device_ns) + i128::from(self.offset_ns) + since * i128::from(self.ppb) / 1_000_000_000;
+        u64::try_from(t.max(0)).unwrap_or(u64::MAX)
     }
 }
 
-/// Requests [`calibrate`] makes of the probe kernel.
+/// Requests the first calibration makes of the probe kernel; a later one makes
+/// [`RECALIBRATE_SAMPLES`].
 pub const PROBE_SAMPLES: u32 = 64;
-/// How long the host or the probe waits for the other before giving up.
-const PROBE_PATIENCE: Duration = Duration::from_secs(1);
+pub const RECALIBRATE_SAMPLES: u32 = 16;
 
-/// Measures the offset of `%globaltimer` from `host_clock` (ns): the probe kernel `probe`
-/// (`occl_clock_probe` in `cuda/coll.cu`) answers [`PROBE_SAMPLES`] numbered requests with the
-/// device time, and each answer is bracketed by two host readings. Runs on a stream of its own
-/// and waits for it.
-pub(crate) fn calibrate(
-    ctx: &Arc<CudaContext>,
-    probe: &CudaFunction,
-    host_clock: &dyn Fn() -> u64,
-) -> Result<ClockMap> {
-    // box: [request number, device time, answered number]
-    let words = Words::pinned(ctx, 3)?;
-    let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-    let (dev, n) = (words.dev(), PROBE_SAMPLES);
-    let mut l = stream.launch_builder(probe);
-    l.arg(&dev).arg(&n);
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: occl_clock_probe(u64 box, unsigned n); `box` is 3 mapped words alive until the
-    // stream is synchronised below.
-    unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_clock_probe)"))?;
-    let w = words.get();
-    let mut samples = Vec::with_capacity(n as usize);
-    let mut lost = false;
-    for i in 1..=u64::from(n) {
-        let h0 = host_clock();
-        w[0].store(i, Ordering::Release);
+/// The clock probe: `occl_clock_probe` (`cuda/coll.cu`) answers numbered requests with the
+/// device time, and each answer is bracketed by two host readings. Request numbers run on from
+/// probe to probe, so a probe the host gave up on finishes at once (the host posts its last
+/// number) and the next one is not confused by it; nothing ever synchronises a stream, so a
+/// probe can run while the caller's stream is busy.
+pub struct Probe {
+    ctx: Arc<CudaContext>,
+    func: CudaFunction,
+    stream: Arc<cudarc::driver::CudaStream>,
+    /// [request number, device time, answered number]
+    words: Words,
+    /// The last number the previous probe was given: it has finished when it answered it.
+    last: u64,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe").field("last", &self.last).finish()
+    }
+}
+
+impl Probe {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, func: CudaFunction) -> Result<Probe> {
+        let words = Words::pinned(ctx, 3)?;
+        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        Ok(Probe { ctx: ctx.clone(), func, stream, words, last: 0 })
+    }
+
+    /// Whether the last probe kernel has finished (its box may be freed).
+    pub fn idle(&self) -> bool {
+        self.words.get()[2].load(Ordering::Acquire) >= self.last
+    }
+
+    /// Measures the offset of `%globaltimer` from `host_clock` (ns) with `n` requests, waiting at
+    /// most `patience` for the probe kernel. `Ok(None)`: the previous probe is still running, or
+    /// this one did not answer in time (it is told to finish).
+    pub fn measure(&mut self, host_clock: &dyn Fn() -> u64, n: u32, patience: Duration) -> Result<Option<ClockMap>> {
+        if !self.idle() {
+            return Ok(None);
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let (first, dev) = (self.last + 1, self.words.dev());
+        let mut l = self.stream.launch_builder(&self.func);
+        l.arg(&dev).arg(&first).arg(&n);
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: occl_clock_probe(u64 box, u64 first, unsigned n); `box` is 3 mapped words,
+        // freed only once the probe has answered its last number (`idle`).
+        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_clock_probe)"))?;
+        let end = first + u64::from(n) - 1;
+        self.last = end;
+        let w = self.words.get();
+        let mut samples = Vec::with_capacity(n as usize);
         let since = Instant::now();
-        while w[2].load(Ordering::Acquire) < i {
-            if since.elapsed() > PROBE_PATIENCE {
-                lost = true;
-                break;
+        for i in first..=end {
+            let h0 = host_clock();
+            w[0].store(i, Ordering::Release);
+            while w[2].load(Ordering::Acquire) < i {
+                if since.elapsed() > patience {
+                    // Let the probe run through the rest of its numbers and exit.
+                    w[0].store(end, Ordering::Release);
+                    return Ok(None);
+                }
+                std::hint::spin_loop();
             }
-            std::hint::spin_loop();
+            let h1 = host_clock();
+            samples.push((h0, w[1].load(Ordering::Relaxed), h1));
         }
-        if lost {
-            break;
-        }
-        let h1 = host_clock();
-        samples.push((h0, w[1].load(Ordering::Relaxed), h1));
+        Ok(ClockMap::from_samples(&samples))
     }
-    // The probe gives up by itself when the requests stop.
-    stream.synchronize().map_err(driver("cuStreamSynchronize(occl_clock_probe)"))?;
-    if lost {
-        return Err(Error::InvalidArgument("the clock probe kernel did not answer within 1 s".into()));
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        // The box must outlive the kernel: tell it to finish and wait (bounded by its own
+        // one-second silence limit).
+        self.words.get()[0].store(self.last, Ordering::Release);
+        let _ = self.stream.synchronize();
     }
-    ClockMap::from_samples(&samples)
-        .ok_or_else(|| Error::InvalidArgument("the clock probe gave no usable sample".into()))
+}
+
+/// The first calibration: [`PROBE_SAMPLES`] requests, waiting up to a second for the probe.
+pub(crate) fn calibrate(probe: &mut Probe, host_clock: &dyn Fn() -> u64) -> Result<ClockMap> {
+    probe
+        .measure(host_clock, PROBE_SAMPLES, Duration::from_secs(1))?
+        .ok_or_else(|| Error::InvalidArgument("the clock probe kernel did not answer within 1 s".into()))
 }
 
 #[cfg(test)]
@@ -286,12 +349,30 @@ mod tests {
         let s = [(5_000_000, 4_000_900, 5_004_000), (6_000_000, 5_000_040, 6_000_100), (7_000_000, 0, 7_000_002)];
         let m = ClockMap::from_samples(&s).expect("a sample");
         // The zero device reading is unusable; the 100 ns round trip wins: mid 6_000_050.
-        assert_eq!(m, ClockMap { offset_ns: 1_000_010, err_ns: 50 });
+        assert_eq!(m, ClockMap { offset_ns: 1_000_010, err_ns: 50, device_ns: 5_000_040, ppb: 0 });
         assert_eq!(m.to_host(5_000_040), 6_000_050);
         assert!(m.to_host(5_000_040).abs_diff(6_000_040) <= m.err_ns);
         assert_eq!(ClockMap::from_samples(&[]), None);
         assert_eq!(ClockMap::from_samples(&[(10, 5, 9)]), None, "a bracket that runs backwards");
-        let back = ClockMap { offset_ns: -10, err_ns: 0 };
+        let back = ClockMap { offset_ns: -10, ..ClockMap::default() };
         assert_eq!(back.to_host(5), 0, "saturates");
+    }
+
+    #[test]
+    fn a_later_calibration_measures_the_drift_and_maps_with_it() {
+        let s = 1_000_000_000u64;
+        // At device time 10 s the host led by 1 ms; at 12 s by 1 ms + 20 µs: 10 ppm.
+        let base = ClockMap { offset_ns: 1_000_000, err_ns: 500, device_ns: 10 * s, ppb: 0 };
+        let near = ClockMap { offset_ns: 1_000_001, err_ns: 500, device_ns: 10 * s + 1_000, ppb: 0 };
+        assert_eq!(ClockMap::with_drift_since(near, &base).ppb, 0, "too close to tell a drift");
+        let later = ClockMap { offset_ns: 1_020_000, err_ns: 500, device_ns: 12 * s, ppb: 0 };
+        let m = ClockMap::with_drift_since(later, &base);
+        assert_eq!(m.ppb, 10_000);
+        assert_eq!(m.to_host(12 * s), 12 * s + 1_020_000);
+        // One second on, the host has gained another 10 µs.
+        assert_eq!(m.to_host(13 * s), 13 * s + 1_030_000);
+        // A recalibration too close for a drift of its own keeps the last one.
+        let next = ClockMap { offset_ns: 1_030_000, err_ns: 500, device_ns: 12 * s + 1_000, ppb: 0 };
+        assert_eq!(ClockMap::with_drift_since(next, &m).ppb, 10_000);
     }
 }

@@ -265,10 +265,12 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
     cc.comm().detach_sink(h);
     let none = time_small(cc, s, bufs, iters)?;
     let (pending, untimed) = cc.kernel_events_pending();
+    let last = cc.clock_map().unwrap_or(clock);
     if r == 0 {
         println!(
             "{}",
             json!({"ops": ops, "kernel_ch": chans, "clock_offset_ns": clock.offset_ns, "clock_err_ns": clock.err_ns,
+                "clock_offset_ns_at_end": last.offset_ns, "clock_err_ns_at_end": last.err_ns, "drift_ppb": last.ppb,
                 "iters": iters, "allreduce_8B_us_kernel_ch": (with_ch * 1000.0).round() / 1000.0,
                 "allreduce_8B_us_coll_only": (coll_only * 1000.0).round() / 1000.0,
                 "allreduce_8B_us_no_sink": (none * 1000.0).round() / 1000.0, "untimed": untimed, "pending": pending})

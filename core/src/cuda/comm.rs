@@ -95,11 +95,11 @@ fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Opti
         return None;
     }
     let set_up = TimerRing::alloc(ctx, RING_SLOTS, channels)
-        .and_then(|ring| Ok((ring, k.calibrate(&occl_telemetry::spans::unix_nanos)?)));
+        .and_then(|ring| Ok((ring, k.clock_probe(&occl_telemetry::spans::unix_nanos)?)));
     match set_up {
-        Ok((ring, clock)) => {
+        Ok((ring, (probe, clock))) => {
             tracing::debug!("occl: device clock offset {} ns, ± {} ns", clock.offset_ns, clock.err_ns);
-            Some(DevEvents::new(ring, clock))
+            Some(DevEvents::new(ring, clock, Some(probe)))
         }
         Err(e) => {
             tracing::warn!("occl: no KernelCh events on this device: {e}");

@@ -10,14 +10,32 @@
 //! events and KernelLaunch, no KernelCh. When every slot is taken by launches the device has
 //! not run yet, a new launch runs untimed and is counted in `untimed`.
 
-use super::kernels::timer::{ClockMap, TimerRing};
+use super::kernels::timer::{ClockMap, Probe, TimerRing, RECALIBRATE_SAMPLES};
 use occl_telemetry::{EventDescr, EventId, Fanout, StateArgs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Launches whose records can be outstanding at once.
 pub(crate) const RING_SLOTS: u32 = 256;
+
+/// How often the clock map is measured again: the device and host clocks drift apart by some
+/// 10 µs a second, so a map from the communicator's creation alone goes stale; each new
+/// measurement also refines the drift rate the map extrapolates with.
+const RECALIBRATE_EVERY: Duration = Duration::from_secs(1);
+/// How long an operation waits for a recalibration's probe kernel (a device full of other
+/// work may not start it): past this the old map stays and the probe is told to finish.
+const RECALIBRATE_PATIENCE: Duration = Duration::from_micros(500);
+
+/// The clock map and what renews it.
+struct Clock {
+    /// The first measurement: the far end of every drift measurement.
+    base: ClockMap,
+    now: ClockMap,
+    probe: Option<Probe>,
+    last_try: Instant,
+}
 
 /// A timed launch whose records the host has not collected yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,18 +55,19 @@ struct State {
 /// The timer ring of one device communicator and the launches waiting on it.
 pub(crate) struct DevEvents {
     ring: TimerRing,
-    clock: ClockMap,
+    clock: Mutex<Clock>,
     state: Mutex<State>,
     /// `pending.len()`, read without the lock: with nothing pending an operation takes none.
     outstanding: AtomicUsize,
 }
 
 impl DevEvents {
-    pub(crate) fn new(ring: TimerRing, clock: ClockMap) -> DevEvents {
+    /// `probe` (none in tests) renews `clock` as it ages.
+    pub(crate) fn new(ring: TimerRing, clock: ClockMap, probe: Option<Probe>) -> DevEvents {
         let free = (0..ring.slots()).rev().collect();
         DevEvents {
             ring,
-            clock,
+            clock: Mutex::new(Clock { base: clock, now: clock, probe, last_try: Instant::now() }),
             state: Mutex::new(State { free, pending: VecDeque::new(), untimed: 0 }),
             outstanding: AtomicUsize::new(0),
         }
@@ -59,7 +78,27 @@ impl DevEvents {
     }
 
     pub(crate) fn clock(&self) -> ClockMap {
-        self.clock
+        self.clock.lock().unwrap_or_else(PoisonError::into_inner).now
+    }
+
+    /// Measures the clock map again if it is older than [`RECALIBRATE_EVERY`]; never on a
+    /// thread whose stream is capturing a graph (the caller checks), and not while another
+    /// thread does it.
+    pub(crate) fn recalibrate_if_due(&self) {
+        let Ok(mut c) = self.clock.try_lock() else { return };
+        if c.last_try.elapsed() < RECALIBRATE_EVERY {
+            return;
+        }
+        c.last_try = Instant::now();
+        let Some(p) = c.probe.as_mut() else { return };
+        match p.measure(&occl_telemetry::spans::unix_nanos, RECALIBRATE_SAMPLES, RECALIBRATE_PATIENCE) {
+            Ok(Some(m)) => {
+                c.now = ClockMap::with_drift_since(m, &c.base);
+                tracing::trace!("occl: device clock offset {} ns ± {}, drift {} ppb", m.offset_ns, m.err_ns, c.now.ppb);
+            }
+            Ok(None) => tracing::debug!("occl: the clock probe did not answer in time; the old map stays"),
+            Err(e) => tracing::debug!("occl: clock probe: {e}"),
+        }
     }
 
     /// A slot for a launch of `blocks` blocks, and its device address for the kernel; `None`
@@ -119,8 +158,9 @@ impl DevEvents {
             self.outstanding.store(s.pending.len(), Relaxed);
             done
         };
+        let clock = self.clock();
         for (p, records) in &done {
-            emit(f, &self.clock, p.parent, records);
+            emit(f, &clock, p.parent, records);
             self.release(p.slot);
         }
         done.len()
@@ -176,7 +216,7 @@ mod tests {
         let sink = Arc::new(Chans::default());
         let _h = f.attach(sink.clone()).expect("attach");
         let parent = f.start(None, &EventDescr::Group).expect("an implied parent is wanted");
-        let ev = DevEvents::new(TimerRing::in_memory(2, 4).expect("ring"), ClockMap { offset_ns: 1_000, err_ns: 5 });
+        let ev = DevEvents::new(TimerRing::in_memory(2, 4).expect("ring"), ClockMap { offset_ns: 1_000, err_ns: 5, ..ClockMap::default() }, None);
         assert_eq!(ev.collect(&f), 0, "nothing pending");
         let (a, _) = ev.reserve(2).expect("a slot");
         let (b, _) = ev.reserve(1).expect("another");

@@ -166,7 +166,10 @@ impl CudaComm {
         let parent = prof.as_ref().filter(|p| p.mask().contains(EventType::KernelCh)).and_then(OpProf::coll_id);
         // A captured launch replays without the host: it gets no slot (see events.rs).
         let slot = match (&self.events, parent) {
-            (Some(ev), Some(_)) if !capturing(stream) => ev.reserve(blocks),
+            (Some(ev), Some(_)) if !capturing(stream) => {
+                ev.recalibrate_if_due();
+                ev.reserve(blocks)
+            }
             _ => None,
         };
         if let Some((_, dev)) = slot {
