@@ -216,7 +216,11 @@ mod tests {
         let sink = Arc::new(Chans::default());
         let _h = f.attach(sink.clone()).expect("attach");
         let parent = f.start(None, &EventDescr::Group).expect("an implied parent is wanted");
-        let ev = DevEvents::new(TimerRing::in_memory(2, 4).expect("ring"), ClockMap { offset_ns: 1_000, err_ns: 5, ..ClockMap::default() }, None);
+        let ev = DevEvents::new(
+            TimerRing::in_memory(2, 4).expect("ring"),
+            ClockMap { offset_ns: 1_000, err_ns: 5, ..ClockMap::default() },
+            None,
+        );
         assert_eq!(ev.collect(&f), 0, "nothing pending");
         let (a, _) = ev.reserve(2).expect("a slot");
         let (b, _) = ev.reserve(1).expect("another");
