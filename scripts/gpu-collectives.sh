@@ -3,6 +3,7 @@
 #   scripts/gpu-collectives.sh build DIR   here: builds occl-gpu (release, feature cuda) and copies
 #                                          it, stripped, with this script and nccl_bench.py into DIR
 #   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all),
+#                                          the KernelCh event check (occl-gpu events),
 #                                          then occl's and NCCL's benchmarks side by side (JSON
 #                                          lines under $OUT)
 # NVLink multicast stays off (the shared machines require it).
@@ -32,6 +33,8 @@ run)
     export OCCL_KERNEL_CACHE_DIR=/tmp/occl-kernel-cache OCCL_TIMEOUT=${OCCL_TIMEOUT:-30}
     echo "== correctness on $n GPUs"
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check.txt" | tail -20
+    echo "== KernelCh events"
+    timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events.txt" | tail -3
     echo "== occl bench"
     sizes=8,64K,1M,64M,256M,1G
     {
