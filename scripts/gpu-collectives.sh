@@ -4,9 +4,9 @@
 #                                          it, stripped, with this script and nccl_bench.py into DIR
 #   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all;
 #                                          N ranks share the GPUs there are, round-robin), also
-#                                          as thread ranks and staged across N host ids, then
-#                                          occl's and NCCL's benchmarks side by side (JSON lines
-#                                          under $OUT)
+#                                          as thread ranks and staged across N host ids, the
+#                                          KernelCh event check (occl-gpu events), then occl's and
+#                                          NCCL's benchmarks side by side (JSON lines under $OUT)
 # NVLink multicast stays off (the shared machines require it).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -37,6 +37,8 @@ run)
     echo "== correctness: $n thread ranks of one process (CudaComm::init_all), and staged as if on $n hosts"
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --threads "$n" --big 64M 2>&1 | tee "$OUT/check-threads.txt" | tail -4
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" --hosts "$n" --big 64M 2>&1 | tee "$OUT/check-staged.txt" | tail -4
+    echo "== KernelCh events"
+    timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events.txt" | tail -3
     echo "== occl bench"
     sizes=8,64K,1M,64M,256M,1G
     {

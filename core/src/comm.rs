@@ -696,6 +696,7 @@ impl Comm {
                 algo: algo.nccl_name(),
                 proto: choice.proto.nccl_name(),
                 chunk_size: geo.0,
+                n_channels: 1,
             },
             || {
                 // Planned in the order the algorithm runs in, reported with real peers.

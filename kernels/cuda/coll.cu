@@ -39,6 +39,7 @@ struct CollArgs {
     u64 ctrl_off, data_off, slot_bytes, timeout_ns;
     unsigned mode, rank, nranks, root;  // root: the peer of send/recv
     unsigned div, nslots, pad0, pad1;
+    u64 timers;  // host-mapped (start, stop) records of this launch, one per block; 0: untimed
 };
 
 struct Ctrl {
@@ -421,20 +422,55 @@ DEV void chan_close(const CollArgs& a, Chan& c) {
     }
 }
 
+// The channel's KernelCh record (NCCL's pTimer pair): the start, then the stop with a
+// system-scope release, so the host takes a record with a non-zero stop as complete. The
+// branch is uniform (a kernel argument): an untimed launch only tests it.
+DEV void chan_time(const CollArgs& a, u64 t0) {
+    if (!a.timers) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64* r = (u64*)a.timers + 2 * (u64)blockIdx.x;
+        r[0] = t0;
+        const u64 t1 = globaltimer();
+        st_release(&r[1], t1 ? t1 : 1);
+    }
+}
+
 #define OCCL_COLL(T, E, OPN, O)                                                                     \
     extern "C" __global__ void __launch_bounds__(512) occl_coll_##T##_##OPN(const CollArgs a) {     \
         __shared__ Chan c;                                                                          \
+        const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
         reduce_modes<E, O>(a, c);                                                                   \
         chan_close(a, c);                                                                           \
+        chan_time(a, t0);                                                                           \
     }
+
+// Clock calibration (occl_kernels::timer::Probe): answers the host's requests first..first+n-1,
+// posted in box[0], with %globaltimer in box[1], then the request's number in box[2]; gives up
+// after a second without a request.
+extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
+    if (threadIdx.x != 0) return;
+    u64* b = (u64*)box;
+    u64 last = globaltimer();
+    for (u64 i = first; i < first + n; i++) {
+        while (ld_acquire(&b[0]) < i)
+            if (globaltimer() - last > 1000000000ull) return;
+        const u64 t = globaltimer();
+        b[1] = t;
+        st_release(&b[2], i);
+        last = t;
+    }
+}
 
 #define OCCL_COLL_COPY                                                                              \
     extern "C" __global__ void __launch_bounds__(512) occl_coll_copy(const CollArgs a) {            \
         __shared__ Chan c;                                                                          \
+        const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
         copy_modes(a, c);                                                                           \
         chan_close(a, c);                                                                           \
+        chan_time(a, t0);                                                                           \
     }
 
 #define OCCL_COLL_TYPE(T, E)                                                                        \

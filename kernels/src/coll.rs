@@ -110,6 +110,9 @@ pub struct CollArgs {
     pub div: u32,
     pub nslots: u32,
     pub pad: [u32; 2],
+    /// Device address of this launch's slot of a [`crate::timer::TimerRing`] (one record per
+    /// block); 0: the kernel writes no timestamps.
+    pub timers: u64,
 }
 
 // SAFETY: plain old data of u64/u32 fields laid out as the kernel's struct.
@@ -228,12 +231,22 @@ impl CollKernels {
         }
         let names: Vec<String> = match dt {
             Some(dt) => RedOp::ALL.iter().map(|op| format!("occl_coll_{}_{}", dt.name(), op.name())).collect(),
-            None => vec!["occl_coll_copy".to_string()],
+            None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string()],
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
         let p = Arc::new(Program { funcs, _module: module });
         g.insert(dt, p.clone());
         Ok(p)
+    }
+
+    /// A clock probe of this device ([`crate::timer::Probe`]) and its first measurement of the
+    /// device clock (`%globaltimer`) against `host_clock`.
+    pub fn clock_probe(&self, host_clock: &dyn Fn() -> u64) -> Result<(crate::timer::Probe, crate::timer::ClockMap)> {
+        let prog = self.program(None)?;
+        let f = prog.funcs.get(1).ok_or_else(|| Error::InvalidArgument("no clock probe kernel".into()))?;
+        let mut probe = crate::timer::Probe::new(&self.ctx, f.f.clone())?;
+        let map = crate::timer::calibrate(&mut probe, host_clock)?;
+        Ok((probe, map))
     }
 
     /// Enqueues one collective kernel of `blocks` blocks on `stream`.
@@ -275,8 +288,8 @@ mod tests {
 
     #[test]
     fn the_argument_block_has_the_kernels_layout() {
-        // 5 addresses/counts, 8 regions, 4 u64, 8 u32: no padding anywhere.
-        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4);
+        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers: no padding anywhere.
+        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8);
         assert_eq!(std::mem::align_of::<CollArgs>(), 8);
     }
 

@@ -32,6 +32,7 @@ mod launch;
 pub mod nvrtc;
 pub mod reference;
 pub mod staging;
+pub mod timer;
 
 pub use cudarc;
 pub use dtype::{Dtype, RedOp};

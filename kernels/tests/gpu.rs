@@ -122,3 +122,27 @@ fn raw_launches_replay_from_a_cuda_graph() {
         assert_eq!(got, want, "replay {round}");
     }
 }
+
+#[test]
+fn the_clock_probe_maps_the_device_clock_onto_the_hosts() {
+    let test = "the_clock_probe_maps_the_device_clock_onto_the_hosts";
+    let Some((ctx, _k, _stream)) = gpu(test) else { return };
+    let coll = occl_kernels::coll::CollKernels::load(&ctx).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let host = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let (mut probe, a) = coll.clock_probe(&host).expect("calibrate");
+    let b = probe.measure(&host, 16, std::time::Duration::from_millis(100)).expect("probe").expect("an answer");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let c = probe.measure(&host, 16, std::time::Duration::from_millis(100)).expect("probe").expect("an answer");
+    let m = occl_kernels::timer::ClockMap::with_drift_since(c, &a);
+    eprintln!(
+        "{test}: offset {} ns ± {} ns, again {} ± {}, 0.7 s later {} ± {}: drift {} ppb",
+        a.offset_ns, a.err_ns, b.offset_ns, b.err_ns, c.offset_ns, c.err_ns, m.ppb
+    );
+    // A PCIe round trip is a few µs; a bound past 100 µs means the probe did not answer promptly.
+    assert!(a.err_ns < 100_000 && b.err_ns < 100_000 && c.err_ns < 100_000, "{a:?} {b:?} {c:?}");
+    // Back to back, two measurements agree within their bounds (plus a µs of drift).
+    assert!(a.offset_ns.abs_diff(b.offset_ns) <= a.err_ns + b.err_ns + 1_000, "{a:?} vs {b:?}");
+    // Crystals differ by tens of ppm, not hundreds.
+    assert!(m.ppb.abs() < 200_000, "{m:?}");
+    assert_eq!(m.to_host(c.device_ns), c.device_ns.saturating_add_signed(c.offset_ns));
+}

@@ -70,7 +70,7 @@ fn the_collective_programs_compile_for_hopper() {
         (Some(Dtype::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod"]),
         (Some(Dtype::F8E4M3), vec!["occl_coll_f8e4m3_max"]),
         (Some(Dtype::I64), vec!["occl_coll_i64_sum"]),
-        (None, vec!["occl_coll_copy"]),
+        (None, vec!["occl_coll_copy", "occl_clock_probe"]),
     ] {
         let t = std::time::Instant::now();
         let cubin = nvrtc::compile_cubin(&coll::source(dt), "occl-coll.cu", "sm_90", &options("sm_90"))

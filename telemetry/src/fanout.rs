@@ -270,7 +270,22 @@ impl Fanout {
 
     #[inline(never)] // keep the disabled path small at every call site
     fn start_slow(&self, parent: Option<EventId>, descr: &EventDescr<'_>, bit: u64) -> Option<EventId> {
-        start_on(&self.read(), parent, descr, bit, || self.next_seq.fetch_add(1, Relaxed))
+        start_on(&self.read(), bit, || self.next_seq.fetch_add(1, Relaxed), |s, id| s.start(id, parent, descr))
+    }
+
+    /// [`Fanout::start`] at an explicit time (ns on the span clock): an event whose times were
+    /// measured elsewhere (a KernelCh's device timestamps); sinks get [`Sink::start_at`].
+    pub fn start_at(&self, parent: Option<EventId>, descr: &EventDescr<'_>, t_ns: u64) -> Option<EventId> {
+        let bit = EventMask::route_bits(descr.event_type());
+        if self.interest.load(Relaxed) & bit == 0 {
+            return None;
+        }
+        start_on(&self.read(), bit, || self.next_seq.fetch_add(1, Relaxed), |s, id| s.start_at(id, parent, descr, t_ns))
+    }
+
+    /// [`Fanout::stop`] at an explicit time (see [`Fanout::start_at`]).
+    pub fn stop_at(&self, id: EventId, t_ns: u64) {
+        for_each_route(&self.read(), id, |s| s.stop_at(id, t_ns));
     }
 
     /// Records a state of a live event, on the sinks that saw its start.
@@ -317,15 +332,31 @@ impl View<'_> {
         if self.f.interest.load(Relaxed) & bit == 0 {
             return None;
         }
-        start_on(&self.table, parent, descr, bit, || {
-            let (mut next, mut end) = self.seqs.get();
-            if next == end {
-                next = self.f.next_seq.fetch_add(SEQ_BLOCK, Relaxed);
-                end = next + SEQ_BLOCK;
-            }
-            self.seqs.set((next + 1, end));
-            next
-        })
+        start_on(&self.table, bit, || self.next_seq(), |s, id| s.start(id, parent, descr))
+    }
+
+    /// [`Fanout::start_at`] without the lock.
+    pub fn start_at(&self, parent: Option<EventId>, descr: &EventDescr<'_>, t_ns: u64) -> Option<EventId> {
+        let bit = EventMask::route_bits(descr.event_type());
+        if self.f.interest.load(Relaxed) & bit == 0 {
+            return None;
+        }
+        start_on(&self.table, bit, || self.next_seq(), |s, id| s.start_at(id, parent, descr, t_ns))
+    }
+
+    /// [`Fanout::stop_at`] without the lock.
+    pub fn stop_at(&self, id: EventId, t_ns: u64) {
+        for_each_route(&self.table, id, |s| s.stop_at(id, t_ns));
+    }
+
+    fn next_seq(&self) -> u64 {
+        let (mut next, mut end) = self.seqs.get();
+        if next == end {
+            next = self.f.next_seq.fetch_add(SEQ_BLOCK, Relaxed);
+            end = next + SEQ_BLOCK;
+        }
+        self.seqs.set((next + 1, end));
+        next
     }
 
     /// [`Fanout::state`] without the lock.
@@ -368,14 +399,13 @@ impl fmt::Debug for View<'_> {
     }
 }
 
-/// Issues an id (sequence number from `seq`) and calls `start` on every sink of `slots` that
-/// wants the type.
+/// Issues an id (sequence number from `seq`) and calls `start` (`call`) on every sink of `slots`
+/// that wants the type.
 fn start_on(
     slots: &[Option<Slot>],
-    parent: Option<EventId>,
-    descr: &EventDescr<'_>,
     bit: u64,
     seq: impl FnOnce() -> u64,
+    call: impl Fn(&dyn Sink, EventId),
 ) -> Option<EventId> {
     // Re-check against the table itself: a detach may have raced with the fast check.
     let routes = slots
@@ -387,7 +417,7 @@ fn start_on(
         return None;
     }
     let id = EventId(NonZeroU64::new(routes << SEQ_BITS | (seq() & SEQ_MASK))?);
-    for_each_route(slots, id, |s| s.start(id, parent, descr));
+    for_each_route(slots, id, |s| call(s, id));
     Some(id)
 }
 

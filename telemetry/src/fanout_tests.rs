@@ -469,3 +469,48 @@ fn operation_sums_only_while_every_sink_takes_them() {
     f.detach(ha);
     assert!(f.capture().is_empty());
 }
+
+/// Keeps the explicit times it is given.
+#[derive(Default)]
+struct Timed(Mutex<Vec<(&'static str, u64, u64)>>);
+
+impl Sink for Timed {
+    fn interest(&self) -> EventMask {
+        EventMask::of(EventType::KernelCh)
+    }
+    fn start_at(&self, id: EventId, _: Option<EventId>, _: &EventDescr<'_>, t_ns: u64) {
+        lock(&self.0).push(("start", id.get(), t_ns));
+    }
+    fn stop_at(&self, id: EventId, t_ns: u64) {
+        lock(&self.0).push(("stop", id.get(), t_ns));
+    }
+}
+
+#[test]
+fn explicit_times_reach_the_sinks_and_default_to_start_and_stop() {
+    let f = Fanout::new();
+    let timed = Arc::new(Timed::default());
+    let plain = Rec::new(EventMask::of(EventType::KernelCh));
+    let _a = f.attach(timed.clone()).expect("attach");
+    let _b = f.attach(plain.clone()).expect("attach");
+    let ch = EventDescr::KernelCh { channel_id: 3, p_timer: 7 };
+    let a = f.start_at(None, &ch, 1_000).expect("wanted");
+    f.stop_at(a, 2_000);
+    let v = f.view();
+    let b = v.start_at(Some(a), &ch, 3_000).expect("wanted");
+    v.stop_at(b, 4_000);
+    drop(v);
+    let got = lock(&timed.0).clone();
+    assert_eq!(
+        got,
+        vec![("start", a.get(), 1_000), ("stop", a.get(), 2_000), ("start", b.get(), 3_000), ("stop", b.get(), 4_000)]
+    );
+    // A sink that keeps no times gets plain starts and stops, with the parent.
+    assert_eq!(
+        plain.started(),
+        vec![(a.get(), None, EventType::KernelCh), (b.get(), Some(a.get()), EventType::KernelCh)]
+    );
+    assert_eq!(plain.stopped(), vec![a.get(), b.get()]);
+    // No sink wants the type: nothing is issued.
+    assert_eq!(f.start_at(None, &EventDescr::ProxyCtrl, 5), None);
+}

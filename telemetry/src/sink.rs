@@ -34,6 +34,14 @@ pub trait Sink: Send + Sync + 'static {
         let _ = (id, parent, ev);
     }
 
+    /// `start` at an explicit time `t_ns` (ns on the span clock, [`crate::spans::unix_nanos`]):
+    /// an event measured elsewhere and reported after the fact (a KernelCh from device
+    /// timestamps). A sink that keeps no times need not implement it: it defaults to `start`.
+    fn start_at(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>, t_ns: u64) {
+        let _ = t_ns;
+        self.start(id, parent, ev);
+    }
+
     /// A state change of an event this sink saw start.
     fn state(&self, id: EventId, st: &StateArgs<'_>) {
         let _ = (id, st);
@@ -55,6 +63,12 @@ pub trait Sink: Send + Sync + 'static {
     /// The end of an event this sink saw start; `id` is not used again.
     fn stop(&self, id: EventId) {
         let _ = id;
+    }
+
+    /// `stop` at an explicit time `t_ns` (see [`Sink::start_at`]); defaults to `stop`.
+    fn stop_at(&self, id: EventId, t_ns: u64) {
+        let _ = t_ns;
+        self.stop(id);
     }
 
     /// Whether `interest()` may change at any moment without a `reload` (an NCCL plugin keeps a

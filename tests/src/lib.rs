@@ -2,6 +2,8 @@
 //! ranks of a local job as real processes, and filling/checking buffers of any datatype.
 
 pub mod events;
+#[cfg(feature = "cuda")]
+pub mod gpu_events;
 pub mod launch;
 pub mod lifecycle;
 pub mod logging;

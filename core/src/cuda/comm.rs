@@ -5,16 +5,20 @@
 //! another host there is nothing to map: every call is staged through host memory (`staged`).
 
 use super::err;
+use super::events::{DevEvents, RING_SLOTS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
+use super::kernels::timer::{ClockMap, TimerRing};
 use super::kernels::{device, staging, Dtype};
+use super::ops::FUNCS;
 use super::staged::Staged;
 use super::tune::DevTuner;
 use crate::comm::Comm;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::id::UniqueId;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// The shape of the shared region (`OCCL_CUDA_CHANNELS`, `OCCL_CUDA_SLOTS`,
@@ -81,8 +85,47 @@ pub struct CudaComm {
     pub(crate) forced: std::sync::atomic::AtomicU8,
     /// Set when a peer is on another host: every call goes through host memory.
     pub(crate) staged: Option<Staged>,
+    /// The KernelCh timer ring and clock map; `None` when they could not be set up (logged).
+    pub(crate) events: Option<DevEvents>,
+    /// NCCL's per-function sequence numbers of the profiler's Coll/P2p events.
+    pub(crate) seqs: [AtomicU64; FUNCS],
     region: DeviceRegion,
     _peers: Vec<PeerRegion>,
+}
+
+/// The KernelCh timer ring and the device clock's offset (`OCCL_CUDA_KERNEL_EVENTS=0`: none).
+/// A failure costs the events, not the communicator.
+fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Option<DevEvents> {
+    if std::env::var("OCCL_CUDA_KERNEL_EVENTS").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let set_up = TimerRing::alloc(ctx, RING_SLOTS, channels)
+        .and_then(|ring| Ok((ring, k.clock_probe(&occl_telemetry::spans::unix_nanos)?)));
+    match set_up {
+        Ok((ring, (probe, clock))) => {
+            tracing::debug!("occl: device clock offset {} ns, ± {} ns", clock.offset_ns, clock.err_ns);
+            Some(DevEvents::new(ring, clock, Some(probe)))
+        }
+        Err(e) => {
+            tracing::warn!("occl: no KernelCh events on this device: {e}");
+            None
+        }
+    }
+}
+
+impl Drop for CudaComm {
+    /// Launches still holding timer slots finish (kernels give up within `OCCL_TIMEOUT`) and
+    /// their KernelCh events are reported before the ring is freed.
+    fn drop(&mut self) {
+        if let Some(ev) = &self.events {
+            if ev.outstanding() > 0 {
+                if let Err(e) = self.ctx.synchronize() {
+                    tracing::warn!("occl: synchronising the device before its KernelCh events: {e:?}");
+                }
+                ev.collect(self.comm.fanout());
+            }
+        }
+    }
 }
 
 /// What ranks swap: the IPC handle, a set-up flag, the settings they must share (bytes
@@ -200,6 +243,7 @@ impl CudaComm {
         let comm = Arc::new(comm);
         let staged = if remote { Some(Staged::new(&ctx, comm.clone())?) } else { None };
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
+        let events = kernel_events(&ctx, &kernels, s.channels);
         tracing::debug!(
             "occl: rank {} on GPU {device}: {} to {} peers, {} MiB region",
             comm.rank(),
@@ -217,6 +261,8 @@ impl CudaComm {
             timeout_ns,
             forced: Default::default(),
             staged,
+            events,
+            seqs: Default::default(),
             region,
             _peers: peers,
         })
@@ -262,6 +308,25 @@ impl CudaComm {
                 secs: self.comm.config().timeout.as_secs_f64(),
             }),
         }
+    }
+
+    /// The map from the device clock to the span clock measured at creation (`None`: KernelCh
+    /// events are off, see the log).
+    pub fn clock_map(&self) -> Option<ClockMap> {
+        self.events.as_ref().map(DevEvents::clock)
+    }
+
+    /// Reports the KernelCh events of every launch that has finished (call it after
+    /// synchronising the streams to have them all); returns how many launches it reported.
+    /// Operations also report them as they start, and so does the communicator's drop.
+    pub fn flush_events(&self) -> usize {
+        self.events.as_ref().map_or(0, |e| e.collect(self.comm.fanout()))
+    }
+
+    /// Timed launches whose KernelCh events are not reported yet, and launches that wanted
+    /// them but ran untimed (every timer slot outstanding).
+    pub fn kernel_events_pending(&self) -> (usize, u64) {
+        self.events.as_ref().map_or((0, 0), |e| (e.outstanding(), e.untimed()))
     }
 
     /// Makes every kernel of this rank that waits on a peer give up (and mark the error word).

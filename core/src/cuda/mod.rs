@@ -4,6 +4,11 @@
 //! stream-ordered: it enqueues one kernel on the caller's stream and returns, so it can be
 //! captured in a CUDA graph (the sequence numbers live on the device).
 //!
+//! Profiler events follow NCCL's model of a GPU collective: the host events (GroupApi, CollApi or
+//! P2pApi, Group, Coll or P2p, KernelLaunch) at enqueue, and, when a sink wants KernelCh, one
+//! KernelCh per thread block with the kernel's own `%globaltimer` start and stop mapped to the
+//! host clock, reported once the kernel has run (`events.rs`; not for launches a graph captures).
+//!
 //! ```no_run
 //! # fn main() -> occl::Result<()> {
 //! use occl::cuda::{kernels::cudarc::driver::CudaContext, CudaComm};
@@ -17,11 +22,13 @@
 pub use occl_kernels as kernels;
 
 mod comm;
+mod events;
 mod ops;
 mod staged;
 pub(crate) mod tune;
 
 pub use comm::{CudaComm, DeviceSettings};
+pub use kernels::timer::ClockMap;
 pub use tune::DevAlgo;
 
 use crate::dtype::{DataType, RedOp};

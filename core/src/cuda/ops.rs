@@ -5,15 +5,62 @@
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
-use super::kernels::cudarc::driver::CudaStream;
+use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::staged::HostOp;
 use super::tune::DevAlgo;
 use super::{kernel_dtype, kernel_op};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::profile::op::OpDescr;
+use crate::profile::OpProf;
+use occl_telemetry::{EventType, Note};
+
+/// What a launch is, for its profiler events.
+#[derive(Clone, Copy)]
+struct Call {
+    /// NCCL's algorithm name.
+    algo: &'static str,
+    send: u64,
+    recv: u64,
+    /// Elements of `dt`, as the caller gave them (the kernel may move them as bytes).
+    count: usize,
+    dt: DataType,
+    root: i32,
+    peer: i32,
+}
+
+impl Call {
+    fn new(algo: &'static str, send: u64, recv: u64, count: usize, dt: DataType) -> Call {
+        Call { algo, send, recv, count, dt, root: 0, peer: -1 }
+    }
+}
+
+/// NCCL's `func` of a mode, and its index among the communicator's per-function sequence
+/// numbers.
+pub(crate) fn func_of(mode: Mode) -> (&'static str, usize) {
+    match mode {
+        Mode::AllReduceOneShot | Mode::AllReduceTwoShot | Mode::AllReduceRing => ("AllReduce", 0),
+        Mode::ReduceScatter => ("ReduceScatter", 1),
+        Mode::Reduce => ("Reduce", 2),
+        Mode::AllGather => ("AllGather", 3),
+        Mode::Broadcast => ("Broadcast", 4),
+        Mode::AllToAll => ("AlltoAll", 5),
+        Mode::Send => ("Send", 6),
+        Mode::Recv => ("Recv", 7),
+    }
+}
+
+/// Device functions with a sequence number of their own.
+pub(crate) const FUNCS: usize = 8;
 
 /// Bytes of a block's share below which fewer blocks are used: one block for small messages.
 const MIN_BLOCK_BYTES: u64 = 32 << 10;
+
+/// Whether `stream` is capturing a CUDA graph (an error reads as not capturing: the launch
+/// then fails or runs on its own).
+fn capturing(stream: &CudaStream) -> bool {
+    stream.capture_status().is_ok_and(|s| s == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+}
 
 impl CudaComm {
     fn args(&self, mode: Mode, input: u64, output: u64, count: u64, stride: u64, total: u64) -> CollArgs {
@@ -96,14 +143,86 @@ impl CudaComm {
         Some(unsafe { st.enqueue(stream, op, input.map(bytes), output.map(bytes), count, dt) })
     }
 
+    /// Enqueues the launch with its host events (API, Group, Coll/P2p, KernelLaunch) and, when
+    /// a sink wants KernelCh, a timer slot for its blocks (`events.rs`).
+    ///
     /// # Safety
     /// As for every raw call: the addresses are this GPU's memory, valid for what the operation
     /// reads and writes until the stream has run it.
-    unsafe fn go(&self, stream: &CudaStream, a: &CollArgs, dt: DataType, op: RedOp, blocks: u32) -> Result<()> {
+    unsafe fn go(
+        &self,
+        stream: &CudaStream,
+        mut a: CollArgs,
+        (dt, op): (DataType, RedOp),
+        blocks: u32,
+        call: Call,
+    ) -> Result<()> {
         self.check_stream(stream)?;
-        // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
-        unsafe { self.kernels.launch(stream, a, kernel_dtype(dt), kernel_op(op), blocks) }
-            .map_err(err("launch a device collective"))
+        let f = self.comm.fanout();
+        if let Some(ev) = &self.events {
+            ev.collect(f);
+        }
+        let mode = match a.mode {
+            m if m == Mode::AllReduceOneShot as u32 => Mode::AllReduceOneShot,
+            m if m == Mode::AllReduceTwoShot as u32 => Mode::AllReduceTwoShot,
+            m if m == Mode::AllReduceRing as u32 => Mode::AllReduceRing,
+            m if m == Mode::ReduceScatter as u32 => Mode::ReduceScatter,
+            m if m == Mode::Reduce as u32 => Mode::Reduce,
+            m if m == Mode::AllGather as u32 => Mode::AllGather,
+            m if m == Mode::Broadcast as u32 => Mode::Broadcast,
+            m if m == Mode::AllToAll as u32 => Mode::AllToAll,
+            m if m == Mode::Send as u32 => Mode::Send,
+            _ => Mode::Recv,
+        };
+        let (func, fi) = func_of(mode);
+        let prof = OpProf::begin_device(f, self.rank(), || OpDescr {
+            func,
+            p2p: matches!(mode, Mode::Send | Mode::Recv),
+            seq_number: self.seqs[fi].fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            send_buff: call.send as usize,
+            recv_buff: call.recv as usize,
+            count: call.count,
+            root: call.root,
+            peer: call.peer,
+            datatype: call.dt.nccl_name(),
+            algo: call.algo,
+            proto: "SIMPLE",
+            chunk_size: self.layout.slot_bytes as usize,
+            n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
+        });
+        let parent = prof.as_ref().filter(|p| p.mask().contains(EventType::KernelCh)).and_then(OpProf::coll_id);
+        // A captured launch replays without the host: it gets no slot (see events.rs).
+        let slot = match (&self.events, parent) {
+            (Some(ev), Some(_)) if !capturing(stream) => {
+                ev.recalibrate_if_due();
+                ev.reserve(blocks)
+            }
+            _ => None,
+        };
+        if let Some((_, dev)) = slot {
+            a.timers = dev;
+        }
+        let launch = prof.as_ref().and_then(|p| p.start_launch(stream.cu_stream() as usize));
+        // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
+        // the timer slot is this launch's alone until its records are collected.
+        let r = unsafe { self.kernels.launch(stream, &a, kernel_dtype(dt), kernel_op(op), blocks) }
+            .map_err(err("launch a device collective"));
+        if let Some(p) = &prof {
+            p.stop_launch(launch);
+        }
+        if let (Some(ev), Some((s, _))) = (&self.events, slot) {
+            match (&r, parent) {
+                (Ok(()), Some(parent)) => ev.launched(s, blocks, parent),
+                _ => ev.release(s),
+            }
+        }
+        if let Err(e) = &r {
+            f.note(&Note::OpFailed { func, kind: e.kind().name() });
+        }
+        if let Some(p) = prof {
+            p.end();
+        }
+        r
     }
 
     fn div(&self, op: RedOp) -> u32 {
@@ -170,8 +289,13 @@ impl CudaComm {
         let mut a = self.args(mode, send, recv, unit, unit, c);
         a.div = self.div(op);
         let blocks = self.blocks(if algo == DevAlgo::OneShot { bytes } else { unit * es });
+        let name = match algo {
+            DevAlgo::OneShot => "ONE_SHOT",
+            DevAlgo::TwoShot => "TWO_SHOT",
+            DevAlgo::Ring => "RING",
+        };
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, &a, dt, op, blocks) }
+        unsafe { self.go(stream, a, (dt, op), blocks, Call::new(name, send, recv, count, dt)) }
     }
 
     /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
@@ -199,8 +323,9 @@ impl CudaComm {
         }
         let mut a = self.args(Mode::ReduceScatter, send, recv, count as u64, count as u64, 0);
         a.div = self.div(op);
+        let call = Call::new("DIRECT", send, recv, count, dt);
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, &a, dt, op, self.blocks(bytes)) }
+        unsafe { self.go(stream, a, (dt, op), self.blocks(bytes), call) }
     }
 
     /// Reduce into `recv` on `root` (other ranks' `recv` is untouched).
@@ -234,8 +359,9 @@ impl CudaComm {
         let mut a = self.args(Mode::Reduce, send, recv_p, count as u64, 0, 0);
         a.root = root as u32;
         a.div = self.div(op);
+        let call = Call { root: root as i32, ..Call::new("DIRECT", send, recv_p, count, dt) };
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, &a, dt, op, self.blocks(bytes)) }
+        unsafe { self.go(stream, a, (dt, op), self.blocks(bytes), call) }
     }
 
     /// Byte-moving collectives share this: `count` elements become bytes.
@@ -264,8 +390,14 @@ impl CudaComm {
         }
         let mut a = self.args(mode, send, recv, bytes, bytes, 0);
         a.root = root;
+        let mut call = Call::new("DIRECT", send, recv, count, dt);
+        match mode {
+            Mode::Send | Mode::Recv => call.peer = root as i32,
+            Mode::Broadcast => call.root = root as i32,
+            _ => {}
+        }
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, &a, DataType::U8, RedOp::Sum, self.blocks(bytes)) }
+        unsafe { self.go(stream, a, (DataType::U8, RedOp::Sum), self.blocks(bytes), call) }
     }
 
     /// All-gather: every rank's `count` elements into `recv` (nranks × `count`, in rank order).

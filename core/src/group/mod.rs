@@ -63,6 +63,7 @@ impl Call {
             algo: "",
             proto: "",
             chunk_size: 0,
+            n_channels: 1,
         }
     }
 }

@@ -111,6 +111,8 @@ pub(crate) struct OpDescr<'s> {
     pub proto: &'s str,
     /// Bytes per slice (the ProxyOp's chunkSize).
     pub chunk_size: usize,
+    /// Channels the operation runs on (the thread blocks of a device operation; 1 on the host).
+    pub n_channels: u8,
 }
 
 impl<'s> OpDescr<'s> {
@@ -124,7 +126,7 @@ impl<'s> OpDescr<'s> {
                 datatype: self.datatype,
                 count: self.count,
                 peer: self.peer,
-                n_channels: 1,
+                n_channels: self.n_channels,
                 parent_group,
             }
         } else {
@@ -137,7 +139,7 @@ impl<'s> OpDescr<'s> {
                 count: self.count,
                 root: self.root,
                 datatype: self.datatype,
-                n_channels: 1,
+                n_channels: self.n_channels,
                 n_warps: 0,
                 algo: self.algo,
                 proto: self.proto,
@@ -286,6 +288,60 @@ impl<'f> OpProf<'f> {
         p.parent_group = p.group;
         p.open(api, d, legs, transport);
         Some(p)
+    }
+
+    /// The host events of a device operation, in NCCL's order for a GPU collective: GroupApi,
+    /// CollApi/P2pApi, Group and Coll/P2p at enqueue (stopped by [`OpProf::end`] once the launch
+    /// returned), no ProxyOp (the kernel is its own progress engine); its KernelCh events come
+    /// later from the device's records (`crate::cuda::events`), with [`OpProf::coll_id`] as
+    /// parent. Never summed: a device operation's time is the kernel's, not the enqueue's.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn begin_device(
+        f: &'f Fanout,
+        rank: usize,
+        describe: impl FnOnce() -> OpDescr<'static>,
+    ) -> Option<OpProf<'f>> {
+        let mask = f.capture();
+        if mask.is_empty() || mask.0 & !EventMask::OP_TOTALS.0 & !EventMask::STEP_TOTALS.0 == 0 {
+            return None;
+        }
+        if let Some(g) = crate::group::enclosing(f) {
+            return OpProf::within(f, g.mask, rank, g.api, g.group, describe, Vec::new, |_| "cuda-p2p");
+        }
+        let d = &describe();
+        let mut p = OpProf::empty(f, mask, rank, None, false);
+        p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
+        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
+        let api = api_event(f, mask, p.group_api, d);
+        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
+        p.group = p.start(None, &EventDescr::Group);
+        p.parent_group = p.group;
+        p.open(api, d, Vec::new, |_| "cuda-p2p");
+        Some(p)
+    }
+
+    /// The operation's Coll/P2p event, if a sink wants it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn coll_id(&self) -> Option<EventId> {
+        self.coll
+    }
+
+    /// The mask the operation captured.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn mask(&self) -> EventMask {
+        self.mask
+    }
+
+    /// Starts the KernelLaunch event (child of the GroupApi, as in NCCL) around a launch on
+    /// `stream`; stop it with [`OpProf::stop_launch`].
+    #[cfg(feature = "cuda")]
+    pub(crate) fn start_launch(&self, stream: usize) -> Option<EventId> {
+        self.start(self.group_api, &EventDescr::KernelLaunch { stream })
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn stop_launch(&self, id: Option<EventId>) {
+        self.stop(id);
     }
 
     /// The Coll/P2p and ProxyOps of an operation that a group runs: the group emitted its

@@ -209,3 +209,31 @@ fn json_export_carries_the_tree_with_exact_parents() {
     assert_eq!(st["events"][0]["name"], "SendWait");
     assert_eq!(c["kind"], 1);
 }
+
+#[test]
+fn a_kernel_channel_span_has_the_times_it_was_given() {
+    let (port, rx) = capture_server();
+    let cfg = OtlpConfig {
+        protocol: Protocol::HttpJson,
+        endpoint: format!("http://127.0.0.1:{port}/v1/traces"),
+        ..OtlpConfig::default()
+    };
+    let exp = OtlpExporter::new(cfg).expect("exporter");
+    let t = Telemetry::new(vec![exp.clone()]);
+    let s = t.comm_sink(meta());
+    tree(&*s, 1, 3);
+    let (t0, t1) = (1_700_000_000_123_456_789u64, 1_700_000_000_123_460_000u64);
+    s.start_at(id(10), Some(id(4)), &EventDescr::KernelCh { channel_id: 2, p_timer: 5 }, t0);
+    s.state(id(10), &StateArgs::KernelChStop { p_timer: 6 });
+    s.stop_at(id(10), t1);
+    s.finalize();
+    let (_, body) = rx.recv_timeout(Duration::from_secs(5)).expect("a request");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    let spans = v["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().expect("spans");
+    let k = spans.iter().find(|s| s["name"] == "kernel channel").expect("the KernelCh span");
+    let c = spans.iter().find(|s| s["name"] == "AllReduce").expect("its Coll");
+    assert_eq!(k["startTimeUnixNano"], t0.to_string());
+    assert_eq!(k["endTimeUnixNano"], t1.to_string());
+    assert_eq!(k["parentSpanId"], c["spanId"]);
+    assert_eq!(k["traceId"], c["traceId"]);
+}

@@ -367,3 +367,25 @@ fn cost_of_one_span_tree() {
         println!("{name}: {per:.0} ns per span tree ({:.0} ns per event)", per / 26.0);
     }
 }
+
+#[test]
+fn a_gpu_operation_is_timed_by_its_kernel_channels_device_times() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(None, 0));
+    // The Coll stops at enqueue; its two channels ran 2 ms later for 3 and 4 ms (device times).
+    let t0 = crate::spans::unix_nanos();
+    s.start_at(id(1), None, &coll("AllGather", 256), t0);
+    s.stop_at(id(1), t0 + 10_000);
+    let ms = 1_000_000;
+    s.start_at(id(2), Some(id(1)), &EventDescr::KernelCh { channel_id: 0, p_timer: 0 }, t0 + 2 * ms);
+    s.start_at(id(3), Some(id(1)), &EventDescr::KernelCh { channel_id: 1, p_timer: 0 }, t0 + 2 * ms);
+    s.stop_at(id(2), t0 + 5 * ms);
+    s.stop_at(id(3), t0 + 6 * ms);
+    s.finalize();
+    let l = r#"comm="00000000feedbeef",rank="0",op="AllGather",algo="RING",proto="SIMPLE",dtype="ncclFloat32",size_class="0-4KiB""#;
+    let text = render(&e);
+    assert_eq!(value(&text, &format!("occl_collective_duration_seconds_count{{{l}}}")), Some(1.0), "{text}");
+    let sum = value(&text, &format!("occl_collective_duration_seconds_sum{{{l}}}")).expect("sum");
+    assert!((sum - 0.006).abs() < 1e-6, "from the Coll's start to the last channel's device stop: {sum}");
+}

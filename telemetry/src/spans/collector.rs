@@ -233,12 +233,9 @@ fn state_value(st: &StateArgs<'_>) -> u64 {
     }
 }
 
-impl Sink for CommSpans {
-    fn interest(&self) -> EventMask {
-        self.mask
-    }
-
-    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+impl CommSpans {
+    /// `start`, at `at` or now.
+    fn begin(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>, at: Option<u64>) {
         // A parent this sink no longer knows (retired long ago) still names a tree: use it.
         let root = parent.map_or(id, |p| self.root_of(p).unwrap_or(p));
         self.roots.insert(id, root);
@@ -255,22 +252,18 @@ impl Sink for CommSpans {
                 return;
             }
         }
-        let start_ns = clock::unix_nanos();
+        let start_ns = at.unwrap_or_else(clock::unix_nanos);
         let (descr, payload) = own(ev);
         self.open.start(id, Start { light: false, parent, root, start_ns, descr, payload });
     }
 
-    fn state(&self, id: EventId, st: &StateArgs<'_>) {
-        // The clock is read only for an event this sink keeps.
-        self.open.state(id, || StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) });
-    }
-
-    fn stop(&self, id: EventId) {
+    /// `stop`, at `at` or now.
+    fn end(&self, id: EventId, at: Option<u64>) {
         let step_of = self.open.stop(id, |o, states, steps_done| {
             if o.light {
                 return o.parent;
             }
-            let end_ns = clock::unix_nanos();
+            let end_ns = at.unwrap_or_else(clock::unix_nanos);
             let span = Span {
                 comm: &self.comm,
                 id,
@@ -301,6 +294,33 @@ impl Sink for CommSpans {
         if let Some(op) = step_of.flatten() {
             self.open.count_steps(op, 1);
         }
+    }
+}
+
+impl Sink for CommSpans {
+    fn interest(&self) -> EventMask {
+        self.mask
+    }
+
+    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+        self.begin(id, parent, ev, None);
+    }
+
+    fn start_at(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>, t_ns: u64) {
+        self.begin(id, parent, ev, Some(t_ns));
+    }
+
+    fn state(&self, id: EventId, st: &StateArgs<'_>) {
+        // The clock is read only for an event this sink keeps.
+        self.open.state(id, || StateMark { t_ns: clock::unix_nanos(), state: st.state_raw(), value: state_value(st) });
+    }
+
+    fn stop(&self, id: EventId) {
+        self.end(id, None);
+    }
+
+    fn stop_at(&self, id: EventId, t_ns: u64) {
+        self.end(id, Some(t_ns));
     }
 
     fn step_totals(&self, op: EventId, totals: &StepTotals) {

@@ -305,3 +305,37 @@ fn config_from_variables() {
         assert!(e.to_string().contains(bad), "{e}");
     }
 }
+
+#[test]
+fn kernel_channels_at_device_times_place_the_kernel_row() {
+    let dir = scratch("kernelch");
+    let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
+    let t = Telemetry::new(vec![ex.clone()]);
+    let s = t.comm_sink(meta(0xcc, 0, 2));
+    // NCCL's order for a GPU collective: the Coll stops at enqueue, its KernelCh events are
+    // reported later with the device's times.
+    s.start(id(1), None, &coll_api("AllReduce", 2));
+    s.stop(id(1));
+    s.start(id(2), Some(id(1)), &coll("AllReduce", 2, 0));
+    s.stop(id(2));
+    let base = crate::spans::unix_nanos() + 1_000_000;
+    for (ch, a, b) in [(0u8, 1_500u64, 9_000u64), (1, 1_234, 8_765)] {
+        let k = id(3 + u64::from(ch));
+        s.start_at(k, Some(id(2)), &EventDescr::KernelCh { channel_id: ch, p_timer: a }, base + a);
+        s.state(k, &StateArgs::KernelChStop { p_timer: b });
+        s.stop_at(k, base + b);
+    }
+    s.finalize();
+    let files = trace_files(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let (_, v) = read(&files[0]);
+    let kernels = rows(&v, "kernel");
+    assert_eq!(kernels.len(), 1);
+    let k = kernels[0];
+    let ts = k["ts"].as_f64().expect("ts");
+    let dur = k["dur"].as_f64().expect("dur");
+    let want = (base + 1_234) as f64 / 1000.0;
+    assert!((ts - want).abs() < 0.01, "the row starts at the first channel's device start: {ts} vs {want}");
+    assert!((dur - 7.766).abs() < 0.01, "and ends at the last channel's stop: {dur}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,6 +5,7 @@
 //! occl-gpu check --ranks 2 --hosts 2 --big 64M    # each rank "on its own host": staged through host memory
 //! occl-gpu check --threads 2                      # one process, CudaComm::init_all over the GPUs
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
+//! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
 //! ```
 //!
 //! Ranks go round-robin over the GPUs there are (two ranks may share one). `--hosts K` gives
@@ -109,7 +110,8 @@ fn dispatch(cc: &CudaComm, args: &[String]) -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("check") => check(cc, &stream, args),
         Some("bench") => bench(cc, &stream, args),
-        _ => bail!("usage: occl-gpu check|bench [--ranks N [--hosts K] | --threads N] ..."),
+        Some("events") => occl_tests::gpu_events::run(cc, &stream, args),
+        _ => bail!("usage: occl-gpu check|bench|events [--ranks N [--hosts K] | --threads N] ..."),
     }
 }
 
@@ -367,6 +369,10 @@ fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
             run(coll, dt, RedOp::Sum, 1001, false, true)?;
         }
         for coll in [Coll::AllGather, Coll::Broadcast, Coll::AllToAll, Coll::SendRecv] {
+            // A rank alone has nobody to send to (a send to itself is an argument error).
+            if n == 1 && coll == Coll::SendRecv {
+                continue;
+            }
             for &c in &sizes {
                 for ip in [false, true] {
                     if ip && matches!(coll, Coll::SendRecv) {

@@ -1,0 +1,281 @@
+//! `occl-gpu events`: the profiler events of the device collectives, checked on a real GPU.
+//!
+//! Every rank attaches a recorder that wants KernelCh (and so, by NCCL's implied ancestors, the
+//! Coll/P2p, Group and API events) plus KernelLaunch, runs each device operation once, brackets
+//! it with host clock readings (before the launch, after the stream synchronised), reports the
+//! KernelCh events (`CudaComm::flush_events`) and checks: the operation's Coll/P2p has exactly
+//! one KernelCh per block (its `n_channels`), channel ids 0..n, each with start <= stop and
+//! both inside [launch, sync] widened by the clock map's error bound plus [`SLACK_NS`]; a
+//! KernelLaunch per operation; a launch a CUDA graph captured gets its host events and no
+//! KernelCh. Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
+//! Coll, and detached. Rank 0 prints one JSON line per measurement.
+
+use anyhow::{bail, ensure, Context};
+use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use occl::cuda::CudaComm;
+use occl::{DataType, RedOp};
+use occl_telemetry::spans::unix_nanos;
+use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Sink};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+/// What the device times may stray past the host bracket beyond the clock's error bound: the
+/// drift of the two clocks since calibration and `%globaltimer`'s update granularity.
+pub const SLACK_NS: u64 = 5_000;
+
+/// One recorded event.
+#[derive(Clone, Debug, Default)]
+struct Ev {
+    ty: Option<EventType>,
+    parent: Option<u64>,
+    start: u64,
+    stop: u64,
+    /// Coll/P2p: func and n_channels; KernelCh: channel id.
+    func: &'static str,
+    n: u32,
+    seq: u64,
+}
+
+/// Records the events it wants with their times (explicit ones for KernelCh).
+struct Recorder {
+    mask: AtomicU64,
+    evs: Mutex<HashMap<u64, Ev>>,
+}
+
+impl Recorder {
+    fn new(mask: EventMask) -> Arc<Recorder> {
+        Arc::new(Recorder { mask: AtomicU64::new(mask.0), evs: Mutex::default() })
+    }
+
+    fn take(&self) -> HashMap<u64, Ev> {
+        std::mem::take(&mut *self.evs.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn begin(&self, id: EventId, parent: Option<EventId>, d: &EventDescr<'_>, t: u64) {
+        let func = |f: &str| -> &'static str {
+            ["AllReduce", "ReduceScatter", "Reduce", "AllGather", "Broadcast", "AlltoAll", "Send", "Recv"]
+                .into_iter()
+                .find(|x| *x == f)
+                .unwrap_or("?")
+        };
+        let mut e = Ev { ty: Some(d.event_type()), parent: parent.map(EventId::get), start: t, ..Ev::default() };
+        match *d {
+            EventDescr::Coll { func: f, n_channels, seq_number, .. } => {
+                (e.func, e.n, e.seq) = (func(f), u32::from(n_channels), seq_number);
+            }
+            EventDescr::P2p { func: f, n_channels, .. } => (e.func, e.n) = (func(f), u32::from(n_channels)),
+            EventDescr::KernelCh { channel_id, .. } => e.n = u32::from(channel_id),
+            _ => {}
+        }
+        self.evs.lock().unwrap_or_else(PoisonError::into_inner).insert(id.get(), e);
+    }
+
+    fn end(&self, id: EventId, t: u64) {
+        if let Some(e) = self.evs.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&id.get()) {
+            e.stop = t;
+        }
+    }
+}
+
+impl Sink for Recorder {
+    fn interest(&self) -> EventMask {
+        EventMask(self.mask.load(Relaxed))
+    }
+    fn start(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>) {
+        self.begin(id, parent, ev, unix_nanos());
+    }
+    fn start_at(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>, t_ns: u64) {
+        self.begin(id, parent, ev, t_ns);
+    }
+    fn stop(&self, id: EventId) {
+        self.end(id, unix_nanos());
+    }
+    fn stop_at(&self, id: EventId, t_ns: u64) {
+        self.end(id, t_ns);
+    }
+}
+
+fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<(CudaSlice<u8>, u64)> {
+    let s = stream.alloc_zeros::<u8>(bytes.max(16))?;
+    let p = { s.device_ptr(stream).0 };
+    Ok((s, p))
+}
+
+/// The device operations this check runs, by name.
+const OPS: [&str; 8] = [
+    "all_reduce_8B",
+    "all_reduce_4M",
+    "reduce_scatter",
+    "reduce",
+    "all_gather",
+    "broadcast",
+    "all_to_all",
+    "send_recv",
+];
+
+/// Enqueues `op` of `bytes` per rank (f32) on `s`.
+fn launch(cc: &CudaComm, s: &Arc<CudaStream>, op: &str, bufs: (u64, u64), bytes: usize) -> anyhow::Result<()> {
+    let (n, r) = (cc.nranks(), cc.rank());
+    let (i, o) = bufs;
+    let c = bytes / 4;
+    // SAFETY: both buffers hold nranks × `bytes` bytes and live until the stream synchronised.
+    unsafe {
+        match op {
+            "all_reduce_8B" => cc.all_reduce_raw(s, i, o, 2, DataType::F32, RedOp::Sum)?,
+            "all_reduce_4M" => cc.all_reduce_raw(s, i, o, c, DataType::F32, RedOp::Sum)?,
+            "reduce_scatter" => cc.reduce_scatter_raw(s, i, o, c, DataType::F32, RedOp::Sum)?,
+            "reduce" => cc.reduce_raw(s, i, o, c, DataType::F32, RedOp::Sum, 0)?,
+            "all_gather" => cc.all_gather_raw(s, i, o, c, DataType::F32)?,
+            "broadcast" => cc.broadcast_raw(s, i, o, c, DataType::F32, 0)?,
+            "all_to_all" => cc.all_to_all_raw(s, i, o, c / n, DataType::F32)?,
+            _ => {
+                // Ring pairs: even ranks send first, so every send meets its receive.
+                let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+                if r % 2 == 0 {
+                    cc.send_raw(s, i, c, DataType::F32, to)?;
+                    cc.recv_raw(s, o, c, DataType::F32, from)?;
+                } else {
+                    cc.recv_raw(s, o, c, DataType::F32, from)?;
+                    cc.send_raw(s, i, c, DataType::F32, to)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks one operation's events; returns (operations, KernelCh events, mean channel µs).
+fn verify(op: &str, evs: &HashMap<u64, Ev>, (t0, t1): (u64, u64), err_ns: u64) -> anyhow::Result<(usize, usize, f64)> {
+    let slack = err_ns + SLACK_NS;
+    let parents: Vec<(&u64, &Ev)> =
+        evs.iter().filter(|(_, e)| matches!(e.ty, Some(EventType::Coll) | Some(EventType::P2p))).collect();
+    let want = if op == "send_recv" { 2 } else { 1 };
+    ensure!(parents.len() == want, "{op}: {} Coll/P2p events, want {want}", parents.len());
+    let launches = evs.values().filter(|e| e.ty == Some(EventType::KernelLaunch)).count();
+    ensure!(launches == want, "{op}: {launches} KernelLaunch events, want {want}");
+    let (mut chans, mut dur) = (0, 0u64);
+    for (&pid, p) in parents {
+        ensure!(p.start >= t0 && p.stop <= t1 && p.stop > 0, "{op}: the {} host event lies outside its call", p.func);
+        let mut ch: Vec<&Ev> =
+            evs.values().filter(|e| e.ty == Some(EventType::KernelCh) && e.parent == Some(pid)).collect();
+        ch.sort_by_key(|e| e.n);
+        let ids: Vec<u32> = ch.iter().map(|e| e.n).collect();
+        ensure!(
+            ids == (0..p.n).collect::<Vec<_>>(),
+            "{op}: {} with {} blocks has KernelCh channels {ids:?}",
+            p.func,
+            p.n
+        );
+        for e in ch {
+            ensure!(e.stop >= e.start, "{op}: channel {} stops before it starts", e.n);
+            ensure!(
+                e.start + slack >= t0 && e.stop <= t1 + slack,
+                "{op}: channel {} ran [{}, {}] ns, outside [launch, sync] = [{t0}, {t1}] ± {slack}",
+                e.n,
+                e.start as i128 - t0 as i128,
+                e.stop as i128 - t0 as i128
+            );
+            ensure!(e.stop - e.start <= t1 - t0 + slack, "{op}: channel {} longer than its call", e.n);
+            ensure!(e.start >= p.start.saturating_sub(slack), "{op}: channel {} starts before its enqueue", e.n);
+            dur += e.stop - e.start;
+            chans += 1;
+        }
+    }
+    Ok((want, chans, dur as f64 / chans.max(1) as f64 / 1e3))
+}
+
+/// Mean host time per call of `iters` 8 B all-reduces (launch to stream done), the slowest rank.
+fn time_small(cc: &CudaComm, s: &Arc<CudaStream>, bufs: (u64, u64), iters: usize) -> anyhow::Result<f64> {
+    for _ in 0..50 {
+        launch(cc, s, "all_reduce_8B", bufs, 8)?;
+    }
+    s.synchronize()?;
+    cc.flush_events();
+    cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        launch(cc, s, "all_reduce_8B", bufs, 8)?;
+    }
+    s.synchronize()?;
+    let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    cc.flush_events();
+    cc.device_error()?;
+    let mut worst = [0f64];
+    cc.comm().all_reduce(&[us], &mut worst, RedOp::Max)?;
+    Ok(worst[0])
+}
+
+pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
+    let r = cc.rank();
+    let Some(clock) = cc.clock_map() else { bail!("no KernelCh events on this device (see the log)") };
+    let iters: usize =
+        args.iter().position(|a| a == "--iters").and_then(|i| args.get(i + 1)).map_or(Ok(2000), |v| v.parse())?;
+    let bytes = 4 << 20;
+    let (_ib, i) = alloc(s, bytes * cc.nranks())?;
+    let (_ob, o) = alloc(s, bytes * cc.nranks())?;
+    let bufs = (i, o);
+    cc.prepare(DataType::F32)?;
+    let all = EventMask::of(EventType::KernelCh) | EventType::KernelLaunch;
+    let rec = Recorder::new(all);
+    let h = cc.comm().attach_sink(rec.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (mut ops, mut chans) = (0, 0);
+    for op in OPS {
+        if op == "send_recv" && cc.nranks() < 2 {
+            continue;
+        }
+        cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
+        rec.take();
+        let t0 = unix_nanos();
+        launch(cc, s, op, bufs, bytes)?;
+        s.synchronize()?;
+        let t1 = unix_nanos();
+        cc.flush_events();
+        cc.device_error()?;
+        let (o, c, mean_us) = verify(op, &rec.take(), (t0, t1), clock.err_ns).with_context(|| format!("rank {r}"))?;
+        (ops, chans) = (ops + o, chans + c);
+        if r == 0 {
+            println!(
+                "{}",
+                json!({"check": op, "ops": o, "kernel_ch": c, "mean_channel_us": (mean_us * 1000.0).round() / 1000.0,
+                    "call_us": ((t1 - t0) as f64 / 1e3 * 1000.0).round() / 1000.0})
+            );
+        }
+    }
+    // A captured launch: host events, no KernelCh, and no slot held.
+    cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
+    rec.take();
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    launch(cc, s, "all_reduce_8B", bufs, 8)?;
+    let g = s.end_capture(sys::CUgraphInstantiate_flags(0))?.context("empty graph")?;
+    g.launch()?;
+    s.synchronize()?;
+    cc.flush_events();
+    let evs = rec.take();
+    let count = |t: EventType| evs.values().filter(|e| e.ty == Some(t)).count();
+    ensure!(count(EventType::Coll) == 1 && count(EventType::KernelCh) == 0, "rank {r}: a captured launch: {evs:?}");
+    ensure!(cc.kernel_events_pending().0 == 0, "rank {r}: a captured launch holds a timer slot");
+    // The cost of KernelCh on the smallest operation.
+    let with_ch = time_small(cc, s, bufs, iters)?;
+    cc.comm().detach_sink(h);
+    let h = cc.comm().attach_sink(Recorder::new(EventMask::of(EventType::Coll))).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let coll_only = time_small(cc, s, bufs, iters)?;
+    cc.comm().detach_sink(h);
+    let none = time_small(cc, s, bufs, iters)?;
+    let (pending, untimed) = cc.kernel_events_pending();
+    let last = cc.clock_map().unwrap_or(clock);
+    if r == 0 {
+        println!(
+            "{}",
+            json!({"ops": ops, "kernel_ch": chans, "clock_offset_ns": clock.offset_ns, "clock_err_ns": clock.err_ns,
+                "clock_offset_ns_at_end": last.offset_ns, "clock_err_ns_at_end": last.err_ns, "drift_ppb": last.ppb,
+                "iters": iters, "allreduce_8B_us_kernel_ch": (with_ch * 1000.0).round() / 1000.0,
+                "allreduce_8B_us_coll_only": (coll_only * 1000.0).round() / 1000.0,
+                "allreduce_8B_us_no_sink": (none * 1000.0).round() / 1000.0, "untimed": untimed, "pending": pending})
+        );
+    }
+    println!("rank {r}: events ok: {ops} operations, {chans} KernelCh, clock ± {} ns", clock.err_ns);
+    Ok(())
+}
