@@ -80,12 +80,11 @@ cargo clippy -p occl --features cuda --all-targets --release -- -D warnings
 cargo clippy -p occl --features ib --all-targets --release -- -D warnings
 cargo clippy -p occl-tests --features ib --all-targets --release -- -D warnings
 echo "== tests"
-# Release build: the integration tests move hundreds of MiB through real processes. With the ib
-# feature on, as a deployment that has it: automatic selection finds no RDMA device here and uses
-# tcp, and the verbs crate's state machines, occl's selection and the forced-ib integration test
-# run in the same build (a separate ib build recompiled half the dependency tree: 7 minutes).
-ws=(--workspace --release --features occl-tests/ib)
-cargo test "${ws[@]}" -- --test-threads 2
-# Again, uncaptured, the test that says whether the ib suite ran or was skipped and why.
-cargo test "${ws[@]}" --test ib -- --test-threads 2 --nocapture
+# Release build: the integration tests move hundreds of MiB through real processes.
+cargo test --workspace --release -- --test-threads 2
 cargo test -p occl --features cuda --release --lib -- --test-threads 2 cuda::
+# ib: the verbs crate's state machines and layouts, occl's selection with the feature on, and the
+# integration test that forces OCCL_TRANSPORT=ib (it says SKIPPED for the suite without a device).
+cargo test -p ibverbs --release -- --test-threads 2
+cargo test -p occl --features ib --release --lib -- --test-threads 2 transport::
+cargo test -p occl-tests --features ib --release --test ib -- --test-threads 2 --nocapture
