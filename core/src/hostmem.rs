@@ -110,9 +110,8 @@ fn map(fd: libc::c_int, len: usize, name: &str) -> Result<*mut u8> {
         return Ok(std::ptr::NonNull::<u64>::dangling().as_ptr().cast());
     }
     // SAFETY: mapping `len` bytes of a file at least that long.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-    };
+    let p =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
     if p == libc::MAP_FAILED {
         return Err(Error::last_os(format!("mmap {len} bytes of {name}")));
     }

@@ -66,12 +66,12 @@ pub use comm::Comm;
 pub use config::{Config, TransportKind};
 pub use dtype::{DataType, Element, RedOp};
 pub use error::{Error, ErrorKind, Result};
-pub use hostmem::HostBuf;
-pub use register::Handle;
 pub use group::{group, group_depth, group_end, group_start, Group};
+pub use hostmem::HostBuf;
 pub use id::UniqueId;
 pub use lifecycle::{InitState, PendingComm, ShrinkMode, OCCL_SPLIT_NOCOLOR};
 pub use record::{CollType, InFlight, OpRecord};
+pub use register::Handle;
 
 /// The tuner's calibration, for the `occl-tune` tool (not a stable API).
 #[doc(hidden)]

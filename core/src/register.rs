@@ -309,7 +309,9 @@ impl Registry {
         }
         lock(&self.inner).windows.push(Window { id, base, len, shared, peers });
         if !shared {
-            tracing::debug!("occl: registered window {id} is inactive (another host, tcp, or a buffer that is not a HostBuf)");
+            tracing::debug!(
+                "occl: registered window {id} is inactive (another host, tcp, or a buffer that is not a HostBuf)"
+            );
         }
         Ok(Handle { comm, id, shared })
     }
@@ -329,15 +331,8 @@ impl Registry {
         } else {
             String::new()
         };
-        let mine = Record {
-            verb: 2,
-            id: h.id,
-            refusal,
-            len: 0,
-            reach: Reach::Addr(0),
-            shm_only: false,
-            ctrl: String::new(),
-        };
+        let mine =
+            Record { verb: 2, id: h.id, refusal, len: 0, reach: Reach::Addr(0), shm_only: false, ctrl: String::new() };
         let all = gather(&mine.encode())?.iter().map(|b| Record::decode(b)).collect::<Result<Vec<_>>>()?;
         agree(&all, 2, h.id, "deregister")?;
         g.windows.retain(|w| w.id != h.id);
@@ -382,7 +377,8 @@ impl Registry {
             return Ok(None);
         }
         let g = lock(&self.inner);
-        let (Some((sw, so)), Some((rw, ro))) = (Self::window_of(&g, send.0, send.1), Self::window_of(&g, recv.0, recv.1))
+        let (Some((sw, so)), Some((rw, ro))) =
+            (Self::window_of(&g, send.0, send.1), Self::window_of(&g, recv.0, recv.1))
         else {
             return Ok(None);
         };

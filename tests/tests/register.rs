@@ -16,7 +16,8 @@ fn spawn(pairs: &[(&str, &str)]) -> Spawn {
 #[test]
 fn process_ranks_registered_matches_unregistered() {
     for n in [2, 3, 4] {
-        let outs = run_job(n, &["register", "host", "shared"], spawn(&[("OCCL_TIMEOUT", "60")]), Duration::from_secs(240));
+        let outs =
+            run_job(n, &["register", "host", "shared"], spawn(&[("OCCL_TIMEOUT", "60")]), Duration::from_secs(240));
         assert_all_ok(&outs, &format!("{n} process ranks, HostBuf windows"));
     }
 }
@@ -75,7 +76,8 @@ fn unregistered_rank_among_registered_ones_fails_every_rank() {
 
 #[test]
 fn killed_peer_fails_survivors_within_timeout() {
-    let spawn = Spawn { env: env(&[("OCCL_TIMEOUT", "5")]), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+    let spawn =
+        Spawn { env: env(&[("OCCL_TIMEOUT", "5")]), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
     let job = Job::spawn(worker(), &["register-loop".to_string()], 3, &spawn).expect("start");
     job.wait_for_all("LOOPING", Duration::from_secs(60)).expect("ranks loop");
     let dead_pid = job.children[1].id();
@@ -106,7 +108,8 @@ fn remove_segments_of(pids: &[u32]) {
     for e in std::fs::read_dir("/dev/shm").expect("read /dev/shm").flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let ours = pids.iter().any(|p| {
-            name.starts_with("occl-") && (name.ends_with(&format!("-{p}")) || name.starts_with(&format!("occl-mem-{p}-")))
+            name.starts_with("occl-")
+                && (name.ends_with(&format!("-{p}")) || name.starts_with(&format!("occl-mem-{p}-")))
         });
         if ours {
             let _ = std::fs::remove_file(e.path());

@@ -287,7 +287,11 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
         let shared = bench.register()?;
         reg_shared = shared && matches!(coll, Collective::AllReduce | Collective::AllGather);
         if lead && !args.json {
-            writeln!(out, "# registered buffers: windows {}", if shared { "shared" } else { "inactive (normal path)" })?;
+            writeln!(
+                out,
+                "# registered buffers: windows {}",
+                if shared { "shared" } else { "inactive (normal path)" }
+            )?;
         }
     }
     if let Some(rounds) = args.events_ab {
