@@ -33,11 +33,10 @@ impl Handle {
     }
 }
 
-/// Byte offsets of the control segment's words, one cache line each.
+/// Byte offsets of the control segment's words, one cache line each (64 is unused).
 const READY: usize = 0;
 /// The operation's arguments (hashed), written before READY: peers check they agree.
 const DESC: usize = 8;
-const REDUCED: usize = 64;
 const DONE: usize = 128;
 /// Non-zero once this rank failed or aborted: peers waiting on it stop.
 const STATE: usize = 192;
@@ -515,48 +514,48 @@ impl Plan<'_> {
         Ok(())
     }
 
-    /// All-reduce of `count` elements: rank r reduces chunk r of every rank's send buffer into
-    /// its recv buffer, then copies every other chunk from its owner's recv buffer.
+    /// All-reduce of `count` elements: rank r reduces chunk r of every rank's send buffer, a
+    /// cache-sized block at a time, and writes each reduced block into chunk r of every rank's
+    /// recv buffer. Each input is read once and each output written once: no second pass.
     pub(crate) fn all_reduce(&self, env: &Env<'_>, count: usize, dt: DataType, op: RedOp) -> Result<()> {
         let (n, me, es) = (self.n(), env.rank, dt.size());
-        let chunk = |q: usize| (q * count / n * es, (q + 1) * count / n * es);
+        let (lo, hi) = (me * count / n * es, (me + 1) * count / n * es);
         let k = self.start(env, "all_reduce")?;
-        let (lo, hi) = chunk(me);
-        let in_place = self.send[me] == self.recv[me];
+        // Far larger than the caches: stream the outputs (they are not read back soon).
+        let stream = crate::copy::streams(count * es);
+        let mut scratch = vec![0u64; BLOCK / 8];
         let mut at = lo;
         while at < hi {
             let len = BLOCK.min(hi - at);
             // SAFETY: every rank's send and recv buffers hold `count` elements (checked against
-            // the windows in `plan`); this rank alone writes chunk `me` of its recv buffer, and
-            // no rank writes chunk `me` of a send buffer until it has seen this rank's REDUCED.
+            // the windows in `plan`). Chunk `me` of every send buffer is read by this rank alone,
+            // and chunk `me` of every recv buffer written by this rank alone; in place, this rank
+            // overwrites a block only after reading it. Nobody touches them before READY or
+            // after DONE.
             unsafe {
-                let dst = std::slice::from_raw_parts_mut((self.recv[me] + at) as *mut u8, len);
+                let acc = std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len);
                 let input = |q: usize| std::slice::from_raw_parts((self.send[q] + at) as *const u8, len);
-                let mut others = (0..n).filter(|&q| q != me);
-                if !in_place {
-                    match others.next() {
-                        Some(q) => crate::reduce::reduce(dt, op, dst, input(me), input(q)),
-                        None => dst.copy_from_slice(input(me)),
-                    }
+                let mut others = (1..n).map(|s| (me + s) % n);
+                match others.next() {
+                    Some(q) => crate::reduce::reduce(dt, op, acc, input(me), input(q)),
+                    None => acc.copy_from_slice(input(me)),
                 }
                 for q in others {
-                    crate::reduce::reduce_in_place(dt, op, dst, input(q));
+                    crate::reduce::reduce_in_place(dt, op, acc, input(q));
                 }
                 if op == RedOp::Avg {
-                    crate::reduce::div_in_place(dt, dst, n);
+                    crate::reduce::div_in_place(dt, acc, n);
+                }
+                for s in 0..n {
+                    let out = (self.recv[(me + s) % n] + at) as *mut u8;
+                    if stream {
+                        crate::copy::stream(out, acc.as_ptr(), len);
+                    } else {
+                        std::ptr::copy_nonoverlapping(acc.as_ptr(), out, len);
+                    }
                 }
             }
             at += len;
-        }
-        self.ctrls[me].publish(REDUCED, k);
-        for step in 1..n {
-            let q = (me + step) % n;
-            self.wait(env, q, REDUCED, k, "all_reduce")?;
-            let (lo, hi) = chunk(q);
-            // SAFETY: rank q finished chunk q of its recv buffer (REDUCED) and will not touch it
-            // until DONE; this rank's chunk q is written by this rank alone, and rank q no longer
-            // reads it (in place, it was rank q's input, consumed before REDUCED).
-            unsafe { crate::copy::copy((self.recv[me] + lo) as *mut u8, (self.recv[q] + lo) as *const u8, hi - lo) };
         }
         self.finish(env, k, "all_reduce")
     }
