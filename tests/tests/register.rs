@@ -116,3 +116,71 @@ fn remove_segments_of(pids: &[u32]) {
         }
     }
 }
+
+/// Records the algorithm of every Coll event and counts ProxyOps.
+#[derive(Default)]
+struct Colls {
+    algos: std::sync::Mutex<Vec<(String, String)>>,
+    proxy_ops: std::sync::atomic::AtomicUsize,
+}
+
+impl occl::telemetry::Sink for Colls {
+    fn interest(&self) -> occl::telemetry::EventMask {
+        occl::telemetry::EventMask::ALL
+    }
+    fn start(
+        &self,
+        _: occl::telemetry::EventId,
+        _: Option<occl::telemetry::EventId>,
+        ev: &occl::telemetry::EventDescr<'_>,
+    ) {
+        match ev {
+            occl::telemetry::EventDescr::Coll { func, algo, .. } => {
+                self.algos.lock().expect("lock").push((func.to_string(), algo.to_string()))
+            }
+            occl::telemetry::EventDescr::ProxyOp { .. } => {
+                self.proxy_ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The profiler sees a registered operation as a Coll event with algorithm "registered" (and no
+/// ProxyOp: no FIFO moves its data); the unregistered one as before.
+#[test]
+fn profiler_sees_registered_operations() {
+    let comms = occl::Comm::init_all(2).expect("init_all");
+    let sinks: Vec<std::sync::Arc<Colls>> = comms
+        .iter()
+        .map(|c| {
+            let s = std::sync::Arc::new(Colls::default());
+            c.attach_sink(s.clone()).expect("attach");
+            s
+        })
+        .collect();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                let mut reg = vec![1.0f32; 4096];
+                let h = c.register(&reg[..]).expect("register");
+                assert!(h.shared());
+                c.all_reduce_in_place(&mut reg, occl::RedOp::Sum).expect("registered all-reduce");
+                assert_eq!(reg[0], 2.0);
+                let mut plain = vec![1.0f32; 4096];
+                c.all_reduce_in_place(&mut plain, occl::RedOp::Sum).expect("all-reduce");
+                c.deregister(h).expect("deregister");
+            });
+        }
+    });
+    for (r, s) in sinks.iter().enumerate() {
+        let algos = s.algos.lock().expect("lock").clone();
+        assert_eq!(algos.len(), 2, "rank {r}: {algos:?}");
+        assert_eq!(algos[0], ("AllReduce".to_string(), "registered".to_string()), "rank {r}");
+        assert_ne!(algos[1].1, "registered", "rank {r}");
+        assert!(s.proxy_ops.load(std::sync::atomic::Ordering::Relaxed) > 0, "the normal path's ProxyOps");
+    }
+    for c in comms {
+        c.destroy().expect("destroy");
+    }
+}
