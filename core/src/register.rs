@@ -243,7 +243,7 @@ impl Registry {
     ) -> Result<Handle> {
         let n = pids.len();
         let ctrl_name = self.my_ctrl()?.0.name().unwrap_or("").to_string();
-        let mut g = lock(&self.inner);
+        let g = lock(&self.inner);
         let id = g.next_id + 1;
         let mut refusal = String::new();
         if len == 0 {
@@ -259,8 +259,12 @@ impl Registry {
             None => Reach::Addr(base as u64),
         };
         let mine = Record { verb: 1, id, refusal, len: len as u64, reach, shm_only, ctrl: ctrl_name };
+        // Not held across the bootstrap exchange (which takes the communicator's lock, and an
+        // operation's error path takes this one inside that).
+        drop(g);
         let all = gather(&mine.encode())?.iter().map(|b| Record::decode(b)).collect::<Result<Vec<_>>>()?;
         agree(&all, 1, id, "register")?;
+        let mut g = lock(&self.inner);
         g.next_id = id;
         // Active when every rank reaches every other's buffer: one host, shm only, and each
         // buffer a HostBuf file or in a process that holds every rank.
@@ -322,7 +326,7 @@ impl Registry {
         h: Handle,
         mut gather: impl FnMut(&[u8]) -> Result<Vec<Vec<u8>>>,
     ) -> Result<()> {
-        let mut g = lock(&self.inner);
+        let g = lock(&self.inner);
         let refusal = if h.comm != comm {
             format!("handle {} belongs to communicator {:016x}, not this one", h.id, h.comm)
         } else if !g.windows.iter().any(|w| w.id == h.id) {
@@ -332,8 +336,10 @@ impl Registry {
         };
         let mine =
             Record { verb: 2, id: h.id, refusal, len: 0, reach: Reach::Addr(0), shm_only: false, ctrl: String::new() };
+        drop(g);
         let all = gather(&mine.encode())?.iter().map(|b| Record::decode(b)).collect::<Result<Vec<_>>>()?;
         agree(&all, 2, h.id, "deregister")?;
+        let mut g = lock(&self.inner);
         g.windows.retain(|w| w.id != h.id);
         Ok(())
     }
