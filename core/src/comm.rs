@@ -47,6 +47,10 @@ pub struct Comm {
     pub(crate) tuner: Tuner,
     /// The ring, chain and tree order: ranks of one host next to each other.
     ring: RingOrder,
+    /// Registered buffers (`register`), with their own lock: taken inside `inner`'s.
+    reg: crate::register::Registry,
+    /// Every rank's process id, for the registered path's liveness checks.
+    pids: Vec<u32>,
     inner: Mutex<Inner>,
 }
 
@@ -86,11 +90,16 @@ struct Op {
     /// Buffer addresses, for the profiler's descriptors.
     send: usize,
     recv: usize,
+    /// Runs on registered windows (`crate::register`): no FIFO, no legs.
+    registered: bool,
 }
 
 impl Op {
     fn new(coll: CollType, count: usize, dt: DataType, bytes: usize) -> Op {
-        Op { coll, count, dt, op: None, root: None, bytes, p2p_peer: None, send: 0, recv: 0 }
+        Op { coll, count, dt, op: None, root: None, bytes, p2p_peer: None, send: 0, recv: 0, registered: false }
+    }
+    fn registered(self) -> Op {
+        Op { registered: true, ..self }
     }
     fn bufs(self, send: *const u8, recv: *const u8) -> Op {
         Op { send: send as usize, recv: recv as usize, ..self }
@@ -330,6 +339,8 @@ impl Comm {
             tuner,
             ring: RingOrder::host_grouped(&table.iter().map(|p| p.host_id.as_str()).collect::<Vec<_>>()),
             record,
+            reg: Default::default(),
+            pids: table.iter().map(|p| p.pid).collect(),
             abort: AtomicBool::new(false),
             lifecycle,
             prof,
@@ -435,6 +446,29 @@ impl Comm {
         self.table.get(rank).map(|p| (p.pid, p.hostname.as_str()))
     }
 
+    /// Registers `buf` with the communicator (NCCL's `ncclCommWindowRegister`). Collective: every
+    /// rank registers its buffer, in the same order. When every rank can reach every other's
+    /// buffer — one host over shm, and either thread ranks of one process or buffers from
+    /// [`HostBuf`](crate::HostBuf) — the window is shared ([`Handle::shared`](crate::Handle::shared))
+    /// and all-reduce and all-gather whose send and recv buffers both lie in shared windows read
+    /// the peers' buffers directly (one copy, not two through the FIFOs). Every rank must then
+    /// pass buffers at the same offsets of its windows, and the buffers stay registered until
+    /// `deregister`. Otherwise the window is inactive and the calls take the normal path.
+    pub fn register<T: Element>(&self, buf: &[T]) -> Result<crate::Handle> {
+        crate::group::refuse_borrowed("register")?;
+        let shm_only = (0..self.nranks).all(|p| p == self.rank || self.transport_to(p) == Some(TransportKind::Shm));
+        let span = (buf.as_ptr() as usize, std::mem::size_of_val(buf));
+        let comm = self.comm_id;
+        self.reg.register(comm, self.rank, &self.pids, span, shm_only, |mine| self.boot_all_gather(mine))
+    }
+
+    /// Removes a window that `register` returned. Collective, in the same order on every rank.
+    /// Afterwards collectives on the buffer take the normal path.
+    pub fn deregister(&self, handle: crate::Handle) -> Result<()> {
+        crate::group::refuse_borrowed("deregister")?;
+        self.reg.deregister(self.comm_id, handle, |mine| self.boot_all_gather(mine))
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -514,6 +548,7 @@ impl Comm {
     /// this rank is marked aborted, so a peer waiting on this rank fails too.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::SeqCst);
+        self.reg.fail();
         self.record.aborted();
         self.lifecycle.fail_peers(state::ABORTED);
     }
@@ -543,7 +578,6 @@ impl Comm {
     }
 
     /// Every rank's `mine`, through the bootstrap (a collective call: every rank makes it).
-    #[cfg(feature = "cuda")]
     pub(crate) fn boot_all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut g = self.lock_usable()?;
         match g.boot.as_mut() {
@@ -601,6 +635,7 @@ impl Comm {
             _ => state::ABORTED,
         };
         tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
+        self.reg.fail();
         for p in g.peers.iter().flatten() {
             p.fail(how);
             if let Some(l) = &p.tcp {
@@ -614,7 +649,7 @@ impl Comm {
     /// Runs one operation: checks the sticky error, stamps the record, runs `f`, and on failure
     /// tells every peer.
     fn run(&self, o: Op, f: impl FnOnce(&mut Ctx<'_>, Algo) -> Result<()>) -> Result<()> {
-        let Op { coll, count, dt, op, root, bytes, p2p_peer, send, recv } = o;
+        let Op { coll, count, dt, op, root, bytes, p2p_peer, send, recv, registered } = o;
         if crate::group::is_open() {
             let call = crate::group::Call { coll, count, dt, op, root, peer: p2p_peer, send, recv };
             return crate::group::defer(self, call);
@@ -623,6 +658,7 @@ impl Comm {
         // on every rank alike, and leaves the communicator usable.
         let choice = self.tuner.choose(coll, count * dt.size())?;
         let algo = choice.algo;
+        let algo_name = if registered { crate::register::ALGO } else { algo.name() };
         let mut g = self.lock_usable()?;
         let opseq = match (coll, p2p_peer) {
             (CollType::Send, Some(p)) => {
@@ -667,7 +703,7 @@ impl Comm {
                     (_, Some(p)) => Some(RootOrPeer::Peer(p as u32)),
                     _ => None,
                 },
-                algo: algo.name(),
+                algo: algo_name,
                 proto: choice.proto.name(),
             },
             t0,
@@ -693,12 +729,15 @@ impl Comm {
                 root: root.unwrap_or(0) as i32,
                 peer: p2p_peer.map_or(-1, |p| p as i32),
                 datatype: dt.nccl_name(),
-                algo: algo.nccl_name(),
+                algo: if registered { crate::register::ALGO } else { algo.nccl_name() },
                 proto: choice.proto.nccl_name(),
                 chunk_size: geo.0,
                 n_channels: 1,
             },
             || {
+                if registered {
+                    return Vec::new(); // peers' memory is read directly: no proxy operation
+                }
                 // Planned in the order the algorithm runs in, reported with real peers.
                 let pos = |r: usize| order.map_or(r, |o| o.pos(r));
                 let mut legs = plan::legs(&Shape {
@@ -761,9 +800,41 @@ impl Comm {
                 Ok(())
             }
             Err(e) => {
+                let e = if registered { e } else { self.reg.explain(e) };
                 self.flight.failed(flight, record::now_ns(), &e.to_string());
                 Err(self.poison(&mut g, coll, e))
             }
+        }
+    }
+
+    /// The registered path of a call whose `send` and `recv` (address, bytes) lie in active
+    /// windows; `None` for the normal path (also inside a group, which plans its calls itself).
+    fn reg_plan(
+        &self,
+        send: (usize, usize),
+        recv: (usize, usize),
+        in_place_block: Option<usize>,
+        desc: &[u64],
+    ) -> Result<Option<crate::register::Plan<'_>>> {
+        if crate::group::is_open() {
+            return Ok(None);
+        }
+        self.reg.plan(self.rank, send, recv, in_place_block, crate::register::describe(desc))
+    }
+
+    fn reg_env(&self) -> crate::register::Env<'_> {
+        let local = self.nranks; // registered windows are active only with every rank on this host
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        crate::register::Env {
+            rank: self.rank,
+            pids: &self.pids,
+            abort: &self.abort,
+            deadline: Deadline::after(self.config.timeout),
+            patience: if local > cores {
+                crate::transport::wait::Patience::Share
+            } else {
+                crate::transport::wait::Patience::Eager
+            },
         }
     }
 
@@ -839,9 +910,12 @@ impl Comm {
         if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
             return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
         }
-        self.run(Op::new(CollType::AllReduce, count, dt, bytes).op(op).bufs(send, recv as *const u8), |c, algo| {
-            coll::all_reduce(c, algo, send, recv, count)
-        })
+        let o = Op::new(CollType::AllReduce, count, dt, bytes).op(op).bufs(send, recv as *const u8);
+        let desc = [CollType::AllReduce as u64, count as u64, dt as u64, op as u64];
+        if let Some(plan) = self.reg_plan((send as usize, bytes), (recv as usize, bytes), None, &desc)? {
+            return self.run(o.registered(), |_, _| plan.all_reduce(&self.reg_env(), count, dt, op));
+        }
+        self.run(o, |c, algo| coll::all_reduce(c, algo, send, recv, count))
     }
 
     /// # Safety
@@ -910,9 +984,13 @@ impl Comm {
                 "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8), |c, algo| {
-            coll::all_gather(c, algo, send, recv, count)
-        })
+        let o = Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8);
+        let desc = [CollType::AllGather as u64, count as u64, dt as u64];
+        let in_place = std::ptr::eq(send, own).then_some(bytes);
+        if let Some(plan) = self.reg_plan((send as usize, bytes), (recv as usize, total), in_place, &desc)? {
+            return self.run(o.registered(), |_, _| plan.all_gather(&self.reg_env(), bytes));
+        }
+        self.run(o, |c, algo| coll::all_gather(c, algo, send, recv, count))
     }
 
     /// # Safety

@@ -41,6 +41,7 @@ pub mod dtype;
 mod env;
 mod error;
 mod group;
+mod hostmem;
 mod id;
 mod init_timer;
 mod lifecycle;
@@ -48,6 +49,7 @@ mod profile;
 mod ras;
 mod record;
 mod reduce;
+mod register;
 pub mod topo;
 mod transport;
 
@@ -65,9 +67,11 @@ pub use config::{Config, TransportKind};
 pub use dtype::{DataType, Element, RedOp};
 pub use error::{Error, ErrorKind, Result};
 pub use group::{group, group_depth, group_end, group_start, Group};
+pub use hostmem::HostBuf;
 pub use id::UniqueId;
 pub use lifecycle::{InitState, PendingComm, ShrinkMode, OCCL_SPLIT_NOCOLOR};
 pub use record::{CollType, InFlight, OpRecord};
+pub use register::Handle;
 
 /// The tuner's calibration, for the `occl-tune` tool (not a stable API).
 #[doc(hidden)]

@@ -13,3 +13,4 @@ pub mod otlp_sink;
 pub mod pattern;
 pub mod perf;
 pub mod ras_client;
+pub mod register;

@@ -26,8 +26,14 @@ pub(crate) fn reap_once() {
     });
 }
 
-/// The creator's pid of an occl FIFO segment's file name (`occl-<comm>-<from>-<to>-<pid>`).
+/// The creator's pid of an occl FIFO segment's file name (`occl-<comm>-<from>-<to>-<pid>`) or
+/// of a host buffer's (`occl-mem-<pid>-<n>`, `crate::hostmem`).
 pub(crate) fn creator_pid(file_name: &str) -> Option<u32> {
+    if let Some(rest) = file_name.strip_prefix("occl-mem-") {
+        let (pid, n) = rest.split_once('-')?;
+        let num = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        return (num(pid) && num(n)).then(|| pid.parse().ok()).flatten().filter(|&p| p > 0);
+    }
     let rest = file_name.strip_prefix("occl-")?;
     let parts: Vec<&str> = rest.split('-').collect();
     let [comm, from, to, pid] = parts.as_slice() else { return None };
@@ -89,6 +95,9 @@ mod tests {
         assert_eq!(creator_pid("occl-00000000deadbeef-3-x-4242"), None);
         assert_eq!(creator_pid("occl-00000000deadbeef-3-17-0"), None);
         assert_eq!(creator_pid("other-00000000deadbeef-3-17-4242"), None);
+        assert_eq!(creator_pid("occl-mem-4242-7"), Some(4242));
+        assert_eq!(creator_pid("occl-mem-4242"), None);
+        assert_eq!(creator_pid("occl-mem-x-7"), None);
     }
 
     #[test]
@@ -103,6 +112,7 @@ mod tests {
         let files = [
             (format!("occl-00000000000000aa-0-1-{dead_pid}"), old, false),
             (format!("occl-00000000000000aa-0-2-{dead_pid}"), SystemTime::now(), true),
+            (format!("occl-mem-{dead_pid}-3"), old, false),
             (format!("occl-00000000000000aa-1-0-{}", live.id()), old, true),
             (format!("occl-00000000000000aa-2-0-{}", std::process::id()), old, true),
             ("occl-00000000000000aa-0-1".to_string(), old, true),
@@ -117,7 +127,7 @@ mod tests {
         for (name, _, kept) in &files {
             assert_eq!(dir.join(name).exists(), *kept, "{name}");
         }
-        assert_eq!(removed, 1);
+        assert_eq!(removed, 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -102,6 +102,10 @@ struct Args {
     /// work the scheduler may otherwise stack both ranks on one core.
     #[arg(long)]
     bind: bool,
+    /// Allocate the buffers as `occl::HostBuf` and register them (`Comm::register`): all-reduce
+    /// and all-gather on one host read the peers' buffers in place.
+    #[arg(long)]
+    registered: bool,
 }
 
 fn main() -> ExitCode {
@@ -278,6 +282,18 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
 
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
     let mut bench = Bench::new(&comm, coll, args.dtype, args.op, args.root, max_bytes);
+    let mut reg_shared = false;
+    if args.registered {
+        let shared = bench.register()?;
+        reg_shared = shared && matches!(coll, Collective::AllReduce | Collective::AllGather);
+        if lead && !args.json {
+            writeln!(
+                out,
+                "# registered buffers: windows {}",
+                if shared { "shared" } else { "inactive (normal path)" }
+            )?;
+        }
+    }
     if let Some(rounds) = args.events_ab {
         let plan = Plan { rounds: rounds as usize, warmup, iters, sink: args.events_sink };
         perf::events_ab::run(&comm, &mut bench, &layouts, plan, &mut out)?;
@@ -312,7 +328,8 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
             bw_rows += 1;
             if lead && args.json {
                 let bytes = layout.count * args.dtype.size();
-                let chosen = (comm.algorithm(coll.coll_type(), bytes), comm.protocol(coll.coll_type(), bytes));
+                let algo = if reg_shared { "registered" } else { comm.algorithm(coll.coll_type(), bytes) };
+                let chosen = (algo, comm.protocol(coll.coll_type(), bytes));
                 writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, chosen))?;
                 out.flush()?;
             }

@@ -181,6 +181,32 @@ fn main() -> ExitCode {
                 }
             }
         }
+        // Registered vs unregistered collectives (args[1]: host|vec buffers, args[2]:
+        // shared|inactive windows expected).
+        "register" => {
+            let host = args.get(1).is_none_or(|a| a == "host");
+            let shared = args.get(2).is_none_or(|a| a == "shared");
+            match occl_tests::register::all(&comm, host, shared) {
+                Ok(w) if w.is_empty() => println!("OK rank={r}"),
+                Ok(w) => {
+                    for l in w {
+                        println!("WRONG {l}");
+                    }
+                    return ExitCode::from(1);
+                }
+                Err(e) => return report(&e),
+            }
+        }
+        "register-mixed" => match occl_tests::register::mixed(&comm) {
+            Ok(()) => println!("RESULT rank={r} (no error)"),
+            Err(e) => return report(&e),
+        },
+        // Registered all-reduces until occl fails (the test kills a peer).
+        "register-loop" => {
+            if let Err(e) = occl_tests::register::loop_until_error(&comm) {
+                return report(&e);
+            }
+        }
         // Rank `args[1]` runs a different operation (`args[2]`: count|coll|dtype|root) than the others.
         "mismatch" => {
             let odd = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);

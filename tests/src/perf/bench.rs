@@ -51,10 +51,13 @@ pub struct Bench<'a> {
     pub dt: DataType,
     pub op: RedOp,
     pub root: usize,
-    send: Vec<u64>,
-    recv: Vec<u64>,
+    send: Mem,
+    recv: Mem,
     cap: usize,
 }
+
+/// A buffer: plain memory, or a `HostBuf` that peers can map (`--registered`).
+type Mem = Box<dyn std::ops::DerefMut<Target = [u64]>>;
 
 impl<'a> Bench<'a> {
     /// `max_bytes`: the largest `Layout::bytes` that will be run (both buffers get that many).
@@ -65,10 +68,24 @@ impl<'a> Bench<'a> {
             dt,
             op,
             root,
-            send: pattern::aligned(max_bytes),
-            recv: pattern::aligned(max_bytes),
+            send: Box::new(pattern::aligned(max_bytes)),
+            recv: Box::new(pattern::aligned(max_bytes)),
             cap: max_bytes,
         }
+    }
+
+    /// Moves both buffers to `HostBuf`s and registers them with the communicator (collective):
+    /// all-reduce and all-gather then take the registered path. Returns whether the windows are
+    /// shared (active).
+    pub fn register(&mut self) -> occl::Result<bool> {
+        let words = self.send.len();
+        let send = occl::HostBuf::<u64>::alloc(words)?;
+        let recv = occl::HostBuf::<u64>::alloc(words)?;
+        let hs = self.comm.register(&send[..])?;
+        let hr = self.comm.register(&recv[..])?;
+        self.send = Box::new(send);
+        self.recv = Box::new(recv);
+        Ok(hs.shared() && hr.shared())
     }
 
     /// Whether this collective has an in-place form here. Send/recv does not: without groups

@@ -1,0 +1,615 @@
+//! Buffer registration (NCCL 2.27's symmetric windows) for host collectives.
+//!
+//! `Comm::register` is collective: every rank registers a buffer in the same order, and the
+//! ranks exchange how each other's buffer can be reached — by address (thread ranks of one
+//! process) or by a `HostBuf` file, mapped once per file. A window is *active* when every rank can
+//! reach every other rank's buffer; the decision is taken from the exchanged records alone, so it
+//! is the same on every rank. A collective whose send and recv buffers lie in active windows reads
+//! its peers' buffers in place, synchronised by sequence words in a small control segment per
+//! rank (`Ctrl`), instead of copying through the FIFOs twice.
+
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::hostmem::{self, Segment};
+use crate::transport::wait::{self, Deadline, Patience};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// A registered buffer of one communicator, from `Comm::register`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handle {
+    comm: u64,
+    id: u64,
+    shared: bool,
+}
+
+impl Handle {
+    /// Whether the window is active: collectives on it read peers' buffers in place. `false`
+    /// when some rank cannot reach some other rank's buffer (another host, tcp forced, a plain
+    /// allocation in another process); those collectives take the normal path.
+    pub fn shared(&self) -> bool {
+        self.shared
+    }
+}
+
+/// Byte offsets of the control segment's words, one cache line each (64 is unused).
+const READY: usize = 0;
+/// The operation's arguments (hashed), written before READY: peers check they agree.
+const DESC: usize = 8;
+const DONE: usize = 128;
+/// Non-zero once this rank failed or aborted: peers waiting on it stop.
+const STATE: usize = 192;
+/// Futex word bumped on every publish, and the count of peers asleep on it.
+const BELL: usize = 256;
+const SLEEPERS: usize = 260;
+const CTRL_LEN: usize = 512;
+
+/// A rank's control segment, as mapped in this process.
+struct Ctrl(Segment);
+
+impl Ctrl {
+    fn at(&self) -> CtrlAt {
+        CtrlAt(self.0.ptr() as usize)
+    }
+}
+
+/// The address of a control segment mapped here; valid while the registry that mapped it lives
+/// (mappings are only undone when it drops).
+#[derive(Clone, Copy)]
+struct CtrlAt(usize);
+
+impl CtrlAt {
+    fn u64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: a live CTRL_LEN-byte, page-aligned mapping; offsets are 8-aligned and in range.
+        unsafe { &*((self.0 + off) as *const AtomicU64) }
+    }
+    fn u32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as above, 4-aligned.
+        unsafe { &*((self.0 + off) as *const AtomicU32) }
+    }
+    fn publish(&self, off: usize, v: u64) {
+        self.u64(off).store(v, Ordering::SeqCst);
+        self.u32(BELL).fetch_add(1, Ordering::SeqCst);
+        wait::wake(self.u32(BELL), self.u32(SLEEPERS));
+    }
+}
+
+/// How a peer reaches one rank's window.
+#[derive(Debug, Clone, PartialEq)]
+enum Reach {
+    /// An address in that rank's process (usable by ranks of the same process).
+    Addr(u64),
+    /// An offset in a `HostBuf` file.
+    File(String, u64),
+}
+
+/// What each rank sends at register/deregister (over the bootstrap).
+#[derive(Debug, Clone, PartialEq)]
+struct Record {
+    /// 1: register, 2: deregister.
+    verb: u8,
+    id: u64,
+    /// Why this rank refuses the call (empty: it accepts).
+    refusal: String,
+    len: u64,
+    reach: Reach,
+    /// Every peer of this rank is over shm (not tcp, not another host).
+    shm_only: bool,
+    ctrl: String,
+}
+
+impl Record {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![self.verb];
+        b.extend_from_slice(&self.id.to_le_bytes());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        b.push(u8::from(self.shm_only));
+        let (kind, v, name) = match &self.reach {
+            Reach::Addr(a) => (0u8, *a, ""),
+            Reach::File(n, o) => (1u8, *o, n.as_str()),
+        };
+        b.push(kind);
+        b.extend_from_slice(&v.to_le_bytes());
+        for s in [name, self.ctrl.as_str(), self.refusal.as_str()] {
+            b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Record> {
+        let bad = || Error::internal("a malformed buffer registration record from a peer");
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let s = b.get(at..at.checked_add(n).ok_or_else(bad)?).ok_or_else(bad)?;
+            at += n;
+            Ok(s)
+        };
+        let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or([0; 8]));
+        let verb = take(1)?[0];
+        let id = u64_of(take(8)?);
+        let len = u64_of(take(8)?);
+        let shm_only = take(1)?[0] != 0;
+        let kind = take(1)?[0];
+        let v = u64_of(take(8)?);
+        let mut strs = Vec::with_capacity(3);
+        for _ in 0..3 {
+            let n = u32::from_le_bytes(take(4)?.try_into().unwrap_or([0; 4])) as usize;
+            if n > 4096 {
+                return Err(bad());
+            }
+            strs.push(String::from_utf8(take(n)?.to_vec()).map_err(|_| bad())?);
+        }
+        let refusal = strs.pop().unwrap_or_default();
+        let ctrl = strs.pop().unwrap_or_default();
+        let name = strs.pop().unwrap_or_default();
+        let reach = match kind {
+            0 => Reach::Addr(v),
+            1 => Reach::File(name, v),
+            _ => return Err(bad()),
+        };
+        Ok(Record { verb, id, refusal, len, reach, shm_only, ctrl })
+    }
+}
+
+/// An active window: where each rank's window starts in this process's address space.
+struct Window {
+    id: u64,
+    base: usize,
+    len: usize,
+    shared: bool,
+    /// Per rank: its window's start as mapped here, and its length.
+    peers: Vec<(usize, usize)>,
+}
+
+/// A communicator's registrations.
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// This rank's control segment (made at the first registration).
+    ctrl: OnceLock<Ctrl>,
+    /// Set by `fail` before the control segment exists: it starts failed.
+    failed: AtomicBool,
+    /// Sequence number of the last registered operation.
+    seq: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    windows: Vec<Window>,
+    next_id: u64,
+    /// Peers' control segments, by rank (`None` for this rank).
+    ctrls: Vec<Option<Ctrl>>,
+    /// Peers' host buffer files mapped here, by name (a larger window of a file maps it again;
+    /// earlier mappings stay, so addresses handed out stay valid until the communicator goes).
+    files: HashMap<String, Vec<Segment>>,
+}
+
+/// One rank's view of a registered operation: the buffers of every rank, in this process.
+pub(crate) struct Plan<'r> {
+    reg: &'r Registry,
+    ctrls: Vec<CtrlAt>,
+    /// Per rank: its send and recv buffer as mapped here.
+    send: Vec<usize>,
+    recv: Vec<usize>,
+    /// Hash of the arguments every rank must agree on.
+    desc: u64,
+}
+
+/// Where the collective runs: rank, peers' pids for liveness, abort flag and timeout.
+pub(crate) struct Env<'a> {
+    pub rank: usize,
+    pub pids: &'a [u32],
+    pub abort: &'a AtomicBool,
+    pub deadline: Deadline,
+    pub patience: Patience,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Registry {
+    /// Marks this rank failed for peers inside a registered operation with it.
+    pub(crate) fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        if let Some(c) = self.ctrl.get() {
+            c.at().publish(STATE, 1);
+        }
+    }
+
+    fn my_ctrl(&self) -> Result<&Ctrl> {
+        if let Some(c) = self.ctrl.get() {
+            return Ok(c);
+        }
+        let c = Ctrl(Segment::create(CTRL_LEN)?);
+        if self.failed.load(Ordering::SeqCst) {
+            c.at().u64(STATE).store(1, Ordering::SeqCst);
+        }
+        Ok(self.ctrl.get_or_init(|| c))
+    }
+
+    /// Registers `[base, base+len)`: `gather` exchanges the records among the ranks (the
+    /// bootstrap all-gather). `same_host` and `shm_only` come from the peer table and config.
+    pub(crate) fn register(
+        &self,
+        comm: u64,
+        me: usize,
+        pids: &[u32],
+        (base, len): (usize, usize),
+        shm_only: bool,
+        mut gather: impl FnMut(&[u8]) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Handle> {
+        let n = pids.len();
+        let ctrl_name = self.my_ctrl()?.0.name().unwrap_or("").to_string();
+        let g = lock(&self.inner);
+        let id = g.next_id + 1;
+        let mut refusal = String::new();
+        if len == 0 {
+            refusal = "an empty buffer cannot be registered".into();
+        } else if let Some(w) = g.windows.iter().find(|w| base < w.base + w.len && w.base < base + len) {
+            refusal = format!(
+                "the buffer {base:#x}+{len} overlaps the registered window {:#x}+{} (handle {})",
+                w.base, w.len, w.id
+            );
+        }
+        let reach = match hostmem::find(base, len) {
+            Some((name, off)) => Reach::File(name, off as u64),
+            None => Reach::Addr(base as u64),
+        };
+        let mine = Record { verb: 1, id, refusal, len: len as u64, reach, shm_only, ctrl: ctrl_name };
+        // Not held across the bootstrap exchange (which takes the communicator's lock, and an
+        // operation's error path takes this one inside that).
+        drop(g);
+        let all = gather(&mine.encode())?.iter().map(|b| Record::decode(b)).collect::<Result<Vec<_>>>()?;
+        agree(&all, 1, id, "register")?;
+        let mut g = lock(&self.inner);
+        g.next_id = id;
+        // Active when every rank reaches every other's buffer: one host, shm only, and each
+        // buffer a HostBuf file or in a process that holds every rank.
+        let one_process = pids.iter().all(|&p| p == pids[0]);
+        let shared = all.iter().all(|r| r.shm_only && (one_process || matches!(r.reach, Reach::File(..))));
+        let mut peers = Vec::with_capacity(n);
+        let mapped: Result<()> = (|| {
+            if !shared {
+                return Ok(());
+            }
+            if g.ctrls.len() != n {
+                g.ctrls = (0..n).map(|_| None).collect();
+            }
+            for (r, rec) in all.iter().enumerate() {
+                if r == me {
+                    peers.push((base, len));
+                    continue;
+                }
+                if g.ctrls[r].is_none() {
+                    g.ctrls[r] = Some(Ctrl(Segment::open(&rec.ctrl, CTRL_LEN)?));
+                }
+                let at = match (&rec.reach, pids[r] == pids[me]) {
+                    (Reach::Addr(a), true) => *a as usize,
+                    (Reach::File(name, off), _) => {
+                        let need = *off as usize + rec.len as usize;
+                        let maps = g.files.entry(name.clone()).or_default();
+                        if !maps.iter().any(|s| s.len() >= need) {
+                            maps.push(Segment::open(name, need)?);
+                        }
+                        let seg = maps.iter().find(|s| s.len() >= need).map_or(0, |s| s.ptr() as usize);
+                        seg + *off as usize
+                    }
+                    (Reach::Addr(_), false) => return Err(Error::internal("an address window of another process")),
+                };
+                peers.push((at, rec.len as usize));
+            }
+            Ok(())
+        })();
+        drop(g);
+        // Every rank learns whether every other mapped what it needed, so all agree to fail.
+        let ok = gather(&[u8::from(mapped.is_ok())])?;
+        mapped?;
+        if let Some(r) = ok.iter().position(|v| v.first() != Some(&1)) {
+            return Err(Error::remote(r, "could not map the peers' registered buffers (see that rank's log)"));
+        }
+        lock(&self.inner).windows.push(Window { id, base, len, shared, peers });
+        if !shared {
+            tracing::debug!(
+                "occl: registered window {id} is inactive (another host, tcp, or a buffer that is not a HostBuf)"
+            );
+        }
+        Ok(Handle { comm, id, shared })
+    }
+
+    /// Removes a window; collective like `register`.
+    pub(crate) fn deregister(
+        &self,
+        comm: u64,
+        h: Handle,
+        mut gather: impl FnMut(&[u8]) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<()> {
+        let g = lock(&self.inner);
+        let refusal = if h.comm != comm {
+            format!("handle {} belongs to communicator {:016x}, not this one", h.id, h.comm)
+        } else if !g.windows.iter().any(|w| w.id == h.id) {
+            format!("handle {} is not registered (deregistered already?)", h.id)
+        } else {
+            String::new()
+        };
+        let mine =
+            Record { verb: 2, id: h.id, refusal, len: 0, reach: Reach::Addr(0), shm_only: false, ctrl: String::new() };
+        drop(g);
+        let all = gather(&mine.encode())?.iter().map(|b| Record::decode(b)).collect::<Result<Vec<_>>>()?;
+        agree(&all, 2, h.id, "deregister")?;
+        let mut g = lock(&self.inner);
+        g.windows.retain(|w| w.id != h.id);
+        Ok(())
+    }
+
+    /// A timeout of a normal-path operation on a communicator with active windows: peers that
+    /// passed registered buffers wait elsewhere, so the message names that likely cause.
+    pub(crate) fn explain(&self, e: Error) -> Error {
+        match e {
+            Error::Timeout { what, secs } if lock(&self.inner).windows.iter().any(|w| w.shared) => Error::Timeout {
+                what: format!(
+                    "{what} (this communicator has registered windows: if other ranks passed registered buffers while \
+                     this one did not, every rank must pass registered buffers, at the same window offsets, or none)"
+                ),
+                secs,
+            },
+            e => e,
+        }
+    }
+
+    /// This rank's buffer `[p, p+bytes)` in an active window: the window and the offset.
+    fn window_of(g: &Inner, p: usize, bytes: usize) -> Option<(usize, usize)> {
+        g.windows
+            .iter()
+            .position(|w| w.shared && p >= w.base && p + bytes <= w.base + w.len)
+            .map(|i| (i, p - g.windows[i].base))
+    }
+
+    /// The plan of a registered operation when `send` and `recv` both lie in active windows
+    /// (`None`: the normal path). `peer_send` gives a peer's send address from its recv window
+    /// start for in-place all-gather, whose send offset differs per rank.
+    pub(crate) fn plan(
+        &self,
+        me: usize,
+        send: (usize, usize),
+        recv: (usize, usize),
+        in_place_block: Option<usize>,
+        desc: u64,
+    ) -> Result<Option<Plan<'_>>> {
+        if send.1 == 0 || recv.1 == 0 || self.ctrl.get().is_none() {
+            return Ok(None);
+        }
+        let g = lock(&self.inner);
+        let (Some((sw, so)), Some((rw, ro))) =
+            (Self::window_of(&g, send.0, send.1), Self::window_of(&g, recv.0, recv.1))
+        else {
+            return Ok(None);
+        };
+        let n = g.windows[rw].peers.len();
+        let mut sends = Vec::with_capacity(n);
+        let mut recvs = Vec::with_capacity(n);
+        for q in 0..n {
+            let (rbase, rlen) = g.windows[rw].peers[q];
+            let (sbase, slen) = g.windows[sw].peers[q];
+            // In-place all-gather: rank q's block is at q × block of its recv buffer.
+            // (It lies within the recv buffer, whose bounds are checked.)
+            let (s_at, s_fits) = match in_place_block {
+                Some(b) => (rbase + ro + q * b, true),
+                None => (sbase + so, so + send.1 <= slen),
+            };
+            if ro + recv.1 > rlen || !s_fits {
+                return Err(Error::usage(format!(
+                    "a registered collective's buffers run past rank {q}'s registered window; every rank must pass \
+                     buffers at the same offsets of windows registered together"
+                )));
+            }
+            sends.push(if q == me { send.0 } else { s_at });
+            recvs.push(if q == me { recv.0 } else { rbase + ro });
+        }
+        let ctrls = g
+            .ctrls
+            .iter()
+            .enumerate()
+            .map(|(q, c)| if q == me { self.ctrl.get() } else { c.as_ref() }.map(Ctrl::at))
+            .collect::<Option<Vec<CtrlAt>>>()
+            .ok_or_else(|| Error::internal("a registered window without its peers' control segments"))?;
+        // Offsets and windows go into the check too: the contract is the same offsets everywhere.
+        let (sid, rid) = (g.windows[sw].id, g.windows[rw].id);
+        let soff = if in_place_block.is_some() { u64::MAX } else { so as u64 };
+        let desc = describe(&[desc, sid, rid, soff, ro as u64]);
+        Ok(Some(Plan { reg: self, ctrls, send: sends, recv: recvs, desc }))
+    }
+}
+
+/// Every rank made the same call (verb, handle id) and none refused it.
+fn agree(all: &[Record], verb: u8, id: u64, what: &str) -> Result<()> {
+    if let Some((r, rec)) = all.iter().enumerate().find(|(_, r)| !r.refusal.is_empty()) {
+        let e = format!("{what} refused by rank {r}: {}", rec.refusal);
+        return Err(Error::arg(e));
+    }
+    if let Some(r) = all.iter().position(|rec| rec.verb != verb || rec.id != id) {
+        return Err(Error::usage(format!(
+            "{what}: rank {r} made a different registration call (every rank must register and deregister the same \
+             windows in the same order)"
+        )));
+    }
+    Ok(())
+}
+
+/// A hash of the arguments every rank of a registered operation must pass alike.
+pub(crate) fn describe(parts: &[u64]) -> u64 {
+    parts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3)) | 1
+}
+
+/// The algorithm name that flight records and profiler events give registered operations.
+pub(crate) const ALGO: &str = "registered";
+
+/// Bytes reduced per pass: the output block stays in cache while every input is added to it.
+const BLOCK: usize = 64 << 10;
+
+impl Plan<'_> {
+    fn n(&self) -> usize {
+        self.send.len()
+    }
+
+    /// Waits until rank `q`'s word `off` reaches `k`.
+    fn wait(&self, env: &Env<'_>, q: usize, off: usize, k: u64, what: &str) -> Result<()> {
+        let c = &self.ctrls[q];
+        let pid = env.pids[q];
+        let foreign = pid != env.pids[env.rank];
+        let mut check = |slow: bool| -> Result<()> {
+            if env.abort.load(Ordering::Relaxed) {
+                return Err(Error::usage("the communicator was aborted"));
+            }
+            if c.u64(STATE).load(Ordering::Acquire) != 0 {
+                return Err(Error::remote(q, "failed or aborted during a registered collective"));
+            }
+            if slow && foreign && !alive(pid) {
+                return Err(Error::remote(q, format!("process {pid} died during a registered collective")));
+            }
+            Ok(())
+        };
+        let word = c.u64(off);
+        let name = || {
+            format!(
+                "registered {what} (operation {k}): waiting for rank {q}; if rank {q} passed a buffer outside its \
+                 registered windows while this rank passed registered ones, every rank must pass registered buffers \
+                 (at the same window offsets) or none"
+            )
+        };
+        wait::wait_until(
+            || word.load(Ordering::Acquire) >= k,
+            c.u32(BELL),
+            c.u32(SLEEPERS),
+            &mut check,
+            &env.deadline,
+            env.patience,
+            &name,
+            None,
+        )
+    }
+
+    /// Publishes "ready" with the arguments and waits for every peer's, checking they agree.
+    fn start(&self, env: &Env<'_>, what: &str) -> Result<u64> {
+        let k = self.reg.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let me = &self.ctrls[env.rank];
+        me.u64(DESC).store(self.desc, Ordering::Relaxed);
+        me.publish(READY, k);
+        for q in (0..self.n()).filter(|&q| q != env.rank) {
+            self.wait(env, q, READY, k, what)?;
+            // The peer cannot start operation k+1 before this rank's "done" of k.
+            if self.ctrls[q].u64(DESC).load(Ordering::Acquire) != self.desc {
+                return Err(Error::usage(format!(
+                    "operation mismatch: rank {q} called a different registered collective, or other arguments or \
+                     buffer offsets, than rank {} in {what}",
+                    env.rank
+                )));
+            }
+        }
+        Ok(k)
+    }
+
+    /// Publishes "done" and waits for every peer's: then nobody reads this rank's buffers.
+    fn finish(&self, env: &Env<'_>, k: u64, what: &str) -> Result<()> {
+        self.ctrls[env.rank].publish(DONE, k);
+        for q in (0..self.n()).filter(|&q| q != env.rank) {
+            self.wait(env, q, DONE, k, what)?;
+        }
+        Ok(())
+    }
+
+    /// All-reduce of `count` elements: rank r reduces chunk r of every rank's send buffer, a
+    /// cache-sized block at a time, and writes each reduced block into chunk r of every rank's
+    /// recv buffer. Each input is read once and each output written once: no second pass.
+    pub(crate) fn all_reduce(&self, env: &Env<'_>, count: usize, dt: DataType, op: RedOp) -> Result<()> {
+        let (n, me, es) = (self.n(), env.rank, dt.size());
+        let (lo, hi) = (me * count / n * es, (me + 1) * count / n * es);
+        let k = self.start(env, "all_reduce")?;
+        // Far larger than the caches: stream the outputs (they are not read back soon).
+        let stream = crate::copy::streams(count * es);
+        let mut scratch = vec![0u64; BLOCK / 8];
+        let mut at = lo;
+        while at < hi {
+            let len = BLOCK.min(hi - at);
+            // SAFETY: every rank's send and recv buffers hold `count` elements (checked against
+            // the windows in `plan`). Chunk `me` of every send buffer is read by this rank alone,
+            // and chunk `me` of every recv buffer written by this rank alone; in place, this rank
+            // overwrites a block only after reading it. Nobody touches them before READY or
+            // after DONE.
+            unsafe {
+                let acc = std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len);
+                let input = |q: usize| std::slice::from_raw_parts((self.send[q] + at) as *const u8, len);
+                let mut others = (1..n).map(|s| (me + s) % n);
+                match others.next() {
+                    Some(q) => crate::reduce::reduce(dt, op, acc, input(me), input(q)),
+                    None => acc.copy_from_slice(input(me)),
+                }
+                for q in others {
+                    crate::reduce::reduce_in_place(dt, op, acc, input(q));
+                }
+                if op == RedOp::Avg {
+                    crate::reduce::div_in_place(dt, acc, n);
+                }
+                for s in 0..n {
+                    let out = (self.recv[(me + s) % n] + at) as *mut u8;
+                    if stream {
+                        crate::copy::stream(out, acc.as_ptr(), len);
+                    } else {
+                        std::ptr::copy_nonoverlapping(acc.as_ptr(), out, len);
+                    }
+                }
+            }
+            at += len;
+        }
+        self.finish(env, k, "all_reduce")
+    }
+
+    /// All-gather of `block` bytes per rank: copies every peer's send block into this rank's
+    /// recv buffer.
+    pub(crate) fn all_gather(&self, env: &Env<'_>, block: usize) -> Result<()> {
+        let (n, me) = (self.n(), env.rank);
+        let k = self.start(env, "all_gather")?;
+        for step in 0..n {
+            let q = (me + step) % n;
+            let dst = self.recv[me] + q * block;
+            if q == me && self.send[me] == dst {
+                continue;
+            }
+            // SAFETY: rank q's send block is ready (READY) and unchanged until DONE; block q of
+            // this rank's recv buffer is written by this rank alone and read by nobody.
+            unsafe { crate::copy::copy(dst as *mut u8, self.send[q] as *const u8, block) };
+        }
+        self.finish(env, k, "all_gather")
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_reject_garbage() {
+        let r = Record {
+            verb: 1,
+            id: 7,
+            refusal: "no".into(),
+            len: 4096,
+            reach: Reach::File("/occl-mem-1-2".into(), 64),
+            shm_only: true,
+            ctrl: "/occl-mem-1-1".into(),
+        };
+        assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+        let b = r.encode();
+        for cut in 0..b.len() {
+            assert!(Record::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Buffer registration (`Comm::register`): registered all-reduce and all-gather give the same
+//! bits as the normal path for process ranks over shm and for thread ranks; windows are inactive
+//! where peers cannot reach each other's memory; errors are collective and typed; a killed or
+//! mismatched peer ends in an error, not a hang or a wrong result.
+
+mod common;
+
+use common::{assert_all_ok, env, err_of, run_job, worker};
+use occl_tests::launch::{Job, Spawn};
+use std::time::{Duration, Instant};
+
+fn spawn(pairs: &[(&str, &str)]) -> Spawn {
+    Spawn { env: env(pairs), ..Spawn::default() }
+}
+
+#[test]
+fn process_ranks_registered_matches_unregistered() {
+    for n in [2, 3, 4] {
+        let outs =
+            run_job(n, &["register", "host", "shared"], spawn(&[("OCCL_TIMEOUT", "60")]), Duration::from_secs(240));
+        assert_all_ok(&outs, &format!("{n} process ranks, HostBuf windows"));
+    }
+}
+
+#[test]
+fn process_ranks_with_plain_buffers_are_inactive() {
+    let outs = run_job(2, &["register", "vec", "inactive"], spawn(&[("OCCL_TIMEOUT", "60")]), Duration::from_secs(120));
+    assert_all_ok(&outs, "plain Vec buffers in two processes");
+}
+
+#[test]
+fn tcp_windows_are_inactive() {
+    let outs = run_job(
+        3,
+        &["register", "host", "inactive"],
+        spawn(&[("OCCL_TRANSPORT", "tcp"), ("OCCL_TIMEOUT", "60")]),
+        Duration::from_secs(180),
+    );
+    assert_all_ok(&outs, "OCCL_TRANSPORT=tcp");
+}
+
+#[test]
+fn thread_ranks_registered_matches_unregistered() {
+    for (n, host) in [(2, false), (3, false), (4, false), (3, true)] {
+        let comms = occl::Comm::init_all(n).expect("init_all");
+        let wrong: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || occl_tests::register::all(c, host, true))).collect();
+            hs.into_iter().flat_map(|h| h.join().expect("rank thread").expect("occl error")).collect()
+        });
+        assert!(wrong.is_empty(), "{n} thread ranks (HostBuf: {host}):\n{}", wrong.join("\n"));
+        for c in comms {
+            c.destroy().expect("destroy");
+        }
+    }
+}
+
+#[test]
+fn unregistered_rank_among_registered_ones_fails_every_rank() {
+    let start = Instant::now();
+    let opts = Spawn { capture_stdout: true, capture_stderr: true, ..spawn(&[("OCCL_TIMEOUT", "3")]) };
+    let job = Job::spawn(worker(), &["register-mixed".to_string()], 3, &opts).expect("start");
+    let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
+    let outs = job.wait(Duration::from_secs(60)).expect("job ends");
+    // Rank 0 created shm FIFOs that the registered ranks never attached (they failed first):
+    // the segments of ranks that ended in an error stay until the reaper's age limit.
+    remove_segments_of(&pids);
+    let mut named = false;
+    for o in &outs {
+        assert!(!o.output.contains("RESULT"), "rank {} returned a result:\n{}", o.rank, o.output);
+        let (_, _, line) = err_of(o).unwrap_or_else(|| panic!("rank {} did not fail:\n{}", o.rank, o.output));
+        named |= line.contains("registered buffers");
+    }
+    assert!(named, "no rank's error names the likely cause: {outs:#?}");
+    assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
+}
+
+#[test]
+fn killed_peer_fails_survivors_within_timeout() {
+    let spawn =
+        Spawn { env: env(&[("OCCL_TIMEOUT", "5")]), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+    let job = Job::spawn(worker(), &["register-loop".to_string()], 3, &spawn).expect("start");
+    job.wait_for_all("LOOPING", Duration::from_secs(60)).expect("ranks loop");
+    let dead_pid = job.children[1].id();
+    job.signal(1, libc::SIGKILL).expect("kill rank 1");
+    let killed = Instant::now();
+    let outs = job.wait(Duration::from_secs(60)).expect("job ends");
+    let took = killed.elapsed();
+    for o in outs.iter().filter(|o| o.rank != 1) {
+        let (kind, _, line) = err_of(o).unwrap_or_else(|| panic!("rank {} did not fail:\n{}", o.rank, o.output));
+        assert!(kind == "RemoteError" || kind == "Timeout", "rank {}: {line}", o.rank);
+    }
+    assert!(took < Duration::from_secs(5 + 10), "survivors took {took:?}");
+    // The killed rank's host buffers stay in /dev/shm (named with its pid, which the reaper
+    // removes once old); this test removes them itself.
+    let prefix = format!("occl-mem-{dead_pid}-");
+    let left = std::fs::read_dir("/dev/shm")
+        .expect("read /dev/shm")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .count();
+    assert!(left >= 3, "the killed rank's two host buffers and control segment were expected, found {left}");
+    remove_segments_of(&[dead_pid]);
+}
+
+/// Removes /dev/shm files that processes `pids` created (FIFOs `occl-…-<pid>`, host buffers
+/// `occl-mem-<pid>-<n>`).
+fn remove_segments_of(pids: &[u32]) {
+    for e in std::fs::read_dir("/dev/shm").expect("read /dev/shm").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = pids.iter().any(|p| {
+            name.starts_with("occl-")
+                && (name.ends_with(&format!("-{p}")) || name.starts_with(&format!("occl-mem-{p}-")))
+        });
+        if ours {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Records the algorithm of every Coll event and counts ProxyOps.
+#[derive(Default)]
+struct Colls {
+    algos: std::sync::Mutex<Vec<(String, String)>>,
+    proxy_ops: std::sync::atomic::AtomicUsize,
+}
+
+impl occl::telemetry::Sink for Colls {
+    fn interest(&self) -> occl::telemetry::EventMask {
+        occl::telemetry::EventMask::ALL
+    }
+    fn start(
+        &self,
+        _: occl::telemetry::EventId,
+        _: Option<occl::telemetry::EventId>,
+        ev: &occl::telemetry::EventDescr<'_>,
+    ) {
+        match ev {
+            occl::telemetry::EventDescr::Coll { func, algo, .. } => {
+                self.algos.lock().expect("lock").push((func.to_string(), algo.to_string()))
+            }
+            occl::telemetry::EventDescr::ProxyOp { .. } => {
+                self.proxy_ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The profiler sees a registered operation as a Coll event with algorithm "registered" (and no
+/// ProxyOp: no FIFO moves its data); the unregistered one as before.
+#[test]
+fn profiler_sees_registered_operations() {
+    let comms = occl::Comm::init_all(2).expect("init_all");
+    let sinks: Vec<std::sync::Arc<Colls>> = comms
+        .iter()
+        .map(|c| {
+            let s = std::sync::Arc::new(Colls::default());
+            c.attach_sink(s.clone()).expect("attach");
+            s
+        })
+        .collect();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                let mut reg = vec![1.0f32; 4096];
+                let h = c.register(&reg[..]).expect("register");
+                assert!(h.shared());
+                c.all_reduce_in_place(&mut reg, occl::RedOp::Sum).expect("registered all-reduce");
+                assert_eq!(reg[0], 2.0);
+                let mut plain = vec![1.0f32; 4096];
+                c.all_reduce_in_place(&mut plain, occl::RedOp::Sum).expect("all-reduce");
+                c.deregister(h).expect("deregister");
+            });
+        }
+    });
+    for (r, s) in sinks.iter().enumerate() {
+        let algos = s.algos.lock().expect("lock").clone();
+        assert_eq!(algos.len(), 2, "rank {r}: {algos:?}");
+        assert_eq!(algos[0], ("AllReduce".to_string(), "registered".to_string()), "rank {r}");
+        assert_ne!(algos[1].1, "registered", "rank {r}");
+        assert!(s.proxy_ops.load(std::sync::atomic::Ordering::Relaxed) > 0, "the normal path's ProxyOps");
+    }
+    for c in comms {
+        c.destroy().expect("destroy");
+    }
+}
