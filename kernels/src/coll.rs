@@ -6,7 +6,7 @@
 
 use crate::cache::{self, Cache};
 use crate::dtype::{Dtype, RedOp};
-use crate::error::{driver, Error, Result};
+use crate::error::{check, driver, Error, Result};
 use crate::kernels::{build_module, function, Func, THREADS};
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -202,10 +202,7 @@ impl CollKernels {
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         for f in progs.iter().flat_map(|p| p.funcs.iter()) {
             // SAFETY: a live function of a module this table keeps loaded.
-            let r = unsafe { cudarc::driver::sys::cuFuncLoad(f.f.cu_function()) };
-            if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-                return Err(Error::Driver { call: "cuFuncLoad", source: cudarc::driver::DriverError(r) });
-            }
+            check("cuFuncLoad", unsafe { cudarc::driver::sys::cuFuncLoad(f.f.cu_function()) })?;
         }
         Ok(())
     }

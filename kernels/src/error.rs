@@ -41,3 +41,12 @@ pub enum Error {
 pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
     move |source| Error::Driver { call, source }
 }
+
+/// A raw driver call's result as this crate's error, naming the call.
+pub(crate) fn check(call: &'static str, r: cudarc::driver::sys::CUresult) -> Result<()> {
+    if r == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Driver { call, source: DriverError(r) })
+    }
+}

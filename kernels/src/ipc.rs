@@ -2,20 +2,12 @@
 //! process allocates and exports, and peers' regions opened from their handles (with peer
 //! access enabled lazily by the driver).
 
-use crate::error::{driver, Error, Result};
-use cudarc::driver::{result::DriverError, sys, CudaContext};
+use crate::error::{check, driver, Error, Result};
+use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
 
 /// The 64 opaque bytes of a `CUipcMemHandle`, as sent to peers.
 pub type IpcHandle = [u8; 64];
-
-fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Driver { call, source: DriverError(r) })
-    }
-}
 
 /// A zeroed allocation of this process, exportable to peers.
 #[derive(Debug)]

@@ -3,18 +3,10 @@
 //! (`cuLaunchHostFunc`, which a CUDA graph captures as host nodes), an event that orders work
 //! across streams, and whether a stream is being captured.
 
-use crate::error::{driver, Error, Result};
-use cudarc::driver::{result::DriverError, sys, CudaContext, CudaStream};
+use crate::error::{check, driver, Error, Result};
+use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::ffi::c_void;
 use std::sync::Arc;
-
-fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Driver { call, source: DriverError(r) })
-    }
-}
 
 /// Page-locked host memory that the device copies to and from asynchronously.
 #[derive(Debug)]

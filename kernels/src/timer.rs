@@ -9,7 +9,7 @@
 //! [`ClockMap`] moves it onto the host clock with an offset measured by a probe kernel that
 //! answers the host's numbered requests ([`calibrate`]).
 
-use crate::error::{driver, Error, Result};
+use crate::error::{check, driver, Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -77,14 +77,6 @@ impl Drop for Words {
                 let _ = unsafe { sys::cuMemFreeHost(host.cast()) };
             }
         }
-    }
-}
-
-fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Driver { call, source: cudarc::driver::DriverError(r) })
     }
 }
 
