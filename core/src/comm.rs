@@ -819,7 +819,7 @@ impl Comm {
         if crate::group::is_open() {
             return Ok(None);
         }
-        self.reg.plan(self.rank, send, recv, in_place_block, crate::register::describe(desc))
+        self.reg.plan(self.rank, send, recv, in_place_block, desc)
     }
 
     fn reg_env(&self) -> crate::register::Env<'_> {

@@ -368,15 +368,16 @@ impl Registry {
     }
 
     /// The plan of a registered operation when `send` and `recv` both lie in active windows
-    /// (`None`: the normal path). `peer_send` gives a peer's send address from its recv window
-    /// start for in-place all-gather, whose send offset differs per rank.
+    /// (`None`: the normal path). `in_place_block`: an in-place all-gather's block, whose send
+    /// offset differs per rank. `call`: the arguments every rank must pass alike, hashed only
+    /// once the windows apply (an unregistered call pays one load).
     pub(crate) fn plan(
         &self,
         me: usize,
         send: (usize, usize),
         recv: (usize, usize),
         in_place_block: Option<usize>,
-        desc: u64,
+        call: &[u64],
     ) -> Result<Option<Plan<'_>>> {
         if send.1 == 0 || recv.1 == 0 || self.ctrl.get().is_none() {
             return Ok(None);
@@ -418,7 +419,7 @@ impl Registry {
         // Offsets and windows go into the check too: the contract is the same offsets everywhere.
         let (sid, rid) = (g.windows[sw].id, g.windows[rw].id);
         let soff = if in_place_block.is_some() { u64::MAX } else { so as u64 };
-        let desc = describe(&[desc, sid, rid, soff, ro as u64]);
+        let desc = describe(&[describe(call), sid, rid, soff, ro as u64]);
         Ok(Some(Plan { reg: self, ctrls, send: sends, recv: recvs, desc }))
     }
 }
@@ -439,7 +440,7 @@ fn agree(all: &[Record], verb: u8, id: u64, what: &str) -> Result<()> {
 }
 
 /// A hash of the arguments every rank of a registered operation must pass alike.
-pub(crate) fn describe(parts: &[u64]) -> u64 {
+fn describe(parts: &[u64]) -> u64 {
     parts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3)) | 1
 }
 
@@ -466,7 +467,7 @@ impl Plan<'_> {
             if c.u64(STATE).load(Ordering::Acquire) != 0 {
                 return Err(Error::remote(q, "failed or aborted during a registered collective"));
             }
-            if slow && foreign && !alive(pid) {
+            if slow && foreign && !crate::transport::fifo::pid_alive(pid) {
                 return Err(Error::remote(q, format!("process {pid} died during a registered collective")));
             }
             Ok(())
@@ -583,12 +584,6 @@ impl Plan<'_> {
         }
         self.finish(env, k, "all_gather")
     }
-}
-
-fn alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) }
 }
 
 #[cfg(test)]

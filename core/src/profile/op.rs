@@ -280,14 +280,26 @@ impl<'f> OpProf<'f> {
         let legs = move || planned.or_else(|| legs.take().map(|f| f())).unwrap_or_default();
         let mut p = OpProf::empty(f, mask, rank, None, true);
         marker(f, mask, ProxyCtrlState::Active);
-        p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
-        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
-        let api = api_event(f, mask, p.group_api, d);
-        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
-        p.group = p.start(None, &EventDescr::Group);
-        p.parent_group = p.group;
-        p.open(api, d, legs, transport);
+        p.open_alone(f, d, legs, transport);
         Some(p)
+    }
+
+    /// An operation outside any group: its own GroupApi (through the API event), Group, then
+    /// `open`'s Coll/P2p and ProxyOps, in NCCL's order.
+    fn open_alone(
+        &mut self,
+        f: &Fanout,
+        d: &OpDescr<'_>,
+        legs: impl FnOnce() -> Vec<Leg>,
+        transport: impl Fn(usize) -> &'static str,
+    ) {
+        self.group_api = self.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
+        self.state(self.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
+        let api = api_event(f, self.mask, self.group_api, d);
+        self.state(self.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
+        self.group = self.start(None, &EventDescr::Group);
+        self.parent_group = self.group;
+        self.open(api, d, legs, transport);
     }
 
     /// The host events of a device operation, in NCCL's order for a GPU collective: GroupApi,
@@ -310,13 +322,7 @@ impl<'f> OpProf<'f> {
         }
         let d = &describe();
         let mut p = OpProf::empty(f, mask, rank, None, false);
-        p.group_api = p.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: 1 });
-        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::StartApiStop });
-        let api = api_event(f, mask, p.group_api, d);
-        p.state(p.group_api, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
-        p.group = p.start(None, &EventDescr::Group);
-        p.parent_group = p.group;
-        p.open(api, d, Vec::new, |_| "cuda-p2p");
+        p.open_alone(f, d, Vec::new, |_| "cuda-p2p");
         Some(p)
     }
 
