@@ -64,7 +64,7 @@ pub(crate) fn all_reduce_one_shot(s: &Shape, x: &mut impl Exec) -> Result<()> {
             x.send((r + k) % n, mine)?;
         }
         // In place, rank 0's piece overwrites this rank's own before it is folded in: keep a copy.
-        let own = if r == 0 {
+        let own = if r == 0 || !x.in_place() {
             mine
         } else {
             let keep = Span::new(Buf::Scratch, 0, l);

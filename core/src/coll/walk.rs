@@ -57,6 +57,10 @@ pub(crate) trait Exec {
     fn reduce(&mut self, src: Span, dst: Span) -> Result<()>;
     /// Completes `Avg` on `dst` (no-op for other operators).
     fn finish(&mut self, dst: Span) -> Result<()>;
+    /// Whether `Send` and `Recv` may be the same memory (executors that cannot tell say yes).
+    fn in_place(&self) -> bool {
+        true
+    }
 }
 
 /// The executor that moves data: each primitive runs on the FIFOs of its peers.
@@ -157,6 +161,10 @@ impl Exec for Run<'_, '_> {
             reduce::div_in_place(self.ctx.dt, unsafe { std::slice::from_raw_parts_mut(d, dst.len) }, self.ctx.nranks);
         }
         Ok(())
+    }
+
+    fn in_place(&self) -> bool {
+        std::ptr::eq(self.send, self.recv)
     }
 }
 

@@ -73,6 +73,29 @@ pub(crate) struct Tuner {
     consts: Consts,
     /// Per collective, the size classes whose choice was logged.
     logged: [AtomicU64; 5],
+    /// Per collective, the last choice (`memo_word`): a training loop repeats its sizes, and
+    /// pricing every candidate costs more than a small operation's own work.
+    memo: [AtomicU64; 5],
+}
+
+/// The algorithms and protocols a memo word can name, by index.
+const MEMO_ALGOS: [Algo; 6] = [Algo::Ring, Algo::Tree, Algo::Pat, Algo::OneShot, Algo::Chain, Algo::Direct];
+const MEMO_PROTOS: [Proto; 2] = [Proto::Simple, Proto::Ll];
+
+/// `bytes`, the choice's indexes and a set low bit (0 means empty); `None` for sizes that do
+/// not fit in 56 bits.
+fn memo_word(bytes: usize, c: Choice) -> Option<u64> {
+    let a = MEMO_ALGOS.iter().position(|&x| x == c.algo)? as u64;
+    let p = MEMO_PROTOS.iter().position(|&x| x == c.proto)? as u64;
+    let b = u64::try_from(bytes).ok().filter(|&b| b < 1 << 56)?;
+    Some(b << 8 | a << 4 | p << 1 | 1)
+}
+
+fn memo_choice(word: u64, bytes: usize) -> Option<Choice> {
+    if word & 1 == 0 || word >> 8 != bytes as u64 {
+        return None;
+    }
+    Some(Choice { algo: *MEMO_ALGOS.get((word >> 4 & 0xf) as usize)?, proto: *MEMO_PROTOS.get((word >> 1 & 7) as usize)? })
 }
 
 impl Tuner {
@@ -108,7 +131,7 @@ impl Tuner {
             (false, false) => Link::Shm,
         };
         let slot = if network { config.tcp_slot_size } else { config.shm_slot_size };
-        Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default() })
+        Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default(), memo: Default::default() })
     }
 
     /// Whether this host runs more of the communicator's ranks than it has cores (decided once,
@@ -128,6 +151,9 @@ impl Tuner {
     /// reduce-scatter).
     pub(crate) fn choose(&self, coll: CollType, bytes: usize) -> Result<Choice> {
         let func = coll as usize;
+        if let Some(c) = self.memo.get(func).and_then(|m| memo_choice(m.load(Ordering::Relaxed), bytes)) {
+            return Ok(c);
+        }
         let cands = candidates(coll);
         if cands.is_empty() || func >= FUNCS.len() {
             return Ok(Choice { algo: Algo::Direct, proto: Proto::Simple });
@@ -167,6 +193,9 @@ impl Tuner {
         }
         let (choice, _) = best.ok_or_else(|| Error::internal("the tuner priced no choice"))?;
         self.log_once(coll, bytes, choice, &algos, &protos);
+        if let (Some(m), Some(w)) = (self.memo.get(func), memo_word(bytes, choice)) {
+            m.store(w, Ordering::Relaxed);
+        }
         Ok(choice)
     }
 
@@ -252,6 +281,30 @@ mod tests {
         );
         let t = tuner(None, Some("^ll"), 2, TransportKind::Shm);
         assert_eq!(t.choose(CollType::ReduceScatter, 8).expect("simple").proto, Proto::Simple);
+    }
+
+    /// A remembered choice is the one pricing gives, for repeated and alternating sizes, and a
+    /// memo word names only its own size.
+    #[test]
+    fn remembered_choices_match_priced_ones() {
+        let t = tuner(None, None, 4, TransportKind::Shm);
+        for round in 0..3 {
+            for bytes in [8, 8, 4096, 8, 1 << 20, 64 << 20, 1 << 20, 0] {
+                let fresh = tuner(None, None, 4, TransportKind::Shm).choose(CollType::AllReduce, bytes).expect("fresh");
+                assert_eq!(t.choose(CollType::AllReduce, bytes).expect("memo"), fresh, "round {round}, {bytes} B");
+            }
+        }
+        let word = t.memo[CollType::AllReduce as usize].load(Ordering::Relaxed);
+        assert_eq!(memo_choice(word, 0).map(|c| c.algo), Some(t.choose(CollType::AllReduce, 0).expect("0").algo));
+        assert_eq!(memo_choice(word, 8), None);
+        for algo in MEMO_ALGOS {
+            for proto in MEMO_PROTOS {
+                let c = Choice { algo, proto };
+                assert_eq!(memo_word(12345, c).and_then(|w| memo_choice(w, 12345)), Some(c));
+            }
+        }
+        assert_eq!(memo_word(usize::MAX, Choice { algo: Algo::Ring, proto: Proto::Simple }), None);
+        assert_eq!(memo_choice(0, 0), None);
     }
 
     /// The defaults' shape: latency-bound algorithms for small messages, the ring for large ones.
