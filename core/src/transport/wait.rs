@@ -17,9 +17,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
-/// The first futex slice of a sleep: the longest a wake-up missed by a waker without a fence
-/// (`wake`) can cost.
-const FIRST_SLEEP_SLICE: Duration = Duration::from_micros(100);
 
 /// How long a waiter keeps the CPU before it sleeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,18 +228,17 @@ pub(crate) fn wait_until(
     }
     let mut last_slow = Instant::now();
     unless_ready(check(true), &mut ready)?;
-    // Announced once for the whole sleep, so only a store that races with this announcement can
-    // miss its wake-up (see `wake`); the first, short slice bounds what that costs.
-    let _announced = Announced::new(sleepers);
-    let mut slice = FIRST_SLEEP_SLICE;
     loop {
-        // The word before the condition: a change after this look makes futex_wait return.
         let seen = word.load(Ordering::Acquire);
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        // Re-check after announcing ourselves: the waker either sees the count or we see its
+        // write (both sides use SeqCst for this pair).
         if ready() {
+            sleepers.fetch_sub(1, Ordering::SeqCst);
             return Ok(());
         }
-        slept(sleeper, || futex_wait(word, seen, slice));
-        slice = SLEEP_SLICE;
+        slept(sleeper, || futex_wait(word, seen, SLEEP_SLICE));
+        sleepers.fetch_sub(1, Ordering::SeqCst);
         if ready() {
             return Ok(());
         }
@@ -255,22 +251,6 @@ pub(crate) fn wait_until(
         if now >= give_up {
             return Err(Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() });
         }
-    }
-}
-
-/// A sleeper counted in `sleepers` until dropped.
-struct Announced<'a>(&'a AtomicU32);
-
-impl<'a> Announced<'a> {
-    fn new(sleepers: &'a AtomicU32) -> Announced<'a> {
-        sleepers.fetch_add(1, Ordering::SeqCst);
-        Announced(sleepers)
-    }
-}
-
-impl Drop for Announced<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -308,10 +288,8 @@ fn drive_wait(
                 } else {
                     let slice = if ready.busy() { BUSY_SLICE } else { IDLE_SLICE };
                     let seen = word.load(Ordering::Acquire);
-                    // Slices of at most 2 ms bound a wake-up missed by a waker without a fence
-                    // (`wake`), though those (LL steps) run only where no peer is on tcp.
                     sleepers.fetch_add(1, Ordering::SeqCst);
-                    // Re-check after announcing ourselves.
+                    // As in `wait_until`: re-check after announcing ourselves.
                     if !ready.ready() {
                         slept(sleeper, || futex_wait(word, seen, slice));
                     }
@@ -335,12 +313,7 @@ fn drive_wait(
 }
 
 /// Wakes sleepers on `word` if `sleepers` says there are any. Call after the store that makes
-/// their condition true. With a SeqCst store (or a SeqCst fence after it) no wake-up is ever
-/// missed. With a Release store, as the LL protocol's per-step counters use (a fence there waits
-/// for the peer's cache line on every step, serialising a one-shot's sends), a sleeper that
-/// announced itself in the few nanoseconds the store sat in this core's store buffer can miss
-/// it; the sleeper then sees the store when its first, 100 µs slice ends (`wait_until` keeps
-/// its announcement for the whole sleep, so later stores always see it).
+/// their condition true (that store must be SeqCst, or followed by a SeqCst fence).
 #[inline]
 pub(crate) fn wake(word: &AtomicU32, sleepers: &AtomicU32) {
     if sleepers.load(Ordering::SeqCst) != 0 {
@@ -415,46 +388,6 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Timeout);
         assert!(e.to_string().contains("never"));
-    }
-
-    /// A waker without a fence whose store lands just as the sleeper announces itself sees no
-    /// sleeper and makes no wake-up call, and the sleeper's re-check misses the store: the
-    /// sleeper still sees it after the first, short slice (with one long slice per announcement
-    /// it took the whole 20 ms), and leaves the counter as it found it.
-    #[test]
-    fn a_missed_wake_up_costs_one_short_slice() {
-        let best = (0..3)
-            .map(|_| {
-                let (word, sleepers) = (AtomicU32::new(0), AtomicU32::new(0));
-                let landed = std::cell::Cell::new(false);
-                let start = Instant::now();
-                wait_until(
-                    || {
-                        // The store becomes visible right after the first look that follows the
-                        // announcement, too late for futex_wait's own look at the word (so it
-                        // is left unchanged here), and nobody calls futex_wake.
-                        let seen = landed.get();
-                        if sleepers.load(Ordering::SeqCst) != 0 {
-                            landed.set(true);
-                        }
-                        seen
-                    },
-                    &word,
-                    &sleepers,
-                    &mut |_| Ok(()),
-                    &Deadline::after(Duration::from_secs(5)),
-                    Patience::Eager,
-                    &|| "test".into(),
-                    None,
-                )
-                .expect("the condition came true");
-                assert_eq!(sleepers.load(Ordering::SeqCst), 0, "the announcement was withdrawn");
-                start.elapsed()
-            })
-            .min()
-            .expect("three runs");
-        // The spins and yields before sleeping take about Patience::YIELD_FOR (0.5 ms).
-        assert!(best < SLEEP_SLICE / 2, "a missed wake-up cost {best:?}");
     }
 
     /// The peer acknowledges the last slot and closes its end between this side's look at the

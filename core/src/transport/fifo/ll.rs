@@ -24,8 +24,8 @@
 //! acknowledges the step by its count in `acked`; the sender reuses a step only once it is
 //! acknowledged, which for small messages is long done. The counters `posted` and `acked`
 //! exist for waiters that went to sleep (the futex words): the fast path never reads them on
-//! the receiving side. They are stored with Release, without a fence (see `wait::wake` for
-//! what a sleeper that announces itself at that very moment gives up: at most 100 µs).
+//! the receiving side. Storing them is the one sequentially consistent store per step, which the
+//! sleeper handshake of `wait` needs (a receiver that sleeps must be woken).
 
 use super::{wait, Desc, Ends, Line, Msg, RecvFifo, Region, SendFifo};
 use crate::error::{Error, Result};
@@ -228,10 +228,7 @@ impl SendFifo {
         lines[0].store(line(f, len as u32), Ordering::Release);
         self.ll.step = step + 1;
         let lh = self.region.ll_header();
-        // Release, not SeqCst: a fence here would wait for the receiver's copy of the step's
-        // line on every step (8 B one-shot all-reduce on 16 cores, 4 ranks: the three sends
-        // serialised). `wait::wake` says what a sleeper gives up for it.
-        lh.posted.0.store(self.ll.step as u32, Ordering::Release);
+        lh.posted.0.store(self.ll.step as u32, Ordering::SeqCst);
         wait::wake(&lh.posted.0, &lh.recv_sleepers.0);
     }
 }
@@ -325,7 +322,7 @@ impl RecvFifo {
     pub(crate) fn ll_release(&mut self) {
         self.ll.step += 1;
         let lh = self.region.ll_header();
-        lh.acked.0.store(self.ll.step as u32, Ordering::Release); // as `posted` (ll_post_from)
+        lh.acked.0.store(self.ll.step as u32, Ordering::SeqCst);
         wait::wake(&lh.acked.0, &lh.send_sleepers.0);
     }
 
