@@ -233,7 +233,41 @@ impl SendFifo {
     }
 }
 
+/// Starts pulling `line`'s cache line into this core's cache: for writing (`write`), which
+/// fetches it exclusive so a later store need not wait for the other core's copy to go, or for
+/// reading. Only a hint: no effect on memory, and none off x86-64.
+#[inline]
+fn prefetch(line: &AtomicU64, write: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        let p = line.as_ptr() as *const i8;
+        // SAFETY: prefetching never faults and does not change memory; `p` is a live line.
+        unsafe {
+            if write {
+                _mm_prefetch::<_MM_HINT_ET0>(p);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(p);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (line, write);
+}
+
+impl SendFifo {
+    /// Hints that the next LL step will be posted soon (see `prefetch`).
+    pub(crate) fn ll_prepare(&self) {
+        prefetch(&self.region.ll_lines((self.ll.step % STEPS as u64) as usize)[0], true);
+    }
+}
+
 impl RecvFifo {
+    /// Hints that the next LL step will be read soon (see `prefetch`).
+    pub(crate) fn ll_prepare(&self) {
+        prefetch(&self.region.ll_lines((self.ll.step % STEPS as u64) as usize)[0], false);
+    }
+
     /// Waits for line `i` of step slot `slot` to carry flag `f` and returns its data.
     fn ll_line(&self, slot: usize, i: usize, f: u32, ends: &Ends<'_>, deadline: &Deadline) -> Result<u32> {
         let l = &self.region.ll_lines(slot)[i];
