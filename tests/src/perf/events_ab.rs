@@ -13,8 +13,9 @@
 //! - `trace`: the collector feeding the HTA trace exporter, as `OCCL_TRACE_DIR` runs it (the file
 //!   goes to a temporary directory, written once at the end and removed).
 //!
-//! Reported: the median time of each, the overhead, callbacks per operation of the types S wants,
-//! and the cost per callback.
+//! Reported: the median time of each, the overhead (the median over rounds of on / off, the two
+//! batches of a round in alternating order), callbacks per operation of the types S wants, and the
+//! cost per callback.
 
 use super::bench::{Average, Bench};
 use super::Layout;
@@ -262,16 +263,26 @@ pub fn run(
         bench.launch(layout, false)?;
         let per_op = counter.total() - before;
         comm.detach_sink(h);
-        let (mut off, mut on) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            let t = bench.time(layout, false, warmup, iters)?;
-            off.push(bench.combine(t, Average::Max)?);
-            let h = comm.attach_sink(b.sink())?;
-            let t = bench.time(layout, false, warmup, iters)?;
-            comm.detach_sink(h);
-            on.push(bench.combine(t, Average::Max)?);
+        let (mut off, mut on, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            // Off first in even rounds, on first in odd ones, so that whatever favours the first
+            // or the second batch of a round (drift, the attach) weighs on both sides alike.
+            let mut pair = [0.0; 2];
+            for with in if round % 2 == 0 { [false, true] } else { [true, false] } {
+                let h = if with { Some(comm.attach_sink(b.sink())?) } else { None };
+                let t = bench.time(layout, false, warmup, iters)?;
+                if let Some(h) = h {
+                    comm.detach_sink(h);
+                }
+                pair[usize::from(with)] = bench.combine(t, Average::Max)?;
+            }
+            off.push(pair[0]);
+            on.push(pair[1]);
+            ratio.push(pair[1] / pair[0]);
         }
-        let (off, on) = (median(&mut off), median(&mut on));
+        // The overhead is the median of the rounds' own ratios: neighbouring batches share the
+        // machine's state of the moment, which the two medians of all batches do not.
+        let (off, on, ratio) = (median(&mut off), median(&mut on), median(&mut ratio));
         if lead {
             let ns_per_event = if per_op > 0 { (on - off) * 1e9 / per_op as f64 } else { 0.0 };
             writeln!(
@@ -280,7 +291,7 @@ pub fn run(
                 layout.bytes,
                 off * 1e6,
                 on * 1e6,
-                (on / off - 1.0) * 100.0,
+                (ratio - 1.0) * 100.0,
                 per_op,
                 ns_per_event
             )?;
