@@ -775,6 +775,7 @@ impl Comm {
                 nslots: self.config.fifo_slots,
                 algo,
                 proto: choice.proto,
+                geo,
                 staging: &mut inner.staging,
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
                 prof: prof.as_ref(),

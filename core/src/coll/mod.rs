@@ -49,6 +49,8 @@ pub(crate) struct Ctx<'a> {
     /// The operation's algorithm and protocol (the tuner's choice), which set its slices.
     pub algo: Algo,
     pub proto: Proto,
+    /// `geometry` of the above, worked out once per operation (each primitive asks for it).
+    pub geo: (usize, usize),
     /// Progresses the communicator's tcp sockets while this rank waits (none without tcp peers).
     pub drive: Option<&'a dyn Drive>,
     /// Reused staging memory (in-place all-to-all), kept by the communicator between calls so
@@ -92,11 +94,11 @@ pub(crate) fn geometry(algo: Algo, proto: Proto, slot: usize, nslots: usize, dt:
 
 impl<'a> Ctx<'a> {
     pub(crate) fn chunk(&self) -> usize {
-        geometry(self.algo, self.proto, self.slot, self.nslots, self.dt).1
+        self.geo.1
     }
 
     fn slice(&self) -> usize {
-        geometry(self.algo, self.proto, self.slot, self.nslots, self.dt).0
+        self.geo.0
     }
 
     /// The shape a schedule walks: `count` elements per rank (per block).
