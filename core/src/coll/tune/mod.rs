@@ -95,7 +95,10 @@ fn memo_choice(word: u64, bytes: usize) -> Option<Choice> {
     if word & 1 == 0 || word >> 8 != bytes as u64 {
         return None;
     }
-    Some(Choice { algo: *MEMO_ALGOS.get((word >> 4 & 0xf) as usize)?, proto: *MEMO_PROTOS.get((word >> 1 & 7) as usize)? })
+    Some(Choice {
+        algo: *MEMO_ALGOS.get((word >> 4 & 0xf) as usize)?,
+        proto: *MEMO_PROTOS.get((word >> 1 & 7) as usize)?,
+    })
 }
 
 impl Tuner {
@@ -131,7 +134,16 @@ impl Tuner {
             (false, false) => Link::Shm,
         };
         let slot = if network { config.tcp_slot_size } else { config.shm_slot_size };
-        Ok(Tuner { nranks, slot, nslots: config.fifo_slots, link, policy, consts, logged: Default::default(), memo: Default::default() })
+        Ok(Tuner {
+            nranks,
+            slot,
+            nslots: config.fifo_slots,
+            link,
+            policy,
+            consts,
+            logged: Default::default(),
+            memo: Default::default(),
+        })
     }
 
     /// Whether this host runs more of the communicator's ranks than it has cores (decided once,
