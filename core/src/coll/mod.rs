@@ -43,13 +43,10 @@ pub(crate) struct Ctx<'a> {
     pub desc: Desc,
     pub dt: DataType,
     pub op: RedOp,
-    /// FIFO slot bytes (the same on every FIFO of the communicator) and slots per FIFO.
-    pub slot: usize,
-    pub nslots: usize,
-    /// The operation's algorithm and protocol (the tuner's choice), which set its slices.
-    pub algo: Algo,
+    /// The operation's protocol (the tuner's choice).
     pub proto: Proto,
-    /// `geometry` of the above, worked out once per operation (each primitive asks for it).
+    /// Bytes per slice and per step (`geometry` of the operation's algorithm and protocol on
+    /// the communicator's FIFOs), worked out once per operation: every primitive asks for them.
     pub geo: (usize, usize),
     /// Progresses the communicator's tcp sockets while this rank waits (none without tcp peers).
     pub drive: Option<&'a dyn Drive>,
