@@ -120,12 +120,17 @@ fn map(fd: libc::c_int, len: usize, name: &str) -> Result<*mut u8> {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if let Some(name) = &self.owned {
+            // Out of the live list before the unmap: once the range is unmapped, another thread's
+            // new buffer may be mapped at the same address, and `find` must not give it this
+            // (unlinked) file's name, nor this removal take out the new buffer's entry.
+            live().retain(|w| !(w.0 == self.ptr as usize && w.2 == *name));
+        }
         if self.len > 0 {
             // SAFETY: unmapping the mapping this value owns.
             unsafe { libc::munmap(self.ptr.cast(), self.len) };
         }
         if let Some(name) = &self.owned {
-            live().retain(|w| w.0 != self.ptr as usize);
             if let Ok(c) = CString::new(name.as_str()) {
                 // SAFETY: unlinking our own name; already gone is fine.
                 unsafe { libc::shm_unlink(c.as_ptr()) };

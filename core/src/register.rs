@@ -305,6 +305,9 @@ impl Registry {
         })();
         drop(g);
         // Every rank learns whether every other mapped what it needed, so all agree to fail.
+        if let Err(e) = &mapped {
+            tracing::error!("occl: rank {me} could not map its peers' registered buffers: {e}");
+        }
         let ok = gather(&[u8::from(mapped.is_ok())])?;
         mapped?;
         if let Some(r) = ok.iter().position(|v| v.first() != Some(&1)) {

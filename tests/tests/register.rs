@@ -43,10 +43,18 @@ fn tcp_windows_are_inactive() {
 fn thread_ranks_registered_matches_unregistered() {
     for (n, host) in [(2, false), (3, false), (4, false), (3, true)] {
         let comms = occl::Comm::init_all(n).expect("init_all");
-        let wrong: Vec<String> = std::thread::scope(|s| {
+        let results: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || occl_tests::register::all(c, host, true))).collect();
-            hs.into_iter().flat_map(|h| h.join().expect("rank thread").expect("occl error")).collect()
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
         });
+        // Every rank's error, not only the first joined: the root cause is usually another rank's.
+        let errors: Vec<String> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(r, x)| x.as_ref().err().map(|e| format!("rank {r}: {e}")))
+            .collect();
+        assert!(errors.is_empty(), "{n} thread ranks (HostBuf: {host}):\n{}", errors.join("\n"));
+        let wrong: Vec<String> = results.into_iter().flatten().flatten().collect();
         assert!(wrong.is_empty(), "{n} thread ranks (HostBuf: {host}):\n{}", wrong.join("\n"));
         for c in comms {
             c.destroy().expect("destroy");
