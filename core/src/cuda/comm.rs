@@ -36,7 +36,8 @@ impl Default for DeviceSettings {
     /// 64 channels: on 2×H100 (NV18) 32 left every large collective behind NCCL 2.28 (busbw
     /// 0.76-0.97× at 64 MiB-1 GiB); 64 put all-reduce, all-gather and reduce-scatter at
     /// 1.01-1.31× (128: 1.10-1.29×, but on nearly every SM). The shared region doubles with it:
-    /// channels × ranks × slots × slot bytes, 64 MiB per peer (tests/results/gpu-collectives-h100x2.md).
+    /// channels × ranks × slots × slot bytes, 64 MiB per rank of the communicator
+    /// (tests/results/gpu-collectives-h100x2.md).
     fn default() -> Self {
         DeviceSettings { channels: 64, slots: 4, slot_bytes: 256 << 10 }
     }

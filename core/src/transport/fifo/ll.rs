@@ -73,6 +73,11 @@ pub(crate) fn area_size() -> usize {
     PAGE + PAGE + STEPS * PAGE
 }
 
+/// The step slot that step `step` uses.
+fn slot_of(step: u64) -> usize {
+    (step % STEPS as u64) as usize
+}
+
 fn flag(step: u64) -> u32 {
     (step % FLAGS) as u32 + 1
 }
@@ -204,7 +209,7 @@ impl SendFifo {
         let len = len.min(STEP_BYTES);
         let step = self.ll.step;
         let f = flag(step);
-        let lines = self.region.ll_lines((step % STEPS as u64) as usize);
+        let lines = self.region.ll_lines(slot_of(step));
         let whole = len / 4;
         for (k, l) in lines[HDR_LINES..HDR_LINES + whole].iter().enumerate() {
             // SAFETY: word k lies within src's len bytes; the caller's memory may be unaligned.
@@ -258,14 +263,14 @@ fn prefetch(line: &AtomicU64, write: bool) {
 impl SendFifo {
     /// Hints that the next LL step will be posted soon (see `prefetch`).
     pub(crate) fn ll_prepare(&self) {
-        prefetch(&self.region.ll_lines((self.ll.step % STEPS as u64) as usize)[0], true);
+        prefetch(&self.region.ll_lines(slot_of(self.ll.step))[0], true);
     }
 }
 
 impl RecvFifo {
     /// Hints that the next LL step will be read soon (see `prefetch`).
     pub(crate) fn ll_prepare(&self) {
-        prefetch(&self.region.ll_lines((self.ll.step % STEPS as u64) as usize)[0], false);
+        prefetch(&self.region.ll_lines(slot_of(self.ll.step))[0], false);
     }
 
     /// Waits for line `i` of step slot `slot` to carry flag `f` and returns its data.
@@ -311,7 +316,7 @@ impl RecvFifo {
     pub(crate) fn ll_peek(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<Msg> {
         let step = self.ll.step;
         let f = flag(step);
-        let slot = (step % STEPS as u64) as usize;
+        let slot = slot_of(step);
         let len = self.ll_line(slot, 0, f, ends, deadline)? as usize;
         if len > STEP_BYTES {
             return Err(Error::internal(format!(
@@ -379,7 +384,7 @@ impl RecvFifo {
     pub(super) fn ll_instead(&self, peer: usize) -> Result<()> {
         let step = self.ll.step;
         let f = flag(step);
-        let lines = self.region.ll_lines((step % STEPS as u64) as usize);
+        let lines = self.region.ll_lines(slot_of(step));
         let got: Vec<u64> = lines[..HDR_LINES].iter().map(|l| l.load(Ordering::Relaxed)).collect();
         if (got[0] >> 32) as u32 != f {
             return Ok(());
