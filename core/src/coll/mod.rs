@@ -201,7 +201,7 @@ pub(crate) unsafe fn copy_unless_same(src: *const u8, dst: *mut u8, len: usize) 
 pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, algo: Algo, send: *const u8, recv: *mut u8, count: usize) -> Result<()> {
     let s = ctx.shape(CollType::AllReduce, algo, count, 0);
     match algo {
-        Algo::Tree => tree::all_reduce(&s, &mut Run::new(ctx, send, recv, 0)),
+        Algo::Tree => tree::all_reduce(&s, &mut Run::new(ctx, send, recv, tree::all_reduce_scratch(&s))),
         Algo::OneShot => direct::all_reduce_one_shot(&s, &mut Run::new(ctx, send, recv, direct::one_shot_scratch(&s))),
         _ => ring::all_reduce(ctx, send, recv, count),
     }

@@ -224,6 +224,7 @@ fn run(coll: CollType, algo: Algo, n: usize, count: usize, root: usize, in_place
                 (CollType::ReduceScatter, _) => super::pat::reduce_scatter_scratch(&s),
                 (CollType::Reduce, _) => super::tree::reduce_scratch(&s),
                 (CollType::AllReduce, Algo::OneShot) => super::direct::one_shot_scratch(&s),
+                (CollType::AllReduce, Algo::Tree) => super::tree::all_reduce_scratch(&s),
                 _ => 0,
             } / ES;
             let walk = match (coll, algo) {

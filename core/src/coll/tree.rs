@@ -9,6 +9,10 @@
 //! largest x + 2^j < n with j < t. Leaves are the odd labels, so the mirror tree (labels
 //! n-1-rank for even n, rank+1 for odd n) has them as its inner nodes: each rank does the
 //! inner work in at most one of the two trees. Depth: ceil(log2 n).
+//!
+//! A tree whose data is one piece (the latency case) swaps at the top: the root's only child
+//! sends its subtree's partial up while the root sends its own data down, and both fold the two
+//! in the same order, so the path is 2·depth − 1 messages instead of 2·depth (at 2 ranks, one).
 
 use super::plan::Shape;
 use super::walk::{pieces, Buf, Exec, Span};
@@ -103,24 +107,33 @@ pub(crate) fn depth(n: usize) -> usize {
 /// One tree of an all-reduce: where it sits and which elements it carries.
 struct Part {
     node: Node,
+    /// The tree's root (a rank).
+    root: usize,
     /// Byte range of the data.
     off: usize,
     len: usize,
 }
 
+impl Part {
+    fn new(s: &Shape, labels: Labels, off: usize, len: usize) -> Part {
+        Part { node: node(s.rank, s.nranks, labels), root: labels.rank(0, s.nranks), off, len }
+    }
+
+    /// Whether the tree swaps at the top (see the module's comment): its data is one piece.
+    fn swaps(&self, s: &Shape) -> bool {
+        s.nranks > 1 && pieces(self.len, s.chunk, s.elem).count() == 1
+    }
+}
+
 /// The parts of an all-reduce of `bytes` (one or two trees).
 fn parts(s: &Shape) -> Vec<Part> {
-    let (n, r, es) = (s.nranks, s.rank, s.elem);
+    let (n, es) = (s.nranks, s.elem);
     let bytes = s.count * es;
-    let a = node(r, n, Labels::Shift(0));
     if bytes < DOUBLE_MIN || s.count < 2 || n < 2 {
-        return vec![Part { node: a, off: 0, len: bytes }];
+        return vec![Part::new(s, Labels::Shift(0), 0, bytes)];
     }
     let half = s.count / 2 * es;
-    vec![
-        Part { node: a, off: 0, len: half },
-        Part { node: node(r, n, Labels::second(n)), off: half, len: bytes - half },
-    ]
+    vec![Part::new(s, Labels::Shift(0), 0, half), Part::new(s, Labels::second(n), half, bytes - half)]
 }
 
 /// Reduce one piece up the tree: the partial result (own data and the children's) goes to the
@@ -160,6 +173,62 @@ fn down(x: &mut impl Exec, t: &Node, dst: Span) -> Result<()> {
     }
 }
 
+/// The up step of a tree that swaps at the top. The root sends its data to its child before it
+/// takes the child's partial P, and both compute `P op root's data`: the same operands in the
+/// same order, so every rank gets the same bits. In place, the root's data is overwritten by P
+/// before it is folded in: it keeps a copy in scratch.
+fn up_swap(x: &mut impl Exec, part: &Part, own: Span, acc: Span) -> Result<()> {
+    let t = &part.node;
+    match (t.parent, t.kids) {
+        (None, [Some(c), _]) => {
+            x.send(c, own)?;
+            let keep = if x.in_place() {
+                let keep = Span::new(Buf::Scratch, own.off, own.len);
+                x.copy(own, keep)?;
+                keep
+            } else {
+                own
+            };
+            x.recv(c, acc)?;
+            x.reduce(keep, acc)?;
+            x.finish(acc)
+        }
+        (Some(p), [None, _]) if p == part.root => x.send(p, own),
+        (Some(p), [Some(c0), k1]) if p == part.root => {
+            x.recv_reduce(c0, own, acc, false)?;
+            if let Some(c1) = k1 {
+                x.recv_reduce(c1, acc, acc, false)?;
+            }
+            x.send(p, acc)
+        }
+        _ => up(x, t, own, acc),
+    }
+}
+
+/// The down step of a tree that swaps at the top: the root's child folds the root's data into
+/// its partial (`own` for a leaf, else `acc`), finished, and sends that on; the root is done.
+fn down_swap(x: &mut impl Exec, part: &Part, own: Span, acc: Span) -> Result<()> {
+    let t = &part.node;
+    match t.parent {
+        None => Ok(()),
+        Some(p) if p == part.root => {
+            let partial = if t.kids[0].is_some() { acc } else { own };
+            x.recv_reduce(p, partial, acc, true)?;
+            for c in t.kids.into_iter().flatten() {
+                x.send(c, acc)?;
+            }
+            Ok(())
+        }
+        Some(_) => down(x, t, acc),
+    }
+}
+
+/// Scratch bytes a tree all-reduce needs on this rank: the root of a tree that swaps at the top
+/// keeps its data there when in place (offsets as in the buffer).
+pub(crate) fn all_reduce_scratch(s: &Shape) -> usize {
+    parts(s).iter().filter(|p| p.node.parent.is_none() && p.swaps(s)).map(|p| p.off + p.len).max().unwrap_or(0)
+}
+
 /// All-reduce: each tree reduces its half up to its root and broadcasts it back down, piece by
 /// piece; a rank's down steps trail its up steps by `depth + 1` pieces so both directions flow.
 pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
@@ -175,13 +244,23 @@ pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
     for i in 0..most + lag {
         for (p, c) in parts.iter().zip(&cut) {
             if let Some(&(o, l)) = c.get(i) {
-                up(x, &p.node, Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l))?;
+                let (own, acc) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
+                if p.swaps(s) {
+                    up_swap(x, p, own, acc)?;
+                } else {
+                    up(x, &p.node, own, acc)?;
+                }
             }
         }
         if let Some(j) = i.checked_sub(lag) {
             for (p, c) in parts.iter().zip(&cut) {
                 if let Some(&(o, l)) = c.get(j) {
-                    down(x, &p.node, Span::new(Buf::Recv, o, l))?;
+                    let (own, acc) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
+                    if p.swaps(s) {
+                        down_swap(x, p, own, acc)?;
+                    } else {
+                        down(x, &p.node, acc)?;
+                    }
                 }
             }
         }

@@ -415,6 +415,21 @@ mod tests {
                 );
             }
         }
+        // 4 ranks on a 16-core host (shm, a core each): the choices within 10% of the best in
+        // all three rounds of session 9's run (tests/results/algos.md).
+        let t = Tuner::with_cores(&Config::default(), 4, &[Shm; 3], 4, 16).expect("tuner");
+        let measured: [(usize, &[&str]); 6] = [
+            (512, &["one-shot/ll", "one-shot/simple"]),
+            (1 << 10, &["one-shot/simple"]),
+            (2 << 10, &["one-shot/simple", "ring/simple"]),
+            (4 << 10, &["one-shot/simple", "ring/simple"]),
+            (8 << 10, &["ring/simple"]),
+            (16 << 10, &["ring/simple"]),
+        ];
+        for (bytes, ok) in measured {
+            let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
+            assert!(ok.contains(&c.as_str()), "n=4 shm, 16 cores, {bytes} B: {c}, measured best {ok:?}");
+        }
     }
 
     #[test]
