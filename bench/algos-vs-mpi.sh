@@ -111,7 +111,7 @@ for n in ranks:
                 if w == "tuner":
                     choice = statistics.mode(x[2] for x in v)
                 if any(x[3] for x in v):
-                    choice += " WRONG"
+                    choice += f" WRONG({w})"
             fmt = (lambda x: f"{x:.1f} µs") if lat else (lambda x: f"{x:.2f} GB/s")
             col = lambda w: fmt(med[w]) if w in med else "-"
             forced = [med[w] for w in ["ring", "tree", "oneshot"] + LLS if w in med]

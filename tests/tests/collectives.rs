@@ -176,6 +176,25 @@ fn processes_tcp_every_forced_algorithm() {
     }
 }
 
+/// With the default FIFOs a tree's data is one piece up to half a FIFO (512 KiB over tcp, 1 MiB
+/// over shm): one tree then swaps at the top, and past 64 KiB two trees of one piece each share
+/// each pair of ranks' FIFOs. Counts below and above 64 KiB and the piece, in and out of place.
+#[test]
+fn processes_forced_tree_with_default_fifos() {
+    let spec = "colls=all_reduce;dtypes=f32,i64;ops=sum,avg,max;counts=1,7,16385,131075,300001";
+    for tcp in [false, true] {
+        for n in [2, 3, 4] {
+            let mut vars = vec![("OCCL_ALGO", "allreduce:tree")];
+            if tcp {
+                vars.push(("OCCL_TRANSPORT", "tcp"));
+            }
+            let outs =
+                run_job(n, &["matrix", spec], Spawn { env: env(&vars), ..Spawn::default() }, Duration::from_secs(120));
+            assert_all_ok(&outs, &format!("forced tree, default FIFOs, tcp={tcp} nranks={n}"));
+        }
+    }
+}
+
 #[test]
 fn threads_mode_every_forced_algorithm_ranks_1_to_8() {
     let spec = Spec::parse(ALGO_SPEC).expect("spec");

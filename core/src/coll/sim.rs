@@ -207,7 +207,22 @@ fn value(n: usize, r: usize, i: usize) -> i64 {
 
 /// Runs `coll` with `algo` on n simulated ranks and checks the result and the plan.
 fn run(coll: CollType, algo: Algo, n: usize, count: usize, root: usize, in_place: bool, avg: bool) {
-    let (slice, nslots) = (16, 4);
+    run_sliced(coll, algo, n, count, root, in_place, avg, 16);
+}
+
+/// `run` over FIFOs of four slots of `slice` bytes (pieces of two).
+#[allow(clippy::too_many_arguments)] // run's arguments and the slot size
+fn run_sliced(
+    coll: CollType,
+    algo: Algo,
+    n: usize,
+    count: usize,
+    root: usize,
+    in_place: bool,
+    avg: bool,
+    slice: usize,
+) {
+    let nslots = 4;
     let chunk = slice * nslots / 2;
     let what = format!("{coll:?} {algo:?} n={n} count={count} root={root} in_place={in_place} avg={avg}");
     let shape = |rank| Shape { coll, algo, nranks: n, rank, count, elem: ES, slice, chunk, root, peer: 0 };
@@ -315,6 +330,18 @@ fn tree_all_reduce_two_trees() {
     let count = super::tree::DOUBLE_MIN / ES + 37;
     for n in [2, 3, 4, 5, 7, 8] {
         run(CollType::AllReduce, Algo::Tree, n, count, 0, n == 5, n == 7);
+    }
+}
+
+#[test]
+fn tree_all_reduce_two_trees_of_one_piece_each() {
+    // Pieces as large as each tree's half: both trees' messages between a pair of ranks share
+    // its FIFOs in one order.
+    let count = super::tree::DOUBLE_MIN / ES + 37;
+    for n in [2, 3, 4, 5] {
+        for in_place in [false, true] {
+            run_sliced(CollType::AllReduce, Algo::Tree, n, count, 0, in_place, n == 3, count.div_ceil(4) * ES);
+        }
     }
 }
 

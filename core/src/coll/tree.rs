@@ -10,7 +10,7 @@
 //! n-1-rank for even n, rank+1 for odd n) has them as its inner nodes: each rank does the
 //! inner work in at most one of the two trees. Depth: ceil(log2 n).
 //!
-//! A tree whose data is one piece (the latency case) swaps at the top: the root's only child
+//! A single tree whose data is one piece (the latency case) swaps at the top: the root's only child
 //! sends its subtree's partial up while the root sends its own data down, and both fold the two
 //! in the same order, so the path is 2·depth − 1 messages instead of 2·depth (at 2 ranks, one).
 
@@ -118,10 +118,15 @@ impl Part {
     fn new(s: &Shape, labels: Labels, off: usize, len: usize) -> Part {
         Part { node: node(s.rank, s.nranks, labels), root: labels.rank(0, s.nranks), off, len }
     }
+}
 
-    /// Whether the tree swaps at the top (see the module's comment): its data is one piece.
-    fn swaps(&self, s: &Shape) -> bool {
-        s.nranks > 1 && pieces(self.len, s.chunk, s.elem).count() == 1
+/// Whether the all-reduce swaps at the top (see the module's comment): one tree whose data is
+/// one piece. Not with two trees: a pair of ranks would then carry one tree's swap and the
+/// other's partial in opposite orders over the same FIFOs.
+fn swaps(s: &Shape, parts: &[Part]) -> bool {
+    match parts {
+        [p] => s.nranks > 1 && pieces(p.len, s.chunk, s.elem).count() == 1,
+        _ => false,
     }
 }
 
@@ -224,9 +229,13 @@ fn down_swap(x: &mut impl Exec, part: &Part, own: Span, acc: Span) -> Result<()>
 }
 
 /// Scratch bytes a tree all-reduce needs on this rank: the root of a tree that swaps at the top
-/// keeps its data there when in place (offsets as in the buffer).
+/// keeps its data there when in place.
 pub(crate) fn all_reduce_scratch(s: &Shape) -> usize {
-    parts(s).iter().filter(|p| p.node.parent.is_none() && p.swaps(s)).map(|p| p.off + p.len).max().unwrap_or(0)
+    let parts = parts(s);
+    match parts.as_slice() {
+        [p] if p.node.parent.is_none() && swaps(s, &parts) => p.len,
+        _ => 0,
+    }
 }
 
 /// All-reduce: each tree reduces its half up to its root and broadcasts it back down, piece by
@@ -237,6 +246,7 @@ pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
         return Ok(());
     }
     let parts = parts(s);
+    let swap = swaps(s, &parts);
     let cut: Vec<Vec<(usize, usize)>> =
         parts.iter().map(|p| pieces(p.len, s.chunk, s.elem).map(|(o, l)| (p.off + o, l)).collect()).collect();
     let lag = depth(s.nranks) + 1;
@@ -245,7 +255,7 @@ pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
         for (p, c) in parts.iter().zip(&cut) {
             if let Some(&(o, l)) = c.get(i) {
                 let (own, acc) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
-                if p.swaps(s) {
+                if swap {
                     up_swap(x, p, own, acc)?;
                 } else {
                     up(x, &p.node, own, acc)?;
@@ -256,7 +266,7 @@ pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
             for (p, c) in parts.iter().zip(&cut) {
                 if let Some(&(o, l)) = c.get(j) {
                     let (own, acc) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
-                    if p.swaps(s) {
+                    if swap {
                         down_swap(x, p, own, acc)?;
                     } else {
                         down(x, &p.node, acc)?;

@@ -5,7 +5,7 @@
 //! ```
 //!
 //! `steps` counts the messages on the critical path (ring all-reduce 2(n-1), tree 2·depth, or
-//! 2·depth − 1 when each tree's data is one piece and it swaps at the top,
+//! 2·depth − 1 when a single tree's data is one piece and it swaps at the top,
 //! one-shot 1, chain n-1, PAT ceil(log2 n)), `msgs` those the busiest rank handles (one-shot
 //! 2(n-1), an inner tree node 6), `load` the bytes the busiest rank sends, in units of `bytes`
 //! (ring all-reduce 2(n-1)/n, double tree 2, one-shot n-1, all-gather n-1), and `step_bytes`
@@ -220,8 +220,7 @@ fn shape(coll: CollType, algo: Algo, n: usize, bytes: usize, chunk: usize) -> Sh
                 (_, false) => (6.0, 3.0),
                 (_, true) => (6.0, 2.0),
             };
-            let per_tree = if double { bytes.div_ceil(2) } else { bytes };
-            let swap = if per_tree <= chunk { 1.0 } else { 0.0 };
+            let swap = if !double && bytes <= chunk { 1.0 } else { 0.0 };
             sh(2.0 * depth - swap, msgs, if double { 0.5 } else { 1.0 }, load)
         }
         // Every rank sends its data to each of n-1 peers before it can finish.
