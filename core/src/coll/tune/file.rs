@@ -9,6 +9,7 @@
 //! shm.ll.gbps = 1.0
 //! tcp.allreduce.tree.base_us = 3           # fixed cost of one (collective, algorithm)
 //! shm-shared.allgather.pat.simple.scale = 1.2   # factor on its byte term (protocol optional)
+//! tcp.allreduce.oneshot.peer_us = 30       # cost per rank beyond two
 //! ```
 //!
 //! Links are `shm`, `tcp` (also a mix of shm and tcp) and `shm-shared`, `tcp-shared` (the same
@@ -59,17 +60,18 @@ pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
             [_, "gbps"] => c.links[link].gbps = value,
             [_, "ll", "alpha_us"] => c.links[link].ll_alpha_us = value,
             [_, "ll", "gbps"] => c.links[link].ll_gbps = value,
-            [_, coll, algo, "base_us" | "scale"] | [_, coll, algo, "simple" | "ll", "base_us" | "scale"] => {
+            [_, coll, algo, "base_us" | "scale" | "peer_us"]
+            | [_, coll, algo, "simple" | "ll", "base_us" | "scale" | "peer_us"] => {
                 let proto = usize::from(parts.len() == 5 && parts[3] == "ll");
                 let f =
                     FUNCS.iter().position(|f| f == coll).ok_or_else(|| at(format!("unknown collective {coll:?}")))?;
                 let a =
                     MODELLED.iter().position(|a| a == algo).ok_or_else(|| at(format!("unknown algorithm {algo:?}")))?;
                 let adj = &mut c.adj[link][f][a][proto];
-                if param == "base_us" {
-                    adj.base_us = value;
-                } else {
-                    adj.scale = value;
+                match param {
+                    "base_us" => adj.base_us = value,
+                    "peer_us" => adj.peer_us = value,
+                    _ => adj.scale = value,
                 }
             }
             _ => return Err(at("unknown key".into())),
@@ -92,6 +94,8 @@ mod tests {
         assert_eq!(c.links[1], d.links[1]);
         assert_eq!(c.adj[2][4][1][0].base_us, 4.0);
         assert_eq!(c.adj[1][2][2][0].scale, 1.5);
+        let c = parse("tcp.allreduce.oneshot.peer_us = 7").expect("parses");
+        assert_eq!(c.adj[2][4][3][0].peer_us, 7.0);
         let c = parse("shm.ll.alpha_us = 0.1\nshm.allreduce.ring.ll.base_us = 2\nshm.ll.gbps = 0.8").expect("parses");
         assert_eq!((c.links[0].ll_alpha_us, c.links[0].ll_gbps), (0.1, 0.8));
         assert_eq!((c.adj[0][4][0][1].base_us, c.adj[0][4][0][0].base_us), (2.0, 0.0));

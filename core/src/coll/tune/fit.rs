@@ -129,7 +129,8 @@ fn price(c: &Consts, cfg: Cfg, n: usize, bytes: usize) -> f64 {
 fn least_squares(c: &Consts, cfg: Cfg, pts: &[(usize, usize, f64)]) -> (f64, f64) {
     let mut probe = c.clone();
     let adj = |p: &mut Consts, base: f64, scale: f64| {
-        p.adj[cfg.link][cfg.func][cfg.algo][cfg.proto] = model::Adj { base_us: base, scale };
+        let a = &mut p.adj[cfg.link][cfg.func][cfg.algo][cfg.proto];
+        (a.base_us, a.scale) = (base, scale);
     };
     // t = base + a + scale·b, with a and b read off the model at (0, 0) and (0, 1).
     let (mut s11, mut s12, mut s22, mut r1, mut r2) = (0.0, 0.0, 0.0, 0.0, 0.0);
@@ -314,7 +315,8 @@ pub(crate) fn fit(rows: &[Measured], cores: usize, start: Consts, links: bool) -
     let mut ls = start.clone();
     for (&cfg, pts) in &by_cfg {
         let (base_us, scale) = least_squares(&ls, cfg, pts);
-        ls.adj[cfg.link][cfg.func][cfg.algo][cfg.proto] = model::Adj { base_us, scale };
+        let a = &mut ls.adj[cfg.link][cfg.func][cfg.algo][cfg.proto];
+        (a.base_us, a.scale) = (base_us, scale);
     }
     let mut knobs: Vec<Knob> = by_cfg.keys().flat_map(|&cfg| [Knob::Base(cfg), Knob::Scale(cfg)]).collect();
     let mut measured: Vec<usize> = by_cfg.keys().map(|c| c.link).collect();
@@ -342,6 +344,9 @@ pub(crate) fn fit(rows: &[Measured], cores: usize, start: Consts, links: bool) -
     for &cfg in by_cfg.keys() {
         let a = c.adj[cfg.link][cfg.func][cfg.algo][cfg.proto];
         file += &format!("{}.base_us = {:.3}\n{}.scale = {:.4}\n", name(cfg), a.base_us, name(cfg), a.scale);
+        if a.peer_us != 0.0 {
+            file += &format!("{}.peer_us = {:.3}\n", name(cfg), a.peer_us);
+        }
     }
     let (report, misses) = report(&c, &points);
     Ok(Calibration { file, report, misses, points: points.len() })

@@ -416,7 +416,7 @@ mod tests {
             }
         }
         // 4 ranks on a 16-core host (shm, a core each): the choices within 10% of the best in
-        // all three rounds of session 9's run (tests/results/algos.md).
+        // every round of session 9's runs (tests/results/algos.md).
         let t = Tuner::with_cores(&Config::default(), 4, &[Shm; 3], 4, 16).expect("tuner");
         let measured: [(usize, &[&str]); 6] = [
             (512, &["one-shot/ll", "one-shot/simple"]),
@@ -429,6 +429,21 @@ mod tests {
         for (bytes, ok) in measured {
             let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
             assert!(ok.contains(&c.as_str()), "n=4 shm, 16 cores, {bytes} B: {c}, measured best {ok:?}");
+        }
+        // The same host over tcp: the tree of one piece (three hops) level with the one-shot
+        // at 8-64 B and ahead from 1 KiB to 32 KiB, the ring ahead at 64 KiB.
+        let t = Tuner::with_cores(&Config::default(), 4, &[Tcp; 3], 4, 16).expect("tuner");
+        let measured: [(usize, &[&str]); 6] = [
+            (8, &["one-shot/simple", "tree/simple"]),
+            (64, &["one-shot/simple", "tree/simple"]),
+            (1 << 10, &["one-shot/simple", "tree/simple"]),
+            (8 << 10, &["tree/simple"]),
+            (32 << 10, &["tree/simple"]),
+            (64 << 10, &["ring/simple"]),
+        ];
+        for (bytes, ok) in measured {
+            let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
+            assert!(ok.contains(&c.as_str()), "n=4 tcp, 16 cores, {bytes} B: {c}, measured best {ok:?}");
         }
     }
 
