@@ -60,11 +60,11 @@ pub(crate) fn all_reduce_one_shot(s: &Shape, x: &mut impl Exec) -> Result<()> {
     let bytes = s.count * s.elem;
     for (o, l) in pieces(bytes, s.chunk, s.elem) {
         let (mine, out) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
-        x.prepare_all(true);
+        x.prepare_all(true, l);
         for k in 1..n {
             x.send((r + k) % n, mine)?;
         }
-        x.prepare_all(false);
+        x.prepare_all(false, l);
         // In place, rank 0's piece overwrites this rank's own before it is folded in: keep a copy.
         let own = if r == 0 || !x.in_place() {
             mine

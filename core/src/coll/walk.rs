@@ -57,9 +57,10 @@ pub(crate) trait Exec {
     fn reduce(&mut self, src: Span, dst: Span) -> Result<()>;
     /// Completes `Avg` on `dst` (no-op for other operators).
     fn finish(&mut self, dst: Span) -> Result<()>;
-    /// Hints that this rank is about to send to every peer (`send`) or receive from every peer:
-    /// the executor may start the cache misses of all of them at once (default: nothing).
-    fn prepare_all(&mut self, _send: bool) {}
+    /// Hints that this rank is about to send `bytes` to every peer (`send`) or receive them from
+    /// every peer: the executor may start the cache misses of all of them at once (default:
+    /// nothing).
+    fn prepare_all(&mut self, _send: bool, _bytes: usize) {}
     /// Whether `Send` and `Recv` may be the same memory (executors that cannot tell say yes).
     fn in_place(&self) -> bool {
         true
@@ -170,13 +171,13 @@ impl Exec for Run<'_, '_> {
         std::ptr::eq(self.send, self.recv)
     }
 
-    fn prepare_all(&mut self, send: bool) {
+    fn prepare_all(&mut self, send: bool, bytes: usize) {
         if self.ctx.proto == super::plan::Proto::Ll {
             for p in self.ctx.peers.iter().flatten() {
                 if send {
-                    p.send.ll_prepare();
+                    p.send.ll_prepare(bytes);
                 } else {
-                    p.recv.ll_prepare();
+                    p.recv.ll_prepare(bytes);
                 }
             }
         }

@@ -260,17 +260,31 @@ fn prefetch(line: &AtomicU64, write: bool) {
     let _ = (line, write);
 }
 
+/// The cache lines of a step that `prepare` touches ahead: those of a payload of `bytes`, at
+/// most `PREPARED` (a 64 B message is three; past a few the hardware prefetcher streams the
+/// rest, and more software prefetches would only queue behind each other).
+fn prepared(bytes: usize) -> usize {
+    const PREPARED: usize = 4;
+    ((HDR_LINES + bytes.div_ceil(4)) * 8).div_ceil(64).min(PREPARED)
+}
+
 impl SendFifo {
-    /// Hints that the next LL step will be posted soon (see `prefetch`).
-    pub(crate) fn ll_prepare(&self) {
-        prefetch(&self.region.ll_lines(slot_of(self.ll.step))[0], true);
+    /// Hints that the next LL step, carrying `bytes`, will be posted soon (see `prefetch`).
+    pub(crate) fn ll_prepare(&self, bytes: usize) {
+        let lines = self.region.ll_lines(slot_of(self.ll.step));
+        for c in 0..prepared(bytes) {
+            prefetch(&lines[c * 8], true);
+        }
     }
 }
 
 impl RecvFifo {
-    /// Hints that the next LL step will be read soon (see `prefetch`).
-    pub(crate) fn ll_prepare(&self) {
-        prefetch(&self.region.ll_lines(slot_of(self.ll.step))[0], false);
+    /// Hints that the next LL step, carrying `bytes`, will be read soon (see `prefetch`).
+    pub(crate) fn ll_prepare(&self, bytes: usize) {
+        let lines = self.region.ll_lines(slot_of(self.ll.step));
+        for c in 0..prepared(bytes) {
+            prefetch(&lines[c * 8], false);
+        }
     }
 
     /// Waits for line `i` of step slot `slot` to carry flag `f` and returns its data.
