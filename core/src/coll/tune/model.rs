@@ -1,7 +1,7 @@
 //! The α-β cost model: an operation of `bytes` per rank on `n` ranks takes
 //!
 //! ```text
-//! base + steps · α + msgs · γ + max(load · bytes, steps · min(step_bytes, chunk)) · scale / bw
+//! base + peer · (n − 2) + steps · α + msgs · γ + max(load · bytes, steps · min(step_bytes, chunk)) · scale / bw
 //! ```
 //!
 //! `steps` counts the messages on the critical path (ring all-reduce 2(n-1), tree 2·depth, or
@@ -13,7 +13,8 @@
 //! hops of the whole buffer) and a long one for its load. α (per step), γ (per message) and bw
 //! are per link, α and bw also per protocol (LL: a shorter path, less bandwidth; `chunk` is
 //! then the LL piece); `base` and `scale` per (collective, algorithm, protocol, link) correct what the
-//! shape alone misses (a tree's unfused primitives, the ring's single copy). The defaults were
+//! shape alone misses (a tree's unfused primitives, the ring's single copy), and `peer` what it
+//! misses per rank beyond two (the one-shot's serial sends). The defaults were
 //! fitted to occl-perf runs on a 2-core machine (tests/results/algos.md); `OCCL_TUNER_FILE`
 //! overrides any of them (see `file.rs`).
 
@@ -147,7 +148,7 @@ const PER_PEER: &[(Link, CollType, usize, Proto, f64)] = {
         // 4 ranks over tcp, a core each (session 9, 16-core host): the one-shot took 23-24 µs at
         // 8-64 B, level with the tree's three hops and 3.3x its own 2-rank time (7.2 µs), and
         // fell behind the tree from 1 KiB (1.1-1.13x) and the ring at 64 KiB (1.2-1.3x). With the
-        // tree's base lowered to 20 below, this picks the tree from 1 KiB and the ring at 64 KiB.
+        // tree's base lowered to 20 (FITTED), this picks the tree from 1 KiB and the ring at 64 KiB.
         (Link::Tcp, CollType::AllReduce, ONESHOT, Proto::Simple, 36.0),
     ]
 };
