@@ -120,13 +120,13 @@ impl Part {
     }
 }
 
-/// Whether the all-reduce swaps at the top (see the module's comment): one tree whose data is
-/// one piece. Not with two trees: a pair of ranks would then carry one tree's swap and the
+/// The tree, if the all-reduce swaps at the top (see the module's comment): one tree whose data
+/// is one piece. Not with two trees: a pair of ranks would then carry one tree's swap and the
 /// other's partial in opposite orders over the same FIFOs.
-fn swaps(s: &Shape, parts: &[Part]) -> bool {
+fn swapping<'a>(s: &Shape, parts: &'a [Part]) -> Option<&'a Part> {
     match parts {
-        [p] => s.nranks > 1 && pieces(p.len, s.chunk, s.elem).count() == 1,
-        _ => false,
+        [p] if s.nranks > 1 && pieces(p.len, s.chunk, s.elem).count() == 1 => Some(p),
+        _ => None,
     }
 }
 
@@ -231,11 +231,7 @@ fn down_swap(x: &mut impl Exec, part: &Part, own: Span, acc: Span) -> Result<()>
 /// Scratch bytes a tree all-reduce needs on this rank: the root of a tree that swaps at the top
 /// keeps its data there when in place.
 pub(crate) fn all_reduce_scratch(s: &Shape) -> usize {
-    let parts = parts(s);
-    match parts.as_slice() {
-        [p] if p.node.parent.is_none() && swaps(s, &parts) => p.len,
-        _ => 0,
-    }
+    swapping(s, &parts(s)).filter(|p| p.node.parent.is_none()).map_or(0, |p| p.len)
 }
 
 /// All-reduce: each tree reduces its half up to its root and broadcasts it back down, piece by
@@ -246,7 +242,11 @@ pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
         return Ok(());
     }
     let parts = parts(s);
-    let swap = swaps(s, &parts);
+    if let Some(p) = swapping(s, &parts) {
+        let (own, acc) = (Span::new(Buf::Send, 0, p.len), Span::new(Buf::Recv, 0, p.len));
+        up_swap(x, p, own, acc)?;
+        return down_swap(x, p, own, acc);
+    }
     let cut: Vec<Vec<(usize, usize)>> =
         parts.iter().map(|p| pieces(p.len, s.chunk, s.elem).map(|(o, l)| (p.off + o, l)).collect()).collect();
     let lag = depth(s.nranks) + 1;
@@ -254,23 +254,13 @@ pub(crate) fn all_reduce(s: &Shape, x: &mut impl Exec) -> Result<()> {
     for i in 0..most + lag {
         for (p, c) in parts.iter().zip(&cut) {
             if let Some(&(o, l)) = c.get(i) {
-                let (own, acc) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
-                if swap {
-                    up_swap(x, p, own, acc)?;
-                } else {
-                    up(x, &p.node, own, acc)?;
-                }
+                up(x, &p.node, Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l))?;
             }
         }
         if let Some(j) = i.checked_sub(lag) {
             for (p, c) in parts.iter().zip(&cut) {
                 if let Some(&(o, l)) = c.get(j) {
-                    let (own, acc) = (Span::new(Buf::Send, o, l), Span::new(Buf::Recv, o, l));
-                    if swap {
-                        down_swap(x, p, own, acc)?;
-                    } else {
-                        down(x, &p.node, acc)?;
-                    }
+                    down(x, &p.node, Span::new(Buf::Recv, o, l))?;
                 }
             }
         }

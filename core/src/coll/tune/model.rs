@@ -142,14 +142,13 @@ const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
 
 /// Per-rank corrections (`peer_us`), fitted at 4 ranks where each rank has a core (2-rank
 /// runs cannot see them).
-const PER_PEER: &[(Link, CollType, usize, Proto, f64)] = {
-    const ONESHOT: usize = 3;
+const PER_PEER: &[(Link, CollType, Algo, Proto, f64)] = {
     &[
         // 4 ranks over tcp, a core each (session 9, 16-core host): the one-shot took 23-24 µs at
         // 8-64 B, level with the tree's three hops and 3.3x its own 2-rank time (7.2 µs), and
         // fell behind the tree from 1 KiB (1.1-1.13x) and the ring at 64 KiB (1.2-1.3x). With the
         // tree's base lowered to 20 (FITTED), this picks the tree from 1 KiB and the ring at 64 KiB.
-        (Link::Tcp, CollType::AllReduce, ONESHOT, Proto::Simple, 36.0),
+        (Link::Tcp, CollType::AllReduce, Algo::OneShot, Proto::Simple, 36.0),
     ]
 };
 
@@ -176,7 +175,9 @@ impl Default for Consts {
             c.adj[link as usize][coll as usize][algo][proto as usize] = Adj { base_us, scale, peer_us: 0.0 };
         }
         for &(link, coll, algo, proto, peer_us) in PER_PEER {
-            c.adj[link as usize][coll as usize][algo][proto as usize].peer_us = peer_us;
+            if let Some(a) = modelled(algo) {
+                c.adj[link as usize][coll as usize][a][proto as usize].peer_us = peer_us;
+            }
         }
         c
     }

@@ -260,31 +260,28 @@ fn prefetch(line: &AtomicU64, write: bool) {
     let _ = (line, write);
 }
 
-/// The cache lines of a step that `prepare` touches ahead: those of a payload of `bytes`, at
-/// most `PREPARED` (a 64 B message is three; past a few the hardware prefetcher streams the
-/// rest, and more software prefetches would only queue behind each other).
-fn prepared(bytes: usize) -> usize {
-    const PREPARED: usize = 4;
-    ((HDR_LINES + bytes.div_ceil(4)) * 8).div_ceil(64).min(PREPARED)
+/// Prefetches the cache lines of `lines` (a step) that a payload of `bytes` fills, at most four
+/// (a 64 B message fills three; past a few the hardware prefetcher streams the rest, and more
+/// software prefetches would only queue behind each other).
+fn prefetch_step(lines: &[AtomicU64], bytes: usize, write: bool) {
+    const CACHE_LINE: usize = 64 / std::mem::size_of::<AtomicU64>();
+    let used = (HDR_LINES + bytes.div_ceil(4)).min(STEP_LINES);
+    for line in lines[..used].iter().step_by(CACHE_LINE).take(4) {
+        prefetch(line, write);
+    }
 }
 
 impl SendFifo {
     /// Hints that the next LL step, carrying `bytes`, will be posted soon (see `prefetch`).
     pub(crate) fn ll_prepare(&self, bytes: usize) {
-        let lines = self.region.ll_lines(slot_of(self.ll.step));
-        for c in 0..prepared(bytes) {
-            prefetch(&lines[c * 8], true);
-        }
+        prefetch_step(self.region.ll_lines(slot_of(self.ll.step)), bytes, true);
     }
 }
 
 impl RecvFifo {
     /// Hints that the next LL step, carrying `bytes`, will be read soon (see `prefetch`).
     pub(crate) fn ll_prepare(&self, bytes: usize) {
-        let lines = self.region.ll_lines(slot_of(self.ll.step));
-        for c in 0..prepared(bytes) {
-            prefetch(&lines[c * 8], false);
-        }
+        prefetch_step(self.region.ll_lines(slot_of(self.ll.step)), bytes, false);
     }
 
     /// Waits for line `i` of step slot `slot` to carry flag `f` and returns its data.
