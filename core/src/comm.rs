@@ -228,7 +228,7 @@ impl Comm {
         // Kept open after the transports connect: a shrink's new root listens on it.
         let kept_listener = listener.try_clone().ok();
         let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;
-        let mut boot = bootstrap::Client::join_any(ids, rank, nranks, config.timeout)?;
+        let mut boot = bootstrap::Client::join_any(ids, rank, nranks, config.listen_addr, config.timeout)?;
         let ras = crate::ras::server(&config, &id.secret)?;
         timer.lap(crate::init_timer::Phase::Bootstrap);
         let me = PeerInfo {
@@ -399,7 +399,7 @@ impl Comm {
             }
         }
         // One rank's failure (a refused mmap, say) makes every other rank fail with "rank r
-        // left the bootstrap" or a timeout: report the cause, not the first consequence.
+        // closed its link in the bootstrap tree" or a timeout: report the cause, not the first consequence.
         let consequence =
             |e: &Error| matches!(e.kind(), ErrorKind::InvalidUsage | ErrorKind::RemoteError | ErrorKind::Timeout);
         match errs.iter().position(|e| !consequence(e)).or((!errs.is_empty()).then_some(0)) {

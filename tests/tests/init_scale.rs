@@ -93,3 +93,33 @@ fn ids_that_disagree_fail_every_rank_instead_of_hanging() {
     assert_eq!(msgs.iter().filter(|m| m.contains("within 5.0 s")).count(), 1, "{msgs:?}");
     assert!(t0.elapsed() < Duration::from_secs(30));
 }
+
+/// After the root phase the bootstrap runs over a tree of the ranks' own links. A rank that
+/// destroys its communicator while the others enter a bootstrap exchange (here a split) must
+/// make each of them fail at once, naming that rank, rather than wait for the timeout. With 7
+/// ranks, rank 1 is an inner node: rank 0 above it and ranks 3 and 4 below learn directly,
+/// and the rest through the error frames that travel on.
+#[test]
+fn a_rank_gone_from_the_bootstrap_tree_fails_the_others_exchange_fast_naming_it() {
+    let config = Config { timeout: Duration::from_secs(60), ..Config::default() };
+    let mut comms = Comm::init_all_scalable(7, 2, config).expect("init");
+    let gone = comms.remove(1);
+    gone.destroy().expect("destroy");
+    let t0 = std::time::Instant::now();
+    let h: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let r = c.rank();
+                (r, c.split(0, r as i32).map(|_| ()))
+            })
+        })
+        .collect();
+    for h in h {
+        let (r, res) = h.join().expect("rank thread");
+        let e = res.expect_err("split without rank 1 must fail");
+        assert_eq!(e.kind(), ErrorKind::RemoteError, "rank {r}: {e}");
+        assert!(e.to_string().contains("peer rank 1"), "rank {r} does not name rank 1: {e}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+}

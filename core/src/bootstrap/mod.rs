@@ -1,15 +1,18 @@
 //! Bootstrap: every rank connects to the root named by the `UniqueId`, proves it knows the job
-//! secret, and the root runs all-gather rounds over those connections — first the peer table
-//! (address, host, pid), then whatever transports need to exchange during setup.
+//! secret and learns its parent's address; then the ranks form a binary tree, and every
+//! all-gather (the peer table, the tuner's digest, split's colours, registrations) runs over
+//! it.
 
+mod gather;
 pub(crate) mod root;
 pub(crate) mod tier;
+mod tree;
 pub(crate) mod wire;
 
 use crate::auth;
 use crate::error::{Error, Result};
 use crate::id::UniqueId;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use wire::{Reader, Writer};
 
@@ -73,24 +76,62 @@ impl PeerInfo {
     }
 }
 
-/// A rank's connection to the bootstrap root.
+/// A rank's place in the bootstrap: its tree links once the root phase is over.
 pub(crate) struct Client {
-    stream: TcpStream,
-    rank: usize,
-    nranks: usize,
-    /// The read timeout set on `stream`, named in the error when a round does not complete.
-    timeout: Duration,
+    /// None for a communicator of one rank, which has nobody to exchange with.
+    tree: Option<tree::Tree>,
+}
+
+/// The root's answer to a join, read until `timeout` (the other ranks may join late): the
+/// parent's tree address, none for rank 0.
+fn await_parent(stream: &mut TcpStream, rank: usize, timeout: Duration) -> Result<Option<SocketAddr>> {
+    let frame = wire::recv(stream).map_err(|e| match e {
+        Error::SystemError { source, .. }
+            if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+        {
+            Error::Timeout {
+                what: "bootstrap (waiting for the other ranks to join the root)".into(),
+                secs: timeout.as_secs_f64(),
+            }
+        }
+        e => e,
+    })?;
+    let mut r = Reader::new(&frame);
+    let parent = match r.u8()? {
+        wire::PARENT => r.str()?,
+        wire::ERROR => return Err(Error::usage(format!("bootstrap root refused rank {rank}: {}", r.str()?))),
+        t => return Err(Error::internal(format!("bootstrap: unexpected frame type {t} from the root"))),
+    };
+    r.finish()?;
+    if rank == 0 {
+        return Ok(None);
+    }
+    parent
+        .parse()
+        .map(Some)
+        .map_err(|_| Error::internal(format!("bootstrap: the root sent a malformed tree address {parent:?}")))
 }
 
 impl Client {
-    /// Connects (retrying while the root is not up yet, until `timeout`), authenticates and
-    /// joins as `rank` of `nranks`.
+    /// Connects to the root (retrying while it is not up yet, until `timeout`), authenticates,
+    /// joins as `rank` of `nranks` with the address of a tree listener bound on `bind`, learns
+    /// its parent's address, and links into the tree.
     /// With several `ids` (scalable init) it joins the root of id `rank * ids.len() / nranks`
     /// and tells it which id that is and the next root's id.
-    pub(crate) fn join_any(ids: &[UniqueId], rank: usize, nranks: usize, timeout: Duration) -> Result<Client> {
+    pub(crate) fn join_any(
+        ids: &[UniqueId],
+        rank: usize,
+        nranks: usize,
+        bind: IpAddr,
+        timeout: Duration,
+    ) -> Result<Client> {
         let m = ids.len();
         let k = tier::id_of(rank, m, nranks);
         let id = ids.get(k).ok_or_else(|| Error::arg("no unique id for this rank"))?;
+        let listener = TcpListener::bind((bind, 0))
+            .map_err(|e| Error::sys(format!("bootstrap: bind a tree listener on {bind}"), e))?;
+        root::deepen_backlog(&listener);
+        let tree_addr = listener.local_addr().map_err(|e| Error::sys("bootstrap: tree listener address", e))?;
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(5);
         let mut stream = loop {
@@ -120,49 +161,23 @@ impl Client {
             w.u32(k as u32);
             w.str(&ids[(k + 1) % m].to_string());
         }
+        w.str(&tree_addr.to_string());
         wire::send(&mut stream, &w.into_inner())?;
-        Ok(Client { stream, rank, nranks, timeout })
+        let parent = await_parent(&mut stream, rank, timeout)?;
+        drop(stream);
+        if nranks == 1 {
+            return Ok(Client { tree: None });
+        }
+        // The job's secret is the first id's, as the transports use.
+        let tree = tree::Tree::connect(listener, parent, &ids[0].secret, rank, nranks, timeout)?;
+        Ok(Client { tree: Some(tree) })
     }
 
     /// Every rank contributes `mine`; returns all contributions in rank order.
     pub(crate) fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let mut w = Writer::default();
-        w.u8(wire::GATHER);
-        w.bytes(mine);
-        wire::send(&mut self.stream, &w.into_inner())?;
-        let secs = self.timeout.as_secs_f64();
-        let frame = wire::recv(&mut self.stream).map_err(|e| match e {
-            Error::SystemError { source, .. }
-                if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-            {
-                Error::Timeout { what: "bootstrap all-gather (waiting for the other ranks to join)".into(), secs }
-            }
-            e => e,
-        })?;
-        let mut r = Reader::new(&frame);
-        match r.u8()? {
-            wire::RESULT => {
-                let n = r.u32()? as usize;
-                if n != self.nranks {
-                    return Err(Error::internal(format!(
-                        "bootstrap: root returned {n} entries for {} ranks",
-                        self.nranks
-                    )));
-                }
-                let out = (0..n).map(|_| r.bytes().map(|b| b.to_vec())).collect::<Result<Vec<_>>>()?;
-                r.finish()?;
-                Ok(out)
-            }
-            wire::ERROR => Err(Error::usage(format!("bootstrap root refused rank {}: {}", self.rank, r.str()?))),
-            t => Err(Error::internal(format!("bootstrap: unexpected frame type {t} from the root"))),
+        match self.tree.as_mut() {
+            Some(r) => r.all_gather(mine),
+            None => Ok(vec![mine.to_vec()]),
         }
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        let mut w = Writer::default();
-        w.u8(wire::BYE);
-        let _ = wire::send(&mut self.stream, &w.into_inner());
     }
 }

@@ -1,6 +1,8 @@
 //! The bootstrap root: accepts the job's ranks, checks each one's proof of the secret and its
-//! join (same rank count, a rank in range and not taken), then serves all-gather rounds until
-//! every rank has said goodbye. Strangers are refused and logged; they never reach a round.
+//! join (same rank count, a rank in range and not taken), then tells every rank the tree
+//! address of its parent and stops: all later exchanges run over the ranks' own tree
+//! (`tree.rs`). The root sends O(n) bytes, not the n² of a peer table. Strangers are refused
+//! and logged; they never reach the tree.
 
 use super::tier::{self, Block, Tier};
 use super::wire::{self, Reader, Writer};
@@ -54,8 +56,8 @@ pub(crate) fn spawn_on(listener: TcpListener, secret: [u8; 16], limit: Duration)
     Ok(())
 }
 
-/// What a rank's join says: the job's size, its rank, and (scalable init) which of `m` ids it
-/// joined and the id of the next root in the ring of roots.
+/// What a rank's join says: the job's size, its rank, where its tree listener is, and
+/// (scalable init) which of `m` ids it joined and the id of the next root in the ring of roots.
 struct Joined {
     stream: TcpStream,
     nranks: usize,
@@ -63,6 +65,7 @@ struct Joined {
     m: usize,
     k: usize,
     next: Option<UniqueId>,
+    tree: String,
 }
 
 /// A connection that passed authentication: a rank, or the previous root of the ring.
@@ -78,24 +81,24 @@ fn reject(mut s: TcpStream, why: &str) {
     let _ = wire::send(&mut s, &w.into_inner());
 }
 
-fn parse_join(frame: &[u8]) -> Result<(usize, usize, usize, usize, Option<UniqueId>, bool)> {
+fn parse_join(frame: &[u8], stream: TcpStream) -> Result<Arrival> {
     let mut r = Reader::new(frame);
     let t = r.u8()?;
-    let (n, rank) = (r.u32()? as usize, r.u32()? as usize);
-    let parsed = match t {
-        wire::JOIN => (n, rank, 1, 0, None, false),
+    let (nranks, rank) = (r.u32()? as usize, r.u32()? as usize);
+    let arrival = match t {
+        wire::JOIN => Arrival::Rank(Joined { stream, nranks, rank, m: 1, k: 0, next: None, tree: r.str()? }),
         wire::JOIN_MULTI => {
             let (m, k) = (r.u32()? as usize, r.u32()? as usize);
             let next = r.str()?;
             let next = if next.is_empty() { None } else { Some(next.parse::<UniqueId>()?) };
-            (n, rank, m, k, next, false)
+            Arrival::Rank(Joined { stream, nranks, rank, m, k, next, tree: r.str()? })
         }
-        // A root's hello: nranks, m, k (read as the "rank" field).
-        wire::ROOT_PEER => (n, 0, rank, r.u32()? as usize, None, true),
+        // A root's hello: nranks, m, k (m read as the "rank" field).
+        wire::ROOT_PEER => Arrival::Root { stream, nranks, m: rank, k: r.u32()? as usize },
         t => return Err(Error::internal(format!("unexpected frame type {t}"))),
     };
     r.finish()?;
-    Ok(parsed)
+    Ok(arrival)
 }
 
 /// Authenticates and reads the join of one connection (on its own thread so that a stranger
@@ -114,15 +117,10 @@ fn admit(mut s: TcpStream, secret: [u8; 16], peer: SocketAddr) -> Option<Arrival
             return None;
         }
     };
-    match parse_join(&frame) {
-        Ok((nranks, _, m, k, _, true)) => {
-            let _ = s.set_read_timeout(None);
-            Some(Arrival::Root { stream: s, nranks, m, k })
-        }
-        Ok((nranks, rank, m, k, next, false)) => {
-            let _ = s.set_read_timeout(None);
-            Some(Arrival::Rank(Joined { stream: s, nranks, rank, m, k, next }))
-        }
+    let _ = s.set_read_timeout(None);
+    let Ok(copy) = s.try_clone() else { return None };
+    match parse_join(&frame, copy) {
+        Ok(a) => Some(a),
         Err(e) => {
             tracing::warn!("bootstrap root: malformed join from {peer}: {e}");
             reject(s, "malformed join message");
@@ -143,7 +141,7 @@ struct Job {
 
 impl Job {
     /// Why `j` does not belong to this job, if it does not.
-    fn refuse(&self, j: &Joined, slots: &[Option<TcpStream>]) -> Option<String> {
+    fn refuse(&self, j: &Joined, slots: &[Option<(TcpStream, String)>]) -> Option<String> {
         if j.nranks != self.nranks {
             return Some(format!("this rank says nranks={} but the job has nranks={}", j.nranks, self.nranks));
         }
@@ -176,7 +174,7 @@ fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> 
     // The acceptor runs until the job is complete; then the listener is closed by dropping it
     // together with this thread's handle on it (a non-blocking accept loop polls for that).
     listener.set_nonblocking(true).map_err(|e| Error::sys("bootstrap root: set non-blocking", e))?;
-    let mut slots: Vec<Option<TcpStream>> = Vec::new();
+    let mut slots: Vec<Option<(TcpStream, String)>> = Vec::new();
     let mut job: Option<Job> = None;
     let mut joined = 0usize;
     let mut prev: Option<(TcpStream, usize, usize, usize)> = None;
@@ -253,14 +251,14 @@ fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> 
                 tracing::warn!("bootstrap root: refused rank {}: {why}", j.rank);
                 reject(j.stream, &why);
             } else {
-                slots[j.rank - jb.lo] = Some(j.stream);
+                slots[j.rank - jb.lo] = Some((j.stream, j.tree));
                 joined += 1;
             }
         }
     }
     drop(listener);
     let Some(job) = job else { return Err(Error::internal("bootstrap root: no job")) };
-    let mut streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
+    let (mut streams, addrs): (Vec<TcpStream>, Vec<String>) = slots.into_iter().flatten().unzip();
     let tier = match prev {
         None => None,
         Some((prev, nranks, m, k)) => {
@@ -286,7 +284,7 @@ fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> 
         }
     };
     tracing::debug!("bootstrap root {}/{}: all {} ranks of its share joined", job.k, job.m, job.hi - job.lo);
-    rounds(&mut streams, job.lo, tier)
+    answer_parents(&mut streams, addrs, job.lo, job.nranks, tier)
 }
 
 fn fail_all(streams: &mut [TcpStream], msg: &str) {
@@ -298,84 +296,53 @@ fn fail_all(streams: &mut [TcpStream], msg: &str) {
     }
 }
 
-/// All-gather rounds: read one frame from every rank of the share, swap shares with the other
-/// roots (if any), answer each rank with all of them. Ends when every rank said goodbye; a rank
-/// that vanishes mid-round fails the round for every rank of every root.
-fn rounds(streams: &mut [TcpStream], lo: usize, mut tier: Option<Tier>) -> Result<()> {
-    let n = streams.len();
-    loop {
-        let mut parts: Vec<Vec<u8>> = Vec::with_capacity(n);
-        let mut gone = Vec::new();
-        for (i, s) in streams.iter_mut().enumerate() {
-            let rank = lo + i;
-            match wire::recv(s) {
-                Ok(f) => {
-                    let mut r = Reader::new(&f);
-                    match r.u8() {
-                        Ok(wire::GATHER) => match r.bytes() {
-                            Ok(b) => parts.push(b.to_vec()),
-                            Err(_) => gone.push((rank, "malformed gather".to_string())),
-                        },
-                        Ok(wire::BYE) => gone.push((rank, "left".to_string())),
-                        _ => gone.push((rank, "unexpected frame".to_string())),
-                    }
-                }
-                Err(e) => gone.push((rank, e.to_string())),
-            }
-        }
-        let mine = if gone.len() == n {
-            Block::Bye
-        } else if let Some((rank, why)) = gone.first() {
-            Block::Failed(format!("rank {rank} left the bootstrap ({why}) while others waited in a round"))
-        } else {
-            Block::Parts(parts)
-        };
-        let blocks = match tier.as_mut() {
-            None => vec![mine],
-            Some(t) => match t.exchange(mine.clone()) {
+/// Tells every rank of the share the tree address of its parent: the share's own addresses,
+/// with the other roots' shares swapped in first when there are several roots. A rank that
+/// cannot be told is logged; its neighbours find out when they dial it or wait for its dial,
+/// and fail with its name.
+fn answer_parents(
+    streams: &mut [TcpStream],
+    addrs: Vec<String>,
+    lo: usize,
+    nranks: usize,
+    tier: Option<Tier>,
+) -> Result<()> {
+    let all: Vec<Vec<u8>> = match tier {
+        None => addrs.into_iter().map(String::into_bytes).collect(),
+        Some(mut t) => {
+            let blocks = match t.exchange(Block::Parts(addrs.into_iter().map(String::into_bytes).collect())) {
                 Ok(b) => b,
-                Err(e) if mine == Block::Bye => {
-                    // The other roots may already be gone after the last round; nothing is owed.
-                    tracing::debug!("bootstrap root: ring closed after the last round: {e}");
-                    return Ok(());
-                }
                 Err(e) => {
                     fail_all(streams, &format!("the bootstrap roots lost each other: {e}"));
                     return Err(e);
                 }
-            },
-        };
-        if blocks.iter().all(|b| *b == Block::Bye) {
-            return Ok(());
-        }
-        let failed = blocks.iter().find_map(|b| match b {
-            Block::Failed(m) => Some(m.clone()),
-            _ => None,
-        });
-        let msg = failed.or_else(|| {
-            blocks
-                .contains(&Block::Bye)
-                .then(|| "the ranks of another root left while these waited in a round".to_string())
-        });
-        if let Some(msg) = msg {
-            fail_all(streams, &msg);
-            let rank = gone.first().map_or(lo, |g| g.0);
-            return Err(Error::remote(rank, msg));
-        }
-        let total: usize = blocks.iter().map(|b| if let Block::Parts(p) = b { p.len() } else { 0 }).sum();
-        let mut w = Writer::default();
-        w.u8(wire::RESULT);
-        w.u32(total as u32);
-        for b in &blocks {
-            if let Block::Parts(p) = b {
-                for x in p {
-                    w.bytes(x);
+            };
+            let mut all = Vec::with_capacity(nranks);
+            for b in blocks {
+                match b {
+                    Block::Parts(p) => all.extend(p),
+                    Block::Failed(why) => {
+                        fail_all(streams, &why);
+                        return Err(Error::usage(why));
+                    }
                 }
             }
+            all
         }
-        let frame = w.into_inner();
-        for s in streams.iter_mut() {
-            wire::send(s, &frame)?;
+    };
+    if all.len() != nranks {
+        let why = format!("the bootstrap roots hold {} tree addresses for {nranks} ranks", all.len());
+        fail_all(streams, &why);
+        return Err(Error::internal(why));
+    }
+    for (i, s) in streams.iter_mut().enumerate() {
+        let rank = lo + i;
+        let mut w = Writer::default();
+        w.u8(wire::PARENT);
+        w.bytes(super::gather::parent(rank).map_or(&[][..], |p| &all[p]));
+        if let Err(e) = wire::send(s, &w.into_inner()) {
+            tracing::warn!("bootstrap root: could not tell rank {rank} its parent: {e}");
         }
     }
+    Ok(())
 }

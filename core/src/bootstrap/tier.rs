@@ -1,8 +1,9 @@
 //! Scalable bootstrap: with several unique ids, rank r joins the root of id `r * m / nranks`
 //! (m ids), so each root serves a contiguous share of the ranks. The roots form a ring among
-//! themselves: every all-gather round, each root gathers its share, passes the shares around the
-//! ring (m - 1 steps, each root forwarding what it received), and answers its own ranks with
-//! the whole table. No root talks to more than its share plus two roots.
+//! themselves: once every rank of its share has joined, each root passes its share's tree
+//! addresses around that ring (m - 1 steps, each root forwarding what it received), so that it
+//! can tell each of its ranks its parent's address, wherever the parent joined. No root talks
+//! to more than its share plus two roots.
 
 use super::wire::{self, Reader, Writer};
 use crate::auth;
@@ -23,11 +24,10 @@ pub(crate) fn share(k: usize, m: usize, nranks: usize) -> (usize, usize) {
     (lo(k), lo(k + 1).min(nranks))
 }
 
-/// One root's contribution to a round: its share's payloads, everyone left, or a failure.
+/// One root's contribution: its share's tree addresses, or a failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Block {
     Parts(Vec<Vec<u8>>),
-    Bye,
     Failed(String),
 }
 
@@ -42,7 +42,6 @@ impl Block {
                     w.bytes(b);
                 }
             }
-            Block::Bye => w.u8(wire::BYE),
             Block::Failed(why) => {
                 w.u8(wire::ERROR);
                 w.str(why);
@@ -62,7 +61,6 @@ impl Block {
                 }
                 Block::Parts((0..n).map(|_| r.bytes().map(<[u8]>::to_vec)).collect::<Result<_>>()?)
             }
-            wire::BYE => Block::Bye,
             wire::ERROR => Block::Failed(r.str()?),
             t => return Err(Error::internal(format!("bootstrap: unexpected frame type {t} between roots"))),
         };
@@ -168,7 +166,7 @@ mod tests {
 
     #[test]
     fn blocks_round_trip_and_lying_counts_are_refused() {
-        for b in [Block::Parts(vec![b"a".to_vec(), vec![], b"xyz".to_vec()]), Block::Bye, Block::Failed("x".into())] {
+        for b in [Block::Parts(vec![b"a".to_vec(), vec![], b"xyz".to_vec()]), Block::Failed("x".into())] {
             assert_eq!(Block::decode(&b.encode()).unwrap(), b);
         }
         let mut w = Writer::default();

@@ -9,13 +9,13 @@ pub(crate) const MAX_FRAME: usize = 16 << 20;
 
 pub(crate) const JOIN: u8 = 1;
 pub(crate) const GATHER: u8 = 2;
-pub(crate) const RESULT: u8 = 3;
 pub(crate) const ERROR: u8 = 4;
-pub(crate) const BYE: u8 = 5;
 /// A join for scalable init: also which of m ids and the next root's id.
 pub(crate) const JOIN_MULTI: u8 = 6;
 /// A root's hello to the next root of the ring of roots.
 pub(crate) const ROOT_PEER: u8 = 7;
+/// The root's answer to a join: the tree address of the rank's parent.
+pub(crate) const PARENT: u8 = 8;
 
 pub(crate) fn send(s: &mut impl Write, payload: &[u8]) -> Result<()> {
     if payload.len() > MAX_FRAME {

@@ -1,0 +1,304 @@
+//! The bootstrap tree: after the root phase every rank holds a link to its parent and one from
+//! each child (`gather.rs` says which), and all later bootstrap all-gathers run over them. No
+//! process carries more than three links, and the n² bytes of a peer table no longer leave one
+//! root: each rank forwards the table to at most two children.
+//!
+//! Links are plain TCP. The dialing side (the child) proves the job secret (`auth`) and says
+//! which rank it is; the accepting side takes only its own children and logs anyone else.
+
+use super::gather::{self, Round};
+use super::wire::{self, Reader, Writer};
+use crate::auth;
+use crate::error::{Error, Result};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+const HELLO: u8 = 11;
+
+pub(crate) struct Tree {
+    rank: usize,
+    /// The rank at the other end of each link, and the link: the parent first, then children.
+    peers: Vec<usize>,
+    links: Vec<TcpStream>,
+    /// Bytes read from each link and not yet handled: they may begin the next round.
+    inbuf: Vec<Vec<u8>>,
+    /// Where reads land, kept between rounds (a fresh buffer per round faults in new pages).
+    readbuf: Box<[u8]>,
+    nranks: usize,
+    round: u32,
+    timeout: Duration,
+    /// Set by the first failure; the tree is not used again after it.
+    broken: Option<String>,
+}
+
+fn hello(rank: usize, nranks: usize) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.u8(HELLO);
+    w.u32(nranks as u32);
+    w.u32(rank as u32);
+    w.into_inner()
+}
+
+/// Dials the parent's listener, retrying until `deadline` (its listener is bound before it
+/// joins the root, but connecting can still be refused under a full backlog).
+fn dial(parent: SocketAddr, secret: &[u8; 16], rank: usize, nranks: usize, deadline: Instant) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(2);
+    let mut s = loop {
+        match TcpStream::connect_timeout(&parent, Duration::from_secs(5)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("bootstrap tree: rank {rank}: parent at {parent} not reachable yet ({e})");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => {
+                return Err(Error::sys(
+                    format!("bootstrap tree: rank {rank}: connect to the parent rank at {parent}"),
+                    e,
+                ))
+            }
+        }
+    };
+    s.set_nodelay(true).map_err(|e| Error::sys("bootstrap tree: set TCP_NODELAY", e))?;
+    auth::client(&mut s, secret)?;
+    wire::send(&mut s, &hello(rank, nranks))?;
+    Ok(s)
+}
+
+/// Accepts connections until every child's has arrived (or `deadline`); strangers and
+/// connections claiming another rank are logged and dropped. Returns them in `kids`' order.
+fn accept_children(
+    listener: &TcpListener,
+    secret: &[u8; 16],
+    rank: usize,
+    nranks: usize,
+    kids: &[usize],
+    deadline: Instant,
+) -> Result<Vec<TcpStream>> {
+    let mut got: Vec<Option<TcpStream>> = kids.iter().map(|_| None).collect();
+    listener.set_nonblocking(true).map_err(|e| Error::sys("bootstrap tree: set non-blocking", e))?;
+    while got.iter().any(Option::is_none) {
+        let (mut s, peer) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    let missing: Vec<usize> =
+                        kids.iter().zip(&got).filter(|(_, g)| g.is_none()).map(|(k, _)| *k).collect();
+                    return Err(Error::Timeout {
+                        what: format!("bootstrap tree: rank {rank} waiting for its children {missing:?} to connect"),
+                        secs: 0.0,
+                    });
+                }
+                let mut p = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+                poll(&mut p, left.min(Duration::from_millis(100)))?;
+                continue;
+            }
+            Err(e) => return Err(Error::sys("bootstrap tree: accept", e)),
+        };
+        let _ = s.set_nonblocking(false);
+        if let Err(e) = auth::server(&mut s, secret) {
+            tracing::warn!("bootstrap tree: rank {rank} refused a connection from {peer}: {e}");
+            continue;
+        }
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let said = wire::recv(&mut s).and_then(|f| {
+            let mut r = Reader::new(&f);
+            let parsed = (r.u8()?, r.u32()? as usize, r.u32()? as usize);
+            r.finish()?;
+            Ok(parsed)
+        });
+        let slot = match said {
+            Ok((HELLO, n, r)) if n == nranks => kids.iter().position(|&k| k == r).filter(|&i| got[i].is_none()),
+            _ => None,
+        };
+        match slot {
+            Some(i) => {
+                let _ = s.set_read_timeout(None);
+                s.set_nodelay(true).map_err(|e| Error::sys("bootstrap tree: set TCP_NODELAY", e))?;
+                got[i] = Some(s);
+            }
+            None => tracing::warn!(
+                "bootstrap tree: rank {rank} of {nranks} refused {peer}: it said {said:?}, expected one of ranks {kids:?}"
+            ),
+        }
+    }
+    Ok(got.into_iter().flatten().collect())
+}
+
+fn poll(fds: &mut [libc::pollfd], limit: Duration) -> Result<()> {
+    let ms = limit.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd for the call's duration.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::sys("bootstrap tree: poll", e));
+        }
+    }
+    Ok(())
+}
+
+impl Tree {
+    /// Links rank `rank` into the tree: dials `parent` (none for rank 0) and accepts its
+    /// children on `listener`, both at once (a parent's handshake with its children waits on
+    /// its own handshake with its parent otherwise).
+    pub(crate) fn connect(
+        listener: TcpListener,
+        parent: Option<SocketAddr>,
+        secret: &[u8; 16],
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Result<Tree> {
+        let deadline = Instant::now() + timeout;
+        let kids = gather::children(rank, nranks);
+        let (up, down) = match (parent, kids.is_empty()) {
+            (Some(p), true) => (Some(dial(p, secret, rank, nranks, deadline)?), Vec::new()),
+            (p, _) => std::thread::scope(|sc| {
+                let acc = sc.spawn(|| accept_children(&listener, secret, rank, nranks, &kids, deadline));
+                let up = p.map(|p| dial(p, secret, rank, nranks, deadline)).transpose();
+                let down =
+                    acc.join().unwrap_or_else(|_| Err(Error::internal("bootstrap tree: accept thread panicked")));
+                up.and_then(|u| down.map(|d| (u, d)))
+            })?,
+        };
+        let links: Vec<TcpStream> = up.into_iter().chain(down).collect();
+        for s in &links {
+            s.set_nonblocking(true).map_err(|e| Error::sys("bootstrap tree: set non-blocking", e))?;
+        }
+        Ok(Tree {
+            rank,
+            peers: gather::links(rank, nranks),
+            inbuf: vec![Vec::new(); links.len()],
+            links,
+            readbuf: vec![0; 64 << 10].into_boxed_slice(),
+            nranks,
+            round: 0,
+            timeout,
+            broken: None,
+        })
+    }
+
+    /// Every rank's `mine`, in rank order (a collective call).
+    pub(crate) fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if let Some(why) = &self.broken {
+            return Err(Error::usage(format!("the bootstrap tree failed earlier: {why}")));
+        }
+        let mut round = Round::new(self.rank, self.nranks, self.round, mine);
+        self.round = self.round.wrapping_add(1);
+        match self.drive(&mut round) {
+            Ok(()) => round.finish(),
+            Err(e) => {
+                self.fail(&e, &round);
+                Err(e)
+            }
+        }
+    }
+
+    fn drive(&mut self, round: &mut Round) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let k = self.links.len();
+        loop {
+            for l in 0..k {
+                // Frames already read (the previous round may have read ahead) come first.
+                round.handle_bytes(l, &mut self.inbuf[l])?;
+            }
+            for l in 0..k {
+                self.send(round, l)?;
+            }
+            if round.complete() && (0..k).all(|l| round.pending(l).is_empty()) {
+                return Ok(());
+            }
+            let mut fds: Vec<libc::pollfd> = (0..k)
+                .map(|l| libc::pollfd {
+                    fd: self.links[l].as_raw_fd(),
+                    events: if round.complete_from(l) { 0 } else { libc::POLLIN }
+                        | if round.pending(l).is_empty() { 0 } else { libc::POLLOUT },
+                    revents: 0,
+                })
+                .collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let waiting: Vec<usize> = (0..k)
+                    .filter(|&l| !round.complete_from(l) || !round.pending(l).is_empty())
+                    .map(|l| self.peers[l])
+                    .collect();
+                return Err(Error::Timeout {
+                    what: format!("bootstrap all-gather on rank {} (waiting on ranks {waiting:?})", self.rank),
+                    secs: self.timeout.as_secs_f64(),
+                });
+            }
+            poll(&mut fds, left)?;
+            for (l, fd) in fds.iter().enumerate() {
+                if fd.revents != 0 && !round.complete_from(l) {
+                    self.receive(round, l)?;
+                }
+            }
+        }
+    }
+
+    /// Writes what `round` has queued for link `l` until the socket would block.
+    fn send(&mut self, round: &mut Round, l: usize) -> Result<()> {
+        while !round.pending(l).is_empty() {
+            match self.links[l].write(round.pending(l)) {
+                Ok(0) => return Err(gone(self.peers[l], "closed its link")),
+                Ok(n) => round.sent(l, n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(gone(self.peers[l], &format!("dropped its link ({e})"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what link `l` has until the socket would block, handling whole frames.
+    fn receive(&mut self, round: &mut Round, l: usize) -> Result<()> {
+        let inbuf = &mut self.inbuf[l];
+        loop {
+            match self.links[l].read(&mut self.readbuf) {
+                Ok(0) => {
+                    // Whole frames already read (an error frame, say) still count.
+                    round.handle_bytes(l, inbuf)?;
+                    if round.complete_from(l) {
+                        return Ok(());
+                    }
+                    return Err(gone(self.peers[l], "closed its link"));
+                }
+                Ok(n) => {
+                    inbuf.extend_from_slice(&self.readbuf[..n]);
+                    round.handle_bytes(l, inbuf)?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(gone(self.peers[l], &format!("dropped its link ({e})"))),
+            }
+        }
+    }
+
+    /// Tells every neighbour why this rank stops (best effort, and not into a link left
+    /// mid-frame), then closes the links so that they learn at once.
+    fn fail(&mut self, e: &Error, round: &Round) {
+        let (origin, why) = match e {
+            Error::RemoteError { peer, what } => (*peer, what.clone()),
+            e => (self.rank, format!("rank {}: {e}", self.rank)),
+        };
+        let frame = gather::error_frame(origin, &why);
+        for (l, link) in self.links.iter_mut().enumerate() {
+            if round.at_frame_boundary(l) {
+                let _ = link.write(&frame);
+            }
+            let _ = link.shutdown(std::net::Shutdown::Both);
+        }
+        self.broken = Some(e.to_string());
+    }
+}
+
+fn gone(rank: usize, how: &str) -> Error {
+    Error::remote(
+        rank,
+        format!("rank {rank} {how} in the bootstrap tree (it failed, exited or destroyed its communicator)"),
+    )
+}
