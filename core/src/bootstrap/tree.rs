@@ -142,9 +142,10 @@ fn poll(fds: &mut [libc::pollfd], limit: Duration) -> Result<()> {
 }
 
 impl Tree {
-    /// Links rank `rank` into the tree: dials `parent` (none for rank 0) and accepts its
-    /// children on `listener`, both at once (a parent's handshake with its children waits on
-    /// its own handshake with its parent otherwise).
+    /// Links rank `rank` into the tree: dials `parent` (none for rank 0), then accepts its
+    /// children on `listener`. A child's handshake waits until its parent is done with its own
+    /// parent, so the links form in a wave down the tree, log₂(n) handshakes deep; the
+    /// dependencies follow the tree, so they cannot wait in a circle.
     pub(crate) fn connect(
         listener: TcpListener,
         parent: Option<SocketAddr>,
@@ -155,16 +156,8 @@ impl Tree {
     ) -> Result<Tree> {
         let deadline = Instant::now() + timeout;
         let kids = gather::children(rank, nranks);
-        let (up, down) = match (parent, kids.is_empty()) {
-            (Some(p), true) => (Some(dial(p, secret, rank, nranks, deadline)?), Vec::new()),
-            (p, _) => std::thread::scope(|sc| {
-                let acc = sc.spawn(|| accept_children(&listener, secret, rank, nranks, &kids, deadline));
-                let up = p.map(|p| dial(p, secret, rank, nranks, deadline)).transpose();
-                let down =
-                    acc.join().unwrap_or_else(|_| Err(Error::internal("bootstrap tree: accept thread panicked")));
-                up.and_then(|u| down.map(|d| (u, d)))
-            })?,
-        };
+        let up = parent.map(|p| dial(p, secret, rank, nranks, deadline)).transpose()?;
+        let down = accept_children(&listener, secret, rank, nranks, &kids, deadline)?;
         let links: Vec<TcpStream> = up.into_iter().chain(down).collect();
         for s in &links {
             s.set_nonblocking(true).map_err(|e| Error::sys("bootstrap tree: set non-blocking", e))?;
