@@ -65,13 +65,21 @@ pub(crate) fn client(stream: &mut TcpStream, secret: &[u8; 16]) -> Result<()> {
 
 /// The accepting side. On a wrong proof it answers "refused", logs the stranger and fails.
 pub(crate) fn server(stream: &mut TcpStream, secret: &[u8; 16]) -> Result<()> {
+    server_within(stream, secret, HANDSHAKE_TIMEOUT)
+}
+
+/// As `server`, waiting at most `limit` for each message: an acceptor that handshakes on its
+/// own thread, one connection after another, is held up by a silent stranger only that long.
+pub(crate) fn server_within(stream: &mut TcpStream, secret: &[u8; 16], limit: Duration) -> Result<()> {
     let old = stream.read_timeout().ok().flatten();
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io("set timeout"))?;
+    stream.set_read_timeout(Some(limit)).map_err(io("set timeout"))?;
     let mut hello = [0u8; 24];
-    stream.read_exact(&mut hello).map_err(io("read hello"))?;
+    // The magic first: a stranger speaking another protocol is refused as soon as it is seen.
+    stream.read_exact(&mut hello[..8]).map_err(io("read hello"))?;
     if &hello[..8] != MAGIC {
         return Err(Error::usage("authentication: a connection that does not speak occl's protocol"));
     }
+    stream.read_exact(&mut hello[8..]).map_err(io("read hello"))?;
     let nonce_c: [u8; 16] = hello[8..].try_into().map_err(|_| Error::internal("nonce size"))?;
     let nonce_s = crate::id::random_bytes()?;
     let mut reply = [0u8; 40];

@@ -17,6 +17,11 @@ use std::time::{Duration, Instant};
 
 const HELLO: u8 = 11;
 
+/// How long the acceptor waits on each message of a connection before dropping it: half the
+/// dialing side's own limit, and long enough for a real child on a crowded machine (1,024 thread
+/// ranks on two cores).
+const PATIENCE: Duration = Duration::from_secs(5);
+
 pub(crate) struct Tree {
     rank: usize,
     /// The rank at the other end of each link, and the link: the parent first, then children.
@@ -76,6 +81,7 @@ fn accept_children(
     nranks: usize,
     kids: &[usize],
     deadline: Instant,
+    patience: Duration,
 ) -> Result<Vec<TcpStream>> {
     let mut got: Vec<Option<TcpStream>> = kids.iter().map(|_| None).collect();
     listener.set_nonblocking(true).map_err(|e| Error::sys("bootstrap tree: set non-blocking", e))?;
@@ -99,11 +105,13 @@ fn accept_children(
             Err(e) => return Err(Error::sys("bootstrap tree: accept", e)),
         };
         let _ = s.set_nonblocking(false);
-        if let Err(e) = auth::server(&mut s, secret) {
+        // Handshakes run one after another here: a silent stranger may hold up a real child
+        // for this long, well inside the child's own handshake limit.
+        if let Err(e) = auth::server_within(&mut s, secret, patience) {
             tracing::warn!("bootstrap tree: rank {rank} refused a connection from {peer}: {e}");
             continue;
         }
-        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = s.set_read_timeout(Some(patience));
         let said = wire::recv(&mut s).and_then(|f| {
             let mut r = Reader::new(&f);
             let parsed = (r.u8()?, r.u32()? as usize, r.u32()? as usize);
@@ -157,7 +165,7 @@ impl Tree {
         let deadline = Instant::now() + timeout;
         let kids = gather::children(rank, nranks);
         let up = parent.map(|p| dial(p, secret, rank, nranks, deadline)).transpose()?;
-        let down = accept_children(&listener, secret, rank, nranks, &kids, deadline)?;
+        let down = accept_children(&listener, secret, rank, nranks, &kids, deadline, PATIENCE)?;
         let links: Vec<TcpStream> = up.into_iter().chain(down).collect();
         for s in &links {
             s.set_nonblocking(true).map_err(|e| Error::sys("bootstrap tree: set non-blocking", e))?;
@@ -294,4 +302,49 @@ fn gone(rank: usize, how: &str) -> Error {
         rank,
         format!("rank {rank} {how} in the bootstrap tree (it failed, exited or destroyed its communicator)"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener() -> (TcpListener, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = l.local_addr().expect("addr");
+        (l, a)
+    }
+
+    #[test]
+    fn strangers_wrong_secrets_and_wrong_ranks_are_refused_and_the_children_still_link() {
+        let (l, at) = listener();
+        let secret = [7u8; 16];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // Rank 1 of 5 has children 3 and 4.
+        let h = std::thread::spawn(move || {
+            let mut garbage = TcpStream::connect(at).expect("connect");
+            garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("write");
+            let _silent = TcpStream::connect(at).expect("connect");
+            assert!(dial(at, &[8u8; 16], 3, 5, deadline).is_err(), "a wrong secret must be refused");
+            let _wrong_rank = dial(at, &secret, 2, 5, deadline).expect("the handshake itself succeeds");
+            let _wrong_size = dial(at, &secret, 3, 6, deadline).expect("the handshake itself succeeds");
+            let four = dial(at, &secret, 4, 5, deadline).expect("child 4");
+            let three = dial(at, &secret, 3, 5, deadline).expect("child 3");
+            (three, four)
+        });
+        let got =
+            accept_children(&l, &secret, 1, 5, &[3, 4], deadline, Duration::from_millis(500)).expect("both children");
+        let (three, four) = h.join().expect("dialer");
+        // In the children's order, whichever came first.
+        assert_eq!(got[0].peer_addr().expect("peer"), three.local_addr().expect("local"));
+        assert_eq!(got[1].peer_addr().expect("peer"), four.local_addr().expect("local"));
+    }
+
+    #[test]
+    fn a_child_that_never_comes_is_a_timeout_naming_it() {
+        let (l, _) = listener();
+        let soon = Instant::now() + Duration::from_millis(200);
+        let e = accept_children(&l, &[1; 16], 0, 3, &[1, 2], soon, PATIENCE).expect_err("nobody dials");
+        assert_eq!(e.kind(), crate::ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains("[1, 2]"), "{e}");
+    }
 }
