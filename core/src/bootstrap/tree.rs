@@ -22,6 +22,9 @@ const HELLO: u8 = 11;
 /// ranks on two cores).
 const PATIENCE: Duration = Duration::from_secs(5);
 
+/// How long linking into the tree may take before a missing neighbour is taken for gone.
+const LINK_LIMIT: Duration = Duration::from_secs(30);
+
 pub(crate) struct Tree {
     rank: usize,
     /// The rank at the other end of each link, and the link: the parent first, then children.
@@ -46,13 +49,20 @@ fn hello(rank: usize, nranks: usize) -> Vec<u8> {
     w.into_inner()
 }
 
-/// Dials the parent's listener, retrying until `deadline` (its listener is bound before it
-/// joins the root, but connecting can still be refused under a full backlog).
+/// Dials the parent's listener, retrying other failures until `deadline`. Every rank bound its
+/// listener before it joined the root, so a refused connection means the parent is gone.
 fn dial(parent: SocketAddr, secret: &[u8; 16], rank: usize, nranks: usize, deadline: Instant) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(2);
+    let p = gather::parent(rank).unwrap_or(0);
     let mut s = loop {
         match TcpStream::connect_timeout(&parent, Duration::from_secs(5)) {
             Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(Error::remote(
+                    p,
+                    format!("rank {p} is not listening at {parent} for the bootstrap tree: it exited after joining"),
+                ))
+            }
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!("bootstrap tree: rank {rank}: parent at {parent} not reachable yet ({e})");
                 std::thread::sleep(backoff);
@@ -83,6 +93,7 @@ fn accept_children(
     deadline: Instant,
     patience: Duration,
 ) -> Result<Vec<TcpStream>> {
+    let secs = deadline.saturating_duration_since(Instant::now()).as_secs_f64();
     let mut got: Vec<Option<TcpStream>> = kids.iter().map(|_| None).collect();
     listener.set_nonblocking(true).map_err(|e| Error::sys("bootstrap tree: set non-blocking", e))?;
     while got.iter().any(Option::is_none) {
@@ -94,8 +105,11 @@ fn accept_children(
                     let missing: Vec<usize> =
                         kids.iter().zip(&got).filter(|(_, g)| g.is_none()).map(|(k, _)| *k).collect();
                     return Err(Error::Timeout {
-                        what: format!("bootstrap tree: rank {rank} waiting for its children {missing:?} to connect"),
-                        secs: 0.0,
+                        what: format!(
+                            "bootstrap tree: rank {rank} waiting for its children {missing:?} to connect (they joined \
+                             the root, so they are gone or stuck)"
+                        ),
+                        secs,
                     });
                 }
                 let mut p = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
@@ -162,7 +176,10 @@ impl Tree {
         nranks: usize,
         timeout: Duration,
     ) -> Result<Tree> {
-        let deadline = Instant::now() + timeout;
+        // Every rank has joined the root by now, so each is at most a scheduling delay from
+        // dialing: a child that has not come after LINK_LIMIT is gone, and waiting out a long
+        // OCCL_TIMEOUT would hold up the whole job.
+        let deadline = Instant::now() + timeout.min(LINK_LIMIT);
         let kids = gather::children(rank, nranks);
         let up = parent.map(|p| dial(p, secret, rank, nranks, deadline)).transpose()?;
         let down = accept_children(&listener, secret, rank, nranks, &kids, deadline, PATIENCE)?;
@@ -337,6 +354,16 @@ mod tests {
         // In the children's order, whichever came first.
         assert_eq!(got[0].peer_addr().expect("peer"), three.local_addr().expect("local"));
         assert_eq!(got[1].peer_addr().expect("peer"), four.local_addr().expect("local"));
+    }
+
+    #[test]
+    fn a_parent_that_is_gone_fails_the_dial_at_once_naming_it() {
+        let (l, at) = listener();
+        drop(l);
+        let t0 = Instant::now();
+        let e = dial(at, &[1; 16], 5, 8, Instant::now() + Duration::from_secs(30)).expect_err("nobody listens");
+        assert!(matches!(e, Error::RemoteError { peer: 2, .. }), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "retried for {:?}", t0.elapsed());
     }
 
     #[test]
