@@ -152,20 +152,19 @@ impl Round {
                 self.out[p] = framed(&w.into_inner());
             }
             Some(_) => {}
-            None => {
-                let table: Option<Vec<Vec<u8>>> = self.parts.iter().cloned().collect();
-                if let Some(t) = table {
-                    let mut w = Writer::default();
-                    w.u8(DOWN);
-                    w.u32(self.round);
-                    w.u32(t.len() as u32);
-                    for b in &t {
-                        w.bytes(b);
-                    }
-                    self.send_down(&framed(&w.into_inner()));
-                    self.table = Some(t);
+            None if self.parts.iter().all(Option::is_some) => {
+                let t: Vec<Vec<u8>> = std::mem::take(&mut self.parts).into_iter().flatten().collect();
+                let mut w = Writer::default();
+                w.u8(DOWN);
+                w.u32(self.round);
+                w.u32(t.len() as u32);
+                for b in &t {
+                    w.bytes(b);
                 }
+                self.send_down(&framed(&w.into_inner()));
+                self.table = Some(t);
             }
+            None => {}
         }
     }
 
@@ -183,6 +182,12 @@ impl Round {
 
     pub(crate) fn complete(&self) -> bool {
         self.table.is_some()
+    }
+
+    /// Whether the rank at the end of `link` is a child still waiting for the table: if it
+    /// hangs up now, the round cannot finish.
+    pub(crate) fn owed_table(&self, link: usize) -> bool {
+        self.table.is_none() && self.child_links().contains(&link)
     }
 
     /// Bytes queued for `link`; the driver sends them and calls `sent`.
@@ -444,6 +449,17 @@ mod tests {
         r1.handle_bytes(0, &mut stream).unwrap();
         assert!(stream.is_empty());
         assert_eq!(r1.finish().unwrap(), vec![b"b".to_vec(), b"d".to_vec()]);
+    }
+
+    #[test]
+    fn children_are_owed_the_table_until_it_is_ready_and_the_parent_never() {
+        let mut r0 = Round::new(0, 3, 0, b"a");
+        assert!(r0.owed_table(0) && r0.owed_table(1));
+        r0.handle_bytes(0, &mut up_frame(0, &[(1, b"b")])).unwrap();
+        assert!(r0.owed_table(0), "a child that sent its subtree still waits for the table");
+        r0.handle_bytes(1, &mut up_frame(0, &[(2, b"c")])).unwrap();
+        assert!(r0.complete() && !r0.owed_table(0) && !r0.owed_table(1));
+        assert!(!Round::new(1, 3, 0, b"b").owed_table(0), "link 0 of rank 1 is its parent");
     }
 
     #[test]

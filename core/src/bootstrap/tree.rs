@@ -251,8 +251,15 @@ impl Tree {
             }
             poll(&mut fds, left)?;
             for (l, fd) in fds.iter().enumerate() {
-                if fd.revents != 0 && !round.complete_from(l) {
+                if fd.revents == 0 {
+                    continue;
+                }
+                if !round.complete_from(l) {
                     self.receive(round, l)?;
+                } else if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 && round.owed_table(l) {
+                    // A child that sent its subtree and then hung up: poll would report it
+                    // at once on every turn until the table is ready to fail on.
+                    return Err(gone(self.peers[l], "closed its link"));
                 }
             }
         }
