@@ -57,28 +57,7 @@ pub(crate) fn error_frame(origin: usize, why: &str) -> Vec<u8> {
     w.u8(FAILED);
     w.u32(origin as u32);
     w.str(why);
-    framed(&w.into_inner())
-}
-
-fn framed(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-/// The whole frame at the front of `buf`, if one is there, and its length with the prefix. A
-/// length over the frame limit is refused before anything waits for that many bytes.
-fn frame_at(buf: &[u8]) -> Result<Option<(&[u8], usize)>> {
-    let Some(len) = buf.get(..4) else { return Ok(None) };
-    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    if len > wire::MAX_FRAME {
-        return Err(Error::internal(format!(
-            "bootstrap tree: a neighbour announced a {len}-byte frame (limit {})",
-            wire::MAX_FRAME
-        )));
-    }
-    Ok(buf.get(4..4 + len).map(|f| (f, 4 + len)))
+    wire::frame(&w.into_inner())
 }
 
 /// One round in progress on rank `rank` of `nranks`.
@@ -149,7 +128,7 @@ impl Round {
                     w.u32(r as u32);
                     w.bytes(b);
                 }
-                self.out[p] = framed(&w.into_inner());
+                self.out[p] = wire::frame(&w.into_inner());
             }
             Some(_) => {}
             None if self.parts.iter().all(Option::is_some) => {
@@ -161,7 +140,7 @@ impl Round {
                 for b in &t {
                     w.bytes(b);
                 }
-                self.send_down(&framed(&w.into_inner()));
+                self.send_down(&wire::frame(&w.into_inner()));
                 self.table = Some(t);
             }
             None => {}
@@ -224,7 +203,7 @@ impl Round {
             if self.done[link] {
                 break Ok(());
             }
-            match frame_at(&buf[used..]) {
+            match wire::frame_at(&buf[used..]) {
                 Ok(Some((f, len))) => {
                     if let Err(e) = self.handle_frame(link, f) {
                         break Err(e);
@@ -293,9 +272,7 @@ impl Round {
                     return Err(bad("sent a table whose entry for this rank is not what this rank gave".into()));
                 }
                 // The table goes on down unchanged.
-                let mut whole = (frame.len() as u32).to_le_bytes().to_vec();
-                whole.extend_from_slice(frame);
-                self.send_down(&whole);
+                self.send_down(&wire::frame(frame));
                 self.done[link] = true;
                 self.table = Some(table);
                 Ok(())
@@ -393,7 +370,7 @@ mod tests {
             w.u32(*r);
             w.bytes(b);
         }
-        framed(&w.into_inner())
+        wire::frame(&w.into_inner())
     }
 
     #[test]

@@ -76,6 +76,37 @@ impl PeerInfo {
     }
 }
 
+/// Connects to `addr` (`what` names it in errors), retrying with back-off until `deadline`
+/// (a refused connection too when `retry_refused`: the listener may not be up yet), then sets
+/// TCP_NODELAY and proves the job's `secret`. Every bootstrap connection starts here: a rank to
+/// its root, a root to the next root, a rank to its tree parent.
+pub(crate) fn dial(
+    addr: SocketAddr,
+    secret: &[u8; 16],
+    deadline: Instant,
+    what: &str,
+    retry_refused: bool,
+) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(5);
+    let mut s = loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(s) => break s,
+            Err(e)
+                if Instant::now() < deadline
+                    && (retry_refused || e.kind() != std::io::ErrorKind::ConnectionRefused) =>
+            {
+                tracing::debug!("bootstrap: {what} at {addr} not reachable yet ({e}); retrying");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return Err(Error::sys(format!("bootstrap: connect to {what} at {addr}"), e)),
+        }
+    };
+    s.set_nodelay(true).map_err(|e| Error::sys("bootstrap: set TCP_NODELAY", e))?;
+    auth::client(&mut s, secret)?;
+    Ok(s)
+}
+
 /// A rank's place in the bootstrap: its tree links once the root phase is over.
 pub(crate) struct Client {
     /// None for a communicator of one rank, which has nobody to exchange with.
@@ -132,21 +163,7 @@ impl Client {
             .map_err(|e| Error::sys(format!("bootstrap: bind a tree listener on {bind}"), e))?;
         root::deepen_backlog(&listener);
         let tree_addr = listener.local_addr().map_err(|e| Error::sys("bootstrap: tree listener address", e))?;
-        let deadline = Instant::now() + timeout;
-        let mut backoff = Duration::from_millis(5);
-        let mut stream = loop {
-            match TcpStream::connect_timeout(&id.addr, Duration::from_secs(5)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::debug!("bootstrap: root {} not reachable yet ({e}); retrying", id.addr);
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => return Err(Error::sys(format!("bootstrap: connect to the root at {}", id.addr), e)),
-            }
-        };
-        stream.set_nodelay(true).map_err(|e| Error::sys("bootstrap: set TCP_NODELAY", e))?;
-        auth::client(&mut stream, &id.secret)?;
+        let mut stream = dial(id.addr, &id.secret, Instant::now() + timeout, "the root", true)?;
         stream.set_read_timeout(Some(timeout)).map_err(|e| Error::sys("bootstrap: set read timeout", e))?;
         let mut w = Writer::default();
         if m == 1 {

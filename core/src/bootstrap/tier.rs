@@ -6,11 +6,10 @@
 //! to more than its share plus two roots.
 
 use super::wire::{self, Reader, Writer};
-use crate::auth;
 use crate::error::{Error, Result};
 use crate::id::UniqueId;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Which id rank `rank` of `nranks` joins, with `m` ids.
 pub(crate) fn id_of(rank: usize, m: usize, nranks: usize) -> usize {
@@ -90,22 +89,7 @@ pub(crate) fn peer_hello(k: usize, m: usize, nranks: usize) -> Vec<u8> {
 /// Dials the next root (`next`, whose secret it proves), retrying until `deadline`: the next
 /// root's id exists (its listener is bound) but its process may still be starting.
 pub(crate) fn dial_next(next: &UniqueId, k: usize, m: usize, nranks: usize, deadline: Instant) -> Result<TcpStream> {
-    let mut backoff = Duration::from_millis(5);
-    let mut s = loop {
-        match TcpStream::connect_timeout(&next.addr, Duration::from_secs(5)) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("bootstrap root {k}: next root at {} not reachable yet ({e})", next.addr);
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(500));
-            }
-            Err(e) => {
-                return Err(Error::sys(format!("bootstrap root {k}: connect to the next root at {}", next.addr), e))
-            }
-        }
-    };
-    s.set_nodelay(true).map_err(|e| Error::sys("bootstrap: set TCP_NODELAY", e))?;
-    auth::client(&mut s, &next.secret)?;
+    let mut s = super::dial(next.addr, &next.secret, deadline, &format!("the next root (from root {k})"), true)?;
     wire::send(&mut s, &peer_hello(k, m, nranks))?;
     Ok(s)
 }

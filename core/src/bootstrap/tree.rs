@@ -10,6 +10,7 @@ use super::gather::{self, Round};
 use super::wire::{self, Reader, Writer};
 use crate::auth;
 use crate::error::{Error, Result};
+use crate::transport::wait::poll;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -52,32 +53,14 @@ fn hello(rank: usize, nranks: usize) -> Vec<u8> {
 /// Dials the parent's listener, retrying other failures until `deadline`. Every rank bound its
 /// listener before it joined the root, so a refused connection means the parent is gone.
 fn dial(parent: SocketAddr, secret: &[u8; 16], rank: usize, nranks: usize, deadline: Instant) -> Result<TcpStream> {
-    let mut backoff = Duration::from_millis(2);
     let p = gather::parent(rank).unwrap_or(0);
-    let mut s = loop {
-        match TcpStream::connect_timeout(&parent, Duration::from_secs(5)) {
-            Ok(s) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Err(Error::remote(
-                    p,
-                    format!("rank {p} is not listening at {parent} for the bootstrap tree: it exited after joining"),
-                ))
-            }
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("bootstrap tree: rank {rank}: parent at {parent} not reachable yet ({e})");
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => {
-                return Err(Error::sys(
-                    format!("bootstrap tree: rank {rank}: connect to the parent rank at {parent}"),
-                    e,
-                ))
-            }
-        }
-    };
-    s.set_nodelay(true).map_err(|e| Error::sys("bootstrap tree: set TCP_NODELAY", e))?;
-    auth::client(&mut s, secret)?;
+    let mut s = super::dial(parent, secret, deadline, &format!("parent rank {p}"), false).map_err(|e| match e {
+        Error::SystemError { source, .. } if source.kind() == std::io::ErrorKind::ConnectionRefused => Error::remote(
+            p,
+            format!("rank {p} is not listening at {parent} for the bootstrap tree: it exited after joining"),
+        ),
+        e => e,
+    })?;
     wire::send(&mut s, &hello(rank, nranks))?;
     Ok(s)
 }
@@ -113,7 +96,7 @@ fn accept_children(
                     });
                 }
                 let mut p = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
-                poll(&mut p, left.min(Duration::from_millis(100)))?;
+                poll(&mut p, left.min(Duration::from_millis(100)));
                 continue;
             }
             Err(e) => return Err(Error::sys("bootstrap tree: accept", e)),
@@ -148,19 +131,6 @@ fn accept_children(
         }
     }
     Ok(got.into_iter().flatten().collect())
-}
-
-fn poll(fds: &mut [libc::pollfd], limit: Duration) -> Result<()> {
-    let ms = limit.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd for the call's duration.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::sys("bootstrap tree: poll", e));
-        }
-    }
-    Ok(())
 }
 
 impl Tree {
@@ -230,14 +200,13 @@ impl Tree {
             if round.complete() && (0..k).all(|l| round.pending(l).is_empty()) {
                 return Ok(());
             }
-            let mut fds: Vec<libc::pollfd> = (0..k)
-                .map(|l| libc::pollfd {
-                    fd: self.links[l].as_raw_fd(),
-                    events: if round.complete_from(l) { 0 } else { libc::POLLIN }
-                        | if round.pending(l).is_empty() { 0 } else { libc::POLLOUT },
-                    revents: 0,
-                })
-                .collect();
+            // At most three links (a parent, two children): no allocation per wake.
+            let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 3];
+            for (l, fd) in fds.iter_mut().enumerate().take(k) {
+                fd.fd = self.links[l].as_raw_fd();
+                fd.events = if round.complete_from(l) { 0 } else { libc::POLLIN }
+                    | if round.pending(l).is_empty() { 0 } else { libc::POLLOUT };
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 let waiting: Vec<usize> = (0..k)
@@ -249,8 +218,8 @@ impl Tree {
                     secs: self.timeout.as_secs_f64(),
                 });
             }
-            poll(&mut fds, left)?;
-            for (l, fd) in fds.iter().enumerate() {
+            poll(&mut fds[..k], left);
+            for (l, fd) in fds[..k].iter().enumerate() {
                 if fd.revents == 0 {
                     continue;
                 }

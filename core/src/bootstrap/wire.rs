@@ -17,23 +17,42 @@ pub(crate) const ROOT_PEER: u8 = 7;
 /// The root's answer to a join: the tree address of the rank's parent.
 pub(crate) const PARENT: u8 = 8;
 
+/// `payload` with its length prefix: one frame.
+pub(crate) fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(payload);
+    buf
+}
+
 pub(crate) fn send(s: &mut impl Write, payload: &[u8]) -> Result<()> {
     if payload.len() > MAX_FRAME {
         return Err(Error::internal(format!("bootstrap frame of {} bytes exceeds the limit", payload.len())));
     }
-    let mut buf = Vec::with_capacity(4 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(payload);
-    s.write_all(&buf).map_err(|e| Error::sys("bootstrap: send", e))
+    s.write_all(&frame(payload)).map_err(|e| Error::sys("bootstrap: send", e))
+}
+
+/// A frame's announced length, refused over the limit before anything waits for that many bytes.
+fn announced(prefix: [u8; 4]) -> Result<usize> {
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(Error::internal(format!("bootstrap: a peer announced a {len}-byte frame (limit {MAX_FRAME})")));
+    }
+    Ok(len)
+}
+
+/// The whole frame at the front of `buf` (bytes read from a non-blocking socket), if one is
+/// there, and its length with the prefix.
+pub(crate) fn frame_at(buf: &[u8]) -> Result<Option<(&[u8], usize)>> {
+    let Some(&[a, b, c, d]) = buf.get(..4) else { return Ok(None) };
+    let len = announced([a, b, c, d])?;
+    Ok(buf.get(4..4 + len).map(|f| (f, 4 + len)))
 }
 
 pub(crate) fn recv(s: &mut impl Read) -> Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).map_err(|e| Error::sys("bootstrap: receive", e))?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(Error::internal(format!("bootstrap: a peer announced a {len}-byte frame (limit {MAX_FRAME})")));
-    }
+    let len = announced(len)?;
     let mut buf = vec![0u8; len];
     s.read_exact(&mut buf).map_err(|e| Error::sys("bootstrap: receive", e))?;
     Ok(buf)

@@ -10,7 +10,7 @@
 //! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
 
 use super::fifo::{self, state, Desc, Region};
-use super::wait::{self, Deadline, Drive, Patience};
+use super::wait::{self, poll, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
 use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
 use std::io;
@@ -714,13 +714,6 @@ impl TcpLink {
         self.dead = true;
         tracing::trace!("tcp link to rank {} closed", self.peer);
     }
-}
-
-fn poll(fds: &mut [libc::pollfd], timeout: Duration) {
-    let ts =
-        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: `fds` is a valid array of pollfd; no signal mask change.
-    unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
 }
 
 /// Every tcp link of one communicator: what the collective thread drives while it waits.

@@ -346,6 +346,15 @@ fn futex_wake(word: &AtomicU32) {
     }
 }
 
+/// poll(2) on `fds` for at most `timeout`. An interrupted or failed call returns early with no
+/// events, which every caller's loop treats as nothing ready yet.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: `fds` is a valid array of pollfd; no signal mask change.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
