@@ -18,6 +18,11 @@
 #   PIN="0,1"              run under taskset -c PIN (empty: no pinning)
 #   ROUNDS=1               repeat everything, interleaved (rows carry "round"): on a shared,
 #                          noisy machine take the minimum or median over rounds
+#   COMPARE=1              one occl-perf per (ranks, transport, collective, sweep) with
+#                          --compare: the tuner and every forced choice take turns batch by batch
+#                          in one run (same buffers, same minutes of the machine). 0: one run per
+#                          forced choice, as before session 11 (choices seconds apart, each in its
+#                          own processes).
 set -euo pipefail
 PERF=${PERF:-target/release/occl-perf}
 RANKS=${RANKS:-"2 4"}
@@ -28,6 +33,7 @@ read -r -a BW <<<"${BW:-256K 64M 4 6 2}"
 PIN=${PIN:-}
 ROUNDS=${ROUNDS:-1}
 PROTOS=${PROTOS:-"simple ll"}
+COMPARE=${COMPARE:-1}
 [[ -x $PERF ]] || { echo "algos-sweep: $PERF is not executable" >&2; exit 1; }
 
 # The forced lists per collective: the tuner (-), then each algorithm alone, with each protocol
@@ -70,10 +76,35 @@ for l in sys.stdin:
 ' "$a" "$r" || echo "{\"failed\": true, \"collective\": \"$c\", \"nranks\": $n, \"transport\": \"$t\", \"forced\": \"$a\"}"
 }
 
+compare() { # transport ranks coll list min max factor iters warmup
+  local t=$1 n=$2 c=$3 list=$4 r=$ROUND pin=()
+  [[ -n $PIN ]] && pin=(taskset -c "$PIN")
+  OCCL_TRANSPORT="$t" timeout 1200 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
+    --ranks "$n" --compare="$list" ${EXTRA:-} 2>/dev/null \
+    | python3 -c '
+import json, sys
+rnd = int(sys.argv[1])
+for l in sys.stdin:
+    if l.startswith("{"):
+        r = json.loads(l)
+        r["round"] = rnd
+        print(json.dumps(r), flush=True)
+' "$r" || echo "{\"failed\": true, \"collective\": \"$c\", \"nranks\": $n, \"transport\": \"$t\", \"forced\": \"$list\"}"
+}
+
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
   for n in $RANKS; do
     for t in $TRANSPORTS; do
       for c in $COLLS; do
+        if [[ $COMPARE == 1 ]]; then
+          all=$(forced "$c" "$t")
+          if [[ ${LAT[0]} != - ]]; then compare "$t" "$n" "$c" "${all// /,}" "${LAT[@]}"; fi
+          # LL only in the latency sweep: half of every line is flag, it never pays at 256 KiB+.
+          bw=$(for a in $all; do [[ $a == */ll ]] || echo -n "$a "; done)
+          bw=${bw% }
+          if [[ ${BW[0]} != - ]]; then compare "$t" "$n" "$c" "${bw// /,}" "${BW[@]}"; fi
+          continue
+        fi
         for a in $(forced "$c" "$t"); do
           if [[ ${LAT[0]} != - ]]; then run "$t" "$n" "$c" "$a" "${LAT[@]}"; fi
           # LL only in the latency sweep: half of every line is flag, it never pays at 256 KiB+.

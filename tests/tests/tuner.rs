@@ -202,3 +202,43 @@ fn occl_debug_info_logs_each_choice_once_per_size_class() {
         assert!(lines.iter().all(|l| l.contains("INFO") && l.contains("model: ring/simple")), "{lines:#?}");
     }
 }
+
+/// `occl-perf --compare`: every choice gets its own rows, each run the way it was forced, with
+/// correct results; a choice the transport cannot run fails the benchmark naming it.
+#[test]
+fn occl_perf_compare_runs_each_forced_choice_interleaved_and_names_one_it_cannot_run() {
+    let perf = env!("CARGO_BIN_EXE_occl-perf");
+    let run = |transport: &str, list: &str| {
+        std::process::Command::new(perf)
+            .args(["all_reduce", "-b", "8", "-e", "64K", "-f", "64", "-n", "3", "-w", "1", "--batches", "3"])
+            .args(["--ranks", "3", &format!("--compare={list}")])
+            .env("OCCL_TRANSPORT", transport)
+            .output()
+            .expect("occl-perf starts")
+    };
+    let out = run("shm", "-,ring,tree/ll,oneshot/simple");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> =
+        stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect("a JSON row")).collect();
+    // 8 B, 512 B, 32 KiB: four rows each, in the list's order.
+    assert_eq!(rows.len(), 12, "{stdout}");
+    for (i, r) in rows.iter().enumerate() {
+        let (forced, algo, proto) = (r["forced"].as_str(), r["algo"].as_str(), r["proto"].as_str());
+        let want = ["-", "ring", "tree/ll", "oneshot/simple"][i % 4];
+        assert_eq!(forced, Some(want), "{r}");
+        match want {
+            "ring" => assert_eq!(algo, Some("ring"), "{r}"),
+            "tree/ll" => assert_eq!((algo, proto), (Some("tree"), Some("ll")), "{r}"),
+            "oneshot/simple" => assert_eq!((algo, proto), (Some("one-shot"), Some("simple")), "{r}"),
+            _ => {}
+        }
+        assert_eq!(r["wrong"].as_u64(), Some(0), "{r}");
+        assert_eq!(r["inplace"].as_bool(), Some(false), "{r}");
+        assert!(r["time_us"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+    }
+    let out = run("tcp", "ring,ring/ll");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--compare ring/ll") && err.contains("supports SIMPLE"), "{err}");
+}

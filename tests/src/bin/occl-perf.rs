@@ -106,6 +106,12 @@ struct Args {
     /// and all-gather on one host read the peers' buffers in place.
     #[arg(long)]
     registered: bool,
+    /// Instead of the table: JSON rows for each of these choices, comma-separated (`-` the
+    /// tuner's, `ring`, `tree/ll`, …), each on a communicator split off with that algorithm (and
+    /// protocol) forced for this collective, batches interleaved over the choices, out of place.
+    /// Each row's `forced` names its choice.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true, conflicts_with_all = ["registered", "events_ab"])]
+    compare: Vec<perf::compare::Choice>,
 }
 
 fn main() -> ExitCode {
@@ -231,7 +237,8 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
 
     let out = std::io::stdout();
     let mut out = out.lock();
-    if lead && !args.json {
+    // --compare prints JSON rows only.
+    if lead && !args.json && args.compare.is_empty() {
         let per_rank = |l: &perf::Layout| l.count * args.dtype.size();
         let mut algos: Vec<&str> = layouts.iter().map(|l| comm.algorithm(coll.coll_type(), per_rank(l))).collect();
         algos.dedup();
@@ -281,6 +288,18 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     }
 
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
+    if !args.compare.is_empty() {
+        let plan = perf::compare::Plan { batches: args.batches as usize, warmup, iters, check, average };
+        let wrong = perf::compare::run(&comm, max_bytes, &layouts, &args.compare, plan, &info, &mut out)?;
+        comm.destroy()?;
+        if wrong > 0 {
+            if lead {
+                eprintln!("occl-perf: {wrong} wrong element(s) in total; see the wrong fields");
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut bench = Bench::new(&comm, coll, args.dtype, args.op, args.root, max_bytes);
     let mut reg_shared = false;
     if args.registered {

@@ -3,6 +3,7 @@
 //! factors, and the table and JSON formats of one result row.
 
 pub mod bench;
+pub mod compare;
 pub mod events_ab;
 
 use occl::{DataType, RedOp};
