@@ -61,7 +61,8 @@ run() { # transport ranks coll algo min max factor iters warmup
   # Forced for this collective only (NCCL's per-collective syntax): occl-perf's own all-reduce
   # (barrier, result check) keeps the tuner's choice, and "pat" leaves it one.
   [[ $a != - ]] && env+=(OCCL_ALGO="$f:${a%%/*}")
-  [[ $a == */* ]] && env+=(OCCL_PROTO="$f:${a#*/}")
+  # A plain ALGO is that algorithm with Simple (what occl-tune reads it as), not the tuner's protocol.
+  if [[ $a == */* ]]; then env+=(OCCL_PROTO="$f:${a#*/}"); elif [[ $a != - ]]; then env+=(OCCL_PROTO="$f:simple"); fi
   env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
     --ranks "$n" --json ${EXTRA:-} 2>/dev/null \
     | python3 -c '
@@ -77,7 +78,10 @@ for l in sys.stdin:
 }
 
 compare() { # transport ranks coll list min max factor iters warmup
-  local t=$1 n=$2 c=$3 list=$4 r=$ROUND pin=()
+  local t=$1 n=$2 c=$3 list r=$ROUND pin=() a
+  # As in run(): a plain ALGO runs with Simple; its rows keep the plain name.
+  list=$(for a in ${4//,/ }; do if [[ $a == - || $a == */* ]]; then echo -n "$a,"; else echo -n "$a/simple,"; fi; done)
+  list=${list%,}
   [[ -n $PIN ]] && pin=(taskset -c "$PIN")
   OCCL_TRANSPORT="$t" timeout 1200 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
     --ranks "$n" --compare="$list" ${EXTRA:-} 2>/dev/null \
@@ -88,6 +92,8 @@ for l in sys.stdin:
     if l.startswith("{"):
         r = json.loads(l)
         r["round"] = rnd
+        if r["forced"].endswith("/simple"):
+            r["forced"] = r["forced"][: -len("/simple")]
         print(json.dumps(r), flush=True)
 ' "$r" || echo "{\"failed\": true, \"collective\": \"$c\", \"nranks\": $n, \"transport\": \"$t\", \"forced\": \"$list\"}"
 }
