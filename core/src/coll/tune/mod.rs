@@ -362,11 +362,15 @@ mod tests {
                     (8, &["one-shot/ll"]),
                     (128, &["one-shot/ll"]),
                     (512, &["one-shot/ll"]),
-                    (2 << 10, &["one-shot/ll"]),
+                    // One-shot/Simple led LL by 13-40% at 1-2 KiB in session 11's interleaved
+                    // sweeps, on this machine and on a 16-core host.
+                    (2 << 10, &["one-shot/simple"]),
                     (4 << 10, &["one-shot/simple"]),
                     (8 << 10, &["one-shot/simple"]),
                     (16 << 10, &["one-shot/simple"]),
-                    (32 << 10, &["ring/simple"]),
+                    // Session 11, interleaved: the one-shot (or the 2-rank tree, the same
+                    // exchange) led the ring at 32 KiB by 7% here and 20% on a 16-core host.
+                    (32 << 10, &["one-shot/simple", "tree/simple"]),
                     (1 << 20, &["ring/simple"]),
                     (64 << 20, &["ring/simple"]),
                 ],
@@ -389,7 +393,8 @@ mod tests {
                 &[
                     (8, &["one-shot/simple"]),
                     (32 << 10, &["one-shot/simple"]),
-                    (256 << 10, &["ring/simple"]),
+                    // Level in session 11 (ring 5-9% ahead here, one-shot 6% on a 16-core host).
+                    (256 << 10, &["ring/simple", "one-shot/simple"]),
                     (64 << 20, &["ring/simple"]),
                 ],
             ),
@@ -417,8 +422,8 @@ mod tests {
             }
         }
         // 4 ranks on a 16-core host (a core each): the choices within 10% of the best in every
-        // round of session 9's runs (tests/results/algos.md). Over tcp the tree of one piece
-        // (three hops) is level with the one-shot at 8-64 B and ahead from 1 to 32 KiB.
+        // round of session 9's runs and of session 11's interleaved ones (tests/results/algos.md).
+        // Over tcp the tree of one piece (three hops) is level with the one-shot at 8-64 B.
         let on_16_cores: [(TransportKind, Sizes); 2] = [
             (
                 Shm,
@@ -437,8 +442,10 @@ mod tests {
                     (8, &["one-shot/simple", "tree/simple"]),
                     (64, &["one-shot/simple", "tree/simple"]),
                     (1 << 10, &["one-shot/simple", "tree/simple"]),
-                    (8 << 10, &["tree/simple"]),
-                    (32 << 10, &["tree/simple"]),
+                    // Session 9 had the tree ahead at 8-32 KiB by 10-13%; session 11's interleaved
+                    // sweep had the one-shot ahead by 9-11%.
+                    (8 << 10, &["tree/simple", "one-shot/simple"]),
+                    (32 << 10, &["tree/simple", "one-shot/simple"]),
                     (64 << 10, &["ring/simple"]),
                 ],
             ),
