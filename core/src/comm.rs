@@ -165,6 +165,13 @@ fn host_identity(config: &Config) -> String {
     format!("{}:{}", hostname(), boot.trim())
 }
 
+/// The cores this host's ranks of `table` share (the union of their affinity sets).
+pub(crate) fn local_cores(table: &[PeerInfo], me: usize) -> usize {
+    crate::topo::cores::shared_cores(
+        table.iter().filter(|p| p.host_id == table[me].host_id).map(|p| (&p.cpus, p.cpu_quota)),
+    )
+}
+
 /// The communicator's tuner, checked to be the same on every rank: ranks that chose differently
 /// would run different algorithms against each other.
 fn agreed_tuner(
@@ -176,7 +183,7 @@ fn agreed_tuner(
 ) -> Result<Tuner> {
     let kinds: Vec<TransportKind> = kinds.iter().flatten().copied().collect();
     let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
-    let tuner = Tuner::new(config, table.len(), &kinds, local)?;
+    let tuner = Tuner::new(config, table.len(), &kinds, local, local_cores(table, me))?;
     let all = boot.all_gather(&tuner.digest().to_le_bytes())?;
     if let Some(r) = all.iter().position(|d| d.as_slice() != tuner.digest().to_le_bytes()) {
         return Err(Error::usage(format!(
@@ -231,6 +238,7 @@ impl Comm {
         let mut boot = bootstrap::Client::join_any(ids, rank, nranks, config.listen_addr, config.timeout)?;
         let ras = crate::ras::server(&config, &id.secret)?;
         timer.lap(crate::init_timer::Phase::Bootstrap);
+        let (cpus, cpu_quota) = crate::topo::cores::this_process();
         let me = PeerInfo {
             rank,
             host_id: host_identity(&config),
@@ -241,6 +249,8 @@ impl Comm {
             probe_addr: &crate::transport::shm::PROBE as *const u64 as u64,
             ras_addr: ras.map_or(String::new(), |r| r.mesh_addr().to_string()),
             ib,
+            cpus,
+            cpu_quota,
         };
         let table = boot.all_gather(&me.encode())?.iter().map(|b| PeerInfo::decode(b)).collect::<Result<Vec<_>>>()?;
         for (r, p) in table.iter().enumerate() {
@@ -821,14 +831,14 @@ impl Comm {
     }
 
     fn reg_env(&self) -> crate::register::Env<'_> {
-        let local = self.nranks; // registered windows are active only with every rank on this host
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Registered windows are active only with every rank on this host: the tuner's "shared"
+        // link is this host's verdict (decided at init).
         crate::register::Env {
             rank: self.rank,
             pids: &self.pids,
             abort: &self.abort,
             deadline: Deadline::after(self.config.timeout),
-            patience: if local > cores {
+            patience: if self.tuner.oversubscribed() {
                 crate::transport::wait::Patience::Share
             } else {
                 crate::transport::wait::Patience::Eager

@@ -242,3 +242,31 @@ fn occl_perf_compare_runs_each_forced_choice_interleaved_and_names_one_it_cannot
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--compare ring/ll") && err.contains("supports SIMPLE"), "{err}");
 }
+
+/// Ranks pinned one per core (each alone sees a single CPU) have a core each: the host is not
+/// oversubscribed, so the tuner prices plain `shm` and waits spin. Two ranks pinned to one core
+/// are: `shm-shared`.
+#[test]
+fn ranks_pinned_one_per_core_are_not_oversubscribed_but_two_on_one_core_are() {
+    let cpus = occl::topo::cpuset::process_affinity().expect("sched_getaffinity");
+    let ids: Vec<u32> = cpus.iter().take(2).collect();
+    if ids.len() < 2 {
+        println!("SKIPPED: this process may run on {} CPU(s); pinning two ranks apart needs 2", ids.len());
+        return;
+    }
+    let spec = "colls=all_reduce;dtypes=f32;ops=sum;counts=1";
+    for (pins, link) in [([ids[0], ids[1]], "over shm:"), ([ids[0], ids[0]], "over shm-shared:")] {
+        let rank_env = pins.iter().map(|c| vec![("OCCL_TEST_PIN_CPU".to_string(), c.to_string())]).collect();
+        let outs = run_job(
+            2,
+            &["matrix", spec],
+            Spawn { env: env(&[("OCCL_DEBUG", "INFO"), ("OCCL_TRANSPORT", "shm")]), rank_env, ..Spawn::default() },
+            Duration::from_secs(60),
+        );
+        assert_all_ok(&outs, "pinned ranks");
+        for o in &outs {
+            let lines: Vec<&str> = o.output.lines().filter(|l| l.contains("occl: tuner: AllReduce")).collect();
+            assert!(!lines.is_empty() && lines.iter().all(|l| l.contains(link)), "pins {pins:?}: {lines:#?}");
+        }
+    }
+}

@@ -34,6 +34,10 @@ pub(crate) struct PeerInfo {
     pub ras_addr: String,
     /// The rank offers the ib transport (a usable RDMA port, feature `ib`).
     pub ib: bool,
+    /// The CPUs the rank may run on, and a CPU quota below them (0: none): with its host's
+    /// other ranks', how many cores they share (`topo::cores`).
+    pub cpus: crate::topo::CpuSet,
+    pub cpu_quota: u32,
 }
 
 impl PeerInfo {
@@ -48,6 +52,8 @@ impl PeerInfo {
         w.u64(self.probe_addr);
         w.str(&self.ras_addr);
         w.u32(u32::from(self.ib));
+        w.str(&self.cpus.to_string());
+        w.u32(self.cpu_quota);
         w.into_inner()
     }
 
@@ -70,6 +76,9 @@ impl PeerInfo {
                 1 => true,
                 x => return Err(Error::internal(format!("bootstrap: a peer sent ib={x}"))),
             },
+            cpus: crate::topo::CpuSet::parse_list(&r.str()?)
+                .map_err(|e| Error::internal(format!("bootstrap: a peer sent a malformed cpu set: {e}")))?,
+            cpu_quota: r.u32()?,
         };
         r.finish()?;
         Ok(info)

@@ -80,6 +80,16 @@ impl CpuSet {
     pub fn is_subset(&self, other: &CpuSet) -> bool {
         self.words.iter().enumerate().all(|(i, &w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
     }
+
+    /// Adds every CPU of `other`.
+    pub fn union_with(&mut self, other: &CpuSet) {
+        if self.words.len() < other.words.len() {
+            self.words.resize(other.words.len(), 0);
+        }
+        for (w, &o) in self.words.iter_mut().zip(&other.words) {
+            *w |= o;
+        }
+    }
 }
 
 /// The kernel's list format, ranges collapsed: `0-15,32-47`.

@@ -6,6 +6,7 @@
 //! Reading is tolerant: a missing file leaves its field `None`, malformed content does too and
 //! logs a warning; nothing here fails because of what sysfs holds.
 
+pub(crate) mod cores;
 pub mod cpuset;
 pub mod dump;
 pub mod fuse;

@@ -122,7 +122,7 @@ pub(crate) fn connect_all(
     let deadline = Instant::now() + config.timeout;
     // More ranks on this host than cores to run them: shm waits must yield, not spin.
     let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::comm::local_cores(table, me);
     let shm_patience = if local > cores { Patience::Share } else { Patience::Eager };
     if !config.runtime_connect {
         eager_fits(table, me, &kinds)?;
@@ -322,18 +322,28 @@ mod tests {
             probe_addr: 0,
             ras_addr: String::new(),
             ib,
+            cpus: crate::topo::CpuSet::parse_list("0-3,8").expect("cpus"),
+            cpu_quota: 2,
         }
     }
 
     #[test]
-    fn peer_info_carries_the_ib_offer() {
+    fn peer_info_carries_the_ib_offer_and_the_cpus() {
         for ib in [false, true] {
             let p = peer(3, "a", ib);
             assert_eq!(PeerInfo::decode(&p.encode()).expect("round trip"), p);
         }
+        // After ib: the cpu list ("0-3,8", length-prefixed) and the quota.
+        let tail = 4 + "0-3,8".len() + 4;
         let mut b = peer(0, "a", true).encode();
-        *b.last_mut().expect("non-empty") = 2;
+        let at = b.len() - tail - 4;
+        b[at] = 2;
         assert!(PeerInfo::decode(&b).is_err(), "ib must be 0 or 1");
+        let mut b = peer(0, "a", true).encode();
+        let at = b.len() - 4 - "0-3,8".len();
+        b[at] = b'x';
+        let e = PeerInfo::decode(&b).unwrap_err();
+        assert!(e.to_string().contains("malformed cpu set"), "{e}");
     }
 
     #[test]

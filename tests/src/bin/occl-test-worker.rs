@@ -98,6 +98,20 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("");
+    // Pinned to one CPU before the communicator exists, as `taskset -c N` or a launcher's
+    // binding would (tests/tuner.rs: ranks pinned one per core).
+    if let Some(cpu) = std::env::var("OCCL_TEST_PIN_CPU").ok().and_then(|v| v.parse::<usize>().ok()) {
+        // SAFETY: cpu_set_t is plain data; CPU_SET stays within it for cpu < CPU_SETSIZE.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu % libc::CPU_SETSIZE as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if rc != 0 {
+            eprintln!("occl-test-worker: pin to cpu {cpu}: {}", std::io::Error::last_os_error());
+            return ExitCode::FAILURE;
+        }
+    }
     if scenario == "events" {
         // Registered before the communicator exists: profilers reach communicators created after.
         let dir = std::env::var_os("OCCL_TEST_EVENTS_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| ".".into());

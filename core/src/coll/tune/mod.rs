@@ -103,13 +103,18 @@ fn memo_choice(word: u64, bytes: usize) -> Option<Choice> {
 
 impl Tuner {
     /// The tuner of a communicator of `nranks` whose peers use `kinds`, with `local` ranks on
-    /// this host.
-    pub(crate) fn new(config: &Config, nranks: usize, kinds: &[TransportKind], local: usize) -> Result<Tuner> {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    /// this host sharing `cores` cores.
+    pub(crate) fn new(
+        config: &Config,
+        nranks: usize,
+        kinds: &[TransportKind],
+        local: usize,
+        cores: usize,
+    ) -> Result<Tuner> {
         Tuner::with_cores(config, nranks, kinds, local, cores)
     }
 
-    /// As `new`, on a host of `cores` cores.
+    /// As `new`.
     fn with_cores(
         config: &Config,
         nranks: usize,
@@ -264,7 +269,7 @@ mod tests {
 
     fn tuner(algo: Option<&str>, proto: Option<&str>, n: usize, kind: TransportKind) -> Tuner {
         let config = Config { algo: algo.map(str::to_string), proto: proto.map(str::to_string), ..Config::default() };
-        Tuner::new(&config, n, &vec![kind; n.saturating_sub(1)], 1).expect("tuner")
+        Tuner::new(&config, n, &vec![kind; n.saturating_sub(1)], 1, 1).expect("tuner")
     }
 
     #[test]
