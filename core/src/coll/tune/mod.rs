@@ -364,9 +364,10 @@ mod tests {
                 Shm,
                 false,
                 &[
-                    (8, &["one-shot/ll"]),
-                    (128, &["one-shot/ll"]),
-                    (512, &["one-shot/ll"]),
+                    // Level at 8-128 B, Simple ahead from 256 B (session 11, interleaved).
+                    (8, &["one-shot/ll", "one-shot/simple"]),
+                    (128, &["one-shot/ll", "one-shot/simple"]),
+                    (512, &["one-shot/simple"]),
                     // One-shot/Simple led LL by 13-40% at 1-2 KiB in session 11's interleaved
                     // sweeps, on this machine and on a 16-core host.
                     (2 << 10, &["one-shot/simple"]),
