@@ -364,7 +364,8 @@ mod tests {
                 Shm,
                 false,
                 &[
-                    // Level at 8-128 B, Simple ahead from 256 B (session 11, interleaved).
+                    // Session 11, interleaved: level at 8-32 B, LL ahead at 64-128 B on 16-core
+                    // hosts (level here), Simple ahead from 256 B.
                     (8, &["one-shot/ll", "one-shot/simple"]),
                     (128, &["one-shot/ll", "one-shot/simple"]),
                     (512, &["one-shot/simple"]),
