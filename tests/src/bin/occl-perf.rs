@@ -290,7 +290,8 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let max_bytes = layouts.iter().map(|l| l.bytes).max().unwrap_or(0);
     if !args.compare.is_empty() {
         let plan = perf::compare::Plan { batches: args.batches as usize, warmup, iters, check, average };
-        let wrong = perf::compare::run(&comm, max_bytes, &layouts, &args.compare, plan, &info, &mut out)?;
+        let sweep = perf::compare::Sweep { layouts: &layouts, choices: &args.compare, plan, info: &info };
+        let wrong = perf::compare::run(&comm, max_bytes, &sweep, &mut out)?;
         comm.destroy()?;
         if wrong > 0 {
             if lead {

@@ -7,7 +7,7 @@
 //! seconds apart, differ by more than the 10% the tuner is judged by.
 
 use super::bench::{Average, Bench};
-use super::{json_row, Layout, Measure, RowInfo};
+use super::{json_row, median, Layout, Measure, RowInfo};
 use occl::{Comm, Config};
 use std::io::Write;
 
@@ -45,24 +45,20 @@ pub struct Plan {
     pub average: Average,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+/// What `run` measures: the sizes, the choices, how, and the rows' fixed fields.
+pub struct Sweep<'a> {
+    pub layouts: &'a [Layout],
+    pub choices: &'a [Choice],
+    pub plan: Plan,
+    pub info: &'a RowInfo,
 }
 
 /// Splits one communicator per choice off `comm` (every rank must pass the same list), runs
 /// every layout out of place on buffers of `max_bytes`, and prints one JSON row per (size,
 /// choice) on rank 0, with the choice in `forced`. Returns the wrong elements found by the
 /// checked runs, summed over ranks.
-pub fn run(
-    comm: &Comm,
-    max_bytes: usize,
-    layouts: &[Layout],
-    choices: &[Choice],
-    plan: Plan,
-    info: &RowInfo,
-    out: &mut dyn Write,
-) -> anyhow::Result<u64> {
+pub fn run(comm: &Comm, max_bytes: usize, sweep: &Sweep<'_>, out: &mut dyn Write) -> anyhow::Result<u64> {
+    let Sweep { choices, info, .. } = *sweep;
     let coll = info.coll;
     // NCCL's per-collective syntax, so that the benchmark's own barriers keep the tuner's choice.
     let name = coll.json_name().replace('_', "");
@@ -84,7 +80,7 @@ pub fn run(
     let res = match comms.first() {
         Some(first) => {
             let mut bench = Bench::new(first, coll, info.dtype, info.op, info.root, max_bytes);
-            measure(&mut bench, &comms, layouts, choices, plan, info, out)
+            measure(&mut bench, &comms, sweep, out)
         }
         None => Ok(0),
     };
@@ -97,12 +93,10 @@ pub fn run(
 fn measure<'a>(
     bench: &mut Bench<'a>,
     comms: &'a [Comm],
-    layouts: &[Layout],
-    choices: &[Choice],
-    plan: Plan,
-    info: &RowInfo,
+    sweep: &Sweep<'_>,
     out: &mut dyn Write,
 ) -> anyhow::Result<u64> {
+    let Sweep { layouts, choices, plan, info } = *sweep;
     let (k, lead) = (comms.len(), bench.comm.rank() == 0);
     let mut wrong_total = 0;
     for &layout in layouts {

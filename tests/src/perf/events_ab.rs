@@ -18,7 +18,7 @@
 //! cost per callback.
 
 use super::bench::{Average, Bench};
-use super::Layout;
+use super::{median, Layout};
 use crate::events::Counter;
 use occl::Comm;
 use occl_telemetry::otlp::{OtlpConfig, OtlpExporter};
@@ -220,15 +220,6 @@ pub struct Plan {
     pub warmup: usize,
     pub iters: usize,
     pub sink: AbSink,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Runs the A/B rounds for every layout (out-of-place) and prints one row per size on rank 0.

@@ -8,6 +8,16 @@ pub mod events_ab;
 
 use occl::{DataType, RedOp};
 
+/// The median of `v` (the mean of the middle two when even; 0 when empty). Sorts `v`.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// The operations `occl-perf` measures, named as on its command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Collective {

@@ -111,17 +111,6 @@ impl Tuner {
         local: usize,
         cores: usize,
     ) -> Result<Tuner> {
-        Tuner::with_cores(config, nranks, kinds, local, cores)
-    }
-
-    /// As `new`.
-    fn with_cores(
-        config: &Config,
-        nranks: usize,
-        kinds: &[TransportKind],
-        local: usize,
-        cores: usize,
-    ) -> Result<Tuner> {
         let policy = Policy::new(config.algo.as_deref(), config.proto.as_deref())?;
         let consts = match &config.tuner_file {
             Some(p) => file::load(p)?,
@@ -352,7 +341,7 @@ mod tests {
         // One host of 2 cores (the measured machine), or one rank per host.
         let at = |n: usize, kind, shared: bool| {
             let local = if shared { n } else { 1 };
-            Tuner::with_cores(&Config::default(), n, &vec![kind; n - 1], local, 2).expect("tuner")
+            Tuner::new(&Config::default(), n, &vec![kind; n - 1], local, 2).expect("tuner")
         };
         let name = |c: Choice| format!("{}/{}", c.algo.name(), c.proto.name());
         // (ranks, transport, more ranks than cores, [(bytes, acceptable choices)]).
@@ -458,7 +447,7 @@ mod tests {
             ),
         ];
         for (kind, sizes) in on_16_cores {
-            let t = Tuner::with_cores(&Config::default(), 4, &[kind; 3], 4, 16).expect("tuner");
+            let t = Tuner::new(&Config::default(), 4, &[kind; 3], 4, 16).expect("tuner");
             for &(bytes, ok) in sizes {
                 let c = name(t.choose(CollType::AllReduce, bytes).expect("choice"));
                 assert!(ok.contains(&c.as_str()), "n=4 {kind:?}, 16 cores, {bytes} B: {c}, measured best {ok:?}");
