@@ -54,48 +54,49 @@ forced() { # collective transport
   echo
 }
 
-run() { # transport ranks coll algo min max factor iters warmup
-  local t=$1 n=$2 c=$3 a=$4 r=$ROUND pin=()
-  [[ -n $PIN ]] && pin=(taskset -c "$PIN")
-  local env=(OCCL_TRANSPORT="$t") f=${c//_/}
-  # Forced for this collective only (NCCL's per-collective syntax): occl-perf's own all-reduce
-  # (barrier, result check) keeps the tuner's choice, and "pat" leaves it one.
-  [[ $a != - ]] && env+=(OCCL_ALGO="$f:${a%%/*}")
-  # A plain ALGO is that algorithm with Simple (what occl-tune reads it as), not the tuner's protocol.
-  if [[ $a == */* ]]; then env+=(OCCL_PROTO="$f:${a#*/}"); elif [[ $a != - ]]; then env+=(OCCL_PROTO="$f:simple"); fi
-  env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
-    --ranks "$n" --json ${EXTRA:-} 2>/dev/null \
-    | python3 -c '
+# A plain ALGO means that algorithm with Simple (what occl-tune reads it as), not the tuner's
+# protocol: ALGO/simple. The tuner (-) and ALGO/PROTO stay as they are.
+explicit() { if [[ $1 == - || $1 == */* ]]; then echo "$1"; else echo "$1/simple"; fi; }
+
+# occl-perf's JSON rows, each tagged with the round and its forced choice (FORCED, or the row's
+# own from --compare), "ALGO/simple" written back as the plain "ALGO".
+rows() { # forced-or-empty
+  python3 -c '
 import json, sys
 forced, rnd = sys.argv[1], int(sys.argv[2])
 for l in sys.stdin:
     if l.startswith("{"):
         r = json.loads(l)
-        r["forced"] = forced
+        r["forced"] = forced or r["forced"]
+        if r["forced"].endswith("/simple"):
+            r["forced"] = r["forced"][: -len("/simple")]
         r["round"] = rnd
         print(json.dumps(r), flush=True)
-' "$a" "$r" || echo "{\"failed\": true, \"collective\": \"$c\", \"nranks\": $n, \"transport\": \"$t\", \"forced\": \"$a\"}"
+' "$1" "$ROUND"
+}
+
+failed() { # transport ranks coll forced
+  echo "{\"failed\": true, \"collective\": \"$3\", \"nranks\": $2, \"transport\": \"$1\", \"forced\": \"$4\"}"
+}
+
+run() { # transport ranks coll algo min max factor iters warmup
+  local t=$1 n=$2 c=$3 a=$4 pin=() e
+  [[ -n $PIN ]] && pin=(taskset -c "$PIN")
+  local env=(OCCL_TRANSPORT="$t") f=${c//_/}
+  # Forced for this collective only (NCCL's per-collective syntax): occl-perf's own all-reduce
+  # (barrier, result check) keeps the tuner's choice, and "pat" leaves it one.
+  e=$(explicit "$a")
+  [[ $a != - ]] && env+=(OCCL_ALGO="$f:${e%%/*}" OCCL_PROTO="$f:${e#*/}")
+  env "${env[@]}" timeout 600 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
+    --ranks "$n" --json ${EXTRA:-} 2>/dev/null | rows "$a" || failed "$t" "$n" "$c" "$a"
 }
 
 compare() { # transport ranks coll list min max factor iters warmup
-  local t=$1 n=$2 c=$3 list r=$ROUND pin=() a
-  # As in run(): a plain ALGO runs with Simple; its rows keep the plain name.
-  list=$(for a in ${4//,/ }; do if [[ $a == - || $a == */* ]]; then echo -n "$a,"; else echo -n "$a/simple,"; fi; done)
-  list=${list%,}
+  local t=$1 n=$2 c=$3 list="" pin=() a
+  for a in ${4//,/ }; do list+="${list:+,}$(explicit "$a")"; done
   [[ -n $PIN ]] && pin=(taskset -c "$PIN")
   OCCL_TRANSPORT="$t" timeout 1200 "${pin[@]}" "$PERF" "$c" -b "$5" -e "$6" -f "$7" -n "$8" -w "$9" -c 1 \
-    --ranks "$n" --compare="$list" ${EXTRA:-} 2>/dev/null \
-    | python3 -c '
-import json, sys
-rnd = int(sys.argv[1])
-for l in sys.stdin:
-    if l.startswith("{"):
-        r = json.loads(l)
-        r["round"] = rnd
-        if r["forced"].endswith("/simple"):
-            r["forced"] = r["forced"][: -len("/simple")]
-        print(json.dumps(r), flush=True)
-' "$r" || echo "{\"failed\": true, \"collective\": \"$c\", \"nranks\": $n, \"transport\": \"$t\", \"forced\": \"$list\"}"
+    --ranks "$n" --compare="$list" ${EXTRA:-} 2>/dev/null | rows "" || failed "$t" "$n" "$c" "$4"
 }
 
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do

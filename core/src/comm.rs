@@ -165,13 +165,6 @@ fn host_identity(config: &Config) -> String {
     format!("{}:{}", hostname(), boot.trim())
 }
 
-/// The cores this host's ranks of `table` share (the union of their affinity sets).
-pub(crate) fn local_cores(table: &[PeerInfo], me: usize) -> usize {
-    crate::topo::cores::shared_cores(
-        table.iter().filter(|p| p.host_id == table[me].host_id).map(|p| (&p.cpus, p.cpu_quota)),
-    )
-}
-
 /// The communicator's tuner, checked to be the same on every rank: ranks that chose differently
 /// would run different algorithms against each other.
 fn agreed_tuner(
@@ -182,8 +175,8 @@ fn agreed_tuner(
     boot: &mut bootstrap::Client,
 ) -> Result<Tuner> {
     let kinds: Vec<TransportKind> = kinds.iter().flatten().copied().collect();
-    let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
-    let tuner = Tuner::new(config, table.len(), &kinds, local, local_cores(table, me))?;
+    let (local, cores) = bootstrap::host_share(table, me);
+    let tuner = Tuner::new(config, table.len(), &kinds, local, cores)?;
     let all = boot.all_gather(&tuner.digest().to_le_bytes())?;
     if let Some(r) = all.iter().position(|d| d.as_slice() != tuner.digest().to_le_bytes()) {
         return Err(Error::usage(format!(

@@ -85,6 +85,14 @@ impl PeerInfo {
     }
 }
 
+/// Rank `me`'s host in the peer `table`: how many of the ranks run there, and how many cores
+/// they share (the union of their affinity sets, `topo::cores`). Every rank of the host computes
+/// the same from the same table.
+pub(crate) fn host_share(table: &[PeerInfo], me: usize) -> (usize, usize) {
+    let here = || table.iter().filter(|p| p.host_id == table[me].host_id);
+    (here().count(), crate::topo::cores::shared_cores(here().map(|p| (&p.cpus, p.cpu_quota))))
+}
+
 /// Connects to `addr` (`what` names it in errors), retrying with back-off until `deadline`
 /// (a refused connection too when `retry_refused`: the listener may not be up yet), then sets
 /// TCP_NODELAY and proves the job's `secret`. Every bootstrap connection starts here: a rank to

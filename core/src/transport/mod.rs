@@ -121,8 +121,7 @@ pub(crate) fn connect_all(
     let nslots = config.fifo_slots;
     let deadline = Instant::now() + config.timeout;
     // More ranks on this host than cores to run them: shm waits must yield, not spin.
-    let local = table.iter().filter(|p| p.host_id == table[me].host_id).count();
-    let cores = crate::comm::local_cores(table, me);
+    let (local, cores) = crate::bootstrap::host_share(table, me);
     let shm_patience = if local > cores { Patience::Share } else { Patience::Eager };
     if !config.runtime_connect {
         eager_fits(table, me, &kinds)?;

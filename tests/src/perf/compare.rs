@@ -1,10 +1,10 @@
 //! `occl-perf --compare LIST`: the tuner's choice against forced algorithms and protocols,
 //! interleaved in one run. Each entry of LIST (`-` for the tuner, `ring`, `tree/ll`, …) gets a
 //! communicator of its own, split from the job's with `OCCL_ALGO`/`OCCL_PROTO` set for this
-//! collective alone, and all of them share one pair of buffers (one memory, one cache state). For every size the batches
-//! rotate through the entries (batch b starts at entry b mod k), so each entry's median is taken
-//! over the same minutes of the machine as every other's: separate runs per forced choice,
-//! seconds apart, differ by more than the 10% the tuner is judged by.
+//! collective alone, and all of them share one pair of buffers (one memory, one cache state).
+//! For every size the batches rotate through the entries (batch b starts at entry b mod k), so
+//! each entry's median is taken over the same minutes of the machine as every other's: separate
+//! runs per forced choice, seconds apart, differ by more than the 10% the tuner is judged by.
 
 use super::bench::{Average, Bench};
 use super::{json_row, median, Layout, Measure, RowInfo};
