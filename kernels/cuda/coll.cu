@@ -27,6 +27,8 @@ enum {
     M_A2A = 7,
     M_SEND = 8,
     M_RECV = 9,
+    M_BCAST_RING = 10,
+    M_RS_RING = 11,
 };
 
 // Mirrors occl_kernels::coll::CollArgs field for field.
@@ -198,12 +200,15 @@ static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, cons
     }
 }
 
-// The copy of 16-byte packs into one or two destinations, all aligned: every load of a group
-// issued before its stores, no per-pack bookkeeping (the generic fold spends more instructions
-// per pack than an SM can issue at NVLink rate).
+// The copy of 16-byte packs into ND destinations, all aligned: every load of a group issued
+// before its stores, no per-pack bookkeeping (the generic fold spends more instructions per pack
+// than an SM can issue at NVLink rate). The destinations live in registers once unrolled.
 #define OCCL_CCU 8
 template <int ND>
-static __device__ __noinline__ void copy_packs(uint4* d0, uint4* d1, const uint4* s, u64 nv) {
+static __device__ __noinline__ void copy_packs(uint4* const* dst, const uint4* s, u64 nv) {
+    uint4* d[ND];
+#pragma unroll
+    for (int k = 0; k < ND; k++) d[k] = dst[k];
     const u64 st = blockDim.x;
     u64 i = threadIdx.x;
     for (; i + (OCCL_CCU - 1) * st < nv; i += OCCL_CCU * st) {
@@ -211,28 +216,37 @@ static __device__ __noinline__ void copy_packs(uint4* d0, uint4* d1, const uint4
 #pragma unroll
         for (int u = 0; u < OCCL_CCU; u++) x[u] = __ldcg(s + i + u * st);
 #pragma unroll
-        for (int u = 0; u < OCCL_CCU; u++) d0[i + u * st] = x[u];
-        if (ND == 2) {
+        for (int k = 0; k < ND; k++)
 #pragma unroll
-            for (int u = 0; u < OCCL_CCU; u++) d1[i + u * st] = x[u];
-        }
+            for (int u = 0; u < OCCL_CCU; u++) d[k][i + u * st] = x[u];
     }
     for (; i < nv; i += st) {
         const uint4 x = __ldcg(s + i);
-        d0[i] = x;
-        if (ND == 2) d1[i] = x;
+#pragma unroll
+        for (int k = 0; k < ND; k++) d[k][i] = x;
     }
 }
 
-// One copy of n bytes into nd destinations.
+// One copy of n bytes into nd destinations (1 to OCCL_MAXR + 1).
 DEV void copy_bytes(unsigned char* const* dst, int nd, const unsigned char* src, u64 n) {
-    const u64 al = nd >= 1 && nd <= 2 ? (u64)src | (u64)dst[0] | (nd > 1 ? (u64)dst[1] : 0) | n : 1;
+    u64 al = (u64)src | n;
+    for (int k = 0; k < nd; k++) al |= (u64)dst[k];
     if ((al & 15) == 0) {
-        if (nd == 2)
-            copy_packs<2>((uint4*)dst[0], (uint4*)dst[1], (const uint4*)src, n / 16);
-        else
-            copy_packs<1>((uint4*)dst[0], nullptr, (const uint4*)src, n / 16);
-        return;
+        uint4* const* d = (uint4* const*)dst;
+        const uint4* s = (const uint4*)src;
+        const u64 nv = n / 16;
+        switch (nd) {
+            case 1: copy_packs<1>(d, s, nv); return;
+            case 2: copy_packs<2>(d, s, nv); return;
+            case 3: copy_packs<3>(d, s, nv); return;
+            case 4: copy_packs<4>(d, s, nv); return;
+            case 5: copy_packs<5>(d, s, nv); return;
+            case 6: copy_packs<6>(d, s, nv); return;
+            case 7: copy_packs<7>(d, s, nv); return;
+            case 8: copy_packs<8>(d, s, nv); return;
+            case 9: copy_packs<9>(d, s, nv); return;
+            default: break;
+        }
     }
     const unsigned char* s[1] = {src};
     fold<U8, OpSum>(dst, nd, s, 1, n, 0);
@@ -275,8 +289,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             {
                 unsigned char* d[OCCL_MAXR];
                 int nd = 0;
-                for (unsigned p = 0; p < n; p++)
-                    if (p != r) d[nd++] = send_slot(a, c, b, p);
+                for (unsigned k = 1; k < n; k++) d[nd++] = send_slot(a, c, b, (r + k) % n);
                 copy_bytes(d, nd, (const unsigned char*)(in + o), m * es);
             }
             post_peers(a, c, b, all, 0);
@@ -292,8 +305,10 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             // Shard p of every rank goes to rank p, which folds it and pushes the result to all.
             const u64 sh = a.stride;
             wait_peers(a, c, b, all, 0);
-            for (unsigned p = 0; p < n; p++)
-                if (p != r) copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * sh + o), clip(a.total, p * sh + o, m) * es);
+            for (unsigned k = 1; k < n; k++) {
+                const unsigned p = (r + k) % n;
+                copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * sh + o), clip(a.total, p * sh + o, m) * es);
+            }
             post_peers(a, c, b, all, 0);
             wait_peers(a, c, b, all, all);
             {
@@ -302,8 +317,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
                 S* d[OCCL_MAXR + 1];
                 int nd = 0;
                 d[nd++] = out + r * sh + o;
-                for (unsigned p = 0; p < n; p++)
-                    if (p != r) d[nd++] = (S*)send_slot(a, c, b, p);
+                for (unsigned k = 1; k < n; k++) d[nd++] = (S*)send_slot(a, c, b, (r + k) % n);
                 fold<E, O>(d, nd, s, n, clip(a.total, r * sh + o, m), a.div);
             }
             post_peers(a, c, b, all, all);
@@ -340,8 +354,10 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
         } else if (a.mode == M_RS) {
             // Block p of every rank's input goes to rank p, which folds them in rank order.
             wait_peers(a, c, b, all, 0);
-            for (unsigned p = 0; p < n; p++)
-                if (p != r) copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * a.stride + o), m * es);
+            for (unsigned k = 1; k < n; k++) {
+                const unsigned p = (r + k) % n;
+                copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * a.stride + o), m * es);
+            }
             post_peers(a, c, b, all, 0);
             wait_peers(a, c, b, 0, all);
             const S* s[OCCL_MAXR];
@@ -349,6 +365,24 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             S* d[1] = {out + o};
             fold<E, O>(d, 1, s, n, m, a.div);
             post_peers(a, c, b, 0, all);
+        } else if (a.mode == M_RS_RING) {
+            // The ring all-reduce's first half: block k travels r+1 -> ... folding each rank's
+            // block k on the way, and rank r folds the last of block r into its output.
+            const u64 sh = a.stride;
+            const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
+            wait_peers(a, c, b, tx, 0);
+            copy1(send_slot(a, c, b, nx), (const unsigned char*)(in + pv * sh + o), m * es);
+            post_peers(a, c, b, tx, 0);
+            for (unsigned s = 1; s < n; s++) {
+                const unsigned k = (r + 2 * n - 1 - s) % n;
+                const bool last = s == n - 1;
+                const unsigned fwd = last ? 0 : tx;
+                wait_peers(a, c, b, fwd, rx);
+                const S* src[2] = {(const S*)recv_slot(a, c, b, pv), in + k * sh + o};
+                S* d[1] = {last ? out + o : (S*)send_slot(a, c, b, nx)};
+                fold<E, O>(d, 1, src, 2, m, last ? a.div : 0);
+                post_peers(a, c, b, fwd, rx);
+            }
         } else if (a.mode == M_REDUCE) {
             const unsigned root = a.root;
             if (r != root) {
@@ -383,8 +417,7 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
             wait_peers(a, c, b, all, 0);
             unsigned char* d[OCCL_MAXR + 1];
             int nd = 0;
-            for (unsigned p = 0; p < n; p++)
-                if (p != r) d[nd++] = send_slot(a, c, b, p);
+            for (unsigned k = 1; k < n; k++) d[nd++] = send_slot(a, c, b, (r + k) % n);
             if (in != out + r * a.stride) d[nd++] = out + r * a.stride + o;
             copy_bytes(d, nd, in + o, m);
             post_peers(a, c, b, all, 0);
@@ -398,8 +431,7 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
                 wait_peers(a, c, b, all, 0);
                 unsigned char* d[OCCL_MAXR + 1];
                 int nd = 0;
-                for (unsigned p = 0; p < n; p++)
-                    if (p != r) d[nd++] = send_slot(a, c, b, p);
+                for (unsigned k = 1; k < n; k++) d[nd++] = send_slot(a, c, b, (r + k) % n);
                 if (in != out) d[nd++] = out + o;
                 copy_bytes(d, nd, in + o, m);
                 post_peers(a, c, b, all, 0);
@@ -408,12 +440,26 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
                 copy1(out + o, recv_slot(a, c, b, root), m);
                 post_peers(a, c, b, 0, 1u << root);
             }
+        } else if (a.mode == M_BCAST_RING) {
+            // Along the ring from the root: each rank keeps the chunk and passes it on, the
+            // last one only keeps it, so every link carries the message once.
+            const unsigned pos = (r + n - a.root) % n, nx = (r + 1) % n, pv = (r + n - 1) % n;
+            const unsigned tx = pos + 1 < n ? 1u << nx : 0, rx = pos > 0 ? 1u << pv : 0;
+            wait_peers(a, c, b, tx, rx);
+            unsigned char* d[2];
+            int nd = 0;
+            if (tx) d[nd++] = send_slot(a, c, b, nx);
+            if (pos > 0 || in != out) d[nd++] = out + o;
+            if (nd) copy_bytes(d, nd, pos > 0 ? recv_slot(a, c, b, pv) : in + o, m);
+            post_peers(a, c, b, tx, rx);
         } else if (a.mode == M_A2A) {
             // Block p of my input to rank p; chunk o of every block is sent before any is
             // overwritten, so in == out works too.
             wait_peers(a, c, b, all, 0);
-            for (unsigned p = 0; p < n; p++)
-                if (p != r) copy1(send_slot(a, c, b, p), in + p * a.stride + o, m);
+            for (unsigned k = 1; k < n; k++) {
+                const unsigned p = (r + k) % n;
+                copy1(send_slot(a, c, b, p), in + p * a.stride + o, m);
+            }
             if (in != out) copy1(out + r * a.stride + o, in + r * a.stride + o, m);
             post_peers(a, c, b, all, 0);
             wait_peers(a, c, b, 0, all);

@@ -74,12 +74,22 @@ pub enum Mode {
     AllToAll = 7,
     Send = 8,
     Recv = 9,
+    /// Broadcast passed along the ring from the root, for rank counts where the root's link
+    /// would carry every peer's copy.
+    BroadcastRing = 10,
+    /// Reduce-scatter around the ring (the first half of the ring all-reduce), for rank counts
+    /// where every rank writing every peer at once costs more than the ring's extra hops.
+    ReduceScatterRing = 11,
 }
 
 impl Mode {
     /// Modes with an element type and operator (the others move bytes).
     pub const fn reduces(self) -> bool {
-        (self as u32) <= Mode::Reduce as u32
+        Mode::code_reduces(self as u32)
+    }
+
+    const fn code_reduces(m: u32) -> bool {
+        m <= Mode::Reduce as u32 || m == Mode::ReduceScatterRing as u32
     }
 }
 
@@ -260,10 +270,10 @@ impl CollKernels {
             return Err(Error::InvalidArgument("a collective launch of 0 blocks".into()));
         }
         let mode = match args.mode {
-            m if m <= Mode::Recv as u32 => m,
+            m if m <= Mode::ReduceScatterRing as u32 => m,
             m => return Err(Error::InvalidArgument(format!("collective mode {m}"))),
         };
-        let reduces = mode <= Mode::Reduce as u32;
+        let reduces = Mode::code_reduces(mode);
         let prog = self.program(reduces.then_some(dt))?;
         let f = if reduces { &prog.funcs[op.index()] } else { &prog.funcs[0] };
         let mut l = stream.launch_builder(&f.f);
@@ -308,7 +318,7 @@ mod tests {
             assert!(source(Some(dt)).ends_with(&format!("OCCL_COLL_TYPE({}, {})\n", dt.name(), struct_name(dt))));
         }
         assert!(source(None).ends_with("OCCL_COLL_COPY\n"));
-        assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces());
-        assert!(!Mode::AllGather.reduces() && !Mode::Recv.reduces());
+        assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces() && Mode::ReduceScatterRing.reduces());
+        assert!(!Mode::AllGather.reduces() && !Mode::Recv.reduces() && !Mode::BroadcastRing.reduces());
     }
 }

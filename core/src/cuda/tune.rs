@@ -4,8 +4,9 @@
 //! GPUs form a ring rather than a switch). Priced by an α-β model over the NVLink link and the
 //! device memory that the folds read; `OCCL_ALGO` (NCCL's syntax, names `oneshot`, `twoshot`,
 //! `ring`) restricts the choice, and a list that leaves none is an error. The other device
-//! collectives have one algorithm each (direct: every rank writes each peer's part straight
-//! into that peer's FIFO).
+//! collectives are direct (every rank writes each peer's part straight into that peer's FIFO),
+//! except broadcast and reduce-scatter, which go round the ring when the direct form's load
+//! (the root's link; every link at once) costs more than the ring's extra hops.
 
 use crate::coll::tune::policy::{Policy, ALGOS};
 use crate::config::Config;
@@ -41,11 +42,15 @@ pub(crate) struct DevModel {
     pub link_bpus: f64,
     /// Bytes per µs a fold reads and writes in device memory.
     pub mem_bpus: f64,
+    /// How much longer a direct step's bytes take per rank beyond two: every rank writing
+    /// every peer at once through the switch. On 4×H200 the two-shot all-reduce took
+    /// 1.06-1.10× the ring's time at 64 MiB-1 GiB (tests/results/gpu-collectives-h200.md).
+    pub direct_per_rank: f64,
 }
 
 impl Default for DevModel {
     fn default() -> Self {
-        DevModel { alpha_us: 2.0, link_bpus: 350e3, mem_bpus: 2000e3 }
+        DevModel { alpha_us: 2.0, link_bpus: 350e3, mem_bpus: 2000e3, direct_per_rank: 0.03 }
     }
 }
 
@@ -53,20 +58,82 @@ impl DevModel {
     /// Predicted µs of an all-reduce of `bytes` per rank on `n` ranks.
     pub(crate) fn time(&self, algo: DevAlgo, n: usize, bytes: usize) -> f64 {
         let (nf, b) = (n as f64, bytes as f64);
+        let direct = self.direct(n);
         let (hops, link, mem) = match algo {
             // Sends n-1 copies, folds n.
-            DevAlgo::OneShot => (1.0, nf - 1.0, nf + 1.0),
+            DevAlgo::OneShot => (1.0, (nf - 1.0) * direct, nf + 1.0),
             // Sends 2(n-1)/n, folds n shards of 1/n, copies n-1 shards in.
-            DevAlgo::TwoShot => (2.0, 2.0 * (nf - 1.0) / nf, 1.0 + 2.0 * (nf - 1.0) / nf),
+            DevAlgo::TwoShot => (2.0, 2.0 * (nf - 1.0) / nf * direct, 1.0 + 2.0 * (nf - 1.0) / nf),
             DevAlgo::Ring => (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf, 1.0 + 2.0 * (nf - 1.0) / nf),
         };
         hops * self.alpha_us + b * link / self.link_bpus + b * mem / self.mem_bpus
+    }
+
+    /// The factor on a direct step's link time at `n` ranks.
+    fn direct(&self, n: usize) -> f64 {
+        1.0 + self.direct_per_rank * n.saturating_sub(2) as f64
+    }
+
+    /// Predicted µs of a broadcast of `bytes` (ring: false, from the root to every peer).
+    fn broadcast(&self, ring: bool, n: usize, bytes: usize) -> f64 {
+        let (nf, b) = (n as f64, bytes as f64 / self.link_bpus);
+        match ring {
+            false => self.alpha_us + (nf - 1.0) * b * self.direct(n),
+            true => (nf - 1.0) * self.alpha_us + b,
+        }
+    }
+
+    /// Predicted µs of a reduce-scatter of `bytes` of input per rank.
+    fn reduce_scatter(&self, ring: bool, n: usize, bytes: usize) -> f64 {
+        let (nf, b) = (n as f64, bytes as f64);
+        let share = (nf - 1.0) / nf * b / self.link_bpus;
+        let fold = b / self.mem_bpus;
+        match ring {
+            false => self.alpha_us + share * self.direct(n) + fold,
+            true => (nf - 1.0) * self.alpha_us + share + fold,
+        }
+    }
+}
+
+/// A collective with a direct form (one hop; `oneshot` in `OCCL_ALGO`) and a ring form, and
+/// which of them the policy allows.
+#[derive(Clone, Copy, Debug)]
+struct DirectOrRing {
+    what: &'static str,
+    direct: bool,
+    ring: bool,
+}
+
+impl DirectOrRing {
+    fn new(policy: &Policy, func: CollType, what: &'static str, nranks: usize) -> DirectOrRing {
+        let bit = |name: &str| ALGOS.iter().position(|n| *n == name).unwrap_or(usize::MAX);
+        let f = func as usize;
+        DirectOrRing {
+            what,
+            direct: policy.algos.allows(f, bit("oneshot")),
+            ring: nranks > 1 && policy.algos.allows(f, bit("ring")),
+        }
+    }
+
+    /// Whether to go round the ring, given both forms' predicted times.
+    fn ring(&self, nranks: usize, direct_us: f64, ring_us: f64) -> Result<bool> {
+        match (self.direct, self.ring) {
+            (true, true) => Ok(ring_us < direct_us),
+            (direct, ring) if direct || ring => Ok(ring),
+            _ => Err(Error::usage(format!(
+                "OCCL_ALGO leaves no algorithm for device {} on {nranks} rank(s); it runs ONESHOT (straight to \
+                 every peer) or RING (RING needs 2 ranks or more)",
+                self.what
+            ))),
+        }
     }
 }
 
 pub(crate) struct DevTuner {
     nranks: usize,
     allowed: Vec<DevAlgo>,
+    bcast: DirectOrRing,
+    rs: DirectOrRing,
     model: DevModel,
 }
 
@@ -90,7 +157,25 @@ impl DevTuner {
                 policy.algos.describe()
             )));
         }
-        Ok(DevTuner { nranks, allowed, model: DevModel::default() })
+        let bcast = DirectOrRing::new(&policy, CollType::Broadcast, "broadcast", nranks);
+        let rs = DirectOrRing::new(&policy, CollType::ReduceScatter, "reduce-scatter", nranks);
+        Ok(DevTuner { nranks, allowed, bcast, rs, model: DevModel::default() })
+    }
+
+    /// Whether a broadcast of `bytes` goes along the ring rather than from the root to every
+    /// peer: the ring pays a hop per rank, the direct form a copy per peer on the root's link
+    /// (at 4×H200 it held broadcast at a third of NCCL's busbw). `OCCL_ALGO` may force either
+    /// (`broadcast:oneshot`, `broadcast:ring`); a list that leaves neither is an error of the call.
+    pub(crate) fn broadcast_ring(&self, bytes: usize) -> Result<bool> {
+        let (m, n) = (&self.model, self.nranks);
+        self.bcast.ring(n, m.broadcast(false, n, bytes), m.broadcast(true, n, bytes))
+    }
+
+    /// Whether a reduce-scatter of `bytes` of input per rank goes round the ring rather than
+    /// every rank writing each peer its block (`reducescatter:oneshot|ring` force one).
+    pub(crate) fn reduce_scatter_ring(&self, bytes: usize) -> Result<bool> {
+        let (m, n) = (&self.model, self.nranks);
+        self.rs.ring(n, m.reduce_scatter(false, n, bytes), m.reduce_scatter(true, n, bytes))
     }
 
     /// The all-reduce algorithm for `bytes` per rank.
@@ -123,7 +208,39 @@ mod tests {
         assert_eq!(t.choose(1 << 30), DevAlgo::TwoShot);
         let t8 = tuner(None, 8).expect("tuner");
         assert_eq!(t8.choose(8), DevAlgo::OneShot);
-        assert_eq!(t8.choose(64 << 20), DevAlgo::TwoShot, "one-shot sends 7 copies");
+        assert_ne!(t8.choose(64 << 20), DevAlgo::OneShot, "one-shot sends 7 copies");
+    }
+
+    #[test]
+    fn large_broadcasts_go_round_the_ring_beyond_two_ranks() {
+        let ring = |t: &DevTuner, b: usize| t.broadcast_ring(b).expect("allowed");
+        let t2 = tuner(None, 2).expect("tuner");
+        assert!(!ring(&t2, 1 << 30), "two ranks have one link");
+        let t4 = tuner(None, 4).expect("tuner");
+        assert!(!ring(&t4, 64 << 10), "a hop per rank costs more than two extra copies");
+        assert!(ring(&t4, 4 << 20));
+        assert!(ring(&t4, 1 << 30));
+        assert!(ring(&tuner(Some("broadcast:ring"), 4).expect("tuner"), 8));
+        assert!(!ring(&tuner(Some("broadcast:oneshot"), 4).expect("tuner"), 1 << 30));
+        let none = tuner(Some("broadcast:tree"), 4).expect("all-reduce keeps its choice");
+        let e = none.broadcast_ring(8).err().expect("tree has no device broadcast");
+        assert!(e.to_string().contains("device broadcast") && e.to_string().contains("ONESHOT"), "{e}");
+    }
+
+    #[test]
+    fn large_all_reduces_and_reduce_scatters_go_round_the_ring_beyond_two_ranks() {
+        // 4×H200: two-shot ahead at 16 MiB, the ring from 64 MiB; reduce-scatter likewise.
+        let t4 = tuner(None, 4).expect("tuner");
+        assert_eq!(t4.choose(16 << 20), DevAlgo::TwoShot);
+        assert_eq!(t4.choose(64 << 20), DevAlgo::Ring);
+        assert!(!t4.reduce_scatter_ring(4 << 20).expect("allowed"));
+        assert!(t4.reduce_scatter_ring(256 << 20).expect("allowed"));
+        let t2 = tuner(None, 2).expect("tuner");
+        assert_eq!(t2.choose(1 << 30), DevAlgo::TwoShot, "two ranks: the same bytes in fewer hops");
+        assert!(!t2.reduce_scatter_ring(1 << 30).expect("allowed"));
+        assert!(tuner(Some("reducescatter:ring"), 2).expect("tuner").reduce_scatter_ring(8).expect("forced"));
+        let e = tuner(Some("reducescatter:pat"), 4).expect("tuner").reduce_scatter_ring(8).err().expect("no pat");
+        assert!(e.to_string().contains("device reduce-scatter"), "{e}");
     }
 
     #[test]

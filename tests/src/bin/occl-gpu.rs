@@ -491,6 +491,8 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 let algo_name = match coll {
                     _ if cc.is_staged() => "staged",
                     "all_reduce" => cc.all_reduce_algorithm(count, dt).name(),
+                    "broadcast" => cc.broadcast_algorithm(count, dt)?,
+                    "reduce_scatter" => cc.reduce_scatter_algorithm(count, dt)?,
                     _ => "direct",
                 };
                 println!(
