@@ -50,7 +50,7 @@ run)
         timeout 150 ./occl-gpu bench --ranks "$n" --sizes $sizes all_reduce,all_gather,reduce_scatter,broadcast,all_to_all
         timeout 40 ./occl-gpu bench --ranks "$n" --sizes $sizes -d bfloat16 all_reduce
         timeout 30 ./occl-gpu bench --ranks "$n" --sizes 8,64K --graph all_reduce
-        for a in oneshot twoshot; do
+        for a in oneshot twoshot ring; do
             timeout 30 ./occl-gpu bench --ranks "$n" --sizes 8,1M,16M,256M --algo $a all_reduce
         done
     } 2>&1 | tee "$OUT/occl.jsonl" | grep -v '^{' | tail -20
