@@ -58,8 +58,9 @@ fn same<T: Val>(a: &[T], b: &[T]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.bits() == y.bits())
 }
 
-/// Element counts: empty, one, odd, and 1 MiB of f32 plus an odd tail.
-pub const SIZES: [usize; 4] = [0, 1, 1001, (1 << 18) + 7];
+/// Element counts: empty, one, odd, 1 MiB of f32 plus an odd tail, and 4 MiB plus one (past
+/// the size from which the registered paths stream their writes).
+pub const SIZES: [usize; 5] = [0, 1, 1001, (1 << 18) + 7, (1 << 20) + 3];
 
 fn last_algo(comm: &Comm) -> &'static str {
     comm.flight_recorder().snapshot().iter().max_by_key(|e| e.record_id).map_or("none", |e| e.info.algo)
