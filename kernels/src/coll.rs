@@ -83,13 +83,37 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// Modes with an element type and operator (the others move bytes).
-    pub const fn reduces(self) -> bool {
-        Mode::code_reduces(self as u32)
+    pub const ALL: [Mode; 12] = [
+        Mode::AllReduceOneShot,
+        Mode::AllReduceTwoShot,
+        Mode::AllReduceRing,
+        Mode::ReduceScatter,
+        Mode::Reduce,
+        Mode::AllGather,
+        Mode::Broadcast,
+        Mode::AllToAll,
+        Mode::Send,
+        Mode::Recv,
+        Mode::BroadcastRing,
+        Mode::ReduceScatterRing,
+    ];
+
+    /// The mode of a `CollArgs::mode` code, if it is one.
+    pub fn of_code(code: u32) -> Option<Mode> {
+        Mode::ALL.get(usize::try_from(code).ok()?).copied()
     }
 
-    const fn code_reduces(m: u32) -> bool {
-        m <= Mode::Reduce as u32 || m == Mode::ReduceScatterRing as u32
+    /// Modes with an element type and operator (the others move bytes).
+    pub const fn reduces(self) -> bool {
+        matches!(
+            self,
+            Mode::AllReduceOneShot
+                | Mode::AllReduceTwoShot
+                | Mode::AllReduceRing
+                | Mode::ReduceScatter
+                | Mode::Reduce
+                | Mode::ReduceScatterRing
+        )
     }
 }
 
@@ -269,11 +293,9 @@ impl CollKernels {
         if blocks == 0 {
             return Err(Error::InvalidArgument("a collective launch of 0 blocks".into()));
         }
-        let mode = match args.mode {
-            m if m <= Mode::ReduceScatterRing as u32 => m,
-            m => return Err(Error::InvalidArgument(format!("collective mode {m}"))),
-        };
-        let reduces = Mode::code_reduces(mode);
+        let mode =
+            Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
+        let reduces = mode.reduces();
         let prog = self.program(reduces.then_some(dt))?;
         let f = if reduces { &prog.funcs[op.index()] } else { &prog.funcs[0] };
         let mut l = stream.launch_builder(&f.f);
@@ -320,5 +342,10 @@ mod tests {
         assert!(source(None).ends_with("OCCL_COLL_COPY\n"));
         assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces() && Mode::ReduceScatterRing.reduces());
         assert!(!Mode::AllGather.reduces() && !Mode::Recv.reduces() && !Mode::BroadcastRing.reduces());
+        for (i, m) in Mode::ALL.into_iter().enumerate() {
+            assert_eq!(m as usize, i, "ALL is in code order");
+            assert_eq!(Mode::of_code(m as u32), Some(m));
+        }
+        assert_eq!(Mode::of_code(Mode::ALL.len() as u32), None);
     }
 }

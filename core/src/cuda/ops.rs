@@ -162,20 +162,7 @@ impl CudaComm {
         if let Some(ev) = &self.events {
             ev.collect(f);
         }
-        let mode = match a.mode {
-            m if m == Mode::AllReduceOneShot as u32 => Mode::AllReduceOneShot,
-            m if m == Mode::AllReduceTwoShot as u32 => Mode::AllReduceTwoShot,
-            m if m == Mode::AllReduceRing as u32 => Mode::AllReduceRing,
-            m if m == Mode::ReduceScatter as u32 => Mode::ReduceScatter,
-            m if m == Mode::ReduceScatterRing as u32 => Mode::ReduceScatterRing,
-            m if m == Mode::Reduce as u32 => Mode::Reduce,
-            m if m == Mode::AllGather as u32 => Mode::AllGather,
-            m if m == Mode::Broadcast as u32 => Mode::Broadcast,
-            m if m == Mode::BroadcastRing as u32 => Mode::BroadcastRing,
-            m if m == Mode::AllToAll as u32 => Mode::AllToAll,
-            m if m == Mode::Send as u32 => Mode::Send,
-            _ => Mode::Recv,
-        };
+        let mode = Mode::of_code(a.mode).ok_or_else(|| Error::internal(format!("device mode {}", a.mode)))?;
         let (func, fi) = func_of(mode);
         let prof = OpProf::begin_device(f, self.rank(), || OpDescr {
             func,

@@ -223,7 +223,7 @@ mod tests {
         assert!(ring(&tuner(Some("broadcast:ring"), 4).expect("tuner"), 8));
         assert!(!ring(&tuner(Some("broadcast:oneshot"), 4).expect("tuner"), 1 << 30));
         let none = tuner(Some("broadcast:tree"), 4).expect("all-reduce keeps its choice");
-        let e = none.broadcast_ring(8).err().expect("tree has no device broadcast");
+        let e = none.broadcast_ring(8).expect_err("tree has no device broadcast");
         assert!(e.to_string().contains("device broadcast") && e.to_string().contains("ONESHOT"), "{e}");
     }
 
@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(t2.choose(1 << 30), DevAlgo::TwoShot, "two ranks: the same bytes in fewer hops");
         assert!(!t2.reduce_scatter_ring(1 << 30).expect("allowed"));
         assert!(tuner(Some("reducescatter:ring"), 2).expect("tuner").reduce_scatter_ring(8).expect("forced"));
-        let e = tuner(Some("reducescatter:pat"), 4).expect("tuner").reduce_scatter_ring(8).err().expect("no pat");
+        let e = tuner(Some("reducescatter:pat"), 4).expect("tuner").reduce_scatter_ring(8).expect_err("no pat");
         assert!(e.to_string().contains("device reduce-scatter"), "{e}");
     }
 
