@@ -37,6 +37,22 @@ pub(crate) unsafe fn stream(dst: *mut u8, src: *const u8, n: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
 }
 
+/// Copies one piece of a larger operation: with streaming stores when the operation as a whole
+/// streams (`streams` of its total), else with `memcpy`.
+///
+/// # Safety
+/// As `copy`.
+pub(crate) unsafe fn piece(dst: *mut u8, src: *const u8, n: usize, stream: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if stream {
+            self::stream(dst, src, n);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, n);
+        }
+    }
+}
+
 /// Whether an operation writing `bytes` to a user buffer should stream its final writes.
 pub(crate) fn streams(bytes: usize) -> bool {
     bytes >= STREAM_MIN

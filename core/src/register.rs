@@ -563,12 +563,7 @@ impl Plan<'_> {
                     crate::reduce::div_in_place(dt, acc, n);
                 }
                 for s in 0..n {
-                    let out = (self.recv[(me + s) % n] + at) as *mut u8;
-                    if stream {
-                        crate::copy::stream(out, acc.as_ptr(), len);
-                    } else {
-                        std::ptr::copy_nonoverlapping(acc.as_ptr(), out, len);
-                    }
+                    crate::copy::piece((self.recv[(me + s) % n] + at) as *mut u8, acc.as_ptr(), len, stream);
                 }
             }
             at += len;
@@ -595,13 +590,7 @@ impl Plan<'_> {
                 // SAFETY: block `me` of every rank's recv buffer is written by this rank alone
                 // and read by nobody before DONE; this rank's send block is unchanged until then
                 // (in place it is block `me` of its own recv buffer, skipped above).
-                unsafe {
-                    if stream {
-                        crate::copy::stream(dst as *mut u8, (src + at) as *const u8, len);
-                    } else {
-                        std::ptr::copy_nonoverlapping((src + at) as *const u8, dst as *mut u8, len);
-                    }
-                }
+                unsafe { crate::copy::piece(dst as *mut u8, (src + at) as *const u8, len, stream) };
             }
             at += len;
         }

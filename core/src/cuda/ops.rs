@@ -50,6 +50,16 @@ pub(crate) fn func_of(mode: Mode) -> (&'static str, usize) {
     }
 }
 
+/// The algorithm name a mode's profiler events and flight records carry (NCCL's spelling).
+fn algo_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::AllReduceOneShot => "ONE_SHOT",
+        Mode::AllReduceTwoShot => "TWO_SHOT",
+        Mode::AllReduceRing | Mode::BroadcastRing | Mode::ReduceScatterRing => "RING",
+        _ => "DIRECT",
+    }
+}
+
 /// Device functions with a sequence number of their own.
 pub(crate) const FUNCS: usize = 8;
 
@@ -230,15 +240,27 @@ impl CudaComm {
         }
     }
 
+    /// The mode a broadcast of `count` elements of `dt` runs in.
+    fn broadcast_mode(&self, count: usize, dt: DataType) -> Result<Mode> {
+        let ring = self.tuner.broadcast_ring(count.saturating_mul(dt.size()))?;
+        Ok(if ring { Mode::BroadcastRing } else { Mode::Broadcast })
+    }
+
+    /// The mode a reduce-scatter of `count` elements of `dt` per rank runs in (priced on its
+    /// input, nranks × `count`).
+    fn reduce_scatter_mode(&self, count: usize, dt: DataType) -> Result<Mode> {
+        let ring = self.tuner.reduce_scatter_ring(count.saturating_mul(dt.size()).saturating_mul(self.nranks()))?;
+        Ok(if ring { Mode::ReduceScatterRing } else { Mode::ReduceScatter })
+    }
+
     /// The algorithm a broadcast of `count` elements of `dt` runs with: `direct` or `ring`.
     pub fn broadcast_algorithm(&self, count: usize, dt: DataType) -> Result<&'static str> {
-        Ok(if self.tuner.broadcast_ring(count.saturating_mul(dt.size()))? { "ring" } else { "direct" })
+        Ok(if self.broadcast_mode(count, dt)? == Mode::BroadcastRing { "ring" } else { "direct" })
     }
 
     /// The algorithm a reduce-scatter of `count` elements of `dt` per rank runs with.
     pub fn reduce_scatter_algorithm(&self, count: usize, dt: DataType) -> Result<&'static str> {
-        let input = count.saturating_mul(dt.size()).saturating_mul(self.nranks());
-        Ok(if self.tuner.reduce_scatter_ring(input)? { "ring" } else { "direct" })
+        Ok(if self.reduce_scatter_mode(count, dt)? == Mode::ReduceScatterRing { "ring" } else { "direct" })
     }
 
     /// Runs every later all-reduce with `algo` (`None`: the tuner's choice again), as a
@@ -291,13 +313,8 @@ impl CudaComm {
         // Every algorithm spreads the whole message over the grid: sized by a shard, two-shot
         // ran 1 MiB on 4 ranks over 8 blocks, 1.2× one-shot's time on 32.
         let blocks = self.blocks(bytes);
-        let name = match algo {
-            DevAlgo::OneShot => "ONE_SHOT",
-            DevAlgo::TwoShot => "TWO_SHOT",
-            DevAlgo::Ring => "RING",
-        };
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, op), blocks, Call::new(name, send, recv, count, dt)) }
+        unsafe { self.go(stream, a, (dt, op), blocks, Call::new(algo_name(mode), send, recv, count, dt)) }
     }
 
     /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
@@ -323,11 +340,10 @@ impl CudaComm {
         if let Some(r) = unsafe { self.staged(stream, HostOp::ReduceScatter(op), input, output, count, dt) } {
             return r;
         }
-        let ring = self.tuner.reduce_scatter_ring(bytes.saturating_mul(n as u64) as usize)?;
-        let mode = if ring { Mode::ReduceScatterRing } else { Mode::ReduceScatter };
+        let mode = self.reduce_scatter_mode(count, dt)?;
         let mut a = self.args(mode, send, recv, count as u64, count as u64, 0);
         a.div = self.div(op);
-        let call = Call::new(if ring { "RING" } else { "DIRECT" }, send, recv, count, dt);
+        let call = Call::new(algo_name(mode), send, recv, count, dt);
         // SAFETY: the caller's promise.
         unsafe { self.go(stream, a, (dt, op), self.blocks(bytes), call) }
     }
@@ -394,8 +410,7 @@ impl CudaComm {
         }
         let mut a = self.args(mode, send, recv, bytes, bytes, 0);
         a.root = root;
-        let name = if mode == Mode::BroadcastRing { "RING" } else { "DIRECT" };
-        let mut call = Call::new(name, send, recv, count, dt);
+        let mut call = Call::new(algo_name(mode), send, recv, count, dt);
         match mode {
             Mode::Send | Mode::Recv => call.peer = root as i32,
             Mode::Broadcast | Mode::BroadcastRing => call.root = root as i32,
@@ -438,11 +453,7 @@ impl CudaComm {
         self.check_root(root, "root")?;
         let send = if self.rank() == root { send } else { recv };
         let host = (HostOp::Broadcast(root), (self.rank() == root).then_some(count), Some(count));
-        let mode = if self.tuner.broadcast_ring(count.saturating_mul(dt.size()))? {
-            Mode::BroadcastRing
-        } else {
-            Mode::Broadcast
-        };
+        let mode = self.broadcast_mode(count, dt)?;
         // SAFETY: the caller's promise.
         unsafe { self.copy_op(stream, mode, (send, recv), count, dt, root as u32, host) }
     }

@@ -104,15 +104,14 @@ struct DirectOrRing {
     ring: bool,
 }
 
+/// Whether `policy` lets `func` run the algorithm called `name`.
+fn allows(policy: &Policy, func: CollType, name: &str) -> bool {
+    ALGOS.iter().position(|n| *n == name).is_some_and(|bit| policy.algos.allows(func as usize, bit))
+}
+
 impl DirectOrRing {
     fn new(policy: &Policy, func: CollType, what: &'static str, nranks: usize) -> DirectOrRing {
-        let bit = |name: &str| ALGOS.iter().position(|n| *n == name).unwrap_or(usize::MAX);
-        let f = func as usize;
-        DirectOrRing {
-            what,
-            direct: policy.algos.allows(f, bit("oneshot")),
-            ring: nranks > 1 && policy.algos.allows(f, bit("ring")),
-        }
+        DirectOrRing { what, direct: allows(policy, func, "oneshot"), ring: nranks > 1 && allows(policy, func, "ring") }
     }
 
     /// Whether to go round the ring, given both forms' predicted times.
@@ -140,13 +139,9 @@ pub(crate) struct DevTuner {
 impl DevTuner {
     pub(crate) fn new(config: &Config, nranks: usize) -> Result<DevTuner> {
         let policy = Policy::new(config.algo.as_deref(), None)?;
-        let func = CollType::AllReduce as usize;
         let allowed: Vec<DevAlgo> = DevAlgo::ALL
             .into_iter()
-            .filter(|a| {
-                let bit = ALGOS.iter().position(|n| *n == a.name()).unwrap_or(usize::MAX);
-                policy.algos.allows(func, bit)
-            })
+            .filter(|a| allows(&policy, CollType::AllReduce, a.name()))
             // One rank has no ring to go round; one-shot is its copy.
             .filter(|a| nranks > 1 || *a == DevAlgo::OneShot)
             .collect();
