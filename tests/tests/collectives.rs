@@ -75,8 +75,14 @@ fn processes_one_mib_plus_3_at_8_ranks_and_over_tcp() {
 }
 
 fn threads(n: usize, spec: &Spec, config: Config) {
+    threads_with(n, spec, config, |_| {});
+}
+
+/// As `threads`, with `attach` called on every communicator before the matrix runs.
+fn threads_with(n: usize, spec: &Spec, config: Config, attach: impl Fn(&Comm)) {
     let comms = Comm::init_all_with(n, config).expect("init_all");
     assert_eq!(comms.len(), n);
+    comms.iter().for_each(&attach);
     let handles: Vec<_> = comms
         .into_iter()
         .enumerate()
@@ -220,6 +226,36 @@ fn threads_mode_every_forced_algorithm_with_ll_ranks_1_to_8() {
         for (algo, _) in FORCED {
             threads(n, &spec, Config { algo: Some(algo.into()), ..small.clone() });
         }
+    }
+}
+
+/// An LL one-shot all-reduce that fits one LL step (2024 bytes) runs straight on the FIFOs,
+/// unless a profiler wants the operation's events: then it runs the schedule, which emits them.
+/// Both ways, at 2-8 ranks, with counts up to, at and just past one step for each datatype.
+#[test]
+fn threads_mode_one_step_ll_all_reduce_with_and_without_a_profiler() {
+    use occl_tests::events::Counter;
+    let spec = Spec::parse(
+        "colls=all_reduce;dtypes=f32,bf16,i64,u8;ops=sum,avg,max,prod;counts=0,1,7,253,254,506,507,1012,1013,2024,2025",
+    )
+    .expect("spec");
+    let ll = Config { algo: Some("allreduce:oneshot".into()), proto: Some("LL".into()), ..Config::default() };
+    for n in [2, 3, 5, 8] {
+        threads(n, &spec, ll.clone());
+        let sinks = std::sync::Mutex::new(Vec::new());
+        threads_with(n, &spec, ll.clone(), |c| {
+            let k = std::sync::Arc::new(Counter::default());
+            k.mask.store(occl::telemetry::EventMask::ALL.0, std::sync::atomic::Ordering::Relaxed);
+            c.attach_sink(k.clone()).expect("attach");
+            sinks.lock().expect("sinks").push(k);
+        });
+        let sinks = sinks.into_inner().expect("sinks");
+        assert!(
+            sinks.iter().all(|k| k.sums.load(std::sync::atomic::Ordering::Relaxed)
+                + k.states.load(std::sync::atomic::Ordering::Relaxed)
+                > 0),
+            "no step events with a profiler attached (n={n})"
+        );
     }
 }
 

@@ -3,9 +3,13 @@
 //! and point-to-point send/recv.
 
 use super::plan::Shape;
+use super::prims::check_incoming;
 use super::walk::{pieces, Buf, Exec, Span};
 use super::{copy_unless_same, Ctx};
-use crate::error::Result;
+use crate::dtype::RedOp;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::transport::fifo::ll;
 
 /// All-to-all: block j of `send` goes to rank j, block i of `recv` comes from rank i. In place
 /// (`send == recv`), blocks received early would overwrite blocks not yet sent, so the input
@@ -82,6 +86,83 @@ pub(crate) fn all_reduce_one_shot(s: &Shape, x: &mut impl Exec) -> Result<()> {
             }
         }
         x.finish(out)?;
+    }
+    Ok(())
+}
+
+/// The one-shot all-reduce of a message that fits one LL step (`ll::STEP_BYTES`), straight on
+/// the FIFOs: the exchange `all_reduce_one_shot` schedules over LL (one step to every peer,
+/// contributions folded in rank order, so every rank gets the same bits), without a primitive
+/// built per peer and step. At 8 B the call's own work is most of its latency
+/// (tests/results/algos.md, session 13). It emits no step events: profiled operations take the
+/// schedule.
+pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+    const WORDS: usize = ll::STEP_BYTES.div_ceil(8);
+    // Real ranks: contributions are folded in rank order.
+    let (n, r) = (ctx.nranks, ctx.real(ctx.rank));
+    if bytes > ll::STEP_BYTES {
+        return Err(Error::internal(format!("one-step all-reduce of {bytes} bytes; a step holds {}", ll::STEP_BYTES)));
+    }
+    let (deadline, desc, dt, op) = (ctx.deadline, ctx.desc, ctx.dt, ctx.op);
+    // Start the cache misses of every line this call writes and reads at once (see
+    // `ll_prepare`): the store that publishes a step waits for its lines to be owned.
+    for k in 1..n {
+        ctx.peer((r + k) % n)?.send.ll_prepare(bytes);
+    }
+    // Every peer's step first, so all of them are on their way before this rank waits.
+    for k in 1..n {
+        let to = (r + k) % n;
+        let live = ctx.peer(to)?.liveness;
+        let ends = ctx.ends(to, live);
+        let fifo = &mut ctx.peer(to)?.send;
+        fifo.ll_acquire(&ends, &deadline)?;
+        // SAFETY: `send` holds `bytes` bytes (checked by Comm).
+        unsafe { fifo.ll_post_from(send, bytes, &desc) };
+    }
+    for k in 1..n {
+        ctx.peer((r + k) % n)?.recv.ll_prepare(bytes);
+    }
+    // Folded in a stack buffer, as `recv` may be `send` (in place), which is read until the end;
+    // only its first `bytes` are ever used, and rank 0's contribution fills them first.
+    let mut buf = std::mem::MaybeUninit::<[u64; WORDS]>::uninit();
+    let acc = buf.as_mut_ptr().cast::<u8>();
+    for j in 0..n {
+        let mine = j == r;
+        let input = if mine {
+            send
+        } else {
+            let live = ctx.peer(j)?.liveness;
+            let ends = ctx.ends(j, live);
+            let m = ctx.peer(j)?.recv.ll_peek(&ends, &deadline)?;
+            check_incoming(&m, &desc, bytes, j)?;
+            m.data
+        };
+        // SAFETY: `input` holds `bytes` bytes: the caller's input, or the peer's step, whose
+        // decoded words stay put until it is released just below. `acc` holds WORDS * 8 >=
+        // bytes bytes, initialised by the copy at j = 0 before any read.
+        unsafe {
+            if j == 0 {
+                std::ptr::copy_nonoverlapping(input, acc, bytes);
+            } else {
+                reduce::reduce_in_place(
+                    dt,
+                    op,
+                    std::slice::from_raw_parts_mut(acc, bytes),
+                    std::slice::from_raw_parts(input, bytes),
+                );
+            }
+        }
+        if !mine {
+            ctx.peer(j)?.recv.ll_release();
+        }
+    }
+    // SAFETY: the first `bytes` of `acc` are initialised; `recv` holds `bytes` bytes (checked
+    // by Comm) and is not `acc`.
+    unsafe {
+        if op == RedOp::Avg {
+            reduce::div_in_place(dt, std::slice::from_raw_parts_mut(acc, bytes), n);
+        }
+        std::ptr::copy_nonoverlapping(acc, recv, bytes);
     }
     Ok(())
 }

@@ -124,6 +124,25 @@ impl<'a> Ctx<'a> {
         self.order.map_or(rank, |o| o.pos(rank))
     }
 
+    /// How waits on FIFOs of `peer` tell that it, or the operation, is gone.
+    fn ends(&self, peer: usize, liveness: crate::transport::fifo::Liveness) -> Ends<'a> {
+        Ends {
+            peer,
+            liveness,
+            abort: self.abort,
+            drive: self.drive,
+            sleeper: self.prof.and_then(|p| p.sleeper()),
+            record: Some(self.record),
+            members: self.members,
+        }
+    }
+
+    /// The connection to rank `p` (a real rank), made on first use.
+    fn peer(&mut self, p: usize) -> Result<&mut Peer> {
+        crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
+        self.peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| missing(p))
+    }
+
     /// Primitives that send to `to` and receive from `from` (either may be absent), given as
     /// positions when the operation runs in ring order.
     pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
@@ -131,12 +150,9 @@ impl<'a> Ctx<'a> {
         for p in [to, from].into_iter().flatten() {
             crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
         }
-        let missing = |p: usize| Error::internal(format!("no connection to rank {p}"));
-        let (abort, drive) = (self.abort, self.drive);
-        let sleeper = self.prof.and_then(|p| p.sleeper());
-        let (record, members) = (Some(self.record), self.members);
         let (slice, ll) = (self.slice(), self.proto == Proto::Ll);
-        let ends = |peer, liveness| Ends { peer, liveness, abort, drive, sleeper, record, members };
+        let base = self.ends(0, crate::transport::fifo::Liveness::Local);
+        let ends = |peer, liveness| Ends { peer, liveness, ..base };
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {
                 let p = self.peers.get_mut(a).and_then(Option::as_mut).ok_or_else(|| missing(a))?;
@@ -186,6 +202,10 @@ impl<'a> Ctx<'a> {
     }
 }
 
+fn missing(p: usize) -> Error {
+    Error::internal(format!("no connection to rank {p}"))
+}
+
 /// Copies `len` bytes unless source and destination are the same memory (in place).
 ///
 /// # Safety
@@ -202,6 +222,9 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, algo: Algo, send: *const u8, recv: *
     let s = ctx.shape(CollType::AllReduce, algo, count, 0);
     match algo {
         Algo::Tree => tree::all_reduce(&s, &mut Run::new(ctx, send, recv, tree::all_reduce_scratch(&s))),
+        Algo::OneShot if ctx.proto == Proto::Ll && ctx.prof.is_none() && count * s.elem <= ll::STEP_BYTES => {
+            direct::all_reduce_one_step(ctx, send, recv, count * s.elem)
+        }
         Algo::OneShot => direct::all_reduce_one_shot(&s, &mut Run::new(ctx, send, recv, direct::one_shot_scratch(&s))),
         _ => ring::all_reduce(ctx, send, recv, count),
     }

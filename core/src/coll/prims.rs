@@ -72,6 +72,26 @@ pub(crate) fn describe(d: &Desc) -> String {
     format!("#{} {coll}(count {}, {dt}, {op}{root})", d.opseq, d.count())
 }
 
+/// Checks that slice `m` from `peer` belongs to the operation `expect` and holds the `len` bytes
+/// this rank's schedule takes next.
+pub(crate) fn check_incoming(m: &Msg, expect: &Desc, len: usize, peer: usize) -> Result<()> {
+    if m.desc != *expect {
+        return Err(Error::usage(format!(
+            "operation mismatch: this rank runs {} but rank {peer} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
+            describe(expect),
+            describe(&m.desc)
+        )));
+    }
+    if m.len != len {
+        return Err(Error::usage(format!(
+            "operation mismatch: rank {peer} sent a {}-byte slice where this rank expected {len} bytes for {}",
+            m.len,
+            describe(expect)
+        )));
+    }
+    Ok(())
+}
+
 impl<'a> Prims<'a> {
     fn tx(&mut self) -> Result<&mut SendEnd<'a>> {
         self.send.as_mut().ok_or_else(|| Error::internal("primitive needs a send peer"))
@@ -121,22 +141,7 @@ impl<'a> Prims<'a> {
         let ll = self.ll;
         let r = self.recv.as_mut().ok_or_else(|| Error::internal("primitive needs a receive peer"))?;
         let m = if ll { r.fifo.ll_peek(&r.ends, &d)? } else { r.fifo.peek(&r.ends, &d)? };
-        if m.desc != expect {
-            return Err(Error::usage(format!(
-                "operation mismatch: this rank runs {} but rank {} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
-                describe(&expect),
-                r.ends.peer,
-                describe(&m.desc)
-            )));
-        }
-        if m.len != len {
-            return Err(Error::usage(format!(
-                "operation mismatch: rank {} sent a {}-byte slice where this rank expected {len} bytes for {}",
-                r.ends.peer,
-                m.len,
-                describe(&expect)
-            )));
-        }
+        check_incoming(&m, &expect, len, r.ends.peer)?;
         if let Some(st) = self.steps.as_mut() {
             st.recv_arrived(len);
         }
