@@ -269,6 +269,44 @@ DEV void share(u64 len, u64 unit, unsigned b, unsigned nb, u64& lo, u64& hi) {
 
 DEV u64 clip(u64 total, u64 start, u64 n) { return start >= total ? 0 : (total - start < n ? total - start : n); }
 
+// The ring's reduce-scatter, for one chunk (`m` elements at `o` of each block): block k
+// travels r+1 -> r+2 -> ..., each rank folding in its own block k, and rank r folds the last
+// contribution to block r into `fin`, and also on to the next rank when `forward` (the
+// all-reduce's all-gather starts from there). Blocks lie `a.stride` apart and are clipped to
+// `a.total` elements.
+template <class E, class O>
+DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename E::S* fin, bool forward) {
+    typedef typename E::S S;
+    const unsigned b = blockIdx.x, r = a.rank, n = a.nranks;
+    const u64 sh = a.stride, es = sizeof(S);
+    const S* in = (const S*)a.in;
+    const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
+    wait_peers(a, c, b, tx, 0);
+    copy1(send_slot(a, c, b, nx), (const unsigned char*)(in + pv * sh + o), clip(a.total, pv * sh + o, m) * es);
+    post_peers(a, c, b, tx, 0);
+    for (unsigned s = 1; s < n; s++) {
+        const unsigned k = (r + 2 * n - 1 - s) % n;
+        const bool last = s == n - 1;
+        const unsigned fwd = last && !forward ? 0 : tx;
+        wait_peers(a, c, b, fwd, rx);
+        const S* src[2] = {(const S*)recv_slot(a, c, b, pv), in + k * sh + o};
+        const u64 len = clip(a.total, k * sh + o, m);
+        // Destination counts as constants, as each mode had them before they shared this.
+        S* next = (S*)send_slot(a, c, b, nx);
+        if (!last) {
+            S* d[1] = {next};
+            fold<E, O>(d, 1, src, 2, len, 0);
+        } else if (forward) {
+            S* d[2] = {next, fin};
+            fold<E, O>(d, 2, src, 2, len, a.div);
+        } else {
+            S* d[1] = {fin};
+            fold<E, O>(d, 1, src, 2, len, a.div);
+        }
+        post_peers(a, c, b, fwd, rx);
+    }
+}
+
 // The all-reduce family and the other reducing collectives, for element type E and operator O.
 template <class E, class O>
 DEV void reduce_modes(const CollArgs& a, Chan& c) {
@@ -326,25 +364,13 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
                 if (q != r) copy1((unsigned char*)(out + q * sh + o), recv_slot(a, c, b, q), clip(a.total, q * sh + o, m) * es);
             post_peers(a, c, b, 0, all);
         } else if (a.mode == M_AR_RING) {
-            // Reduce-scatter then all-gather around the ring r -> r+1; rank r finishes shard r.
+            // Reduce-scatter then all-gather around the ring r -> r+1; rank r finishes shard r,
+            // into the output and on to the next rank.
             const u64 sh = a.stride;
             const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
-            unsigned k = pv;
-            wait_peers(a, c, b, tx, 0);
-            copy1(send_slot(a, c, b, nx), (const unsigned char*)(in + k * sh + o), clip(a.total, k * sh + o, m) * es);
-            post_peers(a, c, b, tx, 0);
-            for (unsigned s = 1; s < n; s++) {
-                k = (r + 2 * n - 1 - s) % n;
-                wait_peers(a, c, b, tx, rx);
-                const S* src[2] = {(const S*)recv_slot(a, c, b, pv), in + k * sh + o};
-                S* d[2] = {(S*)send_slot(a, c, b, nx), out + k * sh + o};
-                const bool last = s == n - 1;
-                // The last step finishes shard r: into the output and on to the next rank.
-                fold<E, O>(d, last ? 2 : 1, src, 2, clip(a.total, k * sh + o, m), last ? a.div : 0);
-                post_peers(a, c, b, tx, rx);
-            }
+            ring_reduce_scatter<E, O>(a, c, o, m, out + r * sh + o, true);
             for (unsigned t = 0; t + 1 < n; t++) {
-                k = (r + 2 * n - 1 - t) % n;
+                const unsigned k = (r + 2 * n - 1 - t) % n;
                 const unsigned fwd = t + 2 < n ? tx : 0;
                 wait_peers(a, c, b, fwd, rx);
                 unsigned char* d[2] = {(unsigned char*)(out + k * sh + o), fwd ? send_slot(a, c, b, nx) : 0};
@@ -366,23 +392,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             fold<E, O>(d, 1, s, n, m, a.div);
             post_peers(a, c, b, 0, all);
         } else if (a.mode == M_RS_RING) {
-            // The ring all-reduce's first half: block k travels r+1 -> ... folding each rank's
-            // block k on the way, and rank r folds the last of block r into its output.
-            const u64 sh = a.stride;
-            const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
-            wait_peers(a, c, b, tx, 0);
-            copy1(send_slot(a, c, b, nx), (const unsigned char*)(in + pv * sh + o), m * es);
-            post_peers(a, c, b, tx, 0);
-            for (unsigned s = 1; s < n; s++) {
-                const unsigned k = (r + 2 * n - 1 - s) % n;
-                const bool last = s == n - 1;
-                const unsigned fwd = last ? 0 : tx;
-                wait_peers(a, c, b, fwd, rx);
-                const S* src[2] = {(const S*)recv_slot(a, c, b, pv), in + k * sh + o};
-                S* d[1] = {last ? out + o : (S*)send_slot(a, c, b, nx)};
-                fold<E, O>(d, 1, src, 2, m, last ? a.div : 0);
-                post_peers(a, c, b, fwd, rx);
-            }
+            ring_reduce_scatter<E, O>(a, c, o, m, out + o, false);
         } else if (a.mode == M_REDUCE) {
             const unsigned root = a.root;
             if (r != root) {

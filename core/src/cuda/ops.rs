@@ -341,7 +341,8 @@ impl CudaComm {
             return r;
         }
         let mode = self.reduce_scatter_mode(count, dt)?;
-        let mut a = self.args(mode, send, recv, count as u64, count as u64, 0);
+        // The ring clips each block to `total`: all n blocks are whole.
+        let mut a = self.args(mode, send, recv, count as u64, count as u64, (count * n) as u64);
         a.div = self.div(op);
         let call = Call::new(algo_name(mode), send, recv, count, dt);
         // SAFETY: the caller's promise.
