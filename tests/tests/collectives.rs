@@ -229,33 +229,38 @@ fn threads_mode_every_forced_algorithm_with_ll_ranks_1_to_8() {
     }
 }
 
-/// An LL one-shot all-reduce that fits one LL step (2024 bytes) runs straight on the FIFOs,
-/// unless a profiler wants the operation's events: then it runs the schedule, which emits them.
-/// Both ways, at 2-8 ranks, with counts up to, at and just past one step for each datatype.
+/// A one-shot all-reduce of one slice (at most 2024 bytes: one LL step, or a Simple slot) runs
+/// straight on the FIFOs, unless a profiler wants the operation's events: then it runs the
+/// schedule, which emits them. Both ways, with both protocols, at 2-8 ranks, with counts up to,
+/// at and just past 2024 bytes for each datatype, and past a small Simple slot (1 KiB).
 #[test]
-fn threads_mode_one_step_ll_all_reduce_with_and_without_a_profiler() {
+fn threads_mode_one_step_all_reduce_with_and_without_a_profiler() {
     use occl_tests::events::Counter;
+    use std::sync::atomic::Ordering::Relaxed;
     let spec = Spec::parse(
         "colls=all_reduce;dtypes=f32,bf16,i64,u8;ops=sum,avg,max,prod;counts=0,1,7,253,254,506,507,1012,1013,2024,2025",
     )
     .expect("spec");
-    let ll = Config { algo: Some("allreduce:oneshot".into()), proto: Some("LL".into()), ..Config::default() };
-    for n in [2, 3, 5, 8] {
-        threads(n, &spec, ll.clone());
-        let sinks = std::sync::Mutex::new(Vec::new());
-        threads_with(n, &spec, ll.clone(), |c| {
-            let k = std::sync::Arc::new(Counter::default());
-            k.mask.store(occl::telemetry::EventMask::ALL.0, std::sync::atomic::Ordering::Relaxed);
-            c.attach_sink(k.clone()).expect("attach");
-            sinks.lock().expect("sinks").push(k);
-        });
-        let sinks = sinks.into_inner().expect("sinks");
-        assert!(
-            sinks.iter().all(|k| k.sums.load(std::sync::atomic::Ordering::Relaxed)
-                + k.states.load(std::sync::atomic::Ordering::Relaxed)
-                > 0),
-            "no step events with a profiler attached (n={n})"
-        );
+    let oneshot = Config { algo: Some("allreduce:oneshot".into()), ..Config::default() };
+    let configs = [
+        Config { proto: Some("LL".into()), ..oneshot.clone() },
+        Config { proto: Some("Simple".into()), ..oneshot.clone() },
+        Config { proto: Some("Simple".into()), shm_slot_size: 1024, fifo_slots: 4, ..oneshot },
+    ];
+    for config in configs {
+        for n in [2, 3, 5, 8] {
+            threads(n, &spec, config.clone());
+            let sinks = std::sync::Mutex::new(Vec::new());
+            threads_with(n, &spec, config.clone(), |c| {
+                let k = std::sync::Arc::new(Counter::default());
+                k.mask.store(occl::telemetry::EventMask::ALL.0, Relaxed);
+                c.attach_sink(k.clone()).expect("attach");
+                sinks.lock().expect("sinks").push(k);
+            });
+            let sinks = sinks.into_inner().expect("sinks");
+            let steps = |k: &Counter| k.sums.load(Relaxed) + k.states.load(Relaxed);
+            assert!(sinks.iter().all(|k| steps(k) > 0), "no step events with a profiler attached (n={n})");
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! from rank-k, half a FIFO at a time, so every FIFO in use is being drained by its receiver),
 //! and point-to-point send/recv.
 
-use super::plan::Shape;
+use super::plan::{Proto, Shape};
 use super::prims::check_incoming;
 use super::walk::{pieces, Buf, Exec, Span};
 use super::{copy_unless_same, Ctx};
@@ -90,37 +90,64 @@ pub(crate) fn all_reduce_one_shot(s: &Shape, x: &mut impl Exec) -> Result<()> {
     Ok(())
 }
 
-/// The one-shot all-reduce of a message that fits one LL step (`ll::STEP_BYTES`), straight on
-/// the FIFOs: the exchange `all_reduce_one_shot` schedules over LL (one step to every peer,
-/// contributions folded in rank order, so every rank gets the same bits), without a primitive
-/// built per peer and step. At 8 B the call's own work is most of its latency
-/// (tests/results/algos.md, session 13). It emits no step events: profiled operations take the
-/// schedule.
+/// The most bytes `all_reduce_one_step` takes with `proto` and slices of `slice` bytes: one LL
+/// step, or one Simple slot of at most as much (the fold's stack buffer).
+pub(crate) fn one_step_max(proto: Proto, slice: usize) -> usize {
+    match proto {
+        Proto::Ll => ll::STEP_BYTES,
+        Proto::Simple => slice.min(ll::STEP_BYTES),
+    }
+}
+
+/// The one-shot all-reduce of a message of one slice (`one_step_max`), straight on the FIFOs:
+/// the exchange `all_reduce_one_shot` schedules (one message to every peer, contributions
+/// folded in rank order, so every rank gets the same bits), without a primitive built per peer
+/// and message. At 8 B the call's own work is most of its latency (tests/results/algos.md,
+/// session 13). It emits no step events: profiled operations take the schedule.
 pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
     const WORDS: usize = ll::STEP_BYTES.div_ceil(8);
     // Real ranks: contributions are folded in rank order.
     let (n, r) = (ctx.nranks, ctx.real(ctx.rank));
-    if bytes > ll::STEP_BYTES {
-        return Err(Error::internal(format!("one-step all-reduce of {bytes} bytes; a step holds {}", ll::STEP_BYTES)));
+    let ll = ctx.proto == Proto::Ll;
+    if bytes > one_step_max(ctx.proto, ctx.geo.0) {
+        return Err(Error::internal(format!("one-step all-reduce of {bytes} bytes over {}-byte slices", ctx.geo.0)));
+    }
+    if bytes == 0 {
+        return Ok(()); // as the schedule: no pieces, no messages (a profiled peer runs that)
     }
     let (deadline, desc, dt, op) = (ctx.deadline, ctx.desc, ctx.dt, ctx.op);
-    // Start the cache misses of every line this call writes and reads at once (see
-    // `ll_prepare`): the store that publishes a step waits for its lines to be owned.
-    for k in 1..n {
-        ctx.peer((r + k) % n)?.send.ll_prepare(bytes);
+    // LL: start the cache misses of every line this call writes at once (see `ll_prepare`): the
+    // store that publishes a step waits for its lines to be owned. Not for a Simple slot, whose
+    // first line the receiver polls: fetching it for writing early made 64 B 10% slower.
+    if ll {
+        for k in 1..n {
+            ctx.peer((r + k) % n)?.send.ll_prepare(bytes);
+        }
     }
-    // Every peer's step first, so all of them are on their way before this rank waits.
+    // Every peer's message first, so all of them are on their way before this rank waits.
     for k in 1..n {
         let to = (r + k) % n;
         let live = ctx.peer(to)?.liveness;
         let ends = ctx.ends(to, live);
         let fifo = &mut ctx.peer(to)?.send;
-        fifo.ll_acquire(&ends, &deadline)?;
-        // SAFETY: `send` holds `bytes` bytes (checked by Comm).
-        unsafe { fifo.ll_post_from(send, bytes, &desc) };
+        if ll {
+            fifo.ll_acquire(&ends, &deadline)?;
+            // SAFETY: `send` holds `bytes` bytes (checked by Comm).
+            unsafe { fifo.ll_post_from(send, bytes, &desc) };
+        } else {
+            let slot = fifo.acquire(&ends, &deadline)?;
+            // SAFETY: `send` holds `bytes` bytes (checked by Comm); the slot at least a slice.
+            unsafe { std::ptr::copy_nonoverlapping(send, slot, bytes) };
+            fifo.post(bytes, &desc);
+        }
     }
     for k in 1..n {
-        ctx.peer((r + k) % n)?.recv.ll_prepare(bytes);
+        let fifo = &ctx.peer((r + k) % n)?.recv;
+        if ll {
+            fifo.ll_prepare(bytes);
+        } else {
+            fifo.prepare(bytes);
+        }
     }
     // Folded in a stack buffer, as `recv` may be `send` (in place), which is read until the end;
     // only its first `bytes` are ever used, and rank 0's contribution fills them first.
@@ -133,13 +160,17 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         } else {
             let live = ctx.peer(j)?.liveness;
             let ends = ctx.ends(j, live);
-            let m = ctx.peer(j)?.recv.ll_peek(&ends, &deadline)?;
+            let fifo = &mut ctx.peer(j)?.recv;
+            let m = if ll { fifo.ll_peek(&ends, &deadline)? } else { fifo.peek(&ends, &deadline)? };
             check_incoming(&m, &desc, bytes, j)?;
+            if m.remote.is_some() {
+                return Err(Error::internal(format!("rank {j} sent a pointer for a {bytes}-byte one-shot all-reduce")));
+            }
             m.data
         };
-        // SAFETY: `input` holds `bytes` bytes: the caller's input, or the peer's step, whose
-        // decoded words stay put until it is released just below. `acc` holds WORDS * 8 >=
-        // bytes bytes, initialised by the copy at j = 0 before any read.
+        // SAFETY: `input` holds `bytes` bytes: the caller's input, or the peer's message, which
+        // stays put until it is released just below. `acc` holds WORDS * 8 >= bytes bytes,
+        // initialised by the copy at j = 0 before any read.
         unsafe {
             if j == 0 {
                 std::ptr::copy_nonoverlapping(input, acc, bytes);
@@ -153,7 +184,12 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             }
         }
         if !mine {
-            ctx.peer(j)?.recv.ll_release();
+            let fifo = &mut ctx.peer(j)?.recv;
+            if ll {
+                fifo.ll_release();
+            } else {
+                fifo.release();
+            }
         }
     }
     // SAFETY: the first `bytes` of `acc` are initialised; `recv` holds `bytes` bytes (checked

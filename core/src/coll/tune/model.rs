@@ -108,11 +108,13 @@ const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
         // 1.1 (was 1.2): one-shot measured ahead of the ring at 16 KiB (3.0 against 4.0 µs,
         // three rounds) and behind at 32 KiB (5.5 against 4.8).
         (Shm, AR, ONESHOT, Simple, 0.0, 1.1),
-        // base 0.15 (session 11, interleaved, two 16-core hosts and the 2-core VM): at 2 ranks
-        // one-shot/Simple is level with LL at 8-32 B, behind at 64-128 B on the hosts (by 5-16%)
-        // and ahead from 256 B (by 13-40% at 512 B-2 KiB); at 4 ranks LL leads to 256 B, which
-        // the Simple one-shot's per-peer cost (PER_PEER) keeps.
-        (Shm, AR, ONESHOT, Ll, 0.15, 1.15),
+        // base 0.4 (was 0.15): since a one-shot of one slice runs straight on the FIFOs
+        // (session 13, `direct::all_reduce_one_step`), Simple, whose first cache line carries
+        // 32 B with the slot header, led LL at every size measured on a 16-core host,
+        // interleaved: at 2 ranks 0.29-0.31 against 0.45-0.52 µs at 8-32 B and level at
+        // 64-128 B; at 4 ranks by 11-35% at 8-512 B. Before that change LL was level or ahead
+        // to 128 B (session 11).
+        (Shm, AR, ONESHOT, Ll, 0.4, 1.15),
         // 1.05: the ring behind the one-shot at 256 KiB and 4 KiB by 12-14% (same sweep).
         (Shm, AR, RING, Simple, 0.0, 1.05),
         (ShmShared, AR, TREE, Simple, 2.2, 0.85),
@@ -179,8 +181,9 @@ const PER_PEER: &[(Link, CollType, Algo, Proto, f64)] = {
         // fell behind the tree from 1 KiB (1.1-1.13x) and the ring at 64 KiB (1.2-1.3x). With the
         // tree's base lowered to 20 (FITTED), this picks the tree from 1 KiB and the ring at 64 KiB.
         (Link::Tcp, CollType::AllReduce, Algo::OneShot, Proto::Simple, 36.0),
-        // 4 ranks over shm, a core each (session 11): one-shot/LL led Simple by 15-20% at 8-128 B
-        // (1.02 against 1.21 µs at 8 B), where at 2 ranks Simple was level or ahead.
+        // 4 ranks over shm, a core each: fitted in session 11, when one-shot/LL led Simple by
+        // 15-20% at 8-128 B; occl-tune fits the same value to session 13's sweep, where Simple
+        // leads.
         (Link::Shm, CollType::AllReduce, Algo::OneShot, Proto::Simple, 0.1),
     ]
 };

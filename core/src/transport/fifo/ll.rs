@@ -238,28 +238,6 @@ impl SendFifo {
     }
 }
 
-/// Starts pulling `line`'s cache line into this core's cache: for writing (`write`), which
-/// fetches it exclusive so a later store need not wait for the other core's copy to go, or for
-/// reading. Only a hint: no effect on memory, and none off x86-64.
-#[inline]
-fn prefetch(line: &AtomicU64, write: bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
-        let p = line.as_ptr() as *const i8;
-        // SAFETY: prefetching never faults and does not change memory; `p` is a live line.
-        unsafe {
-            if write {
-                _mm_prefetch::<_MM_HINT_ET0>(p);
-            } else {
-                _mm_prefetch::<_MM_HINT_T0>(p);
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (line, write);
-}
-
 /// Prefetches the cache lines of `lines` (a step) that a payload of `bytes` fills, at most four
 /// (a 64 B message fills three; past a few the hardware prefetcher streams the rest, and more
 /// software prefetches would only queue behind each other).
@@ -267,7 +245,7 @@ fn prefetch_step(lines: &[AtomicU64], bytes: usize, write: bool) {
     const CACHE_LINE: usize = 64 / std::mem::size_of::<AtomicU64>();
     let used = (HDR_LINES + bytes.div_ceil(4)).min(STEP_LINES);
     for line in lines[..used].iter().step_by(CACHE_LINE).take(4) {
-        prefetch(line, write);
+        super::prefetch(line.as_ptr() as *const u8, write);
     }
 }
 
