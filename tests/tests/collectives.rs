@@ -230,9 +230,10 @@ fn threads_mode_every_forced_algorithm_with_ll_ranks_1_to_8() {
 }
 
 /// A one-shot all-reduce of one slice (at most 2024 bytes: one LL step, or a Simple slot) runs
-/// straight on the FIFOs, unless a profiler wants the operation's events: then it runs the
-/// schedule, which emits them. Both ways, with both protocols, at 2-8 ranks, with counts up to,
-/// at and just past 2024 bytes for each datatype, and past a small Simple slot (1 KiB).
+/// straight on the FIFOs, and past that the schedule takes over. Both protocols, at 2-8 ranks,
+/// with counts up to, at and just past 2024 bytes for each datatype and past a small Simple slot
+/// (1 KiB); without a profiler, and with one attached, which must see step events
+/// (`profiler.rs` checks them against the plan).
 #[test]
 fn threads_mode_one_step_all_reduce_with_and_without_a_profiler() {
     use occl_tests::events::Counter;

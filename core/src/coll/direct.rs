@@ -103,7 +103,7 @@ pub(crate) fn one_step_max(proto: Proto, slice: usize) -> usize {
 /// the exchange `all_reduce_one_shot` schedules (one message to every peer, contributions
 /// folded in rank order, so every rank gets the same bits), without a primitive built per peer
 /// and message. At 8 B the call's own work is most of its latency (tests/results/algos.md,
-/// session 13). It emits no step events: profiled operations take the schedule.
+/// session 13). Its steps are the schedule's, and reported through the same hooks.
 pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
     const WORDS: usize = ll::STEP_BYTES.div_ceil(8);
     // Real ranks: contributions are folded in rank order.
@@ -113,9 +113,9 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         return Err(Error::internal(format!("one-step all-reduce of {bytes} bytes over {}-byte slices", ctx.geo.0)));
     }
     if bytes == 0 {
-        return Ok(()); // as the schedule: no pieces, no messages (a profiled peer runs that)
+        return Ok(()); // as the schedule: no pieces, no messages
     }
-    let (deadline, desc, dt, op) = (ctx.deadline, ctx.desc, ctx.dt, ctx.op);
+    let (deadline, desc, dt, op, prof) = (ctx.deadline, ctx.desc, ctx.dt, ctx.op, ctx.prof);
     // LL: start the cache misses of every line this call writes at once (see `ll_prepare`): the
     // store that publishes a step waits for its lines to be owned. Not for a Simple slot, whose
     // first line the receiver polls: fetching it for writing early made 64 B 10% slower.
@@ -129,6 +129,10 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         let to = (r + k) % n;
         let live = ctx.peer(to)?.liveness;
         let ends = ctx.ends(to, live);
+        let mut steps = prof.and_then(|p| p.steps(Some(to), None));
+        if let Some(st) = steps.as_mut() {
+            st.send_peer_wait();
+        }
         let fifo = &mut ctx.peer(to)?.send;
         if ll {
             fifo.ll_acquire(&ends, &deadline)?;
@@ -139,6 +143,9 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             // SAFETY: `send` holds `bytes` bytes (checked by Comm); the slot at least a slice.
             unsafe { std::ptr::copy_nonoverlapping(send, slot, bytes) };
             fifo.post(bytes, &desc);
+        }
+        if let Some(st) = steps.as_mut() {
+            st.send_posted(bytes, fifo);
         }
     }
     for k in 1..n {
@@ -155,16 +162,24 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
     let acc = buf.as_mut_ptr().cast::<u8>();
     for j in 0..n {
         let mine = j == r;
+        let mut steps = None;
         let input = if mine {
             send
         } else {
+            steps = prof.and_then(|p| p.steps(None, Some(j)));
             let live = ctx.peer(j)?.liveness;
             let ends = ctx.ends(j, live);
             let fifo = &mut ctx.peer(j)?.recv;
+            if let Some(st) = steps.as_mut() {
+                st.recv_begin(fifo);
+            }
             let m = if ll { fifo.ll_peek(&ends, &deadline)? } else { fifo.peek(&ends, &deadline)? };
             check_incoming(&m, &desc, bytes, j)?;
             if m.remote.is_some() {
                 return Err(Error::internal(format!("rank {j} sent a pointer for a {bytes}-byte one-shot all-reduce")));
+            }
+            if let Some(st) = steps.as_mut() {
+                st.recv_arrived(bytes);
             }
             m.data
         };
@@ -189,6 +204,9 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
                 fifo.ll_release();
             } else {
                 fifo.release();
+            }
+            if let Some(st) = steps.as_mut() {
+                st.recv_done();
             }
         }
     }

@@ -222,7 +222,7 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, algo: Algo, send: *const u8, recv: *
     let s = ctx.shape(CollType::AllReduce, algo, count, 0);
     match algo {
         Algo::Tree => tree::all_reduce(&s, &mut Run::new(ctx, send, recv, tree::all_reduce_scratch(&s))),
-        Algo::OneShot if ctx.prof.is_none() && count * s.elem <= direct::one_step_max(ctx.proto, s.slice) => {
+        Algo::OneShot if count * s.elem <= direct::one_step_max(ctx.proto, s.slice) => {
             direct::all_reduce_one_step(ctx, send, recv, count * s.elem)
         }
         Algo::OneShot => direct::all_reduce_one_shot(&s, &mut Run::new(ctx, send, recv, direct::one_shot_scratch(&s))),
