@@ -1,6 +1,7 @@
 //! Direct exchanges: all-to-all as n-1 pairwise steps (step k sends to rank+k while receiving
 //! from rank-k, half a FIFO at a time, so every FIFO in use is being drained by its receiver),
-//! and point-to-point send/recv.
+//! the one-shot all-reduce (a schedule, and for one slice a path straight on the FIFOs), and
+//! point-to-point send/recv.
 
 use super::plan::{Proto, Shape};
 use super::prims::check_incoming;
