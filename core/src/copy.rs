@@ -68,51 +68,37 @@ pub(crate) fn streams(bytes: usize) -> bool {
     bytes >= STREAM_MIN
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn stream_avx(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
-    // SAFETY (whole body): offsets stay below n; the stream stores go to 32-byte-aligned
-    // addresses (the unaligned head is copied first).
-    unsafe {
-        let head = dst.align_offset(32).min(n);
-        std::ptr::copy_nonoverlapping(src, dst, head);
-        let mut i = head;
-        while i + 128 <= n {
-            for k in 0..4 {
-                let v = _mm256_loadu_si256(src.add(i + 32 * k) as *const __m256i);
-                _mm256_stream_si256(dst.add(i + 32 * k) as *mut __m256i, v);
+/// A streaming copy kernel over `$width`-byte vectors, four per turn of the loop, storing to
+/// `$width`-aligned addresses (the unaligned head is copied first).
+macro_rules! stream_kernel {
+    ($name:ident, $feature:literal, $width:literal, $vec:ident, $load:ident, $store:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(dst: *mut u8, src: *const u8, n: usize) {
+            use std::arch::x86_64::{_mm_sfence, $load, $store, $vec};
+            // SAFETY (whole body): offsets stay below n; the stream stores go to aligned
+            // addresses.
+            unsafe {
+                let head = dst.align_offset($width).min(n);
+                std::ptr::copy_nonoverlapping(src, dst, head);
+                let mut i = head;
+                while i + 4 * $width <= n {
+                    for k in 0..4 {
+                        let v = $load(src.add(i + $width * k) as *const $vec);
+                        $store(dst.add(i + $width * k) as *mut $vec, v);
+                    }
+                    i += 4 * $width;
+                }
+                std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+                // Streaming stores are weakly ordered: make them visible before anyone is told.
+                _mm_sfence();
             }
-            i += 128;
         }
-        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
-        // Streaming stores are weakly ordered: make them visible before anyone is told.
-        _mm_sfence();
-    }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn stream_avx512(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m512i, _mm512_loadu_si512, _mm512_stream_si512, _mm_sfence};
-    // SAFETY (whole body): offsets stay below n; the stream stores go to 64-byte-aligned
-    // addresses (the unaligned head is copied first).
-    unsafe {
-        let head = dst.align_offset(64).min(n);
-        std::ptr::copy_nonoverlapping(src, dst, head);
-        let mut i = head;
-        while i + 256 <= n {
-            for k in 0..4 {
-                let v = _mm512_loadu_si512(src.add(i + 64 * k) as *const __m512i);
-                _mm512_stream_si512(dst.add(i + 64 * k) as *mut __m512i, v);
-            }
-            i += 256;
-        }
-        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
-        // Streaming stores are weakly ordered: make them visible before anyone is told.
-        _mm_sfence();
-    }
-}
+stream_kernel!(stream_avx, "avx", 32, __m256i, _mm256_loadu_si256, _mm256_stream_si256);
+stream_kernel!(stream_avx512, "avx512f", 64, __m512i, _mm512_loadu_si512, _mm512_stream_si512);
 
 #[cfg(test)]
 mod tests {
