@@ -122,19 +122,18 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
     // first line the receiver polls: fetching it for writing early made 64 B 10% slower.
     if ll {
         for k in 1..n {
-            ctx.peer((r + k) % n)?.send.ll_prepare(bytes);
+            ctx.peer((r + k) % n)?.0.send.ll_prepare(bytes);
         }
     }
     // Every peer's message first, so all of them are on their way before this rank waits.
     for k in 1..n {
         let to = (r + k) % n;
-        let live = ctx.peer(to)?.liveness;
-        let ends = ctx.ends(to, live);
         let mut steps = prof.and_then(|p| p.steps(Some(to), None));
         if let Some(st) = steps.as_mut() {
             st.send_peer_wait();
         }
-        let fifo = &mut ctx.peer(to)?.send;
+        let (peer, ends) = ctx.peer(to)?;
+        let fifo = &mut peer.send;
         if ll {
             fifo.ll_acquire(&ends, &deadline)?;
             // SAFETY: `send` holds `bytes` bytes (checked by Comm).
@@ -150,12 +149,7 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         }
     }
     for k in 1..n {
-        let fifo = &ctx.peer((r + k) % n)?.recv;
-        if ll {
-            fifo.ll_prepare(bytes);
-        } else {
-            fifo.prepare(bytes);
-        }
+        ctx.peer((r + k) % n)?.0.recv.prepare(ll, bytes);
     }
     // Folded in a stack buffer, as `recv` may be `send` (in place), which is read until the end;
     // only its first `bytes` are ever used, and rank 0's contribution fills them first.
@@ -168,13 +162,12 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             send
         } else {
             steps = prof.and_then(|p| p.steps(None, Some(j)));
-            let live = ctx.peer(j)?.liveness;
-            let ends = ctx.ends(j, live);
-            let fifo = &mut ctx.peer(j)?.recv;
+            let (peer, ends) = ctx.peer(j)?;
+            let fifo = &mut peer.recv;
             if let Some(st) = steps.as_mut() {
                 st.recv_begin(fifo);
             }
-            let m = if ll { fifo.ll_peek(&ends, &deadline)? } else { fifo.peek(&ends, &deadline)? };
+            let m = fifo.peek_as(ll, &ends, &deadline)?;
             check_incoming(&m, &desc, bytes, j)?;
             if m.remote.is_some() {
                 return Err(Error::internal(format!("rank {j} sent a pointer for a {bytes}-byte one-shot all-reduce")));
@@ -200,12 +193,7 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             }
         }
         if !mine {
-            let fifo = &mut ctx.peer(j)?.recv;
-            if ll {
-                fifo.ll_release();
-            } else {
-                fifo.release();
-            }
+            ctx.peer(j)?.0.recv.release_as(ll);
             if let Some(st) = steps.as_mut() {
                 st.recv_done();
             }

@@ -137,10 +137,14 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The connection to rank `p` (a real rank), made on first use.
-    fn peer(&mut self, p: usize) -> Result<&mut Peer> {
+    /// The connection to rank `p` (a real rank), made on first use, and how waits on its
+    /// FIFOs tell that it or the operation is gone.
+    fn peer(&mut self, p: usize) -> Result<(&mut Peer, Ends<'a>)> {
         crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
-        self.peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| missing(p))
+        let mut ends = self.ends(p, crate::transport::fifo::Liveness::Local);
+        let peer = self.peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| missing(p))?;
+        ends.liveness = peer.liveness;
+        Ok((peer, ends))
     }
 
     /// Primitives that send to `to` and receive from `from` (either may be absent), given as

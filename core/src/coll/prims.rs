@@ -140,7 +140,7 @@ impl<'a> Prims<'a> {
         let expect = self.desc;
         let ll = self.ll;
         let r = self.recv.as_mut().ok_or_else(|| Error::internal("primitive needs a receive peer"))?;
-        let m = if ll { r.fifo.ll_peek(&r.ends, &d)? } else { r.fifo.peek(&r.ends, &d)? };
+        let m = r.fifo.peek_as(ll, &r.ends, &d)?;
         check_incoming(&m, &expect, len, r.ends.peer)?;
         if let Some(st) = self.steps.as_mut() {
             st.recv_arrived(len);
@@ -150,11 +150,7 @@ impl<'a> Prims<'a> {
 
     fn release(&mut self) {
         if let Some(r) = self.recv.as_mut() {
-            if self.ll {
-                r.fifo.ll_release();
-            } else {
-                r.fifo.release();
-            }
+            r.fifo.release_as(self.ll);
         }
         if let Some(st) = self.steps.as_mut() {
             st.recv_done();

@@ -489,9 +489,33 @@ fn prefetch_slot(r: &Region, i: usize, bytes: usize) {
 }
 
 impl RecvFifo {
-    /// Hints that the next message, of `bytes`, will be read soon (see `prefetch`).
-    pub(crate) fn prepare(&self, bytes: usize) {
-        prefetch_slot(&self.region, self.tail as usize % self.nslots, bytes);
+    /// Hints that the next message, of `bytes`, will be read soon (see `prefetch`), as an LL
+    /// step (`ll`) or a Simple slot.
+    pub(crate) fn prepare(&self, ll: bool, bytes: usize) {
+        if ll {
+            self.ll_prepare(bytes);
+        } else {
+            prefetch_slot(&self.region, self.tail as usize % self.nslots, bytes);
+        }
+    }
+
+    /// Waits for the next message of the protocol the operation runs (`ll`: an LL step, else
+    /// a Simple slot); it stays valid until `release_as` with the same protocol.
+    pub(crate) fn peek_as(&mut self, ll: bool, ends: &Ends<'_>, deadline: &Deadline) -> Result<Msg> {
+        if ll {
+            self.ll_peek(ends, deadline)
+        } else {
+            self.peek(ends, deadline)
+        }
+    }
+
+    /// Frees the message from the last `peek_as` for the sender.
+    pub(crate) fn release_as(&mut self, ll: bool) {
+        if ll {
+            self.ll_release();
+        } else {
+            self.release();
+        }
     }
 }
 
