@@ -73,18 +73,21 @@ echo "== /dev/shm: $(df -h /dev/shm 2>/dev/null | awk 'NR==2 {print $3 " used of
 echo "== rustfmt"
 cargo fmt --all -- --check
 echo "== clippy"
-cargo clippy --workspace --all-targets --release -- -D warnings
+# Profile `ci` (Cargo.toml): release optimisation, no LTO, no debug info; its build scripts and
+# dependencies are shared by the lints and the tests.
+cargo clippy --workspace --all-targets --profile ci -- -D warnings
 # The cuda feature builds without CUDA (the libraries are loaded at run time).
-cargo clippy -p occl --features cuda --all-targets --release -- -D warnings
+cargo clippy -p occl --features cuda --all-targets --profile ci -- -D warnings
 # So does the ib feature (libibverbs.so.1 is loaded at run time; no rdma-core headers needed).
-cargo clippy -p occl --features ib --all-targets --release -- -D warnings
-cargo clippy -p occl-tests --features ib --all-targets --release -- -D warnings
+cargo clippy -p occl --features ib --all-targets --profile ci -- -D warnings
+# occl-tests with both: occl-gpu (the GPU machine's checker and benchmark) and the ib suite.
+cargo clippy -p occl-tests --features cuda,ib --all-targets --profile ci -- -D warnings
 echo "== tests"
-# Release build: the integration tests move hundreds of MiB through real processes.
-cargo test --workspace --release -- --test-threads 2
-cargo test -p occl --features cuda --release --lib -- --test-threads 2 cuda::
-# ib: the verbs crate's state machines and layouts, occl's selection with the feature on, and the
-# integration test that forces OCCL_TRANSPORT=ib (it says SKIPPED for the suite without a device).
-cargo test -p ibverbs --release -- --test-threads 2
-cargo test -p occl --features ib --release --lib -- --test-threads 2 transport::
-cargo test -p occl-tests --features ib --release --test ib -- --test-threads 2 --nocapture
+# Optimised: the integration tests move hundreds of MiB through real processes.
+cargo test --workspace --profile ci -- --test-threads 2
+# occl's unit tests of the cuda and ib features, built together (one build instead of two).
+cargo test -p occl --features cuda,ib --profile ci --lib -- --test-threads 2 cuda:: transport::
+# ib: the verbs crate's state machines and layouts, and the integration test that forces
+# OCCL_TRANSPORT=ib (it says SKIPPED for the suite without a device).
+cargo test -p ibverbs --profile ci -- --test-threads 2
+cargo test -p occl-tests --features ib --profile ci --test ib -- --test-threads 2 --nocapture
