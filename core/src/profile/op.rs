@@ -597,11 +597,16 @@ impl Steps<'_> {
 
     /// The slice's data is ready; waiting for the receiver's credit (a free slot).
     pub(crate) fn send_peer_wait(&mut self) {
-        self.send_begin();
-        if let (Some(l), Some(m)) = (self.send, self.send_mark) {
-            self.send_mark = Some(Mark { state: SEND_PEER_WAIT, t_ns: l.add(m, 0, false) });
+        if let Some(l) = self.send.filter(|l| l.sum) {
+            // Summed: a step that begins here had its data ready (no SendGPUWait), so one clock
+            // read starts it in SendPeerWait.
+            self.send_mark = match self.send_mark {
+                Some(m) => Some(Mark { state: SEND_PEER_WAIT, t_ns: l.add(m, 0, false) }),
+                None => self.mark(l, SEND_PEER_WAIT),
+            };
             return;
         }
+        self.send_begin();
         self.p.state(self.cur_send, &StateArgs::ProxyStep { state: ProxyStepState::SendPeerWait, trans_size: 0 });
     }
 

@@ -8,7 +8,7 @@ use super::table::Table;
 use crate::event::StepTotals;
 use crate::sink::Note;
 use crate::spans::{CommMeta, Span};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Series of one kind a communicator rank may have (op × algo × proto × dtype combinations).
 pub(crate) const MAX_SERIES: usize = 256;
@@ -17,7 +17,10 @@ const MAX_SMALL: usize = 64;
 
 /// What an operation series is labelled by. Names are `'static` (NCCL's tables or the
 /// collector's interned strings); p2p has no algorithm or protocol ("").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// Equality is the derived Hash's and Ord's (the names' contents); `eq` only looks at the
+// pointers first, as the same series almost always comes with the same strings.
+#[allow(clippy::derived_hash_with_manual_eq)]
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct OpKey {
     pub op: &'static str,
     pub algo: &'static str,
@@ -25,6 +28,21 @@ pub(crate) struct OpKey {
     pub dtype: &'static str,
     /// [`size_class`] of the operation's bytes.
     pub size_class: &'static str,
+}
+
+/// Content equality, deciding at once for the same string.
+fn same(a: &str, b: &str) -> bool {
+    (std::ptr::eq(a.as_ptr(), b.as_ptr()) && a.len() == b.len()) || a == b
+}
+
+impl PartialEq for OpKey {
+    fn eq(&self, o: &Self) -> bool {
+        same(self.op, o.op)
+            && same(self.algo, o.algo)
+            && same(self.proto, o.proto)
+            && same(self.dtype, o.dtype)
+            && same(self.size_class, o.size_class)
+    }
 }
 
 /// Upper bounds (exclusive) of the size classes and their label values; the last class is open.
@@ -124,6 +142,8 @@ pub(crate) struct CommStats {
     pub socket_bytes: [AtomicU64; 2],
     pub transport_bytes: Table<&'static str, [AtomicU64; 2]>,
     pub errors: Table<(&'static str, &'static str), AtomicU64>,
+    /// Where `ops` (by kind) and `transport_bytes` found their last key.
+    hints: [AtomicUsize; 3],
     pending: Pending,
     /// The parent of the ProxyOp or KernelCh that stopped last: equal to an operation's id at its
     /// stop when its children ran inside it (occl), so its own span is its whole duration.
@@ -176,6 +196,7 @@ impl CommStats {
             socket_bytes: counters(),
             transport_bytes: Table::new(MAX_SMALL),
             errors: Table::new(MAX_SMALL),
+            hints: std::array::from_fn(|_| AtomicUsize::new(0)),
             pending: Pending::new(),
             last_child_parent: AtomicU64::new(0),
         }
@@ -205,7 +226,9 @@ impl CommStats {
 
     /// Counts one operation and its bytes in its series; returns the series and its bus bytes.
     fn count_op(&self, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) -> Option<(usize, &OpSeries, u64)> {
-        let Some((idx, series)) = self.ops[kind as usize].get_or_insert_with(key, OpSeries::new) else {
+        let Some((idx, series)) =
+            self.ops[kind as usize].get_or_insert_hinted(key, &self.hints[kind as usize], OpSeries::new)
+        else {
             lost(Lost::SeriesLimit);
             return None;
         };
@@ -271,7 +294,7 @@ impl CommStats {
                 None => lost(Lost::SeriesLimit),
             },
             Note::TransportBytes { transport, send, bytes } => {
-                match self.transport_bytes.get_or_insert_with(transport, counters) {
+                match self.transport_bytes.get_or_insert_hinted(transport, &self.hints[2], counters) {
                     Some((_, c)) => {
                         c[usize::from(!send)].fetch_add(bytes, Relaxed);
                     }
@@ -296,6 +319,17 @@ mod tests {
         assert_eq!(size_class(64 << 20), "16MiB-256MiB");
         assert_eq!(size_class(256 << 20), "256MiB+");
         assert_eq!(size_class(u64::MAX), "256MiB+");
+    }
+
+    #[test]
+    fn op_keys_are_equal_by_content() {
+        let k = OpKey { op: "AllReduce", algo: "RING", proto: "LL", dtype: "ncclFloat32", size_class: "0-4KiB" };
+        // The same name at another address (as an interned copy would be).
+        let other = OpKey { op: Box::leak(String::from("AllReduce").into_boxed_str()), ..k };
+        assert!(!std::ptr::eq(other.op.as_ptr(), k.op.as_ptr()));
+        assert_eq!(other, k);
+        assert_ne!(OpKey { proto: "SIMPLE", ..k }, k);
+        assert_ne!(OpKey { size_class: "4KiB-64KiB", ..k }, k);
     }
 
     #[test]
