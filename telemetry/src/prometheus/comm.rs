@@ -30,6 +30,14 @@ pub(crate) struct OpKey {
     pub size_class: &'static str,
 }
 
+/// Remembers where a table lookup found its key (written only when it moved: the common case
+/// reads the hint and writes nothing).
+fn keep(hint: &AtomicUsize, i: usize) {
+    if hint.load(Relaxed) != i {
+        hint.store(i, Relaxed);
+    }
+}
+
 /// Content equality, deciding at once for the same string.
 fn same(a: &str, b: &str) -> bool {
     (std::ptr::eq(a.as_ptr(), b.as_ptr()) && a.len() == b.len()) || a == b
@@ -62,10 +70,9 @@ pub(crate) fn size_class(bytes: u64) -> &'static str {
     SIZE_CLASSES.iter().find(|(below, _)| bytes < *below).map_or(SIZE_CLASSES[5].1, |(_, name)| name)
 }
 
-/// Counters of one (op, algo, proto, dtype) of a communicator rank.
+/// Counters of one (op, algo, proto, dtype) of a communicator rank. Its operation and byte
+/// totals are the size histogram's count and sum (two fewer atomic adds per operation).
 pub(crate) struct OpSeries {
-    pub ops: AtomicU64,
-    pub bytes: AtomicU64,
     pub bus_bytes: AtomicU64,
     pub size: Histogram<{ SIZE_BYTES.len() }>,
     pub duration: Histogram<{ DURATION_NS.len() }>,
@@ -74,8 +81,6 @@ pub(crate) struct OpSeries {
 impl OpSeries {
     fn new() -> Self {
         OpSeries {
-            ops: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
             bus_bytes: AtomicU64::new(0),
             size: Histogram::new(&SIZE_BYTES),
             duration: Histogram::new(&DURATION_NS),
@@ -226,15 +231,14 @@ impl CommStats {
 
     /// Counts one operation and its bytes in its series; returns the series and its bus bytes.
     fn count_op(&self, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) -> Option<(usize, &OpSeries, u64)> {
-        let Some((idx, series)) =
-            self.ops[kind as usize].get_or_insert_hinted(key, &self.hints[kind as usize], OpSeries::new)
+        let hint = &self.hints[kind as usize];
+        let Some((idx, series)) = self.ops[kind as usize].get_or_insert_hinted(key, hint.load(Relaxed), OpSeries::new)
         else {
             lost(Lost::SeriesLimit);
             return None;
         };
+        keep(hint, idx);
         let bytes = (count as u64).saturating_mul(elem_size(key.dtype));
-        series.ops.fetch_add(1, Relaxed);
-        series.bytes.fetch_add(bytes, Relaxed);
         series.size.observe(bytes);
         Some((idx, series, bus_bytes(key.op, bytes, self.nranks)))
     }
@@ -294,8 +298,9 @@ impl CommStats {
                 None => lost(Lost::SeriesLimit),
             },
             Note::TransportBytes { transport, send, bytes } => {
-                match self.transport_bytes.get_or_insert_hinted(transport, &self.hints[2], counters) {
-                    Some((_, c)) => {
+                match self.transport_bytes.get_or_insert_hinted(transport, self.hints[2].load(Relaxed), counters) {
+                    Some((i, c)) => {
+                        keep(&self.hints[2], i);
                         c[usize::from(!send)].fetch_add(bytes, Relaxed);
                     }
                     None => lost(Lost::SeriesLimit),

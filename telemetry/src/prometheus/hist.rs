@@ -82,6 +82,12 @@ impl<const N: usize> Histogram<N> {
         self.sum.fetch_add(v, Relaxed);
     }
 
+    /// Observations and their sum (sub-units), as `snapshot` would give them.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        let count = self.counts.iter().fold(self.over.load(Relaxed), |a, c| a.wrapping_add(c.load(Relaxed)));
+        (count, self.sum.load(Relaxed))
+    }
+
     /// Counts as they are now; `count` is the +Inf bucket, so the two always agree.
     pub(crate) fn snapshot(&self) -> Snapshot<'static> {
         let mut acc = 0u64;
@@ -114,6 +120,10 @@ mod tests {
         assert_eq!(&s.cumulative[..3], &[2, 4, 5]);
         assert_eq!(s.cumulative[10], 6);
         assert_eq!(*s.cumulative.last().expect("bounds"), 6);
+        // The series' operation and byte totals: the same count, and the sum (wrapping, as the
+        // counter it replaced did).
+        assert_eq!(h.totals(), (7, s.sum));
+        assert_eq!(s.sum, 12u64.wrapping_add(1 << 20).wrapping_add(u64::MAX));
         assert_eq!(SIZE_BYTES[16], 1 << 32);
         assert!(DURATION_NS.windows(2).all(|w| w[0] < w[1]));
     }

@@ -83,6 +83,7 @@ use crate::mask::EventMask;
 use crate::sink::Note;
 use crate::spans::{self, CommMeta, Span};
 use comm::{elem_size, CommStats, Kind, Lost, OpKey, LOST_REASONS};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use table::Table;
@@ -168,7 +169,13 @@ impl Exporter {
 
     #[inline]
     fn comm(&self, m: &CommMeta) -> Option<&CommStats> {
-        let c = self.comms.get_or_insert_with((m.hash, m.rank), || CommStats::new(m)).map(|(_, c)| c);
+        // Per thread: a thread drives one communicator rank at a time (ranks of one process run
+        // on threads of their own), and a shared hint would bounce between their cores.
+        thread_local!(static HINT: Cell<usize> = const { Cell::new(0) });
+        let c = self.comms.get_or_insert_hinted((m.hash, m.rank), HINT.get(), || CommStats::new(m)).map(|(i, c)| {
+            HINT.set(i);
+            c
+        });
         if c.is_none() {
             self.lose(Lost::CommLimit);
         }

@@ -204,8 +204,8 @@ pub(crate) fn render(out: &mut String, comms: &[&CommStats], lost: &[AtomicU64])
     for kind in [Kind::Coll, Kind::P2p] {
         let rows = rows(kind);
         let [ops, bytes, size, duration] = &OPS[kind as usize];
-        w.family(ops, |o| rows.iter().for_each(|(s, l)| sample(o, ops.name, l, &[], s.ops.load(Relaxed))));
-        w.family(bytes, |o| rows.iter().for_each(|(s, l)| sample(o, bytes.name, l, &[], s.bytes.load(Relaxed))));
+        w.family(ops, |o| rows.iter().for_each(|(s, l)| sample(o, ops.name, l, &[], s.size.totals().0)));
+        w.family(bytes, |o| rows.iter().for_each(|(s, l)| sample(o, bytes.name, l, &[], s.size.totals().1)));
         w.family(size, |o| rows.iter().for_each(|(s, l)| histogram(o, size.name, l, &s.size.snapshot(), 1.0)));
         w.family(duration, |o| {
             rows.iter().for_each(|(s, l)| histogram(o, duration.name, l, &s.duration.snapshot(), 1e9))

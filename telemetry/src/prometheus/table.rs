@@ -66,25 +66,15 @@ impl<K: Copy + Eq + Hash, V> Table<K, V> {
 
     /// As [`Table::get_or_insert_with`], looking first in slot `hint`, where the caller found
     /// its key last: an operation's series is the previous operation's almost always, and then
-    /// costs one comparison instead of hashing its labels.
+    /// costs one comparison instead of hashing its labels. The caller keeps the slot returned.
     #[inline]
-    pub(crate) fn get_or_insert_hinted(
-        &self,
-        k: K,
-        hint: &AtomicUsize,
-        make: impl FnOnce() -> V,
-    ) -> Option<(usize, &V)> {
-        let i = hint.load(Relaxed);
-        if let Some(e) = self.slots.get(i).and_then(OnceLock::get) {
+    pub(crate) fn get_or_insert_hinted(&self, k: K, hint: usize, make: impl FnOnce() -> V) -> Option<(usize, &V)> {
+        if let Some(e) = self.slots.get(hint).and_then(OnceLock::get) {
             if e.0 == k {
-                return Some((i, &e.1));
+                return Some((hint, &e.1));
             }
         }
-        let found = self.get_or_insert_with(k, make);
-        if let Some((i, _)) = found {
-            hint.store(i, Relaxed);
-        }
-        found
+        self.get_or_insert_with(k, make)
     }
 
     #[cold]
@@ -174,16 +164,13 @@ mod tests {
     #[test]
     fn a_hint_only_speeds_up_the_lookup() {
         let t: Table<&str, u32> = Table::new(8);
-        let hint = AtomicUsize::new(usize::MAX); // out of range: a plain lookup
-        let (a, _) = t.get_or_insert_hinted("a", &hint, || 1).expect("room");
-        assert_eq!(hint.load(Relaxed), a, "the hint follows the last key found");
-        let (b, _) = t.get_or_insert_hinted("b", &hint, || 2).expect("room");
+        let (a, _) = t.get_or_insert_hinted("a", usize::MAX, || 1).expect("room"); // out of range
+        let (b, _) = t.get_or_insert_hinted("b", a, || 2).expect("room"); // another key's slot
         assert_ne!(a, b);
-        // The hint names b's slot: a is still found (and its value kept), the hint moves back.
-        assert_eq!(t.get_or_insert_hinted("a", &hint, || 99).map(|(i, v)| (i, *v)), Some((a, 1)));
-        assert_eq!(hint.load(Relaxed), a);
-        hint.store(5, Relaxed); // an empty slot
-        assert_eq!(t.get_or_insert_hinted("b", &hint, || 99).map(|(i, v)| (i, *v)), Some((b, 2)));
+        assert_eq!(t.get_or_insert_hinted("a", a, || 99).map(|(i, v)| (i, *v)), Some((a, 1)));
+        assert_eq!(t.get_or_insert_hinted("a", b, || 99).map(|(i, v)| (i, *v)), Some((a, 1)));
+        let empty = (0..16).find(|&i| i != a && i != b).expect("an empty slot");
+        assert_eq!(t.get_or_insert_hinted("b", empty, || 99).map(|(i, v)| (i, *v)), Some((b, 2)));
         assert_eq!(t.len(), 2);
     }
 
