@@ -1,10 +1,13 @@
 //! What the span collector costs per callback, without a collective around it: one thread emits
 //! the events of a 2-rank all-reduce (occl's order, `core/src/profile/op.rs`) through a fan-out
 //! view into the collector, feeding an exporter that drops every span (`null`) or the Prometheus
-//! exporter (`prometheus`).
+//! exporter (`prometheus`). `sums` is the Prometheus exporter fed as occl's core feeds it when it
+//! is a communicator's only consumer: one operation sum per call (`Sink::op_totals`), no event.
+//! `clock` is the span clock alone, read 8 times per "operation" (what a summed 2-rank one-step
+//! all-reduce reads).
 //!
 //! ```text
-//! cargo run -p occl-telemetry --release --example event_cost -- [null|prometheus] [STEPS] [OPS]
+//! cargo run -p occl-telemetry --release --example event_cost -- [null|prometheus|sums|clock] [STEPS] [OPS]
 //! ```
 //!
 //! STEPS is the slices per direction (1 for 8 B; 16 for 1 MiB with 64 KiB slices). Prints the
@@ -13,7 +16,7 @@
 
 use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
 use occl_telemetry::spans::{CommMeta, Exporter, Span, Telemetry};
-use occl_telemetry::{EventDescr, EventId, EventMask, Fanout, GroupApiState, StateArgs};
+use occl_telemetry::{EventDescr, EventId, EventMask, Fanout, GroupApiState, OpTotals, StateArgs, StepTotals};
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
@@ -129,13 +132,51 @@ fn op(fanout: &Fanout, seq: u64, steps: i32) -> u32 {
     n.get()
 }
 
+/// One operation as a single sum (occl's core with Prometheus its only consumer); one callback.
+fn op_sum(fanout: &Fanout, seq: u64, steps: i32) -> u32 {
+    let f = &fanout.view();
+    let start_ns = occl_telemetry::spans::unix_nanos();
+    let bytes = 8 * steps as u64;
+    let sum = |send, wait_ns| StepTotals { send, steps: steps as u32, bytes, wait_ns };
+    f.op_totals(&OpTotals {
+        descr: EventDescr::Coll {
+            rank: 0,
+            seq_number: seq,
+            func: "AllReduce",
+            send_buff: 0x1000,
+            recv_buff: 0x2000,
+            count: 2,
+            root: 0,
+            datatype: "ncclFloat32",
+            n_channels: 1,
+            n_warps: 0,
+            algo: "RING",
+            proto: "SIMPLE",
+            parent_group: None,
+        },
+        start_ns,
+        end_ns: start_ns + 400,
+        steps: [sum(true, [0, 30, 0, 0, 0, 0]), sum(false, [0, 0, 0, 150, 0, 20])],
+        transport_bytes: &[("shm", true, bytes), ("shm", false, bytes)],
+    });
+    1
+}
+
+/// Eight reads of the span clock; "one callback".
+fn clock() -> u32 {
+    for _ in 0..8 {
+        std::hint::black_box(occl_telemetry::spans::unix_nanos());
+    }
+    1
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map_or("null", String::as_str);
     let steps: i32 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     let ops: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let ex: Arc<dyn Exporter> = match which {
-        "prometheus" => Arc::new(occl_telemetry::prometheus::Exporter::new()),
+        "prometheus" | "sums" => Arc::new(occl_telemetry::prometheus::Exporter::new()),
         _ => Arc::new(Null),
     };
     let t = Telemetry::new(vec![ex]);
@@ -150,7 +191,11 @@ fn main() {
     for b in 0..16 {
         let t0 = Instant::now();
         for i in 0..ops {
-            calls = op(&f, b * ops + i, steps);
+            calls = match which {
+                "sums" => op_sum(&f, b * ops + i, steps),
+                "clock" => clock(),
+                _ => op(&f, b * ops + i, steps),
+            };
         }
         if b > 0 {
             per_op.push(t0.elapsed().as_nanos() as f64 / ops as f64);
