@@ -33,6 +33,25 @@ impl Exporter for Null {
     fn span(&self, _: &Span<'_>) {}
 }
 
+/// The all-reduce's Coll descriptor, as occl's core makes it.
+fn coll_descr(seq: u64, parent_group: Option<EventId>) -> EventDescr<'static> {
+    EventDescr::Coll {
+        rank: 0,
+        seq_number: seq,
+        func: "AllReduce",
+        send_buff: 0x1000,
+        recv_buff: 0x2000,
+        count: 2,
+        root: 0,
+        datatype: "ncclFloat32",
+        n_channels: 1,
+        n_warps: 0,
+        algo: "RING",
+        proto: "SIMPLE",
+        parent_group,
+    }
+}
+
 /// One operation's events; returns the callbacks made.
 fn op(fanout: &Fanout, seq: u64, steps: i32) -> u32 {
     // As occl's core does: one view of the sinks per operation.
@@ -74,24 +93,7 @@ fn op(fanout: &Fanout, seq: u64, steps: i32) -> u32 {
     stop(api);
     st(ga, &StateArgs::GroupApi { state: GroupApiState::EndApiStart });
     let g = start(None, &EventDescr::Group);
-    let coll = start(
-        api,
-        &EventDescr::Coll {
-            rank: 0,
-            seq_number: seq,
-            func: "AllReduce",
-            send_buff: 0x1000,
-            recv_buff: 0x2000,
-            count: 2,
-            root: 0,
-            datatype: "ncclFloat32",
-            n_channels: 1,
-            n_warps: 0,
-            algo: "RING",
-            proto: "SIMPLE",
-            parent_group: g,
-        },
-    );
+    let coll = start(api, &coll_descr(seq, g));
     let c = start(None, &EventDescr::ProxyCtrl);
     st(c, &ctrl(ProxyCtrlState::Append));
     let leg = |send| EventDescr::ProxyOp {
@@ -139,21 +141,7 @@ fn op_sum(fanout: &Fanout, seq: u64, steps: i32) -> u32 {
     let bytes = 8 * steps as u64;
     let sum = |send, wait_ns| StepTotals { send, steps: steps as u32, bytes, wait_ns };
     f.op_totals(&OpTotals {
-        descr: EventDescr::Coll {
-            rank: 0,
-            seq_number: seq,
-            func: "AllReduce",
-            send_buff: 0x1000,
-            recv_buff: 0x2000,
-            count: 2,
-            root: 0,
-            datatype: "ncclFloat32",
-            n_channels: 1,
-            n_warps: 0,
-            algo: "RING",
-            proto: "SIMPLE",
-            parent_group: None,
-        },
+        descr: coll_descr(seq, None),
         start_ns,
         end_ns: start_ns + 400,
         steps: [sum(true, [0, 30, 0, 0, 0, 0]), sum(false, [0, 0, 0, 150, 0, 20])],
