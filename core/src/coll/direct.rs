@@ -9,6 +9,7 @@ use super::walk::{pieces, Buf, Exec, Span};
 use super::{copy_unless_same, Ctx};
 use crate::dtype::RedOp;
 use crate::error::{Error, Result};
+use crate::profile::op::Steps;
 use crate::reduce;
 use crate::transport::fifo::ll;
 
@@ -125,10 +126,11 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             ctx.peer((r + k) % n)?.0.send.ll_prepare(bytes);
         }
     }
-    // Every peer's message first, so all of them are on their way before this rank waits.
+    // Every peer's message first, so all of them are on their way before this rank waits. Each
+    // step after the first begins where the one before ended (`Steps::chained`).
     for k in 1..n {
         let to = (r + k) % n;
-        let mut steps = prof.and_then(|p| p.steps(Some(to), None));
+        let mut steps = prof.and_then(|p| p.steps(Some(to), None)).map(|s| if k > 1 { s.chained() } else { s });
         if let Some(st) = steps.as_mut() {
             st.send_peer_wait();
         }
@@ -161,7 +163,7 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         let input = if mine {
             send
         } else {
-            steps = prof.and_then(|p| p.steps(None, Some(j)));
+            steps = prof.and_then(|p| p.steps(None, Some(j))).map(Steps::chained);
             let (peer, ends) = ctx.peer(j)?;
             let fifo = &mut peer.recv;
             if let Some(st) = steps.as_mut() {
