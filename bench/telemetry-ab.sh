@@ -14,7 +14,7 @@ ROUNDS=${ROUNDS:-31}
 echo "# host: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource), pinned to $CPUS"
 for tag in "$@"; do
   if [ -x "$dir/event_cost-$tag" ] && [ -z "${NOMICRO:-}" ]; then
-    for a in "null 1" "prometheus 1" "null 16"; do
+    for a in "null 1" "prometheus 1" "null 16" "sums 1" "clock 1"; do
       echo "event_cost-$tag $a: $(taskset -c 3 "$dir/event_cost-$tag" $a)"
     done
   fi
