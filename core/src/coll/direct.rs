@@ -127,10 +127,11 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         }
     }
     // Every peer's message first, so all of them are on their way before this rank waits. Each
-    // step after the first begins where the one before ended (`Steps::chained`).
+    // step begins where the one before ended (`Steps::chained`; the first has none before it
+    // and reads the clock).
     for k in 1..n {
         let to = (r + k) % n;
-        let mut steps = prof.and_then(|p| p.steps(Some(to), None)).map(|s| if k > 1 { s.chained() } else { s });
+        let mut steps = prof.and_then(|p| p.steps(Some(to), None)).map(Steps::chained);
         if let Some(st) = steps.as_mut() {
             st.send_peer_wait();
         }

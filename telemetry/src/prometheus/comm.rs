@@ -209,8 +209,8 @@ impl CommStats {
 
     /// A Coll or P2p span: counted at once; its duration now if its children ran inside it,
     /// else once they have stopped too.
-    pub(crate) fn op(&self, s: &Span<'_>, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) {
-        let Some((idx, series, bus)) = self.count_op(kind, key, count, lost) else { return };
+    pub(crate) fn op(&self, s: &Span<'_>, kind: Kind, key: OpKey, bytes: u64, lost: &dyn Fn(Lost)) {
+        let Some((idx, series, bus)) = self.count_op(kind, key, bytes, lost) else { return };
         let id = s.id.get();
         if self.last_child_parent.load(Relaxed) == id {
             series.complete(s.duration_ns(), bus);
@@ -223,14 +223,14 @@ impl CommStats {
     }
 
     /// An operation its emitter summed ([`crate::OpTotals`]): counted and observed at once.
-    pub(crate) fn op_summed(&self, kind: Kind, key: OpKey, count: usize, duration_ns: u64, lost: &dyn Fn(Lost)) {
-        if let Some((_, series, bus)) = self.count_op(kind, key, count, lost) {
+    pub(crate) fn op_summed(&self, kind: Kind, key: OpKey, bytes: u64, duration_ns: u64, lost: &dyn Fn(Lost)) {
+        if let Some((_, series, bus)) = self.count_op(kind, key, bytes, lost) {
             series.complete(duration_ns, bus);
         }
     }
 
-    /// Counts one operation and its bytes in its series; returns the series and its bus bytes.
-    fn count_op(&self, kind: Kind, key: OpKey, count: usize, lost: &dyn Fn(Lost)) -> Option<(usize, &OpSeries, u64)> {
+    /// Counts one operation of `bytes` in its series; returns the series and its bus bytes.
+    fn count_op(&self, kind: Kind, key: OpKey, bytes: u64, lost: &dyn Fn(Lost)) -> Option<(usize, &OpSeries, u64)> {
         let hint = &self.hints[kind as usize];
         let Some((idx, series)) = self.ops[kind as usize].get_or_insert_hinted(key, hint.load(Relaxed), OpSeries::new)
         else {
@@ -238,7 +238,6 @@ impl CommStats {
             return None;
         };
         keep(hint, idx);
-        let bytes = (count as u64).saturating_mul(elem_size(key.dtype));
         series.size.observe(bytes);
         Some((idx, series, bus_bytes(key.op, bytes, self.nranks)))
     }

@@ -88,17 +88,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use table::Table;
 
-/// The series an operation's Coll or P2p descriptor counts in, and its element count.
-fn op_key(d: &EventDescr<'static>) -> Option<(Kind, OpKey, usize)> {
-    let size_class = |count: usize, dtype: &str| comm::size_class((count as u64).saturating_mul(elem_size(dtype)));
+/// The series an operation's Coll or P2p descriptor counts in, and its bytes (count × element
+/// size, as the series count them).
+fn op_key(d: &EventDescr<'static>) -> Option<(Kind, OpKey, u64)> {
+    let bytes = |count: usize, dtype: &str| (count as u64).saturating_mul(elem_size(dtype));
     match *d {
         EventDescr::Coll { func, datatype, algo, proto, count, .. } => {
-            let key = OpKey { op: func, algo, proto, dtype: datatype, size_class: size_class(count, datatype) };
-            Some((Kind::Coll, key, count))
+            let b = bytes(count, datatype);
+            Some((Kind::Coll, OpKey { op: func, algo, proto, dtype: datatype, size_class: comm::size_class(b) }, b))
         }
         EventDescr::P2p { func, datatype, count, .. } => {
-            let key = OpKey { op: func, algo: "", proto: "", dtype: datatype, size_class: size_class(count, datatype) };
-            Some((Kind::P2p, key, count))
+            let b = bytes(count, datatype);
+            Some((
+                Kind::P2p,
+                OpKey { op: func, algo: "", proto: "", dtype: datatype, size_class: comm::size_class(b) },
+                b,
+            ))
         }
         _ => None,
     }
@@ -213,8 +218,8 @@ impl spans::Exporter for Exporter {
         let lost = |w| self.lose(w);
         match s.descr {
             EventDescr::Coll { .. } | EventDescr::P2p { .. } => {
-                if let Some((kind, key, count)) = op_key(&s.descr) {
-                    c.op(s, kind, key, count, &lost)
+                if let Some((kind, key, bytes)) = op_key(&s.descr) {
+                    c.op(s, kind, key, bytes, &lost)
                 }
             }
             EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => c.child(s),
@@ -226,8 +231,8 @@ impl spans::Exporter for Exporter {
     fn op_totals(&self, comm: &Arc<CommMeta>, t: &OpTotals<'_>) {
         let Some(c) = self.comm(comm) else { return };
         let lost = |w| self.lose(w);
-        if let Some((kind, key, count)) = op_key(&t.descr) {
-            c.op_summed(kind, key, count, t.end_ns.saturating_sub(t.start_ns), &lost);
+        if let Some((kind, key, bytes)) = op_key(&t.descr) {
+            c.op_summed(kind, key, bytes, t.end_ns.saturating_sub(t.start_ns), &lost);
         }
         for s in t.steps.iter().filter(|s| s.steps > 0) {
             c.steps(s);
