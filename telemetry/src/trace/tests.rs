@@ -244,10 +244,15 @@ fn steps_become_profiler_step_rows_and_flush_writes_every_exporter() {
     let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
     let t = Telemetry::new(vec![ex.clone()]);
     let s = t.comm_sink(meta(0xee, 0, 1));
+    // Steps last 50 µs: absolute µs near 1.8e15 as f64 resolve to 0.25 µs, so a step of under
+    // a microsecond could round to end at its own call's start (a flake CI once hit).
+    let last = || std::thread::sleep(std::time::Duration::from_micros(50));
     step_begin(7001);
     occl_op(&*s, 10, "AllReduce", 1);
+    last();
     step_begin(7002); // ends 7001
     occl_op(&*s, 20, "AllReduce", 1);
+    last();
     step_end();
     {
         let g = profiler_step(7003);
