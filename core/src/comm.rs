@@ -51,6 +51,8 @@ pub struct Comm {
     reg: crate::register::Registry,
     /// Every rank's process id, for the registered path's liveness checks.
     pids: Vec<u32>,
+    /// This host's ranks and the cores they share: the registered path's helper threads.
+    host_share: (usize, usize),
     inner: Mutex<Inner>,
 }
 
@@ -344,6 +346,7 @@ impl Comm {
             record,
             reg: Default::default(),
             pids: table.iter().map(|p| p.pid).collect(),
+            host_share: bootstrap::host_share(&table, rank),
             abort: AtomicBool::new(false),
             lifecycle,
             prof,
@@ -836,6 +839,8 @@ impl Comm {
             } else {
                 crate::transport::wait::Patience::Eager
             },
+            threads: self.config.reg_threads,
+            host_share: self.host_share,
         }
     }
 

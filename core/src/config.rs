@@ -85,6 +85,10 @@ pub struct Config {
     /// The GID table entry to route by on RoCE ports (`OCCL_IB_GID_INDEX`, also
     /// `NCCL_IB_GID_INDEX`; -1 or unset: a RoCE v2 IPv4 entry if there is one).
     pub ib_gid_index: Option<u8>,
+    /// Helper threads per rank for large registered all-reduces and all-gathers
+    /// (`OCCL_REG_THREADS`, 0 to 16). `None`: the rank's share of the host's cores less one, at
+    /// most 7 (see `register::threads`).
+    pub reg_threads: Option<usize>,
 }
 
 impl Default for Config {
@@ -109,6 +113,7 @@ impl Default for Config {
             net_force_merge: None,
             ib_hca: None,
             ib_gid_index: None,
+            reg_threads: None,
         }
     }
 }
@@ -164,6 +169,13 @@ impl Config {
             if !(2..=64).contains(&c.fifo_slots) {
                 return Err(Error::arg(format!("{n}={v:?} must be between 2 and 64")));
             }
+        }
+        if let Some((n, v)) = var(&["OCCL_REG_THREADS"]) {
+            let t: usize = parse(&n, &v, "a thread count")?;
+            if t > crate::register::MAX_THREADS {
+                return Err(Error::arg(format!("{n}={v:?} must be between 0 and {}", crate::register::MAX_THREADS)));
+            }
+            c.reg_threads = Some(t);
         }
         if let Some((n, v)) = var(&["OCCL_SOCKET_ADDR"]) {
             c.listen_addr = parse(&n, &v, "an IP address")?;

@@ -170,13 +170,35 @@ pub fn bad_handles(comm: &Comm, host: bool) -> Outcome {
     Ok(wrong)
 }
 
-/// Every check of one rank: f32, i32, f64, and the handle errors.
-pub fn all(comm: &Comm, host: bool, shared: bool) -> Outcome {
+/// Every check of one rank: f32, i32, f64, and the handle errors. `helpers`: how many helper
+/// threads the rank must have started by the end (`OCCL_REG_THREADS`), when the test set it.
+pub fn all(comm: &Comm, host: bool, shared: bool, helpers: Option<usize>) -> Outcome {
     let mut wrong = check::<f32>(comm, host, shared)?;
     wrong.extend(check::<i32>(comm, host, shared)?);
     wrong.extend(check::<f64>(comm, host, shared)?);
     wrong.extend(bad_handles(comm, host)?);
+    if let Some(want) = helpers {
+        // The largest sizes split (a rank's range of at least 2 MiB), so active windows start
+        // every helper asked for, and inactive ones none.
+        let want = if shared { want } else { 0 };
+        let got = helper_threads(comm.rank());
+        if got != want {
+            wrong.push(format!("rank {}: {got} registered-collective helper threads, expected {want}", comm.rank()));
+        }
+    }
     Ok(wrong)
+}
+
+/// Threads of this process named as rank `rank`'s registered-collective helpers.
+pub fn helper_threads(rank: usize) -> usize {
+    let prefix = format!("occl-reg-r{rank}-");
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.flatten()
+                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(&prefix)))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// A registered all-reduce loop for the kill test: prints `LOOPING` once running.

@@ -15,10 +15,12 @@ fn spawn(pairs: &[(&str, &str)]) -> Spawn {
 
 #[test]
 fn process_ranks_registered_matches_unregistered() {
-    for n in [2, 3, 4] {
-        let outs =
-            run_job(n, &["register", "host", "shared"], spawn(&[("OCCL_TIMEOUT", "60")]), Duration::from_secs(240));
-        assert_all_ok(&outs, &format!("{n} process ranks, HostBuf windows"));
+    // 3 ranks with helper threads forced (the rank's share of a 2-core machine starts none).
+    for (n, helpers) in [(2, None), (3, Some("3")), (4, None)] {
+        let mut vars = vec![("OCCL_TIMEOUT", "60")];
+        vars.extend(helpers.map(|h| ("OCCL_REG_THREADS", h)));
+        let outs = run_job(n, &["register", "host", "shared"], spawn(&vars), Duration::from_secs(240));
+        assert_all_ok(&outs, &format!("{n} process ranks, HostBuf windows, OCCL_REG_THREADS={helpers:?}"));
     }
 }
 
@@ -41,10 +43,16 @@ fn tcp_windows_are_inactive() {
 
 #[test]
 fn thread_ranks_registered_matches_unregistered() {
-    for (n, host) in [(2, false), (3, false), (4, false), (3, true)] {
-        let comms = occl::Comm::init_all(n).expect("init_all");
+    // The last two with helper threads forced (one rank's share of the 2-core CI machine
+    // starts none): in the same process, every rank has its own.
+    for (n, host, helpers) in
+        [(2, false, None), (3, false, None), (4, false, None), (3, true, Some(2)), (2, false, Some(1))]
+    {
+        let config = occl::Config { reg_threads: helpers, ..occl::Config::from_env().expect("config") };
+        let comms = occl::Comm::init_all_with(n, config).expect("init_all");
         let results: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || occl_tests::register::all(c, host, true))).collect();
+            let hs: Vec<_> =
+                comms.iter().map(|c| s.spawn(move || occl_tests::register::all(c, host, true, helpers))).collect();
             hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
         });
         // Every rank's error, not only the first joined: the root cause is usually another rank's.
@@ -58,6 +66,20 @@ fn thread_ranks_registered_matches_unregistered() {
         assert!(wrong.is_empty(), "{n} thread ranks (HostBuf: {host}):\n{}", wrong.join("\n"));
         for c in comms {
             c.destroy().expect("destroy");
+        }
+    }
+}
+
+#[test]
+fn a_bad_helper_thread_count_is_refused_by_its_name() {
+    for bad in ["17", "many", "-1"] {
+        let outs =
+            run_job(2, &["register", "host", "shared"], spawn(&[("OCCL_REG_THREADS", bad)]), Duration::from_secs(60));
+        for o in &outs {
+            let (kind, _, line) = err_of(o)
+                .unwrap_or_else(|| panic!("OCCL_REG_THREADS={bad}: rank {} did not fail:\n{}", o.rank, o.output));
+            assert_eq!(kind, "InvalidArgument", "{line}");
+            assert!(line.contains("OCCL_REG_THREADS") && line.contains(bad), "{line}");
         }
     }
 }

@@ -200,7 +200,8 @@ fn main() -> ExitCode {
         "register" => {
             let host = args.get(1).is_none_or(|a| a == "host");
             let shared = args.get(2).is_none_or(|a| a == "shared");
-            match occl_tests::register::all(&comm, host, shared) {
+            let helpers = std::env::var("OCCL_REG_THREADS").ok().and_then(|v| v.parse().ok());
+            match occl_tests::register::all(&comm, host, shared, helpers) {
                 Ok(w) if w.is_empty() => println!("OK rank={r}"),
                 Ok(w) => {
                     for l in w {

@@ -8,6 +8,10 @@
 //! its peers' buffers in place, synchronised by sequence words in a small control segment per
 //! rank (`Ctrl`), instead of copying through the FIFOs twice.
 
+mod threads;
+
+pub(crate) use threads::MAX as MAX_THREADS;
+
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::hostmem::{self, Segment};
@@ -173,6 +177,8 @@ pub(crate) struct Registry {
     /// Sequence number of the last registered operation.
     seq: AtomicU64,
     inner: Mutex<Inner>,
+    /// Helper threads for large operations (`threads`), started by the first that splits.
+    threads: OnceLock<threads::Threads>,
 }
 
 #[derive(Default)]
@@ -204,6 +210,10 @@ pub(crate) struct Env<'a> {
     pub abort: &'a AtomicBool,
     pub deadline: Deadline,
     pub patience: Patience,
+    /// `OCCL_REG_THREADS`, if set.
+    pub threads: Option<usize>,
+    /// This host's ranks of the communicator and the cores they share (from the peer table).
+    pub host_share: (usize, usize),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -539,34 +549,19 @@ impl Plan<'_> {
         let k = self.start(env, "all_reduce")?;
         // Far larger than the caches: stream the outputs (they are not read back soon).
         let stream = crate::copy::streams(count * es);
-        let mut scratch = vec![0u64; BLOCK / 8];
-        let mut at = lo;
-        while at < hi {
-            let len = BLOCK.min(hi - at);
+        let ran = self.split(env, lo, hi, |a, b| {
+            let (send, recv) = (self.send.clone(), self.recv.clone());
+            // SAFETY: as below, for a part of this rank's chunk that no other part touches.
+            Box::new(move || unsafe { reduce_range(&send, &recv, me, (a, b), dt, op, stream) })
+        });
+        match ran {
+            Some(r) => r?,
             // SAFETY: every rank's send and recv buffers hold `count` elements (checked against
             // the windows in `plan`). Chunk `me` of every send buffer is read by this rank alone,
             // and chunk `me` of every recv buffer written by this rank alone; in place, this rank
             // overwrites a block only after reading it. Nobody touches them before READY or
             // after DONE.
-            unsafe {
-                let acc = std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len);
-                let input = |q: usize| std::slice::from_raw_parts((self.send[q] + at) as *const u8, len);
-                let mut others = (1..n).map(|s| (me + s) % n);
-                match others.next() {
-                    Some(q) => crate::reduce::reduce(dt, op, acc, input(me), input(q)),
-                    None => acc.copy_from_slice(input(me)),
-                }
-                for q in others {
-                    crate::reduce::reduce_in_place(dt, op, acc, input(q));
-                }
-                if op == RedOp::Avg {
-                    crate::reduce::div_in_place(dt, acc, n);
-                }
-                for s in 0..n {
-                    crate::copy::piece((self.recv[(me + s) % n] + at) as *mut u8, acc.as_ptr(), len, stream);
-                }
-            }
-            at += len;
+            None => unsafe { reduce_range(&self.send, &self.recv, me, (lo, hi), dt, op, stream) },
         }
         self.finish(env, k, "all_reduce")
     }
@@ -575,26 +570,118 @@ impl Plan<'_> {
     /// of every rank's recv buffer, a cache-sized piece at a time, so each input is read from
     /// memory once; pulling every peer's block read each input n times.
     pub(crate) fn all_gather(&self, env: &Env<'_>, block: usize) -> Result<()> {
-        let (n, me) = (self.n(), env.rank);
+        let me = env.rank;
         let k = self.start(env, "all_gather")?;
-        let src = self.send[me];
         let stream = crate::copy::streams(block);
-        let mut at = 0;
-        while at < block {
-            let len = GATHER_PIECE.min(block - at);
-            for s in 0..n {
-                let dst = self.recv[(me + s) % n] + me * block + at;
-                if dst == src + at {
-                    continue; // in place on this rank
-                }
-                // SAFETY: block `me` of every rank's recv buffer is written by this rank alone
-                // and read by nobody before DONE; this rank's send block is unchanged until then
-                // (in place it is block `me` of its own recv buffer, skipped above).
-                unsafe { crate::copy::piece(dst as *mut u8, (src + at) as *const u8, len, stream) };
-            }
-            at += len;
+        let ran = self.split(env, 0, block, |a, b| {
+            let (src, recv) = (self.send[me], self.recv.clone());
+            // SAFETY: as below, for a part of this rank's block that no other part touches.
+            Box::new(move || unsafe { gather_range(src, &recv, me, block, (a, b), stream) })
+        });
+        match ran {
+            Some(r) => r?,
+            // SAFETY: block `me` of every rank's recv buffer is written by this rank alone and
+            // read by nobody before DONE; this rank's send block is unchanged until then (in
+            // place it is block `me` of its own recv buffer, which is skipped).
+            None => unsafe { gather_range(self.send[me], &self.recv, me, block, (0, block), stream) },
         }
         self.finish(env, k, "all_gather")
+    }
+
+    /// Runs this rank's byte range `[lo, hi)` in parts on its helper threads and itself, `part`
+    /// making the work of each; `None` when the range is too small to split or the rank has no
+    /// helpers (the caller then runs it whole).
+    fn split(
+        &self,
+        env: &Env<'_>,
+        lo: usize,
+        hi: usize,
+        part: impl Fn(usize, usize) -> threads::Part,
+    ) -> Option<Result<()>> {
+        if hi.saturating_sub(lo) < 2 * threads::PART_MIN {
+            return None;
+        }
+        let helpers = self.reg.threads.get_or_init(|| {
+            let mine = crate::topo::cpuset::process_affinity().map_or(1, |s| s.len());
+            let (local, cores) = env.host_share;
+            threads::Threads::start(threads::wanted(env.threads, local, cores, mine), env.rank)
+        });
+        if helpers.len() == 0 {
+            return None;
+        }
+        let mut parts = threads::split(lo, hi, helpers.len() + 1);
+        let (a, b) = parts.pop()?;
+        let mine = part(a, b);
+        Some(helpers.run(parts.into_iter().map(|(a, b)| part(a, b)).collect(), mine))
+    }
+}
+
+/// Reduces bytes `[lo, hi)` of every rank's send buffer (`send`, by rank, as mapped here) into
+/// the same bytes of every rank's recv buffer, a block at a time, starting with rank `me`'s
+/// input and folding the others in ring order from it (every element on every rank alike).
+///
+/// # Safety
+/// Every buffer holds `hi` bytes; nothing else reads or writes `[lo, hi)` of the recv buffers
+/// or writes it in the send buffers meanwhile, except in place, where a block is written only
+/// after it is read.
+unsafe fn reduce_range(
+    send: &[usize],
+    recv: &[usize],
+    me: usize,
+    (lo, hi): (usize, usize),
+    dt: DataType,
+    op: RedOp,
+    stream: bool,
+) {
+    let n = send.len();
+    let mut scratch = vec![0u64; BLOCK / 8];
+    let mut at = lo;
+    while at < hi {
+        let len = BLOCK.min(hi - at);
+        // SAFETY: the caller's contract; `acc` is this call's scratch.
+        unsafe {
+            let acc = std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len);
+            let input = |q: usize| std::slice::from_raw_parts((send[q] + at) as *const u8, len);
+            let mut others = (1..n).map(|s| (me + s) % n);
+            match others.next() {
+                Some(q) => crate::reduce::reduce(dt, op, acc, input(me), input(q)),
+                None => acc.copy_from_slice(input(me)),
+            }
+            for q in others {
+                crate::reduce::reduce_in_place(dt, op, acc, input(q));
+            }
+            if op == RedOp::Avg {
+                crate::reduce::div_in_place(dt, acc, n);
+            }
+            for s in 0..n {
+                crate::copy::piece((recv[(me + s) % n] + at) as *mut u8, acc.as_ptr(), len, stream);
+            }
+        }
+        at += len;
+    }
+}
+
+/// Copies bytes `[lo, hi)` of rank `me`'s send block (at `src`) into block `me` of every rank's
+/// recv buffer (`recv`, by rank), a cache-sized piece at a time, so the input is read from
+/// memory once; a destination that is the source (in place) is skipped.
+///
+/// # Safety
+/// `src` holds `hi` bytes, every recv buffer `(me + 1) * block`; nothing else writes `[lo, hi)`
+/// of block `me` of the recv buffers or of the source meanwhile.
+unsafe fn gather_range(src: usize, recv: &[usize], me: usize, block: usize, (lo, hi): (usize, usize), stream: bool) {
+    let n = recv.len();
+    let mut at = lo;
+    while at < hi {
+        let len = GATHER_PIECE.min(hi - at);
+        for s in 0..n {
+            let dst = recv[(me + s) % n] + me * block + at;
+            if dst == src + at {
+                continue; // in place on this rank
+            }
+            // SAFETY: the caller's contract.
+            unsafe { crate::copy::piece(dst as *mut u8, (src + at) as *const u8, len, stream) };
+        }
+        at += len;
     }
 }
 
