@@ -102,6 +102,11 @@ struct Args {
     /// work the scheduler may otherwise stack both ranks on one core.
     #[arg(long)]
     bind: bool,
+    /// With `--bind`: CPUs per rank (rank r gets the r-th run of that many, fewer where the mask
+    /// is too small for every rank to get as many). More than one leaves room for the rank's
+    /// registered-collective helper threads (`OCCL_REG_THREADS`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    cpus_per_rank: u64,
     /// Allocate the buffers as `occl::HostBuf` and register them (`Comm::register`): all-reduce
     /// and all-gather on one host read the peers' buffers in place.
     #[arg(long)]
@@ -172,8 +177,9 @@ fn gather_ranks(comm: &Comm) -> occl::Result<Vec<(u32, String)>> {
     Ok((0..comm.nranks()).filter_map(|r| comm.peer_process(r)).map(|(pid, host)| (pid, host.to_string())).collect())
 }
 
-/// Pins this process to the `rank`-th CPU of its affinity mask if it has at least `nranks`.
-fn bind_to_cpu(rank: usize, nranks: usize) -> anyhow::Result<()> {
+/// Pins this process to the `rank`-th run of `per` CPUs of its affinity mask (fewer per rank
+/// where the mask has fewer than `nranks * per`), if it has at least `nranks` CPUs.
+fn bind_to_share(rank: usize, nranks: usize, per: usize) -> anyhow::Result<()> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity/setaffinity fill and read it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -184,10 +190,14 @@ fn bind_to_cpu(rank: usize, nranks: usize) -> anyhow::Result<()> {
         if cpus.len() < nranks {
             return Ok(()); // more ranks than CPUs: binding would only stack them
         }
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpus[rank], &mut one);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
-            anyhow::bail!("sched_setaffinity to CPU {}: {}", cpus[rank], std::io::Error::last_os_error());
+        let k = (cpus.len() / nranks).min(per).max(1);
+        let share = &cpus[rank * k..(rank + 1) * k];
+        let mut mine: libc::cpu_set_t = std::mem::zeroed();
+        for &c in share {
+            libc::CPU_SET(c, &mut mine);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mine) != 0 {
+            anyhow::bail!("sched_setaffinity to CPUs {share:?}: {}", std::io::Error::last_os_error());
         }
     }
     Ok(())
@@ -199,7 +209,7 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let comm = Comm::from_env()?;
     let (n, rank) = (comm.nranks(), comm.rank());
     if args.bind {
-        bind_to_cpu(rank, n)?;
+        bind_to_share(rank, n, usize::try_from(args.cpus_per_rank).unwrap_or(1))?;
     }
     let lead = rank == 0;
     let coll = args.collective;
