@@ -6,7 +6,8 @@
 //! reach every other rank's buffer; the decision is taken from the exchanged records alone, so it
 //! is the same on every rank. A collective whose send and recv buffers lie in active windows reads
 //! its peers' buffers in place, synchronised by sequence words in a small control segment per
-//! rank (`Ctrl`), instead of copying through the FIFOs twice.
+//! rank (`Ctrl`), instead of copying through the FIFOs twice. A rank's share of a large one is
+//! split across its helper threads (`threads`).
 
 mod threads;
 
