@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Registered buffers (Comm::register, occl-perf --registered) against unregistered buffers and
-# Open MPI, side by side in one run: shm all-reduce and all-gather at 1, 4, 16 and 64 MiB, for 2
+# Open MPI, side by side in one run: shm all-reduce, all-gather and reduce-scatter at 1, 4, 16
+# and 64 MiB (nccl-tests' sizes: the whole send buffer of a reduce-scatter), for 2
 # and 4 ranks, the four variants below one after another, ROUNDS times. Prints a markdown table
 # of median bus bandwidth (GB/s) over rounds, and the registered/unregistered ratios.
 #
@@ -53,7 +54,7 @@ for line in sys.stdin:
 
 for ((round = 1; round <= ROUNDS; round++)); do
   for n in $RANKS; do
-    for c in all_reduce all_gather; do
+    for c in all_reduce all_gather reduce_scatter; do
       say "registered-vs-mpi: round $round/$ROUNDS, $n ranks, $c"
       share=$((cpus / n > 0 ? cpus / n : 1))
       occl "$n" "$c" occl "$share"
@@ -61,10 +62,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
       occl "$n" "$c" occl-registered-1cpu 1 --registered
     done
     say "registered-vs-mpi: round $round/$ROUNDS, $n ranks, Open MPI"
-    timeout 600 "${pin[@]}" mpirun --allow-run-as-root --oversubscribe -np "$n" "$MPI_COLL_BIN" allreduce,allgather \
+    timeout 600 "${pin[@]}" mpirun --allow-run-as-root --oversubscribe -np "$n" "$MPI_COLL_BIN" allreduce,allgather,reducescatter \
       "$MPI_MIN_SEC" 2>/dev/null | awk -v n="$n" -v r="$round" '
-        ($1 == "allreduce" || $1 == "allgather") && NF >= 9 {
-          c = ($1 == "allreduce") ? "all_reduce" : "all_gather"
+        ($1 == "allreduce" || $1 == "allgather" || $1 == "reducescatter") && NF >= 9 {
+          c = ($1 == "allreduce") ? "all_reduce" : ($1 == "allgather") ? "all_gather" : "reduce_scatter"
           printf "{\"tool\": \"mpi\", \"coll\": \"%s\", \"nranks\": %s, \"size_bytes\": %s, \"busbw_gbps\": %s, \"round\": %s}\n", c, n, $2, $8, r }' \
       >>"$RAW" || say "registered-vs-mpi: mpirun failed ($n ranks)"
   done

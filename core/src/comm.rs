@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::id::UniqueId;
 use crate::profile::{op::OpDescr, OpProf, Profiling};
 use crate::record::{self, CollType, OpRecord};
+use crate::register::InPlace;
 use crate::transport::fifo::{state, Desc};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
@@ -817,13 +818,13 @@ impl Comm {
         &self,
         send: (usize, usize),
         recv: (usize, usize),
-        in_place_block: Option<usize>,
+        layout: InPlace,
         desc: &[u64],
     ) -> Result<Option<crate::register::Plan<'_>>> {
         if crate::group::is_open() {
             return Ok(None);
         }
-        self.reg.plan(self.rank, send, recv, in_place_block, desc)
+        self.reg.plan(self.rank, send, recv, layout, desc)
     }
 
     fn reg_env(&self) -> crate::register::Env<'_> {
@@ -918,7 +919,7 @@ impl Comm {
         }
         let o = Op::new(CollType::AllReduce, count, dt, bytes).op(op).bufs(send, recv as *const u8);
         let desc = [CollType::AllReduce as u64, count as u64, dt as u64, op as u64];
-        if let Some(plan) = self.reg_plan((send as usize, bytes), (recv as usize, bytes), None, &desc)? {
+        if let Some(plan) = self.reg_plan((send as usize, bytes), (recv as usize, bytes), InPlace::No, &desc)? {
             return self.run(o.registered(), |_, _| plan.all_reduce(&self.reg_env(), count, dt, op));
         }
         self.run(o, |c, algo| coll::all_reduce(c, algo, send, recv, count))
@@ -992,8 +993,8 @@ impl Comm {
         }
         let o = Op::new(CollType::AllGather, count, dt, total).bufs(send, recv as *const u8);
         let desc = [CollType::AllGather as u64, count as u64, dt as u64];
-        let in_place = std::ptr::eq(send, own).then_some(bytes);
-        if let Some(plan) = self.reg_plan((send as usize, bytes), (recv as usize, total), in_place, &desc)? {
+        let layout = if std::ptr::eq(send, own) { InPlace::Gather(bytes) } else { InPlace::No };
+        if let Some(plan) = self.reg_plan((send as usize, bytes), (recv as usize, total), layout, &desc)? {
             return self.run(o.registered(), |_, _| plan.all_gather(&self.reg_env(), bytes));
         }
         self.run(o, |c, algo| coll::all_gather(c, algo, send, recv, count))
@@ -1020,9 +1021,13 @@ impl Comm {
                 "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
             ));
         }
-        self.run(Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8), |c, algo| {
-            coll::reduce_scatter(c, algo, send, recv, count)
-        })
+        let o = Op::new(CollType::ReduceScatter, count, dt, total).op(op).bufs(send, recv as *const u8);
+        let desc = [CollType::ReduceScatter as u64, count as u64, dt as u64, op as u64];
+        let layout = if std::ptr::eq(recv, own) { InPlace::Scatter(bytes) } else { InPlace::No };
+        if let Some(plan) = self.reg_plan((send as usize, total), (recv as usize, bytes), layout, &desc)? {
+            return self.run(o.registered(), |_, _| plan.reduce_scatter(&self.reg_env(), count, dt, op));
+        }
+        self.run(o, |c, algo| coll::reduce_scatter(c, algo, send, recv, count))
     }
 
     /// # Safety

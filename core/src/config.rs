@@ -85,9 +85,9 @@ pub struct Config {
     /// The GID table entry to route by on RoCE ports (`OCCL_IB_GID_INDEX`, also
     /// `NCCL_IB_GID_INDEX`; -1 or unset: a RoCE v2 IPv4 entry if there is one).
     pub ib_gid_index: Option<u8>,
-    /// Helper threads per rank for large registered all-reduces and all-gathers
-    /// (`OCCL_REG_THREADS`, 0 to 16). `None`: the rank's share of the host's cores less one, at
-    /// most 7 (see `register::threads`).
+    /// Helper threads per rank for large registered all-reduces, all-gathers and
+    /// reduce-scatters (`OCCL_REG_THREADS`, 0 to 16). `None`: the rank's share of the host's
+    /// cores less one, at most 7 (see `register::threads`).
     pub reg_threads: Option<usize>,
 }
 

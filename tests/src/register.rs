@@ -66,8 +66,8 @@ fn last_algo(comm: &Comm) -> &'static str {
     comm.flight_recorder().snapshot().iter().max_by_key(|e| e.record_id).map_or("none", |e| e.info.algo)
 }
 
-/// Registered vs unregistered all-reduce (sum, max; in place and not) and all-gather (in place
-/// and not) of `T` at every size; `shared` is whether windows must be active. Deregisters, then
+/// Registered vs unregistered all-reduce and reduce-scatter (sum, max; in place and not) and
+/// all-gather (in place and not) of `T` at every size; `shared` is whether windows must be active. Deregisters, then
 /// checks the normal path on the same buffers.
 pub fn check<T: Val>(comm: &Comm, host: bool, shared: bool) -> Outcome {
     let (r, n) = (comm.rank(), comm.nranks());
@@ -114,6 +114,33 @@ pub fn check<T: Val>(comm: &Comm, host: bool, shared: bool) -> Outcome {
             algo_ok(format!("{ty} registered all_reduce_in_place {op:?} count {c}"), c, &mut wrong);
             if !same(&recv[..c], &plain) {
                 wrong.push(format!("{ty} registered all_reduce_in_place {op:?} count {c}: differs"));
+            }
+        }
+        // Reduce-scatter: every rank's n blocks of c; rank r gets block r of the reduction.
+        let full: Vec<T> = (0..c * n).map(|i| T::of(value(r, i))).collect();
+        for op in [RedOp::Sum, RedOp::Max] {
+            let mut plain = vec![T::default(); c];
+            comm.reduce_scatter(&full, &mut plain, op)?;
+            let exact: Vec<T> = (0..c)
+                .map(|i| {
+                    let vals = (0..n).map(|q| value(q, r * c + i));
+                    T::of(if op == RedOp::Sum { vals.sum() } else { vals.max().unwrap_or(0) })
+                })
+                .collect();
+            if !same(&plain, &exact) {
+                wrong.push(format!("{ty} reduce_scatter {op:?} count {c}: the normal path is wrong"));
+            }
+            send[..c * n].copy_from_slice(&full);
+            comm.reduce_scatter(&send[..c * n], &mut recv[..c], op)?;
+            algo_ok(format!("{ty} registered reduce_scatter {op:?} count {c}"), c, &mut wrong);
+            if !same(&recv[..c], &plain) {
+                wrong.push(format!("{ty} registered reduce_scatter {op:?} count {c}: differs from the normal path"));
+            }
+            recv[..c * n].copy_from_slice(&full);
+            comm.reduce_scatter_in_place(&mut recv[..c * n], op)?;
+            algo_ok(format!("{ty} registered reduce_scatter_in_place {op:?} count {c}"), c, &mut wrong);
+            if !same(&recv[r * c..(r + 1) * c], &plain) {
+                wrong.push(format!("{ty} registered reduce_scatter_in_place {op:?} count {c}: differs"));
             }
         }
         let mut plain = vec![T::default(); c * n];

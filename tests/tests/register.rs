@@ -1,7 +1,7 @@
-//! Buffer registration (`Comm::register`): registered all-reduce and all-gather give the same
-//! bits as the normal path for process ranks over shm and for thread ranks; windows are inactive
-//! where peers cannot reach each other's memory; errors are collective and typed; a killed or
-//! mismatched peer ends in an error, not a hang or a wrong result.
+//! Buffer registration (`Comm::register`): registered all-reduce, reduce-scatter and all-gather
+//! give the same bits as the normal path for process ranks over shm and for thread ranks;
+//! windows are inactive where peers cannot reach each other's memory; errors are collective and
+//! typed; a killed or mismatched peer ends in an error, not a hang or a wrong result.
 
 mod common;
 

@@ -193,6 +193,17 @@ struct Inner {
     files: HashMap<String, Vec<Segment>>,
 }
 
+/// Where an in-place call's buffers lie: the one place their offsets differ between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InPlace {
+    /// Out of place, or in place at the same offset on every rank (all-reduce).
+    No,
+    /// All-gather of blocks of this many bytes: rank q's send block is block q of its recv.
+    Gather(usize),
+    /// Reduce-scatter into blocks of this many bytes: rank q's recv is block q of its send.
+    Scatter(usize),
+}
+
 /// One rank's view of a registered operation: the buffers of every rank, in this process.
 pub(crate) struct Plan<'r> {
     reg: &'r Registry,
@@ -382,15 +393,15 @@ impl Registry {
     }
 
     /// The plan of a registered operation when `send` and `recv` both lie in active windows
-    /// (`None`: the normal path). `in_place_block`: an in-place all-gather's block, whose send
-    /// offset differs per rank. `call`: the arguments every rank must pass alike, hashed only
-    /// once the windows apply (an unregistered call pays one load).
+    /// (`None`: the normal path). `layout`: where an in-place call's buffers lie, whose offsets
+    /// differ per rank. `call`: the arguments every rank must pass alike, hashed only once the
+    /// windows apply (an unregistered call pays one load).
     pub(crate) fn plan(
         &self,
         me: usize,
         send: (usize, usize),
         recv: (usize, usize),
-        in_place_block: Option<usize>,
+        layout: InPlace,
         call: &[u64],
     ) -> Result<Option<Plan<'_>>> {
         if send.1 == 0 || recv.1 == 0 || self.ctrl.get().is_none() {
@@ -408,20 +419,25 @@ impl Registry {
         for q in 0..n {
             let (rbase, rlen) = g.windows[rw].peers[q];
             let (sbase, slen) = g.windows[sw].peers[q];
-            // In-place all-gather: rank q's block is at q × block of its recv buffer.
-            // (It lies within the recv buffer, whose bounds are checked.)
-            let (s_at, s_fits) = match in_place_block {
-                Some(b) => (rbase + ro + q * b, true),
-                None => (sbase + so, so + send.1 <= slen),
+            // In-place all-gather: rank q's send block is at q × block of its recv buffer (within
+            // the recv buffer, whose bounds are checked). In-place reduce-scatter: rank q's recv
+            // block is at q × block of its send buffer (within it, likewise).
+            let (s_at, s_fits) = match layout {
+                InPlace::Gather(b) => (rbase + ro + q * b, true),
+                _ => (sbase + so, so + send.1 <= slen),
             };
-            if ro + recv.1 > rlen || !s_fits {
+            let (r_at, r_fits) = match layout {
+                InPlace::Scatter(b) => (sbase + so + q * b, true),
+                _ => (rbase + ro, ro + recv.1 <= rlen),
+            };
+            if !r_fits || !s_fits {
                 return Err(Error::usage(format!(
                     "a registered collective's buffers run past rank {q}'s registered window; every rank must pass \
                      buffers at the same offsets of windows registered together"
                 )));
             }
             sends.push(if q == me { send.0 } else { s_at });
-            recvs.push(if q == me { recv.0 } else { rbase + ro });
+            recvs.push(if q == me { recv.0 } else { r_at });
         }
         let ctrls = g
             .ctrls
@@ -432,8 +448,9 @@ impl Registry {
             .ok_or_else(|| Error::internal("a registered window without its peers' control segments"))?;
         // Offsets and windows go into the check too: the contract is the same offsets everywhere.
         let (sid, rid) = (g.windows[sw].id, g.windows[rw].id);
-        let soff = if in_place_block.is_some() { u64::MAX } else { so as u64 };
-        let desc = describe(&[describe(call), sid, rid, soff, ro as u64]);
+        let soff = if matches!(layout, InPlace::Gather(_)) { u64::MAX } else { so as u64 };
+        let roff = if matches!(layout, InPlace::Scatter(_)) { u64::MAX } else { ro as u64 };
+        let desc = describe(&[describe(call), sid, rid, soff, roff]);
         Ok(Some(Plan { reg: self, ctrls, send: sends, recv: recvs, desc }))
     }
 }
@@ -550,10 +567,12 @@ impl Plan<'_> {
         let k = self.start(env, "all_reduce")?;
         // Far larger than the caches: stream the outputs (they are not read back soon).
         let stream = crate::copy::streams(count * es);
+        // This rank's output first, then the others in ring order (spreads the writes).
+        let outputs: Vec<usize> = (0..n).map(|s| self.recv[(me + s) % n]).collect();
         let ran = self.split(env, lo, hi, |a, b| {
-            let (send, recv) = (self.send.clone(), self.recv.clone());
+            let (send, outputs) = (self.send.clone(), outputs.clone());
             // SAFETY: as below, for a part of this rank's chunk that no other part touches.
-            Box::new(move || unsafe { reduce_range(&send, &recv, me, (a, b), dt, op, stream) })
+            Box::new(move || unsafe { reduce_range(&send, &outputs, me, (a, b), dt, op, stream) })
         });
         match ran {
             Some(r) => r?,
@@ -562,9 +581,37 @@ impl Plan<'_> {
             // and chunk `me` of every recv buffer written by this rank alone; in place, this rank
             // overwrites a block only after reading it. Nobody touches them before READY or
             // after DONE.
-            None => unsafe { reduce_range(&self.send, &self.recv, me, (lo, hi), dt, op, stream) },
+            None => unsafe { reduce_range(&self.send, &outputs, me, (lo, hi), dt, op, stream) },
         }
         self.finish(env, k, "all_reduce")
+    }
+
+    /// Reduce-scatter into `count` elements per rank: rank r reduces block r of every rank's
+    /// send buffer into its own recv buffer, reading its peers' buffers in place. Each input
+    /// byte is read once, by the one rank whose block it is, and only this rank's output is
+    /// written: no FIFO, no second pass.
+    pub(crate) fn reduce_scatter(&self, env: &Env<'_>, count: usize, dt: DataType, op: RedOp) -> Result<()> {
+        let (me, bytes) = (env.rank, count * dt.size());
+        let k = self.start(env, "reduce_scatter")?;
+        let stream = crate::copy::streams(bytes);
+        // Block `me` of every rank's send buffer, as one buffer per rank from offset 0.
+        let inputs: Vec<usize> = self.send.iter().map(|&s| s + me * bytes).collect();
+        let output = [self.recv[me]];
+        let ran = self.split(env, 0, bytes, |a, b| {
+            let inputs = inputs.clone();
+            // SAFETY: as below, for a part of this rank's block that no other part touches.
+            Box::new(move || unsafe { reduce_range(&inputs, &output, me, (a, b), dt, op, stream) })
+        });
+        match ran {
+            Some(r) => r?,
+            // SAFETY: every rank's send buffer holds n blocks of `bytes` and this rank's recv
+            // buffer one (checked against the windows in `plan`). Block `me` of every send buffer
+            // is read by this rank alone, and its recv buffer written by it alone; in place (recv
+            // is block `me` of its send), a piece is written only after it is read. Nobody
+            // touches them before READY or after DONE.
+            None => unsafe { reduce_range(&inputs, &output, me, (0, bytes), dt, op, stream) },
+        }
+        self.finish(env, k, "reduce_scatter")
     }
 
     /// All-gather of `block` bytes per rank: this rank writes its send block into block `rank`
@@ -617,24 +664,24 @@ impl Plan<'_> {
     }
 }
 
-/// Reduces bytes `[lo, hi)` of every rank's send buffer (`send`, by rank, as mapped here) into
-/// the same bytes of every rank's recv buffer, a block at a time, starting with rank `me`'s
-/// input and folding the others in ring order from it (every element on every rank alike).
+/// Reduces bytes `[lo, hi)` of every rank's input (`inputs`, by rank, as mapped here) into the
+/// same bytes of each of `outputs`, a block at a time, starting with rank `me`'s input and
+/// folding the others in ring order from it (every element on every rank alike).
 ///
 /// # Safety
-/// Every buffer holds `hi` bytes; nothing else reads or writes `[lo, hi)` of the recv buffers
-/// or writes it in the send buffers meanwhile, except in place, where a block is written only
-/// after it is read.
+/// Every buffer holds `hi` bytes; nothing else reads or writes `[lo, hi)` of the outputs or
+/// writes it in the inputs meanwhile, except in place, where a block is written only after it
+/// is read.
 unsafe fn reduce_range(
-    send: &[usize],
-    recv: &[usize],
+    inputs: &[usize],
+    outputs: &[usize],
     me: usize,
     (lo, hi): (usize, usize),
     dt: DataType,
     op: RedOp,
     stream: bool,
 ) {
-    let n = send.len();
+    let n = inputs.len();
     let mut scratch = vec![0u64; BLOCK / 8];
     let mut at = lo;
     while at < hi {
@@ -642,7 +689,7 @@ unsafe fn reduce_range(
         // SAFETY: the caller's contract; `acc` is this call's scratch.
         unsafe {
             let acc = std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len);
-            let input = |q: usize| std::slice::from_raw_parts((send[q] + at) as *const u8, len);
+            let input = |q: usize| std::slice::from_raw_parts((inputs[q] + at) as *const u8, len);
             let mut others = (1..n).map(|s| (me + s) % n);
             match others.next() {
                 Some(q) => crate::reduce::reduce(dt, op, acc, input(me), input(q)),
@@ -654,8 +701,8 @@ unsafe fn reduce_range(
             if op == RedOp::Avg {
                 crate::reduce::div_in_place(dt, acc, n);
             }
-            for s in 0..n {
-                crate::copy::piece((recv[(me + s) % n] + at) as *mut u8, acc.as_ptr(), len, stream);
+            for &out in outputs {
+                crate::copy::piece((out + at) as *mut u8, acc.as_ptr(), len, stream);
             }
         }
         at += len;

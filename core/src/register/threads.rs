@@ -1,8 +1,8 @@
 //! Helper threads for a rank's large registered collectives.
 //!
-//! With registered windows, a rank's share of an all-reduce or all-gather is plain loads and
-//! stores on memory that every rank maps, so it splits into parts that need no ordering between
-//! them. At 64 MiB and 2 ranks, both the registered path and the FIFO ring move the least bytes
+//! With registered windows, a rank's share of an all-reduce, all-gather or reduce-scatter is
+//! plain loads and stores on memory that every rank maps, so it splits into parts that need no
+//! ordering between them. At 64 MiB and 2 ranks, both the registered path and the FIFO ring move the least bytes
 //! any algorithm can through memory, and one core's memory parallelism sets the pace of both
 //! (tests/results/registration.md, sessions 8-14). Spare cores of the rank's share take parts;
 //! the ring cannot split that way, as each FIFO is one ordered stream.

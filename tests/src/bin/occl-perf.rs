@@ -107,8 +107,8 @@ struct Args {
     /// registered-collective helper threads (`OCCL_REG_THREADS`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
     cpus_per_rank: u64,
-    /// Allocate the buffers as `occl::HostBuf` and register them (`Comm::register`): all-reduce
-    /// and all-gather on one host read the peers' buffers in place.
+    /// Allocate the buffers as `occl::HostBuf` and register them (`Comm::register`): all-reduce,
+    /// all-gather and reduce-scatter on one host read the peers' buffers in place.
     #[arg(long)]
     registered: bool,
     /// Instead of the table: JSON rows for each of these choices, comma-separated (`-` the
@@ -315,7 +315,8 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
     let mut reg_shared = false;
     if args.registered {
         let shared = bench.register()?;
-        reg_shared = shared && matches!(coll, Collective::AllReduce | Collective::AllGather);
+        reg_shared =
+            shared && matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter);
         if lead && !args.json {
             writeln!(
                 out,
@@ -358,7 +359,9 @@ fn run_rank(args: &Args) -> anyhow::Result<ExitCode> {
             bw_rows += 1;
             if lead && args.json {
                 let bytes = layout.count * args.dtype.size();
-                let algo = if reg_shared { "registered" } else { comm.algorithm(coll.coll_type(), bytes) };
+                let reg_path =
+                    matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter);
+                let algo = if reg_shared && reg_path { "registered" } else { comm.algorithm(coll.coll_type(), bytes) };
                 let chosen = (algo, comm.protocol(coll.coll_type(), bytes));
                 writeln!(out, "{}", perf::json_row(&info, layout, inplace, &m, chosen))?;
                 out.flush()?;

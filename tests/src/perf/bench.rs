@@ -75,7 +75,7 @@ impl<'a> Bench<'a> {
     }
 
     /// Moves both buffers to `HostBuf`s and registers them with the communicator (collective):
-    /// all-reduce and all-gather then take the registered path. Returns whether the windows are
+    /// all-reduce, all-gather and reduce-scatter then take the registered path. Returns whether the windows are
     /// shared (active).
     pub fn register(&mut self) -> occl::Result<bool> {
         let words = self.send.len();
