@@ -108,20 +108,30 @@ impl Threads {
             }
         }
         drop(done);
-        mine();
-        let late = inline.len();
-        for job in inline {
-            job();
-        }
-        // A part that panicked drops its sender without a word: once every other part has
-        // ended, the channel closes and `recv` fails.
-        for _ in 0..sent + late {
-            if ended.recv().is_err() {
-                return Err(Error::internal(
-                    "a helper thread of a registered collective failed (its panic is in the log); the output is not \
-                     complete",
-                ));
+        let expected = sent + inline.len();
+        // Should this thread's own work panic, the helpers' parts must still end before the
+        // panic leaves the call (the caller may then free the buffers they write).
+        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            mine();
+            for job in inline {
+                job();
             }
+        }));
+        // Every part sends a word when it ends. One that panicked (or was dropped unrun) drops
+        // its sender without a word, and once no part is left running the channel closes and
+        // `recv` fails: either way no part runs past this loop.
+        let mut words = 0;
+        while words < expected && ended.recv().is_ok() {
+            words += 1;
+        }
+        if let Err(p) = own {
+            std::panic::resume_unwind(p);
+        }
+        if words < expected {
+            return Err(Error::internal(
+                "a helper thread of a registered collective failed (its panic is in the log); the output is not \
+                 complete",
+            ));
         }
         Ok(())
     }
@@ -206,6 +216,23 @@ mod tests {
             .expect("no part fails");
             assert_eq!(sum.load(Ordering::SeqCst), 115, "{helpers} helpers");
         }
+    }
+
+    #[test]
+    fn a_panic_in_the_callers_own_part_leaves_only_after_the_helpers_parts_end() {
+        let t = Threads::start(1, 0);
+        let slow = Arc::new(AtomicUsize::new(0));
+        let s = slow.clone();
+        let parts: Vec<Part> = vec![Box::new(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            s.store(1, Ordering::SeqCst);
+        })];
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // Without the panic hook, whose backtrace could outlast the helper's part.
+            let _ = t.run(parts, || std::panic::resume_unwind(Box::new("the caller's part fails")));
+        }));
+        assert!(caught.is_err(), "the caller's panic goes on");
+        assert_eq!(slow.load(Ordering::SeqCst), 1, "but only after the helper's part ended");
     }
 
     #[test]
