@@ -842,6 +842,7 @@ impl Comm {
             },
             threads: self.config.reg_threads,
             host_share: self.host_share,
+            record: &self.record,
         }
     }
 

@@ -214,3 +214,60 @@ fn profiler_sees_registered_operations() {
         c.destroy().expect("destroy");
     }
 }
+
+#[test]
+fn a_rank_blocked_in_a_registered_collective_names_the_peer_it_waits_for() {
+    let comms = occl::Comm::init_all(2).expect("init_all");
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let seen = std::thread::scope(|s| {
+        let ranks: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let gate = &gate;
+                s.spawn(move || -> occl::Result<Vec<f32>> {
+                    let send = vec![c.rank() as f32 + 1.0; 1024];
+                    let mut recv = vec![0f32; 1024];
+                    let hs = c.register(&send[..])?;
+                    let hr = c.register(&recv[..])?;
+                    if c.rank() == 1 {
+                        // Rank 0 enters first and must wait for this rank's buffers.
+                        let _ = gate.lock().map(|g| g.recv_timeout(Duration::from_secs(20)));
+                    }
+                    c.all_reduce(&send, &mut recv, occl::RedOp::Sum)?;
+                    c.deregister(hs)?;
+                    c.deregister(hr)?;
+                    Ok(recv)
+                })
+            })
+            .collect();
+        // Rank 0's record shows the all-reduce in flight, waiting on rank 1 for its buffers.
+        let t = Instant::now();
+        let mut seen = None;
+        while t.elapsed() < Duration::from_secs(15) {
+            if let Some(f) = comms[0].record().in_flight() {
+                if f.peer.is_some() {
+                    seen = Some(f);
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = go.send(());
+        for h in ranks {
+            let recv = h.join().expect("rank thread").expect("the all-reduce completes");
+            assert!(recv.iter().all(|&x| x == 3.0), "sum of 1 and 2");
+        }
+        seen
+    });
+    let f = seen.expect("rank 0's record never named the peer it waits for");
+    assert_eq!(f.coll, occl::CollType::AllReduce);
+    assert_eq!(f.peer, Some(1));
+    assert_eq!(f.step_state, Some(20), "NCCL's SendPeerWait: the peer's buffers are not posted");
+    assert_eq!(comms[0].record().in_flight().map(|f| f.seq), None, "nothing in flight afterwards");
+    let last = comms[0].flight_recorder().snapshot().into_iter().max_by_key(|e| e.record_id).map(|e| e.info.algo);
+    assert_eq!(last, Some("registered"));
+    for c in comms {
+        c.destroy().expect("destroy");
+    }
+}

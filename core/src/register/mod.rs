@@ -17,6 +17,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::hostmem::{self, Segment};
 use crate::transport::wait::{self, Deadline, Patience};
+use occl_ras::record::step_state;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -226,6 +227,8 @@ pub(crate) struct Env<'a> {
     pub threads: Option<usize>,
     /// This host's ranks of the communicator and the cores they share (from the peer table).
     pub host_share: (usize, usize),
+    /// The rank record: a wait that blocks says on which peer and in which state, for RAS.
+    pub record: &'a crate::record::OpRecord,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -492,8 +495,9 @@ impl Plan<'_> {
         self.send.len()
     }
 
-    /// Waits until rank `q`'s word `off` reaches `k`.
-    fn wait(&self, env: &Env<'_>, q: usize, off: usize, k: u64, what: &str) -> Result<()> {
+    /// Waits until rank `q`'s word `off` reaches `k`; if it must wait, the rank record says so,
+    /// with the ProxyStep `state` that names the wait for RAS.
+    fn wait(&self, env: &Env<'_>, q: usize, off: usize, k: u64, what: &str, state: u32) -> Result<()> {
         let c = &self.ctrls[q];
         let pid = env.pids[q];
         let foreign = pid != env.pids[env.rank];
@@ -510,6 +514,9 @@ impl Plan<'_> {
             Ok(())
         };
         let word = c.u64(off);
+        if word.load(Ordering::Acquire) < k {
+            env.record.waiting_on(q, state);
+        }
         let name = || {
             format!(
                 "registered {what} (operation {k}): waiting for rank {q}; if rank {q} passed a buffer outside its \
@@ -536,7 +543,8 @@ impl Plan<'_> {
         me.u64(DESC).store(self.desc, Ordering::Relaxed);
         me.publish(READY, k);
         for q in (0..self.n()).filter(|&q| q != env.rank) {
-            self.wait(env, q, READY, k, what)?;
+            // Its buffers are not posted yet: NCCL's "waiting for the peer" of a send.
+            self.wait(env, q, READY, k, what, step_state::SEND_PEER_WAIT)?;
             // The peer cannot start operation k+1 before this rank's "done" of k.
             if self.ctrls[q].u64(DESC).load(Ordering::Acquire) != self.desc {
                 return Err(Error::usage(format!(
@@ -550,10 +558,12 @@ impl Plan<'_> {
     }
 
     /// Publishes "done" and waits for every peer's: then nobody reads this rank's buffers.
-    fn finish(&self, env: &Env<'_>, k: u64, what: &str) -> Result<()> {
+    /// `state`: what a peer that is not done still owes this rank, for RAS (`RECV_WAIT` where it
+    /// writes this rank's output, `SEND_WAIT` where it only reads this rank's input).
+    fn finish(&self, env: &Env<'_>, k: u64, what: &str, state: u32) -> Result<()> {
         self.ctrls[env.rank].publish(DONE, k);
         for q in (0..self.n()).filter(|&q| q != env.rank) {
-            self.wait(env, q, DONE, k, what)?;
+            self.wait(env, q, DONE, k, what, state)?;
         }
         Ok(())
     }
@@ -583,7 +593,7 @@ impl Plan<'_> {
             // after DONE.
             None => unsafe { reduce_range(&self.send, &outputs, me, (lo, hi), dt, op, stream) },
         }
-        self.finish(env, k, "all_reduce")
+        self.finish(env, k, "all_reduce", step_state::RECV_WAIT)
     }
 
     /// Reduce-scatter into `count` elements per rank: rank r reduces block r of every rank's
@@ -611,7 +621,7 @@ impl Plan<'_> {
             // touches them before READY or after DONE.
             None => unsafe { reduce_range(&inputs, &output, me, (0, bytes), dt, op, stream) },
         }
-        self.finish(env, k, "reduce_scatter")
+        self.finish(env, k, "reduce_scatter", step_state::SEND_WAIT)
     }
 
     /// All-gather of `block` bytes per rank: this rank writes its send block into block `rank`
@@ -633,7 +643,7 @@ impl Plan<'_> {
             // place it is block `me` of its own recv buffer, which is skipped).
             None => unsafe { gather_range(self.send[me], &self.recv, me, block, (0, block), stream) },
         }
-        self.finish(env, k, "all_gather")
+        self.finish(env, k, "all_gather", step_state::RECV_WAIT)
     }
 
     /// Runs this rank's byte range `[lo, hi)` in parts on its helper threads and itself, `part`
