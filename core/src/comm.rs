@@ -174,11 +174,11 @@ fn agreed_tuner(
     config: &Config,
     me: usize,
     table: &[PeerInfo],
+    (local, cores): (usize, usize),
     kinds: &[Option<TransportKind>],
     boot: &mut bootstrap::Client,
 ) -> Result<Tuner> {
     let kinds: Vec<TransportKind> = kinds.iter().flatten().copied().collect();
-    let (local, cores) = bootstrap::host_share(table, me);
     let tuner = Tuner::new(config, table.len(), &kinds, local, cores)?;
     let all = boot.all_gather(&tuner.digest().to_le_bytes())?;
     if let Some(r) = all.iter().position(|d| d.as_slice() != tuner.digest().to_le_bytes()) {
@@ -277,7 +277,10 @@ impl Comm {
         let transport::Connected { peers, net, slot, lazy } =
             transport::connect_all(&config, rank, &me_tab, &id.secret, listener, Some(net_prof))?;
         timer.lap(crate::init_timer::Phase::Connect);
-        let tuner = agreed_tuner(&config, rank, &me_tab, lazy.kinds(), &mut boot)?;
+        // This host's ranks and the cores they share: the tuner's link and the registered path's
+        // helper threads.
+        let host_share = bootstrap::host_share(&table, rank);
+        let tuner = agreed_tuner(&config, rank, &me_tab, host_share, lazy.kinds(), &mut boot)?;
         timer.lap(crate::init_timer::Phase::AllGather);
         tracing::debug!(
             "occl: rank {rank}/{nranks} of comm {comm_id:016x} ready ({} shm peers{}, tcp to {:?}, slot {slot} B)",
@@ -347,7 +350,7 @@ impl Comm {
             record,
             reg: Default::default(),
             pids: table.iter().map(|p| p.pid).collect(),
-            host_share: bootstrap::host_share(&table, rank),
+            host_share,
             abort: AtomicBool::new(false),
             lifecycle,
             prof,

@@ -165,6 +165,15 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
+    /// A part that takes 50 ms and then sets `done` to 1.
+    fn slow_part(done: &Arc<AtomicUsize>) -> Part {
+        let d = done.clone();
+        Box::new(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            d.store(1, Ordering::SeqCst);
+        })
+    }
+
     #[test]
     fn split_covers_the_range_in_aligned_parts_of_at_least_the_minimum() {
         assert_eq!(split(0, 100, 4), vec![(0, 100)], "too small to split");
@@ -222,11 +231,7 @@ mod tests {
     fn a_panic_in_the_callers_own_part_leaves_only_after_the_helpers_parts_end() {
         let t = Threads::start(1, 0);
         let slow = Arc::new(AtomicUsize::new(0));
-        let s = slow.clone();
-        let parts: Vec<Part> = vec![Box::new(move || {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            s.store(1, Ordering::SeqCst);
-        })];
+        let parts: Vec<Part> = vec![slow_part(&slow)];
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // Without the panic hook, whose backtrace could outlast the helper's part.
             let _ = t.run(parts, || std::panic::resume_unwind(Box::new("the caller's part fails")));
@@ -239,14 +244,7 @@ mod tests {
     fn a_part_that_panics_is_an_error_after_the_others_end_and_the_next_operation_runs() {
         let t = Threads::start(2, 0);
         let slow = Arc::new(AtomicUsize::new(0));
-        let s = slow.clone();
-        let parts: Vec<Part> = vec![
-            Box::new(|| panic!("a part fails (expected in this test)")),
-            Box::new(move || {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                s.store(1, Ordering::SeqCst);
-            }),
-        ];
+        let parts: Vec<Part> = vec![Box::new(|| panic!("a part fails (expected in this test)")), slow_part(&slow)];
         let e = t.run(parts, || {}).expect_err("the panic is reported");
         assert!(e.to_string().contains("helper thread"), "{e}");
         assert_eq!(slow.load(Ordering::SeqCst), 1, "run returned only after the slow part ended");
