@@ -21,6 +21,18 @@ fn mac(secret: &[u8; 16], label: u8, first: &[u8; 16], second: &[u8; 16]) -> [u8
     h.finish128().as_bytes()
 }
 
+/// A name only holders of the job secret can compute: a keyed PRF of `label` and `parts`, as 32
+/// hex digits. Shared-memory segments are named with it, so another local user can neither
+/// guess a job's segment names to create them first nor find one before it exists.
+pub(crate) fn secret_tag(secret: &[u8; 16], label: &[u8], parts: &[u64]) -> String {
+    let mut h = SipHasher24::new_with_key(secret);
+    h.write(label);
+    for p in parts {
+        h.write(&p.to_le_bytes());
+    }
+    format!("{:032x}", h.finish128().as_u128())
+}
+
 fn ct_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -126,6 +138,17 @@ mod tests {
         let (c, s) = pair([7; 16], [7; 16]);
         c.unwrap();
         s.unwrap();
+    }
+
+    #[test]
+    fn secret_tags_depend_on_every_input() {
+        let t = secret_tag(&[7; 16], b"fifo", &[1, 2, 3]);
+        assert_eq!(t.len(), 32);
+        assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(t, secret_tag(&[7; 16], b"fifo", &[1, 2, 3]));
+        assert_ne!(t, secret_tag(&[8; 16], b"fifo", &[1, 2, 3]));
+        assert_ne!(t, secret_tag(&[7; 16], b"fifx", &[1, 2, 3]));
+        assert_ne!(t, secret_tag(&[7; 16], b"fifo", &[1, 2, 4]));
     }
 
     #[test]

@@ -92,8 +92,8 @@ fn unregistered_rank_among_registered_ones_fails_every_rank() {
     let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
     let outs = job.wait(Duration::from_secs(60)).expect("job ends");
     // Rank 0 created shm FIFOs that the registered ranks never attached (they failed first):
-    // the segments of ranks that ended in an error stay until the reaper's age limit.
-    remove_segments_of(&pids);
+    // they went when those ranks' communicators ended.
+    assert_eq!(common::shm_files_of(&pids), Vec::<String>::new(), "left in /dev/shm");
     let mut named = false;
     for o in &outs {
         assert!(!o.output.contains("RESULT"), "rank {} returned a result:\n{}", o.rank, o.output);
@@ -110,7 +110,7 @@ fn killed_peer_fails_survivors_within_timeout() {
         Spawn { env: env(&[("OCCL_TIMEOUT", "5")]), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
     let job = Job::spawn(worker(), &["register-loop".to_string()], 3, &spawn).expect("start");
     job.wait_for_all("LOOPING", Duration::from_secs(60)).expect("ranks loop");
-    let dead_pid = job.children[1].id();
+    let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
     job.signal(1, libc::SIGKILL).expect("kill rank 1");
     let killed = Instant::now();
     let outs = job.wait(Duration::from_secs(60)).expect("job ends");
@@ -120,31 +120,8 @@ fn killed_peer_fails_survivors_within_timeout() {
         assert!(kind == "RemoteError" || kind == "Timeout", "rank {}: {line}", o.rank);
     }
     assert!(took < Duration::from_secs(5 + 10), "survivors took {took:?}");
-    // The killed rank's host buffers stay in /dev/shm (named with its pid, which the reaper
-    // removes once old); this test removes them itself.
-    let prefix = format!("occl-mem-{dead_pid}-");
-    let left = std::fs::read_dir("/dev/shm")
-        .expect("read /dev/shm")
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .count();
-    assert!(left >= 3, "the killed rank's two host buffers and control segment were expected, found {left}");
-    remove_segments_of(&[dead_pid]);
-}
-
-/// Removes /dev/shm files that processes `pids` created (FIFOs `occl-…-<pid>`, host buffers
-/// `occl-mem-<pid>-<n>`).
-fn remove_segments_of(pids: &[u32]) {
-    for e in std::fs::read_dir("/dev/shm").expect("read /dev/shm").flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let ours = pids.iter().any(|p| {
-            name.starts_with("occl-")
-                && (name.ends_with(&format!("-{p}")) || name.starts_with(&format!("occl-mem-{p}-")))
-        });
-        if ours {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    // Host buffers are memory files with no name, so the killed rank leaves nothing behind.
+    assert_eq!(common::shm_files_of(&pids), Vec::<String>::new(), "left in /dev/shm");
 }
 
 /// Records the algorithm of every Coll event and counts ProxyOps.

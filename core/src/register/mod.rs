@@ -86,7 +86,7 @@ impl CtrlAt {
 enum Reach {
     /// An address in that rank's process (usable by ranks of the same process).
     Addr(u64),
-    /// An offset in a `HostBuf` file.
+    /// An offset in a `HostBuf`'s memory file, by its reference (`hostmem`).
     File(String, u64),
 }
 
@@ -309,7 +309,7 @@ impl Registry {
                     continue;
                 }
                 if g.ctrls[r].is_none() {
-                    g.ctrls[r] = Some(Ctrl(Segment::open(&rec.ctrl, CTRL_LEN)?));
+                    g.ctrls[r] = Some(Ctrl(Segment::open(&rec.ctrl, CTRL_LEN, pids[r])?));
                 }
                 let at = match (&rec.reach, pids[r] == pids[me]) {
                     (Reach::Addr(a), true) => *a as usize,
@@ -317,7 +317,7 @@ impl Registry {
                         let need = *off as usize + rec.len as usize;
                         let maps = g.files.entry(name.clone()).or_default();
                         if !maps.iter().any(|s| s.len() >= need) {
-                            maps.push(Segment::open(name, need)?);
+                            maps.push(Segment::open(name, need, pids[r])?);
                         }
                         let seg = maps.iter().find(|s| s.len() >= need).map_or(0, |s| s.ptr() as usize);
                         seg + *off as usize
@@ -754,9 +754,9 @@ mod tests {
             id: 7,
             refusal: "no".into(),
             len: 4096,
-            reach: Reach::File("/occl-mem-1-2".into(), 64),
+            reach: Reach::File("memfd:1:2:3:4".into(), 64),
             shm_only: true,
-            ctrl: "/occl-mem-1-1".into(),
+            ctrl: "memfd:1:1:3:5".into(),
         };
         assert_eq!(Record::decode(&r.encode()).unwrap(), r);
         let b = r.encode();

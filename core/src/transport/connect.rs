@@ -14,14 +14,19 @@ use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
 use crate::lifecycle::Lifecycle;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// What a rank needs to connect any shm peer later, fixed at init.
 pub(crate) struct Lazy {
     comm_id: u64,
+    /// Keys the segment names (`shm::segment_name`).
+    secret: [u8; 16],
     me: usize,
+    /// Per rank: whether this rank has connected it. A peer process never connected may have
+    /// made the pair's segments for this rank; they go when this rank's communicator does.
+    connected: Vec<AtomicBool>,
     /// Per rank: its process id and the address of its `shm::PROBE` (for the CMA test).
     pids: Vec<u32>,
     probes: Vec<u64>,
@@ -41,6 +46,7 @@ impl Lazy {
     pub(crate) fn new(
         config: &Config,
         comm_id: u64,
+        secret: [u8; 16],
         me: usize,
         pids: Vec<u32>,
         probes: Vec<u64>,
@@ -56,7 +62,9 @@ impl Lazy {
         }
         Lazy {
             comm_id,
+            secret,
             me,
+            connected: pids.iter().map(|_| AtomicBool::new(false)).collect(),
             pids,
             probes,
             kinds,
@@ -90,12 +98,22 @@ impl Lazy {
             (self.local_region(me, p)?, self.local_region(p, me)?, Vec::new())
         } else {
             let region = |from: usize, to: usize| -> Result<(Arc<Region>, String)> {
-                let name = shm::segment_name(self.comm_id, from, to, self.pids[from]);
-                let r = shm::attach(&name, self.nslots, self.slot, self.pids[from], self.pids[to], self.timeout)?;
+                let name = self.segment_name(from, to);
+                let peer = (p, self.pids[p]);
+                let r = shm::attach(&name, self.nslots, self.slot, self.pids[from], self.pids[to], peer, self.timeout)?;
                 Ok((Arc::new(r), name))
             };
             let (out, a) = region(me, p)?;
-            let (inn, b) = region(p, me)?;
+            let (inn, b) = match region(p, me) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Nothing was sent yet, so a segment the peer has not mapped has no use.
+                    if out.header().attached.load(Ordering::Acquire) < 2 {
+                        shm::unlink(&a);
+                    }
+                    return Err(e);
+                }
+            };
             (out, inn, vec![a, b])
         };
         let direct = if !self.pointers {
@@ -115,8 +133,15 @@ impl Lazy {
         let mut recv = RecvFifo::new(inn, self.patience);
         recv.direct = direct;
         let liveness = if same_process { Liveness::Local } else { Liveness::Process(self.pids[p]) };
+        if let Some(c) = self.connected.get(p) {
+            c.store(true, Ordering::Release);
+        }
         tracing::trace!("occl: rank {me} connected to rank {p} over shm");
         Ok(Peer { send, recv, liveness, tcp: None, shm_names: names })
+    }
+
+    fn segment_name(&self, from: usize, to: usize) -> String {
+        shm::segment_name(&self.secret, self.comm_id, from, to, self.pids[from])
     }
 
     /// The FIFO from `from` to `to` between two thread ranks: the first to ask makes it, the
@@ -131,6 +156,23 @@ impl Lazy {
         r.init(self.nslots, self.slot, self.pids[from], self.pids[to]);
         reg.fifos.insert(key, r.clone());
         Ok(r)
+    }
+}
+
+impl Drop for Lazy {
+    /// Removes the segments that peer processes this rank never connected made for it: nobody
+    /// will map them any more. (Those of connected peers went when both sides mapped them, or
+    /// go with `Peer::close` when the peer is dead; a live peer may still come for data this
+    /// rank sent it, and unlinks them itself.)
+    fn drop(&mut self) {
+        let me = self.me;
+        for p in 0..self.pids.len() {
+            let other_process = self.pids[p] != self.pids[me];
+            if self.kind(p) == Some(TransportKind::Shm) && other_process && !self.connected[p].load(Ordering::Acquire) {
+                shm::unlink(&self.segment_name(p, me));
+                shm::unlink(&self.segment_name(me, p));
+            }
+        }
     }
 }
 
@@ -188,6 +230,69 @@ impl Drop for LocalRank {
         if left == Some(0) {
             reg.live.remove(&self.0);
             reg.fifos.retain(|k, _| k.0 != self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn lazy(secret: [u8; 16], pids: Vec<u32>, timeout: Duration) -> Lazy {
+        let config = Config { timeout, ..Config::default() };
+        let kinds = vec![None, Some(TransportKind::Shm)];
+        Lazy::new(&config, 0x5ec, secret, 0, pids, vec![0, 0], kinds, 4096, Patience::Share)
+    }
+
+    fn exists(name: &str) -> bool {
+        std::path::Path::new("/dev/shm").join(&name[1..]).exists()
+    }
+
+    /// Rank 1's process made its FIFO to rank 0 (won the O_EXCL create) and was killed before
+    /// it sized it: rank 0 learns at once, and neither segment of the pair stays behind.
+    #[test]
+    fn a_peer_killed_during_setup_leaves_no_segment() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("wait");
+        let l =
+            lazy(crate::id::random_bytes().expect("secret"), vec![std::process::id(), dead], Duration::from_secs(3));
+        let theirs = l.segment_name(1, 0);
+        let c = std::ffi::CString::new(theirs.as_str()).expect("name");
+        // SAFETY: creating an empty segment as the killed creator left it.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+        let t = Instant::now();
+        let e = l.connect(1).err().expect("the peer is dead");
+        assert_eq!(e.kind(), crate::ErrorKind::RemoteError, "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1), "waited {:?} for a dead peer", t.elapsed());
+        assert!(!exists(&theirs), "the dead peer's segment stays");
+        assert!(!exists(&l.segment_name(0, 1)), "this rank's own segment to the dead peer stays");
+    }
+
+    /// A peer process made the pair's segments for this rank, which never connected it: they
+    /// go when this rank's communicator does.
+    #[test]
+    fn segments_made_for_a_rank_that_never_connected_go_with_it() {
+        let mut peer = std::process::Command::new("sleep").arg("30").spawn().expect("spawn");
+        let l = lazy(
+            crate::id::random_bytes().expect("secret"),
+            vec![std::process::id(), peer.id()],
+            Duration::from_secs(3),
+        );
+        let names = [l.segment_name(1, 0), l.segment_name(0, 1)];
+        for n in &names {
+            shm::create(n, 2, 4096, 1, 2).expect("the peer's segment");
+        }
+        assert!(names.iter().all(|n| exists(n)));
+        drop(l);
+        let _ = peer.kill();
+        let _ = peer.wait();
+        for n in &names {
+            assert!(!exists(n), "{n} stays after the communicator ended");
         }
     }
 }

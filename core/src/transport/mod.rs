@@ -129,6 +129,7 @@ pub(crate) fn connect_all(
     let lazy = connect::Lazy::new(
         config,
         comm_id,
+        *secret,
         me,
         table.iter().map(|p| p.pid).collect(),
         table.iter().map(|p| p.probe_addr).collect(),

@@ -3,14 +3,14 @@
 //! A segment is unlinked as soon as both ranks have mapped it, so only a process killed during
 //! connection setup leaves one behind — but a killed 256-rank init leaves tens of thousands, and a
 //! full /dev/shm starves the whole machine (every later job fails to reserve its FIFOs, unrelated
-//! programs are killed for memory). Each segment's name carries its creator's pid; the first
-//! communicator of a process removes the segments whose creator no longer exists.
+//! programs are killed for memory). Each segment's name carries its sender's pid; the first
+//! communicator of a process removes the segments whose sender no longer exists.
 
 use std::path::Path;
 use std::sync::Once;
 use std::time::Duration;
 
-/// A segment younger than this is left alone even when its creator looks dead: a process in
+/// A segment younger than this is left alone even when its sender looks dead: a process in
 /// another pid namespace that shares this /dev/shm may own it, and no setup lasts longer than the
 /// default bootstrap timeout (600 s).
 const MIN_AGE: Duration = Duration::from_secs(600);
@@ -26,20 +26,13 @@ pub(crate) fn reap_once() {
     });
 }
 
-/// The creator's pid of an occl FIFO segment's file name (`occl-<comm>-<from>-<to>-<pid>`) or
-/// of a host buffer's (`occl-mem-<pid>-<n>`, `crate::hostmem`).
-pub(crate) fn creator_pid(file_name: &str) -> Option<u32> {
-    if let Some(rest) = file_name.strip_prefix("occl-mem-") {
-        let (pid, n) = rest.split_once('-')?;
-        let num = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        return (num(pid) && num(n)).then(|| pid.parse().ok()).flatten().filter(|&p| p > 0);
-    }
-    let rest = file_name.strip_prefix("occl-")?;
-    let parts: Vec<&str> = rest.split('-').collect();
-    let [comm, from, to, pid] = parts.as_slice() else { return None };
-    let hex = comm.len() == 16 && comm.bytes().all(|b| b.is_ascii_hexdigit());
-    let num = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !(hex && num(from) && num(to) && num(pid)) {
+/// The sender's pid of an occl FIFO segment's file name (`occl-<32 hex digits>-<pid>`,
+/// `shm::segment_name`).
+pub(crate) fn sender_pid(file_name: &str) -> Option<u32> {
+    let (tag, pid) = file_name.strip_prefix("occl-")?.split_once('-')?;
+    let hex = tag.len() == 32 && tag.bytes().all(|b| b.is_ascii_hexdigit());
+    let num = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    if !(hex && num) {
         return None;
     }
     pid.parse().ok().filter(|&p| p > 0)
@@ -55,7 +48,7 @@ fn alive(pid: u32) -> bool {
     std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// Removes the occl segments in `dir` whose creator is dead and that are at least `min_age` old;
+/// Removes the occl segments in `dir` whose sender is dead and that are at least `min_age` old;
 /// returns how many. Errors (a directory that cannot be read, a file another process removed
 /// first) only mean less is removed.
 fn reap(dir: &Path, min_age: Duration) -> usize {
@@ -63,7 +56,7 @@ fn reap(dir: &Path, min_age: Duration) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(creator_pid) else { continue };
+        let Some(pid) = name.to_str().and_then(sender_pid) else { continue };
         if pid == std::process::id() || alive(pid) {
             continue;
         }
@@ -87,21 +80,23 @@ mod tests {
     use std::process::Command;
     use std::time::SystemTime;
 
+    const TAG: &str = "0123456789abcdef0123456789abcdef";
+
     #[test]
     fn names() {
-        assert_eq!(creator_pid("occl-00000000deadbeef-3-17-4242"), Some(4242));
-        assert_eq!(creator_pid("occl-00000000deadbeef-3-17"), None, "a name without a pid is never ours to judge");
-        assert_eq!(creator_pid("occl-deadbeef-3-17-4242"), None);
-        assert_eq!(creator_pid("occl-00000000deadbeef-3-x-4242"), None);
-        assert_eq!(creator_pid("occl-00000000deadbeef-3-17-0"), None);
-        assert_eq!(creator_pid("other-00000000deadbeef-3-17-4242"), None);
-        assert_eq!(creator_pid("occl-mem-4242-7"), Some(4242));
-        assert_eq!(creator_pid("occl-mem-4242"), None);
-        assert_eq!(creator_pid("occl-mem-x-7"), None);
+        let name = crate::transport::shm::segment_name(&[1; 16], 0xaa, 3, 17, 4242);
+        assert_eq!(sender_pid(&name[1..]), Some(4242), "{name}");
+        assert_eq!(sender_pid(&format!("occl-{TAG}-4242")), Some(4242));
+        assert_eq!(sender_pid(&format!("occl-{TAG}")), None, "a name without a pid is never ours to judge");
+        assert_eq!(sender_pid("occl-deadbeef-4242"), None);
+        assert_eq!(sender_pid(&format!("occl-{TAG}-42x")), None);
+        assert_eq!(sender_pid(&format!("occl-{TAG}-0")), None);
+        assert_eq!(sender_pid(&format!("other-{TAG}-4242")), None);
+        assert_eq!(sender_pid("occl-mem-4242-7"), None);
     }
 
     #[test]
-    fn removes_only_old_segments_of_dead_creators() {
+    fn removes_only_old_segments_of_dead_senders() {
         let dir = std::env::temp_dir().join(format!("occl-reap-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut dead = Command::new("true").spawn().unwrap();
@@ -110,12 +105,12 @@ mod tests {
         let mut live = Command::new("sleep").arg("30").spawn().unwrap();
         let old = SystemTime::now() - Duration::from_secs(3600);
         let files = [
-            (format!("occl-00000000000000aa-0-1-{dead_pid}"), old, false),
-            (format!("occl-00000000000000aa-0-2-{dead_pid}"), SystemTime::now(), true),
-            (format!("occl-mem-{dead_pid}-3"), old, false),
-            (format!("occl-00000000000000aa-1-0-{}", live.id()), old, true),
-            (format!("occl-00000000000000aa-2-0-{}", std::process::id()), old, true),
-            ("occl-00000000000000aa-0-1".to_string(), old, true),
+            (format!("occl-{TAG}-{dead_pid}"), old, false),
+            (format!("occl-{}-{dead_pid}", &TAG[..31]), old, true),
+            (format!("occl-{}-{dead_pid}", TAG.to_uppercase()), SystemTime::now(), true),
+            (format!("occl-{TAG}-{}", live.id()), old, true),
+            (format!("occl-{}-{}", TAG.replace('0', "f"), std::process::id()), old, true),
+            (format!("occl-{TAG}"), old, true),
             ("unrelated".to_string(), old, true),
         ];
         for (name, mtime, _) in &files {
@@ -127,7 +122,7 @@ mod tests {
         for (name, _, kept) in &files {
             assert_eq!(dir.join(name).exists(), *kept, "{name}");
         }
-        assert_eq!(removed, 2);
+        assert_eq!(removed, 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -49,4 +49,18 @@ pub fn scratch(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
 }
+/// The occl files in /dev/shm of processes `pids`: FIFO segments end in their sender's pid
+/// (`occl-<tag>-<pid>`); files named `occl-<…>-<pid>-<n>` count too.
+pub fn shm_files_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .expect("read /dev/shm")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with("occl-")
+                && pids.iter().any(|p| n.ends_with(&format!("-{p}")) || n.contains(&format!("-{p}-")))
+        })
+        .collect()
+}
+
 pub mod prometheus;
