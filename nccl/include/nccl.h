@@ -297,7 +297,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 /*
- * Host entry points of NCCL 2.28's device API (nccl_device/*.h). The library exports them so
+ * Host entry points of NCCL 2.28's device API (the nccl_device headers). The library exports them so
  * that every program that links NVIDIA's library links occl's; this build has no GPU path and
  * they fail with ncclInvalidUsage (the int- and team-returning ones return -1 / an empty team).
  */

@@ -112,15 +112,13 @@ impl NcclComm {
         }
         let mut pending = lock(&self.pending);
         let Some(rx) = pending.as_ref() else { return self.state.get().is_some() };
-        let got = if block {
-            rx.recv().map_err(|_| TryRecvError::Disconnected)
-        } else {
-            rx.try_recv()
-        };
+        let got = if block { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() };
         let outcome = match got {
             Ok(r) => r,
             Err(TryRecvError::Empty) => return false,
-            Err(TryRecvError::Disconnected) => Err(Error::InternalError("the init thread ended without a result".into())),
+            Err(TryRecvError::Disconnected) => {
+                Err(Error::InternalError("the init thread ended without a result".into()))
+            }
         };
         *pending = None;
         let _ = self.state.set(outcome.map_err(|e| {
