@@ -8,8 +8,8 @@
 //! `ncclGetLastError`, so that a program linked against NVIDIA's library always loads this one
 //! and never finds a symbol missing.
 //!
-//! Layers, bottom up: `abi` (C types and their conversions) → `error` (result codes, the last
-//! error, the panic barrier) → `handle` (the communicator behind `ncclComm_t`) → `group`
+//! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
+//! → `error` (result codes, the last error, the panic barrier) → `handle` (the communicator behind `ncclComm_t`) → `group`
 //! (the thread's group, with the inits and buffers it holds) → the entry points (`init`,
 //! `coll`, `misc`, `stubs`).
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -39,6 +39,7 @@ macro_rules! export {
 
 pub mod abi;
 mod coll;
+pub mod debug;
 mod error;
 mod group;
 mod handle;

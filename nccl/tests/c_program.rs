@@ -57,9 +57,9 @@ impl Drop for Job {
     }
 }
 
-fn run(nranks: usize) {
+fn run(nranks: usize, env: &[(&str, String)]) {
     let exe = program();
-    let idfile = exe.with_file_name(format!("ids-{nranks}"));
+    let idfile = exe.with_file_name(format!("ids-{nranks}-{}", env.len()));
     let _ = std::fs::remove_file(&idfile);
     let mut job = Job(Vec::new());
     for r in 0..nranks {
@@ -68,6 +68,7 @@ fn run(nranks: usize) {
             .arg(&idfile)
             .env("OCCL_TIMEOUT", "30")
             .env("OCCL_RAS_ENABLE", "0")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -100,10 +101,51 @@ fn run(nranks: usize) {
 
 #[test]
 fn c_program_two_processes() {
-    run(2);
+    run(2, &[]);
 }
 
 #[test]
 fn c_program_four_processes() {
-    run(4);
+    run(4, &[]);
+}
+
+/// `NCCL_DEBUG=INFO` with `NCCL_DEBUG_FILE`: each process writes NCCL-shaped lines to its own
+/// file (`%p`): the version line first, occl's init line (INIT, in the default mask), the
+/// refused calls as WARN lines, and no tuner line (TUNING is not in the default mask).
+#[test]
+fn nccl_debug_writes_nccl_shaped_lines_to_nccl_debug_file() {
+    let dir = program().with_file_name("logs");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = format!("{}/nccl.%h.%p.log", dir.display());
+    run(2, &[("NCCL_DEBUG", "INFO".into()), ("NCCL_DEBUG_FILE", pattern)]);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 2, "one log per process: {files:?}");
+    for f in files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let parts: Vec<&str> = name.split('.').collect();
+        assert_eq!(parts.len(), 4, "nccl.<host>.<pid>.log: {name}");
+        let (host, pid) = (parts[1], parts[2]);
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let prefix = format!("{host}:{pid}:");
+        for l in &lines {
+            let rest = l.strip_prefix(&prefix).unwrap_or_else(|| panic!("{name}: line without {prefix}: {l}"));
+            let (tid, rest) = rest.split_once(' ').unwrap();
+            assert!(tid.parse::<u32>().is_ok(), "{name}: tid {tid:?} in {l}");
+            let rest = rest.strip_prefix("[-1] ").unwrap_or_else(|| panic!("{name}: no [dev]: {l}"));
+            let info = rest.starts_with("NCCL INFO ");
+            let warn = rest.split_once(' ').is_some_and(|(at, r)| at.contains(':') && r.starts_with("NCCL WARN "));
+            assert!(info || warn, "{name}: neither INFO nor WARN: {l}");
+        }
+        assert!(lines[0].ends_with("NCCL INFO NCCL version 2.28.9+occl (host buffers)"), "{name}: {}", lines[0]);
+        assert!(lines.iter().any(|l| l.contains("NCCL INFO occl: Init timings - rank ")), "{name}:\n{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("NCCL WARN ncclDevCommCreate: invalid usage: ncclDevCommCreate is not supported")),
+            "{name}:\n{text}"
+        );
+        assert!(!lines.iter().any(|l| l.contains("occl: tuner:")), "{name}: a TUNING line passed the default mask");
+    }
 }
