@@ -105,14 +105,25 @@ impl NcclComm {
         drop(unsafe { Arc::from_raw(p.cast_const()) });
     }
 
-    /// Moves a finished background init into `state`; true once the init has ended.
+    /// Moves a finished background init into `state`; true once the init has ended. A blocking
+    /// wait takes the receiver out of the lock, so another thread polling meanwhile
+    /// (`ncclCommGetAsyncError`) sees `ncclInProgress` instead of blocking too.
     pub(crate) fn settle(&self, block: bool) -> bool {
         if self.state.get().is_some() {
             return true;
         }
-        let mut pending = lock(&self.pending);
-        let Some(rx) = pending.as_ref() else { return self.state.get().is_some() };
-        let got = if block { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() };
+        let got = if block {
+            let Some(rx) = lock(&self.pending).take() else { return self.state.get().is_some() };
+            rx.recv().map_err(|_| TryRecvError::Disconnected)
+        } else {
+            let mut pending = lock(&self.pending);
+            let Some(rx) = pending.as_ref() else { return self.state.get().is_some() };
+            let got = rx.try_recv();
+            if !matches!(got, Err(TryRecvError::Empty)) {
+                *pending = None;
+            }
+            got
+        };
         let outcome = match got {
             Ok(r) => r,
             Err(TryRecvError::Empty) => return false,
@@ -120,7 +131,6 @@ impl NcclComm {
                 Err(Error::InternalError("the init thread ended without a result".into()))
             }
         };
-        *pending = None;
         let _ = self.state.set(outcome.map_err(|e| {
             let text = format!("communicator init: {e}");
             tracing::warn!("{text}");
