@@ -23,6 +23,7 @@ unsafe fn host(
     name: &'static str,
     comm: ncclComm_t,
     stream: cudaStream_t,
+    bufs: &[*const c_void],
     f: impl FnOnce(&NcclComm, &Comm) -> Result<()>,
 ) -> Result<ncclResult_t> {
     // SAFETY: the caller's contract.
@@ -31,6 +32,12 @@ unsafe fn host(
         return Err(usage(format!(
             "{name} was given a CUDA stream, but this libnccl.so.2 (occl) runs host buffers only: the GPU path is \
              not in this build yet. Pass a NULL stream and host memory"
+        )));
+    }
+    if let Some(p) = bufs.iter().find(|p| crate::device::is_device(**p)) {
+        return Err(usage(format!(
+            "{name}: buffer {p:p} is GPU memory, but this libnccl.so.2 (occl) runs host buffers only: the GPU path \
+             is not in this build yet. Pass host memory"
         )));
     }
     let inner = c.comm()?;
@@ -164,7 +171,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllReduce", || unsafe {
-            host("ncclAllReduce", comm, stream, |c, inner| {
+            host("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
                 let dt = dtype(datatype)?;
                 reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
                     inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
@@ -186,7 +193,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclBroadcast", || unsafe {
-            host("ncclBroadcast", comm, stream, |_, inner| {
+            host("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
                 inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
             })
         })
@@ -204,7 +211,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclBcast", || unsafe {
-            host("ncclBcast", comm, stream, |_, inner| {
+            host("ncclBcast", comm, stream, &[buff.cast_const()], |_, inner| {
                 inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
             })
         })
@@ -224,7 +231,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduce", || unsafe {
-            host("ncclReduce", comm, stream, |c, inner| {
+            host("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
                 let dt = dtype(datatype)?;
                 let root = root_of(root)?;
                 reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
@@ -246,7 +253,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllGather", || unsafe {
-            host("ncclAllGather", comm, stream, |_, inner| {
+            host("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
                 inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?)
             })
         })
@@ -265,7 +272,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduceScatter", || unsafe {
-            host("ncclReduceScatter", comm, stream, |c, inner| {
+            host("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
                 let dt = dtype(datatype)?;
                 let total = recvcount
                     .checked_mul(inner.nranks())
@@ -289,7 +296,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAlltoAll", || unsafe {
-            host("ncclAlltoAll", comm, stream, |_, inner| {
+            host("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
                 inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?)
             })
         })
@@ -333,7 +340,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclGather", || unsafe {
-            host("ncclGather", comm, stream, |_, inner| {
+            host("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
                 let (dt, root) = (dtype(datatype)?, root_of(root)?);
                 let (n, me) = (inner.nranks(), inner.rank());
                 if root >= n {
@@ -371,7 +378,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclScatter", || unsafe {
-            host("ncclScatter", comm, stream, |_, inner| {
+            host("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
                 let (dt, root) = (dtype(datatype)?, root_of(root)?);
                 let (n, me) = (inner.nranks(), inner.rank());
                 if root >= n {
@@ -408,7 +415,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclSend", || unsafe {
-            host("ncclSend", comm, stream, |_, inner| {
+            host("ncclSend", comm, stream, &[sendbuff], |_, inner| {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
                 inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer)
             })
@@ -427,7 +434,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclRecv", || unsafe {
-            host("ncclRecv", comm, stream, |_, inner| {
+            host("ncclRecv", comm, stream, &[recvbuff.cast_const()], |_, inner| {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
                 inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer)
             })

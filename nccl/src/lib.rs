@@ -9,9 +9,9 @@
 //! and never finds a symbol missing.
 //!
 //! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
-//! → `error` (result codes, the last error, the panic barrier) → `handle` (the communicator behind `ncclComm_t`) → `group`
-//! (the thread's group, with the inits and buffers it holds) → the entry points (`init`,
-//! `coll`, `misc`, `stubs`).
+//! → `error` (result codes, the last error, the panic barrier) → `handle` (the communicator
+//! behind `ncclComm_t`) → `group` (the thread's group, with the inits and buffers it holds) →
+//! the entry points (`init`, `coll` with `device`, `misc`, `stubs`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)] // NCCL's C names
 
@@ -40,6 +40,7 @@ macro_rules! export {
 pub mod abi;
 mod coll;
 pub mod debug;
+mod device;
 mod error;
 mod group;
 mod handle;
