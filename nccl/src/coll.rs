@@ -359,7 +359,9 @@ export! {
                         return Err(arg("recvbuff is NULL at the root"));
                     }
                     own_block(send, recv.wrapping_add(me * bytes), bytes)?;
-                    (0..n).filter(|&r| r != me).try_for_each(|r| inner.recv_raw(recv.wrapping_add(r * bytes), count, dt, r))
+                    (0..n)
+                        .filter(|&r| r != me)
+                        .try_for_each(|r| inner.recv_raw(recv.wrapping_add(r * bytes), count, dt, r))
                 })
             })
         })
@@ -397,7 +399,9 @@ export! {
                         return Err(arg("sendbuff is NULL at the root"));
                     }
                     own_block(send.wrapping_add(me * bytes), recv, bytes)?;
-                    (0..n).filter(|&r| r != me).try_for_each(|r| inner.send_raw(send.wrapping_add(r * bytes), count, dt, r))
+                    (0..n)
+                        .filter(|&r| r != me)
+                        .try_for_each(|r| inner.send_raw(send.wrapping_add(r * bytes), count, dt, r))
                 })
             })
         })

@@ -113,7 +113,12 @@ unsafe fn init_rank(
 
 export! {
     /// Joins rank `rank` of `nranks` with the defaults.
-    fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: i32, commId: ncclUniqueId, rank: i32) -> ncclResult_t {
+    fn ncclCommInitRank / pncclCommInitRank(
+        comm: *mut ncclComm_t,
+        nranks: i32,
+        commId: ncclUniqueId,
+        rank: i32,
+    ) -> ncclResult_t {
         // SAFETY: the caller's contract.
         guard("ncclCommInitRank", || unsafe { init_rank(comm, nranks, &commId, rank, std::ptr::null()) })
     }
@@ -226,7 +231,11 @@ export! {
             let mode = match shrinkFlags {
                 0 => ShrinkMode::Default,
                 1 => ShrinkMode::Abort,
-                f => return Err(arg(format!("shrinkFlags {f:#x}: use NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"))),
+                f => {
+                    return Err(arg(format!(
+                        "shrinkFlags {f:#x}: use NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+                    )))
+                }
             };
             let k = count("excludeRanksCount", excludeRanksCount)?;
             if k > 0 && excludeRanksList.is_null() {

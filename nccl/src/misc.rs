@@ -42,7 +42,8 @@ export! {
     fn ncclGetLastError / pncclGetLastError(comm: ncclComm_t) -> *const c_char {
         let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // SAFETY: the caller's contract (NULL is allowed).
-            (!comm.is_null()).then(|| unsafe { NcclComm::from_handle(comm) }.ok()).flatten().and_then(|c| c.last_error())
+            let c = (!comm.is_null()).then(|| unsafe { NcclComm::from_handle(comm) }.ok()).flatten();
+            c.and_then(|c| c.last_error())
         }));
         last_error_ptr(own.ok().flatten())
     }
@@ -168,7 +169,12 @@ fn untrack<T: 'static>(c: &NcclComm, p: *mut c_void, what: &str) -> Result<Box<T
 export! {
     /// Local buffer registration. Host collectives need none; the handle is valid until
     /// `ncclCommDeregister`.
-    fn ncclCommRegister / pncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
+    fn ncclCommRegister / pncclCommRegister(
+        comm: ncclComm_t,
+        buff: *mut c_void,
+        size: usize,
+        handle: *mut *mut c_void,
+    ) -> ncclResult_t {
         guard("ncclCommRegister", || {
             // SAFETY: the caller's contract.
             let c = unsafe { NcclComm::from_handle(comm)? };

@@ -35,7 +35,8 @@ macro_rules! refuse {
             }
         }
     };
-    ($(#[$m:meta])* fn $name:ident / $alias:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty = $fallback:expr, $why:expr) => {
+    ($(#[$m:meta])* fn $name:ident / $alias:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty = $fallback:expr,
+     $why:expr) => {
         export! {
             $(#[$m])*
             fn $name / $alias($($arg: $ty),*) -> $ret {
@@ -50,14 +51,16 @@ refuse!(fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: i32) 
     "use ncclCommAbort, or ncclCommShrink with NCCL_SHRINK_ABORT");
 refuse!(fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut c_void) -> ncclResult_t,
     "occl has no GPU cost model to simulate a group with; use ncclGroupEnd");
-refuse!(fn ncclDevCommCreate / pncclDevCommCreate(comm: ncclComm_t, reqs: *const c_void, outDevComm: *mut c_void) -> ncclResult_t,
+refuse!(fn ncclDevCommCreate / pncclDevCommCreate(
+    comm: ncclComm_t, reqs: *const c_void, outDevComm: *mut c_void) -> ncclResult_t,
     DEVICE_API);
 refuse!(fn ncclDevCommDestroy / pncclDevCommDestroy(comm: ncclComm_t, devComm: *const c_void) -> ncclResult_t,
     DEVICE_API);
 refuse!(fn ncclTeamWorld / pncclTeamWorld(comm: ncclComm_t) -> ncclTeam = NO_TEAM, DEVICE_API);
 refuse!(fn ncclTeamLsa / pncclTeamLsa(comm: ncclComm_t) -> ncclTeam = NO_TEAM, DEVICE_API);
 refuse!(fn ncclTeamRail / pncclTeamRail(comm: ncclComm_t) -> ncclTeam = NO_TEAM, DEVICE_API);
-refuse!(fn ncclTeamRankToWorld / pncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam, rank: i32) -> i32 = -1, DEVICE_API);
+refuse!(fn ncclTeamRankToWorld / pncclTeamRankToWorld(
+    comm: ncclComm_t, team: ncclTeam, rank: i32) -> i32 = -1, DEVICE_API);
 refuse!(fn ncclTeamRankToLsa / pncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam, rank: i32) -> i32 = -1, DEVICE_API);
 refuse!(fn ncclLsaBarrierCreateRequirement / pncclLsaBarrierCreateRequirement(
     team: ncclTeam, nBarriers: i32, outHandle: *mut c_void, outReq: *mut c_void) -> ncclResult_t, DEVICE_API);
@@ -72,7 +75,8 @@ export! {
     /// NCCL rereads its logging variables here; occl reads them once (deprecated in NCCL 2.28).
     fn ncclResetDebugInit / pncclResetDebugInit() -> () {
         guard("ncclResetDebugInit", || {
-            Err(unsupported("ncclResetDebugInit", "logging is configured once per process; set NCCL_DEBUG before the first call"))
+            let why = "logging is configured once per process; set NCCL_DEBUG before the first call";
+            Err(unsupported("ncclResetDebugInit", why))
         });
     }
 }
