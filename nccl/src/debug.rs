@@ -15,8 +15,8 @@
 //! `NCCL_DEBUG` is set and no subscriber is installed already (a Rust host that has its own
 //! keeps it).
 
-use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Mutex, Once};
 use std::time::Instant;
 use tracing::{Event, Level, Metadata, Subscriber};
@@ -248,7 +248,15 @@ pub fn init() {
         let mut open_failed = None;
         if let Ok(pattern) = std::env::var("NCCL_DEBUG_FILE") {
             let path = expand_file(&pattern, &host, pid);
-            match File::create(&path) {
+            // Not through a symlink: jobs (often root) write these into shared directories.
+            let opened = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path);
+            match opened {
                 Ok(f) => out = Box::new(f),
                 Err(e) => open_failed = Some(format!("NCCL_DEBUG_FILE {path}: {e}; logging to stderr")),
             }

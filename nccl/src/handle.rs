@@ -47,6 +47,13 @@ pub struct NcclComm {
     pub(crate) registrations: Mutex<Vec<(usize, std::any::TypeId)>>,
 }
 
+// Calls on one communicator come from several threads (a collective on one, an abort or an
+// error poll on another), so the handle must be shareable.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<NcclComm>();
+};
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -16,7 +16,7 @@ fn program() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let lib = common::library();
-        let dir = std::env::temp_dir().join(format!("occl-nccl-c-{}", std::process::id()));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nccl-c-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         for name in ["libnccl.so", "libnccl.so.2"] {
             let link = dir.join(name);
