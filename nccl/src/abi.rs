@@ -123,6 +123,15 @@ impl Options {
     /// # Safety
     /// `config` is NULL or points to at least `config->size` readable bytes.
     pub unsafe fn read(config: *const ncclConfig_t) -> Result<Options> {
+        // SAFETY: the caller's contract.
+        let mut opts = unsafe { Options::read_struct(config)? };
+        opts.nonblocking = blocking_env(std::env::var("NCCL_COMM_BLOCKING").ok().as_deref(), opts.nonblocking);
+        Ok(opts)
+    }
+
+    /// # Safety
+    /// As `read`.
+    unsafe fn read_struct(config: *const ncclConfig_t) -> Result<Options> {
         if config.is_null() {
             return Ok(Options::default());
         }
@@ -167,6 +176,16 @@ impl Options {
     }
 }
 
+/// `NCCL_COMM_BLOCKING` (0 or 1) overrides every communicator's `blocking`, as in NCCL; other
+/// values are ignored.
+pub fn blocking_env(v: Option<&str>, nonblocking: bool) -> bool {
+    match v.map(str::trim) {
+        Some("0") => true,
+        Some("1") => false,
+        _ => nonblocking,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +224,12 @@ mod tests {
         assert_eq!(builtin_op(3), Some(RedOp::Min));
         assert_eq!(builtin_op(4), Some(RedOp::Avg));
         assert_eq!(builtin_op(5), None);
+    }
+
+    #[test]
+    fn nccl_comm_blocking_overrides_the_config() {
+        assert!(blocking_env(Some("0"), false));
+        assert!(!blocking_env(Some("1"), true));
+        assert!(blocking_env(Some("2"), true) && !blocking_env(None, false));
     }
 }
