@@ -255,6 +255,9 @@ static void check_gathers(ncclComm_t comm) {
   for (size_t j = 0; j < count * n; j++) rs[j] = (int32_t)val(me, j);
   NCCL(ncclReduceScatter(rs, rr, count, ncclInt32, ncclSum, comm, NULL));
   for (size_t j = 0; j < count; j++) CHECK(rr[j] == reduce_expect(ncclSum, me * count + j, n, all_ranks));
+  /* In place: recvbuff is this rank's block of sendbuff. */
+  NCCL(ncclReduceScatter(rs, rs + me * count, count, ncclInt32, ncclSum, comm, NULL));
+  CHECK(memcmp(rs + me * count, rr, count * 4) == 0);
   uint16_t* hs = alloc(count * n * 2);
   uint16_t* hr = alloc(count * 2);
   for (size_t j = 0; j < count * n; j++) hs[j] = to_bf16(val(me, j));
@@ -339,6 +342,15 @@ static void check_premulsum(ncclComm_t comm) {
   NCCL(ncclAllReduce(fs, fr, count, ncclFloat32, op_f, comm, NULL));
   for (size_t j = 0; j < count; j++) CHECK(fr[j] == 2 * reduce_expect(ncclSum, j, n, all_ranks));
   NCCL(ncclReduceScatter(ds, dr, count, ncclFloat64, op_d, comm, NULL));
+  for (size_t j = 0; j < count; j++) CHECK(dr[j] == 0.5 * reduce_expect(ncclSum, me * count + j, n, all_ranks));
+  /* In a group the scaled inputs must live until ncclGroupEnd runs the calls. */
+  memset(fr, 0, count * 4);
+  memset(dr, 0, count * 8);
+  NCCL(ncclGroupStart());
+  NCCL(ncclAllReduce(fs, fr, count, ncclFloat32, op_f, comm, NULL));
+  NCCL(ncclReduceScatter(ds, dr, count, ncclFloat64, op_d, comm, NULL));
+  NCCL(ncclGroupEnd());
+  for (size_t j = 0; j < count; j++) CHECK(fr[j] == 2 * reduce_expect(ncclSum, j, n, all_ranks));
   for (size_t j = 0; j < count; j++) CHECK(dr[j] == 0.5 * reduce_expect(ncclSum, me * count + j, n, all_ranks));
   /* An operator serves its own datatype only. */
   CHECK(ncclAllReduce(ds, dr, count, ncclFloat64, op_f, comm, NULL) == ncclInvalidArgument);
