@@ -1,0 +1,235 @@
+//! NCCL's C types with NCCL's numbering and layout, and their conversion to occl's.
+
+use occl::{DataType, Error, RedOp, Result, UniqueId};
+use std::ffi::c_char;
+
+/// `ncclResult_t`: a C enum, passed as `int`.
+pub type ncclResult_t = i32;
+pub const ncclSuccess: ncclResult_t = 0;
+pub const ncclUnhandledCudaError: ncclResult_t = 1;
+pub const ncclSystemError: ncclResult_t = 2;
+pub const ncclInternalError: ncclResult_t = 3;
+pub const ncclInvalidArgument: ncclResult_t = 4;
+pub const ncclInvalidUsage: ncclResult_t = 5;
+pub const ncclRemoteError: ncclResult_t = 6;
+pub const ncclInProgress: ncclResult_t = 7;
+
+/// `ncclDataType_t`: occl's `DataType` discriminants are NCCL's values.
+pub type ncclDataType_t = i32;
+/// `ncclRedOp_t`: 0..5 are occl's `RedOp`; values from `NUM_OPS` are pre-multiply sums.
+pub type ncclRedOp_t = i32;
+pub const NUM_OPS: ncclRedOp_t = 5;
+
+/// 2.28.9 as NCCL codes versions from 2.9 on (major*10000 + minor*100 + patch).
+pub const VERSION_CODE: i32 = 22809;
+
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// `ncclUniqueId`: 128 bytes, passed by value. occl puts its text id in it, NUL-terminated.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ncclUniqueId {
+    pub internal: [c_char; UNIQUE_ID_BYTES],
+}
+
+impl ncclUniqueId {
+    pub fn from_occl(id: &UniqueId) -> Result<ncclUniqueId> {
+        let text = id.to_string();
+        if text.len() >= UNIQUE_ID_BYTES {
+            return Err(Error::InternalError(format!(
+                "unique id text is {} bytes; ncclUniqueId holds {}",
+                text.len(),
+                UNIQUE_ID_BYTES - 1
+            )));
+        }
+        let mut out = ncclUniqueId { internal: [0; UNIQUE_ID_BYTES] };
+        for (d, s) in out.internal.iter_mut().zip(text.bytes()) {
+            *d = s as c_char;
+        }
+        Ok(out)
+    }
+
+    pub fn to_occl(&self) -> Result<UniqueId> {
+        let bytes: Vec<u8> = self.internal.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+        let not_ours = || {
+            Error::InvalidArgument(
+                "the ncclUniqueId was not made by occl's ncclGetUniqueId (is another libnccl.so.2 loaded in one of \
+                 the processes?); create it with ncclGetUniqueId of this library and pass its 128 bytes unchanged"
+                    .into(),
+            )
+        };
+        if bytes.len() == UNIQUE_ID_BYTES {
+            return Err(not_ours());
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|_| not_ours())?;
+        text.parse().map_err(|e: Error| Error::InvalidArgument(format!("{e} (from the ncclUniqueId)")))
+    }
+}
+
+/// Maps NCCL's datatype number to occl's.
+pub fn dtype(v: ncclDataType_t) -> Result<DataType> {
+    DataType::ALL.iter().copied().find(|d| *d as i32 == v).ok_or_else(|| {
+        Error::InvalidArgument(format!("datatype {v} is not an ncclDataType_t (0 ncclInt8 … 11 ncclFloat8e5m2)"))
+    })
+}
+
+/// A built-in operator, or `None` for a value that may name a pre-multiply sum.
+pub fn builtin_op(v: ncclRedOp_t) -> Option<RedOp> {
+    RedOp::ALL.iter().copied().find(|o| *o as i32 == v)
+}
+
+/// `ncclConfig_t`'s magic, set by `NCCL_CONFIG_INITIALIZER`.
+pub const CONFIG_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT`.
+pub const UNDEF_INT: i32 = i32::MIN;
+
+/// `ncclConfig_t` of NCCL 2.28 (80 bytes on LP64). Older programs pass a shorter struct (2.19:
+/// 48 bytes, up to `splitShare`; 2.27: 72, up to `nvlsCTAs`), newer ones may pass a longer one;
+/// `Options::read` only touches the fields that `size` covers.
+#[repr(C)]
+pub struct ncclConfig_t {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub blocking: i32,
+    pub cgaClusterSize: i32,
+    pub minCTAs: i32,
+    pub maxCTAs: i32,
+    pub netName: *const c_char,
+    pub splitShare: i32,
+    pub trafficClass: i32,
+    pub commName: *const c_char,
+    pub collnetEnable: i32,
+    pub CTAPolicy: i32,
+    pub shrinkShare: i32,
+    pub nvlsCTAs: i32,
+    pub nChannelsPerNetPeer: i32,
+    pub nvlinkCentricSched: i32,
+}
+
+/// What occl takes from an `ncclConfig_t`. The CTA, channel, collnet and NVLS fields tune
+/// NCCL's GPU kernels and mean nothing to host collectives; they are read by no one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `blocking = 0`: init returns `ncclInProgress` and completes in the background.
+    pub nonblocking: bool,
+    /// `commName`, for logs.
+    pub name: Option<String>,
+}
+
+impl Options {
+    /// Reads `config` (NULL: defaults) through its `size`, checking its `magic`.
+    ///
+    /// # Safety
+    /// `config` is NULL or points to at least `config->size` readable bytes.
+    pub unsafe fn read(config: *const ncclConfig_t) -> Result<Options> {
+        // SAFETY: the caller's contract.
+        let mut opts = unsafe { Options::read_struct(config)? };
+        opts.nonblocking = blocking_env(std::env::var("NCCL_COMM_BLOCKING").ok().as_deref(), opts.nonblocking);
+        Ok(opts)
+    }
+
+    /// # Safety
+    /// As `read`.
+    unsafe fn read_struct(config: *const ncclConfig_t) -> Result<Options> {
+        if config.is_null() {
+            return Ok(Options::default());
+        }
+        let base = config.cast::<u8>();
+        // SAFETY: every ncclConfig_t starts with size, magic and version (16 bytes).
+        let (size, magic, version) = unsafe { ((*config).size, (*config).magic, (*config).version) };
+        if magic != CONFIG_MAGIC {
+            return Err(Error::InvalidArgument(format!(
+                "ncclConfig_t has magic {magic:#x}, not {CONFIG_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER \
+                 before setting fields"
+            )));
+        }
+        let has = |offset: usize, len: usize| offset + len <= size;
+        if !has(std::mem::offset_of!(ncclConfig_t, blocking), 4) {
+            return Err(Error::InvalidArgument(format!(
+                "ncclConfig_t size {size} (version {version}) is too small to hold even `blocking`; \
+                 initialise it with NCCL_CONFIG_INITIALIZER"
+            )));
+        }
+        // SAFETY: each field is read only when `size` says the caller's struct has it.
+        let read_i32 = |offset: usize| unsafe { base.add(offset).cast::<i32>().read_unaligned() };
+        let read_ptr = |offset: usize| unsafe { base.add(offset).cast::<*const c_char>().read_unaligned() };
+        let blocking = read_i32(std::mem::offset_of!(ncclConfig_t, blocking));
+        let nonblocking = match blocking {
+            0 => true,
+            1 | UNDEF_INT => false,
+            b => {
+                return Err(Error::InvalidArgument(format!(
+                    "ncclConfig_t.blocking is {b}; use 1 (blocking), 0 (non-blocking) or leave NCCL_CONFIG_UNDEF_INT"
+                )))
+            }
+        };
+        let at = std::mem::offset_of!(ncclConfig_t, commName);
+        let name = if has(at, std::mem::size_of::<*const c_char>()) {
+            let p = read_ptr(at);
+            // SAFETY: a non-NULL commName is a NUL-terminated string (NCCL's contract).
+            (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        } else {
+            None
+        };
+        Ok(Options { nonblocking, name })
+    }
+}
+
+/// `NCCL_COMM_BLOCKING` (0 or 1) overrides every communicator's `blocking`, as in NCCL; other
+/// values are ignored.
+pub fn blocking_env(v: Option<&str>, nonblocking: bool) -> bool {
+    match v.map(str::trim) {
+        Some("0") => true,
+        Some("1") => false,
+        _ => nonblocking,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn config_layout_is_ncclConfig_v22800() {
+        assert_eq!(size_of::<ncclConfig_t>(), 80);
+        assert_eq!(offset_of!(ncclConfig_t, blocking), 16);
+        assert_eq!(offset_of!(ncclConfig_t, netName), 32);
+        assert_eq!(offset_of!(ncclConfig_t, splitShare), 40);
+        assert_eq!(offset_of!(ncclConfig_t, commName), 48);
+        assert_eq!(offset_of!(ncclConfig_t, nvlsCTAs), 68);
+        assert_eq!(offset_of!(ncclConfig_t, nvlinkCentricSched), 76);
+        assert_eq!(size_of::<ncclUniqueId>(), 128);
+    }
+
+    #[test]
+    fn unique_id_round_trip_and_foreign_ids() {
+        let id: UniqueId = format!("occl1-{}@127.0.0.1:4000", "ab".repeat(16)).parse().unwrap();
+        let c = ncclUniqueId::from_occl(&id).unwrap();
+        assert_eq!(c.to_occl().unwrap(), id);
+        let full = ncclUniqueId { internal: [7; 128] };
+        assert_eq!(full.to_occl().unwrap_err().kind(), occl::ErrorKind::InvalidArgument);
+        let zero = ncclUniqueId { internal: [0; 128] };
+        assert_eq!(zero.to_occl().unwrap_err().kind(), occl::ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn numbering_is_ncclDataType_t_and_ncclRedOp_t() {
+        assert_eq!(dtype(7).unwrap(), DataType::F32);
+        assert_eq!(dtype(9).unwrap(), DataType::Bf16);
+        assert_eq!(dtype(11).unwrap(), DataType::F8E5M2);
+        assert!(dtype(12).is_err() && dtype(-1).is_err());
+        assert_eq!(builtin_op(2), Some(RedOp::Max));
+        assert_eq!(builtin_op(3), Some(RedOp::Min));
+        assert_eq!(builtin_op(4), Some(RedOp::Avg));
+        assert_eq!(builtin_op(5), None);
+    }
+
+    #[test]
+    fn nccl_comm_blocking_overrides_the_config() {
+        assert!(blocking_env(Some("0"), false));
+        assert!(!blocking_env(Some("1"), true));
+        assert!(blocking_env(Some("2"), true) && !blocking_env(None, false));
+    }
+}

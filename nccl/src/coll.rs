@@ -1,0 +1,497 @@
+//! Collectives and point-to-point on host buffers.
+//!
+//! A call with a NULL stream runs occl's raw collective at once (or, inside a group, is
+//! collected by occl until `ncclGroupEnd`) and has completed when that returns. A non-NULL
+//! stream means the caller expects the GPU path, which this build does not have yet.
+
+use crate::abi::*;
+use crate::error::{arg, guard, usage, Result};
+use crate::group;
+use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
+use occl::{Comm, DataType, RedOp};
+use std::ffi::c_void;
+
+/// `cudaStream_t`.
+pub type cudaStream_t = *mut c_void;
+
+/// Checks that `stream` asks for a host call and runs `f` on the communicator, recording a
+/// failure on it for `ncclCommGetAsyncError`/`ncclGetLastError`.
+///
+/// # Safety
+/// `comm` is NULL or a live handle.
+unsafe fn host(
+    name: &'static str,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    bufs: &[*const c_void],
+    f: impl FnOnce(&NcclComm, &Comm) -> Result<()>,
+) -> Result<ncclResult_t> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { NcclComm::from_handle(comm)? };
+    if !stream.is_null() {
+        return Err(usage(format!(
+            "{name} was given a CUDA stream, but this libnccl.so.2 (occl) runs host buffers only: the GPU path is \
+             not in this build yet. Pass a NULL stream and host memory"
+        )));
+    }
+    if let Some(p) = bufs.iter().find(|p| crate::device::is_device(**p)) {
+        return Err(usage(format!(
+            "{name}: buffer {p:p} is GPU memory, but this libnccl.so.2 (occl) runs host buffers only: the GPU path \
+             is not in this build yet. Pass host memory"
+        )));
+    }
+    let inner = c.comm()?;
+    f(&c, inner).inspect_err(|e| c.note(name, e))?;
+    Ok(ncclSuccess)
+}
+
+fn root_of(root: i32) -> Result<usize> {
+    usize::try_from(root).map_err(|_| arg(format!("root {root} is negative")))
+}
+
+/// A reduction: occl's own operator, or a pre-multiply sum to apply to the input first.
+enum Reduction {
+    Builtin(RedOp),
+    PreMul(PreMul),
+}
+
+fn reduction(c: &NcclComm, op: ncclRedOp_t, dt: DataType) -> Result<Reduction> {
+    if let Some(o) = builtin_op(op) {
+        return Ok(Reduction::Builtin(o));
+    }
+    let pm = c.op(op)?;
+    if pm.dt != dt {
+        return Err(arg(format!(
+            "operator {op} was created for {} but the call's datatype is {}; ncclRedOpCreatePreMulSum operators \
+             serve one datatype",
+            pm.dt.nccl_name(),
+            dt.nccl_name()
+        )));
+    }
+    Ok(Reduction::PreMul(pm))
+}
+
+/// `count` elements of `send` times the operator's scalar, in an 8-byte-aligned buffer.
+///
+/// # Safety
+/// `send` readable for `count` elements of `pm.dt`; a `Scalar::Pointer` readable for one.
+unsafe fn premultiply(send: *const u8, count: usize, pm: &PreMul) -> Result<Vec<u64>> {
+    let dt = pm.dt;
+    let size = dt.size();
+    let bytes = count.checked_mul(size).ok_or_else(|| arg(format!("count {count} overflows")))?;
+    if send.is_null() && bytes > 0 {
+        return Err(arg("sendbuff is NULL"));
+    }
+    let scalar: Vec<u8> = match &pm.scalar {
+        Scalar::Immediate(b) => b.clone(),
+        // SAFETY: the scalar's memory outlives the operator (NCCL's contract for ncclScalarDevice).
+        Scalar::Pointer(p) => unsafe { std::slice::from_raw_parts(*p as *const u8, size) }.to_vec(),
+    };
+    let mut out = vec![0u64; bytes.div_ceil(8)];
+    // SAFETY: `out` has at least `bytes` bytes; send is readable for them.
+    let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), bytes) };
+    let src = if bytes == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(send, bytes) } };
+    macro_rules! ints {
+        ($t:ty) => {{
+            let s = <$t>::from_ne_bytes(scalar[..size].try_into().map_err(|_| arg("scalar size"))?);
+            for (d, x) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
+                let x = <$t>::from_ne_bytes(x.try_into().map_err(|_| arg("element size"))?);
+                d.copy_from_slice(&x.wrapping_mul(s).to_ne_bytes());
+            }
+        }};
+    }
+    macro_rules! floats {
+        ($t:ty) => {{
+            let s = <$t>::from_ne_bytes(scalar[..size].try_into().map_err(|_| arg("scalar size"))?);
+            for (d, x) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
+                let x = <$t>::from_ne_bytes(x.try_into().map_err(|_| arg("element size"))?);
+                d.copy_from_slice(&(x * s).to_ne_bytes());
+            }
+        }};
+    }
+    match dt {
+        DataType::I8 => ints!(i8),
+        DataType::U8 => ints!(u8),
+        DataType::I32 => ints!(i32),
+        DataType::U32 => ints!(u32),
+        DataType::I64 => ints!(i64),
+        DataType::U64 => ints!(u64),
+        DataType::F32 => floats!(f32),
+        DataType::F64 => floats!(f64),
+        // Half and 8-bit floats: the product of two such values is exact in f64, so one
+        // rounding back gives the correctly rounded product, as the GPU's multiply does.
+        DataType::F16 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2 => {
+            let s = occl::dtype::get_f64(dt, &scalar, 0);
+            for i in 0..count {
+                let x = occl::dtype::get_f64(dt, src, i);
+                occl::dtype::set_f64(dt, dst, i, x * s);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a reduction with `run(send, op)`: a built-in operator directly, a pre-multiply sum as
+/// a sum over the scaled copy of `send` (kept until the group runs when one is open).
+///
+/// # Safety
+/// As `premultiply`.
+unsafe fn reduce_with(
+    c: &NcclComm,
+    op: ncclRedOp_t,
+    dt: DataType,
+    send: *const u8,
+    count: usize,
+    run: impl FnOnce(*const u8, RedOp) -> Result<()>,
+) -> Result<()> {
+    match reduction(c, op, dt)? {
+        Reduction::Builtin(o) => run(send, o),
+        Reduction::PreMul(pm) => {
+            // SAFETY: the caller's contract.
+            let scaled = unsafe { premultiply(send, count, &pm)? };
+            let p = scaled.as_ptr().cast::<u8>();
+            let r = run(p, RedOp::Sum);
+            if group::is_open() {
+                group::hold_scratch(scaled);
+            }
+            r
+        }
+    }
+}
+
+export! {
+    /// Sum (or another operator) of every rank's `sendbuff` into every rank's `recvbuff`.
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclAllReduce", || unsafe {
+            host("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
+                let dt = dtype(datatype)?;
+                reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
+                    inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
+                })
+            })
+        })
+    }
+}
+
+export! {
+    /// The root's `sendbuff` into every rank's `recvbuff`.
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclBroadcast", || unsafe {
+            host("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+                inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
+            })
+        })
+    }
+}
+
+export! {
+    /// In-place broadcast (NCCL's older form).
+    fn ncclBcast / pncclBcast(
+        buff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclBcast", || unsafe {
+            host("ncclBcast", comm, stream, &[buff.cast_const()], |_, inner| {
+                inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
+            })
+        })
+    }
+}
+
+export! {
+    /// Reduction of every rank's `sendbuff` into the root's `recvbuff` (ignored elsewhere).
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        root: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclReduce", || unsafe {
+            host("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
+                let dt = dtype(datatype)?;
+                let root = root_of(root)?;
+                reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
+                    inner.reduce_raw(s, recvbuff.cast(), count, dt, o, root)
+                })
+            })
+        })
+    }
+}
+
+export! {
+    /// Every rank's `sendcount` elements, in rank order, into every rank's `recvbuff`.
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclAllGather", || unsafe {
+            host("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+                inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?)
+            })
+        })
+    }
+}
+
+export! {
+    /// Block `rank` of the reduction of every rank's `sendbuff` into `recvbuff`.
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclReduceScatter", || unsafe {
+            host("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
+                let dt = dtype(datatype)?;
+                let total = recvcount
+                    .checked_mul(inner.nranks())
+                    .ok_or_else(|| arg(format!("recvcount {recvcount} × nranks overflows")))?;
+                reduce_with(c, op, dt, sendbuff.cast(), total, |s, o| {
+                    inner.reduce_scatter_raw(s, recvbuff.cast(), recvcount, dt, o)
+                })
+            })
+        })
+    }
+}
+
+export! {
+    /// Block `j` of rank `i`'s `sendbuff` into block `i` of rank `j`'s `recvbuff`.
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclAlltoAll", || unsafe {
+            host("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+                inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?)
+            })
+        })
+    }
+}
+
+/// Runs `calls` as one group of occl's raw sends and receives (nested in the caller's group
+/// when one is open), closing the group even when a call is refused.
+fn grouped(calls: impl FnOnce() -> Result<()>) -> Result<()> {
+    occl::group_start();
+    let issued = calls();
+    let ran = occl::group_end();
+    issued.and(ran)
+}
+
+/// Copies this rank's own block (memmove: in place, the blocks may be the same memory).
+///
+/// # Safety
+/// Both readable/writable for `bytes`.
+unsafe fn own_block(from: *const u8, to: *mut u8, bytes: usize) -> Result<()> {
+    if bytes == 0 || std::ptr::eq(from, to) {
+        return Ok(());
+    }
+    if from.is_null() || to.is_null() {
+        return Err(arg("a buffer is NULL"));
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy(from, to, bytes) };
+    Ok(())
+}
+
+export! {
+    /// Every rank's `count` elements into the root's `recvbuff`, in rank order.
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclGather", || unsafe {
+            host("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+                let (dt, root) = (dtype(datatype)?, root_of(root)?);
+                let (n, me) = (inner.nranks(), inner.rank());
+                if root >= n {
+                    return Err(arg(format!("root {root} is out of range for nranks={n}")));
+                }
+                let bytes = count.checked_mul(dt.size()).ok_or_else(|| arg("count overflows"))?;
+                if count == 0 {
+                    return Ok(());
+                }
+                let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
+                grouped(|| {
+                    if me != root {
+                        return inner.send_raw(send, count, dt, root);
+                    }
+                    if recv.is_null() {
+                        return Err(arg("recvbuff is NULL at the root"));
+                    }
+                    own_block(send, recv.wrapping_add(me * bytes), bytes)?;
+                    (0..n)
+                        .filter(|&r| r != me)
+                        .try_for_each(|r| inner.recv_raw(recv.wrapping_add(r * bytes), count, dt, r))
+                })
+            })
+        })
+    }
+}
+
+export! {
+    /// Block `i` of the root's `sendbuff` into rank `i`'s `recvbuff`.
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclScatter", || unsafe {
+            host("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+                let (dt, root) = (dtype(datatype)?, root_of(root)?);
+                let (n, me) = (inner.nranks(), inner.rank());
+                if root >= n {
+                    return Err(arg(format!("root {root} is out of range for nranks={n}")));
+                }
+                let bytes = count.checked_mul(dt.size()).ok_or_else(|| arg("count overflows"))?;
+                if count == 0 {
+                    return Ok(());
+                }
+                let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
+                grouped(|| {
+                    if me != root {
+                        return inner.recv_raw(recv, count, dt, root);
+                    }
+                    if send.is_null() {
+                        return Err(arg("sendbuff is NULL at the root"));
+                    }
+                    own_block(send.wrapping_add(me * bytes), recv, bytes)?;
+                    (0..n)
+                        .filter(|&r| r != me)
+                        .try_for_each(|r| inner.send_raw(send.wrapping_add(r * bytes), count, dt, r))
+                })
+            })
+        })
+    }
+}
+
+export! {
+    /// `count` elements to `peer`, matched by its `ncclRecv`.
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclSend", || unsafe {
+            host("ncclSend", comm, stream, &[sendbuff], |_, inner| {
+                let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
+                inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer)
+            })
+        })
+    }
+}
+
+export! {
+    /// `count` elements from `peer`, matched by its `ncclSend`.
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: i32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclRecv", || unsafe {
+            host("ncclRecv", comm, stream, &[recvbuff.cast_const()], |_, inner| {
+                let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
+                inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer)
+            })
+        })
+    }
+}
+
+export! {
+    /// An operator that multiplies each rank's input by `*scalar` before summing (for
+    /// `datatype` and this communicator only).
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut ncclRedOp_t,
+        scalar: *mut c_void,
+        datatype: ncclDataType_t,
+        residence: i32,
+        comm: ncclComm_t,
+    ) -> ncclResult_t {
+        guard("ncclRedOpCreatePreMulSum", || {
+            // SAFETY: the caller's contract.
+            let c = unsafe { NcclComm::from_handle(comm)? };
+            let dt = dtype(datatype)?;
+            if op.is_null() || scalar.is_null() {
+                return Err(arg("op and scalar must not be NULL"));
+            }
+            let scalar = match residence {
+                // SAFETY: scalar is readable for one element (the caller's contract).
+                1 => Scalar::Immediate(unsafe { std::slice::from_raw_parts(scalar.cast::<u8>(), dt.size()) }.to_vec()),
+                0 => Scalar::Pointer(scalar as usize),
+                r => {
+                    return Err(arg(format!(
+                        "residence {r}: use ncclScalarDevice (0) or ncclScalarHostImmediate (1)"
+                    )))
+                }
+            };
+            let v = c.add_op(PreMul { dt, scalar })?;
+            // SAFETY: non-NULL and writable.
+            unsafe { op.write(v) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+export! {
+    /// Frees an operator of `ncclRedOpCreatePreMulSum`.
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+        guard("ncclRedOpDestroy", || {
+            // SAFETY: the caller's contract.
+            let c = unsafe { NcclComm::from_handle(comm)? };
+            if builtin_op(op).is_some() {
+                return Err(arg(format!("operator {op} is built in; only ncclRedOpCreatePreMulSum's can be destroyed")));
+            }
+            c.remove_op(op)?;
+            Ok(ncclSuccess)
+        })
+    }
+}

@@ -1,0 +1,57 @@
+//! occl as `libnccl.so.2`: NCCL 2.28's C API (`include/nccl.h`) over occl's collectives.
+//!
+//! Every `nccl*` function of NCCL 2.28 is exported, with its `pnccl*` alias. This build runs
+//! host buffers: a call with a NULL stream runs occl's host collective and has completed when
+//! it returns. A non-NULL stream is refused with `ncclInvalidUsage` (the GPU path, through
+//! `occl::cuda`, is a later step), and so is every function this build does not implement
+//! (the device API, `ncclCommRevoke`, `ncclGroupSimulateEnd`), naming itself in
+//! `ncclGetLastError`, so that a program linked against NVIDIA's library always loads this one
+//! and never finds a symbol missing.
+//!
+//! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
+//! → `error` (result codes, the last error, the panic barrier) → `handle` (the communicator
+//! behind `ncclComm_t`) → `group` (the thread's group, with the inits and buffers it holds) →
+//! the entry points (`init`, `coll` with `device`, `misc`, `stubs`).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)] // NCCL's C names
+
+/// Exports `$name` and its profiling alias `$alias` (NCCL's `pncclX`), both calling one body.
+macro_rules! export {
+    ($(#[$m:meta])* fn $name:ident / $alias:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty $body:block) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The pointers must be valid as NCCL's API documents for this function.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
+
+        /// The profiling alias (`pncclX`) of the function of the same name without `p`.
+        ///
+        /// # Safety
+        /// As the function it aliases.
+        #[no_mangle]
+        pub unsafe extern "C" fn $alias($($arg: $ty),*) -> $ret {
+            // SAFETY: the caller upholds the aliased function's contract.
+            unsafe { $name($($arg),*) }
+        }
+    };
+}
+
+pub mod abi;
+mod coll;
+pub mod debug;
+mod device;
+mod error;
+mod group;
+mod handle;
+mod init;
+mod misc;
+mod stubs;
+
+pub use abi::{ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId};
+pub use coll::*;
+pub use group::{ncclGroupEnd, ncclGroupStart, pncclGroupEnd, pncclGroupStart};
+pub use handle::ncclComm_t;
+pub use init::*;
+pub use misc::*;
+pub use stubs::*;
