@@ -1,48 +1,107 @@
-//! Collectives and point-to-point on host buffers.
+//! Collectives and point-to-point: on the device, or on host buffers.
 //!
-//! A call with a NULL stream runs occl's raw collective at once (or, inside a group, is
-//! collected by occl until `ncclGroupEnd`) and has completed when that returns. A non-NULL
-//! stream means the caller expects the GPU path, which this build does not have yet.
+//! On a device communicator (created with a current CUDA context) a call with a stream or a
+//! device buffer is enqueued on the caller's stream (NULL: the legacy default stream) through
+//! occl's `CudaComm` and returns; sends and receives are collected and run staged (`p2p`).
+//! Otherwise a call with a NULL stream runs occl's raw host collective at once (or, inside a
+//! group, is collected by occl until `ncclGroupEnd`) and has completed when that returns.
 
 use crate::abi::*;
 use crate::error::{arg, guard, usage, Result};
+use crate::gpu::{self, DevComm};
 use crate::group;
 use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
+use crate::p2p;
+use occl::cuda::kernels::cudarc::driver::CudaStream;
 use occl::{Comm, DataType, RedOp};
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// `cudaStream_t`.
 pub type cudaStream_t = *mut c_void;
 
-/// Checks that `stream` asks for a host call and runs `f` on the communicator, recording a
-/// failure on it for `ncclCommGetAsyncError`/`ncclGetLastError`.
+/// Where a call runs.
+enum Path<'a> {
+    Host(&'a Comm),
+    /// The device communicator, the caller's stream and its address (for collected p2p).
+    Device(&'a DevComm, Arc<CudaStream>, usize),
+}
+
+/// Picks the call's path and runs `f` on it, recording a failure on the communicator for
+/// `ncclCommGetAsyncError`/`ncclGetLastError`.
 ///
 /// # Safety
-/// `comm` is NULL or a live handle.
-unsafe fn host(
+/// `comm` is NULL or a live handle; `stream` NULL or a live stream.
+unsafe fn call(
     name: &'static str,
     comm: ncclComm_t,
     stream: cudaStream_t,
     bufs: &[*const c_void],
-    f: impl FnOnce(&NcclComm, &Comm) -> Result<()>,
+    f: impl FnOnce(&Arc<NcclComm>, Path<'_>) -> Result<()>,
 ) -> Result<ncclResult_t> {
     // SAFETY: the caller's contract.
     let c = unsafe { NcclComm::from_handle(comm)? };
+    let inner = c.comm()?;
+    let device = c.device()?;
+    let path = match device {
+        Some(d) if !stream.is_null() || bufs.iter().any(|p| crate::device::is_device(*p)) => {
+            let _restore = gpu::Restore::new();
+            // SAFETY: the caller's contract.
+            let s = unsafe { gpu::stream(d.cc.context(), stream, name)? };
+            return f(&c, Path::Device(d, s, stream as usize)).inspect_err(|e| c.note(name, e)).map(|()| ncclSuccess);
+        }
+        _ => Path::Host(inner),
+    };
     if !stream.is_null() {
         return Err(usage(format!(
-            "{name} was given a CUDA stream, but this libnccl.so.2 (occl) runs host buffers only: the GPU path is \
-             not in this build yet. Pass a NULL stream and host memory"
+            "{name} was given a CUDA stream, but this communicator was created without a current CUDA context, so \
+             it runs host buffers only: call cudaSetDevice before ncclCommInitRank, or pass a NULL stream and host \
+             memory"
         )));
     }
     if let Some(p) = bufs.iter().find(|p| crate::device::is_device(**p)) {
         return Err(usage(format!(
-            "{name}: buffer {p:p} is GPU memory, but this libnccl.so.2 (occl) runs host buffers only: the GPU path \
-             is not in this build yet. Pass host memory"
+            "{name}: buffer {p:p} is GPU memory, but this communicator was created without a current CUDA context, \
+             so it runs host buffers only: call cudaSetDevice before ncclCommInitRank, or pass host memory"
         )));
     }
-    let inner = c.comm()?;
-    f(&c, inner).inspect_err(|e| c.note(name, e))?;
+    f(&c, path).inspect_err(|e| c.note(name, e))?;
     Ok(ncclSuccess)
+}
+
+/// A built-in operator for a device call; a pre-multiply sum is refused, naming it.
+fn device_op(c: &NcclComm, name: &str, op: ncclRedOp_t, dt: DataType) -> Result<RedOp> {
+    match reduction(c, op, dt)? {
+        Reduction::Builtin(o) => Ok(o),
+        Reduction::PreMul(_) => Err(usage(format!(
+            "{name}: operator {op} is an ncclRedOpCreatePreMulSum operator, which occl's device collectives do not \
+             run; scale the input on the device and use ncclSum"
+        ))),
+    }
+}
+
+/// Collects a device send or receive; outside a group it runs at once (a group of one).
+fn device_p2p(
+    c: &Arc<NcclComm>,
+    stream: usize,
+    send: bool,
+    dev: u64,
+    count: usize,
+    dt: DataType,
+    peer: usize,
+) -> Result<()> {
+    let n = c.comm()?.nranks();
+    if peer >= n {
+        return Err(arg(format!("peer {peer} is out of range for nranks={n}")));
+    }
+    if count > 0 && dev == 0 {
+        return Err(arg("the buffer is NULL"));
+    }
+    p2p::push(p2p::Op { comm: c.clone(), stream, send, dev, count, dt, peer });
+    if group::is_open() {
+        return Ok(());
+    }
+    p2p::flush()
 }
 
 fn root_of(root: i32) -> Result<usize> {
@@ -171,11 +230,17 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllReduce", || unsafe {
-            host("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
+            call("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
                 let dt = dtype(datatype)?;
-                reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
-                    inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
-                })
+                match path {
+                    Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
+                        inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
+                    }),
+                    Path::Device(d, s, _) => {
+                        let o = device_op(c, "ncclAllReduce", op, dt)?;
+                        d.cc.all_reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o)
+                    }
+                }
             })
         })
     }
@@ -193,8 +258,13 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclBroadcast", || unsafe {
-            host("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
-                inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
+            call("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, path| match path {
+                Path::Host(inner) => {
+                    inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
+                }
+                Path::Device(d, s, _) => {
+                    d.cc.broadcast_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?, root_of(root)?)
+                }
             })
         })
     }
@@ -211,8 +281,13 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclBcast", || unsafe {
-            host("ncclBcast", comm, stream, &[buff.cast_const()], |_, inner| {
-                inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
+            call("ncclBcast", comm, stream, &[buff.cast_const()], |_, path| match path {
+                Path::Host(inner) => {
+                    inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
+                }
+                Path::Device(d, s, _) => {
+                    d.cc.broadcast_raw(&s, buff as u64, buff as u64, count, dtype(datatype)?, root_of(root)?)
+                }
             })
         })
     }
@@ -231,12 +306,18 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduce", || unsafe {
-            host("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
+            call("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
                 let dt = dtype(datatype)?;
                 let root = root_of(root)?;
-                reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
-                    inner.reduce_raw(s, recvbuff.cast(), count, dt, o, root)
-                })
+                match path {
+                    Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
+                        inner.reduce_raw(s, recvbuff.cast(), count, dt, o, root)
+                    }),
+                    Path::Device(d, s, _) => {
+                        let o = device_op(c, "ncclReduce", op, dt)?;
+                        d.cc.reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o, root)
+                    }
+                }
             })
         })
     }
@@ -253,8 +334,11 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllGather", || unsafe {
-            host("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
-                inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?)
+            call("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, path| match path {
+                Path::Host(inner) => inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?),
+                Path::Device(d, s, _) => {
+                    d.cc.all_gather_raw(&s, sendbuff as u64, recvbuff as u64, sendcount, dtype(datatype)?)
+                }
             })
         })
     }
@@ -272,14 +356,22 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduceScatter", || unsafe {
-            host("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, inner| {
+            call("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
                 let dt = dtype(datatype)?;
-                let total = recvcount
-                    .checked_mul(inner.nranks())
-                    .ok_or_else(|| arg(format!("recvcount {recvcount} × nranks overflows")))?;
-                reduce_with(c, op, dt, sendbuff.cast(), total, |s, o| {
-                    inner.reduce_scatter_raw(s, recvbuff.cast(), recvcount, dt, o)
-                })
+                match path {
+                    Path::Host(inner) => {
+                        let total = recvcount
+                            .checked_mul(inner.nranks())
+                            .ok_or_else(|| arg(format!("recvcount {recvcount} × nranks overflows")))?;
+                        reduce_with(c, op, dt, sendbuff.cast(), total, |s, o| {
+                            inner.reduce_scatter_raw(s, recvbuff.cast(), recvcount, dt, o)
+                        })
+                    }
+                    Path::Device(d, s, _) => {
+                        let o = device_op(c, "ncclReduceScatter", op, dt)?;
+                        d.cc.reduce_scatter_raw(&s, sendbuff as u64, recvbuff as u64, recvcount, dt, o)
+                    }
+                }
             })
         })
     }
@@ -296,19 +388,31 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAlltoAll", || unsafe {
-            host("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
-                inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?)
+            call("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, path| match path {
+                Path::Host(inner) => inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?),
+                Path::Device(d, s, _) => {
+                    d.cc.all_to_all_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?)
+                }
             })
         })
     }
 }
 
-/// Runs `calls` as one group of occl's raw sends and receives (nested in the caller's group
-/// when one is open), closing the group even when a call is refused.
-fn grouped(calls: impl FnOnce() -> Result<()>) -> Result<()> {
+/// Runs `calls` as one group of sends and receives (nested in the caller's group when one is
+/// open), closing the group even when a call is refused: occl's group for host calls, this
+/// library's collected device p2p (`p2p`) for device calls.
+fn grouped(device: bool, calls: impl FnOnce() -> Result<()>) -> Result<()> {
     occl::group_start();
     let issued = calls();
+    let outermost = occl::group_depth() == 1;
     let ran = occl::group_end();
+    if device && outermost {
+        if issued.is_err() || ran.is_err() {
+            p2p::discard();
+        } else {
+            return p2p::flush();
+        }
+    }
     issued.and(ran)
 }
 
@@ -328,6 +432,52 @@ unsafe fn own_block(from: *const u8, to: *mut u8, bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Gather and scatter as sends and receives on either path.
+struct Ends<'a, 'b> {
+    c: &'a Arc<NcclComm>,
+    path: &'a Path<'b>,
+    dt: DataType,
+    count: usize,
+}
+
+impl Ends<'_, '_> {
+    fn is_device(&self) -> bool {
+        matches!(self.path, Path::Device(..))
+    }
+
+    /// # Safety
+    /// `p` holds `count` elements, live until the call has run.
+    unsafe fn send(&self, p: *const u8, peer: usize) -> Result<()> {
+        match self.path {
+            // SAFETY: the caller's promise.
+            Path::Host(inner) => unsafe { inner.send_raw(p, self.count, self.dt, peer) },
+            Path::Device(_, _, s) => device_p2p(self.c, *s, true, p as u64, self.count, self.dt, peer),
+        }
+    }
+
+    /// # Safety
+    /// As `send`.
+    unsafe fn recv(&self, p: *mut u8, peer: usize) -> Result<()> {
+        match self.path {
+            // SAFETY: the caller's promise.
+            Path::Host(inner) => unsafe { inner.recv_raw(p, self.count, self.dt, peer) },
+            Path::Device(_, _, s) => device_p2p(self.c, *s, false, p as u64, self.count, self.dt, peer),
+        }
+    }
+
+    /// # Safety
+    /// As `own_block`, on the path's memory.
+    unsafe fn own(&self, from: *const u8, to: *mut u8) -> Result<()> {
+        let bytes = self.count * self.dt.size();
+        match self.path {
+            // SAFETY: the caller's promise.
+            Path::Host(_) => unsafe { own_block(from, to, bytes) },
+            // SAFETY: the caller's promise; enqueued before the group's staged p2p.
+            Path::Device(_, s, _) => unsafe { gpu::copy_on(s, to as u64, from as u64, bytes) },
+        }
+    }
+}
+
 export! {
     /// Every rank's `count` elements into the root's `recvbuff`, in rank order.
     fn ncclGather / pncclGather(
@@ -340,8 +490,9 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclGather", || unsafe {
-            host("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+            call("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
                 let (dt, root) = (dtype(datatype)?, root_of(root)?);
+                let inner = c.comm()?;
                 let (n, me) = (inner.nranks(), inner.rank());
                 if root >= n {
                     return Err(arg(format!("root {root} is out of range for nranks={n}")));
@@ -351,17 +502,16 @@ export! {
                     return Ok(());
                 }
                 let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
-                grouped(|| {
+                let e = Ends { c, path: &path, dt, count };
+                grouped(e.is_device(), || {
                     if me != root {
-                        return inner.send_raw(send, count, dt, root);
+                        return e.send(send, root);
                     }
                     if recv.is_null() {
                         return Err(arg("recvbuff is NULL at the root"));
                     }
-                    own_block(send, recv.wrapping_add(me * bytes), bytes)?;
-                    (0..n)
-                        .filter(|&r| r != me)
-                        .try_for_each(|r| inner.recv_raw(recv.wrapping_add(r * bytes), count, dt, r))
+                    e.own(send, recv.wrapping_add(me * bytes))?;
+                    (0..n).filter(|&r| r != me).try_for_each(|r| e.recv(recv.wrapping_add(r * bytes), r))
                 })
             })
         })
@@ -380,8 +530,9 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclScatter", || unsafe {
-            host("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, inner| {
+            call("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
                 let (dt, root) = (dtype(datatype)?, root_of(root)?);
+                let inner = c.comm()?;
                 let (n, me) = (inner.nranks(), inner.rank());
                 if root >= n {
                     return Err(arg(format!("root {root} is out of range for nranks={n}")));
@@ -391,17 +542,16 @@ export! {
                     return Ok(());
                 }
                 let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
-                grouped(|| {
+                let e = Ends { c, path: &path, dt, count };
+                grouped(e.is_device(), || {
                     if me != root {
-                        return inner.recv_raw(recv, count, dt, root);
+                        return e.recv(recv, root);
                     }
                     if send.is_null() {
                         return Err(arg("sendbuff is NULL at the root"));
                     }
-                    own_block(send.wrapping_add(me * bytes), recv, bytes)?;
-                    (0..n)
-                        .filter(|&r| r != me)
-                        .try_for_each(|r| inner.send_raw(send.wrapping_add(r * bytes), count, dt, r))
+                    e.own(send.wrapping_add(me * bytes), recv)?;
+                    (0..n).filter(|&r| r != me).try_for_each(|r| e.send(send.wrapping_add(r * bytes), r))
                 })
             })
         })
@@ -419,9 +569,12 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclSend", || unsafe {
-            host("ncclSend", comm, stream, &[sendbuff], |_, inner| {
+            call("ncclSend", comm, stream, &[sendbuff], |c, path| {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
-                inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer)
+                match path {
+                    Path::Host(inner) => inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer),
+                    Path::Device(_, _, s) => device_p2p(c, s, true, sendbuff as u64, count, dtype(datatype)?, peer),
+                }
             })
         })
     }
@@ -438,9 +591,12 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclRecv", || unsafe {
-            host("ncclRecv", comm, stream, &[recvbuff.cast_const()], |_, inner| {
+            call("ncclRecv", comm, stream, &[recvbuff.cast_const()], |c, path| {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
-                inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer)
+                match path {
+                    Path::Host(inner) => inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer),
+                    Path::Device(_, _, s) => device_p2p(c, s, false, recvbuff as u64, count, dtype(datatype)?, peer),
+                }
             })
         })
     }

@@ -14,20 +14,27 @@ const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: i32 = 2;
 const CU_POINTER_ATTRIBUTE_IS_MANAGED: i32 = 8;
 const CU_MEMORYTYPE_DEVICE: u32 = 2;
 
+/// The driver's handle when the process has loaded `libcuda.so.1` (never loads it).
+fn loaded() -> Option<*mut c_void> {
+    // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to a library already loaded; the
+    // handle is never closed, so its symbols stay valid.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    (!h.is_null()).then_some(h)
+}
+
+/// Whether the process has loaded the CUDA driver (a GPU process).
+pub(crate) fn driver_loaded() -> bool {
+    loaded().is_some()
+}
+
 fn driver() -> Option<PointerGetAttribute> {
     static FOUND: OnceLock<PointerGetAttribute> = OnceLock::new();
     if let Some(f) = FOUND.get() {
         return Some(*f);
     }
-    // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to a library already loaded; the
-    // handle is never closed, so the symbol stays valid.
-    let sym = unsafe {
-        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-        if h.is_null() {
-            return None;
-        }
-        libc::dlsym(h, c"cuPointerGetAttribute".as_ptr())
-    };
+    let h = loaded()?;
+    // SAFETY: a live handle (never closed) and a NUL-terminated name.
+    let sym = unsafe { libc::dlsym(h, c"cuPointerGetAttribute".as_ptr()) };
     if sym.is_null() {
         return None;
     }
@@ -67,5 +74,7 @@ mod tests {
         // The test process never loads libcuda.so.1.
         assert!(!is_device(x.as_ptr().cast()));
         assert!(!is_device(std::ptr::null()));
+        assert!(!driver_loaded());
+        assert_eq!(crate::gpu::current_device(), None, "no driver, no device communicator");
     }
 }

@@ -21,6 +21,15 @@ pub(crate) fn usage(msg: impl Into<String>) -> Error {
     Error::InvalidUsage(msg.into())
 }
 
+/// A CUDA driver failure: the call or step that failed and the driver's word for it.
+pub(crate) fn sys(context: &str, text: impl std::fmt::Display) -> Error {
+    Error::SystemError { context: context.into(), source: std::io::Error::other(text.to_string()) }
+}
+
+pub(crate) fn internal(msg: impl Into<String>) -> Error {
+    Error::InternalError(msg.into())
+}
+
 /// NCCL's code for an occl error. NCCL has no timeout code and reports those as system errors.
 pub(crate) fn code_of(kind: ErrorKind) -> ncclResult_t {
     match kind {

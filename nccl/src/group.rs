@@ -1,7 +1,10 @@
 //! `ncclGroupStart`/`ncclGroupEnd` on occl's groups, plus what a group holds on this thread
 //! until its outermost end: communicators being created inside it (one thread creating
 //! several ranks, which a blocking init would deadlock) and scratch buffers of deferred calls
-//! (pre-multiplied inputs).
+//! (pre-multiplied inputs), and device sends and receives (`p2p`), which run together at the
+//! outermost end. Device collectives are enqueued on their streams as they are called, so they
+//! run in call order; a group only makes one thread's calls on several GPUs progress together,
+//! which stream-ordered kernels already do.
 
 use crate::abi::*;
 use crate::error::{guard, Result};
@@ -41,7 +44,12 @@ fn end() -> Result<ncclResult_t> {
     }
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held.scratch);
-    ran?;
+    if let Err(e) = ran {
+        crate::p2p::discard();
+        return Err(e);
+    }
+    // Device sends and receives of the group run together, after its collectives.
+    crate::p2p::flush()?;
     // Blocking inits issued in the group complete here, as NCCL's do; non-blocking ones are
     // polled through ncclCommGetAsyncError.
     let mut code = ncclSuccess;

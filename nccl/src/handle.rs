@@ -8,6 +8,7 @@
 
 use crate::abi::*;
 use crate::error::{arg, is_fatal, usage, Result};
+use crate::gpu::DevComm;
 use occl::{Comm, Error};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -31,11 +32,26 @@ pub(crate) struct PreMul {
     pub scalar: Scalar,
 }
 
+/// A created communicator: host only, or on the GPU that was current at init.
+pub(crate) enum Made {
+    Host(Comm),
+    Device(Box<DevComm>),
+}
+
+impl Made {
+    fn comm(&self) -> &Comm {
+        match self {
+            Made::Host(c) => c,
+            Made::Device(d) => d.cc.comm(),
+        }
+    }
+}
+
 pub struct NcclComm {
     /// The created communicator, or why its init failed (code and text).
-    state: OnceLock<std::result::Result<Comm, (ncclResult_t, String)>>,
+    state: OnceLock<std::result::Result<Made, (ncclResult_t, String)>>,
     /// A background init (non-blocking, or begun inside a group) until it finishes.
-    pending: Mutex<Option<Receiver<Result<Comm>>>>,
+    pending: Mutex<Option<Receiver<Result<Made>>>>,
     /// The first fatal error a call met (`ncclCommGetAsyncError`), 0 while none.
     async_err: AtomicI32,
     last_error: Mutex<Option<String>>,
@@ -59,13 +75,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl NcclComm {
-    pub(crate) fn ready(comm: Comm, opts: Options) -> Arc<NcclComm> {
+    pub(crate) fn ready(comm: Made, opts: Options) -> Arc<NcclComm> {
         let c = NcclComm::empty(opts);
         let _ = c.state.set(Ok(comm));
         Arc::new(c)
     }
 
-    pub(crate) fn background(rx: Receiver<Result<Comm>>, opts: Options) -> Arc<NcclComm> {
+    pub(crate) fn background(rx: Receiver<Result<Made>>, opts: Options) -> Arc<NcclComm> {
         let c = NcclComm::empty(opts);
         *lock(&c.pending) = Some(rx);
         Arc::new(c)
@@ -150,6 +166,18 @@ impl NcclComm {
 
     /// The communicator, once created.
     pub(crate) fn comm(&self) -> Result<&Comm> {
+        self.made().map(Made::comm)
+    }
+
+    /// The device communicator, when the communicator was created on a GPU.
+    pub(crate) fn device(&self) -> Result<Option<&DevComm>> {
+        Ok(match self.made()? {
+            Made::Device(d) => Some(d),
+            Made::Host(_) => None,
+        })
+    }
+
+    fn made(&self) -> Result<&Made> {
         if !self.settle(false) {
             return Err(usage(
                 "the communicator is still being created (non-blocking init): poll ncclCommGetAsyncError until it \
@@ -171,6 +199,15 @@ impl NcclComm {
         }
         match self.state.get() {
             Some(Err((code, _))) => *code,
+            Some(Ok(Made::Device(d))) if self.async_err.load(Ordering::Acquire) == ncclSuccess => {
+                // A device kernel that waited past OCCL_TIMEOUT for a peer, or a staged host
+                // collective that failed, is the communicator's asynchronous error.
+                let _restore = crate::gpu::Restore::new();
+                if let Err(e) = d.cc.device_error() {
+                    self.fail("a device collective", &e);
+                }
+                self.async_err.load(Ordering::Acquire)
+            }
             _ => self.async_err.load(Ordering::Acquire),
         }
     }
@@ -187,6 +224,18 @@ impl NcclComm {
                 Ordering::Acquire,
             );
         }
+    }
+
+    /// Records a failure no caller can be told of (a staged send/recv that ran in a host
+    /// function) as the communicator's asynchronous error, whatever its kind.
+    pub(crate) fn fail(&self, name: &str, e: &Error) {
+        *lock(&self.last_error) = Some(format!("{name}: {e}"));
+        let _ = self.async_err.compare_exchange(
+            ncclSuccess,
+            crate::error::code_of(e.kind()),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
     }
 
     pub(crate) fn last_error(&self) -> Option<String> {

@@ -3,8 +3,10 @@
 
 use crate::abi::*;
 use crate::error::{arg, guard, Result};
+use crate::gpu::{self, DevComm};
 use crate::group;
-use crate::handle::{ncclComm_t, NcclComm};
+use crate::handle::{ncclComm_t, Made, NcclComm};
+use occl::cuda::CudaComm;
 use occl::{Comm, Config, Error, ShrinkMode, UniqueId};
 use std::sync::mpsc;
 
@@ -37,6 +39,19 @@ unsafe fn put(out: *mut ncclComm_t, v: ncclComm_t) -> Result<()> {
     Ok(())
 }
 
+/// Puts a created host communicator on `device` (the device current at init; `None`: a
+/// host-only process): a collective call, every rank makes it.
+fn made(comm: Comm, device: Option<usize>) -> Result<Made> {
+    let Some(d) = device else { return Ok(Made::Host(comm)) };
+    let _restore = gpu::Restore::new();
+    Ok(Made::Device(Box::new(DevComm::new(CudaComm::new(comm, d)?)?)))
+}
+
+/// The device a communicator made from `parent` lives on: the parent's.
+fn device_of(parent: &NcclComm) -> Result<Option<usize>> {
+    Ok(parent.device()?.map(DevComm::ordinal))
+}
+
 /// Creates a communicator with `make` into `*out`: now, or on a thread of its own when the
 /// config asks for non-blocking init (`ncclInProgress`) or a group is open on this thread (the
 /// other ranks are often created by the same thread before `ncclGroupEnd`).
@@ -46,7 +61,7 @@ unsafe fn put(out: *mut ncclComm_t, v: ncclComm_t) -> Result<()> {
 unsafe fn create(
     out: *mut ncclComm_t,
     opts: Options,
-    make: impl FnOnce() -> Result<Comm> + Send + 'static,
+    make: impl FnOnce() -> Result<Made> + Send + 'static,
 ) -> Result<ncclResult_t> {
     // SAFETY: the caller's contract.
     unsafe { put(out, std::ptr::null_mut())? };
@@ -107,8 +122,10 @@ unsafe fn init_rank(
     let (n, r) = rank_of(nranks, rank)?;
     let id = id.to_occl()?;
     let cfg = Config::from_env()?;
+    // NCCL's rule: the communicator lives on the device current when init is called.
+    let dev = gpu::current_device();
     // SAFETY: the caller's contract.
-    unsafe { create(comm, opts, move || Comm::init_rank(n, &id, r, cfg)) }
+    unsafe { create(comm, opts, move || made(Comm::init_rank(n, &id, r, cfg)?, dev)) }
 }
 
 export! {
@@ -160,23 +177,37 @@ export! {
             let ids = unsafe { std::slice::from_raw_parts(commIds, k) };
             let ids = ids.iter().map(ncclUniqueId::to_occl).collect::<Result<Vec<_>>>()?;
             let cfg = Config::from_env()?;
+            let dev = gpu::current_device();
             // SAFETY: the caller's contract.
-            unsafe { create(newcomm, opts, move || Comm::init_rank_scalable(n, &ids, r, cfg)) }
+            unsafe { create(newcomm, opts, move || made(Comm::init_rank_scalable(n, &ids, r, cfg)?, dev)) }
         })
     }
 }
 
 export! {
     /// `ndev` ranks in this process, one per `comm[i]`; drive them from one thread inside a
-    /// group or from a thread each. `devlist` names GPUs and is not read on host.
+    /// group or from a thread each. In a GPU process rank i lives on `devlist[i]` (NULL:
+    /// device i); in a host-only process `devlist` is not read.
     fn ncclCommInitAll / pncclCommInitAll(comm: *mut ncclComm_t, ndev: i32, devlist: *const i32) -> ncclResult_t {
-        let _ = devlist;
         guard("ncclCommInitAll", || {
             let n = count("ndev", ndev)?;
             if n == 0 || comm.is_null() {
                 return Err(arg("ncclCommInitAll needs ndev >= 1 and a non-NULL array of ndev communicators"));
             }
-            let comms = Comm::init_all(n)?;
+            let comms: Vec<Made> = if gpu::current_device().is_some() {
+                let devices = if devlist.is_null() {
+                    (0..n).collect()
+                } else {
+                    // SAFETY: devlist holds ndev ordinals (the caller's contract).
+                    let list = unsafe { std::slice::from_raw_parts(devlist, n) };
+                    list.iter().map(|&d| count("a devlist entry", d)).collect::<Result<Vec<_>>>()?
+                };
+                let _restore = gpu::Restore::new();
+                let made = CudaComm::init_all(&devices)?;
+                made.into_iter().map(|cc| Ok(Made::Device(Box::new(DevComm::new(cc)?)))).collect::<Result<_>>()?
+            } else {
+                Comm::init_all(n)?.into_iter().map(Made::Host).collect()
+            };
             for (i, c) in comms.into_iter().enumerate() {
                 // SAFETY: comm has room for ndev handles (the caller's contract).
                 unsafe { comm.add(i).write(NcclComm::into_raw(NcclComm::ready(c, Options::default()))) };
@@ -202,8 +233,10 @@ export! {
             let opts = if config.is_null() { parent.opts.clone() } else { unsafe { Options::read(config)? } };
             // SAFETY: newcomm writable (the caller's contract).
             unsafe { put(newcomm, std::ptr::null_mut())? };
-            let made = parent.comm()?.split(color, key).inspect_err(|e| parent.note("ncclCommSplit", e))?;
-            if let Some(c) = made {
+            let dev = device_of(&parent)?;
+            let split = parent.comm()?.split(color, key).inspect_err(|e| parent.note("ncclCommSplit", e))?;
+            if let Some(c) = split {
+                let c = made(c, dev).inspect_err(|e| parent.note("ncclCommSplit", e))?;
                 // SAFETY: as above.
                 unsafe { put(newcomm, NcclComm::into_raw(NcclComm::ready(c, opts)))? };
             }
@@ -245,7 +278,9 @@ export! {
             let exclude = list.iter().map(|&r| count("an excluded rank", r)).collect::<Result<Vec<_>>>()?;
             // SAFETY: newcomm writable (the caller's contract).
             unsafe { put(newcomm, std::ptr::null_mut())? };
+            let dev = device_of(&parent)?;
             let c = parent.comm()?.shrink(&exclude, mode).inspect_err(|e| parent.note("ncclCommShrink", e))?;
+            let c = made(c, dev).inspect_err(|e| parent.note("ncclCommShrink", e))?;
             // SAFETY: as above.
             unsafe { put(newcomm, NcclComm::into_raw(NcclComm::ready(c, opts)))? };
             Ok(ncclSuccess)
@@ -254,23 +289,32 @@ export! {
 }
 
 export! {
-    /// Host collectives have completed when their call returns, so there is nothing to flush;
-    /// checks that the communicator is usable.
+    /// Host collectives have completed when their call returns; device ones are waited for.
+    /// Checks that the communicator is usable.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommFinalize", || {
             // SAFETY: the caller's contract.
             let c = unsafe { NcclComm::from_handle(comm)? };
             c.comm()?;
+            if let Some(d) = c.device()? {
+                d.synchronize();
+            }
             Ok(ncclSuccess)
         })
     }
 }
 
 export! {
-    /// Releases the communicator: peers learn this rank left once no call uses it any more.
+    /// Releases the communicator once its device work has run (as NCCL's, which finalizes
+    /// first): peers learn this rank left once no call uses it any more.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommDestroy", || {
             if !comm.is_null() {
+                // SAFETY: the caller's contract.
+                let c = unsafe { NcclComm::from_handle(comm)? };
+                if let Ok(Some(d)) = c.device() {
+                    d.synchronize();
+                }
                 // SAFETY: the handle's own reference, not used again (the caller's contract).
                 unsafe { NcclComm::release(comm) };
             }
@@ -291,6 +335,15 @@ export! {
             let c = unsafe { NcclComm::from_handle(comm)? };
             if let Ok(inner) = c.comm() {
                 inner.abort();
+            }
+            // Kernels waiting on a peer give up, then the device drains: staged host functions
+            // read the communicator that the release below may free.
+            if let Ok(Some(d)) = c.device() {
+                let _restore = gpu::Restore::new();
+                if let Err(e) = d.cc.abort_device() {
+                    tracing::warn!("occl-nccl: ncclCommAbort could not stop the device kernels: {e}");
+                }
+                d.synchronize();
             }
             // SAFETY: the handle's own reference, not used again.
             unsafe { NcclComm::release(comm) };

@@ -1,17 +1,21 @@
 //! occl as `libnccl.so.2`: NCCL 2.28's C API (`include/nccl.h`) over occl's collectives.
 //!
-//! Every `nccl*` function of NCCL 2.28 is exported, with its `pnccl*` alias. This build runs
-//! host buffers: a call with a NULL stream runs occl's host collective and has completed when
-//! it returns. A non-NULL stream is refused with `ncclInvalidUsage` (the GPU path, through
-//! `occl::cuda`, is a later step), and so is every function this build does not implement
-//! (the device API, `ncclCommRevoke`, `ncclGroupSimulateEnd`), naming itself in
-//! `ncclGetLastError`, so that a program linked against NVIDIA's library always loads this one
-//! and never finds a symbol missing.
+//! Every `nccl*` function of NCCL 2.28 is exported, with its `pnccl*` alias. A communicator
+//! created while the calling thread has a current CUDA context lives on that device (occl's
+//! `CudaComm`): its collectives are enqueued on the caller's `cudaStream_t` and capturable in
+//! graphs, and its sends and receives run staged through pinned host memory (`p2p`). In a
+//! process without the CUDA driver a call with a NULL stream and host buffers runs occl's host
+//! collective and has completed when it returns. Every function this build does not implement
+//! (the device API, `ncclCommRevoke`, `ncclGroupSimulateEnd`) returns `ncclInvalidUsage`,
+//! naming itself in `ncclGetLastError`, so that a program linked against NVIDIA's library
+//! always loads this one and never finds a symbol missing.
 //!
 //! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
-//! → `error` (result codes, the last error, the panic barrier) → `handle` (the communicator
-//! behind `ncclComm_t`) → `group` (the thread's group, with the inits and buffers it holds) →
-//! the entry points (`init`, `coll` with `device`, `misc`, `stubs`).
+//! → `error` (result codes, the last error, the panic barrier) → `device` (is a pointer GPU
+//! memory) → `gpu` (current device, streams, staging buffers) → `handle` (the communicator
+//! behind `ncclComm_t`) → `p2p` (staged device send/recv) → `group` (the thread's group, with
+//! the inits, buffers and device p2p it holds) → the entry points (`init`, `coll`, `misc`,
+//! `stubs`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)] // NCCL's C names
 
@@ -42,10 +46,12 @@ mod coll;
 pub mod debug;
 mod device;
 mod error;
+mod gpu;
 mod group;
 mod handle;
 mod init;
 mod misc;
+mod p2p;
 mod stubs;
 
 pub use abi::{ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId};

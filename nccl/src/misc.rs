@@ -90,20 +90,36 @@ export! {
             // SAFETY: the caller's contract.
             let c = unsafe { NcclComm::from_handle(comm)? };
             c.comm()?;
-            unsafe { put("device", device, -1) }
+            // -1: a host communicator (created without a current CUDA context).
+            let d = match c.device()? {
+                Some(d) => i32::try_from(d.ordinal()).map_err(|_| arg("device ordinal exceeds int"))?,
+                None => -1,
+            };
+            unsafe { put("device", device, d) }
         })
     }
 }
 
+/// Memory from `ncclMemAlloc`: host memory peers can map, or device memory.
+enum Alloc {
+    Host {
+        _buf: HostBuf<u8>,
+    },
+    /// A `cuMemAlloc` address.
+    Device(u64),
+}
+
 /// Memory from `ncclMemAlloc`, by address, alive until `ncclMemFree`.
-fn allocations() -> MutexGuard<'static, HashMap<usize, HostBuf<u8>>> {
-    static LIVE: LazyLock<Mutex<HashMap<usize, HostBuf<u8>>>> = LazyLock::new(Mutex::default);
+fn allocations() -> MutexGuard<'static, HashMap<usize, Alloc>> {
+    static LIVE: LazyLock<Mutex<HashMap<usize, Alloc>>> = LazyLock::new(Mutex::default);
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 export! {
-    /// Host memory that same-host peer processes can map (occl's `HostBuf`), so windows
-    /// registered on it are shared and collectives on it take the single-copy path.
+    /// With a current CUDA context (a GPU process), device memory of that device (`cuMemAlloc`)
+    /// as NCCL's. Otherwise host memory that same-host peer processes can map (occl's
+    /// `HostBuf`), so windows registered on it are shared and collectives on it take the
+    /// single-copy path.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
         guard("ncclMemAlloc", || {
             if ptr.is_null() {
@@ -112,9 +128,15 @@ export! {
             if size == 0 {
                 return Err(arg("size is 0; ncclMemAlloc needs at least one byte"));
             }
+            if crate::gpu::current_device().is_some() {
+                let p = crate::gpu::mem_alloc(size)?;
+                allocations().insert(p as usize, Alloc::Device(p));
+                // SAFETY: non-NULL and writable.
+                return unsafe { put("ptr", ptr, p as *mut c_void) };
+            }
             let mut buf = HostBuf::<u8>::alloc(size)?;
             let p = buf.as_mut_ptr();
-            allocations().insert(p as usize, buf);
+            allocations().insert(p as usize, Alloc::Host { _buf: buf });
             // SAFETY: non-NULL and writable.
             unsafe { put("ptr", ptr, p.cast()) }
         })
@@ -127,10 +149,13 @@ export! {
             if ptr.is_null() {
                 return Ok(ncclSuccess);
             }
-            allocations()
+            let a = allocations()
                 .remove(&(ptr as usize))
-                .map(|_| ncclSuccess)
-                .ok_or_else(|| arg(format!("{ptr:p} was not returned by ncclMemAlloc (or was freed already)")))
+                .ok_or_else(|| arg(format!("{ptr:p} was not returned by ncclMemAlloc (or was freed already)")))?;
+            if let Alloc::Device(p) = a {
+                crate::gpu::mem_free(p)?;
+            }
+            Ok(ncclSuccess)
         })
     }
 }

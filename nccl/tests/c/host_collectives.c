@@ -392,9 +392,12 @@ static void check_refusals(ncclComm_t comm) {
   CHECK(ncclAllReduce(x, y, 4, ncclFloat32, (ncclRedOp_t)77, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclBroadcast(x, y, 4, ncclFloat32, n, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclAllReduce(NULL, y, 4, ncclFloat32, ncclSum, comm, NULL) == ncclInvalidArgument);
-  /* A stream asks for the GPU path, which this build lacks. */
+  /* A stream asks for the GPU path, which a communicator made without a current CUDA context
+     (this process never loads CUDA) lacks: refused, saying how to get it. */
   CHECK(ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, comm, (cudaStream_t)0x1) == ncclInvalidUsage);
-  CHECK(strstr(ncclGetLastError(NULL), "GPU path is not in this build") != NULL);
+  CHECK(strstr(ncclGetLastError(NULL), "without a current CUDA context") != NULL);
+  CHECK(strstr(ncclGetLastError(NULL), "cudaSetDevice") != NULL);
+  { int dev = 7; CHECK(ncclCommCuDevice(comm, &dev) == ncclSuccess && dev == -1); }
   /* Functions this build does not implement exist, refuse and name themselves. */
   CHECK(ncclDevCommCreate(comm, NULL, NULL) == ncclInvalidUsage);
   CHECK(strstr(ncclGetLastError(NULL), "ncclDevCommCreate") != NULL);
