@@ -298,8 +298,8 @@ ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 /*
  * Host entry points of NCCL 2.28's device API (the nccl_device headers). The library exports them so
- * that every program that links NVIDIA's library links occl's; this build has no GPU path and
- * they fail with ncclInvalidUsage (the int- and team-returning ones return -1 / an empty team).
+ * that every program that links NVIDIA's library links occl's; occl does not implement the device API
+ * and they fail with ncclInvalidUsage (the int- and team-returning ones return -1 / an empty team).
  */
 typedef struct ncclDevComm ncclDevComm_t;
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
@@ -307,9 +307,14 @@ typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
 typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
 typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
 typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
-typedef struct ncclTeam {
+/* NVIDIA's nccl_device.h (which CUDA sources such as nccl-tests include after this header) defines
+   struct ncclTeam itself; define it here only for host compilers, where that header is not used. */
+typedef struct ncclTeam ncclTeam_t;
+#if !defined(__CUDACC__)
+struct ncclTeam {
   int nRanks, rank, stride;
-} ncclTeam_t;
+};
+#endif
 
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs, ncclDevComm_t* outDevComm);
 ncclResult_t pncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs, ncclDevComm_t* outDevComm);

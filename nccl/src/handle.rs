@@ -34,7 +34,7 @@ pub(crate) struct PreMul {
 
 /// A created communicator: host only, or on the GPU that was current at init.
 pub(crate) enum Made {
-    Host(Comm),
+    Host(Box<Comm>),
     Device(Box<DevComm>),
 }
 

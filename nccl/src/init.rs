@@ -42,7 +42,7 @@ unsafe fn put(out: *mut ncclComm_t, v: ncclComm_t) -> Result<()> {
 /// Puts a created host communicator on `device` (the device current at init; `None`: a
 /// host-only process): a collective call, every rank makes it.
 fn made(comm: Comm, device: Option<usize>) -> Result<Made> {
-    let Some(d) = device else { return Ok(Made::Host(comm)) };
+    let Some(d) = device else { return Ok(Made::Host(Box::new(comm))) };
     let _restore = gpu::Restore::new();
     Ok(Made::Device(Box::new(DevComm::new(CudaComm::new(comm, d)?)?)))
 }
@@ -206,7 +206,7 @@ export! {
                 let made = CudaComm::init_all(&devices)?;
                 made.into_iter().map(|cc| Ok(Made::Device(Box::new(DevComm::new(cc)?)))).collect::<Result<_>>()?
             } else {
-                Comm::init_all(n)?.into_iter().map(Made::Host).collect()
+                Comm::init_all(n)?.into_iter().map(|c| Made::Host(Box::new(c))).collect()
             };
             for (i, c) in comms.into_iter().enumerate() {
                 // SAFETY: comm has room for ndev handles (the caller's contract).

@@ -1,0 +1,56 @@
+import os, sys, time, torch, torch.distributed as dist
+rank = int(os.environ["RANK"]); world = int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(rank)
+dev = torch.device("cuda", rank)
+dist.init_process_group("nccl", device_id=dev)
+res = {}
+def check(name, ok):
+    res[name] = bool(ok)
+libs = sorted({l.split()[-1] for l in open("/proc/self/maps") if "libnccl" in l})
+print(f"rank {rank}: nccl version {torch.cuda.nccl.version()} mapped {libs}", flush=True)
+try:
+    for n in [1, 1000, 1 << 20, 1 << 26]:
+        x = torch.full((n,), float(rank + 1), device=dev)
+        dist.all_reduce(x); check(f"all_reduce_sum_{n}", torch.all(x == world * (world + 1) / 2))
+    x = torch.full((4096,), float(rank + 1), device=dev); dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    check("all_reduce_avg", torch.allclose(x, torch.full_like(x, (world + 1) / 2)))
+    x = torch.full((4096,), float(rank + 1), device=dev); dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    check("all_reduce_max", torch.all(x == world))
+    b = torch.arange(1 << 16, device=dev, dtype=torch.bfloat16) * (rank + 1); dist.all_reduce(b)
+    check("all_reduce_bf16", torch.allclose(b.float(), (torch.arange(1 << 16, device=dev, dtype=torch.bfloat16) * 3).float(), rtol=1e-2))
+    x = torch.full((1 << 20,), float(rank), device=dev); out = torch.empty(world << 20, device=dev)
+    dist.all_gather_into_tensor(out, x); check("all_gather", all(torch.all(out[r << 20:(r + 1) << 20] == r) for r in range(world)))
+    inp = torch.arange(world << 20, device=dev, dtype=torch.float32); o = torch.empty(1 << 20, device=dev)
+    dist.reduce_scatter_tensor(o, inp); check("reduce_scatter", torch.all(o == world * torch.arange(rank << 20, (rank + 1) << 20, device=dev, dtype=torch.float32)))
+    x = torch.full((1 << 20,), float(rank + 7), device=dev); dist.broadcast(x, src=1)
+    check("broadcast", torch.all(x == 8))
+    inp = torch.arange(world * 1024, device=dev, dtype=torch.float32) + 10000 * rank; o = torch.empty_like(inp)
+    dist.all_to_all_single(o, inp)
+    exp = torch.cat([torch.arange(rank * 1024, (rank + 1) * 1024, device=dev, dtype=torch.float32) + 10000 * r for r in range(world)])
+    check("all_to_all", torch.equal(o, exp))
+    s = torch.full((1 << 22,), float(rank), device=dev); r_ = torch.empty_like(s)
+    ops = [dist.P2POp(dist.isend, s, (rank + 1) % world), dist.P2POp(dist.irecv, r_, (rank - 1) % world)]
+    for w in dist.batch_isend_irecv(ops): w.wait()
+    check("batch_isend_irecv", torch.all(r_ == (rank - 1) % world))
+    g = dist.new_group([0, 1]); x = torch.ones(1000, device=dev); dist.all_reduce(x, group=g)
+    check("new_group", torch.all(x == world))
+    # DDP, 200 steps, same seed: print the losses for comparison with NVIDIA's NCCL
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(m, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator(device="cpu").manual_seed(100 + rank)
+    losses = []
+    t0 = time.time()
+    for step in range(200):
+        xb = torch.randn(64, 256, generator=gen).to(dev); yb = torch.randint(0, 10, (64,), generator=gen).to(dev)
+        loss = torch.nn.functional.cross_entropy(ddp(xb), yb); opt.zero_grad(); loss.backward(); opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    if rank == 0:
+        print("DDP_LOSSES " + " ".join(f"{l:.9g}" for l in losses), flush=True)
+    print(f"rank {rank}: ddp 200 steps {time.time() - t0:.2f}s", flush=True)
+except Exception as e:
+    print(f"rank {rank}: EXCEPTION {type(e).__name__}: {e}", flush=True)
+print(f"rank {rank}: RESULTS " + " ".join(f"{k}={'ok' if v else 'WRONG'}" for k, v in res.items()), flush=True)
+dist.destroy_process_group()
