@@ -244,3 +244,25 @@ fn many_clients_and_a_silent_one_do_not_stop_the_job() {
     assert!(ar(&after) > ar(&before), "collectives stalled while clients were served ({a} → {b})");
     drop(job);
 }
+
+/// Issue 26, item 9: a job whose client port another program holds (without SO_REUSEPORT) runs on, and says so at
+/// WARN (not INFO, which nobody sees): the address, the OS error, and that ncclras and /metrics cannot reach it.
+#[test]
+fn a_client_port_held_by_another_program_is_a_warning_naming_it() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let addr = holder.local_addr().expect("held address").to_string();
+    let spawn = occl_tests::launch::Spawn {
+        env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_DEBUG", "WARN")]),
+        ..occl_tests::launch::Spawn::default()
+    };
+    let outs = common::run_job(2, &["late", "0"], spawn, Duration::from_secs(60));
+    common::assert_all_ok(&outs, "a job whose RAS client port is taken");
+    for o in &outs {
+        let line = o.output.lines().find(|l| l.contains(&addr));
+        let line = line.unwrap_or_else(|| panic!("rank {} logged nothing about {addr}:\n{}", o.rank, o.output));
+        assert!(line.contains("WARN"), "not a warning: {line}");
+        assert!(line.contains("Address already in use"), "the OS error: {line}");
+        assert!(line.contains("ncclras") && line.contains("/metrics"), "what it means: {line}");
+    }
+    drop(holder);
+}
