@@ -266,3 +266,64 @@ fn a_client_port_held_by_another_program_is_a_warning_naming_it() {
     }
     drop(holder);
 }
+
+/// Writes `bytes` on a fresh connection while reading the answer; returns what came back and how long the server
+/// took to close (`None`: still open after `limit`).
+fn flood(port: u16, bytes: &[u8], limit: Duration) -> (String, Option<Duration>) {
+    use std::io::{Read, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_millis(100))).expect("read timeout");
+    s.set_write_timeout(Some(limit)).expect("write timeout");
+    let mut w = s.try_clone().expect("clone");
+    let t = Instant::now();
+    let closed = std::thread::scope(|sc| {
+        // The writer stops at the first error: the server closed.
+        sc.spawn(move || {
+            let _ = w.write_all(bytes);
+        });
+        let (mut r, mut got, mut buf) = (&s, Vec::new(), vec![0u8; 64 << 10]);
+        let closed = loop {
+            match r.read(&mut buf) {
+                Ok(0) => break Some(t.elapsed()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => break Some(t.elapsed()),
+            }
+            if t.elapsed() > limit {
+                break None;
+            }
+        };
+        // Unblocks the writer if the server never closed.
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        (String::from_utf8_lossy(&got).into_owned(), closed)
+    });
+    closed
+}
+
+/// Issue 26, item 9: 1 MiB of bad lines is not answered line for line (2 MiB of errors); after a few the server
+/// says why and closes, on NCCL's text protocol and on HTTP alike.
+#[test]
+fn a_megabyte_of_garbage_lines_gets_a_few_errors_then_a_close() {
+    let port = free_port();
+    let job = start(2, &["idle"], port, &[]);
+    let limit = Duration::from_secs(5);
+    let text = "no such command\n".repeat((1 << 20) / 16);
+    let (answer, closed) = flood(port, text.as_bytes(), limit);
+    let closed = closed.unwrap_or_else(|| panic!("ncclras protocol: still open after {limit:?}; {} bytes back", answer.len()));
+    let lines: Vec<&str> = answer.lines().collect();
+    assert_eq!(lines.len(), 4, "three errors and a final one: {answer}");
+    assert!(lines.iter().all(|l| l.starts_with("ERROR: ")), "{answer}");
+    assert!(lines.last().is_some_and(|l| l.contains("closing")), "the last error says why it closes: {answer}");
+    assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
+
+    let req = "GET /no/such/page HTTP/1.1\r\nHost: x\r\n\r\n";
+    let http = req.repeat((1 << 20) / req.len());
+    let (answer, closed) = flood(port, http.as_bytes(), limit);
+    let closed = closed.unwrap_or_else(|| panic!("http: still open after {limit:?}; {} bytes back", answer.len()));
+    let responses = answer.matches("HTTP/1.1 ").count();
+    assert_eq!(responses, 4, "three 404s and a final error: {}", &answer[..answer.len().min(2000)]);
+    let last = answer.rsplit("HTTP/1.1 ").next().unwrap_or_default();
+    assert!(last.contains("connection: close") && last.contains("bad requests on this connection"), "{answer}");
+    assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
+    drop(job);
+}

@@ -3,10 +3,12 @@
 //! `/healthz`.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -19,7 +21,7 @@ use super::actor::Shared;
 use super::client::{event_line, gather, node_metrics};
 use super::metrics::{node_metrics_gauges, prometheus};
 use super::report::build_report;
-use crate::client::{EventGroups, Format};
+use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::exposition::{merge, Part};
 use crate::report::render_json;
 
@@ -30,12 +32,14 @@ const HTTP_BUDGET: Duration = Duration::from_secs(5);
 const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream) {
+    let bad = Arc::new(AtomicU32::new(0));
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/events", get(events))
-        .with_state(sh);
+        .with_state(sh)
+        .layer(axum::middleware::map_response(move |res: Response| close_after_bad(bad.clone(), res)));
     let svc = TowerToHyperService::new(app);
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
@@ -44,6 +48,27 @@ pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream) {
     if let Err(e) = conn.await {
         tracing::debug!("occl-ras: http connection: {e}");
     }
+}
+
+/// The HTTP side of [`MAX_BAD_LINES`]: a connection gets that many client errors (unknown path, wrong method, bad
+/// query) answered as usual; the next one is a final error with `Connection: close`, after which hyper closes it,
+/// so pipelined junk is not answered request for request. (A request hyper cannot parse already ends the
+/// connection with one 400.)
+async fn close_after_bad(bad: Arc<AtomicU32>, res: Response) -> Response {
+    if !res.status().is_client_error() {
+        return res;
+    }
+    let n = bad.fetch_add(1, Ordering::Relaxed) + 1;
+    if n <= MAX_BAD_LINES {
+        return res;
+    }
+    let body = format!(
+        "{n} bad requests on this connection; closing it (this port serves /metrics, /api/v1/status, /api/v1/events \
+         and /healthz)\n"
+    );
+    let mut res = (res.status(), body).into_response();
+    res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
 }
 
 #[derive(serde::Deserialize)]
