@@ -309,7 +309,8 @@ fn a_megabyte_of_garbage_lines_gets_a_few_errors_then_a_close() {
     let limit = Duration::from_secs(5);
     let text = "no such command\n".repeat((1 << 20) / 16);
     let (answer, closed) = flood(port, text.as_bytes(), limit);
-    let closed = closed.unwrap_or_else(|| panic!("ncclras protocol: still open after {limit:?}; {} bytes back", answer.len()));
+    let closed =
+        closed.unwrap_or_else(|| panic!("ncclras protocol: still open after {limit:?}; {} bytes back", answer.len()));
     let lines: Vec<&str> = answer.lines().collect();
     assert_eq!(lines.len(), 4, "three errors and a final one: {answer}");
     assert!(lines.iter().all(|l| l.starts_with("ERROR: ")), "{answer}");

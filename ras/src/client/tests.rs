@@ -206,7 +206,10 @@ fn bad_lines_get_a_few_errors_then_a_final_one_and_close() {
     assert_eq!(s.lines_handled(), 4, "nothing after the close is read");
     // Good lines between bad ones do not reset the count, and blank lines are not bad.
     let got = replies("FOO\nTIMEOUT 1\n\nBAR\n\n\nSET FORMAT xml\nBAZ\nSTATUS\n");
-    let tail = [reply("ERROR: 4 invalid commands; closing the connection (send CLIENT PROTOCOL 2, then STATUS)"), Action::Close];
+    let tail = [
+        reply("ERROR: 4 invalid commands; closing the connection (send CLIENT PROTOCOL 2, then STATUS)"),
+        Action::Close,
+    ];
     assert_eq!(got[got.len() - 2..], tail, "{got:?}");
     assert_eq!(got.len(), 6, "{got:?}");
     // Split across reads as a socket delivers them, the same.

@@ -7,18 +7,19 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 
 use super::actor::Shared;
-use super::client::{event_line, gather, node_metrics};
+use super::client::{event_line, gather, node_metrics, Seat};
 use super::metrics::{node_metrics_gauges, prometheus};
 use super::report::build_report;
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
@@ -31,19 +32,34 @@ const HTTP_BUDGET: Duration = Duration::from_secs(5);
 /// The longest a scrape waits for another process of the node to send its metrics.
 const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream) {
+pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream, seat: Seat) {
     let bad = Arc::new(AtomicU32::new(0));
+    let request_timeout = sh.cfg.client_request_timeout;
+    let marker = seat.clone();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/events", get(events))
         .with_state(sh)
-        .layer(axum::middleware::map_response(move |res: Response| close_after_bad(bad.clone(), res)));
+        .layer(axum::middleware::map_response(move |res: Response| close_after_bad(bad.clone(), res)))
+        // While a request is served its connection is not evicted; between requests (keep-alive) it may be.
+        .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+            let seat = marker.clone();
+            async move {
+                seat.busy();
+                let res = next.run(req).await;
+                seat.waiting();
+                res
+            }
+        }))
+        .layer(Extension(seat));
     let svc = TowerToHyperService::new(app);
+    // The request timeout bounds the wait for each request head: the first, and each next one of a keep-alive
+    // connection (hyper starts the timer when it starts reading a head, idle or not).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(request_timeout)
         .serve_connection(TokioIo::new(stream), svc);
     if let Err(e) = conn.await {
         tracing::debug!("occl-ras: http connection: {e}");
@@ -133,14 +149,18 @@ async fn status(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
     }
 }
 
-async fn events(State(sh): State<Shared>) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+async fn events(State(sh): State<Shared>, Extension(seat): Extension<Seat>) -> Response {
+    if !seat.stream() {
+        let msg = "too many event streams on this process; try again later\n";
+        return (StatusCode::SERVICE_UNAVAILABLE, [(header::CONNECTION, "close")], msg).into_response();
+    }
     let rx = sh.events.subscribe();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         loop {
             match rx.recv().await {
                 Ok(e) => {
                     if let Some(line) = event_line(&e, EventGroups::ALL, Format::Json) {
-                        return Some((Ok(SseEvent::default().data(line.trim_end())), rx));
+                        return Some((Ok::<_, Infallible>(SseEvent::default().data(line.trim_end())), rx));
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -148,5 +168,5 @@ async fn events(State(sh): State<Shared>) -> Sse<impl futures_util::Stream<Item 
             }
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }

@@ -11,6 +11,7 @@
 //!   `/healthz`) through axum ([`http`]).
 
 mod actor;
+mod admission;
 mod client;
 mod config;
 mod conn;
