@@ -10,7 +10,7 @@
 //! - [`report`]: the analysed report model and NCCL's text and JSON renderings of it.
 //! - [`analysis`]: [`analyze`], the pure function from a status gather to that model: NCCL 2.28's job summary,
 //!   communicator groups and verdicts (INCOMPLETE, DEAD, ERROR, TIMEOUT, MISMATCH with NOCOMM), and occl's stuck
-//!   operations.
+//!   and failed operations.
 //! - [`record`]: rank records. `occl` updates a [`record::LiveRecord`] per communicator and rank on the collective
 //!   path (relaxed atomic stores, no lock, no allocation) and registers it in the process's
 //!   [`record::ProcessRecords`]; RAS ships [`record::RankRecord`] snapshots and converts gathered ones into the

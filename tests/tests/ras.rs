@@ -245,6 +245,51 @@ fn many_clients_and_a_silent_one_do_not_stop_the_job() {
     drop(job);
 }
 
+/// Issue 26, item 9: an operation that failed is reported as failed, with its error, and no longer as in flight
+/// (which showed it STUCK, with a wait that grew for as long as the process lived).
+#[test]
+fn a_failed_operation_is_reported_failed_with_its_error_not_stuck() {
+    let port = free_port();
+    // Rank 1 sends another count in the 6th all-reduce: every rank's 6th fails, and every process stays up.
+    let job = start(3, &["fail_idle", "1"], port, &[]);
+    // Past the stuck threshold (1 s): an operation still in flight would be listed by now.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, body) = http_get(port, "/api/v1/status", Duration::from_secs(10)).expect("status");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("the JSON report parses");
+    let stuck = v["stuck_operations"].as_array().map_or(0, Vec::len);
+    assert_eq!(stuck, 0, "a failed operation is reported in flight: {v:#}");
+    let failed = v["failed_operations"].as_array().unwrap_or_else(|| panic!("no failed_operations: {v:#}"));
+    for r in 0..3u64 {
+        let f = failed.iter().find(|f| f["rank"] == r).unwrap_or_else(|| panic!("rank {r} not failed: {v:#}"));
+        assert_eq!((f["operation"].as_str(), f["seq"].as_u64()), (Some("AllReduce"), Some(6)), "{f}");
+        // The very error the rank's call returned.
+        let out = job.output(r as usize);
+        let msg = out.lines().find_map(|l| l.split_once(" msg=").filter(|_| l.starts_with("ERR ")).map(|x| x.1));
+        let msg = msg.unwrap_or_else(|| panic!("rank {r} printed no error:\n{out}"));
+        assert_eq!(f["error"].as_str(), Some(msg), "{f}");
+        assert!(f["result"].as_i64().is_some_and(|c| c == 5 || c == 6), "InvalidUsage or RemoteError: {f}");
+    }
+    assert!(failed.iter().any(|f| f["error"].as_str().is_some_and(|e| e.contains("operation mismatch"))), "{v:#}");
+    for rank in v["communicators"][0]["ranks"].as_array().expect("ranks") {
+        let ops = &rank["occl_operations"];
+        assert_eq!(
+            (ops["launched"].as_u64(), ops["completed"].as_u64(), ops["failed"].as_u64()),
+            (Some(6), Some(5), Some(1))
+        );
+    }
+    // NCCL's text protocol: a failed section, no stuck one.
+    let text = ncclras(port, "STATUS\n", Duration::from_secs(10)).expect("text status");
+    assert!(!text.contains("Stuck operations"), "{text}");
+    let section =
+        text.split("Failed operations (occl)\n").nth(1).unwrap_or_else(|| panic!("no failed section:\n{text}"));
+    for r in 0..3 {
+        assert!(section.contains(&format!("Rank {r} in AllReduce operation 6 failed")), "{text}");
+    }
+    assert!(section.contains("operation mismatch"), "{text}");
+    drop(job);
+}
+
 /// Issue 26, item 9: a job whose client port another program holds (without SO_REUSEPORT) runs on, and says so at
 /// WARN (not INFO, which nobody sees): the address, the OS error, and that ncclras and /metrics cannot reach it.
 #[test]

@@ -1,6 +1,6 @@
 //! `ncclras` end to end: the plain client against a server replaying NCCL 2.28.9's real reports (stdout must equal
-//! the server's bytes; the commands sent, the messages and exit codes must be NVIDIA's), and `ncclras --tui`
-//! driven in tmux against a real hung occl job with a killed rank.
+//! the server's bytes; the commands sent, the messages and exit codes must be NVIDIA's), `ncclras --tui` driven in
+//! tmux against a real occl job with a killed rank, and both against a flood of idle connections.
 //!
 //! `harness = false`: the same binary is also a rank of the occl job (`OCCL_TUI_TEST_RANK=1`), so the test needs
 //! no other crate's binaries. Arguments filter tests by substring, like libtest's.
@@ -40,8 +40,8 @@ fn main() -> ExitCode {
             two_thousand_idle_connections_leave_room_for_ncclras_and_a_scrape,
         ),
         (
-            "tui_in_tmux_shows_a_killed_rank_and_the_stuck_operation",
-            tui_in_tmux_shows_a_killed_rank_and_the_stuck_operation,
+            "tui_in_tmux_shows_a_killed_rank_and_the_failed_operations",
+            tui_in_tmux_shows_a_killed_rank_and_the_failed_operations,
         ),
     ];
     let filters = filters(std::env::args().skip(1));
@@ -476,7 +476,7 @@ fn have_tmux() -> bool {
     Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
 }
 
-fn tui_in_tmux_shows_a_killed_rank_and_the_stuck_operation() -> anyhow::Result<()> {
+fn tui_in_tmux_shows_a_killed_rank_and_the_failed_operations() -> anyhow::Result<()> {
     if !have_tmux() {
         anyhow::ensure!(std::env::var_os("CI").is_none(), "tmux is missing in CI; scripts/test.sh installs it");
         println!("SKIPPED tui_in_tmux: tmux is not installed here (scripts/test.sh installs it; CI runs this test)");
@@ -507,12 +507,15 @@ fn tui_in_tmux_shows_a_killed_rank_and_the_stuck_operation() -> anyhow::Result<(
     );
     t.cmd(&["new-session", "-d", "-s", &session, "-x", "120", "-y", "36", &run])?;
 
-    // The dead process, the laggard first in the ranks panel, and the ranks stuck in the 6th all-reduce.
-    let s = t.wait("the dead process and a stuck operation", Duration::from_secs(30), |s| {
-        s.contains(&format!("DEAD pid {victim}")) && s.contains("AllReduce #")
+    // The dead process, the laggard first in the ranks panel, and the other ranks' 6th all-reduce, which failed when
+    // the laggard died: shown failed with its error, not stuck with a wait that grows for ever.
+    let s = t.wait("the dead process and the failed operations", Duration::from_secs(30), |s| {
+        s.contains(&format!("DEAD pid {victim}")) && s.contains("Failed operations (3), stuck (0)")
     })?;
-    anyhow::ensure!(s.contains("Stuck operations ("), "{s}");
-    anyhow::ensure!(s.contains("DEAD 1"), "summary line: {s}");
+    // Three table rows (the event log's `FAILED: rank …` lines aside).
+    let rows = s.lines().filter(|l| l.contains("AllReduce #6") && l.contains("FAILED") && !l.contains("FAILED:"));
+    anyhow::ensure!(rows.count() == 3, "{s}");
+    anyhow::ensure!(s.contains("DEAD 1") && s.contains("FAILED 3") && s.contains("STUCK 0"), "summary line: {s}");
     let ranks_panel: Vec<&str> = s.lines().skip_while(|l| !l.contains("rank  state")).skip(1).take(4).collect();
     anyhow::ensure!(
         ranks_panel.first().is_some_and(|l| l.contains("DEAD")),
