@@ -178,7 +178,12 @@ fn clients_that_never_complete_a_request_are_closed_after_the_request_timeout() 
     cfg.client_request_timeout = Duration::from_millis(400);
     let (servers, _records) = job_with(&[[1; 16]], cfg);
     let port = servers[0].client_addr().expect("client port").port();
-    let connect = || TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    // Every read is bounded, so a server that never answers fails the test instead of hanging it.
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s
+    };
     let bound = Duration::from_secs(3);
     let early = Duration::from_millis(300);
     // Silent.
@@ -218,12 +223,16 @@ fn a_flood_of_idle_clients_leaves_room_for_requests_and_streams_are_bounded() {
     let (servers, _records) = job_with(&[[1; 16]], cfg);
     assert_eq!(wait_for_answers(&servers[0], 1), 1);
     let port = servers[0].client_addr().expect("client port").port();
-    let connect = || TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    // Every read is bounded, so a server that never answers fails the test instead of hanging it.
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s
+    };
     let flood: Vec<TcpStream> = (0..200).map(|_| connect()).collect();
     for what in ["STATUS\n", "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"] {
         let t = Instant::now();
         let mut s = connect();
-        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
         s.write_all(what.as_bytes()).expect("request");
         let mut answer = String::new();
         let _ = s.read_to_string(&mut answer);
@@ -247,20 +256,17 @@ fn a_flood_of_idle_clients_leaves_room_for_requests_and_streams_are_bounded() {
         })
         .collect();
     let mut s = connect();
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     s.write_all(b"MONITOR\n").expect("monitor");
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
     assert_eq!(answer, "OK\nERROR: Too many monitor clients on this process\n");
     let mut s = connect();
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     s.write_all(b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n").expect("sse");
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     // A status still gets in while the streams are open.
     let mut s = connect();
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     s.write_all(b"STATUS\n").expect("status");
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
