@@ -633,7 +633,7 @@ impl Comm {
     /// flight recorder dumps, every peer learns why (so nobody waits on this rank for its
     /// timeout), and later calls get the error. Returns `e`.
     pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
-        self.record.failed(e.kind());
+        self.record.failed(&e);
         self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
         let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
         if let Some(Err(de)) = self.flight.dump(reason) {

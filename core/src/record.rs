@@ -63,17 +63,18 @@ impl OpRecord {
         self.rec.live().set_init_state(ResultCode::Success);
     }
 
-    /// The communicator failed with `kind` (its asynchronous error, as RAS reports it).
-    pub(crate) fn failed(&self, kind: crate::ErrorKind) {
+    /// The operation in flight failed with `e`, which fails the communicator: RAS reports the operation as failed
+    /// with this error (no longer in flight) and `e`'s kind as the communicator's asynchronous error.
+    pub(crate) fn failed(&self, e: &crate::Error) {
         use crate::ErrorKind as K;
-        let code = match kind {
+        let code = match e.kind() {
             K::SystemError => ResultCode::SystemError,
             K::InvalidArgument => ResultCode::InvalidArgument,
             K::InvalidUsage => ResultCode::InvalidUsage,
             K::RemoteError | K::Timeout => ResultCode::RemoteError,
             _ => ResultCode::InternalError,
         };
-        self.rec.live().set_error(code);
+        self.rec.live().fail(code, &e.to_string(), now_ns());
     }
 
     pub(crate) fn aborted(&self) {
@@ -94,7 +95,7 @@ impl OpRecord {
         self.rec.live().completed(coll)
     }
 
-    /// The operation running now, if any (a failed one stays in flight).
+    /// The operation running now, if any (a failed one is not; RAS reports it as failed, with its error).
     pub fn in_flight(&self) -> Option<InFlight> {
         self.rec.live().in_flight()
     }

@@ -10,7 +10,7 @@
 //! - [`report`]: the analysed report model and NCCL's text and JSON renderings of it.
 //! - [`analysis`]: [`analyze`], the pure function from a status gather to that model: NCCL 2.28's job summary,
 //!   communicator groups and verdicts (INCOMPLETE, DEAD, ERROR, TIMEOUT, MISMATCH with NOCOMM), and occl's stuck
-//!   operations.
+//!   and failed operations.
 //! - [`record`]: rank records. `occl` updates a [`record::LiveRecord`] per communicator and rank on the collective
 //!   path (relaxed atomic stores, no lock, no allocation) and registers it in the process's
 //!   [`record::ProcessRecords`]; RAS ships [`record::RankRecord`] snapshots and converts gathered ones into the
@@ -30,7 +30,8 @@
 //! - [`server`]: the RAS thread, a tokio current-thread runtime that drives the mesh over real sockets and serves
 //!   the client port (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`, SO_REUSEPORT): NCCL's text
 //!   protocol, and HTTP on the same port told apart by the first bytes (`/metrics`, `/api/v1/status`,
-//!   `/api/v1/events`, `/healthz`).
+//!   `/api/v1/events`, `/healthz`). Client connections are bounded (in all, per peer address, streams) and a
+//!   newcomer pushes out an idle one, so a flood of silent connections never keeps `ncclras` or a scrape out.
 #![forbid(unsafe_code)]
 
 pub mod analysis;

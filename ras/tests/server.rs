@@ -17,7 +17,12 @@ fn config() -> RasConfig {
 
 /// `n` servers forming one job (one rank record each); `secrets[i]` is server i's job secret.
 fn job(secrets: &[[u8; 16]]) -> (Vec<RasServer>, Vec<Arc<CommRecord>>) {
-    let servers: Vec<RasServer> = secrets.iter().map(|s| RasServer::start(config(), *s).expect("start")).collect();
+    job_with(secrets, config())
+}
+
+/// As `job`, every server with `cfg`.
+fn job_with(secrets: &[[u8; 16]], cfg: RasConfig) -> (Vec<RasServer>, Vec<Arc<CommRecord>>) {
+    let servers: Vec<RasServer> = secrets.iter().map(|s| RasServer::start(cfg.clone(), *s).expect("start")).collect();
     let members: Vec<(u32, PeerAddr)> = servers
         .iter()
         .enumerate()
@@ -135,4 +140,136 @@ fn strangers_and_wrong_secrets_do_not_get_in() {
     junk.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     let mut b = [0u8; 16];
     assert!(matches!(junk.read(&mut b), Ok(0) | Err(_)), "garbage connection left open");
+}
+
+/// Reads until the server closes; how long that took, or `None` if it was still open after `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(20))).expect("timeout");
+    let mut b = [0u8; 4096];
+    while t.elapsed() < limit {
+        match s.read(&mut b) {
+            Ok(0) => return Some(t.elapsed()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Some(t.elapsed()),
+        }
+    }
+    None
+}
+
+/// Sends `step` every 50 ms on `s` until the server closes it (or `limit`); how long it stayed open.
+fn trickle(s: &mut TcpStream, step: &[u8], limit: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if s.write_all(step).is_err() {
+            return Some(t.elapsed());
+        }
+        if closed_within(s, Duration::from_millis(50)).is_some() {
+            return Some(t.elapsed());
+        }
+    }
+    None
+}
+
+#[test]
+fn clients_that_never_complete_a_request_are_closed_after_the_request_timeout() {
+    let mut cfg = config();
+    cfg.client_request_timeout = Duration::from_millis(400);
+    let (servers, _records) = job_with(&[[1; 16]], cfg);
+    let port = servers[0].client_addr().expect("client port").port();
+    // Every read is bounded, so a server that never answers fails the test instead of hanging it.
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s
+    };
+    let bound = Duration::from_secs(3);
+    let early = Duration::from_millis(300);
+    // Silent.
+    let t = closed_within(&mut connect(), bound).expect("a silent client was not closed");
+    assert!(t >= early, "closed after {t:?}, before the timeout");
+    // A command trickled a byte at a time, and blank lines: neither completes a command.
+    let t = trickle(&mut connect(), b"S", bound).expect("a trickled command was not closed");
+    assert!(t >= early, "{t:?}");
+    trickle(&mut connect(), b"\n", bound).expect("blank lines kept a client open");
+    // Each complete command restarts the clock: four commands 300 ms apart outlive the 400 ms timeout.
+    let mut s = connect();
+    for _ in 0..4 {
+        s.write_all(b"TIMEOUT 1\n").expect("command");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    s.write_all(b"CLIENT PROTOCOL 2\n").expect("command");
+    let mut r = BufReader::new(s);
+    let mut got = String::new();
+    for _ in 0..5 {
+        r.read_line(&mut got).expect("reply");
+    }
+    assert_eq!(got, "OK\nOK\nOK\nOK\nSERVER PROTOCOL 2\n");
+    // HTTP: a head trickled header by header, and a keep-alive connection after its request.
+    let mut s = connect();
+    s.write_all(b"GET /healthz HTTP/1.1\r\n").expect("request line");
+    trickle(&mut s, b"X-A: b\r\n", bound).expect("a trickled HTTP head was not closed");
+    let mut s = connect();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").expect("request");
+    let t = closed_within(&mut s, bound).expect("an idle keep-alive connection was not closed");
+    assert!(t >= early, "{t:?}");
+}
+
+#[test]
+fn a_flood_of_idle_clients_leaves_room_for_requests_and_streams_are_bounded() {
+    let mut cfg = config();
+    cfg.max_clients = 16;
+    let (servers, _records) = job_with(&[[1; 16]], cfg);
+    assert_eq!(wait_for_answers(&servers[0], 1), 1);
+    let port = servers[0].client_addr().expect("client port").port();
+    // Every read is bounded, so a server that never answers fails the test instead of hanging it.
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s
+    };
+    let flood: Vec<TcpStream> = (0..200).map(|_| connect()).collect();
+    for what in ["STATUS\n", "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"] {
+        let t = Instant::now();
+        let mut s = connect();
+        s.write_all(what.as_bytes()).expect("request");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.contains("Job summary") || answer.ends_with("\r\n\r\nok\n"),
+            "{what:?} behind a flood: {answer:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(1), "{what:?} took {:?}", t.elapsed());
+    }
+    drop(flood);
+    // Streams: half the table. The next MONITOR gets its OK, then an error, and is closed; the next SSE a 503.
+    let monitors: Vec<BufReader<TcpStream>> = (0..8)
+        .map(|_| {
+            let mut s = connect();
+            s.write_all(b"MONITOR\n").expect("monitor");
+            let mut r = BufReader::new(s);
+            let mut ok = String::new();
+            r.read_line(&mut ok).expect("OK");
+            assert_eq!(ok, "OK\n");
+            r
+        })
+        .collect();
+    let mut s = connect();
+    s.write_all(b"MONITOR\n").expect("monitor");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert_eq!(answer, "OK\nERROR: Too many monitor clients on this process\n");
+    let mut s = connect();
+    s.write_all(b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n").expect("sse");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    // A status still gets in while the streams are open.
+    let mut s = connect();
+    s.write_all(b"STATUS\n").expect("status");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.contains("Job summary"), "{answer}");
+    drop(monitors);
 }

@@ -244,3 +244,132 @@ fn many_clients_and_a_silent_one_do_not_stop_the_job() {
     assert!(ar(&after) > ar(&before), "collectives stalled while clients were served ({a} → {b})");
     drop(job);
 }
+
+/// Issue 26, item 9: an operation that failed is reported as failed, with its error, and no longer as in flight
+/// (which showed it STUCK, with a wait that grew for as long as the process lived).
+#[test]
+fn a_failed_operation_is_reported_failed_with_its_error_not_stuck() {
+    let port = free_port();
+    // Rank 1 sends another count in the 6th all-reduce: every rank's 6th fails, and every process stays up.
+    let job = start(3, &["fail_idle", "1"], port, &[]);
+    // Past the stuck threshold (1 s): an operation still in flight would be listed by now.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, body) = http_get(port, "/api/v1/status", Duration::from_secs(10)).expect("status");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("the JSON report parses");
+    let stuck = v["stuck_operations"].as_array().map_or(0, Vec::len);
+    assert_eq!(stuck, 0, "a failed operation is reported in flight: {v:#}");
+    let failed = v["failed_operations"].as_array().unwrap_or_else(|| panic!("no failed_operations: {v:#}"));
+    for r in 0..3u64 {
+        let f = failed.iter().find(|f| f["rank"] == r).unwrap_or_else(|| panic!("rank {r} not failed: {v:#}"));
+        assert_eq!((f["operation"].as_str(), f["seq"].as_u64()), (Some("AllReduce"), Some(6)), "{f}");
+        // The very error the rank's call returned.
+        let out = job.output(r as usize);
+        let msg = out.lines().find_map(|l| l.split_once(" msg=").filter(|_| l.starts_with("ERR ")).map(|x| x.1));
+        let msg = msg.unwrap_or_else(|| panic!("rank {r} printed no error:\n{out}"));
+        assert_eq!(f["error"].as_str(), Some(msg), "{f}");
+        assert!(f["result"].as_i64().is_some_and(|c| c == 5 || c == 6), "InvalidUsage or RemoteError: {f}");
+    }
+    assert!(failed.iter().any(|f| f["error"].as_str().is_some_and(|e| e.contains("operation mismatch"))), "{v:#}");
+    for rank in v["communicators"][0]["ranks"].as_array().expect("ranks") {
+        let ops = &rank["occl_operations"];
+        assert_eq!(
+            (ops["launched"].as_u64(), ops["completed"].as_u64(), ops["failed"].as_u64()),
+            (Some(6), Some(5), Some(1))
+        );
+    }
+    // NCCL's text protocol: a failed section, no stuck one.
+    let text = ncclras(port, "STATUS\n", Duration::from_secs(10)).expect("text status");
+    assert!(!text.contains("Stuck operations"), "{text}");
+    let section =
+        text.split("Failed operations (occl)\n").nth(1).unwrap_or_else(|| panic!("no failed section:\n{text}"));
+    for r in 0..3 {
+        assert!(section.contains(&format!("Rank {r} in AllReduce operation 6 failed")), "{text}");
+    }
+    assert!(section.contains("operation mismatch"), "{text}");
+    drop(job);
+}
+
+/// Issue 26, item 9: a job whose client port another program holds (without SO_REUSEPORT) runs on, and says so at
+/// WARN (not INFO, which nobody sees): the address, the OS error, and that ncclras and /metrics cannot reach it.
+#[test]
+fn a_client_port_held_by_another_program_is_a_warning_naming_it() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let addr = holder.local_addr().expect("held address").to_string();
+    let spawn = occl_tests::launch::Spawn {
+        env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_DEBUG", "WARN")]),
+        ..occl_tests::launch::Spawn::default()
+    };
+    let outs = common::run_job(2, &["late", "0"], spawn, Duration::from_secs(60));
+    common::assert_all_ok(&outs, "a job whose RAS client port is taken");
+    for o in &outs {
+        let line = o.output.lines().find(|l| l.contains(&addr));
+        let line = line.unwrap_or_else(|| panic!("rank {} logged nothing about {addr}:\n{}", o.rank, o.output));
+        assert!(line.contains("WARN"), "not a warning: {line}");
+        assert!(line.contains("Address already in use"), "the OS error: {line}");
+        assert!(line.contains("ncclras") && line.contains("/metrics"), "what it means: {line}");
+    }
+    drop(holder);
+}
+
+/// Writes `bytes` on a fresh connection while reading the answer; returns what came back and how long the server
+/// took to close (`None`: still open after `limit`).
+fn flood(port: u16, bytes: &[u8], limit: Duration) -> (String, Option<Duration>) {
+    use std::io::{Read, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_millis(100))).expect("read timeout");
+    s.set_write_timeout(Some(limit)).expect("write timeout");
+    let mut w = s.try_clone().expect("clone");
+    let t = Instant::now();
+    let closed = std::thread::scope(|sc| {
+        // The writer stops at the first error: the server closed.
+        sc.spawn(move || {
+            let _ = w.write_all(bytes);
+        });
+        let (mut r, mut got, mut buf) = (&s, Vec::new(), vec![0u8; 64 << 10]);
+        let closed = loop {
+            match r.read(&mut buf) {
+                Ok(0) => break Some(t.elapsed()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => break Some(t.elapsed()),
+            }
+            if t.elapsed() > limit {
+                break None;
+            }
+        };
+        // Unblocks the writer if the server never closed.
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        (String::from_utf8_lossy(&got).into_owned(), closed)
+    });
+    closed
+}
+
+/// Issue 26, item 9: 1 MiB of bad lines is not answered line for line (2 MiB of errors); after a few the server
+/// says why and closes, on NCCL's text protocol and on HTTP alike.
+#[test]
+fn a_megabyte_of_garbage_lines_gets_a_few_errors_then_a_close() {
+    let port = free_port();
+    let job = start(2, &["idle"], port, &[]);
+    let limit = Duration::from_secs(5);
+    let text = "no such command\n".repeat((1 << 20) / 16);
+    let (answer, closed) = flood(port, text.as_bytes(), limit);
+    let closed =
+        closed.unwrap_or_else(|| panic!("ncclras protocol: still open after {limit:?}; {} bytes back", answer.len()));
+    let lines: Vec<&str> = answer.lines().collect();
+    assert_eq!(lines.len(), 4, "three errors and a final one: {answer}");
+    assert!(lines.iter().all(|l| l.starts_with("ERROR: ")), "{answer}");
+    assert!(lines.last().is_some_and(|l| l.contains("closing")), "the last error says why it closes: {answer}");
+    assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
+
+    let req = "GET /no/such/page HTTP/1.1\r\nHost: x\r\n\r\n";
+    let http = req.repeat((1 << 20) / req.len());
+    let (answer, closed) = flood(port, http.as_bytes(), limit);
+    let closed = closed.unwrap_or_else(|| panic!("http: still open after {limit:?}; {} bytes back", answer.len()));
+    let responses = answer.matches("HTTP/1.1 ").count();
+    assert_eq!(responses, 4, "three 404s and a final error: {}", &answer[..answer.len().min(2000)]);
+    let last = answer.rsplit("HTTP/1.1 ").next().unwrap_or_default();
+    assert!(last.contains("connection: close") && last.contains("bad requests on this connection"), "{answer}");
+    assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
+    drop(job);
+}

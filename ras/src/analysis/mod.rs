@@ -1,5 +1,5 @@
 //! From a status gather to the report model: NCCL 2.28's verdicts (reference `nccl-ras.md` §3.6 and §4) and occl's
-//! stuck operations.
+//! stuck and failed operations.
 //!
 //! [`analyze`] is a pure function: the caller passes the clock readings, the peer table and what the answering
 //! process knows of its own communicators, so one input always gives one report, and records from peers (any size,
@@ -11,7 +11,7 @@
 //! - `verdicts`: per-communicator status and error bits, NCCL's grouping into table rows, the Errors and Warnings
 //!   entries.
 //! - `groups`: ranks or processes sharing a value, and NCCL's rule for when their members are listed.
-//! - `stuck`: operations in flight for too long, lagging ranks first.
+//! - `stuck`: operations in flight for too long, lagging ranks first; failed ones, the earliest first.
 
 mod gathered;
 mod groups;
@@ -94,6 +94,7 @@ pub fn analyze(input: &AnalysisInput<'_>) -> Report {
         errors: verdicts::errors(&gathered, &judged, input.verbose),
         warnings: verdicts::warnings(g.leg_timeouts, &judged, input.verbose),
         stuck: stuck::stuck_ops(&judged, input.now_ns, input.stuck),
+        failed: stuck::failed_ops(&judged, input.now_ns),
         comms: gathered.data,
     }
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::mesh::{PeerAddr, RequestId};
-use crate::record::{step_state, CollType, InFlight, LiveSnapshot, RankInfo, RankRecord, ResultCode};
+use crate::record::{step_state, CollType, Failure, InFlight, LiveSnapshot, RankInfo, RankRecord, ResultCode};
 use crate::report::tests::{assert_matches_capture, json_of, version};
 use crate::report::{
     render_json, render_text, CommRef, CommStatus, ErrorEntry, RankLoc, RankRef, StuckOp, WarningEntry,
@@ -386,6 +386,92 @@ fn three_ranks_one_allreduce_behind() {
     input.stuck.min_wait_ns = 0;
     input.now_ns = 0; // clocks that disagree give 0 ms, not a panic
     assert!(analyze(&input).stuck.iter().all(|s| s.waited_ms == 0));
+}
+
+#[test]
+fn failed_operations_are_reported_failed_with_their_error_not_stuck() {
+    // Three ranks failed their 6th all-reduce: rank 1 first (the mismatch it caused), ranks 0 and 2 after it.
+    let t = one_node(3, 100);
+    let id = comm(0xabc);
+    let op = |start_ns| InFlight {
+        seq: 6,
+        coll: CollType::AllReduce,
+        coll_seq: 6,
+        bytes: 64,
+        start_ns,
+        peer: Some(1),
+        step_state: Some(step_state::RECV_WAIT),
+    };
+    let failed = |at_ns, result: ResultCode, error: &str| {
+        let mut l = counts([0, 0, 0, 0, 5]);
+        l.launched[CollType::AllReduce as usize] = 6;
+        l.failed = 1;
+        l.async_error = result.code();
+        l.last_failure =
+            Some(Failure { op: Some(op(NOW - 10 * SEC)), at_ns, result: result.code(), error: error.into() });
+        l
+    };
+    let mut slow = failed(NOW - 9 * SEC, ResultCode::RemoteError, "peer rank 1 failed");
+    // Read at the instant it failed: still in flight as well. It is failed, not stuck.
+    slow.in_flight = Some(op(NOW - 10 * SEC));
+    let g = gather(
+        vec![
+            answer(
+                &t,
+                0,
+                vec![rec(&t, 0, id, 3, 0, failed(NOW - 9 * SEC, ResultCode::RemoteError, "peer rank 1 failed"))],
+            ),
+            answer(
+                &t,
+                1,
+                vec![rec(
+                    &t,
+                    1,
+                    id,
+                    3,
+                    1,
+                    failed(NOW - 9500 * 1_000_000, ResultCode::InvalidUsage, "operation mismatch"),
+                )],
+            ),
+            answer(&t, 2, vec![rec(&t, 2, id, 3, 2, slow)]),
+        ],
+        &[],
+        &[],
+    );
+    let r = simple(&g, &t, &[]);
+    assert!(r.stuck.is_empty(), "{:?}", r.stuck);
+    assert_eq!(r.failed.iter().map(|f| f.rank.rank).collect::<Vec<_>>(), [1, 0, 2], "earliest failure first");
+    let first = &r.failed[0];
+    assert_eq!(
+        (first.operation.clone(), first.ran_ms, first.ago_ms, first.result, first.error.as_str()),
+        (Some(("AllReduce".into(), 6)), 500, 9500, 5, "operation mismatch")
+    );
+    let text = render_text(&r);
+    assert!(!text.contains("Stuck operations"), "{text}");
+    assert!(
+        text.contains(
+            "Failed operations (occl)\n========================\n\n#0-0 (0000000000000abc) FAILED\n  Rank 1 in AllReduce \
+             operation 6 failed after 0.500s, 9.500s ago -- GPU 1 managed by process 101 on node 192.0.2.2\n  \
+             operation mismatch\n\n"
+        ),
+        "{text}"
+    );
+    // The async errors still make NCCL's ERROR entry.
+    assert!(text.contains("ERROR"), "{text}");
+    let json = json_of(&r);
+    assert!(json.get("stuck_operations").is_none(), "{json}");
+    let f = &json["failed_operations"][0];
+    assert_eq!((f["rank"].as_u64(), f["operation"].as_str(), f["seq"].as_u64()), (Some(1), Some("AllReduce"), Some(6)));
+    assert_eq!(
+        (f["result"].as_i64(), f["error"].as_str(), f["ran_ms"].as_u64()),
+        (Some(5), Some("operation mismatch"), Some(500))
+    );
+    let full: serde_json::Value = serde_json::from_str(&render_json(&r)).expect("valid JSON");
+    let ops = &full["communicators"][0]["ranks"][0]["occl_operations"];
+    assert_eq!(
+        (ops["launched"].as_u64(), ops["completed"].as_u64(), ops["failed"].as_u64()),
+        (Some(6), Some(5), Some(1))
+    );
 }
 
 #[test]

@@ -89,6 +89,9 @@ pub enum ClientError {
     /// Not in the reference (occl's wording): the client pipelined more replies than the session will hold unread.
     #[error("Too many unanswered commands")]
     TooManyPending,
+    /// Not in the reference (occl's wording): the `n`th bad line, past [`super::MAX_BAD_LINES`].
+    #[error("{0} invalid commands; closing the connection (send CLIENT PROTOCOL 2, then STATUS)")]
+    TooManyBadLines(u32),
 }
 
 impl ClientError {

@@ -6,7 +6,7 @@
 //! case. The `CLIENT PROTOCOL` handshake is optional — a bare `STATUS` gets the report — and any client version is
 //! answered with `SERVER PROTOCOL 2`. `STATUS` / `VERBOSE STATUS` end the command phase: the report follows and the
 //! connection closes. `MONITOR` ends it too: `OK`, then an event stream until either side closes. Errors leave the
-//! connection open, except an over-long line.
+//! connection open, except an over-long line and a bad line after [`MAX_BAD_LINES`] of them.
 //!
 //! Memory is bounded: at most [`MAX_LINE_BYTES`] of a partial line, at most about [`MAX_PENDING_REPLY_BYTES`] of
 //! replies not yet polled, and nothing at all once the command phase is over (later input is discarded).
@@ -29,6 +29,11 @@ pub const MAX_LINE_BYTES: usize = 1024;
 /// Replies the session holds before the driver polls them. `ncclras` sends at most four commands before `STATUS`;
 /// a client that pipelines far more than this without reading is cut off rather than buffered without bound.
 pub const MAX_PENDING_REPLY_BYTES: usize = 64 * 1024;
+
+/// Bad lines answered with an error; the next one gets a final error and the connection closes. `ncclras` sends at
+/// most four commands, all valid, and NCCL's own transcripts hold three errors at most, so more is a scanner, a
+/// misdirected client or a flood: answering each line would send back about twice what it sends.
+pub const MAX_BAD_LINES: u32 = 3;
 
 /// What the I/O layer must do next for this client, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +69,10 @@ pub struct ClientSession {
     line: Vec<u8>,
     actions: VecDeque<Action>,
     pending_reply_bytes: usize,
+    /// Lines answered with an error so far.
+    bad_lines: u32,
+    /// Non-blank lines handled so far, bad ones included.
+    lines: u64,
     handshake_done: bool,
     client_version: Option<u32>,
     format: Format,
@@ -79,6 +88,8 @@ impl ClientSession {
             line: Vec::new(),
             actions: VecDeque::new(),
             pending_reply_bytes: 0,
+            bad_lines: 0,
+            lines: 0,
             handshake_done: false,
             client_version: None,
             format: Format::default(),
@@ -109,6 +120,12 @@ impl ClientSession {
     /// The gather timeout set by `TIMEOUT`.
     pub fn timeout(&self) -> Timeout {
         self.timeout
+    }
+
+    /// Non-blank command lines handled so far (bad ones included): the driver's measure of progress, since a client
+    /// that trickles bytes or blank lines never completes one.
+    pub fn lines_handled(&self) -> u64 {
+        self.lines
     }
 
     /// Whether `Close` has been queued; the driver may stop reading.
@@ -160,7 +177,11 @@ impl ClientSession {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         // Invalid UTF-8 can never match a keyword; the lossy text is only echoed back in an error reply.
         let line = String::from_utf8_lossy(raw);
-        match parse(&line) {
+        let parsed = parse(&line);
+        if !matches!(parsed, Ok(None)) {
+            self.lines += 1;
+        }
+        match parsed {
             Ok(None) => {}
             Ok(Some(Command::ClientProtocol(version))) => {
                 self.handshake_done = true;
@@ -186,7 +207,11 @@ impl ClientSession {
                     self.actions.push_back(Action::Monitor { groups, format: self.format });
                 }
             }
-            Err(e) => self.reply(e.reply()),
+            Err(_) if self.bad_lines >= MAX_BAD_LINES => self.fail(ClientError::TooManyBadLines(self.bad_lines + 1)),
+            Err(e) => {
+                self.bad_lines += 1;
+                self.reply(e.reply());
+            }
         }
     }
 

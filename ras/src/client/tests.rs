@@ -73,14 +73,16 @@ fn timeout_values() {
     assert_eq!(s.timeout(), Timeout::Disabled);
     assert_eq!(run(&mut s, b"timeout 18446744073709551615\n"), [reply("OK")]);
     assert_eq!(s.timeout(), Timeout::Seconds(u64::MAX));
+    assert_eq!(run(&mut s, b"TIMEOUT 3s\n"), [reply("ERROR: Invalid timeout value 3s")]);
+    assert_eq!(s.timeout(), Timeout::Seconds(u64::MAX), "a rejected value changes nothing");
+    // One session each: a session closes after a few bad lines.
     for bad in ["-1", "+3", "3 4", "3s", "1.5", "18446744073709551616"] {
         let want = reply(&format!("ERROR: Invalid timeout value {bad}"));
-        assert_eq!(run(&mut s, format!("TIMEOUT {bad}\n").as_bytes()), [want], "{bad}");
+        assert_eq!(replies(&format!("TIMEOUT {bad}\n")), [want], "{bad}");
     }
-    assert_eq!(s.timeout(), Timeout::Seconds(u64::MAX), "a rejected value changes nothing");
-    assert_eq!(run(&mut s, b"TIMEOUT\n"), [reply("ERROR: Missing timeout value")]);
-    assert_eq!(run(&mut s, b"TIMEOUT   \n"), [reply("ERROR: Missing timeout value")]);
-    assert_eq!(run(&mut s, b"TIMEOUTS 3\n"), [reply("ERROR: Unknown command TIMEOUTS 3")]);
+    assert_eq!(replies("TIMEOUT\n"), [reply("ERROR: Missing timeout value")]);
+    assert_eq!(replies("TIMEOUT   \n"), [reply("ERROR: Missing timeout value")]);
+    assert_eq!(replies("TIMEOUTS 3\n"), [reply("ERROR: Unknown command TIMEOUTS 3")]);
 }
 
 #[test]
@@ -191,9 +193,38 @@ fn line_limit_boundary() {
 }
 
 #[test]
+fn bad_lines_get_a_few_errors_then_a_final_one_and_close() {
+    // Issue 26: a megabyte of garbage lines was echoed back as two megabytes of errors.
+    let mut s = ClientSession::new(0);
+    let flood = "FOO\n".repeat(1 << 18);
+    s.handle_bytes(flood.as_bytes());
+    assert!(s.is_closed());
+    let mut want = vec![reply("ERROR: Unknown command FOO"); MAX_BAD_LINES as usize];
+    want.push(reply("ERROR: 4 invalid commands; closing the connection (send CLIENT PROTOCOL 2, then STATUS)"));
+    want.push(Action::Close);
+    assert_eq!(std::iter::from_fn(|| s.poll_action()).collect::<Vec<_>>(), want);
+    assert_eq!(s.lines_handled(), 4, "nothing after the close is read");
+    // Good lines between bad ones do not reset the count, and blank lines are not bad.
+    let got = replies("FOO\nTIMEOUT 1\n\nBAR\n\n\nSET FORMAT xml\nBAZ\nSTATUS\n");
+    let tail = [
+        reply("ERROR: 4 invalid commands; closing the connection (send CLIENT PROTOCOL 2, then STATUS)"),
+        Action::Close,
+    ];
+    assert_eq!(got[got.len() - 2..], tail, "{got:?}");
+    assert_eq!(got.len(), 6, "{got:?}");
+    // Split across reads as a socket delivers them, the same.
+    let mut s = ClientSession::new(0);
+    let mut all = Vec::new();
+    for chunk in flood.as_bytes()[..4096].chunks(7) {
+        all.extend(run(&mut s, chunk));
+    }
+    assert_eq!(all.len(), MAX_BAD_LINES as usize + 2);
+}
+
+#[test]
 fn pipelined_flood_is_cut_off() {
     let mut s = ClientSession::new(0);
-    let flood = "FOO\n".repeat(10_000);
+    let flood = "TIMEOUT 1\n".repeat(30_000);
     s.handle_bytes(flood.as_bytes());
     assert!(s.is_closed());
     assert!(s.buffered_len() <= MAX_PENDING_REPLY_BYTES + 64);
@@ -238,7 +269,7 @@ fn random_bytes_never_panic_and_stay_bounded() {
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let bound = MAX_LINE_BYTES + MAX_PENDING_REPLY_BYTES + 128;
-    let (mut ok, mut status, mut closed) = (0, 0, 0);
+    let (mut ok, mut status, mut closed, mut cut_off) = (0, 0, 0, 0);
     for _ in 0..10_000 {
         let len = (rng.next() % 2048) as usize;
         let mut data = Vec::with_capacity(len + 32);
@@ -264,11 +295,16 @@ fn random_bytes_never_panic_and_stay_bounded() {
                 Action::Reply(text) if text == "OK\n" => ok += 1,
                 Action::Status { .. } => status += 1,
                 Action::Close => closed += 1,
+                Action::Reply(text) if text.contains("invalid commands; closing") => cut_off += 1,
                 _ => {}
             }
         }
         assert!(s.buffered_len() < MAX_LINE_BYTES);
     }
-    // The generator reaches the interesting paths, not just "Unknown command".
-    assert!(ok > 100 && status > 100 && closed > 100, "ok {ok}, status {status}, closed {closed}");
+    // The generator reaches the interesting paths, not just "Unknown command" (most inputs hold more than a few bad
+    // lines, so most sessions end cut off; enough reach a report first).
+    assert!(
+        ok > 30 && status > 30 && closed > 100 && cut_off > 100,
+        "ok {ok}, status {status}, closed {closed}, cut off {cut_off}"
+    );
 }

@@ -29,6 +29,7 @@ impl RankRecord {
             occl_ops: Some(OpTotals {
                 launched: l.launched.iter().fold(0u64, |a, &n| a.saturating_add(n)),
                 completed: l.completed.iter().fold(0u64, |a, &n| a.saturating_add(n)),
+                failed: l.failed,
             }),
         }
     }

@@ -2,13 +2,14 @@
 //! path and read by the RAS thread at any time.
 //!
 //! Cost on the writer's side: plain loads and relaxed stores (no read-modify-write, no lock, no allocation), because
-//! each record has a single writer. The in-flight fields change together, so they sit behind a sequence counter
+//! each record has a single writer. Only a failure, off the success path, takes a lock to keep its error text. The in-flight fields change together, so they sit behind a sequence counter
 //! (odd while the writer is between its stores) that lets a reader retry until it sees one consistent operation.
 //! On x86 and ARM the release fences the writer needs compile to nothing or to one barrier instruction.
 
 use std::sync::atomic::{fence, AtomicI32, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::{Mutex, PoisonError};
 
-use super::{CollType, Flag, InFlight, LiveSnapshot, ResultCode};
+use super::{CollType, Failure, Flag, InFlight, LiveSnapshot, ResultCode, MAX_ERROR_BYTES};
 
 /// `waiting_on` packs the peer and the step state into one word so that one store updates both; this marks "none".
 const NONE32: u64 = u32::MAX as u64;
@@ -43,6 +44,9 @@ pub struct LiveRecord {
     init_state: AtomicI32,
     async_error: AtomicI32,
     flags: AtomicU8,
+    /// Calls that failed, and the last one's operation and error.
+    failed: AtomicU64,
+    last_failure: Mutex<Option<Failure>>,
 }
 
 impl Default for LiveRecord {
@@ -74,6 +78,8 @@ impl LiveRecord {
             init_state: AtomicI32::new(ResultCode::InProgress.code()),
             async_error: AtomicI32::new(ResultCode::Success.code()),
             flags: AtomicU8::new(0),
+            failed: AtomicU64::new(0),
+            last_failure: Mutex::new(None),
         }
     }
 
@@ -103,8 +109,8 @@ impl LiveRecord {
         seq
     }
 
-    /// The operation in flight, of type `coll`, returned successfully. A failed operation is not completed: it
-    /// stays in flight, which is what a report should show.
+    /// The operation in flight, of type `coll`, returned successfully (a failed one goes through
+    /// [`LiveRecord::fail`] instead).
     #[inline]
     pub fn complete(&self, coll: CollType) {
         bump(&self.completed[coll as usize]);
@@ -121,6 +127,34 @@ impl LiveRecord {
         let p = peer.map_or(NONE32, u64::from);
         let s = step_state.map_or(NONE32, u64::from);
         self.op_wait.store(p << 32 | s, Relaxed);
+    }
+
+    /// The call running the operation in flight (if any) returned `result` with `error` at wall-clock `at_ns`: the
+    /// operation leaves flight, the communicator's asynchronous error becomes `result`, and the record keeps the
+    /// operation and the error (the last failure) for reports. Without this a failed operation would stay in flight
+    /// and read as stuck, its wait growing for as long as the process lives.
+    pub fn fail(&self, result: ResultCode, error: &str, at_ns: u64) {
+        let failure =
+            Failure { op: self.in_flight(), at_ns, result: result.code(), error: truncated(error).to_owned() };
+        // Kept before the operation leaves flight, so a reader sees it in flight, failed, or (for an instant) both;
+        // never neither.
+        *self.last_failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(failure);
+        self.async_error.store(result.code(), Relaxed);
+        bump(&self.failed);
+        self.write_op(|| {
+            self.op_seq.store(0, Relaxed);
+            self.op_wait.store(NO_WAIT, Relaxed);
+        });
+    }
+
+    /// Calls that failed so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
+
+    /// The last failed call's operation and error.
+    pub fn last_failure(&self) -> Option<Failure> {
+        self.last_failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// The communicator's asynchronous error (`ResultCode::Success` clears it).
@@ -153,7 +187,7 @@ impl LiveRecord {
         self.total.load(Relaxed)
     }
 
-    /// The operation running now, if any (a failed one stays in flight).
+    /// The operation running now, if any.
     pub fn in_flight(&self) -> Option<InFlight> {
         let (seq, coll, bytes, start_ns, wait) = self.read_op()?;
         if seq == 0 {
@@ -208,6 +242,17 @@ impl LiveRecord {
             destroy_flag: flags & Flag::Destroyed.bit() != 0,
             abort_flag: flags & Flag::Aborted.bit() != 0,
             in_flight: self.in_flight(),
+            failed: self.failed(),
+            last_failure: self.last_failure(),
         }
     }
+}
+
+/// `text` cut to at most [`MAX_ERROR_BYTES`], at a character boundary.
+fn truncated(text: &str) -> &str {
+    let mut end = text.len().min(MAX_ERROR_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }

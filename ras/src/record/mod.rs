@@ -234,6 +234,29 @@ impl InFlight {
     }
 }
 
+/// The longest error message a record keeps, in bytes; a longer one is cut at a character boundary.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// A rank's last failed call: the operation that was in flight and the error it returned.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Failure {
+    /// The operation in flight when the call failed (`None`: nothing was).
+    pub op: Option<InFlight>,
+    /// When it failed, in nanoseconds since the Unix epoch.
+    pub at_ns: u64,
+    /// The `ncclResult_t` it returned.
+    pub result: i32,
+    /// The error as the call returned it, at most [`MAX_ERROR_BYTES`].
+    pub error: String,
+}
+
+impl Failure {
+    /// How long the operation ran before it failed (0 when none was in flight).
+    pub fn ran_ns(&self) -> u64 {
+        self.op.as_ref().map_or(0, |o| self.at_ns.saturating_sub(o.start_ns))
+    }
+}
+
 /// What a [`LiveRecord`] held at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LiveSnapshot {
@@ -249,6 +272,10 @@ pub struct LiveSnapshot {
     pub destroy_flag: bool,
     pub abort_flag: bool,
     pub in_flight: Option<InFlight>,
+    /// Calls that returned an error (a group of sends and receives counts once).
+    pub failed: u64,
+    /// The last of them, with its error.
+    pub last_failure: Option<Failure>,
 }
 
 impl Default for LiveSnapshot {
@@ -262,6 +289,8 @@ impl Default for LiveSnapshot {
             destroy_flag: false,
             abort_flag: false,
             in_flight: None,
+            failed: 0,
+            last_failure: None,
         }
     }
 }

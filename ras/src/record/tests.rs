@@ -60,7 +60,7 @@ fn live_record_counts_launched_and_completed_and_tracks_the_op_in_flight() {
     assert_eq!(f.waiting_label(), "");
     r.waiting_on(None, Some(99));
     assert_eq!(r.in_flight().expect("in flight").waiting_label(), "step state 99");
-    // Failed: never completed, stays in flight.
+    // Still running: never completed.
     assert_eq!(r.launched(CollType::AllReduce), 2);
     assert_eq!(r.completed(CollType::AllReduce), 1);
     assert_eq!(r.launched(CollType::Send), 1);
@@ -77,6 +77,32 @@ fn live_record_counts_launched_and_completed_and_tracks_the_op_in_flight() {
     assert_eq!(s.launched, [0, 0, 0, 0, 2, 1, 0, 0]);
     assert_eq!(s.completed, [0, 0, 0, 0, 1, 1, 0, 0]);
     assert_eq!(s.in_flight.map(|f| f.seq), Some(3));
+}
+
+#[test]
+fn a_failed_operation_leaves_flight_and_is_kept_with_its_error() {
+    let r = LiveRecord::new();
+    r.launch(CollType::AllReduce, 64, 1_000);
+    r.complete(CollType::AllReduce);
+    r.launch(CollType::AllReduce, 64, 2_000);
+    r.waiting_on(Some(2), Some(step_state::RECV_WAIT));
+    r.fail(ResultCode::RemoteError, "peer rank 2 died", 5_000);
+    // Not in flight (a report would call it stuck, its wait growing for ever), but kept as the last failure.
+    assert_eq!(r.in_flight(), None);
+    let s = r.snapshot();
+    assert_eq!((s.in_flight.as_ref(), s.failed, s.async_error), (None, 1, ResultCode::RemoteError.code()));
+    let f = s.last_failure.expect("the failure is kept");
+    let op = f.op.as_ref().expect("the operation it was in");
+    assert_eq!((op.coll, op.coll_seq, op.peer, op.step_state), (CollType::AllReduce, 2, Some(2), Some(10)));
+    assert_eq!((f.at_ns, f.ran_ns(), f.result, f.error.as_str()), (5_000, 3_000, 6, "peer rank 2 died"));
+    assert_eq!((r.launched(CollType::AllReduce), r.completed(CollType::AllReduce)), (2, 1));
+    // Outside an operation, and an error longer than the record keeps (cut at a character boundary).
+    let long = format!("x{}", "é".repeat(MAX_ERROR_BYTES));
+    r.fail(ResultCode::InternalError, &long, 6_000);
+    let f = r.last_failure().expect("the last failure");
+    assert_eq!((f.op.as_ref(), f.ran_ns(), r.failed()), (None, 0, 2));
+    assert_eq!(f.error.len(), MAX_ERROR_BYTES - 1);
+    assert!(long.starts_with(&f.error));
 }
 
 #[test]

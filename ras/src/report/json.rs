@@ -1,9 +1,9 @@
 //! NCCL's JSON document (2.28.7+ layout, with 2.29's fix: valid JSON for missing ranks), plus occl extras under
-//! `occl_*` / `stuck_operations` keys that NCCL consumers ignore.
+//! `occl_*` / `stuck_operations` / `failed_operations` keys that NCCL consumers ignore.
 
 use serde::Serialize;
 
-use super::model::{CommData, Report, StuckOp};
+use super::model::{CommData, FailedOp, Report, StuckOp};
 
 #[derive(Serialize)]
 struct Doc<'a> {
@@ -17,6 +17,8 @@ struct Doc<'a> {
     ras: Ras,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     stuck_operations: Vec<Stuck<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    failed_operations: Vec<Failed<'a>>,
 }
 
 #[derive(Serialize)]
@@ -54,6 +56,7 @@ struct Rank<'a> {
 struct Ops {
     launched: u64,
     completed: u64,
+    failed: u64,
 }
 
 #[derive(Serialize)]
@@ -103,6 +106,21 @@ struct Stuck<'a> {
     step: &'a str,
 }
 
+#[derive(Serialize)]
+struct Failed<'a> {
+    comm_hash: String,
+    rank: u32,
+    /// `null` when no operation was in flight.
+    operation: Option<&'a str>,
+    seq: Option<u64>,
+    /// How long the operation ran, and how long ago it failed.
+    ran_ms: u64,
+    failed_ms_ago: u64,
+    /// `ncclResult_t`.
+    result: i32,
+    error: &'a str,
+}
+
 fn comm(c: &CommData) -> Comm<'_> {
     Comm {
         hash: format!("0x{:x}", c.hash),
@@ -135,7 +153,11 @@ fn comm(c: &CommData) -> Comm<'_> {
                         ReduceScatter: rs,
                         AllReduce: ar,
                     },
-                    occl_operations: r.occl_ops.map(|o| Ops { launched: o.launched, completed: o.completed }),
+                    occl_operations: r.occl_ops.map(|o| Ops {
+                        launched: o.launched,
+                        completed: o.completed,
+                        failed: o.failed,
+                    }),
                 }
             })
             .collect(),
@@ -166,6 +188,19 @@ fn stuck(s: &StuckOp) -> Stuck<'_> {
     }
 }
 
+fn failed(f: &FailedOp) -> Failed<'_> {
+    Failed {
+        comm_hash: format!("0x{:x}", f.comm.hash),
+        rank: f.rank.rank,
+        operation: f.operation.as_ref().map(|(name, _)| name.as_str()),
+        seq: f.operation.as_ref().map(|(_, seq)| *seq),
+        ran_ms: f.ran_ms,
+        failed_ms_ago: f.ago_ms,
+        result: f.result,
+        error: &f.error,
+    }
+}
+
 /// Renders the JSON document (pretty-printed, 2-space indent like NCCL's).
 pub fn render_json(r: &Report) -> String {
     let doc = Doc {
@@ -178,6 +213,7 @@ pub fn render_json(r: &Report) -> String {
         communicators: r.comms.iter().map(comm).collect(),
         ras: Ras { collection_time_sec: r.collection_time_sec, timeouts_count: r.timeouts_count },
         stuck_operations: r.stuck.iter().map(stuck).collect(),
+        failed_operations: r.failed.iter().map(failed).collect(),
     };
     // Serializing plain structs of strings and numbers cannot fail; NaN times become null rather than panic.
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();

@@ -200,6 +200,24 @@ pub struct StuckOp {
     pub step: String,
 }
 
+/// occl-only: a rank whose last call failed (the communicator is unusable from then on), with the operation it was
+/// in and the error it returned. The operation is no longer in flight, so it is not a [`StuckOp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedOp {
+    pub comm: CommRef,
+    pub rank: RankRef,
+    /// The operation's name and per-collective sequence number; `None` when no operation was in flight.
+    pub operation: Option<(String, u64)>,
+    /// How long the operation ran before it failed.
+    pub ran_ms: u64,
+    /// How long ago it failed.
+    pub ago_ms: u64,
+    /// The `ncclResult_t` the call returned.
+    pub result: i32,
+    /// The error as the call returned it.
+    pub error: String,
+}
+
 /// Raw per-rank data for the JSON dump.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankData {
@@ -215,8 +233,9 @@ pub struct RankData {
     pub abort_flag: bool,
     /// Broadcast, Reduce, AllGather, ReduceScatter, AllReduce.
     pub collective_counts: [u64; 5],
-    /// occl-only: operations of every kind (p2p and all-to-all included) launched and completed by this rank; `None`
-    /// for data that did not come from occl. Their difference is what the rank has in flight.
+    /// occl-only: operations of every kind (p2p and all-to-all included) launched, completed and failed by this rank;
+    /// `None` for data that did not come from occl. Launched less completed is what the rank has in flight or lost
+    /// to a failure.
     pub occl_ops: Option<OpTotals>,
 }
 
@@ -225,6 +244,8 @@ pub struct RankData {
 pub struct OpTotals {
     pub launched: u64,
     pub completed: u64,
+    /// Calls that returned an error (a group of sends and receives counts once).
+    pub failed: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -264,5 +285,7 @@ pub struct Report {
     pub errors: Vec<ErrorEntry>,
     pub warnings: Vec<WarningEntry>,
     pub stuck: Vec<StuckOp>,
+    /// Failed operations, earliest failure first (the first is often the cause of the others).
+    pub failed: Vec<FailedOp>,
     pub comms: Vec<CommData>,
 }

@@ -68,6 +68,7 @@ fn base(groups: Vec<CommGroupRow>) -> Report {
         errors: vec![],
         warnings: vec![],
         stuck: vec![],
+        failed: vec![],
         comms: vec![],
     }
 }

@@ -1,11 +1,13 @@
-//! NCCL's text report, line for line (2.28/2.29 `rasClientRun*`), plus occl's stuck-operations section.
+//! NCCL's text report, line for line (2.28/2.29 `rasClientRun*`), plus occl's failed- and stuck-operations
+//! sections.
 
 use std::fmt::Write;
 
 use super::model::{
-    CommGroupRow, CommRef, ErrorBreakdown, ErrorEntry, JobSummary, OpCountMismatch, ProcessRef, RankGroup, RankLoc,
-    RankRef, Report, StuckOp, SummarySpread, VersionInfo, WarningEntry,
+    CommGroupRow, CommRef, ErrorBreakdown, ErrorEntry, FailedOp, JobSummary, OpCountMismatch, ProcessRef, RankGroup,
+    RankLoc, RankRef, Report, StuckOp, SummarySpread, VersionInfo, WarningEntry,
 };
+use crate::record::ResultCode;
 
 /// Renders the whole report as the text client receives it (all chunks concatenated).
 pub fn render_text(r: &Report) -> String {
@@ -22,6 +24,9 @@ pub fn render_text(r: &Report) -> String {
     o.push_str("Warnings\n========\n\n");
     for w in &r.warnings {
         warning_entry(&mut o, w);
+    }
+    if !r.failed.is_empty() {
+        failed_section(&mut o, &r.failed);
     }
     if !r.stuck.is_empty() {
         stuck_section(&mut o, &r.stuck);
@@ -250,6 +255,32 @@ fn op_counts(o: &mut String, c: &OpCountMismatch) {
     };
     rank_groups(o, &c.groups, many, one);
     o.push('\n');
+}
+
+/// Milliseconds as NCCL prints durations, `S.SSSs`.
+fn secs(ms: u64) -> String {
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// occl-only, after Warnings (as the stuck section): each rank whose last call failed, and its error.
+fn failed_section(o: &mut String, ops: &[FailedOp]) {
+    o.push_str("Failed operations (occl)\n========================\n\n");
+    for f in ops {
+        let what = match &f.operation {
+            Some((name, seq)) => format!("in {name} operation {seq} failed after {}", secs(f.ran_ms)),
+            None => "failed outside an operation".to_string(),
+        };
+        // occl's error text names its kind already; NCCL's name of the code stands in for a missing one.
+        let error = if f.error.is_empty() { ResultCode::report_name(f.result) } else { &f.error };
+        let _ = writeln!(
+            o,
+            "{} FAILED\n  Rank {} {what}, {} ago {}\n  {error}\n",
+            comm_ref(&f.comm),
+            f.rank.rank,
+            secs(f.ago_ms),
+            whereabouts(&f.rank),
+        );
+    }
 }
 
 /// occl-only, after Warnings so NCCL-format parsers that stop at Warnings' entries still work.

@@ -2,21 +2,31 @@
 //! same port, as NCCL's do), connections told apart by their first bytes: HTTP goes to axum, anything else is NCCL's
 //! text protocol driven through [`ClientSession`].
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 
 use super::actor::Shared;
+use super::admission::{Admission, Admit, Limits, Slot};
 use super::{http, Cmd, Event, Gathered, NodeMetrics};
 use crate::client::{Action, ClientSession, EventGroups, Format, Timeout};
 
 /// NCCL's listen backlog for the client socket.
 const BACKLOG: i32 = 16384;
+
+/// The longest a report, a monitor event or a reply may take to write: a client that stops reading does not hold
+/// its connection (a busy one, which nobody evicts) for ever.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often, at most, a full client table is reported in the log.
+const PRESSURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Binds `addr` with SO_REUSEADDR and SO_REUSEPORT, as NCCL does, so all processes of a job on a node share it.
 pub(crate) fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
@@ -29,8 +39,93 @@ pub(crate) fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpL
     Ok(s.into())
 }
 
-/// Accepts clients until the runtime stops. At most `max_clients` are served at once; more are closed at once
-/// rather than queued, so a flood of clients cannot hold the mesh's memory.
+/// The client connections of this process: the admission table, and how to close each connection it evicts.
+struct Table {
+    adm: Admission,
+    tasks: HashMap<Slot, AbortHandle>,
+    /// Connections evicted and refused since the last log line, and when that was.
+    evicted: u64,
+    refused: u64,
+    logged: Option<Instant>,
+}
+
+type TableRef = Arc<Mutex<Table>>;
+
+fn lock(t: &TableRef) -> MutexGuard<'_, Table> {
+    // Bookkeeping only; a panic while it was held leaves nothing half-done that matters.
+    t.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Table {
+    /// Says, at most once a minute, that clients are being pushed out or refused: the port is under a flood, or the
+    /// bound is too small for the clients this node has.
+    fn note_pressure(&mut self, evicted: bool) {
+        if evicted {
+            self.evicted += 1;
+        } else {
+            self.refused += 1;
+        }
+        if self.logged.is_some_and(|t| t.elapsed() < PRESSURE_LOG_EVERY) {
+            return;
+        }
+        tracing::warn!(
+            "occl-ras: the client port holds its maximum of {} connections: {} idle ones closed to let new clients \
+             in, {} refused (every slot busy) since the last report; a client must send a complete request within \
+             a few seconds of connecting",
+            self.adm.len(),
+            self.evicted,
+            self.refused
+        );
+        self.logged = Some(Instant::now());
+        self.evicted = 0;
+        self.refused = 0;
+    }
+}
+
+/// A connection's place in the table, held by its task: it says what the connection is doing, and gives the place
+/// up when the task ends or is aborted (eviction aborts the task, which drops this).
+#[derive(Clone)]
+pub(crate) struct Seat(Arc<SeatInner>);
+
+struct SeatInner {
+    table: TableRef,
+    slot: Slot,
+    epoch: Instant,
+}
+
+impl Seat {
+    fn now_ms(&self) -> u64 {
+        self.0.epoch.elapsed().as_millis() as u64
+    }
+
+    /// A request is being served: the connection is not evicted meanwhile.
+    pub(crate) fn busy(&self) {
+        lock(&self.0.table).adm.busy(self.0.slot);
+    }
+
+    /// A request was completed; the connection waits for the next one.
+    pub(crate) fn waiting(&self) {
+        let now = self.now_ms();
+        lock(&self.0.table).adm.waiting(now, self.0.slot);
+    }
+
+    /// The connection becomes a long-lived stream; `false` when too many are open already.
+    pub(crate) fn stream(&self) -> bool {
+        lock(&self.0.table).adm.stream(self.0.slot)
+    }
+}
+
+impl Drop for SeatInner {
+    fn drop(&mut self) {
+        let mut t = lock(&self.table);
+        t.adm.release(self.slot);
+        t.tasks.remove(&self.slot);
+    }
+}
+
+/// Accepts clients until the runtime stops. The admission table bounds how many are held (see
+/// `server::admission`): a newcomer pushes out an idle connection, so a flood of silent connections costs this
+/// process a bounded number of sockets and never keeps a real client out.
 pub(crate) fn serve(sh: Shared, listener: std::net::TcpListener) {
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -39,26 +134,65 @@ pub(crate) fn serve(sh: Shared, listener: std::net::TcpListener) {
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(sh.cfg.max_clients));
+    let table = Arc::new(Mutex::new(Table {
+        adm: Admission::new(Limits::for_total(sh.cfg.max_clients)),
+        tasks: HashMap::new(),
+        evicted: 0,
+        refused: 0,
+        logged: None,
+    }));
+    let epoch = Instant::now();
     tokio::spawn(async move {
+        let mut warned: Option<Instant> = None;
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(x) => x,
                 Err(e) => {
-                    tracing::debug!("occl-ras: client accept: {e}");
+                    // Out of file descriptors, or a connection reset before it was accepted: wait a little rather
+                    // than spin on an error that repeats. The table holds at most a quarter of the process's
+                    // descriptors, so running out means something else in the process holds the rest.
+                    // ENFILE (23) and EMFILE (24) on Linux.
+                    let out_of_fds = matches!(e.raw_os_error(), Some(23 | 24));
+                    if out_of_fds && warned.is_none_or(|t| t.elapsed() >= PRESSURE_LOG_EVERY) {
+                        tracing::warn!(
+                            "occl-ras: cannot accept a client: {e}; the process is out of file descriptors (raise \
+                             `ulimit -n`)"
+                        );
+                        warned = Some(Instant::now());
+                    } else {
+                        tracing::debug!("occl-ras: client accept: {e}");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                tracing::debug!("occl-ras: {} clients already; refusing one", sh.cfg.max_clients);
-                continue;
+            let now = epoch.elapsed().as_millis() as u64;
+            let (slot, evicted) = {
+                let mut t = lock(&table);
+                match t.adm.admit(now, peer.ip()) {
+                    Admit::Yes { slot, evict: None } => (slot, None),
+                    Admit::Yes { slot, evict: Some(v) } => {
+                        t.note_pressure(true);
+                        (slot, t.tasks.remove(&v))
+                    }
+                    Admit::No => {
+                        t.note_pressure(false);
+                        continue; // drops (closes) the connection
+                    }
+                }
             };
-            let sh = sh.clone();
-            tokio::spawn(async move {
-                handle(sh, stream).await;
-                drop(permit);
-            });
+            // Aborted outside the lock: the task's end gives its place back, which takes the lock.
+            if let Some(task) = evicted {
+                task.abort();
+            }
+            let seat = Seat(Arc::new(SeatInner { table: table.clone(), slot, epoch }));
+            let task = tokio::spawn(handle(sh.clone(), stream, seat));
+            let mut t = lock(&table);
+            // On this current-thread runtime the task cannot have run (and given its place back) yet; the check
+            // keeps the table right on any runtime.
+            if t.adm.contains(slot) {
+                t.tasks.insert(slot, task.abort_handle());
+            }
         }
     });
 }
@@ -76,12 +210,13 @@ fn looks_like_http(b: &[u8]) -> Option<bool> {
     }
 }
 
-async fn handle(sh: Shared, stream: TcpStream) {
+async fn handle(sh: Shared, stream: TcpStream, seat: Seat) {
     let _ = stream.set_nodelay(true);
-    // Peek until the first bytes say which protocol; a client that sends nothing waits here on its own task.
+    // Peek until the first bytes say which protocol, within the request timeout.
+    let deadline = tokio::time::Instant::now() + sh.cfg.client_request_timeout;
     let mut peek = [0u8; 8];
     let http = loop {
-        let n = match tokio::time::timeout(sh.cfg.client_idle, stream.peek(&mut peek)).await {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut peek)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
             Ok(Ok(n)) => n,
         };
@@ -92,9 +227,9 @@ async fn handle(sh: Shared, stream: TcpStream) {
         }
     };
     if http {
-        http::serve_connection(sh, stream).await;
+        http::serve_connection(sh, stream, seat).await;
     } else {
-        ncclras(sh, stream).await;
+        ncclras(sh, stream, seat).await;
     }
 }
 
@@ -122,29 +257,50 @@ pub(crate) fn budget(sh: &Shared, t: Timeout) -> Duration {
     }
 }
 
-async fn ncclras(sh: Shared, mut stream: TcpStream) {
+/// Writes `bytes` within [`WRITE_TIMEOUT`]; `false` if the client is gone or stopped reading.
+async fn write_within(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
+    matches!(tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(bytes)).await, Ok(Ok(())))
+}
+
+async fn ncclras(sh: Shared, mut stream: TcpStream, seat: Seat) {
     let mut session = ClientSession::new(0);
     let mut buf = [0u8; 2048];
+    // Each command line must be complete within the request timeout of the previous one (of the connection, for
+    // the first): bytes that never make a line, or blank lines, do not count.
+    let mut deadline = tokio::time::Instant::now() + sh.cfg.client_request_timeout;
+    let mut lines = 0;
     loop {
-        let n = match tokio::time::timeout(sh.cfg.client_idle, stream.read(&mut buf)).await {
+        let n = match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
             Ok(Ok(n)) => n,
         };
         session.handle_bytes(&buf[..n]);
+        if session.lines_handled() > lines {
+            lines = session.lines_handled();
+            deadline = tokio::time::Instant::now() + sh.cfg.client_request_timeout;
+            seat.waiting();
+        }
         while let Some(a) = session.poll_action() {
             match a {
                 Action::Reply(text) => {
-                    if stream.write_all(text.as_bytes()).await.is_err() {
+                    if !write_within(&mut stream, text.as_bytes()).await {
                         return;
                     }
                 }
                 Action::Status { verbose, format, timeout } => {
+                    seat.busy();
                     let text = super::metrics::report_text(&sh, budget(&sh, timeout), verbose, format).await;
-                    let _ = stream.write_all(text.as_bytes()).await;
-                    let _ = stream.shutdown().await;
+                    if write_within(&mut stream, text.as_bytes()).await {
+                        let _ = stream.shutdown().await;
+                    }
                     return;
                 }
                 Action::Monitor { groups, format } => {
+                    if !seat.stream() {
+                        // `OK` is already written: the error follows it, and the connection closes.
+                        let _ = write_within(&mut stream, b"ERROR: Too many monitor clients on this process\n").await;
+                        return;
+                    }
                     monitor(&sh, &mut stream, groups, format).await;
                     return;
                 }
@@ -166,7 +322,7 @@ async fn monitor(sh: &Shared, stream: &mut TcpStream, groups: EventGroups, forma
             ev = rx.recv() => match ev {
                 Ok(e) => {
                     if let Some(line) = event_line(&e, groups, format) {
-                        if stream.write_all(line.as_bytes()).await.is_err() {
+                        if !write_within(stream, line.as_bytes()).await {
                             return;
                         }
                     }

@@ -23,10 +23,12 @@ pub struct RasConfig {
     pub mesh: MeshConfig,
     /// The gather budget when a client gives no `TIMEOUT` (NCCL: 5 s × the timeout factor).
     pub default_budget: Duration,
-    /// Client connections served at once; more are closed at once.
+    /// Client connections held at once (see `server::admission`): by default 256, or a quarter of the process's
+    /// file descriptors when that is less, so that clients never take the sockets the collectives need.
     pub max_clients: usize,
-    /// A client that sends nothing for this long is disconnected.
-    pub client_idle: Duration,
+    /// A client connection must complete each request (an `ncclras` command line, an HTTP request head) within this
+    /// long, the first one counted from the connection; one that sends nothing, or trickles bytes, is closed.
+    pub client_request_timeout: Duration,
 }
 
 #[derive(Debug, Error)]
@@ -61,10 +63,28 @@ impl RasConfig {
             mesh_ip,
             mesh,
             default_budget: Duration::from_secs_f64(5.0 * factor),
-            max_clients: 256,
-            client_idle: Duration::from_secs(300),
+            max_clients: max_clients(open_files_limit()),
+            client_request_timeout: Duration::from_secs(5),
         })
     }
+}
+
+/// The client-connection bound for a process allowed `fds` open files (`None`: unknown).
+fn max_clients(fds: Option<u64>) -> usize {
+    const MAX: usize = 256;
+    fds.map_or(MAX, |n| usize::try_from(n / 4).unwrap_or(MAX).clamp(16, MAX))
+}
+
+/// The soft RLIMIT_NOFILE, read from `/proc/self/limits` (this crate has no unsafe code to call getrlimit).
+fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    parse_open_files(&text)
+}
+
+/// `Max open files  <soft>  <hard>  files` from `/proc/<pid>/limits`; `None` for `unlimited` or no such line.
+fn parse_open_files(limits: &str) -> Option<u64> {
+    let rest = limits.lines().find_map(|l| l.strip_prefix("Max open files"))?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// `host:port` with NCCL's syntax (`localhost:28028`, `[::1]:28028`, `10.0.0.5:28030`); a bare port means loopback.
@@ -109,5 +129,19 @@ mod tests {
         assert!(e.contains("OCCL_RAS_ENABLE"), "{e}");
         let e = cfg(&[("OCCL_RAS_ADDR", "no-such-host.invalid:x")]).expect_err("bad addr").to_string();
         assert!(e.contains("OCCL_RAS_ADDR"), "{e}");
+    }
+
+    #[test]
+    fn client_bound_follows_the_file_limit() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             63704                63704                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_open_files(limits), Some(1024));
+        assert_eq!(parse_open_files("Max open files  unlimited  unlimited  files\n"), None);
+        assert_eq!(max_clients(Some(1024)), 256);
+        assert_eq!(max_clients(Some(256)), 64, "a quarter of a low limit");
+        assert_eq!(max_clients(Some(20)), 16);
+        assert_eq!(max_clients(Some(1 << 20)), 256);
+        assert_eq!(max_clients(None), 256);
     }
 }

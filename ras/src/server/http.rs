@@ -3,23 +3,26 @@
 //! `/healthz`.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 
 use super::actor::Shared;
-use super::client::{event_line, gather, node_metrics};
+use super::client::{event_line, gather, node_metrics, Seat};
 use super::metrics::{node_metrics_gauges, prometheus};
 use super::report::build_report;
-use crate::client::{EventGroups, Format};
+use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::exposition::{merge, Part};
 use crate::report::render_json;
 
@@ -29,21 +32,59 @@ const HTTP_BUDGET: Duration = Duration::from_secs(5);
 /// The longest a scrape waits for another process of the node to send its metrics.
 const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream) {
+pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream, seat: Seat) {
+    let bad = Arc::new(AtomicU32::new(0));
+    let request_timeout = sh.cfg.client_request_timeout;
+    let marker = seat.clone();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/events", get(events))
-        .with_state(sh);
+        .with_state(sh)
+        .layer(axum::middleware::map_response(move |res: Response| close_after_bad(bad.clone(), res)))
+        // While a request is served its connection is not evicted; between requests (keep-alive) it may be.
+        .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+            let seat = marker.clone();
+            async move {
+                seat.busy();
+                let res = next.run(req).await;
+                seat.waiting();
+                res
+            }
+        }))
+        .layer(Extension(seat));
     let svc = TowerToHyperService::new(app);
+    // The request timeout bounds the wait for each request head: the first, and each next one of a keep-alive
+    // connection (hyper starts the timer when it starts reading a head, idle or not).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(request_timeout)
         .serve_connection(TokioIo::new(stream), svc);
     if let Err(e) = conn.await {
         tracing::debug!("occl-ras: http connection: {e}");
     }
+}
+
+/// The HTTP side of [`MAX_BAD_LINES`]: a connection gets that many client errors (unknown path, wrong method, bad
+/// query) answered as usual; the next one is a final error with `Connection: close`, after which hyper closes it,
+/// so pipelined junk is not answered request for request. (A request hyper cannot parse already ends the
+/// connection with one 400.)
+async fn close_after_bad(bad: Arc<AtomicU32>, res: Response) -> Response {
+    if !res.status().is_client_error() {
+        return res;
+    }
+    let n = bad.fetch_add(1, Ordering::Relaxed) + 1;
+    if n <= MAX_BAD_LINES {
+        return res;
+    }
+    let body = format!(
+        "{n} bad requests on this connection; closing it (this port serves /metrics, /api/v1/status, /api/v1/events \
+         and /healthz)\n"
+    );
+    let mut res = (res.status(), body).into_response();
+    res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
 }
 
 #[derive(serde::Deserialize)]
@@ -108,14 +149,18 @@ async fn status(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
     }
 }
 
-async fn events(State(sh): State<Shared>) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+async fn events(State(sh): State<Shared>, Extension(seat): Extension<Seat>) -> Response {
+    if !seat.stream() {
+        let msg = "too many event streams on this process; try again later\n";
+        return (StatusCode::SERVICE_UNAVAILABLE, [(header::CONNECTION, "close")], msg).into_response();
+    }
     let rx = sh.events.subscribe();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         loop {
             match rx.recv().await {
                 Ok(e) => {
                     if let Some(line) = event_line(&e, EventGroups::ALL, Format::Json) {
-                        return Some((Ok(SseEvent::default().data(line.trim_end())), rx));
+                        return Some((Ok::<_, Infallible>(SseEvent::default().data(line.trim_end())), rx));
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -123,5 +168,5 @@ async fn events(State(sh): State<Shared>) -> Sse<impl futures_util::Stream<Item 
             }
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }

@@ -11,6 +11,7 @@
 //!   `/healthz`) through axum ([`http`]).
 
 mod actor;
+mod admission;
 mod client;
 mod config;
 mod conn;
@@ -99,7 +100,7 @@ pub struct RasServer {
 
 impl RasServer {
     /// Binds the sockets and starts the RAS thread. The client port is optional: if it cannot be bound (another job
-    /// holds it without SO_REUSEPORT, say) RAS still runs the mesh and says so in the log, as NCCL does.
+    /// holds it without SO_REUSEPORT, say) RAS still runs the mesh, and a warning says what is lost.
     pub fn start(cfg: RasConfig, secret: [u8; 16]) -> std::io::Result<RasServer> {
         let mesh_listener = std::net::TcpListener::bind(SocketAddr::new(cfg.mesh_ip, 0))?;
         mesh_listener.set_nonblocking(true)?;
@@ -107,7 +108,15 @@ impl RasServer {
         let client_listener = match client::bind_reuseport(cfg.client_addr) {
             Ok(l) => Some(l),
             Err(e) => {
-                tracing::info!("occl-ras: no client listening socket at {}: {e}", cfg.client_addr);
+                // A warning, not a note: whoever watches this node (ncclras, a Prometheus scrape, a /healthz probe)
+                // would otherwise see this process vanish, or reach another program, with nothing in the log.
+                tracing::warn!(
+                    "occl-ras: cannot listen on the RAS client address {} (OCCL_RAS_ADDR / NCCL_RAS_ADDR): {e}; \
+                     ncclras, /metrics and /healthz cannot reach this process there (another program holds the port \
+                     without SO_REUSEPORT, or the address is not local). The job runs on, and RAS still reports this \
+                     process through the ports of the job's other processes; set OCCL_RAS_ADDR to a free port",
+                    cfg.client_addr
+                );
                 None
             }
         };

@@ -2,7 +2,7 @@
 //! written once for writing and once for reading, next to each other.
 
 use super::*;
-use crate::record::{CollType, CommId, InFlight, LiveSnapshot, RankInfo, MAX_COMM_RANKS};
+use crate::record::{CollType, CommId, Failure, InFlight, LiveSnapshot, RankInfo, MAX_COMM_RANKS, MAX_ERROR_BYTES};
 
 /// Where encoded bytes go: a buffer, or a counter that only measures.
 pub(crate) trait Sink {
@@ -259,16 +259,39 @@ fn write_record<S: Sink>(w: &mut Writer<'_, S>, r: &RankRecord) -> Res<()> {
         | (u8::from(l.destroy_flag) * FLAG_DESTROY)
         | (u8::from(l.abort_flag) * FLAG_ABORT);
     w.u8(flags);
-    w.option(&l.in_flight, |w, f| {
-        w.varint(f.seq);
-        w.u8(f.coll as u8);
-        w.varint(f.coll_seq);
-        w.varint(f.bytes);
-        w.varint(f.start_ns);
-        w.option(&f.peer, |w, p| w.varint((*p).into()));
-        w.option(&f.step_state, |w, s| w.varint((*s).into()));
-    });
+    w.option(&l.in_flight, write_in_flight);
+    w.varint(l.failed);
+    w.bool(l.last_failure.is_some());
+    if let Some(f) = &l.last_failure {
+        w.option(&f.op, write_in_flight);
+        w.varint(f.at_ns);
+        w.i32(f.result);
+        w.text("rank record: error", &f.error, MAX_ERROR_BYTES)?;
+    }
     Ok(())
+}
+
+fn write_in_flight<S: Sink>(w: &mut Writer<'_, S>, f: &InFlight) {
+    w.varint(f.seq);
+    w.u8(f.coll as u8);
+    w.varint(f.coll_seq);
+    w.varint(f.bytes);
+    w.varint(f.start_ns);
+    w.option(&f.peer, |w, p| w.varint((*p).into()));
+    w.option(&f.step_state, |w, s| w.varint((*s).into()));
+}
+
+fn read_in_flight(r: &mut Reader<'_>) -> Res<InFlight> {
+    const W: &str = "rank record";
+    Ok(InFlight {
+        seq: r.varint(W)?,
+        coll: CollType::from_u8(r.u8(W)?).ok_or(WireError::Invalid("rank record: collective type"))?,
+        coll_seq: r.varint(W)?,
+        bytes: r.varint(W)?,
+        start_ns: r.varint(W)?,
+        peer: r.option(W, |r| r.u32(W))?,
+        step_state: r.option(W, |r| r.u32(W))?,
+    })
 }
 
 fn read_record(r: &mut Reader<'_>) -> Res<RankRecord> {
@@ -302,15 +325,14 @@ fn read_record(r: &mut Reader<'_>) -> Res<RankRecord> {
     if flags & !(FLAG_FINALIZE | FLAG_DESTROY | FLAG_ABORT) != 0 {
         return Err(WireError::Invalid("rank record: flags"));
     }
-    let in_flight = r.option(W, |r| {
-        Ok(InFlight {
-            seq: r.varint(W)?,
-            coll: CollType::from_u8(r.u8(W)?).ok_or(WireError::Invalid("rank record: collective type"))?,
-            coll_seq: r.varint(W)?,
-            bytes: r.varint(W)?,
-            start_ns: r.varint(W)?,
-            peer: r.option(W, |r| r.u32(W))?,
-            step_state: r.option(W, |r| r.u32(W))?,
+    let in_flight = r.option(W, read_in_flight)?;
+    let failed = r.varint(W)?;
+    let last_failure = r.option(W, |r| {
+        Ok(Failure {
+            op: r.option(W, read_in_flight)?,
+            at_ns: r.varint(W)?,
+            result: r.i32(W)?,
+            error: r.text("rank record: error", MAX_ERROR_BYTES)?,
         })
     })?;
     Ok(RankRecord {
@@ -324,6 +346,8 @@ fn read_record(r: &mut Reader<'_>) -> Res<RankRecord> {
             destroy_flag: flags & FLAG_DESTROY != 0,
             abort_flag: flags & FLAG_ABORT != 0,
             in_flight,
+            failed,
+            last_failure,
         },
     })
 }

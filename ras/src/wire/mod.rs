@@ -35,8 +35,8 @@ pub(crate) use codec::reply_len;
 pub use codec::{encode, encoded_len};
 pub use decoder::{Decoder, MAX_PUSH};
 
-/// Wire format version carried by every frame.
-pub const VERSION: u8 = 1;
+/// Wire format version carried by every frame. 2: rank records carry the failed-call count and the last failure.
+pub const VERSION: u8 = 2;
 /// Bytes before the version byte: the length.
 pub const HEADER_LEN: usize = 4;
 /// The largest frame (version, type and body) a peer may send: room for a status reply of ~60,000 rank records.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::record::{CollType, CommId, InFlight, LiveSnapshot, RankInfo};
+use crate::record::{CollType, CommId, Failure, InFlight, LiveSnapshot, RankInfo};
 use crate::test_rng::TestRng;
 
 fn string(rng: &mut TestRng, max: usize) -> String {
@@ -40,16 +40,27 @@ fn record(rng: &mut TestRng) -> RankRecord {
             finalize_called: rng.chance(50),
             destroy_flag: rng.chance(50),
             abort_flag: rng.chance(50),
-            in_flight: opt(rng, |r| InFlight {
-                seq: r.wide(),
-                coll: CollType::ALL[r.usize(8)],
-                coll_seq: r.wide(),
-                bytes: r.wide(),
-                start_ns: r.wide(),
-                peer: opt(r, |r| r.wide() as u32),
-                step_state: opt(r, |r| r.below(32) as u32),
+            in_flight: opt(rng, in_flight),
+            failed: rng.wide(),
+            last_failure: opt(rng, |r| Failure {
+                op: opt(r, in_flight),
+                at_ns: r.wide(),
+                result: -(r.below(9) as i32),
+                error: string(r, 200),
             }),
         },
+    }
+}
+
+fn in_flight(r: &mut TestRng) -> InFlight {
+    InFlight {
+        seq: r.wide(),
+        coll: CollType::ALL[r.usize(8)],
+        coll_seq: r.wide(),
+        bytes: r.wide(),
+        start_ns: r.wide(),
+        peer: opt(r, |r| r.wide() as u32),
+        step_state: opt(r, |r| r.below(32) as u32),
     }
 }
 

@@ -243,6 +243,30 @@ fn main() -> ExitCode {
                 Err(e) => return report(&e),
             }
         }
+        // Five all-reduces, then rank `args[1]` sends a different count in the 6th, so every rank's 6th fails;
+        // each prints its error and stays alive (as a training process that catches it may), for RAS to be asked.
+        "fail_idle" => {
+            let odd = args.get(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let a = vec![1.0f32; 4096];
+            let mut b = vec![0f32; 4096];
+            for _ in 0..5 {
+                if let Err(e) = comm.all_reduce(&a, &mut b, RedOp::Sum) {
+                    return report(&e);
+                }
+            }
+            let n = if r == odd { 2048 } else { 4096 };
+            match comm.all_reduce(&a[..n], &mut b[..n], RedOp::Sum) {
+                Ok(()) => {
+                    println!("OK rank={r} (no error)");
+                    return ExitCode::from(1);
+                }
+                Err(e) => {
+                    let _ = report(&e);
+                }
+            }
+            println!("READY rank={r} pid={}", std::process::id());
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         // Rank 1 arrives `args[1]` ms late to an all-reduce; the others should time out.
         "late" => {
             let ms: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3000);

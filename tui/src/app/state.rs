@@ -107,12 +107,13 @@ impl App {
                 let changes = match &self.snap {
                     Some(old) => s.changes_since(old),
                     None => vec![format!(
-                        "connected to {} ({}): {} communicators, {} dead, {} unresponsive, {} stuck",
+                        "connected to {} ({}): {} communicators, {} dead, {} unresponsive, {} failed, {} stuck",
                         self.target,
                         s.server,
                         s.comms.len(),
                         s.dead.len(),
                         s.unresponsive.len(),
+                        s.failed.len(),
                         s.stuck.len()
                     )],
                 };
@@ -187,7 +188,7 @@ impl App {
         self.comm_sel = self.comm_sel.min(n.saturating_sub(1));
         let r = self.ranks().len();
         self.rank_sel = self.rank_sel.min(r.saturating_sub(1));
-        let s = self.snap.as_ref().map_or(0, |s| s.stuck.len());
+        let s = self.snap.as_ref().map_or(0, |s| s.failed.len() + s.stuck.len());
         self.stuck_sel = self.stuck_sel.min(s.saturating_sub(1));
         self.log_back = self.log_back.min(self.log.len().saturating_sub(1));
     }
@@ -214,7 +215,9 @@ impl App {
                 }
             }
             Panel::Ranks => self.rank_sel = step(self.rank_sel, self.ranks().len()),
-            Panel::Stuck => self.stuck_sel = step(self.stuck_sel, self.snap.as_ref().map_or(0, |s| s.stuck.len())),
+            Panel::Stuck => {
+                self.stuck_sel = step(self.stuck_sel, self.snap.as_ref().map_or(0, |s| s.failed.len() + s.stuck.len()))
+            }
             // Up goes back in time.
             Panel::Log => {
                 self.log_back =

@@ -1,9 +1,10 @@
 //! Drawing the live view: header, summary, communicators, the selected communicator's ranks (laggards first, with
-//! launched/completed bars), dead and unresponsive processes, stuck operations, the event log and a key line.
+//! launched/completed bars), dead and unresponsive processes, failed and stuck operations, the event log and a key
+//! line.
 //! Everything fits 80×24; larger terminals get more rows.
 
 use super::state::{App, Panel};
-use crate::model::{CommView, RankView, StuckView};
+use crate::model::{CommView, FailedView, RankView, StuckView};
 use ratatui::layout::{Constraint, Direction, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -148,6 +149,7 @@ fn summary(f: &mut Frame<'_>, area: Rect, app: &App) {
     spans.push(flag(s.unresponsive.len(), "UNRESP", Style::new().fg(Color::Magenta)));
     spans.push(flag(count(|c| c.incomplete || c.error), "INCOMPL/ERR", RED));
     spans.push(flag(count(|c| c.mismatch), "MISMATCH", YELLOW));
+    spans.push(flag(s.failed.len(), "FAILED", RED));
     spans.push(flag(s.stuck.len(), "STUCK", YELLOW));
     if s.timeouts > 0 {
         spans.push(flag(s.timeouts as usize, "TIMEOUTS", YELLOW));
@@ -248,12 +250,24 @@ fn procs(f: &mut Frame<'_>, area: Rect, app: &App) {
     f.render_widget(Paragraph::new(lines).block(block("Processes".into(), false)), area);
 }
 
+/// Failed operations (red, earliest first: often the cause of the rest), then stuck ones (yellow), in one table.
 fn stuck(f: &mut Frame<'_>, area: Rect, app: &App) {
-    let empty: Vec<StuckView> = Vec::new();
-    let list = app.snap.as_ref().map_or(&empty, |s| &s.stuck);
-    let rows: Vec<Row<'_>> = list
-        .iter()
-        .map(|s| {
+    let (no_stuck, no_failed): (Vec<StuckView>, Vec<FailedView>) = (Vec::new(), Vec::new());
+    let list = app.snap.as_ref().map_or(&no_stuck, |s| &s.stuck);
+    let failed = app.snap.as_ref().map_or(&no_failed, |s| &s.failed);
+    let failed_rows = failed.iter().map(|x| {
+        let op = x.operation.as_ref().map_or_else(|| "-".into(), |(op, seq)| format!("{op} #{seq}"));
+        Row::new(vec![
+            Cell::from(x.rank.to_string()),
+            Cell::from(op),
+            Cell::from("FAILED"),
+            Cell::from(""),
+            Cell::from(x.error.clone()),
+        ])
+        .style(RED)
+    });
+    let rows: Vec<Row<'_>> = failed_rows
+        .chain(list.iter().map(|s| {
             Row::new(vec![
                 Cell::from(s.rank.to_string()),
                 Cell::from(format!("{} #{}", s.operation, s.seq)),
@@ -262,8 +276,13 @@ fn stuck(f: &mut Frame<'_>, area: Rect, app: &App) {
                 Cell::from(s.step.clone()),
             ])
             .style(YELLOW)
-        })
+        }))
         .collect();
+    let n = rows.len();
+    let title = match failed.len() {
+        0 => format!("Stuck operations ({})", list.len()),
+        f => format!("Failed operations ({f}), stuck ({})", list.len()),
+    };
     let t = Table::new(
         rows,
         [
@@ -274,11 +293,10 @@ fn stuck(f: &mut Frame<'_>, area: Rect, app: &App) {
             Constraint::Min(8),
         ],
     )
-    .header(Row::new(vec!["rank", "operation", "waited", "peer", "step"]).style(BOLD))
+    .header(Row::new(vec!["rank", "operation", "waited", "peer", "step / error"]).style(BOLD))
     .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
-    .block(block(format!("Stuck operations ({})", list.len()), app.focus == Panel::Stuck));
-    let mut st =
-        TableState::default().with_selected((!list.is_empty() && app.focus == Panel::Stuck).then_some(app.stuck_sel));
+    .block(block(title, app.focus == Panel::Stuck));
+    let mut st = TableState::default().with_selected((n > 0 && app.focus == Panel::Stuck).then_some(app.stuck_sel));
     f.render_stateful_widget(t, area, &mut st);
 }
 

@@ -1,7 +1,7 @@
 //! The JSON report (NCCL 2.28.7+ layout; occl adds `occl_version`, per-rank `occl_operations` and
 //! `stuck_operations`). NCCL 2.28 forgets a comma inside `missing_ranks`; [`repair_json`] puts it back.
 
-use super::{CommView, Proc, RankView, Snapshot, Source, StuckView, Totals};
+use super::{CommView, FailedView, Proc, RankView, Snapshot, Source, StuckView, Totals};
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -196,6 +196,19 @@ pub fn parse_json(body: &str) -> Result<Snapshot, String> {
             step: s["step"].as_str().unwrap_or("").into(),
         })
         .collect();
+    let failed = v["failed_operations"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| FailedView {
+            comm: hex(&f["comm_hash"]).unwrap_or(0),
+            rank: u(&f["rank"]).unwrap_or(0) as u32,
+            operation: f["operation"].as_str().map(|op| (op.to_string(), u(&f["seq"]).unwrap_or(0))),
+            ago_ms: u(&f["failed_ms_ago"]).unwrap_or(0),
+            error: f["error"].as_str().unwrap_or("").into(),
+        })
+        .collect();
     Ok(Snapshot {
         source: Source::Json,
         server,
@@ -206,6 +219,7 @@ pub fn parse_json(body: &str) -> Result<Snapshot, String> {
         dead: dead.into_iter().collect(),
         unresponsive,
         stuck,
+        failed,
         raw: body.to_string(),
     })
 }

@@ -113,6 +113,18 @@ pub struct StuckView {
     pub step: String,
 }
 
+/// A rank whose last call failed, with its error (occl's failed-operation report). Its operation is over: it is not
+/// stuck, however long ago it failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedView {
+    pub comm: u64,
+    pub rank: u32,
+    /// The operation and its sequence number; `None` when none was in flight.
+    pub operation: Option<(String, u64)>,
+    pub ago_ms: u64,
+    pub error: String,
+}
+
 /// Job totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
@@ -134,6 +146,8 @@ pub struct Snapshot {
     pub dead: Vec<Proc>,
     pub unresponsive: Vec<Proc>,
     pub stuck: Vec<StuckView>,
+    /// Earliest failure first.
+    pub failed: Vec<FailedView>,
     /// The report as the server sent it.
     pub raw: String,
 }
@@ -180,6 +194,12 @@ impl Snapshot {
         for s in &self.stuck {
             if !before.stuck.iter().any(|o| o.comm == s.comm && o.rank == s.rank && o.seq == s.seq) {
                 out.push(format!("STUCK: rank {} in {} #{} on comm {:016x}", s.rank, s.operation, s.seq, s.comm));
+            }
+        }
+        for f in &self.failed {
+            if !before.failed.iter().any(|o| o.comm == f.comm && o.rank == f.rank && o.operation == f.operation) {
+                let what = f.operation.as_ref().map_or_else(String::new, |(op, seq)| format!(" in {op} #{seq}"));
+                out.push(format!("FAILED: rank {}{what} on comm {:016x}: {}", f.rank, f.comm, f.error));
             }
         }
         out

@@ -2,7 +2,7 @@
 
 use super::*;
 use occl_ras::report::{
-    render_json, render_text, CommData, CommGroupRow, CommRef, CommStatus, ErrorEntry, ErrorSet, JobSummary,
+    render_json, render_text, CommData, CommGroupRow, CommRef, CommStatus, ErrorEntry, ErrorSet, FailedOp, JobSummary,
     MissingRankData, OpTotals, ProcessRef, RankData, RankLoc, RankRef, Report, StuckOp, VersionInfo,
 };
 
@@ -86,7 +86,7 @@ fn garbage_is_an_error_not_a_panic() {
     }
 }
 
-/// occl's hung 3-rank job: rank 2 dead, rank 1 waiting on it in AllReduce #6.
+/// occl's hung 3-rank job: rank 2 dead, rank 1 waiting on it in AllReduce #6, rank 0's AllReduce #6 failed.
 fn occl_report() -> Report {
     let loc = |r: u32| RankRef {
         rank: r,
@@ -105,7 +105,7 @@ fn occl_report() -> Report {
         destroy_flag: false,
         abort_flag: false,
         collective_counts: [0, 0, 0, 0, launched],
-        occl_ops: Some(OpTotals { launched, completed }),
+        occl_ops: Some(OpTotals { launched, completed, failed: u64::from(r == 0) }),
     };
     Report {
         version: VersionInfo {
@@ -158,6 +158,15 @@ fn occl_report() -> Report {
             peer: Some(2),
             step: "recv step 0/1".into(),
         }],
+        failed: vec![FailedOp {
+            comm,
+            rank: loc(0),
+            operation: Some(("AllReduce".into(), 6)),
+            ran_ms: 12,
+            ago_ms: 1503,
+            result: 6,
+            error: "peer rank 2 (process 102): the connection was lost: it died".into(),
+        }],
         comms: vec![CommData {
             hash: 0xfeed,
             secondary_hash: (1, 2),
@@ -192,6 +201,20 @@ fn occls_text_and_json_give_the_same_triage() {
             (0xfeed, 1, "AllReduce", 6, 3004, Some(2))
         );
         assert_eq!(st.step, "recv step 0/1");
+        let f = &s.failed[..];
+        assert_eq!(f.len(), 1, "{:?}", s.source);
+        assert_eq!(
+            (f[0].comm, f[0].rank, f[0].operation.clone(), f[0].ago_ms, f[0].error.as_str()),
+            (
+                0xfeed,
+                0,
+                Some(("AllReduce".into(), 6)),
+                1503,
+                "peer rank 2 (process 102): the connection was lost: it died"
+            ),
+            "{:?}",
+            s.source
+        );
         let c = &s.comms[0];
         assert!(c.incomplete, "{:?}", s.source);
         assert_eq!(c.laggards_first()[0].rank, 2);
@@ -203,7 +226,9 @@ fn occls_text_and_json_give_the_same_triage() {
     let mut before = j.clone();
     before.dead.clear();
     before.stuck.clear();
+    before.failed.clear();
     let changes = j.changes_since(&before);
+    assert!(changes.iter().any(|c| c.starts_with("FAILED: rank 0 in AllReduce #6")), "{changes:?}");
     assert!(changes.iter().any(|c| c.starts_with("DEAD: process 102")), "{changes:?}");
     assert!(changes.iter().any(|c| c.starts_with("STUCK: rank 1 in AllReduce #6")), "{changes:?}");
 }

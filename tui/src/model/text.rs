@@ -1,8 +1,8 @@
 //! The text report (any NCCL with RAS, and occl), read back into a [`Snapshot`]. The table groups communicators,
-//! so comms are known by `#group-index` and get a hash only where an Errors, Warnings or Stuck entry names it;
+//! so comms are known by `#group-index` and get a hash only where an Errors, Warnings, Failed or Stuck entry names it;
 //! ranks are known only where an entry lists them.
 
-use super::{CommView, Proc, RankView, Snapshot, Source, StuckView, Totals};
+use super::{CommView, FailedView, Proc, RankView, Snapshot, Source, StuckView, Totals};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Section {
@@ -11,6 +11,7 @@ enum Section {
     Table,
     Errors,
     Warnings,
+    Failed,
     Stuck,
 }
 
@@ -123,6 +124,7 @@ pub fn parse_text(body: &str) -> Result<Snapshot, String> {
     let mut dead = Vec::new();
     let mut unresponsive = Vec::new();
     let mut stuck = Vec::new();
+    let mut failed: Vec<FailedView> = Vec::new();
     // The entry being read: job-level kind, or a comm's label and kind; and the value of the rank group whose
     // members follow.
     let mut job_entry: Option<String> = None;
@@ -145,6 +147,10 @@ pub fn parse_text(body: &str) -> Result<Snapshot, String> {
             }
             "Stuck operations (occl)" => {
                 sec = Section::Stuck;
+                continue;
+            }
+            "Failed operations (occl)" => {
+                sec = Section::Failed;
                 continue;
             }
             _ if t.starts_with("Communicators...") => {
@@ -190,7 +196,7 @@ pub fn parse_text(body: &str) -> Result<Snapshot, String> {
                     }
                 }
             }
-            Section::Errors | Section::Warnings | Section::Stuck => {
+            Section::Errors | Section::Warnings | Section::Failed | Section::Stuck => {
                 if !line.starts_with(' ') {
                     // An entry's head.
                     match entry_head(t) {
@@ -214,6 +220,18 @@ pub fn parse_text(body: &str) -> Result<Snapshot, String> {
                 let Some((label, hash, kind)) = comm_entry.clone() else { continue };
                 if sec == Section::Stuck {
                     stuck.extend(stuck_line(t, hash));
+                    continue;
+                }
+                if sec == Section::Failed {
+                    // `Rank 1 in AllReduce operation 6 failed after …, 1.503s ago -- …`, then the error.
+                    match failed_line(t, hash) {
+                        Some(f) => failed.push(f),
+                        None => {
+                            if let Some(f) = failed.last_mut().filter(|f| f.comm == hash && f.error.is_empty()) {
+                                f.error = t.to_string();
+                            }
+                        }
+                    }
                     continue;
                 }
                 let c = b.comm(&label, hash);
@@ -282,6 +300,7 @@ pub fn parse_text(body: &str) -> Result<Snapshot, String> {
         dead,
         unresponsive,
         stuck,
+        failed,
         raw: body.to_string(),
     })
 }
@@ -296,6 +315,23 @@ fn apply_mismatch_value(r: &mut RankView, v: &str) {
     } else if let Some(s) = v.strip_prefix("status ") {
         r.state = s.trim().to_string();
     }
+}
+
+/// `Rank 1 in AllReduce operation 6 failed after 0.004s, 1.503s ago -- …` or `Rank 1 failed outside an operation, …`;
+/// the error follows on the next line.
+fn failed_line(t: &str, comm: u64) -> Option<FailedView> {
+    let rank = rank_no(t)?;
+    let (head, rest) = t.split_once(" failed ")?;
+    let operation = match head.split_once(" in ") {
+        Some((_, op)) => {
+            let (name, seq) = op.split_once(" operation ")?;
+            Some((name.to_string(), seq.parse().ok()?))
+        }
+        None => None,
+    };
+    let ago = rest.split(" ago").next()?.rsplit(", ").next()?;
+    let ago_ms = ago.strip_suffix('s')?.parse::<f64>().map(|s| (s * 1000.0).round() as u64).ok()?;
+    Some(FailedView { comm, rank, operation, ago_ms, error: String::new() })
 }
 
 /// `Rank 1 in AllReduce operation 6 for 3.004s, waiting on rank 0 (recv step 0/1) -- …`
