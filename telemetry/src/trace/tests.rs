@@ -344,3 +344,36 @@ fn kernel_channels_at_device_times_place_the_kernel_row() {
     assert!((dur - 7.766).abs() < 0.01, "and ends at the last channel's stop: {dur}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Symlinks planted by another user at the trace file's temporary names (pid and a counter) and
+/// at its final name: a flush follows none of them and leaves an owner-only file.
+#[test]
+fn a_flush_follows_no_symlink_planted_in_the_trace_dir() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = scratch("symlink");
+    let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
+    let t = Telemetry::new(vec![ex.clone()]);
+    let world = t.comm_sink(meta(0x5e1f, 3, 4));
+    occl_op(&*world, 10, "AllReduce", 256);
+    let first = ex.write_all().remove(0).expect("first write");
+    let name = first.file_name().expect("name").to_string_lossy().into_owned();
+    std::fs::remove_file(&first).expect("remove");
+    let (victim, victim_final) = (dir.join("victim"), dir.join("victim-final"));
+    std::fs::write(&victim, "root-owned").expect("victim");
+    std::fs::write(&victim_final, "root-owned too").expect("victim");
+    let pid = std::process::id();
+    for n in 0..1024 {
+        symlink(&victim, dir.join(format!(".{name}.{pid}.{n}.tmp"))).expect("plant");
+    }
+    symlink(&victim_final, &first).expect("plant final");
+    let path = ex.write_all().remove(0).expect("second write");
+    assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "root-owned", "wrote through a planted symlink");
+    assert_eq!(std::fs::read_to_string(&victim_final).expect("victim"), "root-owned too");
+    let meta = std::fs::symlink_metadata(&path).expect("trace file");
+    assert!(meta.file_type().is_file(), "the trace is a file of its own, not a link");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let (_, v) = read(&path);
+    assert_eq!(v["distributedInfo"]["rank"], 3);
+    world.finalize();
+    let _ = std::fs::remove_dir_all(&dir);
+}
