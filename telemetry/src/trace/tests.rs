@@ -299,7 +299,17 @@ fn config_from_variables() {
     assert_eq!(c, TraceConfig { dir: "/tmp/t".into(), gzip: true, max_events: 10, proxy: ProxyDetail::Steps });
     let d = TraceConfig::from_lookup(env(&[(DIR_ENV, "/tmp/t")])).expect("valid").expect("on");
     assert_eq!((d.gzip, d.max_events, d.proxy), (false, DEFAULT_MAX_EVENTS, ProxyDetail::Ops));
-    for (var, bad) in [(GZIP_ENV, "maybe"), (MAX_EVENTS_ENV, "0"), (MAX_EVENTS_ENV, "-3"), (PROXY_ENV, "all")] {
+    for (var, bad) in [
+        (GZIP_ENV, "maybe"),
+        (MAX_EVENTS_ENV, "0"),
+        (MAX_EVENTS_ENV, "-3"),
+        // Once a whole-file table of 2^64 / 4096 chunk slots: an allocation failure, an abort.
+        (MAX_EVENTS_ENV, "18446744073709551615"),
+        (MAX_EVENTS_ENV, "10000001"),
+        (MAX_EVENTS_ENV, "1e9"),
+        (MAX_EVENTS_ENV, "NaN"),
+        (PROXY_ENV, "all"),
+    ] {
         let e = TraceConfig::from_lookup(|k| match k {
             DIR_ENV => Some("/tmp/t".into()),
             k if k == var => Some(bad.into()),
