@@ -212,7 +212,7 @@ fn env_parsing() {
     assert_eq!(c, FlightConfig { capacity: 16, dir: Some("/tmp/fr".into()) });
     assert_eq!(FlightConfig::from_lookup(lookup(&[(SIZE_ENV, "0")])).unwrap().capacity, 0);
     assert_eq!(FlightConfig::from_lookup(lookup(&[(SIZE_ENV, "1048576")])).unwrap().capacity, MAX_CAPACITY);
-    for bad in ["abc", "", "-1", "+5", "12k", "0x10", "1048577", "99999999999999999999999"] {
+    for bad in ["abc", "", "-1", "+5", "12k", "0x10", "1048577", "99999999999999999999999", "1e12", "NaN", "inf"] {
         let vars: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(SIZE_ENV, bad)]));
         let e = FlightConfig::from_lookup(lookup(vars)).unwrap_err();
         assert_eq!(e.var, SIZE_ENV);
