@@ -127,6 +127,9 @@ const NSOCKS: std::ops::RangeInclusive<usize> = 1..=64;
 /// Slots per FIFO (`OCCL_FIFO_SLOTS`).
 const FIFO_SLOTS: std::ops::RangeInclusive<usize> = 2..=64;
 const SLOT_SIZE_RANGE: &str = "a multiple of 64 between 4096 and 64 MiB";
+const MAX_SLOT_SIZE: usize = 64 << 20;
+/// Slots per FIFO that a `Config` built in code may ask for (tests use few and small ones).
+const MAX_FIFO_SLOTS_IN_CODE: usize = 4096;
 /// The most ranks a communicator may have: every rank's bootstrap root and peer table hold an
 /// entry per rank, so a mistyped `OCCL_NRANKS` (1e18) must fail at once, not as an allocation
 /// of its size.
@@ -138,7 +141,7 @@ fn timeout_from_secs(secs: f64) -> Option<Duration> {
 }
 
 fn slot_size_ok(b: usize) -> bool {
-    (4096..=64 << 20).contains(&b) && b.is_multiple_of(64)
+    (4096..=MAX_SLOT_SIZE).contains(&b) && b.is_multiple_of(64)
 }
 
 fn parse<T: std::str::FromStr>(name: &str, v: &str, what: &str) -> Result<T> {
@@ -268,9 +271,10 @@ impl Config {
         Ok(c)
     }
 
-    /// Refuses values that the environment cannot produce but a `Config` built in code can
-    /// (init calls it): each would break an invariant the transports rely on (a zero slot
-    /// count divides by zero, a timeout past `Instant`'s range overflows a deadline).
+    /// Refuses what no transport can run with, for a `Config` built in code (init calls it; the
+    /// environment's own ranges are narrower): a zero socket or slot count divides by zero, a
+    /// zero slot moves nothing, a timeout past `Instant`'s range overflows every deadline, and a
+    /// huge slot or slot count is a mapping of that size.
     pub fn check(&self) -> Result<()> {
         let bad = |field: &str, var: &str, want: String| {
             Err(Error::arg(format!("Config::{field} (OCCL_{var}) must be {want}")))
@@ -285,13 +289,16 @@ impl Config {
             ("shm_slot_size", "SHM_SLOT_SIZE", self.shm_slot_size),
             ("tcp_slot_size", "TCP_SLOT_SIZE", self.tcp_slot_size),
         ] {
-            if !slot_size_ok(b) {
-                return bad(field, var, format!("{SLOT_SIZE_RANGE}, not {b}"));
+            if !(1..=MAX_SLOT_SIZE).contains(&b) {
+                return bad(field, var, format!("between 1 byte and 64 MiB, not {b}"));
             }
         }
-        if !FIFO_SLOTS.contains(&self.fifo_slots) {
-            let (lo, hi) = (FIFO_SLOTS.start(), FIFO_SLOTS.end());
-            return bad("fifo_slots", "FIFO_SLOTS", format!("between {lo} and {hi}, not {}", self.fifo_slots));
+        if !(1..=MAX_FIFO_SLOTS_IN_CODE).contains(&self.fifo_slots) {
+            return bad(
+                "fifo_slots",
+                "FIFO_SLOTS",
+                format!("between 1 and {MAX_FIFO_SLOTS_IN_CODE}, not {}", self.fifo_slots),
+            );
         }
         if self.reg_threads.is_some_and(|t| t > crate::register::MAX_THREADS) {
             return bad("reg_threads", "REG_THREADS", format!("at most {}", crate::register::MAX_THREADS));
@@ -345,15 +352,15 @@ mod tests {
         Config::default().check().expect("defaults");
     }
 
-    /// A `Config` built in code is checked at init like the environment's values.
+    /// A `Config` built in code is checked at init for what would panic or hang.
     #[test]
-    fn check_refuses_what_the_environment_would() {
+    fn check_refuses_what_no_transport_runs_with() {
         for (c, field) in [
             (Config { timeout: Duration::MAX, ..Config::default() }, "timeout"),
             (Config { timeout: Duration::ZERO, ..Config::default() }, "timeout"),
             (Config { fifo_slots: 0, ..Config::default() }, "fifo_slots"),
             (Config { nsocks: 0, ..Config::default() }, "nsocks"),
-            (Config { tcp_slot_size: 100, ..Config::default() }, "tcp_slot_size"),
+            (Config { tcp_slot_size: 0, ..Config::default() }, "tcp_slot_size"),
             (Config { shm_slot_size: usize::MAX, ..Config::default() }, "shm_slot_size"),
         ] {
             let e = c.check().expect_err(field);
