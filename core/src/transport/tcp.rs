@@ -8,6 +8,12 @@
 //! Wire frame per slot: a 32-byte header (seq, kind, len, descriptor; little-endian) and `len`
 //! bytes of data. Kind `ABORT` carries the sender's failure state instead of data, so the peer
 //! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
+//!
+//! An operation returns once its data is in the kernel's socket buffers, and that data must
+//! reach the peer even if the process then exits without `destroy`. So a receiver reads every
+//! socket to its own end before it calls the peer lost, and a closing or exiting sender (an
+//! `atexit` handler covers exit) shuts its sockets for writing and waits, bounded by the
+//! timeout, until the peer's kernel has acknowledged all of it (see `linger`).
 
 use super::fifo::{self, state, Desc, Region};
 use super::wait::{self, poll, Deadline, Drive, Patience};
