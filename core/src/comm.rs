@@ -164,7 +164,11 @@ fn host_identity(config: &Config) -> String {
     if let Some(h) = &config.host_id {
         return h.clone();
     }
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = occl_telemetry::files::read_to_string_capped(
+        std::path::Path::new("/proc/sys/kernel/random/boot_id"),
+        occl_telemetry::files::MAX_SYSTEM_FILE,
+    )
+    .unwrap_or_default();
     format!("{}:{}", hostname(), boot.trim())
 }
 
@@ -216,9 +220,8 @@ impl Comm {
         // The job's secret: every rank has every id, and the first one's secret keys the
         // transports, RAS and a later shrink.
         let id = &ids[0];
-        if nranks == 0 {
-            return Err(Error::arg("nranks must be at least 1"));
-        }
+        check_nranks(nranks)?;
+        config.check()?;
         if rank >= nranks {
             return Err(Error::arg(format!("rank {rank} is out of range for nranks={nranks} (ranks are 0..{nranks})")));
         }
@@ -384,9 +387,8 @@ impl Comm {
 
     /// As `init_all_with`, through `nids` unique ids (scalable init).
     pub fn init_all_scalable(nranks: usize, nids: usize, config: Config) -> Result<Vec<Comm>> {
-        if nranks == 0 {
-            return Err(Error::arg("nranks must be at least 1"));
-        }
+        check_nranks(nranks)?;
+        config.check()?;
         let ids = (0..nids).map(|_| UniqueId::new_on(config.listen_addr)).collect::<Result<Vec<_>>>()?;
         let ids = Arc::new(ids);
         let handles: Vec<_> = (0..nranks)
@@ -883,6 +885,17 @@ impl Comm {
                 ))
             })
     }
+}
+
+/// A communicator size init accepts: 1 to [`crate::config::MAX_NRANKS`].
+pub(crate) fn check_nranks(nranks: usize) -> Result<()> {
+    if !(1..=crate::config::MAX_NRANKS).contains(&nranks) {
+        return Err(Error::arg(format!(
+            "nranks={nranks}: a communicator has between 1 and {} ranks",
+            crate::config::MAX_NRANKS
+        )));
+    }
+    Ok(())
 }
 
 fn check_ptr(what: &str, p: *const u8, bytes: usize, dt: DataType) -> Result<()> {

@@ -118,8 +118,30 @@ impl Default for Config {
     }
 }
 
-fn var(names: &[&str]) -> Option<(String, String)> {
-    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+/// The longest `OCCL_TIMEOUT`: a year is "never" for a job, and every deadline `now + timeout`
+/// stays far inside what `Instant` can hold (1e30 s would overflow it).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+const TIMEOUT_RANGE: &str = "a number of seconds greater than 0 and at most 31536000 (a year)";
+/// Sockets per tcp peer (`OCCL_NSOCKS`).
+const NSOCKS: std::ops::RangeInclusive<usize> = 1..=64;
+/// Slots per FIFO (`OCCL_FIFO_SLOTS`).
+const FIFO_SLOTS: std::ops::RangeInclusive<usize> = 2..=64;
+const SLOT_SIZE_RANGE: &str = "a multiple of 64 between 4096 and 64 MiB";
+const MAX_SLOT_SIZE: usize = 64 << 20;
+/// Slots per FIFO that a `Config` built in code may ask for (tests use few and small ones).
+const MAX_FIFO_SLOTS_IN_CODE: usize = 4096;
+/// The most ranks a communicator may have: every rank's bootstrap root and peer table hold an
+/// entry per rank, so a mistyped `OCCL_NRANKS` (1e18) must fail at once, not as an allocation
+/// of its size.
+pub const MAX_NRANKS: usize = 1 << 20;
+
+/// `secs` as a timeout, if it is in range: positive, finite, at most [`MAX_TIMEOUT`].
+fn timeout_from_secs(secs: f64) -> Option<Duration> {
+    Duration::try_from_secs_f64(secs).ok().filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
+}
+
+fn slot_size_ok(b: usize) -> bool {
+    (4096..=MAX_SLOT_SIZE).contains(&b) && b.is_multiple_of(64)
 }
 
 fn parse<T: std::str::FromStr>(name: &str, v: &str, what: &str) -> Result<T> {
@@ -130,13 +152,23 @@ impl Config {
     /// The defaults with the environment applied. A malformed value is an `InvalidArgument`
     /// that names the variable.
     pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// As [`Config::from_env`], with variables from `get` (tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Config> {
+        // The first of `names` that is set, UTF-8 and not empty.
+        let var = |names: &[&str]| -> Option<(String, String)> {
+            names.iter().find_map(|n| {
+                let v = get(n)?.into_string().ok().filter(|v| !v.is_empty())?;
+                Some((n.to_string(), v))
+            })
+        };
         let mut c = Config::default();
         if let Some((n, v)) = var(&["OCCL_TIMEOUT"]) {
             let secs: f64 = parse(&n, &v, "a number of seconds")?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(Error::arg(format!("{n}={v:?} must be a positive number of seconds")));
-            }
-            c.timeout = Duration::from_secs_f64(secs);
+            c.timeout =
+                timeout_from_secs(secs).ok_or_else(|| Error::arg(format!("{n}={v:?}: expected {TIMEOUT_RANGE}")))?;
         }
         if let Some((n, v)) = var(&["OCCL_TRANSPORT"]) {
             c.transport = Some(match v.trim().to_ascii_lowercase().as_str() {
@@ -148,26 +180,29 @@ impl Config {
         }
         if let Some((n, v)) = var(&["OCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD"]) {
             c.nsocks = parse(&n, &v, "a socket count")?;
-            if !(1..=64).contains(&c.nsocks) {
-                return Err(Error::arg(format!("{n}={v:?} must be between 1 and 64")));
+            if !NSOCKS.contains(&c.nsocks) {
+                return Err(Error::arg(format!("{n}={v:?} must be between 1 and {}", NSOCKS.end())));
             }
         }
-        for (names, field, lo) in [
-            (&["OCCL_SHM_SLOT_SIZE"][..], &mut c.shm_slot_size, 4096usize),
-            (&["OCCL_TCP_SLOT_SIZE"][..], &mut c.tcp_slot_size, 4096),
-        ] {
+        for (names, field) in
+            [(&["OCCL_SHM_SLOT_SIZE"][..], &mut c.shm_slot_size), (&["OCCL_TCP_SLOT_SIZE"][..], &mut c.tcp_slot_size)]
+        {
             if let Some((n, v)) = var(names) {
                 let b: usize = parse(&n, &v, "a byte count")?;
-                if b < lo || b > (64 << 20) || !b.is_multiple_of(64) {
-                    return Err(Error::arg(format!("{n}={v:?} must be a multiple of 64 between {lo} and 64 MiB")));
+                if !slot_size_ok(b) {
+                    return Err(Error::arg(format!("{n}={v:?} must be {SLOT_SIZE_RANGE}")));
                 }
                 *field = b;
             }
         }
         if let Some((n, v)) = var(&["OCCL_FIFO_SLOTS"]) {
             c.fifo_slots = parse(&n, &v, "a slot count")?;
-            if !(2..=64).contains(&c.fifo_slots) {
-                return Err(Error::arg(format!("{n}={v:?} must be between 2 and 64")));
+            if !FIFO_SLOTS.contains(&c.fifo_slots) {
+                return Err(Error::arg(format!(
+                    "{n}={v:?} must be between {} and {}",
+                    FIFO_SLOTS.start(),
+                    FIFO_SLOTS.end()
+                )));
             }
         }
         if let Some((n, v)) = var(&["OCCL_REG_THREADS"]) {
@@ -232,7 +267,111 @@ impl Config {
                 _ => return Err(Error::arg(format!("{n}={v:?} must be -1 (automatic) or 0 to 255"))),
             };
         }
-        c.flight = occl_telemetry::FlightConfig::from_env().map_err(|e| Error::arg(e.to_string()))?;
+        c.flight = occl_telemetry::FlightConfig::from_lookup(&get).map_err(|e| Error::arg(e.to_string()))?;
         Ok(c)
+    }
+
+    /// Refuses what no transport can run with, for a `Config` built in code (init calls it; the
+    /// environment's own ranges are narrower): a zero socket or slot count divides by zero, a
+    /// zero slot moves nothing, a timeout past `Instant`'s range overflows every deadline, and a
+    /// huge slot or slot count is a mapping of that size.
+    pub fn check(&self) -> Result<()> {
+        let bad = |field: &str, var: &str, want: String| {
+            Err(Error::arg(format!("Config::{field} (OCCL_{var}) must be {want}")))
+        };
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return bad("timeout", "TIMEOUT", format!("{TIMEOUT_RANGE}, not {:?}", self.timeout));
+        }
+        if !NSOCKS.contains(&self.nsocks) {
+            return bad("nsocks", "NSOCKS", format!("between 1 and {}, not {}", NSOCKS.end(), self.nsocks));
+        }
+        for (field, var, b) in [
+            ("shm_slot_size", "SHM_SLOT_SIZE", self.shm_slot_size),
+            ("tcp_slot_size", "TCP_SLOT_SIZE", self.tcp_slot_size),
+        ] {
+            if !(1..=MAX_SLOT_SIZE).contains(&b) {
+                return bad(field, var, format!("between 1 byte and 64 MiB, not {b}"));
+            }
+        }
+        if !(1..=MAX_FIFO_SLOTS_IN_CODE).contains(&self.fifo_slots) {
+            return bad(
+                "fifo_slots",
+                "FIFO_SLOTS",
+                format!("between 1 and {MAX_FIFO_SLOTS_IN_CODE}, not {}", self.fifo_slots),
+            );
+        }
+        if self.reg_threads.is_some_and(|t| t > crate::register::MAX_THREADS) {
+            return bad("reg_threads", "REG_THREADS", format!("at most {}", crate::register::MAX_THREADS));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn with(vars: &[(&str, &str)]) -> Result<Config> {
+        let vars: Vec<(String, OsString)> = vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+        Config::from_lookup(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    /// Every hostile value of a numeric variable is an InvalidArgument that names the variable
+    /// and the range; none panics (1e30 s did: `Duration::from_secs_f64`).
+    #[test]
+    fn hostile_numbers_are_refused_by_name() {
+        let huge = "99999999999999999999999999";
+        for var in ["OCCL_TIMEOUT", "OCCL_NSOCKS", "OCCL_SHM_SLOT_SIZE", "OCCL_TCP_SLOT_SIZE", "OCCL_FIFO_SLOTS"] {
+            for v in ["1e30", "inf", "-inf", "NaN", "-1", "0", "-0", huge, "18446744073709551616", "1e-300", "0x10"] {
+                // A few are fine for some variables (OCCL_TIMEOUT=1e-300 is not: it rounds to 0).
+                let Err(e) = with(&[(var, v)]) else { continue };
+                assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument, "{var}={v}: {e}");
+                assert!(e.to_string().contains(var), "{var}={v}: {e}");
+            }
+        }
+        for v in ["1e30", "1e10", "inf", "NaN", "-5", "0", "31536001"] {
+            let e = with(&[("OCCL_TIMEOUT", v)]).expect_err(v).to_string();
+            assert!(e.contains("OCCL_TIMEOUT") && e.contains("at most 31536000"), "{v}: {e}");
+        }
+        assert_eq!(with(&[("OCCL_TIMEOUT", "31536000")]).expect("a year").timeout, MAX_TIMEOUT);
+        assert_eq!(with(&[("OCCL_TIMEOUT", "0.25")]).expect("fraction").timeout, Duration::from_millis(250));
+        for (var, v, range) in [
+            ("OCCL_FIFO_SLOTS", "4294967296", "between 2 and 64"),
+            ("OCCL_NSOCKS", "100000", "between 1 and 64"),
+            ("OCCL_TCP_SLOT_SIZE", "1099511627776", "64 MiB"),
+            ("OCCL_FLIGHT_RECORDER_SIZE", "1e12", "0 to 1048576"),
+            ("OCCL_FLIGHT_RECORDER_SIZE", huge, "at most 1048576"),
+            ("OCCL_REG_THREADS", huge, "a thread count"),
+            ("OCCL_IB_GID_INDEX", "4096", "0 to 255"),
+        ] {
+            let e = with(&[(var, v)]).expect_err(var).to_string();
+            assert!(e.contains(var) && e.contains(range), "{var}={v}: {e}");
+        }
+        // Only the OCCL_TIMEOUT range matters to the defaults: they pass their own check.
+        Config::default().check().expect("defaults");
+    }
+
+    /// A `Config` built in code is checked at init for what would panic or hang.
+    #[test]
+    fn check_refuses_what_no_transport_runs_with() {
+        for (c, field) in [
+            (Config { timeout: Duration::MAX, ..Config::default() }, "timeout"),
+            (Config { timeout: Duration::ZERO, ..Config::default() }, "timeout"),
+            (Config { fifo_slots: 0, ..Config::default() }, "fifo_slots"),
+            (Config { nsocks: 0, ..Config::default() }, "nsocks"),
+            (Config { tcp_slot_size: 0, ..Config::default() }, "tcp_slot_size"),
+            (Config { shm_slot_size: usize::MAX, ..Config::default() }, "shm_slot_size"),
+        ] {
+            let e = c.check().expect_err(field);
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(field), "{e}");
+        }
+        let id = crate::UniqueId::new().expect("id");
+        let e = crate::Comm::init_rank(1, &id, 0, Config { timeout: Duration::MAX, ..Config::default() })
+            .expect_err("init checks the config");
+        assert!(e.to_string().contains("OCCL_TIMEOUT"), "{e}");
+        let e = crate::Comm::init_rank(usize::MAX, &id, 0, Config::default()).expect_err("nranks");
+        assert!(e.to_string().contains("1048576"), "{e}");
     }
 }

@@ -49,6 +49,9 @@ pub(crate) fn detect(config: &Config) -> Result<Launch> {
              OMPI_COMM_WORLD_RANK/_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS)",
         ));
     };
+    if !(1..=crate::config::MAX_NRANKS).contains(&nranks) {
+        return Err(Error::arg(format!("{sv}={nranks}: expected between 1 and {} ranks", crate::config::MAX_NRANKS)));
+    }
     if rank >= nranks {
         return Err(Error::arg(format!("{rv}={rank} is out of range for {sv}={nranks}")));
     }

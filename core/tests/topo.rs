@@ -310,6 +310,28 @@ fn dump_file_format_follows_the_extension() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// OCCL_TOPO_DUMP_FILE often names a file in a shared directory (/tmp/topo.xml): another user
+/// who plants a symlink there must not get the dump written through it (the first rank of a
+/// host may run as root). The dump replaces the link and is readable by its owner only.
+#[test]
+fn the_topology_dump_follows_no_planted_symlink() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = std::env::temp_dir().join(format!("occl-topo-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "root-owned").unwrap();
+    let path = dir.join("topo.xml");
+    symlink(&victim, &path).unwrap();
+    dump::write(&path, &read("dualport"), None).unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root-owned", "the dump went through the symlink");
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_file(), "the dump is a file of its own");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    check_xml(&std::fs::read_to_string(&path).unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The dump at init: ranks 0 and 2 claim host "a", 1 and 3 host "b"; each rank is given its own
 /// file name, so the files that exist show who wrote: only the first rank of each host.
 #[test]

@@ -17,6 +17,8 @@
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
 //! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, standard `OTEL_*` variables).
+//! - [`files`]: creating files in user-named directories without following planted symlinks
+//!   (new, owner-only, renamed into place), and size-capped reads of configured paths.
 //! - [`trace`]: the HTA trace exporter ([`trace::TraceExporter`], `OCCL_TRACE_DIR`), one
 //!   Kineto/Chrome-trace JSON per rank, and `ProfilerStep#N` marks ([`trace::profiler_step`]).
 #![deny(unsafe_code)]
@@ -24,6 +26,7 @@
 pub mod activation;
 pub mod event;
 pub mod fanout;
+pub mod files;
 pub mod flight;
 mod idtable;
 pub mod mask;

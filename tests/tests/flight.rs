@@ -104,3 +104,68 @@ fn bad_flight_recorder_settings_are_refused_by_name() {
         }
     }
 }
+
+/// The reported attack: another user who can write a shared dump directory learns a rank's comm
+/// hash, rank and pid (RAS publishes them), plants symlinks at every temporary name the next
+/// SIGUSR1 dump could use and at the dump's final name, each pointing at a file of the victim's.
+/// The dump must follow none of them and come out as an owner-only file of its own.
+#[test]
+fn a_sigusr1_dump_follows_no_planted_symlink() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = scratch("flight-symlink");
+    let d = dir.to_string_lossy().to_string();
+    let spawn = Spawn {
+        env: env(&[("OCCL_FLIGHT_RECORDER_DIR", &d), ("OCCL_FLIGHT_RECORDER_SIZE", "16")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    let job = Job::spawn(worker(), &["idle".to_string()], 2, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    let pid = job.children[1].id();
+    // A first dump shows the name (the comm hash); the attacker then owns the directory's names.
+    job.signal(1, libc::SIGUSR1).expect("signal rank 1");
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        while !done() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let first = || {
+        std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "json"))
+    };
+    wait_for("the first dump", &|| first().is_some());
+    let path = first().expect("first dump");
+    let name = path.file_name().expect("name").to_string_lossy().into_owned();
+    assert!(name.ends_with(&format!("_r1_{pid}.json")), "{name}");
+    let (victim, victim_final) = (dir.join("victim"), dir.join("victim-final"));
+    std::fs::write(&victim, "root-owned").expect("victim");
+    std::fs::write(&victim_final, "root-owned too").expect("victim");
+    for n in 0..256 {
+        symlink(&victim, dir.join(format!(".{name}.{pid}.{n}.tmp"))).expect("plant");
+    }
+    std::fs::remove_file(&path).expect("remove the first dump");
+    symlink(&victim_final, &path).expect("plant at the final name");
+    job.signal(1, libc::SIGUSR1).expect("signal rank 1 again");
+    let untouched = |p: &Path, text: &str| std::fs::read_to_string(p).is_ok_and(|t| t == text);
+    wait_for("the second dump", &|| {
+        std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file())
+            || !untouched(&victim, "root-owned")
+            || !untouched(&victim_final, "root-owned too")
+    });
+    assert!(untouched(&victim, "root-owned"), "the dump wrote through a symlink at its temporary name");
+    assert!(untouched(&victim_final, "root-owned too"), "the dump wrote through a symlink at its final name");
+    let meta = std::fs::symlink_metadata(&path).expect("dump");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "the dump is readable by its owner only");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
+    assert_eq!((doc["reason"].as_str(), doc["comm"]["rank"].as_u64()), (Some("SIGUSR1"), Some(1)));
+    for r in 0..2 {
+        job.signal(r, libc::SIGKILL).expect("kill");
+    }
+    let _ = job.wait(Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -227,8 +227,18 @@ fn serve(listener: TcpListener, secret: [u8; 16], deadline: Option<Instant>) -> 
                 Arrival::Rank(j) => j,
             };
             if job.is_none() {
-                if j.nranks == 0 || j.m == 0 || j.m > j.nranks || j.k >= j.m || (j.m > 1) != j.next.is_some() {
-                    reject(j.stream, "nranks must be at least 1, with between 1 and nranks ids");
+                // The slots below are sized by the first rank's nranks: bound it.
+                if !(1..=crate::config::MAX_NRANKS).contains(&j.nranks)
+                    || j.m == 0
+                    || j.m > j.nranks
+                    || j.k >= j.m
+                    || (j.m > 1) != j.next.is_some()
+                {
+                    let why = format!(
+                        "nranks must be between 1 and {}, with between 1 and nranks ids",
+                        crate::config::MAX_NRANKS
+                    );
+                    reject(j.stream, &why);
                     continue;
                 }
                 let (lo, hi) = tier::share(j.k, j.m, j.nranks);

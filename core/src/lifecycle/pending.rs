@@ -40,9 +40,8 @@ impl Comm {
     /// the returned handle.
     pub fn init_rank_nonblocking(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<PendingComm> {
         crate::group::refuse_in_group("init_rank_nonblocking")?;
-        if nranks == 0 {
-            return Err(Error::arg("nranks must be at least 1"));
-        }
+        crate::comm::check_nranks(nranks)?;
+        config.check()?;
         if rank >= nranks {
             return Err(Error::arg(format!("rank {rank} is out of range for nranks={nranks} (ranks are 0..{nranks})")));
         }

@@ -6,6 +6,7 @@
 
 use super::cpuset::CpuSet;
 use super::{Gpu, Nic, NicKind, NumaNode, PciDev, Topology};
+use occl_telemetry::files::{read_to_string_capped, MAX_SYSTEM_FILE};
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
@@ -42,7 +43,7 @@ impl Sysfs<'_> {
     /// A file's content, trimmed. Missing: `None` quietly; unreadable: `None` and a warning.
     fn read(&self, rel: &[String], file: &str) -> Option<String> {
         let p = self.abs(rel).join(file);
-        match std::fs::read_to_string(&p) {
+        match read_to_string_capped(&p, MAX_SYSTEM_FILE) {
             Ok(s) => Some(s.trim().to_string()),
             Err(e) if e.kind() == ErrorKind::NotFound => None,
             Err(e) => {

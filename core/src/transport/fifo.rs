@@ -15,6 +15,7 @@
 
 use super::wait::{self, Check, Deadline, Patience};
 use crate::error::{Error, Result};
+use occl_telemetry::files::{read_to_string_capped, MAX_SYSTEM_FILE};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -252,7 +253,7 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
         return false;
     }
     // A killed child that its parent has not reaped yet still exists as a zombie.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match read_to_string_capped(std::path::Path::new(&format!("/proc/{pid}/stat")), MAX_SYSTEM_FILE) {
         Ok(s) => !matches!(s.rsplit_once(") ").and_then(|(_, t)| t.chars().next()), Some('Z' | 'X')),
         Err(_) => r == 0,
     }

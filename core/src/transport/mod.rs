@@ -194,8 +194,13 @@ fn eager_fits(table: &[PeerInfo], me: usize, kinds: &[Option<TransportKind>]) ->
         .filter(|&p| p == me || (table[p].pid == table[me].pid && kinds[p] == Some(TransportKind::Shm)))
         .count();
     let maps = local * local.saturating_sub(1);
-    let limit: usize =
-        std::fs::read_to_string("/proc/sys/vm/max_map_count").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(65530);
+    let limit: usize = occl_telemetry::files::read_to_string_capped(
+        std::path::Path::new("/proc/sys/vm/max_map_count"),
+        occl_telemetry::files::MAX_SYSTEM_FILE,
+    )
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or(65530);
     if maps > limit / 2 {
         return Err(Error::usage(format!(
             "OCCL_RUNTIME_CONNECT=0 with {local} ranks in one process needs {maps} shared-memory FIFOs, \

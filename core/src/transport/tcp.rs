@@ -8,13 +8,19 @@
 //! Wire frame per slot: a 32-byte header (seq, kind, len, descriptor; little-endian) and `len`
 //! bytes of data. Kind `ABORT` carries the sender's failure state instead of data, so the peer
 //! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
+//!
+//! An operation returns once its data is in the kernel's socket buffers, and that data must
+//! reach the peer even if the process then exits without `destroy`. So a receiver reads every
+//! socket to its own end before it calls the peer lost, and a closing or exiting sender (an
+//! `atexit` handler covers exit) shuts its sockets for writing and waits, bounded by the
+//! timeout, until the peer's kernel has acknowledged all of it (see `linger`).
 
 use super::fifo::{self, state, Desc, Region};
 use super::wait::{self, poll, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
 use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
 use std::io;
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -107,7 +113,8 @@ struct In {
 }
 
 struct Sock {
-    s: TcpStream,
+    /// Owns `fd`: closed when the link is dropped.
+    _stream: TcpStream,
     fd: RawFd,
     /// Next data message this socket sends (k, k + nsocks, …) and the frame in progress.
     tx_m: u64,
@@ -116,6 +123,8 @@ struct Sock {
     end: Option<u32>,
     /// The control frame went out (or the socket failed): nothing more to write.
     tx_done: bool,
+    /// Writing failed: what was posted for this socket will never reach the peer.
+    tx_failed: bool,
     /// Next data message this socket receives, the frame being read, and bytes read ahead
     /// (`stage[lo..hi]`) while looking for headers.
     rx_m: u64,
@@ -123,7 +132,7 @@ struct Sock {
     stage: Box<[u8]>,
     lo: usize,
     hi: usize,
-    /// CLOSE or ABORT seen (or the link ended): read no more.
+    /// CLOSE or ABORT seen, or the stream ended: read no more.
     rx_done: bool,
 }
 
@@ -139,6 +148,10 @@ pub(crate) struct TcpLink {
     timeout: Duration,
     /// Sockets that delivered a CLOSE frame.
     closes: usize,
+    /// The first message that can no longer arrive: the lowest next message of the sockets
+    /// whose stream ended without CLOSE (the peer died or exited). Everything before it that
+    /// the other sockets carry is still read and delivered.
+    lost_at: Option<u64>,
     /// The peer is gone (or closed, or failed) and both FIFOs say so: no more I/O.
     dead: bool,
     closed: bool,
@@ -322,12 +335,13 @@ impl TcpLink {
                 let _ = setsockopt_int(fd, libc::SOL_SOCKET, opt, SOCK_BUF);
             }
             socks.push(Sock {
-                s,
+                _stream: s,
                 fd,
                 tx_m: k as u64,
                 out: None,
                 end: None,
                 tx_done: false,
+                tx_failed: false,
                 rx_m: k as u64,
                 inp: None,
                 stage: vec![0u8; STAGE].into_boxed_slice(),
@@ -345,6 +359,7 @@ impl TcpLink {
             slot_size,
             timeout,
             closes: 0,
+            lost_at: None,
             dead: false,
             closed: false,
             prof,
@@ -355,7 +370,9 @@ impl TcpLink {
         let mut recv = fifo::RecvFifo::new(recv_region, Patience::Drive);
         send.net_steps = Some(link.tx_steps.clone());
         recv.net_steps = Some(link.rx_steps.clone());
-        Ok((Arc::new(Mutex::new(link)), send, recv))
+        let link = Arc::new(Mutex::new(link));
+        exit::register(&link);
+        Ok((link, send, recv))
     }
 
     /// Does all the non-blocking I/O it can; true if anything moved. A failure ends the link:
@@ -369,21 +386,78 @@ impl TcpLink {
         let mut moved = false;
         for k in 0..self.socks.len() {
             let readable = ready.get(k).is_none_or(|p| p.revents != 0);
-            match self.tx(k).and_then(|a| Ok(a | self.rx(k, readable)?)) {
-                Ok(m) => moved |= m,
-                Err(e) => {
-                    if !self.dead {
-                        tracing::debug!("tcp transport to rank {}: {e}; the connection is lost", self.peer);
-                        self.end_link(state::LOST);
-                    }
-                    return true;
-                }
+            moved |= self.tx_or_fail(k);
+            if !self.dead {
+                moved |= self.rx_or_end(k, readable);
             }
             if self.dead {
                 return true;
             }
         }
         moved
+    }
+
+    /// `tx` on socket `k`; a failure loses what this rank still sends to the peer (every send
+    /// wait on it fails), but not what the peer sent: the receive side goes on to its own end.
+    fn tx_or_fail(&mut self, k: usize) -> bool {
+        match self.tx(k) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!("tcp transport to rank {}: sending: {e}; the connection is lost", self.peer);
+                let s = &mut self.socks[k];
+                s.tx_done = true;
+                s.tx_failed = true;
+                if let Some(p) = &self.prof {
+                    p.stop(s.out.take().and_then(|o| o.net));
+                }
+                set_recv_state(&self.send_region, state::LOST);
+                true
+            }
+        }
+    }
+
+    /// `rx` on socket `k`. The end of its stream (end of file, reset, any socket error) is the
+    /// end of this socket only: TCP delivered everything before it, and the other sockets may
+    /// still hold data that was sent earlier. Malformed data ends the link at once.
+    fn rx_or_end(&mut self, k: usize, readable: bool) -> bool {
+        match self.rx(k, readable) {
+            Ok(m) => {
+                if m && self.lost_at.is_some() {
+                    self.check_rx_ends();
+                }
+                m
+            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                self.end_link(state::LOST);
+                true
+            }
+            Err(e) => {
+                tracing::debug!("tcp transport from rank {}: socket {k}: {e}", self.peer);
+                let s = &mut self.socks[k];
+                s.rx_done = true;
+                if let Some(p) = &self.prof {
+                    p.stop(s.inp.take().and_then(|i| i.net));
+                }
+                let m = s.rx_m;
+                self.lost_at = Some(self.lost_at.map_or(m, |l| l.min(m)));
+                self.check_rx_ends();
+                true
+            }
+        }
+    }
+
+    /// Ends the link once nothing more can be delivered: every socket closed (CLOSE on all:
+    /// the peer destroyed its communicator), or a socket's stream was cut at message `lost_at`
+    /// and every other socket has delivered all it carried before that message.
+    fn check_rx_ends(&mut self) {
+        if self.dead {
+            return;
+        }
+        match self.lost_at {
+            Some(m) if self.socks.iter().all(|s| s.rx_done || s.rx_m > m) => self.end_link(state::LOST),
+            None if self.closes == self.socks.len() => self.end_link(state::CLOSED),
+            _ => {}
+        }
     }
 
     /// The peer is gone, closed or failed (`s`): every wait on it, either way, ends with `s`.
@@ -569,9 +643,7 @@ impl TcpLink {
                         // has closed is it known to have sent all it will send.
                         s.rx_done = true;
                         self.closes += 1;
-                        if self.closes == self.socks.len() {
-                            self.end_link(state::CLOSED);
-                        }
+                        self.check_rx_ends();
                         return Ok(true);
                     }
                     KIND_ABORT => {
@@ -612,14 +684,20 @@ impl TcpLink {
         }
     }
 
-    /// Some posted slot is not yet fully written to its socket.
+    /// Socket `s` has a posted slot not yet fully written.
+    fn pending(&self, s: &Sock) -> bool {
+        s.out.is_some_and(|o| o.data)
+            || self.send_region.slot_hdr(slot_of(s.tx_m, self.nslots)).seq.load(Ordering::Acquire) == seq_of(s.tx_m)
+    }
+
+    /// Some posted slot is not yet fully written to a socket that can still write it.
     fn unsent(&self) -> bool {
-        self.socks.iter().any(|s| {
-            !s.tx_done
-                && (s.out.is_some_and(|o| o.data)
-                    || self.send_region.slot_hdr(slot_of(s.tx_m, self.nslots)).seq.load(Ordering::Acquire)
-                        == seq_of(s.tx_m))
-        })
+        self.socks.iter().any(|s| !s.tx_done && self.pending(s))
+    }
+
+    /// Some posted slot will never be written: its socket failed, or the link ended.
+    fn lost_unsent(&self) -> bool {
+        self.socks.iter().any(|s| (s.tx_failed || (self.dead && !s.tx_done)) && self.pending(s))
     }
 
     /// The poll(2) interest of each socket: readable while a free slot can take what comes,
@@ -690,8 +768,8 @@ impl TcpLink {
                 }
                 // Frames still queued: the peer is not reading. Stop if it went away.
                 for k in 0..self.socks.len() {
-                    if !self.dead && self.rx(k, true).is_err() {
-                        self.end_link(state::LOST);
+                    if !self.dead && !self.socks[k].rx_done {
+                        self.rx_or_end(k, true);
                     }
                 }
                 if self.dead {
@@ -700,19 +778,151 @@ impl TcpLink {
                 poll(&mut fds, left.min(Duration::from_millis(10)));
             }
         }
-        for s in &mut self.socks {
-            let _ = s.s.shutdown(Shutdown::Write);
-            // Read what already arrived (up to the socket buffers' worth), so that closing the
-            // socket sends FIN rather than RST.
-            let mut junk = [0u8; 4096];
-            for _ in 0..4096 {
-                if !matches!(recv1(s.fd, junk.as_mut_ptr(), junk.len()), Ok(Some(1..))) {
-                    break;
-                }
-            }
+        // A peer that is gone or closed reads nothing more: do not wait for it.
+        let fds: Vec<RawFd> = self.socks.iter().map(|s| s.fd).collect();
+        if !linger(&fds, if self.dead { Instant::now() } else { until }) {
+            tracing::debug!("tcp transport to rank {}: closed before the peer took all this rank sent", self.peer);
         }
         self.dead = true;
         tracing::trace!("tcp link to rank {} closed", self.peer);
+    }
+
+    /// At process exit without `destroy`: the sockets to linger on (see `exit`), or none if
+    /// the link was closed or its peer is gone. Sends no CLOSE: the communicator was not
+    /// destroyed, and the peer learns that this rank is gone once it has read its data.
+    fn leave(&mut self) -> Vec<RawFd> {
+        if self.closed || self.dead {
+            return Vec::new();
+        }
+        self.closed = true;
+        self.dead = true;
+        self.socks.iter().map(|s| s.fd).collect()
+    }
+}
+
+/// Whether socket `fd` may still hand data to the peer: it holds bytes that the peer's kernel
+/// has not acknowledged, and the connection is not closed (after a reset the kernel has
+/// dropped them and the count never goes down).
+fn still_sending(fd: RawFd) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ for a TCP socket) stores one int.
+    if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) } != 0 || n == 0 {
+        return false;
+    }
+    // SAFETY: a zeroed tcp_info is valid; getsockopt writes at most `len` bytes into it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len)
+    };
+    r == 0 && info.tcpi_state != TCP_CLOSE
+}
+
+/// `TCP_CLOSE` of the kernel's TCP states (`tcp_info.tcpi_state`).
+const TCP_CLOSE: u8 = 7;
+
+/// Ends the sockets `fds` (already drained of frames) so that what they hold still reaches the
+/// peer: FIN after the data, then, until `until`, reads and drops whatever comes in while the
+/// peer's kernel has not acknowledged everything. Closing a socket that holds unread input
+/// resets the connection, and a reset drops what the kernel had not sent yet (the peer keeps
+/// what it received, so once nothing is unacknowledged a reset loses nothing). True when every
+/// socket got there (or failed: its peer is gone).
+fn linger(fds: &[RawFd], until: Instant) -> bool {
+    for &fd in fds {
+        // SAFETY: a socket descriptor this link owns.
+        unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    }
+    let mut open: Vec<(RawFd, bool)> = fds.iter().map(|&fd| (fd, false)).collect();
+    let mut junk = vec![0u8; 64 << 10];
+    loop {
+        open.retain_mut(|(fd, eof)| {
+            // Bounded per round, so a peer that floods us cannot keep us past `until`.
+            for _ in 0..64 {
+                match recv1(*fd, junk.as_mut_ptr(), junk.len()) {
+                    Ok(Some(0)) => *eof = true,
+                    Ok(Some(_)) => continue,
+                    Ok(None) => {}
+                    Err(_) => return false,
+                }
+                break;
+            }
+            still_sending(*fd)
+        });
+        let left = until.saturating_duration_since(Instant::now());
+        if open.is_empty() || left.is_zero() {
+            return open.is_empty();
+        }
+        // Input wakes us; the peer's acknowledgements do not, so look again soon.
+        let mut pfds: Vec<libc::pollfd> = open
+            .iter()
+            .filter(|(_, eof)| !eof)
+            .map(|&(fd, _)| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+            .collect();
+        poll(&mut pfds, left.min(Duration::from_millis(2)));
+    }
+}
+
+/// Process exit without `destroy`: returning from `main` or calling `exit` runs no destructor
+/// of a communicator that is still alive, and the kernel's own close of its sockets can lose
+/// data (see `linger`). An `atexit` handler lingers on every live link instead.
+mod exit {
+    use super::{SharedLink, TcpLink};
+    use std::sync::{Mutex, Once, PoisonError, TryLockError, Weak};
+    use std::time::{Duration, Instant};
+
+    static LINKS: Mutex<Vec<Weak<Mutex<TcpLink>>>> = Mutex::new(Vec::new());
+
+    pub(super) fn register(link: &SharedLink) {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: a plain `extern "C" fn()` that lives as long as the program. Failure only
+            // loses the guarantee at exit (destroy still flushes), so it is not an error.
+            if unsafe { libc::atexit(at_exit) } != 0 {
+                tracing::warn!("occl: atexit failed; tcp sends may be lost if the process exits without destroy");
+            }
+        });
+        let mut links = LINKS.lock().unwrap_or_else(PoisonError::into_inner);
+        links.retain(|w| w.strong_count() > 0);
+        links.push(std::sync::Arc::downgrade(link));
+    }
+
+    extern "C" fn at_exit() {
+        // Never unwind into C, and log nothing through `tracing` (its thread-locals are gone).
+        let _ = std::panic::catch_unwind(|| {
+            let start = Instant::now();
+            let links: Vec<_> =
+                LINKS.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+            // Every link at once: two links of this process may be each other's peers, and each
+            // must drain the other's input while both wait.
+            let (mut guards, mut fds, mut wait) = (Vec::new(), Vec::new(), Duration::ZERO);
+            for l in &links {
+                // Another thread may be inside an operation on this link: it holds the lock for
+                // one step of I/O at a time.
+                let mut link = loop {
+                    match l.try_lock() {
+                        Ok(g) => break Some(g),
+                        Err(TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                        Err(TryLockError::WouldBlock) if start.elapsed() < Duration::from_secs(1) => {
+                            std::thread::sleep(Duration::from_millis(1))
+                        }
+                        Err(TryLockError::WouldBlock) => break None,
+                    }
+                };
+                let Some(mut link) = link.take() else { continue };
+                wait = wait.max(link.timeout);
+                fds.extend(link.leave());
+                // Held until the sockets are done: nobody else writes to them meanwhile.
+                guards.push(link);
+            }
+            if !fds.is_empty() && !super::linger(&fds, start + wait) {
+                let _ = std::io::Write::write_all(
+                    &mut std::io::stderr(),
+                    b"occl: at exit: a tcp peer did not take all that this process sent it within OCCL_TIMEOUT; the rest is lost\n",
+                );
+            }
+            drop(guards);
+        });
     }
 }
 
@@ -766,7 +976,7 @@ impl Net {
         // A peer that went away with data of ours unsent: say which and why.
         for l in &self.links {
             let l = lock(l);
-            if l.dead && l.unsent() {
+            if l.lost_unsent() {
                 let s = l.send_region.header().recv_state.0.load(Ordering::Acquire);
                 return Err(Error::remote(l.peer, state::describe(s)));
             }

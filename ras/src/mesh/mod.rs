@@ -123,9 +123,10 @@ impl MeshConfig {
     /// whole seconds after which a lost peer is dead (not multiplied).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, MeshError> {
         let mut cfg = Self::default();
-        let factor = var("OCCL_RAS_TIMEOUT_FACTOR").or_else(|| var("NCCL_RAS_TIMEOUT_FACTOR"));
-        if let Some(f) = factor {
-            let n: u32 = f.trim().parse().ok().filter(|&n| n > 0).ok_or(MeshError::BadVar("timeout factor", f))?;
+        let factor =
+            ["OCCL_RAS_TIMEOUT_FACTOR", "NCCL_RAS_TIMEOUT_FACTOR"].into_iter().find_map(|n| Some((n, var(n)?)));
+        if let Some((name, f)) = factor {
+            let n: u32 = f.trim().parse().ok().filter(|&n| n > 0).ok_or(MeshError::BadVar(name, f))?;
             for d in [
                 &mut cfg.keepalive,
                 &mut cfg.unresponsive_after,
@@ -178,7 +179,7 @@ pub enum MeshError {
     DuplicateAddr(String),
     #[error("this process's address {0} is not in the peer table")]
     NotInTable(String),
-    #[error("invalid {0}: {1:?}")]
+    #[error("{0}={1:?}: expected a positive whole number")]
     BadVar(&'static str, String),
 }
 

@@ -144,4 +144,35 @@ mod tests {
         assert_eq!(max_clients(Some(1 << 20)), 256);
         assert_eq!(max_clients(None), 256);
     }
+
+    /// Hostile timer values: refused with the variable named, or accepted with every timer and
+    /// budget a finite duration that the server's arithmetic (saturating) can hold; no panic.
+    #[test]
+    fn hostile_timer_values_are_refused_or_held() {
+        for var in ["OCCL_RAS_TIMEOUT_FACTOR", "NCCL_RAS_TIMEOUT_FACTOR", "OCCL_RAS_DEAD_TIMEOUT"] {
+            for v in [
+                "NaN",
+                "inf",
+                "-1",
+                "0",
+                "1e30",
+                "4294967295",
+                "4294967296",
+                "18446744073709551615",
+                "99999999999999999999",
+            ] {
+                match cfg(&[(var, v)]) {
+                    Err(e) => {
+                        let e = e.to_string();
+                        assert!(e.contains(var) && e.contains("positive whole number"), "{var}={v}: {e}");
+                    }
+                    Ok(c) => {
+                        // The budget is computed with floating point from the scaled timers.
+                        assert!(c.default_budget >= Duration::from_secs(5), "{var}={v}");
+                        assert!(c.mesh.dead_timeout > Duration::ZERO && c.mesh.keepalive > Duration::ZERO);
+                    }
+                }
+            }
+        }
+    }
 }

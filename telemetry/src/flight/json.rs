@@ -1,11 +1,11 @@
 //! The JSON dump of a recorder, and its atomic write into a directory.
 
 use super::ring::{truncate_str, Entry, FlightRecorder, OpState, RootOrPeer, MAX_REASON_BYTES};
+use crate::files;
 use serde_json::{json, Value};
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The `format` of a dump.
@@ -216,24 +216,15 @@ impl FlightRecorder {
     }
 
     /// Writes the dump into `dir` (created if missing) as [`FlightRecorder::file_name`],
-    /// replacing an earlier dump of this rank. The file appears whole or not at all: the document
-    /// goes to a temporary file in `dir`, is synced, and is renamed over the final name.
+    /// replacing an earlier dump of this rank. The file appears whole or not at all, and is
+    /// created so that nothing planted in a shared `dir` redirects it ([`crate::files`]).
     pub fn dump_to_dir(&self, dir: &Path, reason: &str) -> io::Result<PathBuf> {
-        static TMP_SERIAL: AtomicU64 = AtomicU64::new(0);
-        let name = self.file_name();
-        let path = dir.join(&name);
-        let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), TMP_SERIAL.fetch_add(1, Relaxed)));
-        let written = (|| {
-            fs::create_dir_all(dir)?;
-            let f = fs::File::create(&tmp)?;
-            self.write_json(&f, reason)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        })();
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(io::Error::new(e.kind(), format!("flight recorder dump to {}: {e}", path.display())));
-        }
-        Ok(path)
+        let path = dir.join(self.file_name());
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("flight recorder dump to {}: {e}", path.display()));
+        fs::create_dir_all(dir).map_err(named)?;
+        files::write_atomic(&path, |f| self.write_json(f, reason)).map_err(|e| {
+            // write_atomic's error already names the path.
+            io::Error::new(e.kind(), format!("flight recorder dump: {e}"))
+        })
     }
 }

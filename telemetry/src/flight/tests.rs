@@ -212,7 +212,7 @@ fn env_parsing() {
     assert_eq!(c, FlightConfig { capacity: 16, dir: Some("/tmp/fr".into()) });
     assert_eq!(FlightConfig::from_lookup(lookup(&[(SIZE_ENV, "0")])).unwrap().capacity, 0);
     assert_eq!(FlightConfig::from_lookup(lookup(&[(SIZE_ENV, "1048576")])).unwrap().capacity, MAX_CAPACITY);
-    for bad in ["abc", "", "-1", "+5", "12k", "0x10", "1048577", "99999999999999999999999"] {
+    for bad in ["abc", "", "-1", "+5", "12k", "0x10", "1048577", "99999999999999999999999", "1e12", "NaN", "inf"] {
         let vars: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(SIZE_ENV, bad)]));
         let e = FlightConfig::from_lookup(lookup(vars)).unwrap_err();
         assert_eq!(e.var, SIZE_ENV);
@@ -357,6 +357,38 @@ fn dump_to_dir_writes_parseable_json_atomically() {
     assert!(reader.join().unwrap() > 0);
     let names: Vec<_> = std::fs::read_dir(dir.join("sub")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Another user who can write the dump directory (a shared /tmp) knows every part of a dump's
+/// temporary name from RAS and plants symlinks there and at the final name: the dump must
+/// follow neither, and come out owner-only.
+#[test]
+fn a_dump_follows_no_symlink_planted_in_its_directory() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = temp_dir("symlink");
+    let mut c = comm(5);
+    c.comm_hash = 0x5e1f_11a4_0000_0005;
+    let r = FlightRecorder::new(c, 8);
+    r.completed(r.enqueue(&op(1), 1), 2);
+    let name = r.file_name();
+    let (victim, victim_final) = (dir.join("victim"), dir.join("victim-final"));
+    std::fs::write(&victim, "root-owned").unwrap();
+    std::fs::write(&victim_final, "root-owned too").unwrap();
+    // The names `.<name>.<pid>.<n>.tmp` that dumps used, n counting the process's dumps.
+    let pid = std::process::id();
+    for n in 0..1024 {
+        symlink(&victim, dir.join(format!(".{name}.{pid}.{n}.tmp"))).unwrap();
+    }
+    symlink(&victim_final, dir.join(&name)).unwrap();
+    let path = r.dump_to_dir(&dir, "SIGUSR1").unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root-owned", "the dump wrote through a planted symlink");
+    assert_eq!(std::fs::read_to_string(&victim_final).unwrap(), "root-owned too");
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_file(), "the dump is a file of its own, not a link");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(v["reason"], "SIGUSR1");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

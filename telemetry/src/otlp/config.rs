@@ -100,6 +100,9 @@ impl Default for OtlpConfig {
     }
 }
 
+/// The longest export timeout or schedule delay, in milliseconds (a day).
+const MAX_MS: u64 = 86_400_000;
+
 const TRUE: [&str; 4] = ["1", "true", "yes", "on"];
 
 fn truthy(v: &str) -> bool {
@@ -183,21 +186,31 @@ impl OtlpConfig {
             headers.retain(|(hk, _)| !hk.eq_ignore_ascii_case(&k));
             headers.push((k, v));
         }
-        let ms = |var: &'static str| -> Result<Option<u64>, ConfigError> {
+        let num = |var: &'static str| -> Result<Option<u64>, ConfigError> {
             get(var)
                 .map(|v| {
                     v.trim().parse::<u64>().map_err(|_| ConfigError::Value { var, value: v, what: "a whole number" })
                 })
                 .transpose()
         };
+        // Milliseconds, at most a day: every deadline `now + d` stays far inside `Instant`.
+        let ms = |var: &'static str| -> Result<Option<Duration>, ConfigError> {
+            match num(var)? {
+                Some(n) if n > MAX_MS => Err(ConfigError::Value {
+                    var,
+                    value: n.to_string(),
+                    what: "a whole number of milliseconds up to 86400000 (a day)",
+                }),
+                n => Ok(n.map(Duration::from_millis)),
+            }
+        };
         let d = OtlpConfig::default();
-        let timeout = ms("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")?
-            .or(ms("OTEL_EXPORTER_OTLP_TIMEOUT")?)
-            .map_or(d.timeout, Duration::from_millis);
-        let max_queue = ms("OTEL_BSP_MAX_QUEUE_SIZE")?.map_or(d.max_queue, |n| n.clamp(1, 1 << 20) as usize);
+        let timeout =
+            ms("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")?.or(ms("OTEL_EXPORTER_OTLP_TIMEOUT")?).unwrap_or(d.timeout);
+        let max_queue = num("OTEL_BSP_MAX_QUEUE_SIZE")?.map_or(d.max_queue, |n| n.clamp(1, 1 << 20) as usize);
         let max_batch =
-            ms("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")?.map_or(d.max_batch, |n| n.clamp(1, 1 << 16) as usize).min(max_queue);
-        let schedule_delay = ms("OTEL_BSP_SCHEDULE_DELAY")?.map_or(d.schedule_delay, Duration::from_millis);
+            num("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")?.map_or(d.max_batch, |n| n.clamp(1, 1 << 16) as usize).min(max_queue);
+        let schedule_delay = ms("OTEL_BSP_SCHEDULE_DELAY")?.unwrap_or(d.schedule_delay);
         let step_sampling = match get("OCCL_OTEL_STEP_SAMPLING") {
             None => DEFAULT_STEP_SAMPLING,
             Some(v) => match v.trim().parse::<f64>() {
@@ -329,5 +342,37 @@ mod tests {
         assert!(cfg(&[("OCCL_OTEL", "1"), ("OCCL_OTEL_STEP_SAMPLING", "2")]).is_err());
         assert!(cfg(&[("OCCL_OTEL", "1"), ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon")]).is_err());
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    /// Hostile numbers: refused with the variable named, or clamped where the specification
+    /// clamps (queue and batch sizes); never a panic and never a duration past a day.
+    #[test]
+    fn hostile_numbers_are_refused_or_clamped() {
+        let huge = "18446744073709551615";
+        for var in [
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_BSP_SCHEDULE_DELAY",
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "OCCL_OTEL_STEP_SAMPLING",
+        ] {
+            for v in ["NaN", "inf", "-1", "1e30", huge, "99999999999999999999999", "86400001", "0"] {
+                match cfg(&[("OCCL_OTEL", "1"), (var, v)]) {
+                    Err(e) => assert!(e.to_string().contains(var), "{var}={v}: {e}"),
+                    Ok(c) => {
+                        let c = c.expect("enabled");
+                        let day = Duration::from_secs(86_400);
+                        assert!(c.timeout <= day && c.schedule_delay <= day, "{var}={v}");
+                        assert!((1..=1 << 20).contains(&c.max_queue) && (1..=c.max_queue).contains(&c.max_batch));
+                        assert!((0.0..=1.0).contains(&c.step_sampling), "{var}={v}");
+                    }
+                }
+            }
+        }
+        let e = cfg(&[("OCCL_OTEL", "1"), ("OTEL_EXPORTER_OTLP_TIMEOUT", huge)]).expect_err("past a day").to_string();
+        assert!(e.contains("86400000"), "{e}");
+        assert_eq!(on(&[("OCCL_OTEL", "1"), ("OTEL_BSP_MAX_QUEUE_SIZE", huge)]).max_queue, 1 << 20);
+        assert!(cfg(&[("OCCL_OTEL", "1"), ("OCCL_OTEL_STEP_SAMPLING", "NaN")]).is_err());
     }
 }

@@ -13,12 +13,15 @@ pub struct Resource {
 
 /// This machine's name: the kernel's, else `$HOSTNAME`, else "localhost".
 pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| "localhost".into())
+    crate::files::read_to_string_capped(
+        std::path::Path::new("/proc/sys/kernel/hostname"),
+        crate::files::MAX_SYSTEM_FILE,
+    )
+    .ok()
+    .map(|s| s.trim().to_string())
+    .filter(|s| !s.is_empty())
+    .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+    .unwrap_or_else(|| "localhost".into())
 }
 
 /// The resource of rank `rank` of job `job`.

@@ -96,8 +96,11 @@ mod tsc {
         if std::env::var("OCCL_TELEMETRY_CLOCK").is_ok_and(|v| v == "monotonic") {
             return false;
         }
-        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .is_ok_and(|s| s.trim() == "tsc")
+        crate::files::read_to_string_capped(
+            std::path::Path::new("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+            crate::files::MAX_SYSTEM_FILE,
+        )
+        .is_ok_and(|s| s.trim() == "tsc")
     }
 
     pub(super) struct Tsc {

@@ -14,6 +14,9 @@ pub const PROXY_ENV: &str = "OCCL_TRACE_PROXY";
 /// Default bound on events per rank file: about 200 bytes each, so ~50 MiB at most, which holds
 /// tens of thousands of collectives (a few training steps, as PyTorch's profiler takes).
 pub const DEFAULT_MAX_EVENTS: usize = 250_000;
+/// The most `OCCL_TRACE_MAX_EVENTS` may ask for: the events are kept in memory until the file
+/// is written, so this bounds a rank's trace memory (about 2 GB) whatever the variable says.
+pub const LIMIT_MAX_EVENTS: usize = 10_000_000;
 
 /// Which proxy events become rows. HTA ignores them all (they are CPU rows of categories it
 /// does not analyse); Perfetto shows them as lanes per peer and direction.
@@ -70,8 +73,8 @@ impl TraceConfig {
         }
         if let Some(v) = get(MAX_EVENTS_ENV) {
             c.max_events = match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => n,
-                _ => return Err(bad(MAX_EVENTS_ENV, &v, "a positive number of events")),
+                Ok(n) if (1..=LIMIT_MAX_EVENTS).contains(&n) => n,
+                _ => return Err(bad(MAX_EVENTS_ENV, &v, "a number of events from 1 to 10000000")),
             };
         }
         if let Some(v) = get(PROXY_ENV) {

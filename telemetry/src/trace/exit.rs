@@ -6,14 +6,8 @@
 use std::sync::Once;
 
 extern "C" fn at_exit() {
-    // Never unwind into C.
-    let _ = std::panic::catch_unwind(|| {
-        for r in super::flush() {
-            if let Err(e) = r {
-                tracing::warn!("occl trace: at exit: {e}");
-            }
-        }
-    });
+    // Never unwind into C. (Nothing here logs through `tracing`: see `flush_at_exit`.)
+    let _ = std::panic::catch_unwind(super::exporter::flush_at_exit);
 }
 
 /// Registers the handler once per process.

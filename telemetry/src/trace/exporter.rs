@@ -16,9 +16,9 @@ use super::{steps, threads, write};
 use crate::event::EventType;
 use crate::mask::EventMask;
 use crate::spans::{CommMeta, Exporter, Span};
-use std::io;
+use std::io::{self, Write};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 /// Communicators one file can hold (a record stores the ordinal in 16 bits).
@@ -52,6 +52,9 @@ struct Inner {
     pid: u32,
     /// Written on communicator init only; the hot path takes it shared to find a span's file.
     state: RwLock<State>,
+    /// A write failed and was reported: the same directory keeps failing the same way at every
+    /// communicator destroy and at exit, so later failures are only logged at debug level.
+    warned: AtomicBool,
 }
 
 /// Writes one Kineto/Chrome trace file per rank for HTA and Perfetto (see the module docs).
@@ -62,12 +65,28 @@ pub struct TraceExporter {
 /// Every live exporter, for [`super::flush`] and the exit handler.
 static LIVE: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 
+/// Set by the exit handler: from then on nothing may log through `tracing`, whose subscribers
+/// keep thread-local state that the C runtime has already destroyed (using it panics).
+static AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+/// A warning: through `tracing`, or straight to stderr once the process is exiting.
+fn warn(msg: std::fmt::Arguments<'_>) {
+    if AT_EXIT.load(Relaxed) {
+        let _ = writeln!(io::stderr(), "occl trace: WARN {msg}");
+    } else {
+        tracing::warn!("occl trace: {msg}");
+    }
+}
+
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
+    crate::files::read_to_string_capped(
+        std::path::Path::new("/proc/sys/kernel/hostname"),
+        crate::files::MAX_SYSTEM_FILE,
+    )
+    .ok()
+    .map(|h| h.trim().to_owned())
+    .filter(|h| !h.is_empty())
+    .unwrap_or_else(|| "localhost".into())
 }
 
 /// A host name made safe for a file name.
@@ -77,8 +96,13 @@ fn file_safe(s: &str) -> String {
 
 impl TraceExporter {
     pub fn new(cfg: TraceConfig) -> TraceExporter {
-        let inner =
-            Arc::new(Inner { cfg, host: hostname(), pid: std::process::id(), state: RwLock::new(State::default()) });
+        let inner = Arc::new(Inner {
+            cfg,
+            host: hostname(),
+            pid: std::process::id(),
+            state: RwLock::new(State::default()),
+            warned: AtomicBool::new(false),
+        });
         {
             let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
             live.retain(|w| w.strong_count() > 0);
@@ -144,11 +168,10 @@ impl Inner {
             steps_dropped,
         };
         if view.events_dropped > 0 {
-            tracing::warn!(
-                "occl trace: rank {rank}: {} events dropped past OCCL_TRACE_MAX_EVENTS={}",
-                view.events_dropped,
-                view.max_events
-            );
+            warn(format_args!(
+                "rank {rank}: {} events dropped past OCCL_TRACE_MAX_EVENTS={}",
+                view.events_dropped, view.max_events
+            ));
         }
         let path = write::atomic(&path, self.cfg.gzip, |w| render::render(&view, w))?;
         // The rank can change when a larger communicator joins later: remove the old name.
@@ -157,8 +180,27 @@ impl Inner {
                 let _ = std::fs::remove_file(old);
             }
         }
-        tracing::debug!("occl trace: wrote {}", path.display());
+        if !AT_EXIT.load(Relaxed) {
+            tracing::debug!("occl trace: wrote {}", path.display());
+        }
         Ok(path)
+    }
+
+    /// Writes the files and reports a failure (an unwritable `OCCL_TRACE_DIR`) once: a trace
+    /// that cannot be written never fails the job.
+    fn write_and_report(&self, files: &[Arc<RankFile>]) {
+        for f in files {
+            let Err(e) = self.write(f) else { continue };
+            if !self.warned.swap(true, Relaxed) {
+                warn(format_args!(
+                    "cannot write a trace file ({}): {e}; the job goes on without it (later failures are logged at \
+                     debug level)",
+                    super::config::DIR_ENV
+                ));
+            } else if !AT_EXIT.load(Relaxed) {
+                tracing::debug!("occl trace: {e}");
+            }
+        }
     }
 
     /// The file of a communicator seen by `comm_init`.
@@ -227,24 +269,28 @@ impl Exporter for TraceExporter {
 
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {
         if let Some(file) = self.inner.file_of(comm) {
-            if let Err(e) = self.inner.write(&file) {
-                tracing::warn!("occl trace: {e}");
-            }
+            self.inner.write_and_report(&[file]);
         }
     }
 
     fn flush(&self) {
-        for r in self.write_all() {
-            if let Err(e) = r {
-                tracing::warn!("occl trace: {e}");
-            }
-        }
+        self.inner.write_and_report(&self.inner.files());
     }
+}
+
+fn live() -> Vec<Arc<Inner>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect()
 }
 
 /// Writes every rank file of every trace exporter in this process (also done at exit).
 pub fn flush() -> Vec<io::Result<PathBuf>> {
-    let live: Vec<Arc<Inner>> =
-        LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
-    live.iter().flat_map(|i| i.write_all()).collect()
+    live().iter().flat_map(|i| i.write_all()).collect()
+}
+
+/// The exit handler's flush: failures are reported once per exporter, on stderr.
+pub(super) fn flush_at_exit() {
+    AT_EXIT.store(true, Relaxed);
+    for i in live() {
+        i.write_and_report(&i.files());
+    }
 }

@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `OCCL_TRACE_DIR` | directory of the files, created if missing |
 //! | `OCCL_TRACE_GZIP` | `1`: write `.json.gz` (HTA reads `.json` and `.gz` alike); default `0` |
-//! | `OCCL_TRACE_MAX_EVENTS` | events kept per rank file (default 250000); later ones are dropped and counted in the file's `occl.events_dropped` |
+//! | `OCCL_TRACE_MAX_EVENTS` | events kept per rank file (default 250000, at most 10000000); later ones are dropped and counted in the file's `occl.events_dropped` |
 //! | `OCCL_TRACE_PROXY` | `none`, `ops` (default: one row per ProxyOp) or `steps` (also one per ProxyStep) |
 //!
 //! A file is named `occl-trace-rank<R>-<host>-<pid>.json[.gz]` and is rewritten whole, atomically
@@ -45,7 +45,8 @@ mod threads;
 mod write;
 
 pub use config::{
-    ProxyDetail, TraceConfig, TraceConfigError, DEFAULT_MAX_EVENTS, DIR_ENV, GZIP_ENV, MAX_EVENTS_ENV, PROXY_ENV,
+    ProxyDetail, TraceConfig, TraceConfigError, DEFAULT_MAX_EVENTS, DIR_ENV, GZIP_ENV, LIMIT_MAX_EVENTS,
+    MAX_EVENTS_ENV, PROXY_ENV,
 };
 pub use exporter::{flush, TraceExporter};
 pub use steps::{profiler_step, step_begin, step_end, ProfilerStep};

@@ -299,7 +299,17 @@ fn config_from_variables() {
     assert_eq!(c, TraceConfig { dir: "/tmp/t".into(), gzip: true, max_events: 10, proxy: ProxyDetail::Steps });
     let d = TraceConfig::from_lookup(env(&[(DIR_ENV, "/tmp/t")])).expect("valid").expect("on");
     assert_eq!((d.gzip, d.max_events, d.proxy), (false, DEFAULT_MAX_EVENTS, ProxyDetail::Ops));
-    for (var, bad) in [(GZIP_ENV, "maybe"), (MAX_EVENTS_ENV, "0"), (MAX_EVENTS_ENV, "-3"), (PROXY_ENV, "all")] {
+    for (var, bad) in [
+        (GZIP_ENV, "maybe"),
+        (MAX_EVENTS_ENV, "0"),
+        (MAX_EVENTS_ENV, "-3"),
+        // Once a whole-file table of 2^64 / 4096 chunk slots: an allocation failure, an abort.
+        (MAX_EVENTS_ENV, "18446744073709551615"),
+        (MAX_EVENTS_ENV, "10000001"),
+        (MAX_EVENTS_ENV, "1e9"),
+        (MAX_EVENTS_ENV, "NaN"),
+        (PROXY_ENV, "all"),
+    ] {
         let e = TraceConfig::from_lookup(|k| match k {
             DIR_ENV => Some("/tmp/t".into()),
             k if k == var => Some(bad.into()),
@@ -342,5 +352,38 @@ fn kernel_channels_at_device_times_place_the_kernel_row() {
     let want = (base + 1_234) as f64 / 1000.0;
     assert!((ts - want).abs() < 0.01, "the row starts at the first channel's device start: {ts} vs {want}");
     assert!((dur - 7.766).abs() < 0.01, "and ends at the last channel's stop: {dur}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Symlinks planted by another user at the trace file's temporary names (pid and a counter) and
+/// at its final name: a flush follows none of them and leaves an owner-only file.
+#[test]
+fn a_flush_follows_no_symlink_planted_in_the_trace_dir() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = scratch("symlink");
+    let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
+    let t = Telemetry::new(vec![ex.clone()]);
+    let world = t.comm_sink(meta(0x5e1f, 3, 4));
+    occl_op(&*world, 10, "AllReduce", 256);
+    let first = ex.write_all().remove(0).expect("first write");
+    let name = first.file_name().expect("name").to_string_lossy().into_owned();
+    std::fs::remove_file(&first).expect("remove");
+    let (victim, victim_final) = (dir.join("victim"), dir.join("victim-final"));
+    std::fs::write(&victim, "root-owned").expect("victim");
+    std::fs::write(&victim_final, "root-owned too").expect("victim");
+    let pid = std::process::id();
+    for n in 0..1024 {
+        symlink(&victim, dir.join(format!(".{name}.{pid}.{n}.tmp"))).expect("plant");
+    }
+    symlink(&victim_final, &first).expect("plant final");
+    let path = ex.write_all().remove(0).expect("second write");
+    assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "root-owned", "wrote through a planted symlink");
+    assert_eq!(std::fs::read_to_string(&victim_final).expect("victim"), "root-owned too");
+    let meta = std::fs::symlink_metadata(&path).expect("trace file");
+    assert!(meta.file_type().is_file(), "the trace is a file of its own, not a link");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let (_, v) = read(&path);
+    assert_eq!(v["distributedInfo"]["rank"], 3);
+    world.finalize();
     let _ = std::fs::remove_dir_all(&dir);
 }

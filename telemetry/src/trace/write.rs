@@ -1,43 +1,34 @@
-//! Putting a file in place atomically: written under a temporary name in the same directory,
-//! synced, then renamed over the final name, so a reader (HTA, a copy job) never sees half a file.
+//! Putting a trace file in place: [`crate::files::write_atomic`] (a new owner-only temporary
+//! file, synced, renamed over the final name), so a reader (HTA, a copy job) never sees half a
+//! file and nothing planted in a shared trace directory redirects the write.
 
+use crate::files;
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-static SERIAL: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `path` from `fill`, gzip-compressed when `gzip`.
+/// Writes `path` from `fill`, gzip-compressed when `gzip`; creates the directory if missing.
 pub(crate) fn atomic(
     path: &Path,
     gzip: bool,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<PathBuf> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), SERIAL.fetch_add(1, Relaxed)));
-    let res = (|| {
-        fs::create_dir_all(dir)?;
-        let f = BufWriter::with_capacity(1 << 16, fs::File::create(&tmp)?);
-        let f = if gzip {
-            let mut z = flate2::write::GzEncoder::new(f, flate2::Compression::fast());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    }
+    files::write_atomic(path, |f| {
+        let w = BufWriter::with_capacity(1 << 16, f);
+        let mut w = if gzip {
+            let mut z = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
             fill(&mut z)?;
             z.finish()?
         } else {
-            let mut f = f;
-            fill(&mut f)?;
-            f
+            let mut w = w;
+            fill(&mut w)?;
+            w
         };
-        let f = f.into_inner().map_err(io::IntoInnerError::into_error)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = res {
-        let _ = fs::remove_file(&tmp);
-        return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
-    }
-    Ok(path.to_path_buf())
+        w.flush()
+    })
 }
 
 #[cfg(test)]

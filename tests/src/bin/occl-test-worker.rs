@@ -485,6 +485,72 @@ fn main() -> ExitCode {
             }
             println!("OK rank={r} otlp");
         }
+        // Rank 0 sends rank 1 a small and a large message and broadcasts, then leaves at once
+        // without destroying its communicator (`args[1]`: "exit" calls exit(0), "return" leaks the
+        // communicator and returns from main); rank 1 checks every byte. With `args[2]` > 0, rank 1
+        // first sends rank 0 that many bytes that rank 0 never receives (unread at its exit).
+        // Rank 1 starts each receive late, so rank 0 is gone with data still on the way.
+        "exit-after-send" if comm.nranks() == 2 => {
+            let how = args.get(1).map(String::as_str).unwrap_or("exit");
+            let unread = args.get(2).and_then(|s| s.parse::<usize>().ok()).unwrap_or(0);
+            let pattern = |tag: u32, n: usize| -> Vec<u32> {
+                (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761).rotate_left(tag) ^ tag).collect()
+            };
+            let (small, big, bcast) = (pattern(1, 1000), pattern(2, 6 << 18), pattern(3, 1 << 16));
+            if r == 0 {
+                let run = || -> occl::Result<()> {
+                    comm.send(&small, 1)?;
+                    comm.send(&big, 1)?;
+                    comm.broadcast_in_place(&mut bcast.clone(), 0)
+                };
+                if let Err(e) = run() {
+                    return report(&e);
+                }
+                println!("OK rank=0 sent, leaving by {how}");
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                if how == "exit" {
+                    std::process::exit(0);
+                }
+                std::mem::forget(comm);
+                return ExitCode::SUCCESS;
+            }
+            let run = || -> occl::Result<Vec<String>> {
+                if unread > 0 {
+                    comm.send(&vec![7u8; unread], 0)?;
+                }
+                let mut wrong = Vec::new();
+                let mut check = |what: &str, got: &[u32], want: &[u32]| {
+                    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+                        wrong.push(format!("{what}: element {i} of {} differs", want.len()));
+                    }
+                };
+                let late = || std::thread::sleep(Duration::from_millis(200));
+                late();
+                let mut got = vec![0u32; small.len()];
+                comm.recv(&mut got, 0)?;
+                check("small send", &got, &small);
+                late();
+                let mut got = vec![0u32; big.len()];
+                comm.recv(&mut got, 0)?;
+                check("large send", &got, &big);
+                late();
+                let mut got = vec![0u32; bcast.len()];
+                comm.broadcast_in_place(&mut got, 0)?;
+                check("broadcast", &got, &bcast);
+                Ok(wrong)
+            };
+            match run() {
+                Ok(wrong) if wrong.is_empty() => println!("OK rank=1 received every byte"),
+                Ok(wrong) => {
+                    for w in wrong {
+                        println!("WRONG {w}");
+                    }
+                    return ExitCode::from(1);
+                }
+                Err(e) => return report(&e),
+            }
+        }
         // `args[1]` training steps (ProfilerStep#1…) of collectives and a send/recv ring, for the
         // trace files (OCCL_TRACE_DIR); rank `args[2]` sleeps `args[3]` ms at the start of each
         // step, before its big all-reduce (a straggler on purpose).
@@ -506,7 +572,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, idle, hang, subcomm, metrics, dashboards, events, otlp, trace, groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, idle, hang, subcomm, metrics, dashboards, events, otlp, trace, exit-after-send (2 ranks), groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
             return ExitCode::from(2);
         }
     }

@@ -23,10 +23,15 @@ use super::policy::FUNCS;
 use crate::error::{Error, Result};
 use std::path::Path;
 
-/// The defaults with `path`'s settings applied.
+/// The defaults with `path`'s settings applied. The file is read up to 1 MiB (a real one is a
+/// few hundred bytes): a path such as `/dev/zero` is an error, not an endless read.
 pub(crate) fn load(path: &Path) -> Result<Consts> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::sys(format!("reading OCCL_TUNER_FILE {}", path.display()), e))?;
+    use occl_telemetry::files::{read_to_string_capped, MAX_CONFIG_FILE};
+    let text = read_to_string_capped(path, MAX_CONFIG_FILE).map_err(|e| match e.kind() {
+        // Too large, or not text: the file is wrong, not the system.
+        std::io::ErrorKind::InvalidData => Error::arg(format!("OCCL_TUNER_FILE {}: {e}", path.display())),
+        _ => Error::sys(format!("reading OCCL_TUNER_FILE {}", path.display()), e),
+    })?;
     parse(&text).map_err(|e| Error::arg(format!("OCCL_TUNER_FILE {}: {e}", path.display())))
 }
 
@@ -118,5 +123,15 @@ mod tests {
             let e = parse(text).expect_err(text);
             assert!(e.contains(want), "{text:?}: {e}");
         }
+    }
+
+    /// `OCCL_TUNER_FILE=/dev/zero` read forever (380 MB/s of memory); a huge file the same.
+    #[test]
+    fn an_endless_or_huge_file_is_refused_by_size() {
+        let e = load(Path::new("/dev/zero")).expect_err("endless");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("OCCL_TUNER_FILE /dev/zero") && e.to_string().contains("1 MiB"), "{e}");
+        let e = load(Path::new("/nonexistent/tuner.conf")).expect_err("missing");
+        assert_eq!(e.kind(), crate::ErrorKind::SystemError, "{e}");
     }
 }

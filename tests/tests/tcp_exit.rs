@@ -1,0 +1,49 @@
+//! Over tcp, an operation that returned `Ok` has delivered its data even if its process then
+//! exits without destroying the communicator: rank 0 sends 4 KB and 6 MiB and broadcasts 256 KiB,
+//! then calls `exit(0)` (or returns from main with the communicator leaked); rank 1, which starts
+//! each receive 200 ms late, must get every byte. Shared memory always did; over tcp the receiver
+//! failed with "lost its connection" (end of stream on one socket while another still held data,
+//! or a reset that threw away what the exiting rank's kernel had not sent yet).
+//!
+//! Racy by nature, so each case runs several times.
+
+mod common;
+
+use common::{env, run_job};
+use occl_tests::launch::Spawn;
+use std::time::{Duration, Instant};
+
+fn run(case: &str, vars: &[(&str, &str)], args: &[&str], rounds: usize) {
+    let mut all = vec![("OCCL_TRANSPORT", "tcp")];
+    all.extend_from_slice(vars);
+    for round in 0..rounds {
+        let t = Instant::now();
+        let outs = run_job(2, args, Spawn { env: env(&all), ..Spawn::default() }, Duration::from_secs(60));
+        for o in &outs {
+            assert!(
+                o.status.success() && o.output.contains("OK rank="),
+                "{case}, round {round}: rank {} failed ({}):\n{}",
+                o.rank,
+                o.status,
+                o.output
+            );
+        }
+        assert!(outs[1].output.contains("received every byte"), "{case}: {}", outs[1].output);
+        assert!(t.elapsed() < Duration::from_secs(30), "{case}, round {round}: took {:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn data_sent_before_exit_without_destroy_arrives() {
+    run("exit(0)", &[], &["exit-after-send", "exit"], 3);
+    run("return with the communicator leaked", &[], &["exit-after-send", "return"], 2);
+}
+
+/// Rank 1 first sends rank 0 64 KiB that rank 0 never receives, more than rank 0's FIFO takes
+/// (2 slots of 4 KiB): at exit its socket holds unread data, and closing such a socket resets
+/// the connection, which drops what the kernel had not sent yet.
+#[test]
+fn data_sent_before_exit_arrives_when_the_exiting_rank_left_data_unread() {
+    let small_fifo = [("OCCL_FIFO_SLOTS", "2"), ("OCCL_TCP_SLOT_SIZE", "4096")];
+    run("unread data at exit", &small_fifo, &["exit-after-send", "exit", "65536"], 3);
+}
