@@ -28,6 +28,7 @@ mod staged;
 pub(crate) mod tune;
 
 pub use comm::{CudaComm, DeviceSettings};
+pub use ops::P2p;
 pub use kernels::timer::ClockMap;
 pub use tune::DevAlgo;
 
