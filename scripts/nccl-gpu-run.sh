@@ -40,7 +40,7 @@ run() { # lib-name log test args...
 case ${PHASE:-tests} in
 tests)
   build
-  for t in sendrecv_perf alltoall_perf; do
+  for t in ${G2_TESTS-sendrecv_perf alltoall_perf}; do
     for lib in occl nccl; do run $lib g2-$lib.txt $t $here/build/$t $A -g 2; done
   done
   for t in $T; do

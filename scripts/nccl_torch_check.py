@@ -57,7 +57,7 @@ try:
         torch.cuda.synchronize()
         if rank == 0:
             import subprocess
-            for args in ([], ["-v"]):
+            for args in ([], ["-f", "json"]):
                 p = subprocess.run([ras] + args, capture_output=True, text=True, timeout=15)
                 print(f"NCCLRAS {' '.join(args)} rc={p.returncode}\n{p.stdout}{p.stderr}", flush=True)
         else:

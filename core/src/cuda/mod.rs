@@ -28,8 +28,8 @@ mod staged;
 pub(crate) mod tune;
 
 pub use comm::{CudaComm, DeviceSettings};
-pub use ops::P2p;
 pub use kernels::timer::ClockMap;
+pub use ops::P2p;
 pub use tune::DevAlgo;
 
 use crate::dtype::{DataType, RedOp};

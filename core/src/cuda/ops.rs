@@ -6,8 +6,8 @@ use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
 use super::kernels::cudarc::driver::sys as cudarc_sys;
-use super::kernels::p2p::{plan, Transfer};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
+use super::kernels::p2p::{plan, Transfer};
 use super::staged::HostOp;
 use super::tune::DevAlgo;
 use super::{kernel_dtype, kernel_op};
@@ -590,7 +590,9 @@ impl CudaComm {
         let base = self.args(Mode::Send, 0, 0, 0, 0, 0);
         let planned = plan(base, &transfers, self.layout.channels).map_err(err("group sends and receives"))?;
         if !from_me.is_empty() {
-            self.ctx.bind_to_thread().map_err(|e| Error::sys("cuCtxSetCurrent", std::io::Error::other(format!("{e:?}"))))?;
+            self.ctx
+                .bind_to_thread()
+                .map_err(|e| Error::sys("cuCtxSetCurrent", std::io::Error::other(format!("{e:?}"))))?;
         }
         for ((dst, bytes), (src, _)) in to_me.iter().zip(&from_me) {
             if *bytes == 0 || dst == src {
@@ -599,7 +601,10 @@ impl CudaComm {
             // SAFETY: both are device buffers of `bytes` (the caller's promise), on this stream.
             let r = unsafe { cudarc_sys::cuMemcpyDtoDAsync_v2(*dst, *src, *bytes as usize, stream.cu_stream()) };
             if r != cudarc_sys::CUresult::CUDA_SUCCESS {
-                return Err(Error::sys("cuMemcpyDtoDAsync (a send to this rank)", std::io::Error::other(format!("{r:?}"))));
+                return Err(Error::sys(
+                    "cuMemcpyDtoDAsync (a send to this rank)",
+                    std::io::Error::other(format!("{r:?}")),
+                ));
             }
         }
         let Some((args, blocks)) = planned else { return Ok(()) };
@@ -642,7 +647,10 @@ impl CudaComm {
             let coll = if o.send { CollType::Send } else { CollType::Recv };
             match &r {
                 Ok(()) => self.comm.record().complete(coll),
-                Err(e) => f.note(&Note::OpFailed { func: func_of(if o.send { Mode::Send } else { Mode::Recv }).0, kind: e.kind().name() }),
+                Err(e) => f.note(&Note::OpFailed {
+                    func: func_of(if o.send { Mode::Send } else { Mode::Recv }).0,
+                    kind: e.kind().name(),
+                }),
             }
         }
         for p in profs {
