@@ -1,50 +1,79 @@
 #!/bin/bash
-# Builds nccl-tests against occl's header (falls back to NVIDIA's), runs them on occl's and NVIDIA's
-# libnccl.so.2, then a torchrun job on each.
+# On a 2-GPU machine, from a folder holding nccl-tests' tree, occl/lib (occl's libnccl.so.2),
+# ncclras (occl's client), torch_check.py and torch_kill.py:
+#   PHASE=tests  builds nccl-tests (MPI=1 when mpicc works, against NVIDIA's nccl.h, linked with
+#                occl's library) and runs sendrecv/alltoall with -g 2 and all 7 tests with -t 2,
+#                each on occl's and NVIDIA's libnccl.so.2 in turn;
+#   PHASE=mpi    the same 7 tests with mpirun -np 2;
+#   PHASE=torch  the torchrun job on occl (ncclras queried while it runs) and the kill job.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-nvidia-smi --query-gpu=name,driver_version --format=csv | tee $OUT/gpu.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a $OUT/gpu.txt
 nv=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.13*' 2>/dev/null | grep -v builtins | head -1)
-nvdir=$(dirname "$nv"); echo "nvrtc: $nv"
+nvdir=$(dirname "$nv")
 export OCCL_KERNEL_CACHE_DIR=/tmp/occl-kernel-cache OCCL_TIMEOUT=${OCCL_TIMEOUT:-20}
-sysnccl=$(ldconfig -p | grep 'libnccl.so.2 ' | head -1 | awk '{print $NF}'); echo "system nccl: $sysnccl"
-# nccl-tests >= 2.28 headers include nccl_device.h (the device API): take NVIDIA's next to ours.
-cp -r /usr/include/nccl_device* occl/include/ 2>/dev/null
-export NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
-if timeout 300 make -j16 -C src NCCL_HOME=$here/occl BUILDDIR=$here/build-occl > $OUT/build-occl.txt 2>&1; then
-  B=$here/build-occl; echo "built against occl's nccl.h"
-else
-  tail -30 $OUT/build-occl.txt
-  mkdir -p nvh/include nvh/lib; cp -r /usr/include/nccl*.h /usr/include/nccl_device* nvh/include/ 2>/dev/null; cp occl/lib/* nvh/lib/
-  timeout 300 make -j16 -C src NCCL_HOME=$here/nvh BUILDDIR=$here/build-nv > $OUT/build-nv.txt 2>&1 || { tail -30 $OUT/build-nv.txt; exit 1; }
-  B=$here/build-nv; echo "built against NVIDIA's nccl.h (occl's failed, see build-occl.txt)"
-fi
-ldd $B/all_reduce_perf | grep nccl; rm -f $OUT/build-nv.txt; [ $B = $here/build-occl ] && rm -f $OUT/build-occl.txt
+OCCL_LD=$here/occl/lib:$nvdir
 T="all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf"
-for t in $T; do
-  echo "== occl $t" | tee -a $OUT/occl-tests.txt; LD_LIBRARY_PATH=$here/occl/lib:$nvdir timeout ${TL:-60} $B/$t -b 8 -e 1G -f 4 -c 1 -g 2 >> $OUT/occl-tests.txt 2>&1; echo "rc=$?" | tee -a $OUT/occl-tests.txt
-done
-for t in $T; do
-  echo "== nccl $t" | tee -a $OUT/nccl-tests.txt; timeout 60 $B/$t -b 8 -e 1G -f 4 -c 1 -g 2 >> $OUT/nccl-tests.txt 2>&1; echo "rc=$?" | tee -a $OUT/nccl-tests.txt
-done
-[ "${TORCH:-1}" = 1 ] || exit 0
-echo "== torch on occl (LD_PRELOAD)"
-LD_PRELOAD=$here/occl/lib/libnccl.so.2 LD_LIBRARY_PATH=$nvdir timeout 150 torchrun --nproc_per_node 2 torch_check.py > $OUT/torch.txt 2>&1; echo "rc=$?"
-grep -E "version|RESULTS|EXCEPTION|ddp|Error" $OUT/torch.txt | head -20
-echo "== torch on NVIDIA's NCCL"
-timeout 90 torchrun --nproc_per_node 2 torch_check.py > $OUT/torch-nv.txt 2>&1; echo "rc=$?"
-grep -E "version|RESULTS|EXCEPTION|ddp" $OUT/torch-nv.txt | head -10
-python3 - $OUT <<'PY'
-import sys
-o=sys.argv[1]
-def losses(f):
-    for l in open(f"{o}/{f}"):
-        if l.startswith("DDP_LOSSES"): return [float(x) for x in l.split()[1:]]
-a,b=losses("torch.txt"),losses("torch-nv.txt")
-if a and b:
-    d=max(abs(x-y) for x,y in zip(a,b)); print(f"DDP losses: {len(a)} vs {len(b)} steps, identical={a==b}, max abs diff={d:.3g}, last occl={a[-1]:.6f} nccl={b[-1]:.6f}")
-else: print("DDP losses missing", bool(a), bool(b))
-PY
-cat $OUT/torch-nv.txt >> $OUT/torch.txt; rm $OUT/torch-nv.txt
-grep -hE "Avg bus|rc=|== " $OUT/occl-tests.txt $OUT/nccl-tests.txt
+A="-b 8 -e 1G -f 4 -c 1"
+build() {
+  [ -x $here/build/sendrecv_perf ] && return 0
+  mkdir -p nvh/include nvh/lib; cp -r /usr/include/nccl*.h /usr/include/nccl_device* nvh/include/ 2>/dev/null
+  cp occl/lib/* nvh/lib/
+  export NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+  inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
+  if [ -n "$inc" ] && timeout 240 make -j16 -C src NCCL_HOME=$here/nvh MPI=1 MPI_HOME=$(dirname $inc) BUILDDIR=$here/build > $OUT/build.txt 2>&1; then
+    echo "built with MPI=1 (MPI_HOME=$(dirname $inc))"
+  else
+    tail -5 $OUT/build.txt; rm -rf $here/build
+    timeout 240 make -j16 -C src NCCL_HOME=$here/nvh BUILDDIR=$here/build > $OUT/build.txt 2>&1 || { tail -30 $OUT/build.txt; exit 1; }
+    echo "built without MPI"
+  fi
+}
+run() { # lib-name log test args...
+  local lib=$1 log=$2 t=$3; shift 3
+  echo "== $lib $t $*" >> $OUT/$log
+  if [ $lib = occl ]; then LD_LIBRARY_PATH=$OCCL_LD timeout ${TL:-60} "$@" >> $OUT/$log 2>&1
+  else timeout ${TL:-60} "$@" >> $OUT/$log 2>&1; fi
+  local rc=$?; echo "rc=$rc" >> $OUT/$log; echo "$lib $t $rc $(grep -h 'Avg bus' $OUT/$log | tail -1)"
+}
+case ${PHASE:-tests} in
+tests)
+  build
+  for t in ${G2_TESTS-sendrecv_perf alltoall_perf}; do
+    for lib in occl nccl; do run $lib g2-$lib.txt $t $here/build/$t $A -g 2; done
+  done
+  for t in $T; do
+    for lib in occl nccl; do run $lib t2-$lib.txt $t $here/build/$t $A -t 2 -g 1; done
+  done ;;
+mpi)
+  build
+  export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/usr/lib}
+  M="mpirun --allow-run-as-root --oversubscribe -np 2 -x LD_LIBRARY_PATH -x OCCL_TIMEOUT -x OCCL_KERNEL_CACHE_DIR -x NCCL_NVLS_ENABLE"
+  for t in ${MPI_TESTS:-$T}; do
+    for lib in occl nccl; do
+      run $lib mpi-$lib.txt $t $M $here/build/$t $A -g 1
+    done
+  done ;;
+torch)
+  echo "== torch on occl (LD_PRELOAD), ncclras queried mid-job"
+  NCCLRAS=$here/ncclras LD_PRELOAD=$here/occl/lib/libnccl.so.2 LD_LIBRARY_PATH=$nvdir timeout 150 \
+    torchrun --nproc_per_node 2 torch_check.py > $OUT/torch.txt 2>&1; echo "rc=$?"
+  grep -E "RESULTS|EXCEPTION|ddp" $OUT/torch.txt | head
+  sed -n '/^NCCLRAS/,/^rank/p' $OUT/torch.txt | head -60
+  for lib in occl nccl; do
+    echo "== kill job on $lib"
+    pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
+    rm -f /tmp/occl-kill-ts
+    for r in 0 1; do
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=2951$([ $lib = occl ] && echo 1 || echo 2) \
+        LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir KILL_WAIT=${KILL_WAIT:-30} \
+        timeout $([ $lib = occl ] && echo 90 || echo 50) python3 torch_kill.py > $OUT/kill-$lib-rank$r.txt 2>&1 &
+      eval pid$r=$!
+    done
+    wait $pid0; rc=$?; t1=$(date +%s.%N); wait $pid1
+    k=$(cat /tmp/occl-kill-ts 2>/dev/null || echo nan)
+    echo "rank 0 rc=$rc, exited $(python3 -c "print(f'{$t1-$k:.3f}')" 2>/dev/null) s after the kill"
+    grep -hE "ERROR|NO ERROR|watchdog|Watchdog|ncclRemoteError|remote" $OUT/kill-$lib-rank0.txt | head -6 | cut -c1-400
+  done ;;
+esac

@@ -50,6 +50,19 @@ try:
     if rank == 0:
         print("DDP_LOSSES " + " ".join(f"{l:.9g}" for l in losses), flush=True)
     print(f"rank {rank}: ddp 200 steps {time.time() - t0:.2f}s", flush=True)
+    ras = os.environ.get("NCCLRAS")
+    if ras:
+        # Query RAS (port 28028) while both ranks are alive and idle on the host: rank 1 sleeps
+        # on the host, not in a device collective that would wait out OCCL_TIMEOUT.
+        torch.cuda.synchronize()
+        if rank == 0:
+            import subprocess
+            for args in ([], ["-f", "json"]):
+                p = subprocess.run([ras] + args, capture_output=True, text=True, timeout=15)
+                print(f"NCCLRAS {' '.join(args)} rc={p.returncode}\n{p.stdout}{p.stderr}", flush=True)
+        else:
+            time.sleep(4)
+        x = torch.ones(16, device=dev); dist.all_reduce(x); check("after_ncclras", torch.all(x == world))
 except Exception as e:
     print(f"rank {rank}: EXCEPTION {type(e).__name__}: {e}", flush=True)
 print(f"rank {rank}: RESULTS " + " ".join(f"{k}={'ok' if v else 'WRONG'}" for k, v in res.items()), flush=True)

@@ -490,6 +490,68 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
     }
 }
 
+// Grouped send/recv (NCCL's ncclGroupStart..End of p2p calls): one launch runs every send and
+// receive of a group at once, each connection (peer, direction) on thread blocks of its own, so
+// that no send waits behind a receive queued after it. Mirrors occl_kernels::p2p.
+#define OCCL_P2P_OPS 128
+#define OCCL_P2P_CONNS (2 * (OCCL_MAXR - 1))
+
+struct P2pConn {
+    unsigned peer, send;   // send: 1 to the peer, 0 from it
+    unsigned first, nops;  // its operations, in call order, at ops[first..first+nops)
+    unsigned blocks, pad;  // channels 0..blocks of the connection, one thread block each
+};
+
+struct P2pOp {
+    u64 buf, bytes;
+};
+
+struct P2pArgs {
+    CollArgs a;  // regions, layout, rank, timeout (mode, in, out and count unused)
+    unsigned nconns, pad[3];
+    P2pConn conns[OCCL_P2P_CONNS];
+    P2pOp ops[OCCL_P2P_OPS];
+};
+
+// Thread block -> (connection, channel b). Only the counter of this connection's direction is
+// loaded and stored: the opposite direction with the same peer and channel runs in another
+// block of this launch. Both ends split each operation over the same channels in the same
+// chunks, so the counters of a channel stay equal on both sides, as the collectives expect.
+DEV void p2p_group(const P2pArgs& g, Chan& c) {
+    const CollArgs& a = g.a;
+    unsigned b = blockIdx.x, k = 0;
+    while (k < g.nconns && b >= g.conns[k].blocks) b -= g.conns[k++].blocks;
+    if (k >= g.nconns) return;
+    const P2pConn& cn = g.conns[k];
+    const unsigned p = cn.peer, nb = cn.blocks, bit = 1u << p;
+    const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
+    if (threadIdx.x == 0) {
+        c.failed = 0;
+        const Ctrl* x = ctrl(a, a.rank, b, p);
+        if (cn.send) c.sent[p] = x->sent;
+        else c.recvd[p] = x->recvd;
+    }
+    __syncthreads();
+    for (unsigned i = cn.first; i < cn.first + cn.nops; i++) {
+        unsigned char* buf = (unsigned char*)g.ops[i].buf;
+        u64 lo, hi;
+        share(g.ops[i].bytes, 16, b, nb, lo, hi);
+        for (u64 o = lo; o < hi; o += a.slot_bytes) {
+            const u64 m = hi - o < a.slot_bytes ? hi - o : a.slot_bytes;
+            wait_peers(a, c, b, tx, rx);
+            if (cn.send) copy1(send_slot(a, c, b, p), buf + o, m);
+            else copy1(buf + o, recv_slot(a, c, b, p), m);
+            post_peers(a, c, b, tx, rx);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        Ctrl* x = ctrl(a, a.rank, b, p);
+        if (cn.send) x->sent = c.sent[p];
+        else x->recvd = c.recvd[p];
+    }
+}
+
 // Loads this block's sequence numbers, runs the mode, stores them back for the next call.
 DEV void chan_open(const CollArgs& a, Chan& c) {
     const unsigned t = threadIdx.x;
@@ -561,6 +623,10 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
         copy_modes(a, c);                                                                           \
         chan_close(a, c);                                                                           \
         chan_time(a, t0);                                                                           \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(512) occl_p2p_group(const P2pArgs g) {            \
+        __shared__ Chan c;                                                                          \
+        p2p_group(g, c);                                                                            \
     }
 
 #define OCCL_COLL_TYPE(T, E)                                                                        \

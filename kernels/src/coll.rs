@@ -262,7 +262,7 @@ impl CollKernels {
         }
         let names: Vec<String> = match dt {
             Some(dt) => RedOp::ALL.iter().map(|op| format!("occl_coll_{}_{}", dt.name(), op.name())).collect(),
-            None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string()],
+            None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string(), "occl_p2p_group".to_string()],
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
         let p = Arc::new(Program { funcs, _module: module });
@@ -303,6 +303,31 @@ impl CollKernels {
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
+        Ok(())
+    }
+}
+
+impl CollKernels {
+    /// Enqueues a group's sends and receives (a [`crate::p2p::plan`]) as one launch of `blocks`
+    /// blocks on `stream`.
+    ///
+    /// # Safety
+    /// As [`CollKernels::launch`]: every buffer of `args` is live device memory of its bytes
+    /// until the stream has run it, and every peer launches its side of each connection.
+    pub unsafe fn launch_p2p(&self, stream: &CudaStream, args: &crate::p2p::P2pArgs, blocks: u32) -> Result<()> {
+        if stream.context() != &self.ctx {
+            return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
+        }
+        if blocks == 0 {
+            return Err(Error::InvalidArgument("a p2p launch of 0 blocks".into()));
+        }
+        let prog = self.program(None)?;
+        let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
+        let mut l = stream.launch_builder(&f.f);
+        l.arg(args);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
+        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_p2p_group)"))?;
         Ok(())
     }
 }

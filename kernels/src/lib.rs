@@ -30,6 +30,7 @@ pub mod ipc;
 mod kernels;
 mod launch;
 pub mod nvrtc;
+pub mod p2p;
 pub mod reference;
 pub mod staging;
 pub mod timer;

@@ -70,7 +70,7 @@ fn the_collective_programs_compile_for_hopper() {
         (Some(Dtype::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod"]),
         (Some(Dtype::F8E4M3), vec!["occl_coll_f8e4m3_max"]),
         (Some(Dtype::I64), vec!["occl_coll_i64_sum"]),
-        (None, vec!["occl_coll_copy", "occl_clock_probe"]),
+        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
     ] {
         let t = std::time::Instant::now();
         let cubin = nvrtc::compile_cubin(&coll::source(dt), "occl-coll.cu", "sm_90", &options("sm_90"))
@@ -81,4 +81,25 @@ fn the_collective_programs_compile_for_hopper() {
         }
         eprintln!("{dt:?}: {} byte cubin in {:.1} s", cubin.len(), t.elapsed().as_secs_f64());
     }
+}
+
+#[test]
+fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
+    use occl_kernels::{coll, options, p2p};
+    if !nvrtc_or_skip("the_grouped_p2p_kernel_takes_the_argument_block_rust_builds") {
+        return;
+    }
+    // The kernel's P2pArgs must be as large as Rust's: a static assertion compiled with the
+    // real source, so a field added on one side only fails here.
+    let size = std::mem::size_of::<p2p::P2pArgs>();
+    let src = format!(
+        "{}\nstatic_assert(sizeof(P2pArgs) == {size}, \"P2pArgs size\");\nstatic_assert(OCCL_P2P_OPS == {}, \"ops\");\n",
+        coll::source(None),
+        p2p::MAX_OPS
+    );
+    let cubin = nvrtc::compile_cubin(&src, "occl-p2p.cu", "sm_90", &options("sm_90")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(cubin.windows(14).any(|w| w == b"occl_p2p_group"));
+    // A different size is refused by the same check (the assertion is live).
+    let wrong = src.replace(&format!("== {size}"), &format!("== {}", size + 8));
+    assert!(nvrtc::compile_cubin(&wrong, "occl-p2p.cu", "sm_90", &options("sm_90")).is_err());
 }

@@ -1,11 +1,15 @@
-//! Device send/recv, staged through pinned host memory in stream order.
+//! Device send/recv of a group, run together at its end.
 //!
-//! occl's device send and receive are separate kernels, each waiting for its peer's: a rank
-//! that sends to r+1 and receives from r-1 in one group (PyTorch's `batch_isend_irecv`, an
-//! all-to-all of grouped p2p, nccl-tests' sendrecv) would queue its receive behind a send that
-//! waits for the peer's receive, queued behind the peer's own send. So the p2p calls of a group
-//! are collected on this thread and run together at `ncclGroupEnd` (a call outside a group is a
-//! group of one): each communicator's stream copies its sends to its pinned buffer, one host
+//! A rank that sends to r+1 and receives from r-1 in one group (PyTorch's `batch_isend_irecv`,
+//! an all-to-all of grouped p2p, nccl-tests' sendrecv) must progress both at once: a receive
+//! queued behind a send that waits for the peer's receive, itself queued behind the peer's own
+//! send, never runs. So the p2p calls of a group are collected on this thread and run at
+//! `ncclGroupEnd` (a call outside a group is a group of one): each communicator's calls as one
+//! kernel launch on its stream (`CudaComm::p2p_group_raw`: thread blocks split between the
+//! sends and receives), with no host thread involved, so thread ranks and graphs work alike.
+//!
+//! Communicators that occl stages through host memory (a peer on another host) run theirs
+//! staged instead: each communicator's stream copies its sends to its pinned buffer, one host
 //! function (`cuLaunchHostFunc`) on the first communicator's stream runs every send and receive
 //! of the group as one group of occl's host send/recv, and each stream copies its receives
 //! back. One host function per group, not per communicator, because the driver may run host
@@ -17,12 +21,14 @@ use crate::gpu::{self, DevComm};
 use crate::handle::NcclComm;
 use occl::cuda::kernels::cudarc::driver::CudaStream;
 use occl::cuda::kernels::staging;
+use occl::cuda::P2p;
 use occl::{DataType, Error};
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::Arc;
 
 /// One device send or receive of the open group.
+#[derive(Clone)]
 pub(crate) struct Op {
     pub comm: Arc<NcclComm>,
     /// The caller's stream (address; 0: the legacy default stream).
@@ -121,14 +127,10 @@ struct Part<'a> {
     ops: Vec<&'a Op>,
 }
 
-/// Runs the collected device sends and receives (see the module's comment).
-pub(crate) fn flush() -> Result<()> {
-    let ops = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    if ops.is_empty() {
-        return Ok(());
-    }
+/// The group's calls per communicator, in call order; each communicator's on one stream.
+fn by_comm(ops: &[Op]) -> Result<Vec<Part<'_>>> {
     let mut parts: Vec<Part<'_>> = Vec::new();
-    for op in &ops {
+    for op in ops {
         match parts.iter_mut().find(|p| Arc::ptr_eq(&p.nc, &op.comm)) {
             Some(p) if p.stream != op.stream => {
                 return Err(usage(
@@ -140,7 +142,44 @@ pub(crate) fn flush() -> Result<()> {
             None => parts.push(Part { nc: op.comm.clone(), stream: op.stream, ops: vec![op] }),
         }
     }
+    Ok(parts)
+}
+
+/// Runs the collected device sends and receives: each communicator's in one kernel launch on
+/// its stream (occl's grouped p2p over the cuda-p2p regions), except on a communicator that
+/// occl stages through host memory (a peer on another host), whose calls run staged (see the
+/// module's comment).
+pub(crate) fn flush() -> Result<()> {
+    let ops = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let parts = by_comm(&ops)?;
     let _restore = gpu::Restore::new();
+    let mut staged = Vec::new();
+    for p in &parts {
+        let d = p.nc.device()?.ok_or_else(|| internal("a device p2p call on a host communicator"))?;
+        if d.cc.is_staged() {
+            staged.extend(p.ops.iter().map(|&o| o.clone()));
+            continue;
+        }
+        // SAFETY: the caller's stream, checked when the call was collected.
+        let s = unsafe { gpu::stream(d.cc.context(), p.stream as *mut c_void, "ncclSend/ncclRecv")? };
+        let calls: Vec<P2p> =
+            p.ops.iter().map(|o| P2p { send: o.send, peer: o.peer, buf: o.dev, count: o.count, dt: o.dt }).collect();
+        // SAFETY: the caller's buffers of `count` elements, live until the stream has run them.
+        unsafe { d.cc.p2p_group_raw(&s, &calls) }?;
+    }
+    drop(parts);
+    if staged.is_empty() {
+        return Ok(());
+    }
+    flush_staged(&staged)
+}
+
+/// Runs device sends and receives of staged communicators through pinned host memory.
+fn flush_staged(ops: &[Op]) -> Result<()> {
+    let parts = by_comm(ops)?;
     let mut streams: Vec<(Arc<CudaStream>, &DevComm)> = Vec::new();
     let mut host = Vec::new();
     let mut capture = false;

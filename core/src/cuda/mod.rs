@@ -29,6 +29,7 @@ pub(crate) mod tune;
 
 pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::timer::ClockMap;
+pub use ops::P2p;
 pub use tune::DevAlgo;
 
 use crate::dtype::{DataType, RedOp};

@@ -5,7 +5,9 @@
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
+use super::kernels::cudarc::driver::sys as cudarc_sys;
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
+use super::kernels::p2p::{plan, Transfer};
 use super::staged::HostOp;
 use super::tune::DevAlgo;
 use super::{kernel_dtype, kernel_op};
@@ -13,6 +15,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::profile::op::OpDescr;
 use crate::profile::OpProf;
+use crate::record::CollType;
 use occl_telemetry::{EventType, Note};
 
 /// What a launch is, for its profiler events.
@@ -47,6 +50,20 @@ pub(crate) fn func_of(mode: Mode) -> (&'static str, usize) {
         Mode::AllToAll => ("AlltoAll", 5),
         Mode::Send => ("Send", 6),
         Mode::Recv => ("Recv", 7),
+    }
+}
+
+/// The operation type RAS counts a mode under (NCCL's `ncclFunc_t`).
+fn ras_type(mode: Mode) -> CollType {
+    match mode {
+        Mode::AllReduceOneShot | Mode::AllReduceTwoShot | Mode::AllReduceRing => CollType::AllReduce,
+        Mode::ReduceScatter | Mode::ReduceScatterRing => CollType::ReduceScatter,
+        Mode::Reduce => CollType::Reduce,
+        Mode::AllGather => CollType::AllGather,
+        Mode::Broadcast | Mode::BroadcastRing => CollType::Broadcast,
+        Mode::AllToAll => CollType::AllToAll,
+        Mode::Send => CollType::Send,
+        Mode::Recv => CollType::Recv,
     }
 }
 
@@ -215,8 +232,13 @@ impl CudaComm {
                 _ => ev.release(s),
             }
         }
-        if let Err(e) = &r {
-            f.note(&Note::OpFailed { func, kind: e.kind().name() });
+        // RAS counts a device operation once it is enqueued (as NCCL's RAS does): the host
+        // never learns when the kernel ends.
+        let coll = ras_type(mode);
+        self.comm.record().launch(coll, call.count.saturating_mul(call.dt.size()) as u64, crate::record::now_ns());
+        match &r {
+            Ok(()) => self.comm.record().complete(coll),
+            Err(e) => f.note(&Note::OpFailed { func, kind: e.kind().name() }),
         }
         if let Some(p) = prof {
             p.end();
@@ -528,4 +550,123 @@ impl CudaComm {
         // SAFETY: the caller's promise.
         unsafe { self.copy_op(stream, Mode::Recv, (recv, recv), count, dt, p, (HostOp::Recv(peer), None, Some(count))) }
     }
+
+    /// Runs a group's sends and receives on this communicator together, in one launch on
+    /// `stream` (NCCL's ncclGroupStart, ncclSend/ncclRecv..., ncclGroupEnd): every peer makes
+    /// the matching calls, to each peer in the same order with the same byte counts. A send to
+    /// this rank itself is matched, in order, with a receive from it and runs as a device copy.
+    /// Stream-ordered and capturable; not for a staged communicator (peers on another host).
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce_raw`], for every operation's buffer and count.
+    pub unsafe fn p2p_group_raw(&self, stream: &CudaStream, ops: &[P2p]) -> Result<()> {
+        self.check_stream(stream)?;
+        if self.staged.is_some() {
+            return Err(Error::usage(
+                "grouped device send/recv on a communicator with peers on another host: it is staged through host \
+                 memory, so run its sends and receives through the host path",
+            ));
+        }
+        let mut transfers = Vec::with_capacity(ops.len());
+        let (mut to_me, mut from_me) = (Vec::new(), Vec::new());
+        for o in ops {
+            self.check_root(o.peer, "peer")?;
+            let bytes = self.check_ptrs(o.dt, &[(if o.send { "send" } else { "recv" }, o.buf)], o.count)?;
+            if o.peer == self.rank() {
+                if o.send { &mut from_me } else { &mut to_me }.push((o.buf, bytes));
+                continue;
+            }
+            transfers.push(Transfer { send: o.send, peer: o.peer as u32, buf: o.buf, bytes });
+        }
+        if to_me.len() != from_me.len() || to_me.iter().zip(&from_me).any(|(r, s)| r.1 != s.1) {
+            return Err(Error::usage(format!(
+                "rank {}: {} sends to itself and {} receives from itself in this group, matched in order with \
+                 equal byte counts only: make each send to self match a receive of the same size",
+                self.rank(),
+                from_me.len(),
+                to_me.len()
+            )));
+        }
+        let base = self.args(Mode::Send, 0, 0, 0, 0, 0);
+        let planned = plan(base, &transfers, self.layout.channels).map_err(err("group sends and receives"))?;
+        if !from_me.is_empty() {
+            self.ctx
+                .bind_to_thread()
+                .map_err(|e| Error::sys("cuCtxSetCurrent", std::io::Error::other(format!("{e:?}"))))?;
+        }
+        for ((dst, bytes), (src, _)) in to_me.iter().zip(&from_me) {
+            if *bytes == 0 || dst == src {
+                continue;
+            }
+            // SAFETY: both are device buffers of `bytes` (the caller's promise), on this stream.
+            let r = unsafe { cudarc_sys::cuMemcpyDtoDAsync_v2(*dst, *src, *bytes as usize, stream.cu_stream()) };
+            if r != cudarc_sys::CUresult::CUDA_SUCCESS {
+                return Err(Error::sys(
+                    "cuMemcpyDtoDAsync (a send to this rank)",
+                    std::io::Error::other(format!("{r:?}")),
+                ));
+            }
+        }
+        let Some((args, blocks)) = planned else { return Ok(()) };
+        let f = self.comm.fanout();
+        // NCCL's RAS counts operations as they are enqueued: so does this.
+        let t0 = crate::record::now_ns();
+        let profs: Vec<_> = ops
+            .iter()
+            .filter(|o| o.peer != self.rank())
+            .filter_map(|o| {
+                let mode = if o.send { Mode::Send } else { Mode::Recv };
+                let (func, fi) = func_of(mode);
+                let coll = if o.send { CollType::Send } else { CollType::Recv };
+                let bytes = (o.count * o.dt.size()) as u64;
+                self.comm.record().launch(coll, bytes, t0);
+                OpProf::begin_device(f, self.rank(), || OpDescr {
+                    func,
+                    p2p: true,
+                    seq_number: self.seqs[fi].fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    send_buff: if o.send { o.buf as usize } else { 0 },
+                    recv_buff: if o.send { 0 } else { o.buf as usize },
+                    count: o.count,
+                    root: 0,
+                    peer: o.peer as i32,
+                    datatype: o.dt.nccl_name(),
+                    algo: "DIRECT",
+                    proto: "SIMPLE",
+                    chunk_size: self.layout.slot_bytes as usize,
+                    n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
+                })
+            })
+            .collect();
+        let launch = profs.first().and_then(|p| p.start_launch(stream.cu_stream() as usize));
+        // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
+        let r = unsafe { self.kernels.launch_p2p(stream, &args, blocks) }.map_err(err("launch grouped send/recv"));
+        if let Some(p) = profs.first() {
+            p.stop_launch(launch);
+        }
+        for o in ops.iter().filter(|o| o.peer != self.rank()) {
+            let coll = if o.send { CollType::Send } else { CollType::Recv };
+            match &r {
+                Ok(()) => self.comm.record().complete(coll),
+                Err(e) => f.note(&Note::OpFailed {
+                    func: func_of(if o.send { Mode::Send } else { Mode::Recv }).0,
+                    kind: e.kind().name(),
+                }),
+            }
+        }
+        for p in profs {
+            p.end();
+        }
+        r
+    }
+}
+
+/// One send or receive of [`CudaComm::p2p_group_raw`]: `count` elements of `dt` at device
+/// address `buf`, to (`send`) or from `peer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2p {
+    pub send: bool,
+    pub peer: usize,
+    pub buf: u64,
+    pub count: usize,
+    pub dt: DataType,
 }
