@@ -6,12 +6,48 @@
 //! file or a whole one. A file carries a magic, its length and a hash of its contents; one that
 //! does not check out is ignored (and replaced by the next build). The cache is an optimisation:
 //! any failure to read or write it is logged and the kernels are compiled in memory.
+//!
+//! A cached binary runs in the process, so the cache is used only where nobody else can plant
+//! one: the directory and the file must belong to this user and be writable by nobody else, a
+//! file is never read through a link, and temporaries are created new (`O_EXCL`, mode 0600) under
+//! an unpredictable name.
 
 use siphasher::sip128::{Hasher128, SipHasher24};
 use std::hash::Hasher;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The largest cache file read: compiled kernels are a few MiB.
+const MAX_FILE: u64 = 256 << 20;
+
+/// Why `path` may not be trusted (another user owns it, or others may write it), if so.
+fn untrusted(path: &Path, meta: &std::fs::Metadata) -> Option<String> {
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Some(format!("{} belongs to uid {}, not this user (uid {me})", path.display(), meta.uid()));
+    }
+    (meta.mode() & 0o022 != 0)
+        .then(|| format!("{} is writable by others (mode {:o})", path.display(), meta.mode() & 0o7777))
+}
+
+/// A name no other process can predict.
+fn random_suffix() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut b = [0u8; 8];
+    let seeded = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok();
+    let mut h = sip();
+    h.write(&b);
+    h.write_u64(std::process::id().into());
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    if !seeded {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        h.write_u128(t.as_nanos());
+    }
+    format!("{:016x}", h.finish128().h1)
+}
 
 const MAGIC: &[u8; 8] = b"OCCLKC01";
 const HEADER: usize = 8 + 8 + 16;
@@ -89,11 +125,35 @@ impl Cache {
         self.dir.join(key.file_name())
     }
 
+    /// Why the directory may not be used, if so (a missing one is fine: `store` makes it).
+    fn refused(&self) -> Option<String> {
+        let meta = std::fs::metadata(&self.dir).ok()?;
+        untrusted(&self.dir, &meta)
+    }
+
     /// The cached binary for `key`, if a whole, intact one is there.
     pub fn load(&self, key: &Key<'_>) -> Option<Vec<u8>> {
+        if let Some(why) = self.refused() {
+            tracing::warn!(target: "occl_kernels", "not using the kernel cache: {why}; compiling in memory");
+            return None;
+        }
         let path = self.path(key);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
+        let read = || -> std::io::Result<Option<Vec<u8>>> {
+            let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path)?;
+            let meta = f.metadata()?;
+            if let Some(why) = untrusted(&path, &meta).or_else(|| (!meta.is_file()).then(|| "not a file".into())) {
+                return Err(std::io::Error::other(why));
+            }
+            let mut b = Vec::new();
+            f.take(MAX_FILE + 1).read_to_end(&mut b)?;
+            Ok((b.len() as u64 <= MAX_FILE).then_some(b))
+        };
+        let bytes = match read() {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                tracing::warn!(target: "occl_kernels", path = %path.display(), "ignoring a kernel cache file over {MAX_FILE} bytes");
+                return None;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => {
                 tracing::warn!(target: "occl_kernels", path = %path.display(), "cannot read the kernel cache: {e}");
@@ -109,19 +169,17 @@ impl Cache {
         }
     }
 
-    /// Stores `binary` for `key`: written under a name of this process's own, then renamed.
+    /// Stores `binary` for `key`: written to a new file of an unpredictable name, then renamed
+    /// (over a link, never through it).
     pub fn store(&self, key: &Key<'_>, binary: &[u8]) -> std::io::Result<PathBuf> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(&self.dir)?;
+        if let Some(why) = self.refused() {
+            return Err(std::io::Error::other(why));
+        }
         let path = self.path(key);
-        let tmp = self.dir.join(format!(
-            ".{}.tmp.{}.{}",
-            key.file_name(),
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self.dir.join(format!(".{}.tmp.{}", key.file_name(), random_suffix()));
         let result = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
             f.write_all(&encode(binary))?;
             f.sync_all()?;
             std::fs::rename(&tmp, &path)
@@ -197,6 +255,39 @@ mod tests {
             Some(PathBuf::from("/h/.cache/occl/kernels"))
         );
         assert_eq!(dir_from(env(&[])), None);
+    }
+
+    /// A cache others can write is never used, a link in it is never followed, and a stored
+    /// file is this user's alone.
+    #[test]
+    fn only_a_private_cache_is_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("occl-kcache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let (o, victim) = (vec![], dir.join("victim"));
+        let k = key("src", &o, "sm_90", (13, 0));
+        let c = Cache::new(&dir);
+        let stored = c.store(&k, b"cubin").unwrap();
+        assert_eq!(std::fs::metadata(&stored).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(c.load(&k).as_deref(), Some(&b"cubin"[..]));
+        // A planted link at the final name: read through, never; replaced by the next store.
+        std::fs::write(&victim, encode(b"planted")).unwrap();
+        std::fs::remove_file(&stored).unwrap();
+        std::os::unix::fs::symlink(&victim, &stored).unwrap();
+        assert_eq!(c.load(&k), None, "read through a link");
+        c.store(&k, b"cubin2").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), encode(b"planted"), "wrote through a link");
+        assert_eq!(c.load(&k).as_deref(), Some(&b"cubin2"[..]));
+        // A file others may write, and a directory others may write.
+        std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(c.load(&k), None, "a file others may write");
+        std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(c.load(&k), None, "a directory others may write");
+        assert!(c.store(&k, b"x").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
