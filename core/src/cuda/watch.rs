@@ -310,7 +310,7 @@ mod tests {
         w.stamp(S, true);
         w.stamp(2 * S, false); // a later plain launch does not shorten it
         assert_eq!(w.check(1_000 * S, &|_| true), Verdict::Busy);
-        assert!(!sweep(&[w.clone()], 1_000 * S, &|pid| pid != 101));
+        assert!(!sweep(std::slice::from_ref(&w), 1_000 * S, &|pid| pid != 101));
         assert_eq!(w.dead(), Some((1, 101)));
         assert_eq!(aborts.load(Ordering::SeqCst), 1);
     }
