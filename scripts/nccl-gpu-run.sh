@@ -5,7 +5,10 @@
 #                occl's library) and runs sendrecv/alltoall with -g 2 and all 7 tests with -t 2,
 #                each on occl's and NVIDIA's libnccl.so.2 in turn;
 #   PHASE=mpi    the same 7 tests with mpirun -np 2;
-#   PHASE=torch  the torchrun job on occl (ncclras queried while it runs) and the kill job.
+#   PHASE=torch  the torchrun job on occl (ncclras queried while it runs) and the kill job;
+#   PHASE=kill   the kill job with the default OCCL_TIMEOUT (600 s: only the dead-peer watcher
+#                can make it fast), the torchrun job on occl and on NVIDIA's NCCL with their DDP
+#                losses compared, and an all_reduce_perf -g 2 smoke on both.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -37,6 +40,23 @@ run() { # lib-name log test args...
   else timeout ${TL:-60} "$@" >> $OUT/$log 2>&1; fi
   local rc=$?; echo "rc=$rc" >> $OUT/$log; echo "$lib $t $rc $(grep -h 'Avg bus' $OUT/$log | tail -1)"
 }
+kill_job() { # rank 1 SIGKILLs itself; rank 0's detection time on occl, then NVIDIA's NCCL
+  for lib in occl nccl; do
+    echo "== kill job on $lib"
+    pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
+    rm -f /tmp/occl-kill-ts
+    for r in 0 1; do
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=2951$([ $lib = occl ] && echo 1 || echo 2) \
+        LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir KILL_WAIT=${KILL_WAIT:-30} NCCL_DEBUG=WARN \
+        timeout $([ $lib = occl ] && echo 90 || echo 50) python3 torch_kill.py > $OUT/kill-$lib-rank$r.txt 2>&1 &
+      eval pid$r=$!
+    done
+    wait $pid0; rc=$?; t1=$(date +%s.%N); wait $pid1
+    k=$(cat /tmp/occl-kill-ts 2>/dev/null || echo nan)
+    echo "rank 0 rc=$rc, exited $(python3 -c "print(f'{$t1-$k:.3f}')" 2>/dev/null) s after the kill"
+    grep -hE "ERROR|NO ERROR|watchdog|Watchdog|ncclRemoteError|remote" $OUT/kill-$lib-rank0.txt | head -6 | cut -c1-400
+  done
+}
 case ${PHASE:-tests} in
 tests)
   build
@@ -61,19 +81,25 @@ torch)
     torchrun --nproc_per_node 2 torch_check.py > $OUT/torch.txt 2>&1; echo "rc=$?"
   grep -E "RESULTS|EXCEPTION|ddp" $OUT/torch.txt | head
   sed -n '/^NCCLRAS/,/^rank/p' $OUT/torch.txt | head -60
+  kill_job ;;
+kill)
+  unset OCCL_TIMEOUT # the default, 600 s
+  kill_job
   for lib in occl nccl; do
-    echo "== kill job on $lib"
+    echo "== torch check on $lib"
     pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
-    rm -f /tmp/occl-kill-ts
-    for r in 0 1; do
-      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=2951$([ $lib = occl ] && echo 1 || echo 2) \
-        LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir KILL_WAIT=${KILL_WAIT:-30} \
-        timeout $([ $lib = occl ] && echo 90 || echo 50) python3 torch_kill.py > $OUT/kill-$lib-rank$r.txt 2>&1 &
-      eval pid$r=$!
-    done
-    wait $pid0; rc=$?; t1=$(date +%s.%N); wait $pid1
-    k=$(cat /tmp/occl-kill-ts 2>/dev/null || echo nan)
-    echo "rank 0 rc=$rc, exited $(python3 -c "print(f'{$t1-$k:.3f}')" 2>/dev/null) s after the kill"
-    grep -hE "ERROR|NO ERROR|watchdog|Watchdog|ncclRemoteError|remote" $OUT/kill-$lib-rank0.txt | head -6 | cut -c1-400
-  done ;;
+    LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir timeout 150 torchrun --nproc_per_node 2 torch_check.py \
+      > $OUT/torch-$lib.txt 2>&1; echo "rc=$?"
+    grep -E "RESULTS|EXCEPTION|ddp|mapped" $OUT/torch-$lib.txt | head
+  done
+  python3 - $OUT/torch-occl.txt $OUT/torch-nccl.txt <<'PY'
+import sys
+a, b = ([float(v) for l in open(f) if l.startswith("DDP_LOSSES") for v in l.split()[1:]] for f in sys.argv[1:])
+d = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
+print(f"DDP losses: {len(a)} occl, {len(b)} nccl, identical (9 digits) {a == b}, max |diff| {d:.3g}, "
+      f"first {a[:1]} {b[:1]}, last {a[-1:]} {b[-1:]}")
+PY
+  build
+  for lib in occl nccl; do run $lib smoke-$lib.txt all_reduce_perf $here/build/all_reduce_perf -b 8 -e 64M -f 2 -g 2; done
+  ;;
 esac

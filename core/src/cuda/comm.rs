@@ -14,6 +14,7 @@ use super::kernels::{device, staging, Dtype};
 use super::ops::FUNCS;
 use super::staged::Staged;
 use super::tune::DevTuner;
+use super::watch::Watch;
 use crate::comm::Comm;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -97,7 +98,10 @@ pub struct CudaComm {
     pub(crate) events: Option<DevEvents>,
     /// NCCL's per-function sequence numbers of the profiler's Coll/P2p events.
     pub(crate) seqs: [AtomicU64; FUNCS],
-    region: DeviceRegion,
+    /// The dead-peer watcher's view of this communicator (`watch.rs`); `None` when no peer is
+    /// another process on this host, or when staged.
+    pub(crate) watch: Option<Watch>,
+    region: Arc<DeviceRegion>,
     _peers: Vec<PeerRegion>,
 }
 
@@ -252,6 +256,19 @@ impl CudaComm {
         let staged = if remote { Some(Staged::new(&ctx, comm.clone())?) } else { None };
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
         let events = kernel_events(&ctx, &kernels, s.channels);
+        let region = Arc::new(region);
+        let watch = if staged.is_some() {
+            None
+        } else {
+            let peers: Vec<_> = comm.table.iter().map(|p| (p.rank, p.pid)).collect();
+            let r = region.clone();
+            Watch::start(
+                comm.rank(),
+                &peers,
+                comm.config().timeout,
+                Box::new(move || r.write_u64(ERROR_WORD, 1).map_err(err("write the device error word"))),
+            )
+        };
         tracing::debug!(
             "occl: rank {} on GPU {device}: {} to {} peers, {} MiB region",
             comm.rank(),
@@ -271,6 +288,7 @@ impl CudaComm {
             staged,
             events,
             seqs: Default::default(),
+            watch,
             region,
             _peers: peers,
         })
@@ -303,10 +321,14 @@ impl CudaComm {
         self.kernels.prepare(d).map_err(err("build the collective kernels"))
     }
 
-    /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it
-    /// (its results are garbage, and so are every later call's).
+    /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it, or
+    /// the dead-peer watcher did when a peer process exited (a `RemoteError` naming the rank);
+    /// the results are garbage, and so are every later call's.
     pub fn device_error(&self) -> Result<()> {
         if let Some(e) = self.staged.as_ref().and_then(Staged::error) {
+            return Err(e);
+        }
+        if let Some(e) = self.watch.as_ref().and_then(Watch::error) {
             return Err(e);
         }
         match self.region.read_u64(ERROR_WORD).map_err(err("read the device error word"))? {

@@ -26,6 +26,7 @@ mod events;
 mod ops;
 mod staged;
 pub(crate) mod tune;
+mod watch;
 
 pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::timer::ClockMap;

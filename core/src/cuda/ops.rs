@@ -223,6 +223,9 @@ impl CudaComm {
         // the timer slot is this launch's alone until its records are collected.
         let r = unsafe { self.kernels.launch(stream, &a, kernel_dtype(dt), kernel_op(op), blocks) }
             .map_err(err("launch a device collective"));
+        if let (Ok(()), Some(w)) = (&r, &self.watch) {
+            w.launched(capturing(stream));
+        }
         if let Some(p) = &prof {
             p.stop_launch(launch);
         }
@@ -640,6 +643,9 @@ impl CudaComm {
         let launch = profs.first().and_then(|p| p.start_launch(stream.cu_stream() as usize));
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
         let r = unsafe { self.kernels.launch_p2p(stream, &args, blocks) }.map_err(err("launch grouped send/recv"));
+        if let (Ok(()), Some(w)) = (&r, &self.watch) {
+            w.launched(capturing(stream));
+        }
         if let Some(p) = profs.first() {
             p.stop_launch(launch);
         }
