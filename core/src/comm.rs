@@ -17,7 +17,7 @@ use crate::id::UniqueId;
 use crate::profile::{op::OpDescr, OpProf, Profiling};
 use crate::record::{self, CollType, OpRecord};
 use crate::register::InPlace;
-use crate::transport::fifo::{state, Desc};
+use crate::transport::fifo::{state, Cause, Desc};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
 use occl_ras::mesh::PeerAddr;
@@ -560,7 +560,8 @@ impl Comm {
         self.abort.store(true, Ordering::SeqCst);
         self.reg.fail();
         self.record.aborted();
-        self.lifecycle.fail_peers(state::ABORTED);
+        let cause = Cause { origin: self.rank as u32, state: state::ABORTED };
+        self.lifecycle.fail_peers(state::ABORTED, cause);
     }
 
     /// Leaves the communicator: peers learn that this rank is done, tcp sends are flushed, and
@@ -639,15 +640,14 @@ impl Comm {
         if let Some(Err(de)) = self.flight.dump(reason) {
             tracing::warn!("occl: writing the flight recorder dump failed: {de}");
         }
-        let how = match e.kind() {
-            ErrorKind::Timeout => state::TIMEOUT,
-            ErrorKind::InvalidUsage if e.to_string().contains("operation mismatch") => state::MISMATCH,
-            _ => state::ABORTED,
-        };
+        // This rank's own state is its failure when it started here, else ABORTED (it failed
+        // because of another rank, which the cause names).
+        let cause = self.lifecycle.cause_of(&e, self.rank);
+        let how = if cause.origin as usize == self.rank { cause.state } else { state::ABORTED };
         tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
         self.reg.fail();
         for p in g.peers.iter().flatten() {
-            p.fail(how);
+            p.fail(how, cause);
             if let Some(l) = &p.tcp {
                 transport::tcp::lock(l).sweep_steps();
             }

@@ -243,3 +243,37 @@ fn abort_and_use_after_failure_are_errors() {
         assert!(e.to_string().contains("aborted"), "{e}");
     });
 }
+
+/// Issue 26, item 9: when rank 3 dies, the ranks that learn of it only from a neighbour's
+/// failure name rank 3 too, not the neighbour (before: "peer rank 2: failed or was aborted").
+fn a_dead_rank_is_named_by_every_survivor(transport: &str) {
+    let spawn = Spawn {
+        env: env(&[("OCCL_TRANSPORT", transport), ("OCCL_TIMEOUT", "60")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    // Rank 3 stops after 5 all-reduces; the others wait in the 6th.
+    let job = Job::spawn(worker(), &["hang".to_string(), "3".to_string()], 4, &spawn).expect("start");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    std::thread::sleep(Duration::from_millis(300));
+    job.signal(3, libc::SIGKILL).expect("kill rank 3");
+    let outs = job.wait(Duration::from_secs(30)).expect("survivors exit");
+    for o in outs.iter().filter(|o| o.rank != 3) {
+        let (k, _, line) =
+            err_of(o).unwrap_or_else(|| panic!("{transport}: rank {} did not fail:\n{}", o.rank, o.output));
+        assert_eq!(k, "RemoteError", "{transport}: rank {}: {line}", o.rank);
+        assert!(line.contains("peer rank 3:"), "{transport}: rank {} does not name rank 3: {line}", o.rank);
+        eprintln!("{transport}: rank {}: {line}", o.rank);
+    }
+}
+
+#[test]
+fn a_dead_rank_is_named_by_every_survivor_shm() {
+    a_dead_rank_is_named_by_every_survivor("shm");
+}
+
+#[test]
+fn a_dead_rank_is_named_by_every_survivor_tcp() {
+    a_dead_rank_is_named_by_every_survivor("tcp");
+}

@@ -16,7 +16,7 @@ use crate::auth;
 use crate::bootstrap::{wire, PeerInfo};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
-use fifo::{Liveness, RecvFifo, SendFifo};
+use fifo::{Cause, Liveness, RecvFifo, SendFifo};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -36,8 +36,9 @@ impl Peer {
     /// Tells the peer this rank is done (`state::CLOSED`) or failed (another state), and for tcp
     /// flushes and closes the sockets.
     pub(crate) fn close(&mut self, how: u32) {
-        self.send.set_state(how);
-        self.recv.set_state(how);
+        // A failed rank marked its ends with the cause already; this only closes open ones.
+        self.send.set_state(how, None);
+        self.recv.set_state(how, None);
         if let Some(t) = &self.tcp {
             tcp::lock(t).close(how);
         }
@@ -57,11 +58,12 @@ impl Peer {
         }
     }
 
-    /// Marks failure without blocking (no flush): used on errors, where peers must learn fast.
-    /// A tcp peer gets an ABORT frame if the socket takes it at once.
-    pub(crate) fn fail(&self, how: u32) {
-        self.send.set_state(how);
-        self.recv.set_state(how);
+    /// Marks failure, and the failure that started it, without blocking (no flush): used on
+    /// errors, where peers must learn fast. A tcp peer gets an ABORT frame (with the cause) if
+    /// the socket takes it at once.
+    pub(crate) fn fail(&self, how: u32, cause: Cause) {
+        self.send.set_state(how, Some(cause));
+        self.recv.set_state(how, Some(cause));
         if let Some(t) = &self.tcp {
             tcp::lock(t).abort(how);
         }

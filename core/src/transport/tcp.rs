@@ -6,10 +6,12 @@
 //! for shm.
 //!
 //! Wire frame per slot: a 32-byte header (seq, kind, len, descriptor; little-endian) and `len`
-//! bytes of data. Kind `ABORT` carries the sender's failure state instead of data, so the peer
-//! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
+//! bytes of data. Kind `ABORT` carries the sender's failure state in `len` and its cause
+//! (`fifo::Cause`, the rank that failed first) in the descriptor's first two words instead of
+//! data, so the peer learns why its sender stopped, not only that it did; kind `CLOSE` says it
+//! was destroyed.
 
-use super::fifo::{self, state, Desc, Region};
+use super::fifo::{self, state, Cause, Desc, Notice, Region};
 use super::wait::{self, poll, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
 use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
@@ -244,7 +246,10 @@ fn next_frame(region: &Region, end: Option<u32>, m: u64, nslots: usize, slot_siz
     }
     let e = end?;
     let kind = if e == state::CLOSED { KIND_CLOSE } else { KIND_ABORT };
-    Some(Out { hdr: encode(seq_of(m), kind, e, &Desc::default()), len: 0, off: 0, data: false, src: 0, net: None })
+    // The cause this rank marked its send end with before it aborted the link (`Peer::fail`).
+    let cause = Cause::encode(region.header().sender().cause);
+    let d = Desc { opseq: cause as u32, root: (cause >> 32) as u32, ..Desc::default() };
+    Some(Out { hdr: encode(seq_of(m), kind, e, &d), len: 0, off: 0, data: false, src: 0, net: None })
 }
 
 /// One non-blocking recv; `Ok(None)` when nothing is there, `Ok(Some(0))` at end of stream.
@@ -270,17 +275,17 @@ fn recv1(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Option<usize>> {
     nonblocking(|| unsafe { libc::recv(fd, buf.cast(), len, libc::MSG_DONTWAIT) })
 }
 
-fn set_send_state(r: &Region, s: u32) {
+fn set_send_state(r: &Region, s: u32, cause: Option<Cause>) {
     let h = r.header();
-    let _ = h.send_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+    Notice::mark(&h.send_state.0, &h.send_cause, s, cause);
     for i in 0..h.nslots as usize {
         wait::wake(&r.slot_hdr(i).seq, &h.recv_sleepers.0);
     }
 }
 
-fn set_recv_state(r: &Region, s: u32) {
+fn set_recv_state(r: &Region, s: u32, cause: Option<Cause>) {
     let h = r.header();
-    let _ = h.recv_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+    Notice::mark(&h.recv_state.0, &h.recv_cause, s, cause);
     for i in 0..h.nslots as usize {
         wait::wake(&r.slot_hdr(i).ack, &h.send_sleepers.0);
     }
@@ -374,7 +379,7 @@ impl TcpLink {
                 Err(e) => {
                     if !self.dead {
                         tracing::debug!("tcp transport to rank {}: {e}; the connection is lost", self.peer);
-                        self.end_link(state::LOST);
+                        self.end_link(state::LOST, None);
                     }
                     return true;
                 }
@@ -386,9 +391,10 @@ impl TcpLink {
         moved
     }
 
-    /// The peer is gone, closed or failed (`s`): every wait on it, either way, ends with `s`.
-    /// Data already published in the receive FIFO is still delivered.
-    fn end_link(&mut self, s: u32) {
+    /// The peer is gone, closed or failed (`s`, with the `cause` its ABORT gave): every wait on
+    /// it, either way, ends with `s`. Data already published in the receive FIFO is still
+    /// delivered.
+    fn end_link(&mut self, s: u32, cause: Option<Cause>) {
         self.dead = true;
         if let Some(p) = &self.prof {
             for k in &mut self.socks {
@@ -396,8 +402,8 @@ impl TcpLink {
                 p.stop(k.inp.take().and_then(|i| i.net));
             }
         }
-        set_send_state(&self.recv_region, s);
-        set_recv_state(&self.send_region, s);
+        set_send_state(&self.recv_region, s, cause);
+        set_recv_state(&self.send_region, s, cause);
     }
 
     /// Writes posted slots (and, once `end` is set, the control frame) to socket `k`, as many
@@ -570,12 +576,14 @@ impl TcpLink {
                         s.rx_done = true;
                         self.closes += 1;
                         if self.closes == self.socks.len() {
-                            self.end_link(state::CLOSED);
+                            self.end_link(state::CLOSED, None);
                         }
                         return Ok(true);
                     }
                     KIND_ABORT => {
-                        self.end_link(if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len });
+                        let st = if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len };
+                        let cause = Cause::decode(u64::from(desc.opseq) | (u64::from(desc.root) << 32));
+                        self.end_link(st, cause);
                         return Ok(true);
                     }
                     _ => {
@@ -691,7 +699,7 @@ impl TcpLink {
                 // Frames still queued: the peer is not reading. Stop if it went away.
                 for k in 0..self.socks.len() {
                     if !self.dead && self.rx(k, true).is_err() {
-                        self.end_link(state::LOST);
+                        self.end_link(state::LOST, None);
                     }
                 }
                 if self.dead {
@@ -767,8 +775,7 @@ impl Net {
         for l in &self.links {
             let l = lock(l);
             if l.dead && l.unsent() {
-                let s = l.send_region.header().recv_state.0.load(Ordering::Acquire);
-                return Err(Error::remote(l.peer, state::describe(s)));
+                return Err(l.send_region.header().receiver().error(l.peer));
             }
         }
         Ok(())
