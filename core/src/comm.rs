@@ -244,6 +244,7 @@ impl Comm {
             comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
             probe_addr: &crate::transport::shm::PROBE as *const u64 as u64,
             ras_addr: ras.map_or(String::new(), |r| r.mesh_addr().to_string()),
+            settings: config.shared(),
             ib,
             cpus,
             cpu_quota,
@@ -254,6 +255,9 @@ impl Comm {
                 return Err(Error::internal(format!("bootstrap table entry {r} claims rank {}", p.rank)));
             }
         }
+        // Before anything connects: ranks whose connections would be built differently wait
+        // for each other until the timeout otherwise.
+        crate::config::check_alike(table.iter().map(|p| p.settings.as_slice()))?;
         timer.lap(crate::init_timer::Phase::AllGather);
         let first_on_host = table.iter().position(|p| p.host_id == table[rank].host_id) == Some(rank);
         let host = crate::topo::Host { name: table[rank].hostname.clone(), hash: fnv(table[rank].host_id.as_bytes()) };

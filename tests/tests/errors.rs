@@ -244,6 +244,48 @@ fn abort_and_use_after_failure_are_errors() {
     });
 }
 
+/// The error line of every rank of `outs`, which must all have failed.
+fn errors_of(outs: &[occl_tests::launch::RankOutput], what: &str) -> Vec<(String, String)> {
+    outs.iter()
+        .map(|o| {
+            let (k, _, line) =
+                err_of(o).unwrap_or_else(|| panic!("{what}: rank {} did not fail:\n{}", o.rank, o.output));
+            (k, line)
+        })
+        .collect()
+}
+
+/// Issue 26, item 3: settings that shape the connections must be alike on every rank. Ranks
+/// that differ all fail at init, at once, with an error that names the variable and both values
+/// (before: they waited for each other's connections until OCCL_TIMEOUT, and the timeout named
+/// neither and said "within 0.0 s").
+#[test]
+fn settings_that_differ_between_ranks_fail_init_on_every_rank_naming_both_values() {
+    for (var, v0, v1, transport) in [
+        ("OCCL_TRANSPORT", "shm", "tcp", None),
+        ("OCCL_NSOCKS", "2", "4", Some("tcp")),
+        ("OCCL_FIFO_SLOTS", "8", "4", None),
+        ("OCCL_SHM_SLOT_SIZE", "65536", "131072", None),
+        ("OCCL_TCP_SLOT_SIZE", "65536", "131072", Some("tcp")),
+        ("OCCL_RUNTIME_CONNECT", "1", "0", None),
+    ] {
+        let mut vars = vec![("OCCL_TIMEOUT", "10")];
+        if let Some(t) = transport {
+            vars.push(("OCCL_TRANSPORT", t));
+        }
+        let spawn = Spawn { env: env(&vars), rank_env: vec![env(&[(var, v0)]), env(&[(var, v1)])], ..Spawn::default() };
+        let start = Instant::now();
+        let outs = run_job(2, &["late", "0"], spawn, Duration::from_secs(60));
+        let elapsed = start.elapsed();
+        let want = format!("{var} differs: rank 0 has {v0}, rank 1 has {v1}");
+        for (o, (k, line)) in outs.iter().zip(errors_of(&outs, var)) {
+            assert_eq!(k, "InvalidUsage", "{var}: rank {}: {line}", o.rank);
+            assert!(line.contains(&want), "{var}: rank {} does not say {want:?}: {line}", o.rank);
+        }
+        assert!(elapsed < Duration::from_secs(5), "{var}: the job took {elapsed:?} (must not wait for OCCL_TIMEOUT)");
+    }
+}
+
 /// Issue 26, item 9: when rank 3 dies, the ranks that learn of it only from a neighbour's
 /// failure name rank 3 too, not the neighbour (before: "peer rank 2: failed or was aborted").
 fn a_dead_rank_is_named_by_every_survivor(transport: &str) {

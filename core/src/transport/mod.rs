@@ -322,6 +322,7 @@ mod tests {
             comm_id: 7,
             probe_addr: 0,
             ras_addr: String::new(),
+            settings: vec![("OCCL_NSOCKS".into(), "2".into())],
             ib,
             cpus: crate::topo::CpuSet::parse_list("0-3,8").expect("cpus"),
             cpu_quota: 2,
