@@ -141,6 +141,9 @@ pub(crate) struct TcpLink {
     timeout: Duration,
     /// Sockets that delivered a CLOSE frame.
     closes: usize,
+    /// The state and cause of the first ABORT frame read, until the link ends with them
+    /// (`settle_abort`).
+    aborted: Option<(u32, Option<Cause>)>,
     /// The peer is gone (or closed, or failed) and both FIFOs say so: no more I/O.
     dead: bool,
     closed: bool,
@@ -350,6 +353,7 @@ impl TcpLink {
             slot_size,
             timeout,
             closes: 0,
+            aborted: None,
             dead: false,
             closed: false,
             prof,
@@ -379,7 +383,7 @@ impl TcpLink {
                 Err(e) => {
                     if !self.dead {
                         tracing::debug!("tcp transport to rank {}: {e}; the connection is lost", self.peer);
-                        self.end_link(state::LOST, None);
+                        self.lost();
                     }
                     return true;
                 }
@@ -388,7 +392,30 @@ impl TcpLink {
                 return true;
             }
         }
-        moved
+        moved | self.settle_abort()
+    }
+
+    /// Ends the link after an ABORT frame, once the frames that the peer wrote before it on its
+    /// other sockets are read: it writes every socket's frames in turn, so an ABORT on one can
+    /// overtake data on another, and that data (a descriptor that explains the failure, say) is
+    /// still delivered, as shm delivers what was published before a failure.
+    fn settle_abort(&mut self) -> bool {
+        let Some((s, cause)) = self.aborted.take() else { return false };
+        for k in 0..self.socks.len() {
+            // Whatever has arrived; a socket that ends or fails has nothing more to give.
+            let _ = self.rx(k, true);
+        }
+        self.end_link(s, cause);
+        true
+    }
+
+    /// A socket failed or ended without CLOSE: the connection is lost, unless the peer said
+    /// why first (an ABORT on another socket), which is then what every wait reports.
+    fn lost(&mut self) {
+        match self.aborted.take() {
+            Some((s, cause)) => self.end_link(s, cause),
+            None => self.end_link(state::LOST, None),
+        }
     }
 
     /// The peer is gone, closed or failed (`s`, with the `cause` its ABORT gave): every wait on
@@ -453,7 +480,8 @@ impl TcpLink {
             moved = true;
             for o in &mut frames[..nf] {
                 let rest = FRAME_HDR + o.len - o.off;
-                if let (Some(p), true, None, true) = (prof, o.data, o.net, n > 0) {
+                // A frame of no data (a descriptor alone, `coll::rooted`) is no socket request.
+                if let (Some(p), true, None, true) = (prof, o.data && o.len > 0, o.net, n > 0) {
                     let step = steps[slot_of(s.tx_m, nslots)].load(Ordering::Relaxed);
                     o.net = p.start(step, s.fd, SOCK_OP_SEND, o.len);
                 }
@@ -563,7 +591,7 @@ impl TcpLink {
                 s.lo += FRAME_HDR;
                 match kind {
                     KIND_DATA if seq == seq_of(m) && len as usize <= self.slot_size => {
-                        let net = self.prof.as_ref().and_then(|p| {
+                        let net = self.prof.as_ref().filter(|_| len > 0).and_then(|p| {
                             let step = self.rx_steps[slot_of(m, self.nslots)].load(Ordering::Relaxed);
                             p.start(step, s.fd, SOCK_OP_RECV, len as usize)
                         });
@@ -583,7 +611,8 @@ impl TcpLink {
                     KIND_ABORT => {
                         let st = if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len };
                         let cause = Cause::decode(u64::from(desc.opseq) | (u64::from(desc.root) << 32));
-                        self.end_link(st, cause);
+                        s.rx_done = true;
+                        self.aborted.get_or_insert((st, cause));
                         return Ok(true);
                     }
                     _ => {
@@ -699,9 +728,10 @@ impl TcpLink {
                 // Frames still queued: the peer is not reading. Stop if it went away.
                 for k in 0..self.socks.len() {
                     if !self.dead && self.rx(k, true).is_err() {
-                        self.end_link(state::LOST, None);
+                        self.lost();
                     }
                 }
+                self.settle_abort();
                 if self.dead {
                     break;
                 }
@@ -826,5 +856,9 @@ impl Drive for Net {
             let l = lock(l);
             !l.dead && l.unsent()
         })
+    }
+
+    fn flush_writes(&self, abort: &AtomicBool, deadline: &Deadline) -> Result<()> {
+        Net::flush(self, abort, deadline)
     }
 }
