@@ -17,7 +17,7 @@ use crate::id::UniqueId;
 use crate::profile::{op::OpDescr, OpProf, Profiling};
 use crate::record::{self, CollType, OpRecord};
 use crate::register::InPlace;
-use crate::transport::fifo::{state, Desc};
+use crate::transport::fifo::{state, Cause, Desc};
 use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
 use occl_ras::mesh::PeerAddr;
@@ -247,6 +247,7 @@ impl Comm {
             comm_id: u64::from_le_bytes(crate::id::random_bytes()?[..8].try_into().unwrap_or([0; 8])),
             probe_addr: &crate::transport::shm::PROBE as *const u64 as u64,
             ras_addr: ras.map_or(String::new(), |r| r.mesh_addr().to_string()),
+            settings: config.shared(),
             ib,
             cpus,
             cpu_quota,
@@ -257,6 +258,9 @@ impl Comm {
                 return Err(Error::internal(format!("bootstrap table entry {r} claims rank {}", p.rank)));
             }
         }
+        // Before anything connects: ranks whose connections would be built differently wait
+        // for each other until the timeout otherwise.
+        crate::config::check_alike(table.iter().map(|p| p.settings.as_slice()))?;
         timer.lap(crate::init_timer::Phase::AllGather);
         let first_on_host = table.iter().position(|p| p.host_id == table[rank].host_id) == Some(rank);
         let host = crate::topo::Host { name: table[rank].hostname.clone(), hash: fnv(table[rank].host_id.as_bytes()) };
@@ -562,7 +566,8 @@ impl Comm {
         self.abort.store(true, Ordering::SeqCst);
         self.reg.fail();
         self.record.aborted();
-        self.lifecycle.fail_peers(state::ABORTED);
+        let cause = Cause { origin: self.rank as u32, state: state::ABORTED };
+        self.lifecycle.fail_peers(state::ABORTED, cause);
     }
 
     /// Leaves the communicator: peers learn that this rank is done, tcp sends are flushed, and
@@ -641,15 +646,14 @@ impl Comm {
         if let Some(Err(de)) = self.flight.dump(reason) {
             tracing::warn!("occl: writing the flight recorder dump failed: {de}");
         }
-        let how = match e.kind() {
-            ErrorKind::Timeout => state::TIMEOUT,
-            ErrorKind::InvalidUsage if e.to_string().contains("operation mismatch") => state::MISMATCH,
-            _ => state::ABORTED,
-        };
+        // This rank's own state is its failure when it started here, else ABORTED (it failed
+        // because of another rank, which the cause names).
+        let cause = self.lifecycle.cause_of(&e, self.rank);
+        let how = if cause.origin as usize == self.rank { cause.state } else { state::ABORTED };
         tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
         self.reg.fail();
         for p in g.peers.iter().flatten() {
-            p.fail(how);
+            p.fail(how, cause);
             if let Some(l) = &p.tcp {
                 transport::tcp::lock(l).sweep_steps();
             }

@@ -149,6 +149,26 @@ fn parse<T: std::str::FromStr>(name: &str, v: &str, what: &str) -> Result<T> {
 }
 
 impl Config {
+    /// The settings that must be alike on every rank, by the variable that sets them, as text:
+    /// the ends of a connection build it from their own (how it is carried, how many sockets,
+    /// the FIFO's slots and their size, when it is made), so ranks that differ wait for
+    /// connections that never come. Exchanged at init before anything connects
+    /// (`check_alike`). An unset transport is the empty string.
+    pub(crate) fn shared(&self) -> Vec<(String, String)> {
+        let flag = |b: bool| if b { "1" } else { "0" };
+        [
+            ("OCCL_TRANSPORT", self.transport.map_or(String::new(), |t| t.name().to_string())),
+            ("OCCL_NSOCKS", self.nsocks.to_string()),
+            ("OCCL_FIFO_SLOTS", self.fifo_slots.to_string()),
+            ("OCCL_SHM_SLOT_SIZE", self.shm_slot_size.to_string()),
+            ("OCCL_TCP_SLOT_SIZE", self.tcp_slot_size.to_string()),
+            ("OCCL_RUNTIME_CONNECT", flag(self.runtime_connect).to_string()),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect()
+    }
+
     /// The defaults with the environment applied. A malformed value is an `InvalidArgument`
     /// that names the variable.
     pub fn from_env() -> Result<Config> {
@@ -373,5 +393,48 @@ mod tests {
         assert!(e.to_string().contains("OCCL_TIMEOUT"), "{e}");
         let e = crate::Comm::init_rank(usize::MAX, &id, 0, Config::default()).expect_err("nranks");
         assert!(e.to_string().contains("1048576"), "{e}");
+    }
+}
+
+/// Fails when some rank's `Config::shared` settings (`all`, in rank order) differ from rank 0's,
+/// naming the first variable that differs, rank 0's value and that rank's. Every rank checks
+/// the same table, so every rank fails alike and at once.
+pub(crate) fn check_alike<'a>(all: impl IntoIterator<Item = &'a [(String, String)]>) -> Result<()> {
+    let mut all = all.into_iter().enumerate();
+    let Some((_, first)) = all.next() else { return Ok(()) };
+    let shown = |v: &str| if v.is_empty() { "it unset".to_string() } else { v.to_string() };
+    for (r, theirs) in all {
+        for (name, mine) in first {
+            let other = theirs.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+            if other != Some(mine.as_str()) {
+                return Err(Error::usage(format!(
+                    "{name} differs: rank 0 has {}, rank {r} has {}; every rank must set it alike",
+                    shown(mine),
+                    other.map_or("no value for it (a different occl build?)".to_string(), shown)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_that_differ_name_the_variable_and_both_values() {
+        let base = Config::default();
+        let check = |all: &[Vec<(String, String)>]| check_alike(all.iter().map(Vec::as_slice));
+        check(&[base.shared(), base.shared(), base.shared()]).expect("identical settings agree");
+        let nsocks = Config { nsocks: 4, ..Config::default() };
+        let e = check(&[base.shared(), base.shared(), nsocks.shared()]).expect_err("nsocks differs");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidUsage);
+        assert!(e.to_string().contains("OCCL_NSOCKS differs: rank 0 has 2, rank 2 has 4"), "{e}");
+        let tcp = Config { transport: Some(TransportKind::Tcp), ..Config::default() };
+        let e = check(&[base.shared(), tcp.shared()]).expect_err("transport differs");
+        assert!(e.to_string().contains("OCCL_TRANSPORT differs: rank 0 has it unset, rank 1 has tcp"), "{e}");
+        let e = check(&[tcp.shared(), Vec::new()]).expect_err("a rank without the setting");
+        assert!(e.to_string().contains("rank 1 has no value"), "{e}");
     }
 }

@@ -243,3 +243,170 @@ fn abort_and_use_after_failure_are_errors() {
         assert!(e.to_string().contains("aborted"), "{e}");
     });
 }
+
+/// The error line of every rank of `outs`, which must all have failed.
+fn errors_of(outs: &[occl_tests::launch::RankOutput], what: &str) -> Vec<(String, String)> {
+    outs.iter()
+        .map(|o| {
+            let (k, _, line) =
+                err_of(o).unwrap_or_else(|| panic!("{what}: rank {} did not fail:\n{}", o.rank, o.output));
+            (k, line)
+        })
+        .collect()
+}
+
+/// How long rank `o`'s call took, from its `TOOK rank=… ms=…` line.
+fn took(o: &occl_tests::launch::RankOutput) -> Option<Duration> {
+    let ms: f64 = o.output.lines().find_map(|l| l.strip_prefix("TOOK "))?.split("ms=").nth(1)?.trim().parse().ok()?;
+    Some(Duration::from_secs_f64(ms / 1e3))
+}
+
+/// Issue 26, item 2: ranks that pass different roots to a broadcast or reduce disagree on who
+/// sends first (both "roots" only send; both non-roots wait). Every rank must fail at once with
+/// an operation mismatch that names both roots: small and 4 MiB, chain and tree, 2 and 3 ranks,
+/// shm and tcp. (Before: the small broadcast returned Ok with different data on every rank, the
+/// rest hung until OCCL_TIMEOUT.)
+#[test]
+fn different_roots_fail_every_rank_at_once_naming_both_roots() {
+    let mut cases = Vec::new();
+    for transport in ["shm", "tcp"] {
+        for n in [2, 3] {
+            for coll in ["broadcast", "reduce"] {
+                for bytes in [256, 4 << 20] {
+                    cases.push((transport, n, coll, bytes, None));
+                }
+            }
+        }
+    }
+    for coll in ["broadcast", "reduce"] {
+        for bytes in [256, 4 << 20] {
+            cases.push(("shm", 3, coll, bytes, Some("tree")));
+        }
+    }
+    for (transport, n, coll, bytes, algo) in cases {
+        let what = format!("{coll} of {bytes} B, {n} ranks over {transport}, algo {}", algo.unwrap_or("auto"));
+        let mut vars = vec![("OCCL_TRANSPORT", transport), ("OCCL_TIMEOUT", "5")];
+        if let Some(a) = algo {
+            vars.push(("OCCL_ALGO", a));
+        }
+        let spawn = Spawn { env: env(&vars), ..Spawn::default() };
+        let outs = run_job(n, &["roots", coll, &bytes.to_string(), "1"], spawn, Duration::from_secs(60));
+        for (o, (k, line)) in outs.iter().zip(errors_of(&outs, &what)) {
+            assert_eq!(k, "InvalidUsage", "{what}: rank {}: {line}", o.rank);
+            assert!(
+                line.contains("operation mismatch") && line.contains("root 0") && line.contains("root 1"),
+                "{what}: rank {} does not name both roots: {line}",
+                o.rank
+            );
+            let t = took(o).unwrap_or_else(|| panic!("{what}: rank {} printed no time:\n{}", o.rank, o.output));
+            assert!(t < Duration::from_secs(1), "{what}: rank {} took {t:?} to fail: {line}", o.rank);
+        }
+    }
+}
+
+/// As above, with the ranks as threads of this process.
+#[test]
+fn different_roots_fail_every_thread_rank_at_once_naming_both_roots() {
+    for n in [2, 3] {
+        for coll in ["broadcast", "reduce"] {
+            for bytes in [256usize, 4 << 20] {
+                let what = format!("{coll} of {bytes} B, {n} thread ranks");
+                let config = Config { timeout: Duration::from_secs(5), ..Config::default() };
+                let comms = Comm::init_all_with(n, config).expect("init_all");
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .map(|c| {
+                        std::thread::spawn(move || {
+                            let r = c.rank();
+                            let a = vec![r as f32 + 1.0; bytes / 4];
+                            let mut b = vec![0f32; bytes / 4];
+                            c.all_reduce_in_place(&mut [1f32], RedOp::Sum).expect("barrier");
+                            let root = if r == 1 { 1 } else { 0 };
+                            let t0 = Instant::now();
+                            let res = match coll {
+                                "reduce" => c.reduce(&a, &mut b, RedOp::Sum, root),
+                                _ => c.broadcast(&a, &mut b, root),
+                            };
+                            let took = t0.elapsed();
+                            let _ = c.destroy();
+                            (r, res, took)
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    let (r, res, took) = h.join().expect("rank thread panicked");
+                    let e = res.expect_err(&format!("{what}: rank {r} returned Ok"));
+                    assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{what}: rank {r}: {e}");
+                    let text = e.to_string();
+                    assert!(text.contains("root 0") && text.contains("root 1"), "{what}: rank {r}: {text}");
+                    assert!(took < Duration::from_secs(1), "{what}: rank {r} took {took:?}: {text}");
+                }
+            }
+        }
+    }
+}
+
+/// Issue 26, item 3: settings that shape the connections must be alike on every rank. Ranks
+/// that differ all fail at init, at once, with an error that names the variable and both values
+/// (before: they waited for each other's connections until OCCL_TIMEOUT, and the timeout named
+/// neither and said "within 0.0 s").
+#[test]
+fn settings_that_differ_between_ranks_fail_init_on_every_rank_naming_both_values() {
+    for (var, v0, v1, transport) in [
+        ("OCCL_TRANSPORT", "shm", "tcp", None),
+        ("OCCL_NSOCKS", "2", "4", Some("tcp")),
+        ("OCCL_FIFO_SLOTS", "8", "4", None),
+        ("OCCL_SHM_SLOT_SIZE", "65536", "131072", None),
+        ("OCCL_TCP_SLOT_SIZE", "65536", "131072", Some("tcp")),
+        ("OCCL_RUNTIME_CONNECT", "1", "0", None),
+    ] {
+        let mut vars = vec![("OCCL_TIMEOUT", "10")];
+        if let Some(t) = transport {
+            vars.push(("OCCL_TRANSPORT", t));
+        }
+        let spawn = Spawn { env: env(&vars), rank_env: vec![env(&[(var, v0)]), env(&[(var, v1)])], ..Spawn::default() };
+        let start = Instant::now();
+        let outs = run_job(2, &["late", "0"], spawn, Duration::from_secs(60));
+        let elapsed = start.elapsed();
+        let want = format!("{var} differs: rank 0 has {v0}, rank 1 has {v1}");
+        for (o, (k, line)) in outs.iter().zip(errors_of(&outs, var)) {
+            assert_eq!(k, "InvalidUsage", "{var}: rank {}: {line}", o.rank);
+            assert!(line.contains(&want), "{var}: rank {} does not say {want:?}: {line}", o.rank);
+        }
+        assert!(elapsed < Duration::from_secs(5), "{var}: the job took {elapsed:?} (must not wait for OCCL_TIMEOUT)");
+    }
+}
+
+/// Issue 26, item 9: when rank 3 dies, the ranks that learn of it only from a neighbour's
+/// failure name rank 3 too, not the neighbour (before: "peer rank 2: failed or was aborted").
+fn a_dead_rank_is_named_by_every_survivor(transport: &str) {
+    let spawn = Spawn {
+        env: env(&[("OCCL_TRANSPORT", transport), ("OCCL_TIMEOUT", "60")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    // Rank 3 stops after 5 all-reduces; the others wait in the 6th.
+    let job = Job::spawn(worker(), &["hang".to_string(), "3".to_string()], 4, &spawn).expect("start");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    std::thread::sleep(Duration::from_millis(300));
+    job.signal(3, libc::SIGKILL).expect("kill rank 3");
+    let outs = job.wait(Duration::from_secs(30)).expect("survivors exit");
+    for o in outs.iter().filter(|o| o.rank != 3) {
+        let (k, _, line) =
+            err_of(o).unwrap_or_else(|| panic!("{transport}: rank {} did not fail:\n{}", o.rank, o.output));
+        assert_eq!(k, "RemoteError", "{transport}: rank {}: {line}", o.rank);
+        assert!(line.contains("peer rank 3:"), "{transport}: rank {} does not name rank 3: {line}", o.rank);
+        eprintln!("{transport}: rank {}: {line}", o.rank);
+    }
+}
+
+#[test]
+fn a_dead_rank_is_named_by_every_survivor_shm() {
+    a_dead_rank_is_named_by_every_survivor("shm");
+}
+
+#[test]
+fn a_dead_rank_is_named_by_every_survivor_tcp() {
+    a_dead_rank_is_named_by_every_survivor("tcp");
+}

@@ -32,6 +32,9 @@ pub(crate) struct PeerInfo {
     pub probe_addr: u64,
     /// This process's RAS mesh address (`ip:port`), empty when RAS is off.
     pub ras_addr: String,
+    /// The settings every rank must have alike, as (variable, value) text, checked against
+    /// every other rank's before any transport connects (`config::check_alike`).
+    pub settings: Vec<(String, String)>,
     /// The rank offers the ib transport (a usable RDMA port, feature `ib`).
     pub ib: bool,
     /// The CPUs the rank may run on, and a CPU quota below them (0: none): with its host's
@@ -51,6 +54,11 @@ impl PeerInfo {
         w.u64(self.comm_id);
         w.u64(self.probe_addr);
         w.str(&self.ras_addr);
+        w.u32(self.settings.len() as u32);
+        for (name, value) in &self.settings {
+            w.str(name);
+            w.str(value);
+        }
         w.u32(u32::from(self.ib));
         w.str(&self.cpus.to_string());
         w.u32(self.cpu_quota);
@@ -71,6 +79,15 @@ impl PeerInfo {
             comm_id: r.u64()?,
             probe_addr: r.u64()?,
             ras_addr: r.str()?,
+            settings: {
+                // Bounded by the frame it came in: each pair takes at least 8 bytes.
+                let n = r.u32()? as usize;
+                let mut v = Vec::with_capacity(n.min(b.len() / 8));
+                for _ in 0..n {
+                    v.push((r.str()?, r.str()?));
+                }
+                v
+            },
             ib: match r.u32()? {
                 0 => false,
                 1 => true,

@@ -19,7 +19,7 @@ pub(crate) mod tune;
 pub(crate) mod walk;
 
 use crate::dtype::{DataType, RedOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::profile::OpProf;
 use crate::record::CollType;
 use crate::transport::fifo::{ll, Desc, Ends};
@@ -150,6 +150,16 @@ impl<'a> Ctx<'a> {
     /// Primitives that send to `to` and receive from `from` (either may be absent), given as
     /// positions when the operation runs in ring order.
     pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
+        self.prims_for(to, from, true)
+    }
+
+    /// As `prims`, for messages that carry no data (`rooted`'s descriptors): not the
+    /// operation's steps, so the profiler does not see them.
+    fn control(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
+        self.prims_for(to, from, false)
+    }
+
+    fn prims_for(&mut self, to: Option<usize>, from: Option<usize>, steps: bool) -> Result<Prims<'_>> {
         let (to, from) = (to.map(|p| self.real(p)), from.map(|p| self.real(p)));
         for p in [to, from].into_iter().flatten() {
             crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
@@ -201,7 +211,7 @@ impl<'a> Ctx<'a> {
             scratch: Vec::new(),
             direct: false,
             stream: false,
-            steps: self.prof.and_then(|p| p.steps(to, from)),
+            steps: if steps { self.prof.and_then(|p| p.steps(to, from)) } else { None },
         })
     }
 }
@@ -245,10 +255,10 @@ pub(crate) fn broadcast(
 ) -> Result<()> {
     let root = ctx.virt(root);
     let s = ctx.shape(CollType::Broadcast, algo, count, root);
-    match algo {
+    rooted(ctx, &s, |ctx| match algo {
         Algo::Tree => tree::broadcast(&s, &mut Run::new(ctx, send, recv, 0)),
         _ => ring::broadcast(ctx, send, recv, count * s.elem, root),
-    }
+    })
 }
 
 /// Reduce of `count` elements to `root` with `algo`.
@@ -262,10 +272,85 @@ pub(crate) fn reduce(
 ) -> Result<()> {
     let root = ctx.virt(root);
     let s = ctx.shape(CollType::Reduce, algo, count, root);
-    match algo {
+    rooted(ctx, &s, |ctx| match algo {
         Algo::Tree => tree::reduce(&s, &mut Run::new(ctx, send, recv, tree::reduce_scratch(&s))),
         _ => ring::reduce(ctx, send, recv, count * s.elem, root),
+    })
+}
+
+/// How long `rooted` still waits for a neighbour's descriptor once another rank failed.
+const ANNOUNCE_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Runs a rooted collective (`run`, the schedule of shape `s`) after this rank and its ring
+/// neighbours have shown each other their descriptors, root included.
+///
+/// The root decides who sends first, so ranks that disagree on it do not meet in the data:
+/// two ranks that both take themselves for the root only send, and return `Ok` with different
+/// data; two that both wait for the other hang until the timeout. So every rank first posts
+/// its descriptor (a message of no data) to both neighbours, before it waits on anything, and
+/// then takes theirs: neighbours that disagree both fail at once with an operation mismatch
+/// that names both roots, at any size, whoever was to send first. At 2 and 3 ranks everyone is
+/// a neighbour of everyone; further away a rank learns of it from the failure notice.
+///
+/// A rank whose whole part is to send one slice to each peer takes its neighbours'
+/// descriptors after sending, so a small operation's data leaves at once: its sends cannot
+/// wait on a peer that disagrees (once a peer has finished the operations before, which it
+/// does, its FIFO has room for the descriptor and the slice). Such a rank still returns only
+/// once its neighbours have shown the same descriptor.
+fn rooted(ctx: &mut Ctx<'_>, s: &Shape, run: impl FnOnce(&mut Ctx<'_>) -> Result<()>) -> Result<()> {
+    let n = ctx.nranks;
+    if n == 1 {
+        return run(ctx);
     }
+    let (next, prev) = ((s.rank + 1) % n, (s.rank + n - 1) % n);
+    let both = [next, prev];
+    let neighbours = if next == prev { &both[..1] } else { &both[..] };
+    for &p in neighbours {
+        ctx.control(Some(p), None)?.announce()?;
+    }
+    // Over tcp the descriptors go out now: a rank that fails (on a neighbour's descriptor, say)
+    // sends no more data after it, and its neighbours must still see what it ran. This fails
+    // when a neighbour has already failed: its descriptor then tells why better than that.
+    let flushed = ctx.drive.map_or(Ok(()), |d| d.flush_writes(ctx.abort, &ctx.deadline));
+    // Both neighbours' descriptors, even when waiting for one fails. A wait also ends when any
+    // other rank has failed, and that rank may have failed on this very mismatch while the
+    // descriptor that shows it is still on its way: so a neighbour that is still there gets a
+    // moment more, watched for its own failure only. The mismatch, naming both roots, is the
+    // better error.
+    let take = |ctx: &mut Ctx<'_>| -> Result<()> {
+        let mut failed = None;
+        for &p in neighbours {
+            let got = ctx.control(None, Some(p)).and_then(|mut c| c.expect_announce());
+            let got = match got {
+                Err(e) if e.kind() != ErrorKind::InvalidUsage => {
+                    match ctx
+                        .control(None, Some(p))
+                        .and_then(|mut c| c.only_this_peer(ANNOUNCE_GRACE).expect_announce())
+                    {
+                        Err(m) if m.kind() == ErrorKind::InvalidUsage => Err(m),
+                        _ => Err(e),
+                    }
+                }
+                got => got,
+            };
+            match got {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::InvalidUsage => return Err(e),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    };
+    let lone = s.count * s.elem <= s.slice && plan::legs(s).iter().all(|l| l.send && l.steps <= 1);
+    if lone && flushed.is_ok() {
+        run(ctx)?;
+        return take(ctx);
+    }
+    take(ctx)?;
+    flushed?;
+    run(ctx)
 }
 
 /// All-gather of `count` elements per rank with `algo`.

@@ -67,9 +67,10 @@ pub(crate) const DIRECT_MIN: usize = 128 << 10;
 pub(crate) fn describe(d: &Desc) -> String {
     let coll = CollType::from_u8(d.coll).map_or("unknown operation", |c| c.name());
     let dt = DataType::from_u8(d.dtype).map_or("?", |t| t.name());
-    let op = RedOp::from_u8(d.redop).map_or("?", |o| o.name());
+    // Collectives that only move data carry no operator.
+    let op = RedOp::from_u8(d.redop).map_or(String::new(), |o| format!(", {}", o.name()));
     let root = if d.root == u32::MAX { String::new() } else { format!(", root {}", d.root) };
-    format!("#{} {coll}(count {}, {dt}, {op}{root})", d.opseq, d.count())
+    format!("#{} {coll}(count {}, {dt}{op}{root})", d.opseq, d.count())
 }
 
 /// Checks that slice `m` from `peer` belongs to the operation `expect` and holds the `len` bytes
@@ -232,6 +233,32 @@ impl<'a> Prims<'a> {
         if let (Some(st), Some(s)) = (self.steps.as_mut(), self.send.as_ref()) {
             st.send_posted(n, s.fifo);
         }
+        Ok(())
+    }
+
+    /// Posts this operation's descriptor alone, a message of no data (`coll::rooted`).
+    pub(crate) fn announce(&mut self) -> Result<()> {
+        self.take_send()?;
+        self.post(0)
+    }
+
+    /// Makes this primitive's waits watch their own peers only (not the rest of the
+    /// communicator), for at most `within`.
+    pub(crate) fn only_this_peer(&mut self, within: std::time::Duration) -> &mut Self {
+        self.deadline = Deadline::after(within);
+        if let Some(s) = self.send.as_mut() {
+            s.ends.members = None;
+        }
+        if let Some(r) = self.recv.as_mut() {
+            r.ends.members = None;
+        }
+        self
+    }
+
+    /// Takes the receive peer's descriptor-only message and checks it is this operation's.
+    pub(crate) fn expect_announce(&mut self) -> Result<()> {
+        self.take_recv(0)?;
+        self.release();
         Ok(())
     }
 

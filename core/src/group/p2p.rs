@@ -394,9 +394,9 @@ fn advance_send<'p>(
                 st.send_peer_wait();
             }
             let Some(out) = p.send.try_acquire() else {
-                let st = p.send.peer_state();
-                if st != state::OPEN {
-                    return Err(Error::remote(s.peer, state::describe(st)));
+                let n = p.send.peer_notice();
+                if n.state != state::OPEN {
+                    return Err(n.error(s.peer));
                 }
                 return Ok(moved);
             };
@@ -418,9 +418,9 @@ fn advance_send<'p>(
         }
         // Pointers posted must be read before the caller may touch its buffer again.
         if s.by_ptr && !p.send.try_drain() {
-            let st = p.send.peer_state();
-            if st != state::OPEN {
-                return Err(Error::remote(s.peer, state::describe(st)));
+            let n = p.send.peer_notice();
+            if n.state != state::OPEN {
+                return Err(n.error(s.peer));
             }
             return Ok(moved);
         }
@@ -448,9 +448,9 @@ fn advance_recv<'p>(
                 st.recv_begin(&p.recv);
             }
             let Some(m) = p.recv.try_peek(s.peer)? else {
-                let st = p.recv.peer_state();
-                if st != state::OPEN {
-                    return Err(Error::remote(s.peer, state::describe(st)));
+                let n = p.recv.peer_notice();
+                if n.state != state::OPEN {
+                    return Err(n.error(s.peer));
                 }
                 return Ok(moved);
             };

@@ -16,18 +16,20 @@ pub use pending::{InitState, PendingComm};
 pub use shrink::ShrinkMode;
 pub use split::OCCL_SPLIT_NOCOLOR;
 
-use crate::transport::fifo::Region;
+use crate::transport::fifo::{Liveness, Region};
 use crate::transport::{tcp, Peer};
 use std::net::TcpListener;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// One peer's FIFO regions (this rank sends into `send`, receives from `recv`) and tcp link.
+/// One peer's FIFO regions (this rank sends into `send`, receives from `recv`), tcp link, and
+/// how to tell that its process is gone.
 pub(crate) struct PeerEnds {
     pub peer: usize,
     pub send: Arc<Region>,
     pub recv: Arc<Region>,
     pub tcp: Option<tcp::SharedLink>,
+    pub liveness: Liveness,
 }
 
 pub(crate) struct Lifecycle {
@@ -50,7 +52,13 @@ impl Lifecycle {
             .enumerate()
             .filter_map(|(i, p)| {
                 let p = p.as_ref()?;
-                Some(PeerEnds { peer: i, send: p.send.region.clone(), recv: p.recv.region.clone(), tcp: p.tcp.clone() })
+                Some(PeerEnds {
+                    peer: i,
+                    send: p.send.region.clone(),
+                    recv: p.recv.region.clone(),
+                    tcp: p.tcp.clone(),
+                    liveness: p.liveness,
+                })
             })
             .collect();
         Lifecycle { secret, listener, ends: Mutex::new(ends), shrinks: AtomicU32::new(0) }
@@ -63,6 +71,7 @@ impl Lifecycle {
             send: p.send.region.clone(),
             recv: p.recv.region.clone(),
             tcp: p.tcp.clone(),
+            liveness: p.liveness,
         });
     }
 

@@ -24,8 +24,8 @@ pub(crate) mod nonblocking;
 
 pub(crate) const MAGIC: u64 = 0x4f43_434c_4649_464f; // "OCCLFIFO"
 /// 2: the LL area follows the slots; 3: it has its own step count (`ll::STEPS`); 4: the
-/// `ready`, `attached` and `reader_direct` words of lazy connection.
-pub(crate) const VERSION: u32 = 4;
+/// `ready`, `attached` and `reader_direct` words of lazy connection; 5: the `*_cause` words.
+pub(crate) const VERSION: u32 = 5;
 
 /// Endpoint states, written by each side into its own header word. Anything but `OPEN` ends
 /// the other side's waits with an error that says why.
@@ -41,15 +41,79 @@ pub(crate) mod state {
     pub const TIMEOUT: u32 = 4;
     /// The transport lost the connection (set by the tcp link).
     pub const LOST: u32 = 5;
+    /// Never a state word: the cause a rank gives when a peer's process died under it.
+    pub const DEAD: u32 = 6;
 
     pub fn describe(s: u32) -> &'static str {
         match s {
             CLOSED => "destroyed its communicator while this rank still expected it to take part",
             ABORTED => "failed or was aborted",
-            MISMATCH => "detected an operation mismatch (ranks called different collectives, counts or types)",
+            MISMATCH => "detected an operation mismatch (ranks called different collectives, counts, types or roots)",
             TIMEOUT => "timed out waiting for another rank",
             LOST => "lost its connection (the process died or the network failed)",
+            DEAD => "died (its process is gone)",
             _ => "reported an unknown failure",
+        }
+    }
+}
+
+/// The failure that started a cascade: the rank that failed first and how (a `state`, or
+/// `state::DEAD`). A rank that fails because a peer failed passes the peer's cause on in its
+/// own notice, so ranks further away name the rank that failed first, not their neighbour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cause {
+    pub origin: u32,
+    pub state: u32,
+}
+
+impl Cause {
+    /// One word, 0 for none (a rank that said no cause, or a tcp peer's CLOSE).
+    pub(crate) fn encode(c: Option<Cause>) -> u64 {
+        c.map_or(0, |c| ((u64::from(c.origin) + 1) << 32) | u64::from(c.state))
+    }
+
+    pub(crate) fn decode(w: u64) -> Option<Cause> {
+        let origin = (w >> 32).checked_sub(1)?;
+        Some(Cause { origin: origin as u32, state: w as u32 })
+    }
+}
+
+/// What one side of a FIFO says about itself: its state word and the cause beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Notice {
+    pub state: u32,
+    pub cause: Option<Cause>,
+}
+
+impl Notice {
+    /// Reads a side's cause and state words (the state first: the cause was written before it).
+    pub(crate) fn read(state: &AtomicU32, cause: &AtomicU64) -> Notice {
+        let s = state.load(Ordering::Acquire);
+        let cause = if s == state::OPEN { None } else { Cause::decode(cause.load(Ordering::Acquire)) };
+        Notice { state: s, cause }
+    }
+
+    /// Marks a side `s` with `cause`, unless it already left: the first failure is the one
+    /// peers learn.
+    pub(crate) fn mark(state: &AtomicU32, cause_word: &AtomicU64, s: u32, cause: Option<Cause>) {
+        if state.load(Ordering::Acquire) == state::OPEN {
+            let _ = cause_word.compare_exchange(0, Cause::encode(cause), Ordering::SeqCst, Ordering::SeqCst);
+        }
+        let _ = state.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// The error of a rank that waited on `peer` and found this notice: it names the rank that
+    /// failed first when the peer only failed because of it.
+    pub(crate) fn error(self, peer: usize) -> Error {
+        match self.cause {
+            Some(c) if c.origin as usize != peer => Error::remote(
+                c.origin as usize,
+                format!(
+                    "{}; rank {peer} failed because of it, and this rank because of rank {peer}",
+                    state::describe(c.state)
+                ),
+            ),
+            _ => Error::remote(peer, state::describe(self.state)),
         }
     }
 }
@@ -78,6 +142,21 @@ pub(crate) struct Header {
     /// Written by the receiver when it attaches: 1 if it can read the sender's memory
     /// (same process, or `process_vm_readv` allowed), so the sender may post pointers.
     pub reader_direct: AtomicU32,
+    /// Each side's `Cause` (encoded) once it failed, written before its state word.
+    pub send_cause: AtomicU64,
+    pub recv_cause: AtomicU64,
+}
+
+impl Header {
+    /// What the sending side says about itself.
+    pub(crate) fn sender(&self) -> Notice {
+        Notice::read(&self.send_state.0, &self.send_cause)
+    }
+
+    /// What the receiving side says about itself.
+    pub(crate) fn receiver(&self) -> Notice {
+        Notice::read(&self.recv_state.0, &self.recv_cause)
+    }
 }
 
 /// What a message is part of; every slot carries it so that a receiver detects, on the first
@@ -287,13 +366,14 @@ impl Ends<'_> {
 }
 
 impl Ends<'_> {
-    fn check(&self, other_state: &AtomicU32, slow: bool) -> Result<()> {
+    /// `other`: the other side's notice (`Header::sender` or `receiver`).
+    fn check(&self, other: impl Fn() -> Notice, slow: bool) -> Result<()> {
         if self.abort.load(Ordering::Relaxed) {
             return Err(Error::usage("the communicator was aborted"));
         }
-        let s = other_state.load(Ordering::Acquire);
-        if s != state::OPEN {
-            return Err(Error::remote(self.peer, state::describe(s)));
+        let n = other();
+        if n.state != state::OPEN {
+            return Err(n.error(self.peer));
         }
         if slow {
             if let Liveness::Process(pid) = self.liveness {
@@ -371,7 +451,7 @@ impl SendFifo {
                     wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
                     &hdr.ack,
                     &h.send_sleepers.0,
-                    &mut |slow| ends.check(&h.recv_state.0, slow),
+                    &mut |slow| ends.check(|| h.receiver(), slow),
                     deadline,
                     self.patience,
                     &|| format!("sending to rank {peer} (waiting for a free slot)"),
@@ -427,7 +507,7 @@ impl SendFifo {
                 wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
                 &hdr.ack,
                 &h.send_sleepers.0,
-                &mut |slow| ends.check(&h.recv_state.0, slow),
+                &mut |slow| ends.check(|| h.receiver(), slow),
                 deadline,
                 self.patience,
                 &|| format!("waiting for rank {peer} to read this rank's buffer"),
@@ -447,10 +527,11 @@ impl SendFifo {
         true
     }
 
-    /// Marks this end with `s` (closed or failed) and wakes the receiver so it notices.
-    pub(crate) fn set_state(&self, s: u32) {
+    /// Marks this end with `s` (closed or failed, and why) and wakes the receiver so it
+    /// notices.
+    pub(crate) fn set_state(&self, s: u32, cause: Option<Cause>) {
         let h = self.region.header();
-        let _ = h.send_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+        Notice::mark(&h.send_state.0, &h.send_cause, s, cause);
         for i in 0..self.nslots {
             wait::wake(&self.region.slot_hdr(i).seq, &h.recv_sleepers.0);
         }
@@ -578,7 +659,7 @@ impl RecvFifo {
                     return Ok(());
                 }
                 self.ll_instead(peer)?;
-                ends.check(&h.send_state.0, slow)
+                ends.check(|| h.sender(), slow)
             };
             let check: Check<'_> = &mut check;
             wait::wait_until(
@@ -624,9 +705,9 @@ impl RecvFifo {
         wait::wake(&hdr.ack, &self.region.header().send_sleepers.0);
     }
 
-    pub(crate) fn set_state(&self, s: u32) {
+    pub(crate) fn set_state(&self, s: u32, cause: Option<Cause>) {
         let h = self.region.header();
-        let _ = h.recv_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+        Notice::mark(&h.recv_state.0, &h.recv_cause, s, cause);
         for i in 0..self.nslots {
             wait::wake(&self.region.slot_hdr(i).ack, &h.send_sleepers.0);
         }

@@ -16,7 +16,7 @@ use crate::auth;
 use crate::bootstrap::{wire, PeerInfo};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
-use fifo::{Liveness, RecvFifo, SendFifo};
+use fifo::{Cause, Liveness, RecvFifo, SendFifo};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -36,8 +36,9 @@ impl Peer {
     /// Tells the peer this rank is done (`state::CLOSED`) or failed (another state), and for tcp
     /// flushes and closes the sockets.
     pub(crate) fn close(&mut self, how: u32) {
-        self.send.set_state(how);
-        self.recv.set_state(how);
+        // A failed rank marked its ends with the cause already; this only closes open ones.
+        self.send.set_state(how, None);
+        self.recv.set_state(how, None);
         if let Some(t) = &self.tcp {
             tcp::lock(t).close(how);
         }
@@ -57,11 +58,12 @@ impl Peer {
         }
     }
 
-    /// Marks failure without blocking (no flush): used on errors, where peers must learn fast.
-    /// A tcp peer gets an ABORT frame if the socket takes it at once.
-    pub(crate) fn fail(&self, how: u32) {
-        self.send.set_state(how);
-        self.recv.set_state(how);
+    /// Marks failure, and the failure that started it, without blocking (no flush): used on
+    /// errors, where peers must learn fast. A tcp peer gets an ABORT frame (with the cause) if
+    /// the socket takes it at once.
+    pub(crate) fn fail(&self, how: u32, cause: Cause) {
+        self.send.set_state(how, Some(cause));
+        self.recv.set_state(how, Some(cause));
         if let Some(t) = &self.tcp {
             tcp::lock(t).abort(how);
         }
@@ -143,7 +145,8 @@ pub(crate) fn connect_all(
     let expected = tcp_lower.len() * config.nsocks;
     // No thread for a rank that no lower rank dials (one host: every rank, lazily connected).
     let acceptor = if expected > 0 {
-        Some(spawn_acceptor(listener, expected, *secret, comm_id, me, n, config.nsocks, deadline)?)
+        let wait = Wait { deadline, timeout: config.timeout };
+        Some(spawn_acceptor(listener, &tcp_lower, *secret, comm_id, me, n, config.nsocks, wait)?)
     } else {
         None
     };
@@ -236,20 +239,30 @@ fn dial(to: &PeerInfo, secret: &[u8; 16], comm_id: u64, me: usize, k: usize, dea
 
 type Accepted = Result<Vec<(usize, usize, TcpStream)>>;
 
-/// Accepts the `expected` connections from lower ranks on a thread of its own (so dialing
+/// When a wait of init gives up: the instant, and the `OCCL_TIMEOUT` it came from (for the
+/// message).
+#[derive(Clone, Copy)]
+struct Wait {
+    deadline: Instant,
+    timeout: Duration,
+}
+
+/// Accepts `nsocks` connections from each rank of `lower` on a thread of its own (so dialing
 /// higher ranks cannot deadlock against them). Strangers are refused, logged and not counted.
 #[allow(clippy::too_many_arguments)]
 fn spawn_acceptor(
     listener: TcpListener,
-    expected: usize,
+    lower: &[usize],
     secret: [u8; 16],
     comm_id: u64,
     me: usize,
     n: usize,
     nsocks: usize,
-    deadline: Instant,
+    wait: Wait,
 ) -> Result<mpsc::Receiver<Accepted>> {
     let (tx, rx) = mpsc::channel();
+    let lower = lower.to_vec();
+    let expected = lower.len() * nsocks;
     listener.set_nonblocking(true).map_err(|e| Error::sys("tcp transport: listener non-blocking", e))?;
     std::thread::Builder::new()
         .name("occl-tcp-accept".into())
@@ -259,13 +272,19 @@ fn spawn_acceptor(
                 if got.len() == expected {
                     break Ok(std::mem::take(&mut got));
                 }
-                if Instant::now() >= deadline {
+                if Instant::now() >= wait.deadline {
+                    let missing: Vec<usize> = lower
+                        .iter()
+                        .copied()
+                        .filter(|&p| got.iter().filter(|(q, _, _)| *q == p).count() < nsocks)
+                        .collect();
                     break Err(Error::Timeout {
                         what: format!(
-                            "rank {me} waiting for {} tcp connections from lower ranks",
+                            "rank {me} waiting for {} of its {expected} tcp connections from lower ranks (from rank(s) \
+                             {missing:?}; are they alive, reachable at this rank's address, and set up alike?)",
                             expected - got.len()
                         ),
-                        secs: 0.0,
+                        secs: wait.timeout.as_secs_f64(),
                     });
                 }
                 match listener.accept() {
@@ -326,6 +345,7 @@ mod tests {
             comm_id: 7,
             probe_addr: 0,
             ras_addr: String::new(),
+            settings: vec![("OCCL_NSOCKS".into(), "2".into())],
             ib,
             cpus: crate::topo::CpuSet::parse_list("0-3,8").expect("cpus"),
             cpu_quota: 2,
@@ -349,6 +369,20 @@ mod tests {
         b[at] = b'x';
         let e = PeerInfo::decode(&b).unwrap_err();
         assert!(e.to_string().contains("malformed cpu set"), "{e}");
+    }
+
+    /// Lower ranks that never dial: the timeout names them and the real OCCL_TIMEOUT.
+    #[test]
+    fn the_acceptor_timeout_names_the_missing_ranks_and_the_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let timeout = Duration::from_millis(300);
+        let wait = Wait { deadline: Instant::now() + timeout, timeout };
+        let rx = spawn_acceptor(listener, &[0, 2], [0; 16], 7, 3, 4, 2, wait).expect("spawn");
+        let e = rx.recv_timeout(Duration::from_secs(10)).expect("the acceptor answers").expect_err("nobody dialed");
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        let text = e.to_string();
+        assert!(text.contains("4 of its 4 tcp connections") && text.contains("[0, 2]"), "{text}");
+        assert!(text.contains("within 0.3 s"), "{text}");
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! for shm.
 //!
 //! Wire frame per slot: a 32-byte header (seq, kind, len, descriptor; little-endian) and `len`
-//! bytes of data. Kind `ABORT` carries the sender's failure state instead of data, so the peer
-//! learns why its sender stopped, not only that it did; kind `CLOSE` says it was destroyed.
+//! bytes of data. Kind `ABORT` carries the sender's failure state in `len` and its cause
+//! (`fifo::Cause`, the rank that failed first) in the descriptor's first two words instead of
+//! data, so the peer learns why its sender stopped, not only that it did; kind `CLOSE` says it
+//! was destroyed.
 //!
 //! An operation returns once its data is in the kernel's socket buffers, and that data must
 //! reach the peer even if the process then exits without `destroy`. So a receiver reads every
@@ -15,7 +17,7 @@
 //! `atexit` handler covers exit) shuts its sockets for writing and waits, bounded by the
 //! timeout, until the peer's kernel has acknowledged all of it (see `linger`).
 
-use super::fifo::{self, state, Desc, Region};
+use super::fifo::{self, state, Cause, Desc, Notice, Region};
 use super::wait::{self, poll, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
 use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
@@ -152,6 +154,9 @@ pub(crate) struct TcpLink {
     /// whose stream ended without CLOSE (the peer died or exited). Everything before it that
     /// the other sockets carry is still read and delivered.
     lost_at: Option<u64>,
+    /// The state and cause of the first ABORT frame read, until the link ends with them
+    /// (`settle_abort`).
+    aborted: Option<(u32, Option<Cause>)>,
     /// The peer is gone (or closed, or failed) and both FIFOs say so: no more I/O.
     dead: bool,
     closed: bool,
@@ -257,7 +262,10 @@ fn next_frame(region: &Region, end: Option<u32>, m: u64, nslots: usize, slot_siz
     }
     let e = end?;
     let kind = if e == state::CLOSED { KIND_CLOSE } else { KIND_ABORT };
-    Some(Out { hdr: encode(seq_of(m), kind, e, &Desc::default()), len: 0, off: 0, data: false, src: 0, net: None })
+    // The cause this rank marked its send end with before it aborted the link (`Peer::fail`).
+    let cause = Cause::encode(region.header().sender().cause);
+    let d = Desc { opseq: cause as u32, root: (cause >> 32) as u32, ..Desc::default() };
+    Some(Out { hdr: encode(seq_of(m), kind, e, &d), len: 0, off: 0, data: false, src: 0, net: None })
 }
 
 /// One non-blocking recv; `Ok(None)` when nothing is there, `Ok(Some(0))` at end of stream.
@@ -283,17 +291,17 @@ fn recv1(fd: RawFd, buf: *mut u8, len: usize) -> io::Result<Option<usize>> {
     nonblocking(|| unsafe { libc::recv(fd, buf.cast(), len, libc::MSG_DONTWAIT) })
 }
 
-fn set_send_state(r: &Region, s: u32) {
+fn set_send_state(r: &Region, s: u32, cause: Option<Cause>) {
     let h = r.header();
-    let _ = h.send_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+    Notice::mark(&h.send_state.0, &h.send_cause, s, cause);
     for i in 0..h.nslots as usize {
         wait::wake(&r.slot_hdr(i).seq, &h.recv_sleepers.0);
     }
 }
 
-fn set_recv_state(r: &Region, s: u32) {
+fn set_recv_state(r: &Region, s: u32, cause: Option<Cause>) {
     let h = r.header();
-    let _ = h.recv_state.0.compare_exchange(state::OPEN, s, Ordering::SeqCst, Ordering::SeqCst);
+    Notice::mark(&h.recv_state.0, &h.recv_cause, s, cause);
     for i in 0..h.nslots as usize {
         wait::wake(&r.slot_hdr(i).ack, &h.send_sleepers.0);
     }
@@ -360,6 +368,7 @@ impl TcpLink {
             timeout,
             closes: 0,
             lost_at: None,
+            aborted: None,
             dead: false,
             closed: false,
             prof,
@@ -394,7 +403,7 @@ impl TcpLink {
                 return true;
             }
         }
-        moved
+        moved | self.settle_abort()
     }
 
     /// `tx` on socket `k`; a failure loses what this rank still sends to the peer (every send
@@ -410,7 +419,7 @@ impl TcpLink {
                 if let Some(p) = &self.prof {
                     p.stop(s.out.take().and_then(|o| o.net));
                 }
-                set_recv_state(&self.send_region, state::LOST);
+                set_recv_state(&self.send_region, state::LOST, None);
                 true
             }
         }
@@ -428,7 +437,7 @@ impl TcpLink {
                 m
             }
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                self.end_link(state::LOST);
+                self.lost();
                 true
             }
             Err(e) => {
@@ -454,15 +463,39 @@ impl TcpLink {
             return;
         }
         match self.lost_at {
-            Some(m) if self.socks.iter().all(|s| s.rx_done || s.rx_m > m) => self.end_link(state::LOST),
-            None if self.closes == self.socks.len() => self.end_link(state::CLOSED),
+            Some(m) if self.socks.iter().all(|s| s.rx_done || s.rx_m > m) => self.lost(),
+            None if self.closes == self.socks.len() => self.end_link(state::CLOSED, None),
             _ => {}
         }
     }
 
-    /// The peer is gone, closed or failed (`s`): every wait on it, either way, ends with `s`.
-    /// Data already published in the receive FIFO is still delivered.
-    fn end_link(&mut self, s: u32) {
+    /// Ends the link after an ABORT frame, once the frames that the peer wrote before it on its
+    /// other sockets are read: it writes every socket's frames in turn, so an ABORT on one can
+    /// overtake data on another, and that data (a descriptor that explains the failure, say) is
+    /// still delivered, as shm delivers what was published before a failure.
+    fn settle_abort(&mut self) -> bool {
+        let Some((s, cause)) = self.aborted.take() else { return false };
+        for k in 0..self.socks.len() {
+            // Whatever has arrived; a socket that ends or fails has nothing more to give.
+            let _ = self.rx(k, true);
+        }
+        self.end_link(s, cause);
+        true
+    }
+
+    /// The connection is lost (a socket's stream was cut, or malformed data came), unless the
+    /// peer said why first (an ABORT on another socket), which is then what every wait reports.
+    fn lost(&mut self) {
+        match self.aborted.take() {
+            Some((s, cause)) => self.end_link(s, cause),
+            None => self.end_link(state::LOST, None),
+        }
+    }
+
+    /// The peer is gone, closed or failed (`s`, with the `cause` its ABORT gave): every wait on
+    /// it, either way, ends with `s`. Data already published in the receive FIFO is still
+    /// delivered.
+    fn end_link(&mut self, s: u32, cause: Option<Cause>) {
         self.dead = true;
         if let Some(p) = &self.prof {
             for k in &mut self.socks {
@@ -470,8 +503,8 @@ impl TcpLink {
                 p.stop(k.inp.take().and_then(|i| i.net));
             }
         }
-        set_send_state(&self.recv_region, s);
-        set_recv_state(&self.send_region, s);
+        set_send_state(&self.recv_region, s, cause);
+        set_recv_state(&self.send_region, s, cause);
     }
 
     /// Writes posted slots (and, once `end` is set, the control frame) to socket `k`, as many
@@ -521,7 +554,8 @@ impl TcpLink {
             moved = true;
             for o in &mut frames[..nf] {
                 let rest = FRAME_HDR + o.len - o.off;
-                if let (Some(p), true, None, true) = (prof, o.data, o.net, n > 0) {
+                // A frame of no data (a descriptor alone, `coll::rooted`) is no socket request.
+                if let (Some(p), true, None, true) = (prof, o.data && o.len > 0, o.net, n > 0) {
                     let step = steps[slot_of(s.tx_m, nslots)].load(Ordering::Relaxed);
                     o.net = p.start(step, s.fd, SOCK_OP_SEND, o.len);
                 }
@@ -631,7 +665,7 @@ impl TcpLink {
                 s.lo += FRAME_HDR;
                 match kind {
                     KIND_DATA if seq == seq_of(m) && len as usize <= self.slot_size => {
-                        let net = self.prof.as_ref().and_then(|p| {
+                        let net = self.prof.as_ref().filter(|_| len > 0).and_then(|p| {
                             let step = self.rx_steps[slot_of(m, self.nslots)].load(Ordering::Relaxed);
                             p.start(step, s.fd, SOCK_OP_RECV, len as usize)
                         });
@@ -647,7 +681,10 @@ impl TcpLink {
                         return Ok(true);
                     }
                     KIND_ABORT => {
-                        self.end_link(if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len });
+                        let st = if len == state::OPEN || len == state::CLOSED { state::ABORTED } else { len };
+                        let cause = Cause::decode(u64::from(desc.opseq) | (u64::from(desc.root) << 32));
+                        s.rx_done = true;
+                        self.aborted.get_or_insert((st, cause));
                         return Ok(true);
                     }
                     _ => {
@@ -772,6 +809,7 @@ impl TcpLink {
                         self.rx_or_end(k, true);
                     }
                 }
+                self.settle_abort();
                 if self.dead {
                     break;
                 }
@@ -977,8 +1015,7 @@ impl Net {
         for l in &self.links {
             let l = lock(l);
             if l.lost_unsent() {
-                let s = l.send_region.header().recv_state.0.load(Ordering::Acquire);
-                return Err(Error::remote(l.peer, state::describe(s)));
+                return Err(l.send_region.header().receiver().error(l.peer));
             }
         }
         Ok(())
@@ -1029,5 +1066,9 @@ impl Drive for Net {
             let l = lock(l);
             !l.dead && l.unsent()
         })
+    }
+
+    fn flush_writes(&self, abort: &AtomicBool, deadline: &Deadline) -> Result<()> {
+        Net::flush(self, abort, deadline)
     }
 }

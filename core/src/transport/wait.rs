@@ -13,7 +13,7 @@
 //! short slices for a shm FIFO, so its shm peer still wakes it and the sockets get their turns.
 
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const SLEEP_SLICE: Duration = Duration::from_millis(20);
@@ -55,6 +55,9 @@ pub(crate) trait Drive {
     fn block(&self, timeout: Duration);
     /// Data waits to be written: a peer may be starving while this thread sleeps.
     fn busy(&self) -> bool;
+    /// Moves data until everything posted so far is written (bounded by `deadline`, ended by
+    /// `abort`), so a peer gets it even if this rank fails before its next wait.
+    fn flush_writes(&self, abort: &AtomicBool, deadline: &Deadline) -> Result<()>;
 }
 
 /// What a wait waits for. A plain closure is a condition; `driven` adds the sockets that the
@@ -453,6 +456,9 @@ mod tests {
         }
         fn busy(&self) -> bool {
             false
+        }
+        fn flush_writes(&self, _: &AtomicBool, _: &Deadline) -> Result<()> {
+            Ok(())
         }
     }
 

@@ -267,6 +267,30 @@ fn main() -> ExitCode {
             println!("READY rank={r} pid={}", std::process::id());
             std::thread::sleep(Duration::from_secs(3600));
         }
+        // A broadcast or reduce (`args[1]`) of `args[2]` bytes where rank `args[3]` passes itself
+        // as the root and the others pass 0; prints how long the call took on this rank.
+        "roots" => {
+            let coll = args.get(1).map(String::as_str).unwrap_or("broadcast");
+            let bytes: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(256);
+            let odd = args.get(3).and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
+            let a = vec![r as f32 + 1.0; bytes / 4];
+            let mut b = vec![0f32; bytes / 4];
+            // All ranks enter the call together, so its time is the call's own.
+            if let Err(e) = comm.all_reduce_in_place(&mut [1f32], RedOp::Sum) {
+                return report(&e);
+            }
+            let root = if r == odd { odd } else { 0 };
+            let t0 = std::time::Instant::now();
+            let res = match coll {
+                "reduce" => comm.reduce(&a, &mut b, RedOp::Sum, root),
+                _ => comm.broadcast(&a, &mut b, root),
+            };
+            println!("TOOK rank={r} ms={:.3}", t0.elapsed().as_secs_f64() * 1e3);
+            match res {
+                Ok(()) => println!("OK rank={r} (no error) first={:?}", b.first()),
+                Err(e) => return report(&e),
+            }
+        }
         // Rank 1 arrives `args[1]` ms late to an all-reduce; the others should time out.
         "late" => {
             let ms: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3000);
@@ -572,7 +596,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, late, idle, hang, subcomm, metrics, dashboards, events, otlp, trace, exit-after-send (2 ranks), groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
+            eprintln!("unknown scenario {scenario:?}; expected matrix, loop, mismatch, roots, late, idle, hang, subcomm, metrics, dashboards, events, otlp, trace, exit-after-send (2 ranks), groups, split, split-bad, abort, shrink, shrink-hung or nbinit");
             return ExitCode::from(2);
         }
     }

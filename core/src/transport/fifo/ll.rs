@@ -185,7 +185,7 @@ impl SendFifo {
             wait::driven(ends.drive, done),
             &lh.acked.0,
             &lh.send_sleepers.0,
-            &mut |slow| ends.check(&h.recv_state.0, slow),
+            &mut |slow| ends.check(|| h.receiver(), slow),
             deadline,
             self.patience,
             &|| format!("sending to rank {peer} ({what})"),
@@ -286,7 +286,7 @@ impl RecvFifo {
                 return Ok(());
             }
             self.simple_instead(peer)?;
-            ends.check(&h.send_state.0, slow)
+            ends.check(|| h.sender(), slow)
         };
         wait::wait_until(
             wait::driven(ends.drive, arrived),
@@ -459,7 +459,7 @@ mod tests {
         let e = rx.ll_peek(&ends(&abort), &d).expect_err("mismatch");
         assert!(e.to_string().contains("operation mismatch") && e.to_string().contains("#3"), "{e}");
         let (tx, mut rx) = pair(4);
-        tx.set_state(state::CLOSED);
+        tx.set_state(state::CLOSED, None);
         let e = rx.ll_peek(&ends(&abort), &d).expect_err("closed");
         assert_eq!(e.kind(), crate::ErrorKind::RemoteError, "{e}");
     }

@@ -3,7 +3,7 @@
 //! on when none is, and read the other side's state. Also marks a FIFO failed from any thread
 //! (`abort()` runs beside the thread that owns the FIFO ends).
 
-use super::{state, Header, Msg, RecvFifo, Region, SendFifo, PTR_FLAG};
+use super::{Cause, Header, Msg, Notice, RecvFifo, Region, SendFifo, PTR_FLAG};
 use crate::error::{Error, Result};
 use crate::transport::wait;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -48,9 +48,9 @@ impl SendFifo {
         (&self.region.slot_hdr(i).ack, &self.region.header().send_sleepers.0)
     }
 
-    /// The receiver's state (`state::OPEN` while it takes part).
-    pub(crate) fn peer_state(&self) -> u32 {
-        self.region.header().recv_state.0.load(Ordering::Acquire)
+    /// What the receiver says about itself (`state::OPEN` while it takes part).
+    pub(crate) fn peer_notice(&self) -> Notice {
+        self.region.header().receiver()
     }
 }
 
@@ -86,10 +86,10 @@ impl RecvFifo {
         (&self.region.slot_hdr(i).seq, &self.region.header().recv_sleepers.0)
     }
 
-    /// The sender's state (`state::OPEN` while it takes part). Data it published before it left
-    /// is still delivered: check `try_peek` first.
-    pub(crate) fn peer_state(&self) -> u32 {
-        self.region.header().send_state.0.load(Ordering::Acquire)
+    /// What the sender says about itself (`state::OPEN` while it takes part). Data it published
+    /// before it left is still delivered: check `try_peek` first.
+    pub(crate) fn peer_notice(&self) -> Notice {
+        self.region.header().sender()
     }
 }
 
@@ -102,19 +102,20 @@ fn wake_all(h: &Header, r: &Region) {
     super::ll::wake_all(r);
 }
 
-/// Marks this rank's end of the FIFO it sends into as `how` (unless it already left) and wakes
-/// both sides: the receiver learns this rank is gone, and a thread of this rank waiting on the
-/// FIFO looks at its abort flag. Safe from any thread: only atomics are touched.
-pub(crate) fn fail_send_end(r: &Region, how: u32) {
+/// Marks this rank's end of the FIFO it sends into as `how`, with its `cause` (unless it
+/// already left), and wakes both sides: the receiver learns this rank is gone, and a thread of
+/// this rank waiting on the FIFO looks at its abort flag. Safe from any thread: only atomics
+/// are touched.
+pub(crate) fn fail_send_end(r: &Region, how: u32, cause: Option<Cause>) {
     let h = r.header();
-    let _ = h.send_state.0.compare_exchange(state::OPEN, how, Ordering::SeqCst, Ordering::SeqCst);
+    Notice::mark(&h.send_state.0, &h.send_cause, how, cause);
     wake_all(h, r);
 }
 
 /// As `fail_send_end`, for the FIFO this rank receives from.
-pub(crate) fn fail_recv_end(r: &Region, how: u32) {
+pub(crate) fn fail_recv_end(r: &Region, how: u32, cause: Option<Cause>) {
     let h = r.header();
-    let _ = h.recv_state.0.compare_exchange(state::OPEN, how, Ordering::SeqCst, Ordering::SeqCst);
+    Notice::mark(&h.recv_state.0, &h.recv_cause, how, cause);
     wake_all(h, r);
 }
 
