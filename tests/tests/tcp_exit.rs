@@ -41,7 +41,8 @@ fn data_sent_before_exit_without_destroy_arrives() {
 
 /// Rank 1 first sends rank 0 64 KiB that rank 0 never receives, more than rank 0's FIFO takes
 /// (2 slots of 4 KiB): at exit its socket holds unread data, and closing such a socket resets
-/// the connection, which drops what the kernel had not sent yet.
+/// the connection, which drops what the kernel had not sent yet. (No broadcast here: after an
+/// unmatched send on their channel it would fail, rightly, as an operation mismatch.)
 #[test]
 fn data_sent_before_exit_arrives_when_the_exiting_rank_left_data_unread() {
     let small_fifo = [("OCCL_FIFO_SLOTS", "2"), ("OCCL_TCP_SLOT_SIZE", "4096")];

@@ -525,6 +525,11 @@ fn main() -> ExitCode {
                 let run = || -> occl::Result<()> {
                     comm.send(&small, 1)?;
                     comm.send(&big, 1)?;
+                    // Not after data left unread: rank 1's send comes first on their ordered
+                    // channel, and the broadcast's root check would read it as a mismatch.
+                    if unread > 0 {
+                        return Ok(());
+                    }
                     comm.broadcast_in_place(&mut bcast.clone(), 0)
                 };
                 if let Err(e) = run() {
@@ -558,10 +563,12 @@ fn main() -> ExitCode {
                 let mut got = vec![0u32; big.len()];
                 comm.recv(&mut got, 0)?;
                 check("large send", &got, &big);
-                late();
-                let mut got = vec![0u32; bcast.len()];
-                comm.broadcast_in_place(&mut got, 0)?;
-                check("broadcast", &got, &bcast);
+                if unread == 0 {
+                    late();
+                    let mut got = vec![0u32; bcast.len()];
+                    comm.broadcast_in_place(&mut got, 0)?;
+                    check("broadcast", &got, &bcast);
+                }
                 Ok(wrong)
             };
             match run() {
