@@ -327,6 +327,28 @@ impl Config {
     }
 }
 
+/// Fails when some rank's `Config::shared` settings (`all`, in rank order) differ from rank 0's,
+/// naming the first variable that differs, rank 0's value and that rank's. Every rank checks
+/// the same table, so every rank fails alike and at once.
+pub(crate) fn check_alike<'a>(all: impl IntoIterator<Item = &'a [(String, String)]>) -> Result<()> {
+    let mut all = all.into_iter().enumerate();
+    let Some((_, first)) = all.next() else { return Ok(()) };
+    let shown = |v: &str| if v.is_empty() { "it unset".to_string() } else { v.to_string() };
+    for (r, theirs) in all {
+        for (name, mine) in first {
+            let other = theirs.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+            if other != Some(mine.as_str()) {
+                return Err(Error::usage(format!(
+                    "{name} differs: rank 0 has {}, rank {r} has {}; every rank must set it alike",
+                    shown(mine),
+                    other.map_or("no value for it (a different occl build?)".to_string(), shown)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,33 +416,6 @@ mod tests {
         let e = crate::Comm::init_rank(usize::MAX, &id, 0, Config::default()).expect_err("nranks");
         assert!(e.to_string().contains("1048576"), "{e}");
     }
-}
-
-/// Fails when some rank's `Config::shared` settings (`all`, in rank order) differ from rank 0's,
-/// naming the first variable that differs, rank 0's value and that rank's. Every rank checks
-/// the same table, so every rank fails alike and at once.
-pub(crate) fn check_alike<'a>(all: impl IntoIterator<Item = &'a [(String, String)]>) -> Result<()> {
-    let mut all = all.into_iter().enumerate();
-    let Some((_, first)) = all.next() else { return Ok(()) };
-    let shown = |v: &str| if v.is_empty() { "it unset".to_string() } else { v.to_string() };
-    for (r, theirs) in all {
-        for (name, mine) in first {
-            let other = theirs.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
-            if other != Some(mine.as_str()) {
-                return Err(Error::usage(format!(
-                    "{name} differs: rank 0 has {}, rank {r} has {}; every rank must set it alike",
-                    shown(mine),
-                    other.map_or("no value for it (a different occl build?)".to_string(), shown)
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn settings_that_differ_name_the_variable_and_both_values() {
