@@ -478,6 +478,27 @@ impl Ends<'_, '_> {
     }
 }
 
+/// What a gather or scatter needs to know of its call: the datatype, the root, the ranks, this
+/// rank, and the bytes of one rank's block.
+struct Rooted {
+    dt: DataType,
+    root: usize,
+    n: usize,
+    me: usize,
+    bytes: usize,
+}
+
+/// A gather's or scatter's arguments checked against `comm`; `None` when there is nothing to move.
+fn rooted(comm: &Comm, datatype: ncclDataType_t, root: i32, count: usize) -> Result<Option<Rooted>> {
+    let (dt, root) = (dtype(datatype)?, root_of(root)?);
+    let (n, me) = (comm.nranks(), comm.rank());
+    if root >= n {
+        return Err(arg(format!("root {root} is out of range for nranks={n}")));
+    }
+    let bytes = count.checked_mul(dt.size()).ok_or_else(|| arg("count overflows"))?;
+    Ok((count > 0).then_some(Rooted { dt, root, n, me, bytes }))
+}
+
 export! {
     /// Every rank's `count` elements into the root's `recvbuff`, in rank order.
     fn ncclGather / pncclGather(
@@ -491,16 +512,9 @@ export! {
     ) -> ncclResult_t {
         guard("ncclGather", || unsafe {
             call("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
-                let (dt, root) = (dtype(datatype)?, root_of(root)?);
-                let inner = c.comm()?;
-                let (n, me) = (inner.nranks(), inner.rank());
-                if root >= n {
-                    return Err(arg(format!("root {root} is out of range for nranks={n}")));
-                }
-                let bytes = count.checked_mul(dt.size()).ok_or_else(|| arg("count overflows"))?;
-                if count == 0 {
+                let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
                     return Ok(());
-                }
+                };
                 let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
                 let e = Ends { c, path: &path, dt, count };
                 grouped(e.is_device(), || {
@@ -531,16 +545,9 @@ export! {
     ) -> ncclResult_t {
         guard("ncclScatter", || unsafe {
             call("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
-                let (dt, root) = (dtype(datatype)?, root_of(root)?);
-                let inner = c.comm()?;
-                let (n, me) = (inner.nranks(), inner.rank());
-                if root >= n {
-                    return Err(arg(format!("root {root} is out of range for nranks={n}")));
-                }
-                let bytes = count.checked_mul(dt.size()).ok_or_else(|| arg("count overflows"))?;
-                if count == 0 {
+                let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
                     return Ok(());
-                }
+                };
                 let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
                 let e = Ends { c, path: &path, dt, count };
                 grouped(e.is_device(), || {
