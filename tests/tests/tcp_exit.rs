@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{env, run_job};
+use common::{assert_all_ok, env, run_job};
 use occl_tests::launch::Spawn;
 use std::time::{Duration, Instant};
 
@@ -19,15 +19,7 @@ fn run(case: &str, vars: &[(&str, &str)], args: &[&str], rounds: usize) {
     for round in 0..rounds {
         let t = Instant::now();
         let outs = run_job(2, args, Spawn { env: env(&all), ..Spawn::default() }, Duration::from_secs(60));
-        for o in &outs {
-            assert!(
-                o.status.success() && o.output.contains("OK rank="),
-                "{case}, round {round}: rank {} failed ({}):\n{}",
-                o.rank,
-                o.status,
-                o.output
-            );
-        }
+        assert_all_ok(&outs, &format!("{case}, round {round}"));
         assert!(outs[1].output.contains("received every byte"), "{case}: {}", outs[1].output);
         assert!(t.elapsed() < Duration::from_secs(30), "{case}, round {round}: took {:?}", t.elapsed());
     }
