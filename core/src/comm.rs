@@ -541,6 +541,13 @@ impl Comm {
         self.tuner.choose(coll, bytes).map_or("none", |c| c.proto.name())
     }
 
+    /// The tuner's predicted µs for `coll` with `bytes` per rank (per block for all-gather and
+    /// reduce-scatter), priced for the algorithm and protocol it would choose; `InvalidUsage`
+    /// where `OCCL_ALGO`/`OCCL_PROTO` leave nothing, as for the call itself.
+    pub fn predicted_us(&self, coll: CollType, bytes: usize) -> Result<f64> {
+        self.tuner.predict(coll, bytes)
+    }
+
     /// Attaches a profiler sink to this communicator alone (the registered profilers of
     /// `occl_telemetry::profiler` reach every communicator). It sees operations that start
     /// after this call; `detach_sink` or `destroy` finalizes it.

@@ -66,7 +66,7 @@ pub use comm::Comm;
 pub use config::{Config, TransportKind};
 pub use dtype::{DataType, Element, RedOp};
 pub use error::{Error, ErrorKind, Result};
-pub use group::{group, group_depth, group_end, group_start, Group};
+pub use group::{group, group_depth, group_end, group_simulate_end, group_start, Group};
 pub use hostmem::HostBuf;
 pub use id::UniqueId;
 pub use lifecycle::{InitState, PendingComm, ShrinkMode, OCCL_SPLIT_NOCOLOR};

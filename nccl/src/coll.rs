@@ -13,7 +13,7 @@ use crate::group;
 use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
 use crate::p2p;
 use occl::cuda::kernels::cudarc::driver::CudaStream;
-use occl::{Comm, DataType, RedOp};
+use occl::{CollType, Comm, DataType, RedOp};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -37,10 +37,12 @@ unsafe fn call(
     comm: ncclComm_t,
     stream: cudaStream_t,
     bufs: &[*const c_void],
-    f: impl FnOnce(&Arc<NcclComm>, Path<'_>) -> Result<()>,
+    cost: Option<Cost>,
+    f: impl FnOnce(&Arc<NcclComm>, Path<'_>) -> Result<()> + 'static,
 ) -> Result<ncclResult_t> {
     // SAFETY: the caller's contract.
     let c = unsafe { NcclComm::from_handle(comm)? };
+    c.check_live(name)?;
     let inner = c.comm()?;
     let device = c.device()?;
     let path = match device {
@@ -48,6 +50,17 @@ unsafe fn call(
             let _restore = gpu::Restore::new();
             // SAFETY: the caller's contract.
             let s = unsafe { gpu::stream(d.cc.context(), stream, name)? };
+            if let (Some(cost), true) = (cost, group::is_open()) {
+                defer(Deferred {
+                    name,
+                    comm: c.clone(),
+                    stream: s,
+                    stream_addr: stream as usize,
+                    cost,
+                    run: Box::new(f),
+                });
+                return Ok(ncclSuccess);
+            }
             return f(&c, Path::Device(d, s, stream as usize)).inspect_err(|e| c.note(name, e)).map(|()| ncclSuccess);
         }
         _ => Path::Host(inner),
@@ -67,6 +80,81 @@ unsafe fn call(
     }
     f(&c, path).inspect_err(|e| c.note(name, e))?;
     Ok(ncclSuccess)
+}
+
+/// What a device collective costs, for `ncclGroupSimulateEnd`: its type and NCCL's count.
+#[derive(Clone, Copy)]
+struct Cost {
+    coll: CollType,
+    count: usize,
+    datatype: ncclDataType_t,
+}
+
+fn cost(coll: CollType, count: usize, datatype: ncclDataType_t) -> Option<Cost> {
+    Some(Cost { coll, count, datatype })
+}
+
+/// A device collective called inside a group: run at the outermost `ncclGroupEnd`, in call
+/// order, or dropped and priced by `ncclGroupSimulateEnd`, which must launch nothing.
+struct Deferred {
+    name: &'static str,
+    comm: Arc<NcclComm>,
+    stream: Arc<CudaStream>,
+    stream_addr: usize,
+    cost: Cost,
+    run: DeviceCall,
+}
+
+/// A collective's body, run on its device path.
+type DeviceCall = Box<dyn FnOnce(&Arc<NcclComm>, Path<'_>) -> Result<()>>;
+
+thread_local! {
+    static DEFERRED: std::cell::RefCell<Vec<Deferred>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn defer(d: Deferred) {
+    DEFERRED.with(|q| q.borrow_mut().push(d));
+}
+
+fn take_deferred() -> Vec<Deferred> {
+    DEFERRED.with(|q| std::mem::take(&mut *q.borrow_mut()))
+}
+
+/// Runs the group's device collectives in call order; each runs even when an earlier one
+/// failed (its peers wait for it), and the first error is returned.
+pub(crate) fn run_deferred() -> Result<()> {
+    let calls = take_deferred();
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let _restore = gpu::Restore::new();
+    let mut first = Ok(());
+    for d in calls {
+        let r = match d.comm.device() {
+            Ok(Some(dev)) => (d.run)(&d.comm, Path::Device(dev, d.stream, d.stream_addr)),
+            Ok(None) => Err(crate::error::internal("a device collective on a host communicator")),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            d.comm.note(d.name, &e);
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first
+}
+
+/// Drops the group's device collectives (a group that failed, or a simulated one) and returns
+/// their predicted µs.
+pub(crate) fn discard_deferred() -> Result<f64> {
+    let mut us = 0.0;
+    for d in take_deferred() {
+        if let Some(dev) = d.comm.device()? {
+            us += dev.cc.predicted_us(d.cost.coll, d.cost.count, dtype(d.cost.datatype)?)?;
+        }
+    }
+    Ok(us)
 }
 
 /// A built-in operator for a device call; a pre-multiply sum is refused, naming it.
@@ -230,7 +318,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllReduce", || unsafe {
-            call("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
+            call("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllReduce, count, datatype), move |c, path| {
                 let dt = dtype(datatype)?;
                 match path {
                     Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
@@ -258,7 +346,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclBroadcast", || unsafe {
-            call("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, path| match path {
+            call("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::Broadcast, count, datatype), move |_, path| match path {
                 Path::Host(inner) => {
                     inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
                 }
@@ -281,7 +369,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclBcast", || unsafe {
-            call("ncclBcast", comm, stream, &[buff.cast_const()], |_, path| match path {
+            call("ncclBcast", comm, stream, &[buff.cast_const()], cost(CollType::Broadcast, count, datatype), move |_, path| match path {
                 Path::Host(inner) => {
                     inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
                 }
@@ -306,7 +394,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduce", || unsafe {
-            call("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
+            call("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::Reduce, count, datatype), move |c, path| {
                 let dt = dtype(datatype)?;
                 let root = root_of(root)?;
                 match path {
@@ -334,7 +422,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllGather", || unsafe {
-            call("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, path| match path {
+            call("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllGather, sendcount, datatype), move |_, path| match path {
                 Path::Host(inner) => inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?),
                 Path::Device(d, s, _) => {
                     d.cc.all_gather_raw(&s, sendbuff as u64, recvbuff as u64, sendcount, dtype(datatype)?)
@@ -356,7 +444,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduceScatter", || unsafe {
-            call("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
+            call("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::ReduceScatter, recvcount, datatype), move |c, path| {
                 let dt = dtype(datatype)?;
                 match path {
                     Path::Host(inner) => {
@@ -388,7 +476,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAlltoAll", || unsafe {
-            call("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], |_, path| match path {
+            call("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllToAll, count, datatype), move |_, path| match path {
                 Path::Host(inner) => inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?),
                 Path::Device(d, s, _) => {
                     d.cc.all_to_all_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?)
@@ -511,7 +599,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclGather", || unsafe {
-            call("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
+            call("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], None, move |c, path| {
                 let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
                     return Ok(());
                 };
@@ -544,7 +632,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclScatter", || unsafe {
-            call("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], |c, path| {
+            call("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], None, move |c, path| {
                 let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
                     return Ok(());
                 };
@@ -576,7 +664,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclSend", || unsafe {
-            call("ncclSend", comm, stream, &[sendbuff], |c, path| {
+            call("ncclSend", comm, stream, &[sendbuff], None, move |c, path| {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
                 match path {
                     Path::Host(inner) => inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer),
@@ -598,7 +686,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclRecv", || unsafe {
-            call("ncclRecv", comm, stream, &[recvbuff.cast_const()], |c, path| {
+            call("ncclRecv", comm, stream, &[recvbuff.cast_const()], None, move |c, path| {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
                 match path {
                     Path::Host(inner) => inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer),

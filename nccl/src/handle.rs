@@ -10,7 +10,7 @@ use crate::abi::*;
 use crate::error::{arg, is_fatal, usage, Result};
 use crate::gpu::DevComm;
 use occl::{Comm, Error};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -61,6 +61,8 @@ pub struct NcclComm {
     /// Live `ncclCommRegister` and `ncclCommWindowRegister` handles (addresses of their boxes
     /// and the boxed type), so a stale or foreign handle is refused rather than freed.
     pub(crate) registrations: Mutex<Vec<(usize, std::any::TypeId)>>,
+    /// `ncclCommRevoke` stopped it: no more operations, only shrink or destroy.
+    revoked: AtomicBool,
 }
 
 // Calls on one communicator come from several threads (a collective on one, an abort or an
@@ -96,6 +98,7 @@ impl NcclComm {
             opts,
             ops: Mutex::new(Vec::new()),
             registrations: Mutex::new(Vec::new()),
+            revoked: AtomicBool::new(false),
         }
     }
 
@@ -191,14 +194,36 @@ impl NcclComm {
         }
     }
 
+    /// Marks the communicator revoked; false if it already was.
+    pub(crate) fn revoke(&self) -> bool {
+        !self.revoked.swap(true, Ordering::AcqRel)
+    }
+
+    /// Refuses an operation on a revoked communicator.
+    pub(crate) fn check_live(&self, name: &str) -> Result<()> {
+        if self.revoked.load(Ordering::Acquire) {
+            return Err(usage(format!(
+                "{name}: the communicator was revoked (ncclCommRevoke); shrink it (ncclCommShrink) or destroy it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forgets the errors that revoking caused in the operations it stopped: a revoked
+    /// communicator is quiescent, and reports success until it is destroyed.
+    pub(crate) fn quiesced(&self) {
+        self.async_err.store(ncclSuccess, Ordering::Release);
+    }
+
     /// What `ncclCommGetAsyncError` reports: `ncclInProgress` during a background init, the
-    /// init's failure, else the first fatal error a call met.
+    /// init's failure, success once revoked, else the first fatal error a call met.
     pub(crate) fn async_error(&self) -> ncclResult_t {
         if !self.settle(false) {
             return ncclInProgress;
         }
         match self.state.get() {
             Some(Err((code, _))) => *code,
+            Some(Ok(_)) if self.revoked.load(Ordering::Acquire) => ncclSuccess,
             Some(Ok(Made::Device(d))) if self.async_err.load(Ordering::Acquire) == ncclSuccess => {
                 // A device kernel that waited past OCCL_TIMEOUT for a peer, or a staged host
                 // collective that failed, is the communicator's asynchronous error.

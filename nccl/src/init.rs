@@ -230,6 +230,12 @@ export! {
         guard("ncclCommSplit", || {
             // SAFETY: the caller's contract.
             let parent = unsafe { NcclComm::from_handle(comm)? };
+            if parent.check_live("ncclCommSplit").is_err() {
+                return Err(crate::error::usage(
+                    "ncclCommSplit: the communicator was revoked (ncclCommRevoke), which stops its bootstrap as well; \
+                     ncclCommShrink (excluding no rank) makes a working copy of it, which can be split",
+                ));
+            }
             let opts = if config.is_null() { parent.opts.clone() } else { unsafe { Options::read(config)? } };
             // SAFETY: newcomm writable (the caller's contract).
             unsafe { put(newcomm, std::ptr::null_mut())? };
@@ -295,6 +301,7 @@ export! {
         guard("ncclCommFinalize", || {
             // SAFETY: the caller's contract.
             let c = unsafe { NcclComm::from_handle(comm)? };
+            c.check_live("ncclCommFinalize")?;
             c.comm()?;
             if let Some(d) = c.device()? {
                 d.synchronize();
@@ -347,6 +354,39 @@ export! {
             }
             // SAFETY: the handle's own reference, not used again.
             unsafe { NcclComm::release(comm) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+export! {
+    /// Stops every operation in flight on the communicator, here and (through occl's abort) on
+    /// its peers, and returns once it is quiescent (device work drained). Operations on it are
+    /// refused from then on; it can be shrunk (excluding no rank gives a working copy) or
+    /// destroyed.
+    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: i32) -> ncclResult_t {
+        guard("ncclCommRevoke", || {
+            if comm.is_null() {
+                return Ok(ncclSuccess);
+            }
+            if revokeFlags != 0 {
+                return Err(arg(format!("revokeFlags {revokeFlags:#x}: use NCCL_REVOKE_DEFAULT (0)")));
+            }
+            // SAFETY: the caller's contract.
+            let c = unsafe { NcclComm::from_handle(comm)? };
+            let inner = c.comm()?;
+            if !c.revoke() {
+                return Err(arg("the communicator is already revoked"));
+            }
+            inner.abort();
+            if let Some(d) = c.device()? {
+                let _restore = gpu::Restore::new();
+                if let Err(e) = d.cc.abort_device() {
+                    tracing::warn!("occl-nccl: ncclCommRevoke could not stop the device kernels: {e}");
+                }
+                d.synchronize();
+            }
+            c.quiesced();
             Ok(ncclSuccess)
         })
     }

@@ -6,9 +6,8 @@
 //! graphs, and its sends and receives run staged through pinned host memory (`p2p`). In a
 //! process without the CUDA driver a call with a NULL stream and host buffers runs occl's host
 //! collective and has completed when it returns. Every function this build does not implement
-//! (the device API, `ncclCommRevoke`, `ncclGroupSimulateEnd`) returns `ncclInvalidUsage`,
-//! naming itself in `ncclGetLastError`, so that a program linked against NVIDIA's library
-//! always loads this one and never finds a symbol missing.
+//! (`stubs`) returns `ncclInvalidUsage`, naming itself in `ncclGetLastError`, so that a program
+//! linked against NVIDIA's library always loads this one and never finds a symbol missing.
 //!
 //! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
 //! → `error` (result codes, the last error, the panic barrier) → `device` (is a pointer GPU

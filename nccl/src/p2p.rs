@@ -53,6 +53,19 @@ pub(crate) fn discard() {
     PENDING.with(|p| p.borrow_mut().clear());
 }
 
+/// Drops the collected calls of a simulated group and returns their predicted µs.
+pub(crate) fn simulate() -> Result<f64> {
+    let ops = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    let mut us = 0.0;
+    for o in &ops {
+        if let Some(d) = o.comm.device()? {
+            let coll = if o.send { occl::CollType::Send } else { occl::CollType::Recv };
+            us += d.cc.predicted_us(coll, o.count, o.dt)?;
+        }
+    }
+    Ok(us)
+}
+
 /// A send or receive as the host function runs it, on pinned memory.
 struct HostOp {
     /// Alive until the host function has run: `ncclCommDestroy`/`Abort` synchronise the device

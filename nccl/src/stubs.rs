@@ -47,10 +47,6 @@ macro_rules! refuse {
     };
 }
 
-refuse!(fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: i32) -> ncclResult_t,
-    "use ncclCommAbort, or ncclCommShrink with NCCL_SHRINK_ABORT");
-refuse!(fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut c_void) -> ncclResult_t,
-    "occl has no GPU cost model to simulate a group with; use ncclGroupEnd");
 refuse!(fn ncclDevCommCreate / pncclDevCommCreate(
     comm: ncclComm_t, reqs: *const c_void, outDevComm: *mut c_void) -> ncclResult_t,
     DEVICE_API);

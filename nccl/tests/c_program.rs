@@ -30,6 +30,7 @@ fn program() -> &'static Path {
             .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
             .arg(manifest.join("include"))
             .arg(manifest.join("tests/c/host_collectives.c"))
+            .arg("-pthread")
             .arg("-L")
             .arg(&dir)
             .arg("-lnccl")

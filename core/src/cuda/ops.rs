@@ -288,6 +288,12 @@ impl CudaComm {
         Ok(if self.reduce_scatter_mode(count, dt)? == Mode::ReduceScatterRing { "ring" } else { "direct" })
     }
 
+    /// The device tuner's predicted µs for `coll` of `count` elements of `dt` per rank (per
+    /// block for all-gather, reduce-scatter and all-to-all): what `ncclGroupSimulateEnd` reports.
+    pub fn predicted_us(&self, coll: CollType, count: usize, dt: DataType) -> Result<f64> {
+        self.tuner.predict(coll, count.saturating_mul(dt.size()))
+    }
+
     /// Runs every later all-reduce with `algo` (`None`: the tuner's choice again), as a
     /// per-communicator `OCCL_ALGO`; every rank must set the same. Ring needs 2 ranks or more.
     pub fn force_all_reduce(&self, algo: Option<DevAlgo>) -> Result<()> {

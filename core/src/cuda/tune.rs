@@ -69,6 +69,12 @@ impl DevModel {
         hops * self.alpha_us + b * link / self.link_bpus + b * mem / self.mem_bpus
     }
 
+    /// Predicted µs of a one-hop operation that puts `link` bytes on this GPU's busiest link
+    /// (through the switch: `direct`) and folds or copies `mem` bytes in device memory.
+    fn one_hop(&self, n: usize, link: f64, mem: f64) -> f64 {
+        self.alpha_us + link * self.direct(n) / self.link_bpus + mem / self.mem_bpus
+    }
+
     /// The factor on a direct step's link time at `n` ranks.
     fn direct(&self, n: usize) -> f64 {
         1.0 + self.direct_per_rank * n.saturating_sub(2) as f64
@@ -173,6 +179,25 @@ impl DevTuner {
         self.rs.ring(n, m.reduce_scatter(false, n, bytes), m.reduce_scatter(true, n, bytes))
     }
 
+    /// Predicted µs of `coll` with `bytes` per rank as NCCL counts them (per block for
+    /// all-gather, reduce-scatter and all-to-all), run the way this tuner chooses.
+    pub(crate) fn predict(&self, coll: CollType, bytes: usize) -> Result<f64> {
+        let (m, n) = (&self.model, self.nranks);
+        let (peers, b) = (n.saturating_sub(1) as f64, bytes as f64);
+        Ok(match coll {
+            CollType::AllReduce => m.time(self.choose(bytes), n, bytes),
+            CollType::Broadcast => m.broadcast(self.broadcast_ring(bytes)?, n, bytes),
+            CollType::ReduceScatter => {
+                let input = bytes.saturating_mul(n);
+                m.reduce_scatter(self.reduce_scatter_ring(input)?, n, input)
+            }
+            // Every peer's copy arrives over the root's link, which folds them all.
+            CollType::Reduce => m.one_hop(n, peers * b, (peers + 1.0) * b),
+            CollType::AllGather | CollType::AllToAll => m.one_hop(n, peers * b, 0.0),
+            _ => m.one_hop(2, b, 0.0),
+        })
+    }
+
     /// The all-reduce algorithm for `bytes` per rank.
     pub(crate) fn choose(&self, bytes: usize) -> DevAlgo {
         let mut best = (self.allowed[0], f64::INFINITY);
@@ -236,6 +261,30 @@ mod tests {
         assert!(tuner(Some("reducescatter:ring"), 2).expect("tuner").reduce_scatter_ring(8).expect("forced"));
         let e = tuner(Some("reducescatter:pat"), 4).expect("tuner").reduce_scatter_ring(8).expect_err("no pat");
         assert!(e.to_string().contains("device reduce-scatter"), "{e}");
+    }
+
+    #[test]
+    fn predictions_follow_the_choice_and_grow_with_size() {
+        let t = tuner(None, 4).unwrap();
+        for bytes in [8, 1 << 20, 1 << 30] {
+            let ar = t.predict(CollType::AllReduce, bytes).unwrap();
+            assert_eq!(ar, t.model.time(t.choose(bytes), 4, bytes));
+        }
+        for coll in [
+            CollType::AllReduce,
+            CollType::Broadcast,
+            CollType::Reduce,
+            CollType::AllGather,
+            CollType::ReduceScatter,
+            CollType::AllToAll,
+            CollType::Send,
+        ] {
+            let (small, big) = (t.predict(coll, 8).unwrap(), t.predict(coll, 64 << 20).unwrap());
+            assert!(small > 0.0 && big > 10.0 * small, "{coll:?}: {small} µs at 8 B, {big} µs at 64 MiB");
+        }
+        // A forced algorithm that leaves nothing for a collective fails its prediction as the call.
+        let neither = tuner(Some("broadcast:tree"), 4).unwrap();
+        assert!(neither.predict(CollType::Broadcast, 1 << 20).is_err());
     }
 
     #[test]

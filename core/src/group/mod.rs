@@ -122,6 +122,33 @@ pub fn group_end() -> Result<()> {
     exec::run(open.members, open.tasks)
 }
 
+/// Closes one level like `group_end`, but the outermost level runs nothing: it drops every
+/// collected call and returns the tuner's predicted µs for them, summed
+/// (`ncclGroupSimulateEnd`). Inner levels return 0.
+pub fn group_simulate_end() -> Result<f64> {
+    let depth = DEPTH.with(Cell::get);
+    if depth == 0 {
+        return Err(Error::usage("group_simulate_end() without a matching group_start() on this thread"));
+    }
+    DEPTH.with(|d| d.set(depth - 1));
+    if depth > 1 {
+        return Ok(0.0);
+    }
+    let open = OPEN.with(|o| std::mem::take(&mut *o.borrow_mut()));
+    if let Some(e) = open.lost {
+        return Err(e);
+    }
+    let mut us = 0.0;
+    for t in &open.tasks {
+        // SAFETY: as in `exec::run`: a communicator with calls in the open group lives until the
+        // group ends (destroying one removes its calls).
+        let comm = unsafe { &*t.comm };
+        us += comm.predicted_us(t.call.coll, t.call.count.saturating_mul(t.call.dt.size()))?;
+    }
+    // The members' events stop as they drop, with nothing launched under them.
+    Ok(us)
+}
+
 /// The nesting depth of this thread's open group (0: none).
 pub fn group_depth() -> usize {
     DEPTH.with(Cell::get)

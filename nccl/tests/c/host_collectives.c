@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <nccl.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,7 @@ static int me, n;
     }                                                                                          \
   } while (0)
 
-#define NIDS 9
+#define NIDS 10
 
 static double now(void) {
   struct timespec t;
@@ -321,6 +322,34 @@ static void check_p2p_and_groups(ncclComm_t comm) {
   NCCL(ncclGroupEnd());
   for (int j = 0; j < 64; j++) CHECK(ar[j] == n * (n - 1) / 2 + n * j);
   for (int j = 0; j < 32; j++) CHECK(b[j] == j * 3);
+
+  /* A simulated group prices its calls and runs none of them; the next group runs normally. */
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  for (int j = 0; j < 64; j++) ar[j] = -1;
+  NCCL(ncclGroupStart());
+  NCCL(ncclAllReduce(a, ar, 64, ncclInt32, ncclSum, comm, NULL));
+  NCCL(ncclGroupSimulateEnd(&sim));
+  CHECK(sim.estimatedTime > 0 && sim.estimatedTime < 1e6);
+  for (int j = 0; j < 64; j++) CHECK(ar[j] == -1);
+  ncclSimInfo_t big = NCCL_SIM_INFO_INITIALIZER;
+  for (size_t j = 0; j < count; j++) r[j] = -1;
+  NCCL(ncclGroupStart());
+  NCCL(ncclAllReduce(a, ar, 64, ncclInt32, ncclSum, comm, NULL));
+  NCCL(ncclRecv(r, count, ncclFloat64, prev, comm, NULL));
+  NCCL(ncclSend(s, count, ncclFloat64, next, comm, NULL));
+  NCCL(ncclGroupSimulateEnd(&big));
+  CHECK(big.estimatedTime > sim.estimatedTime);
+  for (size_t j = 0; j < count; j++) CHECK(r[j] == -1);
+  ncclSimInfo_t bad = NCCL_SIM_INFO_INITIALIZER;
+  bad.magic = 0;
+  NCCL(ncclGroupStart());
+  NCCL(ncclAllReduce(a, ar, 64, ncclInt32, ncclSum, comm, NULL));
+  CHECK(ncclGroupSimulateEnd(&bad) == ncclInvalidArgument); /* closes the group, runs nothing */
+  for (int j = 0; j < 64; j++) CHECK(ar[j] == -1);
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK(ncclGroupSimulateEnd(&sim) == ncclInvalidUsage);
+  NCCL(ncclAllReduce(a, ar, 64, ncclInt32, ncclSum, comm, NULL));
+  for (int j = 0; j < 64; j++) CHECK(ar[j] == n * (n - 1) / 2 + n * j);
   free(s); free(r); free(self);
 }
 
@@ -401,10 +430,6 @@ static void check_refusals(ncclComm_t comm) {
   /* Functions this build does not implement exist, refuse and name themselves. */
   CHECK(ncclDevCommCreate(comm, NULL, NULL) == ncclInvalidUsage);
   CHECK(strstr(ncclGetLastError(NULL), "ncclDevCommCreate") != NULL);
-  CHECK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT) == ncclInvalidUsage);
-  CHECK(strstr(ncclGetLastError(NULL), "ncclCommRevoke") != NULL);
-  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
-  CHECK(ncclGroupSimulateEnd(&sim) == ncclInvalidUsage);
   CHECK(ncclTeamRankToWorld(comm, ncclTeamWorld(comm), 0) == -1);
   CHECK(pncclDevCommDestroy(comm, NULL) == ncclInvalidUsage);
   CHECK(strstr(pncclGetLastError(NULL), "ncclDevCommDestroy") != NULL);
@@ -537,6 +562,59 @@ static void check_abort(ncclUniqueId id) {
   NCCL(ncclCommAbort(c));
 }
 
+struct blocked {
+  ncclComm_t c;
+  ncclResult_t r;
+};
+
+static void* recv_from_1(void* p) {
+  struct blocked* b = p;
+  float buf[16];
+  b->r = ncclRecv(buf, 16, ncclFloat32, 1, b->c, NULL);
+  return NULL;
+}
+
+/* Rank 0 revokes while a thread of its own waits on a receive that never comes; every rank
+ * then revokes, finds the communicator quiescent and closed to operations, and shrinks it
+ * (excluding nobody) into a working one. */
+static void check_revoke(ncclUniqueId id) {
+  ncclComm_t c;
+  NCCL(ncclCommInitRank(&c, n, id, me));
+  check_sum_small(c, n, all_ranks);
+  CHECK(ncclCommRevoke(c, 1) == ncclInvalidArgument);
+  CHECK(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT) == ncclSuccess);
+  if (me == 0) {
+    struct blocked b = {c, ncclSuccess};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, recv_from_1, &b) == 0);
+    usleep(200000);
+    double t0 = now();
+    NCCL(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT));
+    CHECK(pthread_join(t, NULL) == 0);
+    CHECK(b.r != ncclSuccess && b.r != ncclInProgress);
+    CHECK(now() - t0 < 2.5);
+  } else {
+    usleep(400000);
+    NCCL(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT));
+  }
+  ncclResult_t async;
+  NCCL(ncclCommGetAsyncError(c, &async));
+  CHECK(async == ncclSuccess);
+  float x[4] = {0}, y[4];
+  CHECK(ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, c, NULL) == ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(NULL), "revoked") != NULL);
+  CHECK(ncclCommFinalize(c) == ncclInvalidUsage);
+  CHECK(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT) == ncclInvalidArgument);
+  ncclComm_t s;
+  NCCL(ncclCommShrink(c, NULL, 0, &s, NULL, NCCL_SHRINK_DEFAULT));
+  check_sum_small(s, n, all_ranks);
+  NCCL(ncclCommDestroy(s));
+  ncclComm_t sp;
+  CHECK(ncclCommSplit(c, 0, me, &sp, NULL) == ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(NULL), "ncclCommShrink") != NULL);
+  NCCL(ncclCommDestroy(c));
+}
+
 static void check_shrink(ncclComm_t comm) {
   /* The last rank is excluded and does not call; the others go on without it. */
   if (me == n - 1) return;
@@ -628,6 +706,7 @@ int main(int argc, char** argv) {
   check_shrink(comm);
   NCCL(ncclCommFinalize(comm));
   NCCL(ncclCommDestroy(comm));
+  check_revoke(ids[9]);
   /* Last, on a fresh id of its own: rank 0 aborts while the others wait on it. */
   check_abort(ids[8]);
   printf("OK rank %d\n", me);

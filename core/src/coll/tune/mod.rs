@@ -205,6 +205,13 @@ impl Tuner {
         Ok(choice)
     }
 
+    /// The model's µs for `coll` with `bytes` per rank, run as `choose` would run it: what
+    /// `ncclGroupSimulateEnd` reports.
+    pub(crate) fn predict(&self, coll: CollType, bytes: usize) -> Result<f64> {
+        let c = self.choose(coll, bytes)?;
+        Ok(self.price(coll, c, bytes))
+    }
+
     /// The protocols this communicator's links run: LL needs shared memory on every link.
     fn protocols(&self) -> &'static [(Proto, &'static str)] {
         match self.link {
