@@ -18,14 +18,14 @@ use crate::profile::{op::OpDescr, OpProf, Profiling};
 use crate::record::{self, CollType, OpRecord};
 use crate::register::InPlace;
 use crate::transport::fifo::{state, Cause, Desc};
-use crate::transport::wait::{Deadline, Drive};
 use crate::transport::{self, Peer};
+use crate::wait::{Deadline, Drive};
 use occl_ras::mesh::PeerAddr;
 use occl_ras::record::{CommId, RankInfo};
 use occl_telemetry::flight::{FlightComm, FlightRecorder, OpInfo, RootOrPeer};
 use occl_telemetry::Note;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A communicator: one rank's membership in a group of `nranks` ranks.
@@ -42,8 +42,10 @@ pub struct Comm {
     ras_joined: AtomicBool,
     /// The last operations of this rank (`OCCL_FLIGHT_RECORDER_SIZE`), for dumps and RAS.
     pub(crate) flight: Arc<FlightRecorder>,
-    /// What abort, split and shrink need outside the operation lock (`crate::lifecycle`).
-    pub(crate) lifecycle: crate::lifecycle::Lifecycle,
+    /// Every connected peer's ends, outside the operation lock: abort and failure propagation.
+    pub(crate) ends: transport::peers::PeerTable,
+    /// What a shrink needs to start a successor without the failed ranks.
+    pub(crate) successor: Successor,
     /// Picks each operation's algorithm and protocol.
     pub(crate) tuner: Tuner,
     /// The ring, chain and tree order: ranks of one host next to each other.
@@ -55,6 +57,18 @@ pub struct Comm {
     /// This host's ranks and the cores they share: the registered path's helper threads.
     host_share: (usize, usize),
     inner: Mutex<Inner>,
+}
+
+/// What a shrink needs to start its successor (`lifecycle/shrink.rs`) without a round of
+/// address exchange that the failed ranks could not take part in.
+pub(crate) struct Successor {
+    /// The job secret of this communicator (the successor's is derived from it).
+    pub secret: [u8; 16],
+    /// This rank's transport listener (its address is in every peer's table), kept open so
+    /// that a shrink whose new rank 0 this rank is can serve the new root on it.
+    pub listener: Option<std::net::TcpListener>,
+    /// Shrinks started from this communicator; part of each successor's secret.
+    pub shrinks: AtomicU32,
 }
 
 pub(crate) struct Inner {
@@ -341,7 +355,8 @@ impl Comm {
             crate::ras::joined();
         }
         let ras_joined = AtomicBool::new(ras.is_some());
-        let lifecycle = crate::lifecycle::Lifecycle::new(id.secret, kept_listener, &peers);
+        let ends = transport::peers::PeerTable::new(&peers);
+        let successor = Successor { secret: id.secret, listener: kept_listener, shrinks: AtomicU32::new(0) };
         record.initialized();
         timer.lap(crate::init_timer::Phase::Rest);
         timer.report(rank, nranks, ids.len());
@@ -359,7 +374,8 @@ impl Comm {
             pids: table.iter().map(|p| p.pid).collect(),
             host_share,
             abort: AtomicBool::new(false),
-            lifecycle,
+            ends,
+            successor,
             prof,
             ras_joined,
             inner: Mutex::new(Inner {
@@ -452,7 +468,7 @@ impl Comm {
     /// shm peers on their first operation together (`OCCL_RUNTIME_CONNECT=0`: at init). Does
     /// not wait for an operation in flight.
     pub fn connected_peers(&self) -> Vec<usize> {
-        let mut v: Vec<usize> = self.lifecycle.ends().iter().map(|e| e.peer).collect();
+        let mut v: Vec<usize> = self.ends.ends().iter().map(|e| e.peer).collect();
         v.sort_unstable();
         v
     }
@@ -574,7 +590,7 @@ impl Comm {
         self.reg.fail();
         self.record.aborted();
         let cause = Cause { origin: self.rank as u32, state: state::ABORTED };
-        self.lifecycle.fail_peers(state::ABORTED, cause);
+        self.ends.fail_peers(state::ABORTED, cause);
     }
 
     /// Leaves the communicator: peers learn that this rank is done, tcp sends are flushed, and
@@ -655,7 +671,7 @@ impl Comm {
         }
         // This rank's own state is its failure when it started here, else ABORTED (it failed
         // because of another rank, which the cause names).
-        let cause = self.lifecycle.cause_of(&e, self.rank);
+        let cause = self.ends.cause_of(&e, self.rank);
         let how = if cause.origin as usize == self.rank { cause.state } else { state::ABORTED };
         tracing::error!("occl: rank {} {} failed: {e}", self.rank, coll.name());
         self.reg.fail();
@@ -800,7 +816,7 @@ impl Comm {
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
                 prof: prof.as_ref(),
                 record: &self.record,
-                members: Some(&self.lifecycle),
+                members: Some(&self.ends),
                 order,
             };
             f(&mut ctx, algo)
@@ -852,9 +868,9 @@ impl Comm {
             abort: &self.abort,
             deadline: Deadline::after(self.config.timeout),
             patience: if self.tuner.oversubscribed() {
-                crate::transport::wait::Patience::Share
+                crate::wait::Patience::Share
             } else {
-                crate::transport::wait::Patience::Eager
+                crate::wait::Patience::Eager
             },
             threads: self.config.reg_threads,
             host_share: self.host_share,

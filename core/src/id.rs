@@ -3,10 +3,9 @@
 //! band (an environment variable, a file); unlike NCCL's it carries a 128-bit secret that every
 //! connection of the job must prove it knows.
 
-use crate::bootstrap::root;
 use crate::error::{Error, Result};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::str::FromStr;
 
 const PREFIX: &str = "occl1-";
@@ -18,19 +17,8 @@ pub struct UniqueId {
     pub(crate) secret: [u8; 16],
 }
 
+// `UniqueId::new` and `new_on`, which start a root, are in `bootstrap::root`.
 impl UniqueId {
-    /// A new id whose bootstrap root listens on loopback, served by a thread of this process.
-    pub fn new() -> Result<UniqueId> {
-        UniqueId::new_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
-    }
-
-    /// A new id whose bootstrap root listens on `ip` (for jobs that span hosts).
-    pub fn new_on(ip: IpAddr) -> Result<UniqueId> {
-        let secret = random_bytes()?;
-        let addr = root::spawn(SocketAddr::new(ip, 0), secret)?;
-        Ok(UniqueId { addr, secret })
-    }
-
     /// An id for a root that a launcher-chosen rank serves at a well-known address (torchrun's
     /// `MASTER_ADDR`), with a secret all ranks derive the same way. Does not start the root.
     pub(crate) fn at(addr: SocketAddr, secret: [u8; 16]) -> UniqueId {

@@ -52,6 +52,7 @@ mod reduce;
 mod register;
 pub mod topo;
 mod transport;
+mod wait;
 
 /// The profiler event model, sinks and registry (`occl-telemetry`), re-exported so applications
 /// register profilers and attach sinks without naming a second crate.

@@ -9,9 +9,23 @@ use super::wire::{self, Reader, Writer};
 use crate::auth;
 use crate::error::{Error, Result};
 use crate::id::UniqueId;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+impl UniqueId {
+    /// A new id whose bootstrap root listens on loopback, served by a thread of this process.
+    pub fn new() -> Result<UniqueId> {
+        UniqueId::new_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// A new id whose bootstrap root listens on `ip` (for jobs that span hosts).
+    pub fn new_on(ip: IpAddr) -> Result<UniqueId> {
+        let secret = crate::id::random_bytes()?;
+        let addr = spawn(SocketAddr::new(ip, 0), secret)?;
+        Ok(UniqueId::at(addr, secret))
+    }
+}
 
 /// Binds `addr` and serves one job from a background thread; returns the bound address.
 pub(crate) fn spawn(addr: SocketAddr, secret: [u8; 16]) -> Result<SocketAddr> {

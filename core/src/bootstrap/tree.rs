@@ -10,7 +10,7 @@ use super::gather::{self, Round};
 use super::wire::{self, Reader, Writer};
 use crate::auth;
 use crate::error::{Error, Result};
-use crate::transport::wait::poll;
+use crate::wait::poll;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;

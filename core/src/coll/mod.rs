@@ -21,10 +21,10 @@ pub(crate) mod walk;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::profile::OpProf;
-use crate::record::CollType;
+use crate::record::{CollType, OpRecord};
 use crate::transport::fifo::{ll, Desc, Ends};
-use crate::transport::wait::{Deadline, Drive};
 use crate::transport::Peer;
+use crate::wait::{Deadline, Drive};
 use plan::{Algo, Proto, Shape};
 use prims::{Prims, RecvEnd, SendEnd};
 use std::sync::atomic::AtomicBool;
@@ -58,7 +58,7 @@ pub(crate) struct Ctx<'a> {
     /// The rank record (what a blocked wait waits on).
     pub record: &'a crate::record::OpRecord,
     /// Every peer's FIFO ends, for waits to notice a failure elsewhere in the communicator.
-    pub members: Option<&'a crate::lifecycle::Lifecycle>,
+    pub members: Option<&'a crate::transport::peers::PeerTable>,
     /// Set for ring, chain and tree operations when the host-grouped order is not rank order:
     /// `rank`, the peers given to `prims` and roots are then positions in it.
     pub order: Option<&'a order::RingOrder>,
@@ -374,5 +374,12 @@ pub(crate) fn reduce_scatter(
     match algo {
         Algo::Pat => pat::reduce_scatter(&s, &mut Run::new(ctx, send, recv, pat::reduce_scatter_scratch(&s))),
         _ => ring::reduce_scatter(ctx, send, recv, count),
+    }
+}
+
+/// The rank record hears where an operation's waits block (RAS shows it).
+impl crate::transport::fifo::Waiting for OpRecord {
+    fn waiting_on(&self, peer: usize, state: u32) {
+        OpRecord::waiting_on(self, peer, state);
     }
 }

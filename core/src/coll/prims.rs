@@ -17,11 +17,10 @@
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::profile::Steps;
-use crate::record::CollType;
 use crate::reduce;
 use crate::transport::fifo::{Desc, Direct, Ends, Msg, RecvFifo, SendFifo};
 use crate::transport::shm;
-use crate::transport::wait::Deadline;
+use crate::wait::Deadline;
 
 /// One direction of a primitive: the FIFO and how to tell that its other end is gone.
 pub(crate) struct SendEnd<'a> {
@@ -64,30 +63,20 @@ pub(crate) struct Prims<'a> {
 /// system call costs more than the copy it saves.
 pub(crate) const DIRECT_MIN: usize = 128 << 10;
 
-pub(crate) fn describe(d: &Desc) -> String {
-    let coll = CollType::from_u8(d.coll).map_or("unknown operation", |c| c.name());
-    let dt = DataType::from_u8(d.dtype).map_or("?", |t| t.name());
-    // Collectives that only move data carry no operator.
-    let op = RedOp::from_u8(d.redop).map_or(String::new(), |o| format!(", {}", o.name()));
-    let root = if d.root == u32::MAX { String::new() } else { format!(", root {}", d.root) };
-    format!("#{} {coll}(count {}, {dt}{op}{root})", d.opseq, d.count())
-}
-
 /// Checks that slice `m` from `peer` belongs to the operation `expect` and holds the `len` bytes
 /// this rank's schedule takes next.
 pub(crate) fn check_incoming(m: &Msg, expect: &Desc, len: usize, peer: usize) -> Result<()> {
     if m.desc != *expect {
         return Err(Error::usage(format!(
             "operation mismatch: this rank runs {} but rank {peer} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
-            describe(expect),
-            describe(&m.desc)
+            expect,
+            m.desc
         )));
     }
     if m.len != len {
         return Err(Error::usage(format!(
             "operation mismatch: rank {peer} sent a {}-byte slice where this rank expected {len} bytes for {}",
-            m.len,
-            describe(expect)
+            m.len, expect
         )));
     }
     Ok(())

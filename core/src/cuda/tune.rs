@@ -8,7 +8,7 @@
 //! except broadcast and reduce-scatter, which go round the ring when the direct form's load
 //! (the root's link; every link at once) costs more than the ring's extra hops.
 
-use crate::coll::tune::policy::{Policy, ALGOS};
+use crate::config::policy::{Policy, ALGOS};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::record::CollType;

@@ -7,10 +7,11 @@
 //! one-thread-many-devices use) runs each communicator's launch on its own scoped thread, so
 //! the ranks progress together; a group over one communicator runs on the calling thread.
 
-use super::{Call, Member, Running, Task};
+use super::{Call, Member, Task};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::profile::group::GroupProf;
+use crate::profile::group::Running;
 use crate::record::CollType;
 use occl_telemetry::EventId;
 

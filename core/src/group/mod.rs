@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::profile::group::GroupProf;
 use crate::profile::op::OpDescr;
 use crate::record::CollType;
-use occl_telemetry::{EventId, EventMask, Fanout};
+use occl_telemetry::EventId;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
@@ -92,9 +92,6 @@ struct Open {
 thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
     static OPEN: RefCell<Open> = RefCell::new(Open::default());
-    /// While a group runs one of its collectives through `Comm`'s normal path: the events the
-    /// group emitted for it, which its Coll hangs under (`enclosing`).
-    static RUNNING: Cell<Option<Enclosing>> = const { Cell::new(None) };
 }
 
 /// Opens a group (or one more level of nesting) on this thread. Calls made until the matching
@@ -229,38 +226,6 @@ fn discard_all() {
             *o = Open::default();
         }
     });
-}
-
-/// The events a group emitted for the operation it is running now on this thread.
-#[derive(Clone, Copy)]
-pub(crate) struct Enclosing {
-    fanout: *const Fanout,
-    pub mask: EventMask,
-    pub api: Option<EventId>,
-    pub group: Option<EventId>,
-}
-
-/// The enclosing group's events, if a group is running an operation on `f`'s communicator on
-/// this thread (`OpProf::begin` asks).
-pub(crate) fn enclosing(f: &Fanout) -> Option<Enclosing> {
-    RUNNING.with(Cell::get).filter(|e| std::ptr::eq(e.fanout, f))
-}
-
-/// Sets `RUNNING` for the life of the guard.
-struct Running;
-
-impl Running {
-    fn set(prof: &GroupProf, api: Option<EventId>) -> Running {
-        let e = Enclosing { fanout: prof.fanout(), mask: prof.mask(), api, group: prof.group() };
-        RUNNING.with(|r| r.set(Some(e)));
-        Running
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.with(|r| r.set(None));
-    }
 }
 
 /// The closure form of a group: every call made through `g` (and every `_raw` call on this

@@ -10,7 +10,7 @@
 //! and receives from this rank itself pair up in order and are copies.
 
 use super::Call;
-use crate::coll::prims::{describe, DIRECT_MIN};
+use crate::coll::prims::DIRECT_MIN;
 use crate::comm::{nccl_func, Comm, Inner, NO_OP, NO_ROOT};
 use crate::error::{Error, Result};
 use crate::profile::group::GroupProf;
@@ -19,8 +19,8 @@ use crate::profile::{Leg, OpProf, Steps};
 use crate::record::{self, CollType};
 use crate::transport::fifo::nonblocking::alive;
 use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg};
-use crate::transport::wait::{self, Deadline, Drive};
 use crate::transport::{shm, Peer};
+use crate::wait::{self, Deadline, Drive};
 use occl_telemetry::event::ProxyStepState;
 use occl_telemetry::flight::{OpInfo, RootOrPeer, Slot};
 use occl_telemetry::EventId;
@@ -212,7 +212,7 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
             Some(p) => &mut streams[p],
             None => {
                 let lazy = inner.lazy.as_ref();
-                crate::transport::connect::ensure(&mut inner.peers, o.peer, lazy, Some(&comm.lifecycle))?;
+                crate::transport::connect::ensure(&mut inner.peers, o.peer, lazy, Some(&comm.ends))?;
                 let liveness = peer_mut(&mut inner.peers, o.peer)?.liveness;
                 streams.push(Stream {
                     peer: o.peer,
@@ -294,7 +294,7 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
                     return Err(Error::remote(s.peer, format!("process {pid} is dead")));
                 }
             }
-            comm.lifecycle.failed_peer(usize::MAX)?;
+            comm.ends.failed_peer(usize::MAX)?;
         }
         if !driving && now.duration_since(*idle_since.get_or_insert(now)) < YIELD_FOR {
             std::thread::yield_now();
@@ -458,17 +458,15 @@ fn advance_recv<'p>(
             if m.desc != o.desc {
                 return Err(Error::usage(format!(
                     "operation mismatch: this rank runs {} but rank {} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
-                    describe(&o.desc),
+                    o.desc,
                     s.peer,
-                    describe(&m.desc)
+                    m.desc
                 )));
             }
             if m.len != n {
                 return Err(Error::usage(format!(
                     "operation mismatch: rank {} sent a {}-byte slice where this rank expected {n} bytes for {}",
-                    s.peer,
-                    m.len,
-                    describe(&o.desc)
+                    s.peer, m.len, o.desc
                 )));
             }
             if let Some(st) = s.steps.as_mut() {

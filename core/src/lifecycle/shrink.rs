@@ -73,12 +73,12 @@ impl Comm {
         let survivors: Vec<usize> = (0..n).filter(|&r| !gone[r]).collect();
         let new_rank =
             survivors.iter().position(|&r| r == me).ok_or_else(|| Error::internal("shrink: not a survivor"))?;
-        let epoch = self.lifecycle.shrinks.fetch_add(1, Ordering::Relaxed);
-        let secret = successor_secret(&self.lifecycle.secret, epoch, &survivors);
+        let epoch = self.successor.shrinks.fetch_add(1, Ordering::Relaxed);
+        let secret = successor_secret(&self.successor.secret, epoch, &survivors);
         let leader = survivors[0];
         if me == leader {
             let listener = self
-                .lifecycle
+                .successor
                 .listener
                 .as_ref()
                 .ok_or_else(|| Error::internal("shrink: this rank kept no listener for the new root"))?

@@ -11,6 +11,7 @@
 use super::op::{self, OpDescr};
 use occl_telemetry::event::ProxyCtrlState;
 use occl_telemetry::{EventDescr, EventId, EventMask, Fanout, GroupApiState, StateArgs};
+use std::cell::Cell;
 use std::sync::Arc;
 
 /// A group's events on one communicator. Dropping it stops whatever it started, so a group
@@ -87,5 +88,43 @@ impl Drop for GroupProf {
         if self.launched {
             op::marker(&self.f, self.mask, ProxyCtrlState::Idle);
         }
+    }
+}
+
+thread_local! {
+    /// While a group runs one of its collectives through `Comm`'s normal path: the events the
+    /// group emitted for it, which its Coll hangs under (`enclosing`).
+    static RUNNING: Cell<Option<Enclosing>> = const { Cell::new(None) };
+}
+
+/// The events a group emitted for the operation it is running now on this thread.
+#[derive(Clone, Copy)]
+pub(crate) struct Enclosing {
+    fanout: *const Fanout,
+    pub mask: EventMask,
+    pub api: Option<EventId>,
+    pub group: Option<EventId>,
+}
+
+/// The enclosing group's events, if a group is running an operation on `f`'s communicator on
+/// this thread (`OpProf::begin` asks).
+pub(crate) fn enclosing(f: &Fanout) -> Option<Enclosing> {
+    RUNNING.with(Cell::get).filter(|e| std::ptr::eq(e.fanout, f))
+}
+
+/// Sets `RUNNING` for the life of the guard.
+pub(crate) struct Running;
+
+impl Running {
+    pub(crate) fn set(prof: &GroupProf, api: Option<EventId>) -> Running {
+        let e = Enclosing { fanout: prof.fanout(), mask: prof.mask(), api, group: prof.group() };
+        RUNNING.with(|r| r.set(Some(e)));
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.with(|r| r.set(None));
     }
 }

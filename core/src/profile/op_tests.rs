@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::transport::fifo::{region_size, Region};
-use crate::transport::wait::Patience;
+use crate::wait::Patience;
 use occl_telemetry::Sink;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

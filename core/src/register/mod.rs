@@ -11,12 +11,10 @@
 
 mod threads;
 
-pub(crate) use threads::MAX as MAX_THREADS;
-
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::hostmem::{self, Segment};
-use crate::transport::wait::{self, Deadline, Patience};
+use crate::wait::{self, Deadline, Patience};
 use occl_ras::record::step_state;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -26,8 +26,8 @@ pub(crate) type Part = Box<dyn FnOnce() + Send>;
 /// 15). More was not measured; past some count the memory bus sets the pace, not the threads.
 pub(crate) const AUTO_MAX: usize = 7;
 
-/// The most helpers `OCCL_REG_THREADS` may ask for.
-pub(crate) const MAX: usize = 16;
+/// The most helpers `OCCL_REG_THREADS` may ask for (the configuration checks it).
+pub(crate) const MAX: usize = crate::config::MAX_REG_THREADS;
 
 /// The least bytes of a part: below it, waking a helper (a futex round trip) costs more than
 /// the copy it takes over.

@@ -8,11 +8,11 @@
 //! /dev/shm name and no file descriptor.
 
 use super::fifo::{self, Direct, Liveness, RecvFifo, Region, SendFifo};
-use super::wait::Patience;
+use super::peers::PeerTable;
 use super::{shm, Peer};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
-use crate::lifecycle::Lifecycle;
+use crate::wait::Patience;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -182,7 +182,7 @@ pub(crate) fn ensure(
     peers: &mut [Option<Peer>],
     p: usize,
     lazy: Option<&Lazy>,
-    members: Option<&Lifecycle>,
+    members: Option<&PeerTable>,
 ) -> Result<()> {
     let (Some(slot), Some(lazy)) = (peers.get_mut(p), lazy) else { return Ok(()) };
     if slot.is_some() {

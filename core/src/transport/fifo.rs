@@ -13,8 +13,10 @@
 //! message crosses between cores as one line. Acknowledgements are per slot (not one tail
 //! counter) so that the slots of one FIFO, spread over several sockets, can complete out of order.
 
-use super::wait::{self, Check, Deadline, Patience};
+use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::record::CollType;
+use crate::wait::{self, Check, Deadline, Patience};
 use occl_telemetry::files::{read_to_string_capped, MAX_SYSTEM_FILE};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -185,6 +187,23 @@ impl Desc {
     }
 }
 
+/// `#7 AllReduce(count 4096, f32, sum)`: what mismatch errors name.
+impl std::fmt::Display for Desc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let coll = CollType::from_u8(self.coll).map_or("unknown operation", |c| c.name());
+        let dt = DataType::from_u8(self.dtype).map_or("?", |t| t.name());
+        write!(f, "#{} {coll}(count {}, {dt}", self.opseq, self.count())?;
+        // Collectives that only move data carry no operator.
+        if let Some(o) = RedOp::from_u8(self.redop) {
+            write!(f, ", {}", o.name())?;
+        }
+        if self.root != u32::MAX {
+            write!(f, ", root {}", self.root)?;
+        }
+        f.write_str(")")
+    }
+}
+
 #[repr(C)]
 pub(crate) struct SlotHdr {
     /// Message number + 1 once published (wrapping; never equals a stale value in the slot).
@@ -338,6 +357,12 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// Told when an operation's wait blocks: on which peer, in which state (NCCL's ProxyStep
+/// numbers). Implemented above the transport by whatever keeps the record of operations.
+pub(crate) trait Waiting {
+    fn waiting_on(&self, peer: usize, state: u32);
+}
+
 /// Checks shared by both ends: our own abort flag, the other side's state, its pid.
 pub(crate) struct Ends<'a> {
     pub peer: usize,
@@ -348,11 +373,11 @@ pub(crate) struct Ends<'a> {
     pub drive: Option<&'a dyn wait::Drive>,
     /// Told when a wait blocks and wakes (ProxyCtrl Sleep/Wakeup), when profiling wants it.
     pub sleeper: Option<&'a dyn wait::Sleeper>,
-    /// The rank record: a wait that blocks says on which peer and in which step state, for RAS.
-    pub record: Option<&'a crate::record::OpRecord>,
+    /// Told on which peer and in which step state a wait blocks (the rank record, for RAS).
+    pub record: Option<&'a dyn Waiting>,
     /// The communicator's other peers: a wait that has blocked for a while also fails when
-    /// one of them failed (the operation cannot complete; see `lifecycle::abort`).
-    pub members: Option<&'a crate::lifecycle::Lifecycle>,
+    /// one of them failed (the operation cannot complete; see `peers`).
+    pub members: Option<&'a super::peers::PeerTable>,
 }
 
 impl Ends<'_> {

@@ -7,20 +7,20 @@
 pub(crate) mod connect;
 pub(crate) mod fifo;
 pub(crate) mod ib;
+pub(crate) mod peers;
 pub(crate) mod shm;
 mod shm_reap;
 pub(crate) mod tcp;
-pub(crate) mod wait;
 
 use crate::auth;
 use crate::bootstrap::{wire, PeerInfo};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
+use crate::wait::Patience;
 use fifo::{Cause, Liveness, RecvFifo, SendFifo};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use wait::Patience;
 
 /// Everything this rank has for one peer.
 pub(crate) struct Peer {

@@ -18,8 +18,8 @@
 //! timeout, until the peer's kernel has acknowledged all of it (see `linger`).
 
 use super::fifo::{self, state, Cause, Desc, Notice, Region};
-use super::wait::{self, poll, Deadline, Drive, Patience};
 use crate::error::{Error, Result};
+use crate::wait::{self, poll, Deadline, Drive, Patience};
 use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
 use std::io;
 use std::net::TcpStream;

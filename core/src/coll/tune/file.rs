@@ -19,7 +19,7 @@
 //! not a finite non-negative number (positive for `gbps` and `scale`) is an error naming the line.
 
 use super::model::{Consts, Link, MODELLED};
-use super::policy::FUNCS;
+use crate::config::policy::FUNCS;
 use crate::error::{Error, Result};
 use std::path::Path;
 

@@ -12,8 +12,8 @@
 //! more than 10% off.
 
 use super::model::{self, Consts, Link, MODELLED};
-use super::policy::FUNCS;
 use crate::coll::plan::{Algo, Proto};
+use crate::config::policy::FUNCS;
 use crate::error::{Error, Result};
 use crate::record::CollType;
 use std::collections::BTreeMap;

@@ -10,14 +10,13 @@
 pub(crate) mod file;
 pub(crate) mod fit;
 pub(crate) mod model;
-pub(crate) mod policy;
 
 use super::plan::{Algo, Proto};
+use crate::config::policy::{Policy, ALGOS, FUNCS, PROTOS};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
 use crate::record::CollType;
 use model::{Consts, Link};
-use policy::{Policy, ALGOS, FUNCS, PROTOS};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Fits `OCCL_TUNER_FILE` constants to measured forced runs on a host of `cores` cores (the

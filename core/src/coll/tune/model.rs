@@ -20,9 +20,9 @@
 //! a 16-core host (tests/results/algos.md). `OCCL_TUNER_FILE` overrides any of them (see
 //! `file.rs`).
 
-use super::policy::FUNCS;
 use crate::coll::plan::{Algo, Proto};
 use crate::coll::tree;
+use crate::config::policy::FUNCS;
 use crate::record::CollType;
 
 /// What carries the messages, as the model sees it.

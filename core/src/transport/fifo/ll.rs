@@ -29,7 +29,7 @@
 
 use super::{wait, Desc, Ends, Line, Msg, RecvFifo, Region, SendFifo};
 use crate::error::{Error, Result};
-use crate::transport::wait::Deadline;
+use crate::wait::Deadline;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Lines of one step: one 4 KiB page, so that a hardware prefetcher streaming through the step
@@ -364,7 +364,7 @@ impl RecvFifo {
         }
         Err(Error::usage(format!(
             "operation mismatch: rank {peer} sent {} with the Simple protocol where this rank waits for an LL message; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
-            crate::coll::prims::describe(&hdr.desc)
+            hdr.desc
         )))
     }
 
@@ -380,7 +380,7 @@ impl RecvFifo {
         }
         let what = if got.iter().all(|v| (v >> 32) as u32 == f) {
             let w = [got[1] as u32, got[2] as u32, got[3] as u32, got[4] as u32, got[5] as u32];
-            crate::coll::prims::describe(&desc_of(w))
+            desc_of(w).to_string()
         } else {
             "an operation".to_string()
         };
@@ -394,7 +394,7 @@ impl RecvFifo {
 mod tests {
     use super::*;
     use crate::transport::fifo::{state, Liveness};
-    use crate::transport::wait::Patience;
+    use crate::wait::Patience;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     use std::time::Duration;

@@ -5,7 +5,7 @@
 
 use super::{Cause, Header, Msg, Notice, RecvFifo, Region, SendFifo, PTR_FLAG};
 use crate::error::{Error, Result};
-use crate::transport::wait;
+use crate::wait;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 impl SendFifo {

@@ -1,22 +1,65 @@
-//! Abort from any thread. `Comm::abort` sets the communicator's flag (which every wait of an
-//! operation in flight looks at, so the blocked call returns within a sleep slice) and marks
-//! every FIFO end of this rank aborted, so that peers waiting on this rank fail at once even
-//! when this rank is not inside a call. A peer that fails passes its failure on the same way
-//! (`Comm::poison`), and a wait that has blocked for a while also looks at the other peers'
-//! ends (`failed_peer`), so ranks that wait on neither the aborted rank nor a rank that
+//! The table of this rank's FIFO ends and tcp links, one entry per connected peer, kept
+//! outside the communicator's operation lock (which a blocked operation holds), and what runs
+//! on it from any thread.
+//!
+//! Abort: `fail_peers` marks every end of this rank failed, so that peers waiting on this
+//! rank fail at once even when this rank is not inside a call, and a peer that fails passes
+//! its failure on the same way. A wait that has blocked for a while also looks at the other
+//! peers' ends (`failed_peer`), so ranks that wait on neither the aborted rank nor a rank that
 //! noticed it still return: one rank's abort ends the collective on every rank.
 //!
 //! Every failure notice carries its `Cause`, the rank that failed first and how; a rank that
 //! fails because of a peer passes the peer's cause on (`cause_of`), so however far a failure
 //! travels, every rank's error names where it started.
 
-use super::Lifecycle;
+use super::fifo::nonblocking::{alive, fail_recv_end, fail_send_end};
+use super::fifo::{state, Cause, Liveness, Notice, Region};
+use super::{tcp, Peer};
 use crate::error::{Error, Result};
-use crate::transport::fifo::nonblocking::{alive, fail_recv_end, fail_send_end};
-use crate::transport::fifo::{state, Cause, Notice};
-use crate::transport::tcp;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-impl Lifecycle {
+/// One peer's FIFO regions (this rank sends into `send`, receives from `recv`), tcp link, and
+/// how to tell that its process is gone.
+pub(crate) struct PeerEnds {
+    pub peer: usize,
+    pub send: Arc<Region>,
+    pub recv: Arc<Region>,
+    pub tcp: Option<tcp::SharedLink>,
+    pub liveness: Liveness,
+}
+
+impl PeerEnds {
+    fn of(peer: usize, p: &Peer) -> PeerEnds {
+        PeerEnds {
+            peer,
+            send: p.send.region.clone(),
+            recv: p.recv.region.clone(),
+            tcp: p.tcp.clone(),
+            liveness: p.liveness,
+        }
+    }
+}
+
+/// Grows as peers connect (`add`); read by abort and by waits that have blocked a while.
+pub(crate) struct PeerTable {
+    ends: Mutex<Vec<PeerEnds>>,
+}
+
+impl PeerTable {
+    pub(crate) fn new(peers: &[Option<Peer>]) -> PeerTable {
+        let ends = peers.iter().enumerate().filter_map(|(i, p)| Some(PeerEnds::of(i, p.as_ref()?))).collect();
+        PeerTable { ends: Mutex::new(ends) }
+    }
+
+    /// Takes in a peer connected after init.
+    pub(crate) fn add(&self, peer: usize, p: &Peer) {
+        self.ends().push(PeerEnds::of(peer, p));
+    }
+
+    pub(crate) fn ends(&self) -> MutexGuard<'_, Vec<PeerEnds>> {
+        self.ends.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Marks every FIFO end of this rank `how`, with `cause`, and tells tcp peers (an ABORT
     /// frame, sent now if the socket takes it). Only atomics and the tcp links' own locks are
     /// touched, never the communicator's operation lock, so this works while an operation is

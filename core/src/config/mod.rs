@@ -1,6 +1,8 @@
 //! One `Config`, read from the environment once at init and passed down; no other module reads
 //! environment variables (unlike NCCL's function-static `NCCL_PARAM`s).
 
+pub(crate) mod policy;
+
 use crate::error::{Error, Result};
 use std::time::Duration;
 
@@ -135,6 +137,9 @@ const MAX_FIFO_SLOTS_IN_CODE: usize = 4096;
 /// of its size.
 pub const MAX_NRANKS: usize = 1 << 20;
 
+/// The most helper threads a rank's registered collectives may use (`OCCL_REG_THREADS`).
+pub(crate) const MAX_REG_THREADS: usize = 16;
+
 /// `secs` as a timeout, if it is in range: positive, finite, at most [`MAX_TIMEOUT`].
 fn timeout_from_secs(secs: f64) -> Option<Duration> {
     Duration::try_from_secs_f64(secs).ok().filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
@@ -227,8 +232,8 @@ impl Config {
         }
         if let Some((n, v)) = var(&["OCCL_REG_THREADS"]) {
             let t: usize = parse(&n, &v, "a thread count")?;
-            if t > crate::register::MAX_THREADS {
-                return Err(Error::arg(format!("{n}={v:?} must be between 0 and {}", crate::register::MAX_THREADS)));
+            if t > MAX_REG_THREADS {
+                return Err(Error::arg(format!("{n}={v:?} must be between 0 and {}", MAX_REG_THREADS)));
             }
             c.reg_threads = Some(t);
         }
@@ -251,7 +256,7 @@ impl Config {
             c.host_id = Some(v);
         }
         // Checked here so that a mistake names the variable the user set.
-        use crate::coll::tune::policy::{List, ALGOS, PROTOS};
+        use policy::{List, ALGOS, PROTOS};
         if let Some((n, v)) = var(&["OCCL_ALGO", "NCCL_ALGO"]) {
             List::parse(&n, &v, &ALGOS)?;
             c.algo = Some(v);
@@ -320,8 +325,8 @@ impl Config {
                 format!("between 1 and {MAX_FIFO_SLOTS_IN_CODE}, not {}", self.fifo_slots),
             );
         }
-        if self.reg_threads.is_some_and(|t| t > crate::register::MAX_THREADS) {
-            return bad("reg_threads", "REG_THREADS", format!("at most {}", crate::register::MAX_THREADS));
+        if self.reg_threads.is_some_and(|t| t > MAX_REG_THREADS) {
+            return bad("reg_threads", "REG_THREADS", format!("at most {}", MAX_REG_THREADS));
         }
         Ok(())
     }
