@@ -29,6 +29,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod api;
 mod auth;
 mod bootstrap;
 mod coll;
@@ -40,11 +41,13 @@ pub mod cuda;
 pub mod dtype;
 mod env;
 mod error;
-mod group;
+mod exec;
 mod hostmem;
 mod id;
 mod init_timer;
+mod launch;
 mod lifecycle;
+mod op;
 mod profile;
 mod ras;
 mod record;
@@ -63,13 +66,14 @@ pub use occl_telemetry as telemetry;
 /// are in [`telemetry::trace`].
 pub use occl_telemetry::trace::{profiler_step, ProfilerStep};
 
+pub use api::{group, Group};
 pub use comm::Comm;
 pub use config::{Config, TransportKind};
 pub use dtype::{DataType, Element, RedOp};
 pub use error::{Error, ErrorKind, Result};
-pub use group::{group, group_depth, group_end, group_simulate_end, group_start, Group};
 pub use hostmem::HostBuf;
 pub use id::UniqueId;
+pub use launch::{group_depth, group_end, group_simulate_end, group_start};
 pub use lifecycle::{InitState, PendingComm, ShrinkMode, OCCL_SPLIT_NOCOLOR};
 pub use record::{CollType, InFlight, OpRecord};
 pub use register::Handle;

@@ -39,7 +39,7 @@ impl Comm {
     /// of the init (which waits for the other ranks) runs in the background. Poll or wait on
     /// the returned handle.
     pub fn init_rank_nonblocking(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<PendingComm> {
-        crate::group::refuse_in_group("init_rank_nonblocking")?;
+        crate::launch::refuse_in_group("init_rank_nonblocking")?;
         crate::comm::check_nranks(nranks)?;
         config.check()?;
         if rank >= nranks {

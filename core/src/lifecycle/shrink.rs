@@ -39,7 +39,7 @@ impl Comm {
 
     /// As `shrink`, with the new communicator's configuration.
     pub fn shrink_with(&self, exclude: &[usize], mode: ShrinkMode, config: Config) -> Result<Comm> {
-        crate::group::refuse_in_group("shrink")?;
+        crate::launch::refuse_in_group("shrink")?;
         let (n, me) = (self.nranks(), self.rank());
         let mut gone = vec![false; n];
         for &r in exclude {

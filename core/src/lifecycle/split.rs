@@ -33,7 +33,7 @@ impl Comm {
 
     /// As `split`, with the new communicator's configuration.
     pub fn split_with(&self, color: i32, key: i32, config: Config) -> Result<Option<Comm>> {
-        crate::group::refuse_in_group("split")?;
+        crate::launch::refuse_in_group("split")?;
         let (n, me) = (self.nranks(), self.rank());
         let (id, new_rank, size) = {
             let mut g = self.lock_usable()?;

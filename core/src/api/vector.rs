@@ -2,10 +2,11 @@
 //! with per-rank counts (`all_to_allv`), gather and scatter. Each runs as one implicit group, so
 //! every rank's sends and receives progress together.
 
-use super::Call;
 use crate::comm::Comm;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::launch;
+use crate::op::Op;
 use crate::record::CollType;
 
 /// `[displ, displ + count)` within a buffer of `len` elements, for rank `r`'s block.
@@ -25,8 +26,8 @@ fn per_rank(what: &str, got: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn p2p<T: Element>(coll: CollType, count: usize, peer: usize, send: usize, recv: usize) -> Call {
-    Call { coll, count, dt: T::DTYPE, op: None, root: None, peer: Some(peer), send, recv }
+fn p2p<T: Element>(coll: CollType, count: usize, peer: usize, send: usize, recv: usize) -> Op {
+    Op::new(coll, count, T::DTYPE, send as *const u8, recv as *const u8).peer(peer)
 }
 
 impl Comm {
@@ -44,7 +45,7 @@ impl Comm {
         recv_counts: &[usize],
         recv_displs: &[usize],
     ) -> Result<()> {
-        super::refuse_borrowed("all_to_allv")?;
+        launch::refuse_borrowed("all_to_allv")?;
         let (n, me) = (self.nranks(), self.rank());
         per_rank("all_to_allv: send_counts", send_counts.len(), n)?;
         per_rank("all_to_allv: send_displs", send_displs.len(), n)?;
@@ -89,13 +90,13 @@ impl Comm {
         }
         // The blocks were checked to lie within `send` and `recv`, which stay borrowed until
         // the group has run; the receive blocks are disjoint.
-        super::exec::run_now(self, &calls)
+        crate::exec::group::run_now(self, &calls)
     }
 
     /// Every rank's `send` lands in the root's `recv` (nranks × send.len(), in rank order).
     /// Off the root `recv` is ignored (pass an empty slice).
     pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        super::refuse_borrowed("gather")?;
+        launch::refuse_borrowed("gather")?;
         let (n, me, count) = (self.nranks(), self.rank(), send.len());
         if root >= n {
             return Err(Error::arg(format!("root {root} is out of range for nranks={n} (ranks are 0..{n})")));
@@ -117,13 +118,13 @@ impl Comm {
         } else if count > 0 {
             calls.push(p2p::<T>(CollType::Send, count, root, send.as_ptr() as usize, 0));
         }
-        super::exec::run_now(self, &calls)
+        crate::exec::group::run_now(self, &calls)
     }
 
     /// Block `i` of the root's `send` (nranks × recv.len()) lands in rank `i`'s `recv`. Off the
     /// root `send` is ignored (pass an empty slice).
     pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        super::refuse_borrowed("scatter")?;
+        launch::refuse_borrowed("scatter")?;
         let (n, me, count) = (self.nranks(), self.rank(), recv.len());
         if root >= n {
             return Err(Error::arg(format!("root {root} is out of range for nranks={n} (ranks are 0..{n})")));
@@ -145,6 +146,6 @@ impl Comm {
         } else if count > 0 {
             calls.push(p2p::<T>(CollType::Recv, count, root, 0, recv.as_mut_ptr() as usize));
         }
-        super::exec::run_now(self, &calls)
+        crate::exec::group::run_now(self, &calls)
     }
 }

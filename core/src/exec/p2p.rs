@@ -9,10 +9,10 @@
 //! descriptors), so a grouped send matches a plain receive and the other way round. Sends to
 //! and receives from this rank itself pair up in order and are copies.
 
-use super::Call;
 use crate::coll::prims::DIRECT_MIN;
-use crate::comm::{nccl_func, Comm, Inner, NO_OP, NO_ROOT};
+use crate::comm::{Comm, Inner};
 use crate::error::{Error, Result};
+use crate::op::{nccl_func, Op as Call, NO_OP, NO_ROOT};
 use crate::profile::group::GroupProf;
 use crate::profile::op::OpDescr;
 use crate::profile::{Leg, OpProf, Steps};

@@ -1,0 +1,357 @@
+//! The collective calls of `Comm`: the raw interface (NCCL's pointers and counts) checks its
+//! arguments and submits an `Op`; the safe interface checks slice lengths and calls it.
+
+use crate::comm::Comm;
+use crate::dtype::{DataType, Element, RedOp};
+use crate::error::{Error, Result};
+use crate::launch;
+use crate::op::Op;
+use crate::record::CollType;
+
+/// The raw interface: NCCL's argument order, pointers and an element count. Each call is
+/// checked here, once, and becomes an `Op` that runs now or waits in the open group. The safe
+/// methods below check slice lengths and call these.
+impl Comm {
+    /// # Safety
+    /// `send` must be readable and `recv` writable for `count` elements of `dt`; they may be
+    /// the same pointer (in place) but must not otherwise overlap.
+    pub unsafe fn all_reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", send, bytes, dt)?;
+        check_ptr("recv", recv, bytes, dt)?;
+        if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
+            return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
+        }
+        launch::submit(self, Op::new(CollType::AllReduce, count, dt, send, recv).op(op))
+    }
+
+    /// # Safety
+    /// At the root `send` is readable for `count` elements; `recv` is writable for `count`
+    /// elements on every rank (it may equal `send`).
+    pub unsafe fn broadcast_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root(root)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        if self.rank == root {
+            check_ptr("send", send, bytes, dt)?;
+            if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
+                return Err(Error::arg("broadcast: send and recv buffers overlap without being the same (in place)"));
+            }
+        }
+        check_ptr("recv", recv, bytes, dt)?;
+        launch::submit(self, Op::new(CollType::Broadcast, count, dt, send, recv).root(root))
+    }
+
+    /// # Safety
+    /// `send` readable for `count` elements on every rank; at the root `recv` writable for
+    /// `count` elements (it may equal `send`); elsewhere `recv` is not touched.
+    pub unsafe fn reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root(root)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", send, bytes, dt)?;
+        if self.rank == root {
+            check_ptr("recv", recv, bytes, dt)?;
+            if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
+                return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
+            }
+        }
+        launch::submit(self, Op::new(CollType::Reduce, count, dt, send, recv).op(op).root(root))
+    }
+
+    /// # Safety
+    /// `send` readable for `count` elements, `recv` writable for `nranks * count`; in place
+    /// when `send == recv + rank * count` elements.
+    pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
+        let bytes = self.bytes_of(count, 1, dt)?;
+        let total = self.bytes_of(count, self.nranks, dt)?;
+        check_ptr("send", send, bytes, dt)?;
+        check_ptr("recv", recv, total, dt)?;
+        let own = recv.wrapping_add(self.rank * bytes) as *const u8;
+        if !std::ptr::eq(send, own) && overlaps(send, bytes, recv, total) {
+            return Err(Error::arg(
+                "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
+            ));
+        }
+        launch::submit(self, Op::new(CollType::AllGather, count, dt, send, recv))
+    }
+
+    /// # Safety
+    /// `send` readable for `nranks * count` elements, `recv` writable for `count`; in place when
+    /// `recv == send + rank * count` elements.
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let bytes = self.bytes_of(count, 1, dt)?;
+        let total = self.bytes_of(count, self.nranks, dt)?;
+        check_ptr("send", send, total, dt)?;
+        check_ptr("recv", recv, bytes, dt)?;
+        let own = send.wrapping_add(self.rank * bytes);
+        if !std::ptr::eq(recv, own) && overlaps(send, total, recv, bytes) {
+            return Err(Error::arg(
+                "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
+            ));
+        }
+        launch::submit(self, Op::new(CollType::ReduceScatter, count, dt, send, recv).op(op))
+    }
+
+    /// # Safety
+    /// `send` readable and `recv` writable for `nranks * count` elements; in place when equal.
+    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
+        let total = self.bytes_of(count, self.nranks, dt)?;
+        check_ptr("send", send, total, dt)?;
+        check_ptr("recv", recv, total, dt)?;
+        if !std::ptr::eq(send, recv) && overlaps(send, total, recv, total) {
+            return Err(Error::arg("all_to_all: send and recv buffers overlap without being the same (in place)"));
+        }
+        launch::submit(self, Op::new(CollType::AllToAll, count, dt, send, recv))
+    }
+
+    /// # Safety
+    /// `buf` readable for `count` elements of `dt`.
+    pub unsafe fn send_raw(&self, buf: *const u8, count: usize, dt: DataType, peer: usize) -> Result<()> {
+        self.check_peer(peer)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("send", buf, bytes, dt)?;
+        launch::submit(self, Op::new(CollType::Send, count, dt, buf, std::ptr::null()).peer(peer))
+    }
+
+    /// # Safety
+    /// `buf` writable for `count` elements of `dt`.
+    pub unsafe fn recv_raw(&self, buf: *mut u8, count: usize, dt: DataType, peer: usize) -> Result<()> {
+        self.check_peer(peer)?;
+        let bytes = self.bytes_of(count, 1, dt)?;
+        check_ptr("recv", buf, bytes, dt)?;
+        launch::submit(self, Op::new(CollType::Recv, count, dt, std::ptr::null(), buf).peer(peer))
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.nranks {
+            return Err(Error::arg(format!(
+                "root {root} is out of range for nranks={} (ranks are 0..{})",
+                self.nranks, self.nranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.nranks {
+            return Err(Error::arg(format!("peer {peer} is out of range for nranks={}", self.nranks)));
+        }
+        if peer == self.rank && !launch::is_open() {
+            return Err(Error::usage(format!(
+                "rank {peer} sends to or receives from itself; a self send/recv needs a group so both halves can run together"
+            )));
+        }
+        Ok(())
+    }
+
+    fn bytes_of(&self, count: usize, blocks: usize, dt: DataType) -> Result<usize> {
+        count
+            .checked_mul(blocks)
+            .and_then(|c| c.checked_mul(dt.size()))
+            .filter(|b| *b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::arg(format!(
+                    "count {count} × {blocks} block(s) × {} bytes of {dt} overflows the address space",
+                    dt.size()
+                ))
+            })
+    }
+}
+
+fn check_ptr(what: &str, p: *const u8, bytes: usize, dt: DataType) -> Result<()> {
+    if bytes > 0 && p.is_null() {
+        return Err(Error::arg(format!("{what} buffer is null")));
+    }
+    if bytes > 0 && !(p as usize).is_multiple_of(dt.size()) {
+        return Err(Error::arg(format!("{what} buffer {p:p} is not aligned to the {}-byte {dt} element", dt.size())));
+    }
+    Ok(())
+}
+
+/// Ranges [a, a+la) and [b, b+lb) share memory.
+fn overlaps(a: *const u8, la: usize, b: *const u8, lb: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    la > 0 && lb > 0 && a < b + lb && b < a + la
+}
+
+fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
+    if a != b {
+        return Err(Error::arg(format!("{what}: send has {a} elements but recv has {b}; they must be equal")));
+    }
+    Ok(())
+}
+
+fn blocks(what: &str, total: usize, n: usize) -> Result<usize> {
+    if !total.is_multiple_of(n) {
+        return Err(Error::arg(format!("{what}: {total} elements do not split into {n} equal blocks (one per rank)")));
+    }
+    Ok(total / n)
+}
+
+/// The safe interface on typed slices. Lengths are element counts.
+impl Comm {
+    /// `recv[i] = op over all ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        launch::refuse_borrowed("all_reduce")?;
+        same_len("all_reduce", send.len(), recv.len())?;
+        // SAFETY: the slices are valid and, being a shared and a mutable borrow, disjoint.
+        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+    }
+
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        launch::refuse_borrowed("all_reduce_in_place")?;
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer used as both input and output.
+        unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
+    }
+
+    /// Copies the root's `send` into every rank's `recv`. Off the root `send` is ignored (pass
+    /// an empty slice).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        launch::refuse_borrowed("broadcast")?;
+        if self.rank == root {
+            same_len("broadcast", send.len(), recv.len())?;
+        }
+        // SAFETY: valid slices; send is only read at the root, where its length was checked.
+        unsafe { self.broadcast_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, root) }
+    }
+
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        launch::refuse_borrowed("broadcast_in_place")?;
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer.
+        unsafe { self.broadcast_raw(p, p, buf.len(), T::DTYPE, root) }
+    }
+
+    /// Reduces every rank's `send` into the root's `recv`. Off the root `recv` is ignored (pass
+    /// an empty slice).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp, root: usize) -> Result<()> {
+        launch::refuse_borrowed("reduce")?;
+        if self.rank == root {
+            same_len("reduce", send.len(), recv.len())?;
+        }
+        // SAFETY: valid slices; recv is only written at the root, where its length was checked.
+        unsafe { self.reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op, root) }
+    }
+
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp, root: usize) -> Result<()> {
+        launch::refuse_borrowed("reduce_in_place")?;
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer.
+        unsafe { self.reduce_raw(p, p, buf.len(), T::DTYPE, op, root) }
+    }
+
+    /// `recv` (nranks × send.len()) gets every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        launch::refuse_borrowed("all_gather")?;
+        let want = send.len().checked_mul(self.nranks).ok_or_else(|| Error::arg("all_gather: count overflows"))?;
+        if recv.len() != want {
+            return Err(Error::arg(format!(
+                "all_gather: recv has {} elements but needs nranks × send = {} × {} = {want}",
+                recv.len(),
+                self.nranks,
+                send.len()
+            )));
+        }
+        // SAFETY: valid, disjoint slices of the checked lengths.
+        unsafe { self.all_gather_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE) }
+    }
+
+    /// In place: this rank's contribution is already at `buf[rank * len/nranks ..]`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        launch::refuse_borrowed("all_gather_in_place")?;
+        let count = blocks("all_gather_in_place", buf.len(), self.nranks)?;
+        let p = buf.as_mut_ptr();
+        // SAFETY: block `rank` lies within buf.
+        unsafe {
+            let own = p.add(self.rank * count).cast::<u8>();
+            self.all_gather_raw(own, p.cast(), count, T::DTYPE)
+        }
+    }
+
+    /// `recv` (send.len() / nranks) gets the reduction of every rank's block `rank` of `send`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        launch::refuse_borrowed("reduce_scatter")?;
+        let want = recv.len().checked_mul(self.nranks).ok_or_else(|| Error::arg("reduce_scatter: count overflows"))?;
+        if send.len() != want {
+            return Err(Error::arg(format!(
+                "reduce_scatter: send has {} elements but needs nranks × recv = {} × {} = {want}",
+                send.len(),
+                self.nranks,
+                recv.len()
+            )));
+        }
+        // SAFETY: valid, disjoint slices of the checked lengths.
+        unsafe { self.reduce_scatter_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, op) }
+    }
+
+    /// In place: the result lands in `buf[rank * len/nranks ..][..len/nranks]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        launch::refuse_borrowed("reduce_scatter_in_place")?;
+        let count = blocks("reduce_scatter_in_place", buf.len(), self.nranks)?;
+        let p = buf.as_mut_ptr();
+        // SAFETY: block `rank` lies within buf.
+        unsafe {
+            let own = p.add(self.rank * count).cast::<u8>();
+            self.reduce_scatter_raw(p.cast(), own, count, T::DTYPE, op)
+        }
+    }
+
+    /// Block j of `send` goes to rank j; block i of `recv` comes from rank i.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        launch::refuse_borrowed("all_to_all")?;
+        same_len("all_to_all", send.len(), recv.len())?;
+        let count = blocks("all_to_all", send.len(), self.nranks)?;
+        // SAFETY: valid, disjoint slices.
+        unsafe { self.all_to_all_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), count, T::DTYPE) }
+    }
+
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        launch::refuse_borrowed("all_to_all_in_place")?;
+        let count = blocks("all_to_all_in_place", buf.len(), self.nranks)?;
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: one valid buffer.
+        unsafe { self.all_to_all_raw(p, p, count, T::DTYPE) }
+    }
+
+    /// Sends `buf` to `peer`, which must call `recv` with the same count and type.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        launch::refuse_borrowed("send")?;
+        // SAFETY: a valid slice.
+        unsafe { self.send_raw(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer) }
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        launch::refuse_borrowed("recv")?;
+        // SAFETY: a valid slice.
+        unsafe { self.recv_raw(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer) }
+    }
+}
