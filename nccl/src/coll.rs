@@ -13,6 +13,7 @@ use crate::group;
 use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
 use crate::p2p;
 use occl::cuda::kernels::cudarc::driver::CudaStream;
+use occl::cuda::DevOp;
 use occl::{Comm, DataType, RedOp};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -69,15 +70,19 @@ unsafe fn call(
     Ok(ncclSuccess)
 }
 
-/// A built-in operator for a device call; a pre-multiply sum is refused, naming it.
-fn device_op(c: &NcclComm, name: &str, op: ncclRedOp_t, dt: DataType) -> Result<RedOp> {
-    match reduction(c, op, dt)? {
-        Reduction::Builtin(o) => Ok(o),
-        Reduction::PreMul(_) => Err(usage(format!(
-            "{name}: operator {op} is an ncclRedOpCreatePreMulSum operator, which occl's device collectives do not \
-             run; scale the input on the device and use ncclSum"
-        ))),
-    }
+/// A device call's operator: a built-in one, or a pre-multiply sum whose kernel multiplies the
+/// input as it reads it. The scalar is resolved now, as NCCL does at enqueue (the operator may be
+/// destroyed before a group runs): an immediate's bytes, or the device address the kernel reads
+/// when it runs.
+fn device_op(c: &NcclComm, op: ncclRedOp_t, dt: DataType) -> Result<DevOp> {
+    Ok(match reduction(c, op, dt)? {
+        Reduction::Builtin(o) => DevOp::Op(o),
+        Reduction::PreMul(pm) => DevOp::PreMulSum(match pm.scalar {
+            Scalar::Immediate(b) => occl::cuda::PreMul::immediate(&b)
+                .map_err(|e| occl::Error::InternalError(format!("operator {op}'s scalar: {e}")))?,
+            Scalar::Pointer(p) => occl::cuda::PreMul::Device(p as u64),
+        }),
+    })
 }
 
 /// Collects a device send or receive; outside a group it runs at once (a group of one).
@@ -135,58 +140,30 @@ fn reduction(c: &NcclComm, op: ncclRedOp_t, dt: DataType) -> Result<Reduction> {
 /// # Safety
 /// `send` readable for `count` elements of `pm.dt`; a `Scalar::Pointer` readable for one.
 unsafe fn premultiply(send: *const u8, count: usize, pm: &PreMul) -> Result<Vec<u64>> {
-    let dt = pm.dt;
-    let size = dt.size();
+    let size = pm.dt.size();
     let bytes = count.checked_mul(size).ok_or_else(|| arg(format!("count {count} overflows")))?;
     if send.is_null() && bytes > 0 {
         return Err(arg("sendbuff is NULL"));
     }
     let scalar: Vec<u8> = match &pm.scalar {
         Scalar::Immediate(b) => b.clone(),
+        Scalar::Pointer(p) if crate::device::is_device(*p as *const c_void) => {
+            return Err(usage(format!(
+                "the operator's scalar at {p:#x} is GPU memory (ncclScalarDevice), but this call runs on host \
+                 buffers, where the CPU reads it: pass device buffers, or a host scalar"
+            )))
+        }
         // SAFETY: the scalar's memory outlives the operator (NCCL's contract for ncclScalarDevice).
         Scalar::Pointer(p) => unsafe { std::slice::from_raw_parts(*p as *const u8, size) }.to_vec(),
     };
     let mut out = vec![0u64; bytes.div_ceil(8)];
-    // SAFETY: `out` has at least `bytes` bytes; send is readable for them.
+    // SAFETY: `out` has at least `bytes` bytes.
     let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), bytes) };
-    let src = if bytes == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(send, bytes) } };
-    macro_rules! ints {
-        ($t:ty) => {{
-            let s = <$t>::from_ne_bytes(scalar[..size].try_into().map_err(|_| arg("scalar size"))?);
-            for (d, x) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
-                let x = <$t>::from_ne_bytes(x.try_into().map_err(|_| arg("element size"))?);
-                d.copy_from_slice(&x.wrapping_mul(s).to_ne_bytes());
-            }
-        }};
+    if bytes > 0 {
+        // SAFETY: send is readable for `bytes` (the caller's contract).
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(send, bytes) });
     }
-    macro_rules! floats {
-        ($t:ty) => {{
-            let s = <$t>::from_ne_bytes(scalar[..size].try_into().map_err(|_| arg("scalar size"))?);
-            for (d, x) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
-                let x = <$t>::from_ne_bytes(x.try_into().map_err(|_| arg("element size"))?);
-                d.copy_from_slice(&(x * s).to_ne_bytes());
-            }
-        }};
-    }
-    match dt {
-        DataType::I8 => ints!(i8),
-        DataType::U8 => ints!(u8),
-        DataType::I32 => ints!(i32),
-        DataType::U32 => ints!(u32),
-        DataType::I64 => ints!(i64),
-        DataType::U64 => ints!(u64),
-        DataType::F32 => floats!(f32),
-        DataType::F64 => floats!(f64),
-        // Half and 8-bit floats: the product of two such values is exact in f64, so one
-        // rounding back gives the correctly rounded product, as the GPU's multiply does.
-        DataType::F16 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2 => {
-            let s = occl::dtype::get_f64(dt, &scalar, 0);
-            for i in 0..count {
-                let x = occl::dtype::get_f64(dt, src, i);
-                occl::dtype::set_f64(dt, dst, i, x * s);
-            }
-        }
-    }
+    occl::dtype::premultiply(pm.dt, dst, &scalar)?;
     Ok(out)
 }
 
@@ -237,7 +214,7 @@ export! {
                         inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
                     }),
                     Path::Device(d, s, _) => {
-                        let o = device_op(c, "ncclAllReduce", op, dt)?;
+                        let o = device_op(c, op, dt)?;
                         d.cc.all_reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o)
                     }
                 }
@@ -314,7 +291,7 @@ export! {
                         inner.reduce_raw(s, recvbuff.cast(), count, dt, o, root)
                     }),
                     Path::Device(d, s, _) => {
-                        let o = device_op(c, "ncclReduce", op, dt)?;
+                        let o = device_op(c, op, dt)?;
                         d.cc.reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o, root)
                     }
                 }
@@ -368,7 +345,7 @@ export! {
                         })
                     }
                     Path::Device(d, s, _) => {
-                        let o = device_op(c, "ncclReduceScatter", op, dt)?;
+                        let o = device_op(c, op, dt)?;
                         d.cc.reduce_scatter_raw(&s, sendbuff as u64, recvbuff as u64, recvcount, dt, o)
                     }
                 }
@@ -656,5 +633,73 @@ export! {
             c.remove_op(op)?;
             Ok(ncclSuccess)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::Scalar;
+    use occl::cuda::PreMul as DevScalar;
+
+    /// A communicator handle whose operator table works without a created communicator.
+    fn comm() -> Arc<NcclComm> {
+        let (_tx, rx) = std::sync::mpsc::channel();
+        NcclComm::background(rx, Options::default())
+    }
+
+    #[test]
+    fn every_datatype_runs_a_pre_multiply_sum_on_the_device() {
+        let c = comm();
+        for dt in DataType::ALL {
+            let bytes: Vec<u8> = (1..=dt.size() as u8).collect();
+            let imm = c.add_op(PreMul { dt, scalar: Scalar::Immediate(bytes.clone()) }).unwrap();
+            let mut want = [0u8; 8];
+            want[..bytes.len()].copy_from_slice(&bytes);
+            let got = device_op(&c, imm, dt).unwrap();
+            assert_eq!(got, DevOp::PreMulSum(DevScalar::Immediate(u64::from_ne_bytes(want))), "{dt}");
+            let dev = c.add_op(PreMul { dt, scalar: Scalar::Pointer(0x7f00_0000_0000) }).unwrap();
+            assert_eq!(device_op(&c, dev, dt).unwrap(), DevOp::PreMulSum(DevScalar::Device(0x7f00_0000_0000)));
+        }
+        for o in RedOp::ALL {
+            assert_eq!(device_op(&c, o as ncclRedOp_t, DataType::I8).unwrap(), DevOp::Op(o));
+        }
+    }
+
+    #[test]
+    fn a_pre_multiply_operator_serves_its_datatype_while_it_lives() {
+        let c = comm();
+        let op = c.add_op(PreMul { dt: DataType::F32, scalar: Scalar::Immediate(2f32.to_ne_bytes().to_vec()) }).unwrap();
+        assert_eq!(op, NUM_OPS);
+        let e = device_op(&c, op, DataType::Bf16).unwrap_err();
+        assert_eq!(e.kind(), occl::ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string().contains("operator 5 was created for ncclFloat32 but the call's datatype is ncclBfloat16"),
+            "{e}"
+        );
+        c.remove_op(op).unwrap();
+        let e = device_op(&c, op, DataType::F32).unwrap_err();
+        assert_eq!(e.kind(), occl::ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("nor a live operator of this communicator"), "{e}");
+        assert!(device_op(&c, -1, DataType::F32).is_err());
+    }
+
+    #[test]
+    fn a_host_pre_multiply_scales_a_copy_of_the_input() {
+        let send: Vec<u8> = [1i32, -2, 3].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let s = 3i32;
+        let pm = PreMul { dt: DataType::I32, scalar: Scalar::Pointer(&raw const s as usize) };
+        // SAFETY: 3 readable elements and a readable scalar.
+        let out = unsafe { premultiply(send.as_ptr(), 3, &pm) }.unwrap();
+        let got: Vec<i32> = out.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>()[..12]
+            .chunks_exact(4)
+            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, [3, -6, 9]);
+        assert_eq!(i32::from_ne_bytes(send[..4].try_into().unwrap()), 1, "the input is left alone");
+        // SAFETY: nothing is read for 0 elements.
+        assert!(unsafe { premultiply(std::ptr::null(), 0, &pm) }.unwrap().is_empty());
+        // SAFETY: a NULL buffer of 3 elements is refused before it is read.
+        assert!(unsafe { premultiply(std::ptr::null(), 3, &pm) }.is_err());
     }
 }
