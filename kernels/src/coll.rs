@@ -209,7 +209,7 @@ fn func_index(mode: Mode, args: &CollArgs, dt: Dtype, op: RedOp) -> Result<usize
         2 if args.scalar == 0 => {
             return Err(Error::InvalidArgument("the pre-multiply scalar is a null device address".into()))
         }
-        2 if args.scalar % dt.size() as u64 != 0 => {
+        2 if !args.scalar.is_multiple_of(dt.size() as u64) => {
             return Err(Error::InvalidArgument(format!(
                 "the pre-multiply scalar at {:#x} is not aligned to its {}-byte {dt}",
                 args.scalar,
@@ -442,7 +442,10 @@ mod tests {
         let PreMul::Immediate(bits) = PreMul::immediate(&0.5f32.to_ne_bytes()).unwrap() else { panic!() };
         assert_eq!(bits.to_ne_bytes()[..4], 0.5f32.to_ne_bytes());
         assert_eq!(bits.to_ne_bytes()[4..], [0; 4]);
-        assert_eq!(PreMul::immediate(&[0xff]).unwrap(), PreMul::Immediate(u64::from_ne_bytes([0xff, 0, 0, 0, 0, 0, 0, 0])));
+        assert_eq!(
+            PreMul::immediate(&[0xff]).unwrap(),
+            PreMul::Immediate(u64::from_ne_bytes([0xff, 0, 0, 0, 0, 0, 0, 0]))
+        );
         assert!(PreMul::immediate(&[]).is_err() && PreMul::immediate(&[0; 9]).is_err());
         let mut a = CollArgs::default();
         a.premul(PreMul::Device(0x1000));

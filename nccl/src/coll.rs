@@ -669,7 +669,8 @@ mod tests {
     #[test]
     fn a_pre_multiply_operator_serves_its_datatype_while_it_lives() {
         let c = comm();
-        let op = c.add_op(PreMul { dt: DataType::F32, scalar: Scalar::Immediate(2f32.to_ne_bytes().to_vec()) }).unwrap();
+        let op =
+            c.add_op(PreMul { dt: DataType::F32, scalar: Scalar::Immediate(2f32.to_ne_bytes().to_vec()) }).unwrap();
         assert_eq!(op, NUM_OPS);
         let e = device_op(&c, op, DataType::Bf16).unwrap_err();
         assert_eq!(e.kind(), occl::ErrorKind::InvalidArgument);

@@ -273,7 +273,6 @@ impl CudaComm {
         Ok(())
     }
 
-
     /// The algorithm an all-reduce of `count` elements of `dt` runs with.
     pub fn all_reduce_algorithm(&self, count: usize, dt: DataType) -> DevAlgo {
         match self.forced.load(std::sync::atomic::Ordering::Relaxed) {

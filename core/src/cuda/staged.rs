@@ -16,8 +16,8 @@
 
 use super::err;
 use super::kernels::cudarc::driver::{CudaContext, CudaStream};
-use super::{DevOp, PreMul};
 use super::kernels::staging::{self, Mark, Pinned};
+use super::{DevOp, PreMul};
 use crate::comm::Comm;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};

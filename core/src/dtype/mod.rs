@@ -257,7 +257,7 @@ pub fn set_f64(dt: DataType, bytes: &mut [u8], i: usize, v: f64) {
 /// is exact in f64, so computing it there and rounding once is the correctly rounded product).
 pub fn premultiply(dt: DataType, data: &mut [u8], scalar: &[u8]) -> crate::Result<()> {
     let size = dt.size();
-    if scalar.len() != size || data.len() % size != 0 {
+    if scalar.len() != size || !data.len().is_multiple_of(size) {
         return Err(crate::Error::arg(format!(
             "a pre-multiply of {} bytes by a {}-byte scalar: {dt} elements have {size}",
             data.len(),
