@@ -344,7 +344,7 @@ DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename 
                              typename E::W ps) {
     typedef typename E::S S;
     const unsigned b = blockIdx.x, r = a.rank, n = a.nranks;
-    const u64 sh = a.stride, es = sizeof(S);
+    const u64 sh = a.stride;
     const S* in = (const S*)a.in;
     const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
     wait_peers(a, c, b, tx, 0);
