@@ -9,6 +9,9 @@
 #   PHASE=kill   the kill job with the default OCCL_TIMEOUT (600 s: only the dead-peer watcher
 #                can make it fast), the torchrun job on occl and on NVIDIA's NCCL with their DDP
 #                losses compared, and an all_reduce_perf -g 2 smoke on both.
+#   PHASE=premul all_reduce/reduce_scatter/reduce_perf -o all -d all (every operator, mulsum
+#                included, on every type) with -g 2 on occl and on NVIDIA's NCCL, all_reduce again
+#                captured in a CUDA graph (-G 1), and the #wrong totals per library and operator.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -57,7 +60,26 @@ kill_job() { # rank 1 SIGKILLs itself; rank 0's detection time on occl, then NVI
     grep -hE "ERROR|NO ERROR|watchdog|Watchdog|ncclRemoteError|remote" $OUT/kill-$lib-rank0.txt | head -6 | cut -c1-400
   done
 }
+wrong_totals() { # log: data rows and the sum of both #wrong columns, per test and operator
+  awk '/^== /{t=$3} !/^#/ && NF>=13 && $9 ~ /^[0-9][0-9.e+]*$/ && $13 ~ /^[0-9][0-9.e+]*$/ {
+         k=t" "$4; rows[k]++; w[k]+=$9+$13; W+=$9+$13; R++ }
+       END { for (k in rows) printf "  %-26s rows %4d  #wrong %d\n", k, rows[k], w[k];
+             printf "  total: %d rows, #wrong %d\n", R, W }' "$1" | sort
+}
 case ${PHASE:-tests} in
+premul)
+  build
+  # The first occl run builds every type's kernels (NVRTC; -g 2 loads them all at init).
+  TL=${TL:-480}
+  P="-o all -d all -b 8 -e 16M -f 8 -c 1 -g 2"
+  for t in ${PREMUL_TESTS:-all_reduce_perf reduce_scatter_perf reduce_perf}; do
+    for lib in occl nccl; do run $lib premul-$lib.txt $t $here/build/$t $P; done
+  done
+  for lib in occl nccl; do run $lib premul-graph-$lib.txt all_reduce_perf $here/build/all_reduce_perf $P -G 1; done
+  for f in premul-occl premul-nccl premul-graph-occl premul-graph-nccl; do
+    echo "== $f: #wrong by test and operator"; wrong_totals $OUT/$f.txt
+    grep -hE "Out of bounds|rc=[1-9]|Error|error|failed|FAILED" $OUT/$f.txt | sort | uniq -c | head -8
+  done ;;
 tests)
   build
   for t in ${G2_TESTS-sendrecv_perf alltoall_perf}; do

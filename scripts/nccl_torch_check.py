@@ -65,5 +65,49 @@ try:
         x = torch.ones(16, device=dev); dist.all_reduce(x); check("after_ncclras", torch.all(x == world))
 except Exception as e:
     print(f"rank {rank}: EXCEPTION {type(e).__name__}: {e}", flush=True)
+
+def premul(factor):
+    # A Python float becomes an ncclScalarHostImmediate scalar, a device tensor an
+    # ncclScalarDevice one (its address, read by the kernel). Older bindings take a list.
+    try:
+        return dist._make_nccl_premul_sum(factor)
+    except TypeError:
+        return dist._make_nccl_premul_sum([factor])
+
+pre = []
+def pcheck(name, ok):
+    check(name, ok); pre.append(name)
+try:
+    tri = world * (world + 1) / 2  # the sum of every rank's (rank + 1)
+    x = torch.arange(1 << 22, device=dev, dtype=torch.float32) * (rank + 1); dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    pcheck("avg_4M", torch.equal(x, torch.arange(1 << 22, device=dev, dtype=torch.float32) * tri / world))
+    f = torch.tensor(0.25, device=dev)  # 0-dim, float32 like the data
+    for name, factor in (("float", 0.25), ("tensor", f)):
+        for n in (1000, 1 << 20):
+            x = torch.arange(n, device=dev, dtype=torch.float32) * (rank + 1); dist.all_reduce(x, op=premul(factor))
+            pcheck(f"premul_all_reduce_{name}_{n}", torch.equal(x, torch.arange(n, device=dev, dtype=torch.float32) * 0.25 * tri))
+        inp = torch.arange(world << 16, device=dev, dtype=torch.float32) * (rank + 1); o = torch.empty(1 << 16, device=dev)
+        dist.reduce_scatter_tensor(o, inp, op=premul(factor))
+        want = torch.arange(rank << 16, (rank + 1) << 16, device=dev, dtype=torch.float32) * 0.25 * tri
+        pcheck(f"premul_reduce_scatter_{name}", torch.equal(o, want))
+    b = torch.full((1 << 16,), float(rank + 1), device=dev, dtype=torch.bfloat16); dist.all_reduce(b, op=premul(0.5))
+    pcheck("premul_all_reduce_bf16", torch.all(b.float() == 0.5 * tri))
+    # The device scalar is read when the kernel runs: a captured graph replays with the value of
+    # the moment.
+    x = torch.empty(1 << 16, device=dev); x0 = torch.arange(1 << 16, device=dev, dtype=torch.float32) * (rank + 1)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        x.copy_(x0); dist.all_reduce(x, op=premul(f))
+    got = []
+    for v in (0.5, 2.0):
+        f.fill_(v); g.replay(); torch.cuda.synchronize()
+        got.append(torch.equal(x, torch.arange(1 << 16, device=dev, dtype=torch.float32) * v * tri))
+    pcheck("premul_graph_replay", all(got))
+except Exception as e:
+    print(f"rank {rank}: EXCEPTION in the pre-multiply checks {type(e).__name__}: {e}", flush=True)
+    pcheck("premul_exception", False)
+bad = [k for k in pre if not res[k]]
+print(f"rank {rank}: PREMUL {'PASS' if pre and not bad else 'FAIL'} ({len(pre) - len(bad)}/{len(pre)} ok"
+      + (f"; wrong: {' '.join(bad)}" if bad else "") + ")", flush=True)
 print(f"rank {rank}: RESULTS " + " ".join(f"{k}={'ok' if v else 'WRONG'}" for k, v in res.items()), flush=True)
 dist.destroy_process_group()

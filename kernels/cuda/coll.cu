@@ -40,8 +40,11 @@ struct CollArgs {
     u64 regions[OCCL_MAXR];
     u64 ctrl_off, data_off, slot_bytes, timeout_ns;
     unsigned mode, rank, nranks, root;  // root: the peer of send/recv
-    unsigned div, nslots, pad0, pad1;
+    unsigned div, nslots;
+    unsigned pre;  // the pre-multiply sum's scalar: 0 none, 1 its bits in `scalar`, 2 its address
+    unsigned pad1;
     u64 timers;  // host-mapped (start, stop) records of this launch, one per block; 0: untimed
+    u64 scalar;
 };
 
 struct Ctrl {
@@ -134,12 +137,31 @@ DEV const unsigned char* recv_slot(const CollArgs& a, const Chan& c, unsigned b,
                                   (((u64)b * a.nranks + q) * a.nslots + c.recvd[q] % a.nslots) * a.slot_bytes);
 }
 
+// The pre-multiply of a pre-multiply sum (NCCL's ncclRedOpCreatePreMulSum): source `k` of a
+// fold, this rank's own input, is multiplied by `s` as it is read and rounded to S once, as the
+// host path does; no source when k < 0.
+template <class E>
+struct Pre {
+    int k;
+    typename E::W s;
+};
+
+template <class E>
+DEV typename E::S pre_one(typename E::S x, typename E::W s) { return E::st(E::mul(E::ld(x), s)); }
+
+template <class E>
+DEV void pre_pack(Pack<typename E::S>& x, typename E::W s) {
+#pragma unroll
+    for (int e = 0; e < 16 / (int)sizeof(typename E::S); e++) x.e[e] = pre_one<E>(x.e[e], s);
+}
+
 // dst[0..nd) = src[0] op src[1] op ... op src[ns-1] (then / div), over n elements. With one
 // source and no divisor it is a copy. 16-byte packs when every address is 16-byte aligned,
 // else element by element. Peer-written slots are read with .cg (L2), never a stale L1 line.
+// PRE: source pre.k is pre-multiplied (a compile-time switch, so other folds pay nothing).
 #define OCCL_CU 4
-template <class E, class O>
-static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, const typename E::S* const* src, int ns, u64 n, unsigned div) {
+template <class E, class O, bool PRE>
+static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, const typename E::S* const* src, int ns, u64 n, unsigned div, const Pre<E> pre) {
     typedef typename E::S S;
     enum { EPP = 16 / sizeof(S) };
     const u64 t = threadIdx.x, st = blockDim.x;
@@ -158,6 +180,10 @@ static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, cons
             const u64 i = base + u * st;
             if (i < nv) x[u].v = __ldcg((const uint4*)src[0] + i);
         }
+        if (PRE && pre.k == 0) {
+#pragma unroll
+            for (int u = 0; u < OCCL_CU; u++) pre_pack<E>(x[u], pre.s);
+        }
         if (red) {
 #pragma unroll 1
             for (int k = 1; k < OCCL_MAXR; k++) {
@@ -168,6 +194,7 @@ static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, cons
                         if (i < nv) {
                             Pack<S> y;
                             y.v = __ldcg((const uint4*)src[k] + i);
+                            if (PRE && k == pre.k) pre_pack<E>(y, pre.s);
 #pragma unroll
                             for (int e = 0; e < EPP; e++) x[u].e[e] = E::st(O::template ap<E>(E::ld(x[u].e[e]), E::ld(y.e[e])));
                         }
@@ -194,7 +221,12 @@ static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, cons
     }
     for (u64 i = nv * EPP + t; i < n; i += st) {
         S r = __ldcg(src[0] + i);
-        for (int k = 1; k < ns; k++) r = E::st(O::template ap<E>(E::ld(r), E::ld(__ldcg(src[k] + i))));
+        if (PRE && pre.k == 0) r = pre_one<E>(r, pre.s);
+        for (int k = 1; k < ns; k++) {
+            S y = __ldcg(src[k] + i);
+            if (PRE && k == pre.k) y = pre_one<E>(y, pre.s);
+            r = E::st(O::template ap<E>(E::ld(r), E::ld(y)));
+        }
         if (div) r = E::st(E::div(E::ld(r), div));
         for (int k = 0; k < nd; k++) dst[k][i] = r;
     }
@@ -249,12 +281,45 @@ DEV void copy_bytes(unsigned char* const* dst, int nd, const unsigned char* src,
         }
     }
     const unsigned char* s[1] = {src};
-    fold<U8, OpSum>(dst, nd, s, 1, n, 0);
+    fold<U8, OpSum, false>(dst, nd, s, 1, n, 0, Pre<U8>{-1, 0});
 }
 
 DEV void copy1(unsigned char* dst, const unsigned char* src, u64 n) {
     unsigned char* d[1] = {dst};
     copy_bytes(d, 1, src, n);
+}
+
+// This rank's input (m elements) on its way out into nd destinations: copied, or pre-multiplied
+// by `s` when PRE (a fold of one source).
+template <class E, bool PRE>
+DEV void send_in(unsigned char* const* dst, int nd, const typename E::S* src, u64 m, typename E::W s) {
+    typedef typename E::S S;
+    if (PRE) {
+        const S* one[1] = {src};
+        fold<E, OpSum, true>((S* const*)dst, nd, one, 1, m, 0, Pre<E>{0, s});
+    } else {
+        copy_bytes(dst, nd, (const unsigned char*)src, m * sizeof(S));
+    }
+}
+
+template <class E, bool PRE>
+DEV void send_in1(unsigned char* dst, const typename E::S* src, u64 m, typename E::W s) {
+    unsigned char* d[1] = {dst};
+    send_in<E, PRE>(d, 1, src, m, s);
+}
+
+// The scalar of a pre-multiply sum, read when the kernel runs (from device memory when pre is 2:
+// a graph replay sees the value of that moment).
+template <class E>
+DEV typename E::W pre_scalar(const CollArgs& a) {
+    typedef typename E::S S;
+    union {
+        u64 u;
+        S v;
+    } x;
+    x.u = a.scalar;
+    if (a.pre == 2) x.v = *(const S*)a.scalar;
+    return E::ld(x.v);
 }
 
 // Block b's part of [0, len): whole 16-byte units split as evenly as the grid allows.
@@ -273,16 +338,17 @@ DEV u64 clip(u64 total, u64 start, u64 n) { return start >= total ? 0 : (total -
 // travels r+1 -> r+2 -> ..., each rank folding in its own block k, and rank r folds the last
 // contribution to block r into `fin`, and also on to the next rank when `forward` (the
 // all-reduce's all-gather starts from there). Blocks lie `a.stride` apart and are clipped to
-// `a.total` elements.
-template <class E, class O>
-DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename E::S* fin, bool forward) {
+// `a.total` elements. PRE: this rank's input is pre-multiplied by `ps` as it is read.
+template <class E, class O, bool PRE>
+DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename E::S* fin, bool forward,
+                             typename E::W ps) {
     typedef typename E::S S;
     const unsigned b = blockIdx.x, r = a.rank, n = a.nranks;
-    const u64 sh = a.stride, es = sizeof(S);
+    const u64 sh = a.stride;
     const S* in = (const S*)a.in;
     const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
     wait_peers(a, c, b, tx, 0);
-    copy1(send_slot(a, c, b, nx), (const unsigned char*)(in + pv * sh + o), clip(a.total, pv * sh + o, m) * es);
+    send_in1<E, PRE>(send_slot(a, c, b, nx), in + pv * sh + o, clip(a.total, pv * sh + o, m), ps);
     post_peers(a, c, b, tx, 0);
     for (unsigned s = 1; s < n; s++) {
         const unsigned k = (r + 2 * n - 1 - s) % n;
@@ -293,23 +359,26 @@ DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename 
         const u64 len = clip(a.total, k * sh + o, m);
         // Destination counts as constants, as each mode had them before they shared this.
         S* next = (S*)send_slot(a, c, b, nx);
+        const Pre<E> pre = {1, ps};
         if (!last) {
             S* d[1] = {next};
-            fold<E, O>(d, 1, src, 2, len, 0);
+            fold<E, O, PRE>(d, 1, src, 2, len, 0, pre);
         } else if (forward) {
             S* d[2] = {next, fin};
-            fold<E, O>(d, 2, src, 2, len, a.div);
+            fold<E, O, PRE>(d, 2, src, 2, len, a.div, pre);
         } else {
             S* d[1] = {fin};
-            fold<E, O>(d, 1, src, 2, len, a.div);
+            fold<E, O, PRE>(d, 1, src, 2, len, a.div, pre);
         }
         post_peers(a, c, b, fwd, rx);
     }
 }
 
 // The all-reduce family and the other reducing collectives, for element type E and operator O.
-template <class E, class O>
-DEV void reduce_modes(const CollArgs& a, Chan& c) {
+// PRE: a pre-multiply sum (O is OpSum): this rank's input is multiplied by `ps` wherever it is
+// read, on its way to a peer or into a fold, so no pass over memory is added.
+template <class E, class O, bool PRE>
+DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
     typedef typename E::S S;
     const unsigned b = blockIdx.x, nb = gridDim.x, r = a.rank, n = a.nranks;
     const unsigned all = ((1u << n) - 1) & ~(1u << r);
@@ -328,7 +397,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
                 unsigned char* d[OCCL_MAXR];
                 int nd = 0;
                 for (unsigned k = 1; k < n; k++) d[nd++] = send_slot(a, c, b, (r + k) % n);
-                copy_bytes(d, nd, (const unsigned char*)(in + o), m * es);
+                send_in<E, PRE>(d, nd, in + o, m, ps);
             }
             post_peers(a, c, b, all, 0);
             wait_peers(a, c, b, 0, all);
@@ -336,7 +405,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
                 const S* s[OCCL_MAXR];
                 for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + o : (const S*)recv_slot(a, c, b, k);
                 S* d[1] = {out + o};
-                fold<E, O>(d, 1, s, n, m, a.div);
+                fold<E, O, PRE>(d, 1, s, n, m, a.div, Pre<E>{(int)r, ps});
             }
             post_peers(a, c, b, 0, all);
         } else if (a.mode == M_AR_TWOSHOT) {
@@ -345,7 +414,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             wait_peers(a, c, b, all, 0);
             for (unsigned k = 1; k < n; k++) {
                 const unsigned p = (r + k) % n;
-                copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * sh + o), clip(a.total, p * sh + o, m) * es);
+                send_in1<E, PRE>(send_slot(a, c, b, p), in + p * sh + o, clip(a.total, p * sh + o, m), ps);
             }
             post_peers(a, c, b, all, 0);
             wait_peers(a, c, b, all, all);
@@ -356,7 +425,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
                 int nd = 0;
                 d[nd++] = out + r * sh + o;
                 for (unsigned k = 1; k < n; k++) d[nd++] = (S*)send_slot(a, c, b, (r + k) % n);
-                fold<E, O>(d, nd, s, n, clip(a.total, r * sh + o, m), a.div);
+                fold<E, O, PRE>(d, nd, s, n, clip(a.total, r * sh + o, m), a.div, Pre<E>{(int)r, ps});
             }
             post_peers(a, c, b, all, all);
             wait_peers(a, c, b, 0, all);
@@ -368,7 +437,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             // into the output and on to the next rank.
             const u64 sh = a.stride;
             const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
-            ring_reduce_scatter<E, O>(a, c, o, m, out + r * sh + o, true);
+            ring_reduce_scatter<E, O, PRE>(a, c, o, m, out + r * sh + o, true, ps);
             for (unsigned t = 0; t + 1 < n; t++) {
                 const unsigned k = (r + 2 * n - 1 - t) % n;
                 const unsigned fwd = t + 2 < n ? tx : 0;
@@ -382,29 +451,29 @@ DEV void reduce_modes(const CollArgs& a, Chan& c) {
             wait_peers(a, c, b, all, 0);
             for (unsigned k = 1; k < n; k++) {
                 const unsigned p = (r + k) % n;
-                copy1(send_slot(a, c, b, p), (const unsigned char*)(in + p * a.stride + o), m * es);
+                send_in1<E, PRE>(send_slot(a, c, b, p), in + p * a.stride + o, m, ps);
             }
             post_peers(a, c, b, all, 0);
             wait_peers(a, c, b, 0, all);
             const S* s[OCCL_MAXR];
             for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + r * a.stride + o : (const S*)recv_slot(a, c, b, k);
             S* d[1] = {out + o};
-            fold<E, O>(d, 1, s, n, m, a.div);
+            fold<E, O, PRE>(d, 1, s, n, m, a.div, Pre<E>{(int)r, ps});
             post_peers(a, c, b, 0, all);
         } else if (a.mode == M_RS_RING) {
-            ring_reduce_scatter<E, O>(a, c, o, m, out + o, false);
+            ring_reduce_scatter<E, O, PRE>(a, c, o, m, out + o, false, ps);
         } else if (a.mode == M_REDUCE) {
             const unsigned root = a.root;
             if (r != root) {
                 wait_peers(a, c, b, 1u << root, 0);
-                copy1(send_slot(a, c, b, root), (const unsigned char*)(in + o), m * es);
+                send_in1<E, PRE>(send_slot(a, c, b, root), in + o, m, ps);
                 post_peers(a, c, b, 1u << root, 0);
             } else {
                 wait_peers(a, c, b, 0, all);
                 const S* s[OCCL_MAXR];
                 for (unsigned k = 0; k < n; k++) s[k] = k == r ? in + o : (const S*)recv_slot(a, c, b, k);
                 S* d[1] = {out + o};
-                fold<E, O>(d, 1, s, n, m, a.div);
+                fold<E, O, PRE>(d, 1, s, n, m, a.div, Pre<E>{(int)r, ps});
                 post_peers(a, c, b, 0, all);
             }
         }
@@ -588,15 +657,17 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
     }
 }
 
-#define OCCL_COLL(T, E, OPN, O)                                                                     \
+#define OCCL_COLL_KERNEL(T, E, OPN, O, PRE, PS)                                                     \
     extern "C" __global__ void __launch_bounds__(512) occl_coll_##T##_##OPN(const CollArgs a) {     \
         __shared__ Chan c;                                                                          \
         const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
-        reduce_modes<E, O>(a, c);                                                                   \
+        reduce_modes<E, O, PRE>(a, c, PS);                                                          \
         chan_close(a, c);                                                                           \
         chan_time(a, t0);                                                                           \
     }
+
+#define OCCL_COLL(T, E, OPN, O) OCCL_COLL_KERNEL(T, E, OPN, O, false, typename E::W())
 
 // Clock calibration (occl_kernels::timer::Probe): answers the host's requests first..first+n-1,
 // posted in box[0], with %globaltimer in box[1], then the request's number in box[2]; gives up
@@ -633,6 +704,7 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
     OCCL_COLL(T, E, sum, OpSum)                                                                     \
     OCCL_COLL(T, E, prod, OpProd)                                                                   \
     OCCL_COLL(T, E, max, OpMax)                                                                     \
-    OCCL_COLL(T, E, min, OpMin)
+    OCCL_COLL(T, E, min, OpMin)                                                                     \
+    OCCL_COLL_KERNEL(T, E, premulsum, OpSum, true, pre_scalar<E>(a))
 
 // The program for one element type ends with OCCL_COLL_TYPE(name, E) (occl_kernels::coll::source).

@@ -143,10 +143,83 @@ pub struct CollArgs {
     /// Divide the result by this (the average), 0 for none.
     pub div: u32,
     pub nslots: u32,
-    pub pad: [u32; 2],
+    /// A pre-multiply sum's scalar: 0 none, 1 its bits in `scalar`, 2 its device address there
+    /// (set through [`CollArgs::premul`]).
+    pub pre: u32,
+    pub pad: u32,
     /// Device address of this launch's slot of a [`crate::timer::TimerRing`] (one record per
     /// block); 0: the kernel writes no timestamps.
     pub timers: u64,
+    pub scalar: u64,
+}
+
+/// The scalar of a pre-multiply sum (NCCL's `ncclRedOpCreatePreMulSum`): each rank's input is
+/// multiplied by its own rank's scalar as the collective kernel reads it, then summed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PreMul {
+    /// The value: the element's bytes as they lie in memory, at the start of the u64's (where
+    /// the kernel reads them).
+    Immediate(u64),
+    /// The device address of one element, read by the kernel when it runs: a graph replay sees
+    /// the value of that moment.
+    Device(u64),
+}
+
+impl PreMul {
+    /// An immediate scalar from the element's bytes as they lie in host memory (1 to 8).
+    pub fn immediate(bytes: &[u8]) -> Result<PreMul> {
+        if bytes.is_empty() || bytes.len() > 8 {
+            return Err(Error::InvalidArgument(format!("a {}-byte scalar; elements have 1 to 8", bytes.len())));
+        }
+        let mut b = [0u8; 8];
+        b[..bytes.len()].copy_from_slice(bytes);
+        Ok(PreMul::Immediate(u64::from_ne_bytes(b)))
+    }
+}
+
+impl CollArgs {
+    /// Makes the launch a pre-multiply sum with scalar `p` (the operator must be `Sum`).
+    pub fn premul(&mut self, p: PreMul) {
+        (self.pre, self.scalar) = match p {
+            PreMul::Immediate(bits) => (1, bits),
+            PreMul::Device(addr) => (2, addr),
+        };
+    }
+}
+
+/// Index of the pre-multiply sum in a program's functions, after one per operator.
+const PREMUL_FUNC: usize = RedOp::ALL.len();
+
+/// Which function of the program a launch of `args` runs: the operator's, the pre-multiply sum's,
+/// or the byte mover's (index 0 of the byte-moving program).
+fn func_index(mode: Mode, args: &CollArgs, dt: Dtype, op: RedOp) -> Result<usize> {
+    if args.pre == 0 {
+        return Ok(if mode.reduces() { op.index() } else { 0 });
+    }
+    if !mode.reduces() || op != RedOp::Sum {
+        return Err(Error::InvalidArgument(format!(
+            "a pre-multiply scalar on a {mode:?} launch with operator {op}: only reductions that sum take one"
+        )));
+    }
+    if args.div != 0 {
+        return Err(Error::InvalidArgument("a pre-multiply sum that also divides".into()));
+    }
+    match args.pre {
+        1 => {}
+        2 if args.scalar == 0 => {
+            return Err(Error::InvalidArgument("the pre-multiply scalar is a null device address".into()))
+        }
+        2 if !args.scalar.is_multiple_of(dt.size() as u64) => {
+            return Err(Error::InvalidArgument(format!(
+                "the pre-multiply scalar at {:#x} is not aligned to its {}-byte {dt}",
+                args.scalar,
+                dt.size()
+            )))
+        }
+        2 => {}
+        p => return Err(Error::InvalidArgument(format!("pre-multiply kind {p}: 1 (immediate) or 2 (device)"))),
+    }
+    Ok(PREMUL_FUNC)
 }
 
 // SAFETY: plain old data of u64/u32 fields laid out as the kernel's struct.
@@ -261,7 +334,12 @@ impl CollKernels {
             }
         }
         let names: Vec<String> = match dt {
-            Some(dt) => RedOp::ALL.iter().map(|op| format!("occl_coll_{}_{}", dt.name(), op.name())).collect(),
+            Some(dt) => RedOp::ALL
+                .iter()
+                .map(|op| op.name())
+                .chain(["premulsum"])
+                .map(|op| format!("occl_coll_{}_{op}", dt.name()))
+                .collect(),
             None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string(), "occl_p2p_group".to_string()],
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
@@ -295,9 +373,9 @@ impl CollKernels {
         }
         let mode =
             Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
-        let reduces = mode.reduces();
-        let prog = self.program(reduces.then_some(dt))?;
-        let f = if reduces { &prog.funcs[op.index()] } else { &prog.funcs[0] };
+        let i = func_index(mode, args, dt, op)?;
+        let prog = self.program(mode.reduces().then_some(dt))?;
+        let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let mut l = stream.launch_builder(&f.f);
         l.arg(args);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
@@ -342,8 +420,8 @@ mod tests {
 
     #[test]
     fn the_argument_block_has_the_kernels_layout() {
-        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers: no padding anywhere.
-        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8);
+        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers and the scalar: no padding.
+        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8 + 8);
         assert_eq!(std::mem::align_of::<CollArgs>(), 8);
     }
 
@@ -357,6 +435,46 @@ mod tests {
         assert!(Layout { nranks: 9, ..l }.validate().is_err());
         assert!(Layout { slot_bytes: 1000, ..l }.validate().is_err());
         assert!(Layout { slots: 0, ..l }.validate().is_err());
+    }
+
+    #[test]
+    fn an_immediate_scalar_keeps_its_bytes_at_the_start() {
+        let PreMul::Immediate(bits) = PreMul::immediate(&0.5f32.to_ne_bytes()).unwrap() else { panic!() };
+        assert_eq!(bits.to_ne_bytes()[..4], 0.5f32.to_ne_bytes());
+        assert_eq!(bits.to_ne_bytes()[4..], [0; 4]);
+        assert_eq!(
+            PreMul::immediate(&[0xff]).unwrap(),
+            PreMul::Immediate(u64::from_ne_bytes([0xff, 0, 0, 0, 0, 0, 0, 0]))
+        );
+        assert!(PreMul::immediate(&[]).is_err() && PreMul::immediate(&[0; 9]).is_err());
+        let mut a = CollArgs::default();
+        a.premul(PreMul::Device(0x1000));
+        assert_eq!((a.pre, a.scalar), (2, 0x1000));
+        a.premul(PreMul::Immediate(7));
+        assert_eq!((a.pre, a.scalar), (1, 7));
+    }
+
+    #[test]
+    fn a_premultiplied_launch_runs_the_premulsum_kernel_of_a_summing_reduction() {
+        let plain = CollArgs::default();
+        assert_eq!(func_index(Mode::AllReduceRing, &plain, Dtype::F32, RedOp::Max).unwrap(), RedOp::Max.index());
+        assert_eq!(func_index(Mode::AllGather, &plain, Dtype::U8, RedOp::Sum).unwrap(), 0);
+        let mut pre = CollArgs::default();
+        pre.premul(PreMul::Immediate(1));
+        for mode in Mode::ALL.into_iter().filter(|m| m.reduces()) {
+            assert_eq!(func_index(mode, &pre, Dtype::Bf16, RedOp::Sum).unwrap(), PREMUL_FUNC, "{mode:?}");
+            assert!(func_index(mode, &pre, Dtype::Bf16, RedOp::Prod).is_err(), "{mode:?}");
+        }
+        let e = func_index(Mode::Broadcast, &pre, Dtype::U8, RedOp::Sum).unwrap_err();
+        assert!(e.to_string().contains("only reductions that sum"), "{e}");
+        assert!(func_index(Mode::Reduce, &CollArgs { div: 2, ..pre }, Dtype::F32, RedOp::Sum).is_err());
+        pre.premul(PreMul::Device(0x1002));
+        let e = func_index(Mode::Reduce, &pre, Dtype::F32, RedOp::Sum).unwrap_err();
+        assert!(e.to_string().contains("0x1002 is not aligned to its 4-byte f32"), "{e}");
+        assert_eq!(func_index(Mode::Reduce, &pre, Dtype::F16, RedOp::Sum).unwrap(), PREMUL_FUNC);
+        pre.premul(PreMul::Device(0));
+        assert!(func_index(Mode::Reduce, &pre, Dtype::F16, RedOp::Sum).unwrap_err().to_string().contains("null"));
+        assert!(func_index(Mode::Reduce, &CollArgs { pre: 3, ..pre }, Dtype::F16, RedOp::Sum).is_err());
     }
 
     #[test]

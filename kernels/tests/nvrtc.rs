@@ -66,10 +66,11 @@ fn the_collective_programs_compile_for_hopper() {
     }
     // One program per element size (and fp8, whose conversions are sm_89's), and the byte mover.
     for (dt, kernels) in [
-        (Some(Dtype::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_min"]),
-        (Some(Dtype::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod"]),
-        (Some(Dtype::F8E4M3), vec!["occl_coll_f8e4m3_max"]),
-        (Some(Dtype::I64), vec!["occl_coll_i64_sum"]),
+        (Some(Dtype::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_min", "occl_coll_f32_premulsum"]),
+        (Some(Dtype::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod", "occl_coll_bf16_premulsum"]),
+        (Some(Dtype::F8E4M3), vec!["occl_coll_f8e4m3_max", "occl_coll_f8e4m3_premulsum"]),
+        (Some(Dtype::I64), vec!["occl_coll_i64_sum", "occl_coll_i64_premulsum"]),
+        (Some(Dtype::U8), vec!["occl_coll_u8_premulsum"]),
         (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
     ] {
         let t = std::time::Instant::now();
@@ -89,13 +90,15 @@ fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
     if !nvrtc_or_skip("the_grouped_p2p_kernel_takes_the_argument_block_rust_builds") {
         return;
     }
-    // The kernel's P2pArgs must be as large as Rust's: a static assertion compiled with the
-    // real source, so a field added on one side only fails here.
+    // The kernel's P2pArgs and CollArgs must be as large as Rust's: static assertions compiled
+    // with the real source, so a field added on one side only fails here.
     let size = std::mem::size_of::<p2p::P2pArgs>();
     let src = format!(
-        "{}\nstatic_assert(sizeof(P2pArgs) == {size}, \"P2pArgs size\");\nstatic_assert(OCCL_P2P_OPS == {}, \"ops\");\n",
+        "{}\nstatic_assert(sizeof(P2pArgs) == {size}, \"P2pArgs size\");\nstatic_assert(OCCL_P2P_OPS == {}, \"ops\");\n\
+         static_assert(sizeof(CollArgs) == {}, \"CollArgs size\");\n",
         coll::source(None),
-        p2p::MAX_OPS
+        p2p::MAX_OPS,
+        std::mem::size_of::<coll::CollArgs>(),
     );
     let cubin = nvrtc::compile_cubin(&src, "occl-p2p.cu", "sm_90", &options("sm_90")).unwrap_or_else(|e| panic!("{e}"));
     assert!(cubin.windows(14).any(|w| w == b"occl_p2p_group"));

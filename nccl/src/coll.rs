@@ -13,6 +13,7 @@ use crate::group;
 use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
 use crate::p2p;
 use occl::cuda::kernels::cudarc::driver::CudaStream;
+use occl::cuda::DevOp;
 use occl::{CollType, Comm, DataType, RedOp};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -23,8 +24,9 @@ pub type cudaStream_t = *mut c_void;
 /// Where a call runs.
 enum Path<'a> {
     Host(&'a Comm),
-    /// The device communicator, the caller's stream and its address (for collected p2p).
-    Device(&'a DevComm, Arc<CudaStream>, usize),
+    /// The device communicator, the caller's stream and its address (for collected p2p), and a
+    /// reduction's operator, resolved when the call was made.
+    Device(&'a DevComm, Arc<CudaStream>, usize, Option<DevOp>),
 }
 
 /// Picks the call's path and runs `f` on it, recording a failure on the communicator for
@@ -50,18 +52,19 @@ unsafe fn call(
             let _restore = gpu::Restore::new();
             // SAFETY: the caller's contract.
             let s = unsafe { gpu::stream(d.cc.context(), stream, name)? };
+            // Resolved now, as NCCL does at enqueue: a group may run after the operator is destroyed.
+            let op = match cost.and_then(|k| k.op.map(|o| (o, k.datatype))) {
+                Some((o, dt)) => Some(device_op(&c, o, dtype(dt)?).inspect_err(|e| c.note(name, e))?),
+                None => None,
+            };
             if let (Some(cost), true) = (cost, group::is_open()) {
-                defer(Deferred {
-                    name,
-                    comm: c.clone(),
-                    stream: s,
-                    stream_addr: stream as usize,
-                    cost,
-                    run: Box::new(f),
-                });
+                let stream_addr = stream as usize;
+                defer(Deferred { name, comm: c.clone(), stream: s, stream_addr, op, cost, run: Box::new(f) });
                 return Ok(ncclSuccess);
             }
-            return f(&c, Path::Device(d, s, stream as usize)).inspect_err(|e| c.note(name, e)).map(|()| ncclSuccess);
+            return f(&c, Path::Device(d, s, stream as usize, op))
+                .inspect_err(|e| c.note(name, e))
+                .map(|()| ncclSuccess);
         }
         _ => Path::Host(inner),
     };
@@ -82,16 +85,22 @@ unsafe fn call(
     Ok(ncclSuccess)
 }
 
-/// What a device collective costs, for `ncclGroupSimulateEnd`: its type and NCCL's count.
+/// A device collective as `ncclGroupSimulateEnd` prices it (its type and NCCL's count), with
+/// the operator of a reduction.
 #[derive(Clone, Copy)]
 struct Cost {
     coll: CollType,
     count: usize,
     datatype: ncclDataType_t,
+    op: Option<ncclRedOp_t>,
 }
 
 fn cost(coll: CollType, count: usize, datatype: ncclDataType_t) -> Option<Cost> {
-    Some(Cost { coll, count, datatype })
+    Some(Cost { coll, count, datatype, op: None })
+}
+
+fn reducing(coll: CollType, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t) -> Option<Cost> {
+    Some(Cost { coll, count, datatype, op: Some(op) })
 }
 
 /// A device collective called inside a group: run at the outermost `ncclGroupEnd`, in call
@@ -101,6 +110,7 @@ struct Deferred {
     comm: Arc<NcclComm>,
     stream: Arc<CudaStream>,
     stream_addr: usize,
+    op: Option<DevOp>,
     cost: Cost,
     run: DeviceCall,
 }
@@ -131,7 +141,7 @@ pub(crate) fn run_deferred() -> Result<()> {
     let mut first = Ok(());
     for d in calls {
         let r = match d.comm.device() {
-            Ok(Some(dev)) => (d.run)(&d.comm, Path::Device(dev, d.stream, d.stream_addr)),
+            Ok(Some(dev)) => (d.run)(&d.comm, Path::Device(dev, d.stream, d.stream_addr, d.op)),
             Ok(None) => Err(crate::error::internal("a device collective on a host communicator")),
             Err(e) => Err(e),
         };
@@ -157,15 +167,19 @@ pub(crate) fn discard_deferred() -> Result<f64> {
     Ok(us)
 }
 
-/// A built-in operator for a device call; a pre-multiply sum is refused, naming it.
-fn device_op(c: &NcclComm, name: &str, op: ncclRedOp_t, dt: DataType) -> Result<RedOp> {
-    match reduction(c, op, dt)? {
-        Reduction::Builtin(o) => Ok(o),
-        Reduction::PreMul(_) => Err(usage(format!(
-            "{name}: operator {op} is an ncclRedOpCreatePreMulSum operator, which occl's device collectives do not \
-             run; scale the input on the device and use ncclSum"
-        ))),
-    }
+/// A device call's operator: a built-in one, or a pre-multiply sum whose kernel multiplies the
+/// input as it reads it. The scalar is resolved now, as NCCL does at enqueue (the operator may be
+/// destroyed before a group runs): an immediate's bytes, or the device address the kernel reads
+/// when it runs.
+fn device_op(c: &NcclComm, op: ncclRedOp_t, dt: DataType) -> Result<DevOp> {
+    Ok(match reduction(c, op, dt)? {
+        Reduction::Builtin(o) => DevOp::Op(o),
+        Reduction::PreMul(pm) => DevOp::PreMulSum(match pm.scalar {
+            Scalar::Immediate(b) => occl::cuda::PreMul::immediate(&b)
+                .map_err(|e| occl::Error::InternalError(format!("operator {op}'s scalar: {e}")))?,
+            Scalar::Pointer(p) => occl::cuda::PreMul::Device(p as u64),
+        }),
+    })
 }
 
 /// Collects a device send or receive; outside a group it runs at once (a group of one).
@@ -223,58 +237,30 @@ fn reduction(c: &NcclComm, op: ncclRedOp_t, dt: DataType) -> Result<Reduction> {
 /// # Safety
 /// `send` readable for `count` elements of `pm.dt`; a `Scalar::Pointer` readable for one.
 unsafe fn premultiply(send: *const u8, count: usize, pm: &PreMul) -> Result<Vec<u64>> {
-    let dt = pm.dt;
-    let size = dt.size();
+    let size = pm.dt.size();
     let bytes = count.checked_mul(size).ok_or_else(|| arg(format!("count {count} overflows")))?;
     if send.is_null() && bytes > 0 {
         return Err(arg("sendbuff is NULL"));
     }
     let scalar: Vec<u8> = match &pm.scalar {
         Scalar::Immediate(b) => b.clone(),
+        Scalar::Pointer(p) if crate::device::is_device(*p as *const c_void) => {
+            return Err(usage(format!(
+                "the operator's scalar at {p:#x} is GPU memory (ncclScalarDevice), but this call runs on host \
+                 buffers, where the CPU reads it: pass device buffers, or a host scalar"
+            )))
+        }
         // SAFETY: the scalar's memory outlives the operator (NCCL's contract for ncclScalarDevice).
         Scalar::Pointer(p) => unsafe { std::slice::from_raw_parts(*p as *const u8, size) }.to_vec(),
     };
     let mut out = vec![0u64; bytes.div_ceil(8)];
-    // SAFETY: `out` has at least `bytes` bytes; send is readable for them.
+    // SAFETY: `out` has at least `bytes` bytes.
     let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), bytes) };
-    let src = if bytes == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(send, bytes) } };
-    macro_rules! ints {
-        ($t:ty) => {{
-            let s = <$t>::from_ne_bytes(scalar[..size].try_into().map_err(|_| arg("scalar size"))?);
-            for (d, x) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
-                let x = <$t>::from_ne_bytes(x.try_into().map_err(|_| arg("element size"))?);
-                d.copy_from_slice(&x.wrapping_mul(s).to_ne_bytes());
-            }
-        }};
+    if bytes > 0 {
+        // SAFETY: send is readable for `bytes` (the caller's contract).
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(send, bytes) });
     }
-    macro_rules! floats {
-        ($t:ty) => {{
-            let s = <$t>::from_ne_bytes(scalar[..size].try_into().map_err(|_| arg("scalar size"))?);
-            for (d, x) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
-                let x = <$t>::from_ne_bytes(x.try_into().map_err(|_| arg("element size"))?);
-                d.copy_from_slice(&(x * s).to_ne_bytes());
-            }
-        }};
-    }
-    match dt {
-        DataType::I8 => ints!(i8),
-        DataType::U8 => ints!(u8),
-        DataType::I32 => ints!(i32),
-        DataType::U32 => ints!(u32),
-        DataType::I64 => ints!(i64),
-        DataType::U64 => ints!(u64),
-        DataType::F32 => floats!(f32),
-        DataType::F64 => floats!(f64),
-        // Half and 8-bit floats: the product of two such values is exact in f64, so one
-        // rounding back gives the correctly rounded product, as the GPU's multiply does.
-        DataType::F16 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2 => {
-            let s = occl::dtype::get_f64(dt, &scalar, 0);
-            for i in 0..count {
-                let x = occl::dtype::get_f64(dt, src, i);
-                occl::dtype::set_f64(dt, dst, i, x * s);
-            }
-        }
-    }
+    occl::dtype::premultiply(pm.dt, dst, &scalar)?;
     Ok(out)
 }
 
@@ -318,14 +304,14 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllReduce", || unsafe {
-            call("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllReduce, count, datatype), move |c, path| {
+            call("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], reducing(CollType::AllReduce, count, datatype, op), move |c, path| {
                 let dt = dtype(datatype)?;
                 match path {
                     Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
                         inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
                     }),
-                    Path::Device(d, s, _) => {
-                        let o = device_op(c, "ncclAllReduce", op, dt)?;
+                    Path::Device(d, s, _, pre) => {
+                        let o = pre.ok_or_else(|| crate::error::internal("a reduction without its operator"))?;
                         d.cc.all_reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o)
                     }
                 }
@@ -350,7 +336,7 @@ export! {
                 Path::Host(inner) => {
                     inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
                 }
-                Path::Device(d, s, _) => {
+                Path::Device(d, s, _, _) => {
                     d.cc.broadcast_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?, root_of(root)?)
                 }
             })
@@ -373,7 +359,7 @@ export! {
                 Path::Host(inner) => {
                     inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
                 }
-                Path::Device(d, s, _) => {
+                Path::Device(d, s, _, _) => {
                     d.cc.broadcast_raw(&s, buff as u64, buff as u64, count, dtype(datatype)?, root_of(root)?)
                 }
             })
@@ -394,15 +380,15 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduce", || unsafe {
-            call("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::Reduce, count, datatype), move |c, path| {
+            call("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], reducing(CollType::Reduce, count, datatype, op), move |c, path| {
                 let dt = dtype(datatype)?;
                 let root = root_of(root)?;
                 match path {
                     Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
                         inner.reduce_raw(s, recvbuff.cast(), count, dt, o, root)
                     }),
-                    Path::Device(d, s, _) => {
-                        let o = device_op(c, "ncclReduce", op, dt)?;
+                    Path::Device(d, s, _, pre) => {
+                        let o = pre.ok_or_else(|| crate::error::internal("a reduction without its operator"))?;
                         d.cc.reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o, root)
                     }
                 }
@@ -424,7 +410,7 @@ export! {
         guard("ncclAllGather", || unsafe {
             call("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllGather, sendcount, datatype), move |_, path| match path {
                 Path::Host(inner) => inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?),
-                Path::Device(d, s, _) => {
+                Path::Device(d, s, _, _) => {
                     d.cc.all_gather_raw(&s, sendbuff as u64, recvbuff as u64, sendcount, dtype(datatype)?)
                 }
             })
@@ -444,7 +430,7 @@ export! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduceScatter", || unsafe {
-            call("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::ReduceScatter, recvcount, datatype), move |c, path| {
+            call("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], reducing(CollType::ReduceScatter, recvcount, datatype, op), move |c, path| {
                 let dt = dtype(datatype)?;
                 match path {
                     Path::Host(inner) => {
@@ -455,8 +441,8 @@ export! {
                             inner.reduce_scatter_raw(s, recvbuff.cast(), recvcount, dt, o)
                         })
                     }
-                    Path::Device(d, s, _) => {
-                        let o = device_op(c, "ncclReduceScatter", op, dt)?;
+                    Path::Device(d, s, _, pre) => {
+                        let o = pre.ok_or_else(|| crate::error::internal("a reduction without its operator"))?;
                         d.cc.reduce_scatter_raw(&s, sendbuff as u64, recvbuff as u64, recvcount, dt, o)
                     }
                 }
@@ -478,7 +464,7 @@ export! {
         guard("ncclAlltoAll", || unsafe {
             call("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllToAll, count, datatype), move |_, path| match path {
                 Path::Host(inner) => inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?),
-                Path::Device(d, s, _) => {
+                Path::Device(d, s, _, _) => {
                     d.cc.all_to_all_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?)
                 }
             })
@@ -539,7 +525,7 @@ impl Ends<'_, '_> {
         match self.path {
             // SAFETY: the caller's promise.
             Path::Host(inner) => unsafe { inner.send_raw(p, self.count, self.dt, peer) },
-            Path::Device(_, _, s) => device_p2p(self.c, *s, true, p as u64, self.count, self.dt, peer),
+            Path::Device(_, _, s, _) => device_p2p(self.c, *s, true, p as u64, self.count, self.dt, peer),
         }
     }
 
@@ -549,7 +535,7 @@ impl Ends<'_, '_> {
         match self.path {
             // SAFETY: the caller's promise.
             Path::Host(inner) => unsafe { inner.recv_raw(p, self.count, self.dt, peer) },
-            Path::Device(_, _, s) => device_p2p(self.c, *s, false, p as u64, self.count, self.dt, peer),
+            Path::Device(_, _, s, _) => device_p2p(self.c, *s, false, p as u64, self.count, self.dt, peer),
         }
     }
 
@@ -561,7 +547,7 @@ impl Ends<'_, '_> {
             // SAFETY: the caller's promise.
             Path::Host(_) => unsafe { own_block(from, to, bytes) },
             // SAFETY: the caller's promise; enqueued before the group's staged p2p.
-            Path::Device(_, s, _) => unsafe { gpu::copy_on(s, to as u64, from as u64, bytes) },
+            Path::Device(_, s, _, _) => unsafe { gpu::copy_on(s, to as u64, from as u64, bytes) },
         }
     }
 }
@@ -668,7 +654,7 @@ export! {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
                 match path {
                     Path::Host(inner) => inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer),
-                    Path::Device(_, _, s) => device_p2p(c, s, true, sendbuff as u64, count, dtype(datatype)?, peer),
+                    Path::Device(_, _, s, _) => device_p2p(c, s, true, sendbuff as u64, count, dtype(datatype)?, peer),
                 }
             })
         })
@@ -690,7 +676,7 @@ export! {
                 let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
                 match path {
                     Path::Host(inner) => inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer),
-                    Path::Device(_, _, s) => device_p2p(c, s, false, recvbuff as u64, count, dtype(datatype)?, peer),
+                    Path::Device(_, _, s, _) => device_p2p(c, s, false, recvbuff as u64, count, dtype(datatype)?, peer),
                 }
             })
         })
@@ -744,5 +730,74 @@ export! {
             c.remove_op(op)?;
             Ok(ncclSuccess)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::Scalar;
+    use occl::cuda::PreMul as DevScalar;
+
+    /// A communicator handle whose operator table works without a created communicator.
+    fn comm() -> Arc<NcclComm> {
+        let (_tx, rx) = std::sync::mpsc::channel();
+        NcclComm::background(rx, Options::default())
+    }
+
+    #[test]
+    fn every_datatype_runs_a_pre_multiply_sum_on_the_device() {
+        let c = comm();
+        for dt in DataType::ALL {
+            let bytes: Vec<u8> = (1..=dt.size() as u8).collect();
+            let imm = c.add_op(PreMul { dt, scalar: Scalar::Immediate(bytes.clone()) }).unwrap();
+            let mut want = [0u8; 8];
+            want[..bytes.len()].copy_from_slice(&bytes);
+            let got = device_op(&c, imm, dt).unwrap();
+            assert_eq!(got, DevOp::PreMulSum(DevScalar::Immediate(u64::from_ne_bytes(want))), "{dt}");
+            let dev = c.add_op(PreMul { dt, scalar: Scalar::Pointer(0x7f00_0000_0000) }).unwrap();
+            assert_eq!(device_op(&c, dev, dt).unwrap(), DevOp::PreMulSum(DevScalar::Device(0x7f00_0000_0000)));
+        }
+        for o in RedOp::ALL {
+            assert_eq!(device_op(&c, o as ncclRedOp_t, DataType::I8).unwrap(), DevOp::Op(o));
+        }
+    }
+
+    #[test]
+    fn a_pre_multiply_operator_serves_its_datatype_while_it_lives() {
+        let c = comm();
+        let op =
+            c.add_op(PreMul { dt: DataType::F32, scalar: Scalar::Immediate(2f32.to_ne_bytes().to_vec()) }).unwrap();
+        assert_eq!(op, NUM_OPS);
+        let e = device_op(&c, op, DataType::Bf16).unwrap_err();
+        assert_eq!(e.kind(), occl::ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string().contains("operator 5 was created for ncclFloat32 but the call's datatype is ncclBfloat16"),
+            "{e}"
+        );
+        c.remove_op(op).unwrap();
+        let e = device_op(&c, op, DataType::F32).unwrap_err();
+        assert_eq!(e.kind(), occl::ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("nor a live operator of this communicator"), "{e}");
+        assert!(device_op(&c, -1, DataType::F32).is_err());
+    }
+
+    #[test]
+    fn a_host_pre_multiply_scales_a_copy_of_the_input() {
+        let send: Vec<u8> = [1i32, -2, 3].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let s = 3i32;
+        let pm = PreMul { dt: DataType::I32, scalar: Scalar::Pointer(&raw const s as usize) };
+        // SAFETY: 3 readable elements and a readable scalar.
+        let out = unsafe { premultiply(send.as_ptr(), 3, &pm) }.unwrap();
+        let got: Vec<i32> = out.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>()[..12]
+            .chunks_exact(4)
+            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, [3, -6, 9]);
+        assert_eq!(i32::from_ne_bytes(send[..4].try_into().unwrap()), 1, "the input is left alone");
+        // SAFETY: nothing is read for 0 elements.
+        assert!(unsafe { premultiply(std::ptr::null(), 0, &pm) }.unwrap().is_empty());
+        // SAFETY: a NULL buffer of 3 elements is refused before it is read.
+        assert!(unsafe { premultiply(std::ptr::null(), 3, &pm) }.is_err());
     }
 }

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 pub type ncclComm_t = *mut NcclComm;
 
 /// A pre-multiply scalar: its bytes (`ncclScalarHostImmediate`), or where to read them when a
-/// collective runs (`ncclScalarDevice`; host memory in this build).
+/// collective runs (`ncclScalarDevice`: the kernel reads it on a device call, the CPU on a host
+/// call).
 #[derive(Debug, Clone)]
 pub(crate) enum Scalar {
     Immediate(Vec<u8>),

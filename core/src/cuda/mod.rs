@@ -29,12 +29,45 @@ pub(crate) mod tune;
 mod watch;
 
 pub use comm::{CudaComm, DeviceSettings};
+pub use kernels::coll::PreMul;
 pub use kernels::timer::ClockMap;
 pub use ops::P2p;
 pub use tune::DevAlgo;
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::Error;
+
+/// What a device reduction computes: one of occl's operators, or a pre-multiply sum (NCCL's
+/// `ncclRedOpCreatePreMulSum`: each rank's input times that rank's scalar, then summed). The
+/// kernel applies the scalar as it reads the input, so the operation makes no extra pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevOp {
+    Op(RedOp),
+    PreMulSum(PreMul),
+}
+
+impl From<RedOp> for DevOp {
+    fn from(op: RedOp) -> DevOp {
+        DevOp::Op(op)
+    }
+}
+
+impl DevOp {
+    /// The operator a host collective runs once the input is pre-multiplied.
+    pub(crate) fn host_op(self) -> RedOp {
+        match self {
+            DevOp::Op(op) => op,
+            DevOp::PreMulSum(_) => RedOp::Sum,
+        }
+    }
+
+    pub(crate) fn premul(self) -> Option<PreMul> {
+        match self {
+            DevOp::Op(_) => None,
+            DevOp::PreMulSum(p) => Some(p),
+        }
+    }
+}
 
 /// A kernel-crate error as occl's: bad arguments stay arguments, the rest are system errors
 /// that name the CUDA call.
@@ -88,6 +121,14 @@ mod tests {
         }
         let seen: std::collections::HashSet<_> = DataType::ALL.iter().map(|&d| kernel_dtype(d)).collect();
         assert_eq!(seen.len(), kernels::Dtype::ALL.len(), "one to one");
+    }
+
+    #[test]
+    fn a_pre_multiply_sum_is_a_sum_with_a_scalar() {
+        let p = DevOp::PreMulSum(PreMul::Device(0x100));
+        assert_eq!((p.host_op(), p.premul()), (RedOp::Sum, Some(PreMul::Device(0x100))));
+        let m = DevOp::from(RedOp::Max);
+        assert_eq!((m.host_op(), m.premul()), (RedOp::Max, None));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::p2p::{plan, Transfer};
 use super::staged::HostOp;
 use super::tune::DevAlgo;
-use super::{kernel_dtype, kernel_op};
+use super::{kernel_dtype, kernel_op, DevOp, PreMul};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::profile::op::OpDescr;
@@ -87,6 +87,22 @@ const MIN_BLOCK_BYTES: u64 = 32 << 10;
 /// then fails or runs on its own).
 fn capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| s == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+}
+
+/// Puts `op` into a launch's arguments; returns the operator the kernel folds with. An average
+/// is a sum divided by nranks at its end; a pre-multiply sum is a sum whose kernel scales this
+/// rank's input as it reads it.
+fn set_op(a: &mut CollArgs, op: DevOp, nranks: usize) -> RedOp {
+    match op {
+        DevOp::Op(o) => {
+            a.div = if o == RedOp::Avg { nranks as u32 } else { 0 };
+            o
+        }
+        DevOp::PreMulSum(p) => {
+            a.premul(p);
+            RedOp::Sum
+        }
+    }
 }
 
 impl CudaComm {
@@ -249,12 +265,12 @@ impl CudaComm {
         r
     }
 
-    fn div(&self, op: RedOp) -> u32 {
-        if op == RedOp::Avg {
-            self.nranks() as u32
-        } else {
-            0
+    /// A device scalar must be a readable element of `dt`, as a buffer must.
+    fn check_op(&self, dt: DataType, op: DevOp) -> Result<()> {
+        if let DevOp::PreMulSum(PreMul::Device(p)) = op {
+            self.check_ptrs(dt, &[("the pre-multiply scalar", p)], 1)?;
         }
+        Ok(())
     }
 
     /// The algorithm an all-reduce of `count` elements of `dt` runs with.
@@ -308,11 +324,13 @@ impl CudaComm {
         Ok(())
     }
 
-    /// All-reduce of `count` elements from `send` into `recv` (equal: in place).
+    /// All-reduce of `count` elements from `send` into `recv` (equal: in place). `op` is an
+    /// operator or a pre-multiply sum ([`DevOp`]).
     ///
     /// # Safety
     /// `send` and `recv` are device addresses on this GPU of `count` elements each, live until
-    /// the stream has run the operation; every rank makes the same call in the same order.
+    /// the stream has run the operation (so is a device scalar of `op`); every rank makes the
+    /// same call in the same order.
     pub unsafe fn all_reduce_raw(
         &self,
         stream: &CudaStream,
@@ -320,9 +338,11 @@ impl CudaComm {
         recv: u64,
         count: usize,
         dt: DataType,
-        op: RedOp,
+        op: impl Into<DevOp>,
     ) -> Result<()> {
+        let op = op.into();
         let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
+        self.check_op(dt, op)?;
         if count == 0 {
             return self.check_stream(stream);
         }
@@ -340,12 +360,12 @@ impl CudaComm {
             DevAlgo::Ring => (Mode::AllReduceRing, c.div_ceil(n).next_multiple_of(16 / es)),
         };
         let mut a = self.args(mode, send, recv, unit, unit, c);
-        a.div = self.div(op);
+        let kop = set_op(&mut a, op, self.nranks());
         // Every algorithm spreads the whole message over the grid: sized by a shard, two-shot
         // ran 1 MiB on 4 ranks over 8 blocks, 1.2× one-shot's time on 32.
         let blocks = self.blocks(bytes);
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, op), blocks, Call::new(algo_name(mode), send, recv, count, dt)) }
+        unsafe { self.go(stream, a, (dt, kop), blocks, Call::new(algo_name(mode), send, recv, count, dt)) }
     }
 
     /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
@@ -359,9 +379,11 @@ impl CudaComm {
         recv: u64,
         count: usize,
         dt: DataType,
-        op: RedOp,
+        op: impl Into<DevOp>,
     ) -> Result<()> {
+        let op = op.into();
         let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
+        self.check_op(dt, op)?;
         if count == 0 {
             return self.check_stream(stream);
         }
@@ -374,10 +396,10 @@ impl CudaComm {
         let mode = self.reduce_scatter_mode(count, dt)?;
         // The ring clips each block to `total`: all n blocks are whole.
         let mut a = self.args(mode, send, recv, count as u64, count as u64, (count * n) as u64);
-        a.div = self.div(op);
+        let kop = set_op(&mut a, op, self.nranks());
         let call = Call::new(algo_name(mode), send, recv, count, dt);
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, op), self.blocks(bytes), call) }
+        unsafe { self.go(stream, a, (dt, kop), self.blocks(bytes), call) }
     }
 
     /// Reduce into `recv` on `root` (other ranks' `recv` is untouched).
@@ -392,12 +414,14 @@ impl CudaComm {
         recv: u64,
         count: usize,
         dt: DataType,
-        op: RedOp,
+        op: impl Into<DevOp>,
         root: usize,
     ) -> Result<()> {
+        let op = op.into();
         self.check_root(root, "root")?;
         let recv_p = if self.rank() == root { recv } else { send };
         let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv_p)], count)?;
+        self.check_op(dt, op)?;
         if count == 0 {
             return self.check_stream(stream);
         }
@@ -410,10 +434,10 @@ impl CudaComm {
         }
         let mut a = self.args(Mode::Reduce, send, recv_p, count as u64, 0, 0);
         a.root = root as u32;
-        a.div = self.div(op);
+        let kop = set_op(&mut a, op, self.nranks());
         let call = Call { root: root as i32, ..Call::new("DIRECT", send, recv_p, count, dt) };
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, op), self.blocks(bytes), call) }
+        unsafe { self.go(stream, a, (dt, kop), self.blocks(bytes), call) }
     }
 
     /// Byte-moving collectives share this: `count` elements become bytes.
@@ -681,4 +705,25 @@ pub struct P2p {
     pub buf: u64,
     pub count: usize,
     pub dt: DataType,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_average_divides_and_a_pre_multiply_sum_carries_its_scalar() {
+        let mut a = CollArgs::default();
+        assert_eq!(set_op(&mut a, RedOp::Avg.into(), 4), RedOp::Avg);
+        assert_eq!((a.div, a.pre), (4, 0));
+        let mut a = CollArgs::default();
+        assert_eq!(set_op(&mut a, RedOp::Min.into(), 4), RedOp::Min);
+        assert_eq!((a.div, a.pre), (0, 0));
+        let mut a = CollArgs::default();
+        assert_eq!(set_op(&mut a, DevOp::PreMulSum(PreMul::Device(0x2000)), 4), RedOp::Sum);
+        assert_eq!((a.div, a.pre, a.scalar), (0, 2, 0x2000));
+        let mut a = CollArgs::default();
+        assert_eq!(set_op(&mut a, DevOp::PreMulSum(PreMul::Immediate(9)), 2), RedOp::Sum);
+        assert_eq!((a.div, a.pre, a.scalar), (0, 1, 9));
+    }
 }

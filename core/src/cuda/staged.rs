@@ -5,6 +5,10 @@
 //! captures the three steps (a host function becomes a host node), so staged calls stay
 //! capturable.
 //!
+//! A pre-multiply sum copies its device scalar into the pinned buffer too (stream-ordered, so
+//! a replay reads the value of its moment), and the host function multiplies the staged input
+//! by the scalar before it runs the sum.
+//!
 //! One pinned buffer serves the communicator's calls one after another: a call on another stream
 //! than the last waits (on the device, through an event) for the last one, so the host
 //! collectives run in call order on every rank whatever streams carry them. Work captured in a
@@ -13,8 +17,9 @@
 use super::err;
 use super::kernels::cudarc::driver::{CudaContext, CudaStream};
 use super::kernels::staging::{self, Mark, Pinned};
+use super::{DevOp, PreMul};
 use crate::comm::Comm;
-use crate::dtype::{DataType, RedOp};
+use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,9 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The host collective a staged call runs.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum HostOp {
-    AllReduce(RedOp),
-    ReduceScatter(RedOp),
-    Reduce(RedOp, usize),
+    AllReduce(DevOp),
+    ReduceScatter(DevOp),
+    Reduce(DevOp, usize),
     AllGather,
     Broadcast(usize),
     AllToAll,
@@ -36,6 +41,15 @@ pub(crate) enum HostOp {
 /// results of the failed call and of everything after it are not to be trusted).
 #[derive(Default)]
 struct Failure(Mutex<Option<Error>>);
+
+impl HostOp {
+    fn premul(self) -> Option<PreMul> {
+        match self {
+            HostOp::AllReduce(op) | HostOp::ReduceScatter(op) | HostOp::Reduce(op, _) => op.premul(),
+            _ => None,
+        }
+    }
+}
 
 impl Failure {
     fn get(&self) -> Option<Error> {
@@ -74,6 +88,10 @@ struct Call {
     recv: *mut u8,
     count: usize,
     dt: DataType,
+    /// A pre-multiply sum: its scalar, and for a device one the pinned copy the stream made.
+    pre: Option<(PreMul, *const u8)>,
+    /// Bytes of the staged input (what the scalar multiplies).
+    in_bytes: usize,
     failed: Arc<Failure>,
     /// Freed by its one run; a captured call runs once per replay and lives as long as the
     /// communicator's staging.
@@ -86,13 +104,26 @@ impl Call {
             return Err(e);
         }
         let (c, s, r, n, dt) = (&self.comm, self.send, self.recv, self.count, self.dt);
+        if let Some((p, copy)) = self.pre {
+            let size = dt.size();
+            let scalar = match p {
+                PreMul::Immediate(bits) => bits.to_ne_bytes(),
+                // SAFETY: the stream copied the scalar's element into these 8 pinned bytes
+                // before this host function (enqueue reserved them for this call).
+                PreMul::Device(_) => unsafe { copy.cast::<[u8; 8]>().read_unaligned() },
+            };
+            // SAFETY: the staged input, in this call's part of the pinned buffer (as below),
+            // which only this host function touches while it runs.
+            let input = unsafe { std::slice::from_raw_parts_mut(s.cast_mut(), self.in_bytes) };
+            crate::dtype::premultiply(dt, input, &scalar[..size])?;
+        }
         // SAFETY: send and recv point into the pinned buffer, sized for this call when it was
         // enqueued and kept alive until the stream (or every replay) has run it.
         unsafe {
             match self.op {
-                HostOp::AllReduce(op) => c.all_reduce_raw(s, r, n, dt, op),
-                HostOp::ReduceScatter(op) => c.reduce_scatter_raw(s, r, n, dt, op),
-                HostOp::Reduce(op, root) => c.reduce_raw(s, r, n, dt, op, root),
+                HostOp::AllReduce(op) => c.all_reduce_raw(s, r, n, dt, op.host_op()),
+                HostOp::ReduceScatter(op) => c.reduce_scatter_raw(s, r, n, dt, op.host_op()),
+                HostOp::Reduce(op, root) => c.reduce_raw(s, r, n, dt, op.host_op(), root),
                 HostOp::AllGather => c.all_gather_raw(s, r, n, dt),
                 HostOp::Broadcast(root) => c.broadcast_raw(s, r, n, dt, root),
                 HostOp::AllToAll => c.all_to_all_raw(s, r, n, dt),
@@ -152,6 +183,11 @@ fn out_offset(in_bytes: usize) -> usize {
     in_bytes.next_multiple_of(256)
 }
 
+/// Where a device scalar's copy lies: after the output, 8 bytes of their own.
+fn scalar_offset(out_end: usize) -> usize {
+    out_end.next_multiple_of(8)
+}
+
 impl Staged {
     pub(crate) fn new(ctx: &Arc<CudaContext>, comm: Arc<Comm>) -> Result<Staged> {
         let mark = Mark::new(ctx).map_err(err("create the staging event"))?;
@@ -196,10 +232,12 @@ impl Staged {
         let capturing = staging::capturing(stream).map_err(err("query the stream's capture"))?;
         let in_bytes = input.map_or(0, |(_, b)| b);
         let out_at = out_offset(in_bytes);
-        let need = (out_at + output.map_or(0, |(_, b)| b)).max(1);
+        let scalar_at = scalar_offset(out_at + output.map_or(0, |(_, b)| b));
+        let need = (scalar_at + 8).max(1);
         let mut g = lock(&self.inner);
         let base = self.buffer(&mut g, need, capturing)?;
-        let (send, recv) = (base, base.wrapping_add(out_at));
+        let (send, recv, scalar) = (base, base.wrapping_add(out_at), base.wrapping_add(scalar_at));
+        let pre = op.premul().map(|p| (p, scalar.cast_const()));
         let key = stream.cu_stream() as usize;
         if !capturing && g.last_stream != 0 && g.last_stream != key {
             self.mark.wait_on(stream).map_err(err("order staged calls across streams"))?;
@@ -211,6 +249,8 @@ impl Staged {
             recv,
             count,
             dt,
+            pre,
+            in_bytes,
             failed: self.failed.clone(),
             once: !capturing,
         });
@@ -218,6 +258,10 @@ impl Staged {
         unsafe {
             if let Some((src, bytes)) = input.filter(|&(_, b)| b > 0) {
                 staging::copy_to_host(stream, send, src, bytes).map_err(err("stage the input to the host"))?;
+            }
+            if let Some(PreMul::Device(p)) = op.premul() {
+                staging::copy_to_host(stream, scalar, p, dt.size())
+                    .map_err(err("stage the pre-multiply scalar to the host"))?;
             }
             if capturing {
                 let p = &*call as *const Call as *mut c_void;
@@ -279,6 +323,7 @@ impl Drop for Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::RedOp;
 
     #[test]
     fn the_output_starts_on_its_own_lines_after_the_input() {
@@ -286,6 +331,17 @@ mod tests {
         assert_eq!(out_offset(1), 256);
         assert_eq!(out_offset(256), 256);
         assert_eq!(out_offset(257), 512);
+        assert_eq!(scalar_offset(0), 0);
+        assert_eq!(scalar_offset(258), 264);
+    }
+
+    #[test]
+    fn only_a_summing_reduction_carries_a_scalar() {
+        let p = DevOp::PreMulSum(PreMul::Immediate(1));
+        assert_eq!(HostOp::AllReduce(p).premul(), Some(PreMul::Immediate(1)));
+        assert_eq!(HostOp::Reduce(p, 1).premul(), Some(PreMul::Immediate(1)));
+        assert_eq!(HostOp::ReduceScatter(RedOp::Avg.into()).premul(), None);
+        assert_eq!(HostOp::Broadcast(0).premul(), None);
     }
 
     #[test]

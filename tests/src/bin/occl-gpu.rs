@@ -14,13 +14,14 @@
 //! asserts that they are.
 //!
 //! `check` compares against a host reference: sizes 0, 1, odd, across the FIFO's chunks and
-//! 1 GiB, in and out of place, and replayed from a captured CUDA graph. `bench` prints one JSON
+//! 1 GiB, in and out of place, and replayed from a captured CUDA graph; and pre-multiply sums
+//! with an immediate scalar and with a device one changed between replays of a graph. `bench` prints one JSON
 //! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
 //! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
-use occl::cuda::{CudaComm, DevAlgo};
+use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
 use occl::{Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
 use std::process::ExitCode;
@@ -318,6 +319,114 @@ fn case(
     Ok(wrong)
 }
 
+/// Rank `r`'s pre-multiply scalar on replay `k`: small, so that sums of products stay exact in
+/// bf16 and i8 on 8 ranks.
+fn premul_scalar(r: usize, k: usize) -> f64 {
+    (1 + r % 2 + k) as f64
+}
+
+/// A pre-multiply sum: every rank's input times its own scalar, then summed. The scalar is
+/// immediate, or read by the kernel from device memory; with `graph` the call is captured once
+/// and replayed with the device scalar changed before each replay. Returns wrong elements.
+#[allow(clippy::too_many_arguments)]
+fn premul_case(
+    cc: &CudaComm,
+    s: &Arc<CudaStream>,
+    coll: Coll,
+    dt: DataType,
+    count: usize,
+    inplace: bool,
+    device: bool,
+    graph: bool,
+) -> anyhow::Result<usize> {
+    let (r, n, es) = (cc.rank(), cc.nranks(), dt.size());
+    let (in_n, out_n) = if coll == Coll::ReduceScatter { (count * n, count) } else { (count, count) };
+    let mut host = Vec::with_capacity(in_n * es);
+    for i in 0..in_n {
+        encode(dt, val(RedOp::Sum, r, i), &mut host);
+    }
+    let (mut ibuf, iptr) = alloc(s, in_n * es)?;
+    let (mut obuf, optr) = alloc(s, out_n * es)?;
+    let (mut sbuf, sptr) = alloc(s, es)?;
+    let set_scalar = |sbuf: &mut CudaSlice<u8>, k: usize| -> anyhow::Result<()> {
+        let mut b = Vec::new();
+        encode(dt, premul_scalar(r, k), &mut b);
+        s.memcpy_htod(&b, &mut sbuf.slice_mut(..es))?;
+        Ok(())
+    };
+    let op = if device {
+        DevOp::PreMulSum(PreMul::Device(sptr))
+    } else {
+        let mut b = Vec::new();
+        encode(dt, premul_scalar(r, 0), &mut b);
+        DevOp::PreMulSum(PreMul::immediate(&b)?)
+    };
+    let replays = if graph && device { 2 } else { 1 };
+    let want = |i: usize, k: usize| -> Option<f64> {
+        let at = match coll {
+            Coll::ReduceScatter => r * count + i,
+            Coll::Reduce if r != n - 1 => return None,
+            _ => i,
+        };
+        Some((0..n).map(|q| premul_scalar(q, if device { k } else { 0 }) * val(RedOp::Sum, q, at)).sum())
+    };
+    let (src, dst) = if inplace { (optr, optr) } else { (iptr, optr) };
+    let go = || -> anyhow::Result<()> {
+        // SAFETY: buffers of the sizes each operation reads and writes, and a device scalar of
+        // one element, alive until synchronised.
+        unsafe {
+            match coll {
+                Coll::AllReduce(_) => cc.all_reduce_raw(s, src, dst, count, dt, op)?,
+                Coll::ReduceScatter => cc.reduce_scatter_raw(s, src, dst, count, dt, op)?,
+                Coll::Reduce => cc.reduce_raw(s, src, dst, count, dt, op, n - 1)?,
+                c => bail!("{c:?} is no reduction"),
+            }
+        }
+        Ok(())
+    };
+    let g = if graph {
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        go()?;
+        Some(s.end_capture(sys::CUgraphInstantiate_flags(0))?.context("empty graph")?)
+    } else {
+        None
+    };
+    let mut wrong = 0;
+    for k in 0..replays {
+        let poison = vec![0x7bu8; out_n * es];
+        s.memcpy_htod(&poison, &mut obuf.slice_mut(..out_n * es))?;
+        if count > 0 {
+            let into = if inplace { &mut obuf } else { &mut ibuf };
+            s.memcpy_htod(&host, &mut into.slice_mut(..in_n * es))?;
+        }
+        set_scalar(&mut sbuf, k)?;
+        match &g {
+            Some(g) => g.launch()?,
+            None => go()?,
+        }
+        s.synchronize()?;
+        cc.device_error()?;
+        let mut got = vec![0u8; out_n * es];
+        if out_n > 0 {
+            s.memcpy_dtoh(&obuf.slice(..out_n * es), &mut got)?;
+        }
+        for i in 0..out_n {
+            let Some(w) = want(i, k) else { continue };
+            let v = decode(dt, &got[i * es..]);
+            if v != w {
+                if wrong < 3 {
+                    eprintln!(
+                        "rank {r}: premul {coll:?} {dt} count {count} inplace {inplace} device {device} graph {graph} \
+                         replay {k}: [{i}] = {v}, want {w}"
+                    );
+                }
+                wrong += 1;
+            }
+        }
+    }
+    Ok(wrong)
+}
+
 fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
     let n = cc.nranks();
     let big = flag(args, "--big").map(parse_size).transpose()?.unwrap_or(1 << 30);
@@ -393,6 +502,33 @@ fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
     run(Coll::AllGather, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
     run(Coll::ReduceScatter, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
     run(Coll::AllToAll, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
+    // Pre-multiply sums: immediate and device scalars, in place, and graph replays that read a
+    // changed device scalar.
+    for dt in dts {
+        let sizes = [1, 1001, 3 * chunk / dt.size() + 7];
+        let colls: Vec<Coll> =
+            algos.iter().map(|&a| Coll::AllReduce(a)).chain([Coll::ReduceScatter, Coll::Reduce]).collect();
+        for coll in colls {
+            if let Coll::AllReduce(a) = coll {
+                cc.force_all_reduce(Some(a))?;
+            }
+            for &c in &sizes {
+                for (ip, dev) in [(false, false), (false, true), (true, true)] {
+                    if ip && coll == Coll::ReduceScatter {
+                        continue;
+                    }
+                    cases += 1;
+                    bad += usize::from(premul_case(cc, s, coll, dt, c, ip, dev, false)? > 0);
+                }
+            }
+            if coll != Coll::Reduce {
+                for dev in [false, true] {
+                    cases += 1;
+                    bad += usize::from(premul_case(cc, s, coll, dt, 1001, false, dev, true)? > 0);
+                }
+            }
+        }
+    }
     cc.force_all_reduce(None)?;
     let how = if cc.is_staged() { "staged through host memory" } else { "cuda-p2p" };
     println!("rank {}: {cases} cases, {bad} wrong ({how})", cc.rank());
