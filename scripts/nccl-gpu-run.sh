@@ -9,6 +9,9 @@
 #   PHASE=kill   the kill job with the default OCCL_TIMEOUT (600 s: only the dead-peer watcher
 #                can make it fast), the torchrun job on occl and on NVIDIA's NCCL with their DDP
 #                losses compared, and an all_reduce_perf -g 2 smoke on both.
+#   PHASE=more   grouped p2p, all-to-all and all-reduce captured in CUDA graphs (-G 10, -g 2),
+#                all 7 tests with -g 4 when the host has 4 GPUs, and two thread ranks on one GPU
+#                (-t 2 on CUDA_VISIBLE_DEVICES=0), each on occl and on NVIDIA's NCCL.
 #   PHASE=premul all_reduce/reduce_scatter/reduce_perf -o all -d all (every operator, mulsum
 #                included, on every type) with -g 2 on occl and on NVIDIA's NCCL, all_reduce again
 #                captured in a CUDA graph (-G 1), and the #wrong totals per library and operator.
@@ -79,6 +82,26 @@ premul)
   for f in premul-occl premul-nccl premul-graph-occl premul-graph-nccl; do
     echo "== $f: #wrong by test and operator"; wrong_totals $OUT/$f.txt
     grep -hE "Out of bounds|rc=[1-9]|Error|error|failed|FAILED" $OUT/$f.txt | sort | uniq -c | head -8
+  done ;;
+more)
+  build
+  for t in sendrecv_perf alltoall_perf all_reduce_perf; do
+    for lib in occl nccl; do
+      CUDA_VISIBLE_DEVICES=0,1 run $lib graph-$lib.txt $t $here/build/$t -b 8 -e 256M -f 8 -c 1 -g 2 -G 10
+    done
+  done
+  if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+    for t in ${G4_TESTS:-$T}; do
+      for lib in occl nccl; do run $lib g4-$lib.txt $t $here/build/$t $A -g 4; done
+    done
+  fi
+  for lib in occl nccl; do
+    CUDA_VISIBLE_DEVICES=0 run $lib onegpu-$lib.txt all_reduce_perf $here/build/all_reduce_perf -b 8 -e 64M -f 8 -c 1 -t 2 -g 1
+  done
+  for f in graph-occl graph-nccl g4-occl g4-nccl onegpu-occl onegpu-nccl; do
+    [ -e $OUT/$f.txt ] || continue
+    echo "== $f: #wrong by test"; wrong_totals $OUT/$f.txt
+    grep -hE "Duplicate|rc=[1-9]|Error|error|failed|FAILED" $OUT/$f.txt | sort | uniq -c | head -6
   done ;;
 tests)
   build

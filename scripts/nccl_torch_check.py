@@ -106,6 +106,26 @@ try:
 except Exception as e:
     print(f"rank {rank}: EXCEPTION in the pre-multiply checks {type(e).__name__}: {e}", flush=True)
     pcheck("premul_exception", False)
+# ncclGroupSimulateEnd through PyTorch's time estimator (when this PyTorch has one): an
+# estimate in µs for a group it never runs; the tensor must stay untouched.
+try:
+    est = getattr(dist.distributed_c10d, "_time_estimator", None)
+    if est is None:
+        print(f"rank {rank}: SIMULATE SKIPPED: this PyTorch has no distributed_c10d._time_estimator", flush=True)
+    else:
+        times = []
+        for n in (1 << 10, 1 << 26):
+            x = torch.full((n,), float(rank + 1), device=dev)
+            with est(device=dev) as cm:
+                dist.all_reduce(x)
+            torch.cuda.synchronize()
+            times.append(cm.estimated_time)
+            check(f"simulate_untouched_{n}", torch.all(x == rank + 1))
+        print(f"rank {rank}: SIMULATE all_reduce 4 KiB {times[0]} us, 256 MiB {times[1]} us", flush=True)
+        check("simulate_estimates", 0 < times[0] < times[1])
+except Exception as e:
+    print(f"rank {rank}: EXCEPTION in the simulate check {type(e).__name__}: {e}", flush=True)
+    check("simulate_exception", False)
 bad = [k for k in pre if not res[k]]
 print(f"rank {rank}: PREMUL {'PASS' if pre and not bad else 'FAIL'} ({len(pre) - len(bad)}/{len(pre)} ok"
       + (f"; wrong: {' '.join(bad)}" if bad else "") + ")", flush=True)
