@@ -46,7 +46,7 @@ pub(crate) fn server(config: &Config, secret: &[u8; 16]) -> Result<Option<&'stat
                 // `/metrics` on the client port serves this process's telemetry (with every other process's of
                 // the node); occl-ras knows nothing of occl-telemetry, so it gets a renderer.
                 s.set_metrics_provider(std::sync::Arc::new(|out: &mut String| {
-                    if let Some(t) = occl_telemetry::spans::Telemetry::global() {
+                    if let Some(t) = occl_telemetry::exporters::global() {
                         t.render_metrics(out);
                     }
                 }));

@@ -258,14 +258,14 @@ fn struct_name(dt: Dtype) -> &'static str {
     }
 }
 
-struct Program {
-    funcs: Vec<Func>,
+pub(crate) struct Program {
+    pub(crate) funcs: Vec<Func>,
     _module: Arc<CudaModule>,
 }
 
 /// The collective kernels of one device, built per element type at first use.
 pub struct CollKernels {
-    ctx: Arc<CudaContext>,
+    pub(crate) ctx: Arc<CudaContext>,
     cache: Option<Cache>,
     /// Key `None`: the byte-moving program.
     programs: Mutex<HashMap<Option<Dtype>, Arc<Program>>>,
@@ -314,7 +314,7 @@ impl CollKernels {
         Ok(())
     }
 
-    fn program(&self, dt: Option<Dtype>) -> Result<Arc<Program>> {
+    pub(crate) fn program(&self, dt: Option<Dtype>) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
         if let Some(p) = g.get(&dt) {
             return Ok(p.clone());
@@ -381,31 +381,6 @@ impl CollKernels {
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
-        Ok(())
-    }
-}
-
-impl CollKernels {
-    /// Enqueues a group's sends and receives (a [`crate::p2p::plan`]) as one launch of `blocks`
-    /// blocks on `stream`.
-    ///
-    /// # Safety
-    /// As [`CollKernels::launch`]: every buffer of `args` is live device memory of its bytes
-    /// until the stream has run it, and every peer launches its side of each connection.
-    pub unsafe fn launch_p2p(&self, stream: &CudaStream, args: &crate::p2p::P2pArgs, blocks: u32) -> Result<()> {
-        if stream.context() != &self.ctx {
-            return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
-        }
-        if blocks == 0 {
-            return Err(Error::InvalidArgument("a p2p launch of 0 blocks".into()));
-        }
-        let prog = self.program(None)?;
-        let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
-        let mut l = stream.launch_builder(&f.f);
-        l.arg(args);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
-        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_p2p_group)"))?;
         Ok(())
     }
 }

@@ -8,9 +8,11 @@
 //! connection's bytes, the channel budget and the rank count), never on the other connections
 //! of this rank's group, which the peer does not see.
 
-use crate::coll::{CollArgs, MAX_RANKS};
-use crate::error::{Error, Result};
+use crate::coll::{CollArgs, CollKernels, MAX_RANKS};
+use crate::error::{driver, Error, Result};
+use crate::kernels::THREADS;
 use cudarc::driver::DeviceRepr;
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
 /// Operations one launch can carry (`OCCL_P2P_OPS`): the whole table travels as the kernel's
 /// argument, whose size CUDA caps at 4 KiB.
@@ -128,6 +130,31 @@ pub fn plan(base: CollArgs, transfers: &[Transfer], channels: u32) -> Result<Opt
     }
     g.nconns = nconns as u32;
     Ok(Some((g, grid)))
+}
+
+impl CollKernels {
+    /// Enqueues a group's sends and receives (a [`plan`]) as one launch of `blocks`
+    /// blocks on `stream`.
+    ///
+    /// # Safety
+    /// As [`CollKernels::launch`]: every buffer of `args` is live device memory of its bytes
+    /// until the stream has run it, and every peer launches its side of each connection.
+    pub unsafe fn launch_p2p(&self, stream: &CudaStream, args: &P2pArgs, blocks: u32) -> Result<()> {
+        if stream.context() != &self.ctx {
+            return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
+        }
+        if blocks == 0 {
+            return Err(Error::InvalidArgument("a p2p launch of 0 blocks".into()));
+        }
+        let prog = self.program(None)?;
+        let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
+        let mut l = stream.launch_builder(&f.f);
+        l.arg(args);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
+        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_p2p_group)"))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

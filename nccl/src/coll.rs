@@ -7,12 +7,12 @@
 //! group, is collected by occl until `ncclGroupEnd`) and has completed when that returns.
 
 use crate::abi::*;
+use crate::deferred::{cost, defer, reducing, Cost, Deferred, Path};
 use crate::error::{arg, guard, usage, Result};
-use crate::gpu::{self, DevComm};
+use crate::gpu;
 use crate::group;
 use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
 use crate::p2p;
-use occl::cuda::kernels::cudarc::driver::CudaStream;
 use occl::cuda::DevOp;
 use occl::{CollType, Comm, DataType, RedOp};
 use std::ffi::c_void;
@@ -20,14 +20,6 @@ use std::sync::Arc;
 
 /// `cudaStream_t`.
 pub type cudaStream_t = *mut c_void;
-
-/// Where a call runs.
-enum Path<'a> {
-    Host(&'a Comm),
-    /// The device communicator, the caller's stream and its address (for collected p2p), and a
-    /// reduction's operator, resolved when the call was made.
-    Device(&'a DevComm, Arc<CudaStream>, usize, Option<DevOp>),
-}
 
 /// Picks the call's path and runs `f` on it, recording a failure on the communicator for
 /// `ncclCommGetAsyncError`/`ncclGetLastError`.
@@ -83,88 +75,6 @@ unsafe fn call(
     }
     f(&c, path).inspect_err(|e| c.note(name, e))?;
     Ok(ncclSuccess)
-}
-
-/// A device collective as `ncclGroupSimulateEnd` prices it (its type and NCCL's count), with
-/// the operator of a reduction.
-#[derive(Clone, Copy)]
-struct Cost {
-    coll: CollType,
-    count: usize,
-    datatype: ncclDataType_t,
-    op: Option<ncclRedOp_t>,
-}
-
-fn cost(coll: CollType, count: usize, datatype: ncclDataType_t) -> Option<Cost> {
-    Some(Cost { coll, count, datatype, op: None })
-}
-
-fn reducing(coll: CollType, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t) -> Option<Cost> {
-    Some(Cost { coll, count, datatype, op: Some(op) })
-}
-
-/// A device collective called inside a group: run at the outermost `ncclGroupEnd`, in call
-/// order, or dropped and priced by `ncclGroupSimulateEnd`, which must launch nothing.
-struct Deferred {
-    name: &'static str,
-    comm: Arc<NcclComm>,
-    stream: Arc<CudaStream>,
-    stream_addr: usize,
-    op: Option<DevOp>,
-    cost: Cost,
-    run: DeviceCall,
-}
-
-/// A collective's body, run on its device path.
-type DeviceCall = Box<dyn FnOnce(&Arc<NcclComm>, Path<'_>) -> Result<()>>;
-
-thread_local! {
-    static DEFERRED: std::cell::RefCell<Vec<Deferred>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-fn defer(d: Deferred) {
-    DEFERRED.with(|q| q.borrow_mut().push(d));
-}
-
-fn take_deferred() -> Vec<Deferred> {
-    DEFERRED.with(|q| std::mem::take(&mut *q.borrow_mut()))
-}
-
-/// Runs the group's device collectives in call order; each runs even when an earlier one
-/// failed (its peers wait for it), and the first error is returned.
-pub(crate) fn run_deferred() -> Result<()> {
-    let calls = take_deferred();
-    if calls.is_empty() {
-        return Ok(());
-    }
-    let _restore = gpu::Restore::new();
-    let mut first = Ok(());
-    for d in calls {
-        let r = match d.comm.device() {
-            Ok(Some(dev)) => (d.run)(&d.comm, Path::Device(dev, d.stream, d.stream_addr, d.op)),
-            Ok(None) => Err(crate::error::internal("a device collective on a host communicator")),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = r {
-            d.comm.note(d.name, &e);
-            if first.is_ok() {
-                first = Err(e);
-            }
-        }
-    }
-    first
-}
-
-/// Drops the group's device collectives (a group that failed, or a simulated one) and returns
-/// their predicted µs.
-pub(crate) fn discard_deferred() -> Result<f64> {
-    let mut us = 0.0;
-    for d in take_deferred() {
-        if let Some(dev) = d.comm.device()? {
-            us += dev.cc.predicted_us(d.cost.coll, d.cost.count, dtype(d.cost.datatype)?)?;
-        }
-    }
-    Ok(us)
 }
 
 /// A device call's operator: a built-in one, or a pre-multiply sum whose kernel multiplies the

@@ -45,12 +45,12 @@ fn end() -> Result<ncclResult_t> {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held.scratch);
     if let Err(e) = ran {
-        let _ = crate::coll::discard_deferred();
+        let _ = crate::deferred::discard();
         crate::p2p::discard();
         return Err(e);
     }
     // Device collectives in call order, then the device sends and receives together.
-    if let Err(e) = crate::coll::run_deferred() {
+    if let Err(e) = crate::deferred::run() {
         crate::p2p::discard();
         return Err(e);
     }
@@ -117,7 +117,7 @@ unsafe fn simulate_end(info: *mut ncclSimInfo_t) -> Result<ncclResult_t> {
     let host = occl::group_simulate_end();
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held.scratch);
-    let device = crate::coll::discard_deferred();
+    let device = crate::deferred::discard();
     let p2p = crate::p2p::simulate();
     if magic != Some(SIM_MAGIC) {
         return Err(arg("simInfo was not set to NCCL_SIM_INFO_INITIALIZER (its size or magic is wrong)"));

@@ -12,9 +12,9 @@
 //! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
 //! → `error` (result codes, the last error, the panic barrier) → `device` (is a pointer GPU
 //! memory) → `gpu` (current device, streams, staging buffers) → `handle` (the communicator
-//! behind `ncclComm_t`) → `p2p` (staged device send/recv) → `group` (the thread's group, with
-//! the inits, buffers and device p2p it holds) → the entry points (`init`, `coll`, `misc`,
-//! `stubs`).
+//! behind `ncclComm_t`) → `p2p` (staged device send/recv) → `deferred` (where a call runs;
+//! the device collectives a group holds) → `group` (the thread's group, with the inits,
+//! buffers and device p2p it holds) → the entry points (`init`, `coll`, `misc`, `stubs`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)] // NCCL's C names
 
@@ -43,6 +43,7 @@ macro_rules! export {
 pub mod abi;
 mod coll;
 pub mod debug;
+mod deferred;
 mod device;
 mod error;
 mod gpu;

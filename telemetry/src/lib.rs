@@ -25,6 +25,7 @@
 
 pub mod activation;
 pub mod event;
+pub mod exporters;
 pub mod fanout;
 pub mod files;
 pub mod flight;

@@ -34,7 +34,7 @@ impl Profiling {
         profilers.extend(occl_telemetry::nccl::plugin_from_env());
         // The exporters the environment enables (Prometheus, OTLP, trace files), one collector
         // per process.
-        profilers.extend(occl_telemetry::spans::Telemetry::global().map(|t| t.clone() as Arc<dyn Profiler>));
+        profilers.extend(occl_telemetry::exporters::global().map(|t| t.clone() as Arc<dyn Profiler>));
         for prof in profilers {
             match prof.init(info) {
                 Some(sink) => {

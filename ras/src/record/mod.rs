@@ -13,6 +13,7 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::report::ResultCode;
 pub use live::LiveRecord;
 pub use registry::{CommRecord, MetricsProvider, ProcessRecords};
 
@@ -71,63 +72,6 @@ impl CollType {
 
     pub fn from_u8(v: u8) -> Option<CollType> {
         CollType::ALL.get(usize::from(v)).copied()
-    }
-}
-
-/// NCCL's `ncclResult_t`, the values a rank's init state and async error take (reports print them as integers in
-/// JSON and by name in text).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[repr(i32)]
-pub enum ResultCode {
-    Success = 0,
-    UnhandledCudaError = 1,
-    SystemError = 2,
-    InternalError = 3,
-    InvalidArgument = 4,
-    InvalidUsage = 5,
-    RemoteError = 6,
-    InProgress = 7,
-}
-
-impl ResultCode {
-    pub const fn code(self) -> i32 {
-        self as i32
-    }
-
-    pub fn from_code(code: i32) -> Option<ResultCode> {
-        use ResultCode::*;
-        [
-            Success,
-            UnhandledCudaError,
-            SystemError,
-            InternalError,
-            InvalidArgument,
-            InvalidUsage,
-            RemoteError,
-            InProgress,
-        ]
-        .into_iter()
-        .find(|r| r.code() == code)
-    }
-
-    /// The name NCCL's text report uses for an error code; unknown codes are "Unexpected error".
-    pub fn report_name(code: i32) -> &'static str {
-        match ResultCode::from_code(code) {
-            Some(ResultCode::Success) => "Success",
-            Some(ResultCode::UnhandledCudaError) => "Unhandled CUDA error",
-            Some(ResultCode::SystemError) => "System error",
-            Some(ResultCode::InternalError) => "Internal error",
-            Some(ResultCode::InvalidArgument) => "Invalid argument",
-            Some(ResultCode::InvalidUsage) => "Invalid usage",
-            Some(ResultCode::RemoteError) => "Remote process error",
-            Some(ResultCode::InProgress) => "NCCL operation in progress",
-            None => "Unexpected error",
-        }
-    }
-
-    /// Whether a report counts this code as an error (anything but success and in-progress).
-    pub fn is_error(code: i32) -> bool {
-        code != ResultCode::Success.code() && code != ResultCode::InProgress.code()
     }
 }
 

@@ -3,11 +3,11 @@
 
 use std::fmt::Write;
 
+use super::model::ResultCode;
 use super::model::{
     CommGroupRow, CommRef, ErrorBreakdown, ErrorEntry, FailedOp, JobSummary, OpCountMismatch, ProcessRef, RankGroup,
     RankLoc, RankRef, Report, StuckOp, SummarySpread, VersionInfo, WarningEntry,
 };
-use crate::record::ResultCode;
 
 /// Renders the whole report as the text client receives it (all chunks concatenated).
 pub fn render_text(r: &Report) -> String {

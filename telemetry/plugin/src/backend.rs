@@ -4,7 +4,8 @@
 
 use crate::metrics::Render;
 use crate::testlog::SpanLog;
-use occl_telemetry::spans::{exporters_from_env, Telemetry};
+use occl_telemetry::exporters;
+use occl_telemetry::spans::Telemetry;
 use occl_telemetry::Profiler;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -60,11 +61,11 @@ pub fn choose() -> Option<Backend> {
     FROM_ENV
         .get_or_init(|| match SpanLog::from_env() {
             Some(log) => {
-                let mut exporters = exporters_from_env();
+                let mut exporters = exporters::from_env();
                 exporters.push(log);
                 Some(Backend::telemetry(Arc::new(Telemetry::new(exporters))))
             }
-            None => Telemetry::global().map(|t| Backend::telemetry(t.clone())),
+            None => exporters::global().map(|t| Backend::telemetry(t.clone())),
         })
         .clone()
 }

@@ -4,7 +4,7 @@
 //! algorithm, protocol or datatype) takes a mutex to create it.
 //!
 //! **Enabling.** `OCCL_METRICS=1` (or `true`/`on`) adds this exporter to the process's collector
-//! ([`crate::spans::Telemetry::global`]); `0` turns it off; unset means off. [`enable`], called
+//! ([`crate::exporters::global`]); `0` turns it off; unset means off. [`enable`], called
 //! before the first communicator is created, does the same from code; or build one with
 //! [`Exporter::new`] and pass it to [`crate::spans::Telemetry::new`] (then register that
 //! collector and serve its `render_metrics` yourself). Under occl, RAS serves the global

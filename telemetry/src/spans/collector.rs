@@ -8,7 +8,7 @@ use crate::event::{EventDescr, EventId, EventType, OpTotals, StateArgs, StepTota
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
 use crate::sink::{Note, Sink};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// The span collector: one per process in practice ([`Telemetry::global`]), handing finished
 /// spans of every communicator to its exporters.
@@ -16,27 +16,9 @@ pub struct Telemetry {
     exporters: Vec<Arc<dyn Exporter>>,
 }
 
-static GLOBAL: OnceLock<Option<Arc<Telemetry>>> = OnceLock::new();
-
 impl Telemetry {
     pub fn new(exporters: Vec<Arc<dyn Exporter>>) -> Telemetry {
         Telemetry { exporters }
-    }
-
-    /// The process's collector with the exporters the environment enables
-    /// ([`super::exporters_from_env`]), built on first use; `None` when none is enabled.
-    pub fn global() -> Option<&'static Arc<Telemetry>> {
-        GLOBAL
-            .get_or_init(|| {
-                let ex = super::exporters_from_env();
-                if ex.is_empty() {
-                    return None;
-                }
-                let names: Vec<&str> = ex.iter().map(|e| e.name()).collect();
-                tracing::info!("occl telemetry: exporters {}", names.join(", "));
-                Some(Arc::new(Telemetry::new(ex)))
-            })
-            .as_ref()
     }
 
     pub fn exporters(&self) -> &[Arc<dyn Exporter>] {

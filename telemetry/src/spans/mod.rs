@@ -16,14 +16,12 @@
 
 mod clock;
 mod collector;
-mod env;
 mod intern;
 mod open;
 mod spin;
 
 pub use clock::unix_nanos;
 pub use collector::{CommSpans, Telemetry};
-pub use env::exporters_from_env;
 pub use intern::intern;
 
 use crate::event::{EventDescr, EventId, EventType, OpTotals, ProxyStepState, StepTotals};

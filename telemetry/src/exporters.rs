@@ -1,0 +1,32 @@
+//! The exporters the environment turns on (Prometheus, OTLP, trace files), and the process's
+//! collector built from them. Above the span collector and the exporters, so that neither
+//! names the other's concrete types: each exporter module adds its own line here.
+
+use crate::spans::{Exporter, Telemetry};
+use std::sync::{Arc, OnceLock};
+
+/// The exporters that the process environment enables, in a fixed order.
+pub fn from_env() -> Vec<Arc<dyn Exporter>> {
+    let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
+    v.extend(crate::prometheus::from_env());
+    v.extend(crate::otlp::OtlpExporter::from_env());
+    v.extend(crate::trace::TraceExporter::from_env().map(|e| Arc::new(e) as Arc<dyn Exporter>));
+    v
+}
+
+/// The process's collector with the exporters the environment enables, built on first use;
+/// `None` when none is enabled (nothing is collected).
+pub fn global() -> Option<&'static Arc<Telemetry>> {
+    static GLOBAL: OnceLock<Option<Arc<Telemetry>>> = OnceLock::new();
+    GLOBAL
+        .get_or_init(|| {
+            let ex = from_env();
+            if ex.is_empty() {
+                return None;
+            }
+            let names: Vec<&str> = ex.iter().map(|e| e.name()).collect();
+            tracing::info!("occl telemetry: exporters {}", names.join(", "));
+            Some(Arc::new(Telemetry::new(ex)))
+        })
+        .as_ref()
+}
