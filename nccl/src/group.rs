@@ -4,7 +4,8 @@
 //! (pre-multiplied inputs), and device sends and receives (`p2p`), which run together at the
 //! outermost end. Device collectives are enqueued on their streams as they are called, so they
 //! run in call order; a group only makes one thread's calls on several GPUs progress together,
-//! which stream-ordered kernels already do.
+//! which stream-ordered kernels already do. Windows on device memory and device communicators
+//! registered or created in a group are set up at its outermost end (`setup`).
 
 use crate::abi::*;
 use crate::error::{guard, Result};
@@ -44,12 +45,16 @@ fn end() -> Result<ncclResult_t> {
     }
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held.scratch);
+    // Windows and device communicators of the group are set up whatever became of its
+    // collectives: peers wait for this rank's records.
+    let setups = crate::setup::flush();
     if let Err(e) = ran {
         crate::p2p::discard();
         return Err(e);
     }
     // Device sends and receives of the group run together, after its collectives.
     crate::p2p::flush()?;
+    setups?;
     // Blocking inits issued in the group complete here, as NCCL's do; non-blocking ones are
     // polled through ncclCommGetAsyncError.
     let mut code = ncclSuccess;

@@ -61,6 +61,8 @@ pub struct NcclComm {
     /// Live `ncclCommRegister` and `ncclCommWindowRegister` handles (addresses of their boxes
     /// and the boxed type), so a stale or foreign handle is refused rather than freed.
     pub(crate) registrations: Mutex<Vec<(usize, std::any::TypeId)>>,
+    /// Device windows and device communicators (NCCL's device API).
+    pub(crate) lsa: Mutex<crate::lsa::State>,
 }
 
 // Calls on one communicator come from several threads (a collective on one, an abort or an
@@ -96,6 +98,7 @@ impl NcclComm {
             opts,
             ops: Mutex::new(Vec::new()),
             registrations: Mutex::new(Vec::new()),
+            lsa: Mutex::default(),
         }
     }
 
@@ -236,6 +239,11 @@ impl NcclComm {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+    }
+
+    /// The device-API memory this communicator holds.
+    pub(crate) fn lsa(&self) -> MutexGuard<'_, crate::lsa::State> {
+        lock(&self.lsa)
     }
 
     pub(crate) fn last_error(&self) -> Option<String> {
