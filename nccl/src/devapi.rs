@@ -29,19 +29,19 @@ fn count(what: &str, v: i32) -> Result<u32> {
 }
 
 /// The device communicator's GPU side, refusing a communicator the device API cannot serve.
-fn device_of<'a>(c: &'a NcclComm, name: &str) -> Result<&'a DevComm> {
+fn device_of(c: &NcclComm) -> Result<&DevComm> {
     let d = c.device()?.ok_or_else(|| {
-        usage(format!(
-            "{name}: the communicator was created without a current CUDA context, so it has no GPU; call \
-             cudaSetDevice before ncclCommInitRank to use the device API"
-        ))
+        usage(
+            "the communicator was created without a current CUDA context, so it has no GPU; call cudaSetDevice \
+             before ncclCommInitRank to use the device API",
+        )
     })?;
     if d.cc.is_staged() {
-        return Err(usage(format!(
-            "{name}: a rank of this communicator is on another host; occl offers the device API only among the GPUs \
-             of one host (every rank load/store accessible): it stages traffic between hosts through host memory \
-             and does not offer GPU-initiated networking across hosts"
-        )));
+        return Err(usage(
+            "a rank of this communicator is on another host; occl offers the device API only among the GPUs of one \
+             host (every rank load/store accessible): it stages traffic between hosts through host memory and does \
+             not offer GPU-initiated networking across hosts",
+        ));
     }
     Ok(d)
 }
@@ -146,7 +146,7 @@ export! {
             if reqs.is_null() || outDevComm.is_null() {
                 return Err(arg("reqs and outDevComm must not be NULL"));
             }
-            let d = device_of(&c, "ncclDevCommCreate")?;
+            let d = device_of(&c)?;
             // SAFETY: a readable ncclDevCommRequirements and its lists (the caller's contract).
             let r = unsafe { reqs.read() };
             let n = u32::try_from(d.cc.nranks()).map_err(|_| arg("nranks exceeds 32 bits"))?;
@@ -180,7 +180,7 @@ export! {
                      ncclDevCommCreate on it and not destroyed yet)"
                 ))
             };
-            if dc.magic != DEVCOMM_MAGIC {
+            if dc.magic != DEVCOMM_MAGIC || c.device()?.is_none() {
                 return Err(not_ours());
             }
             let _restore = gpu::Restore::new();
@@ -223,6 +223,10 @@ pub(crate) fn register_window(c: &Arc<NcclComm>, buff: *mut c_void, size: usize,
 
 /// Releases a device window, if `win` is one of `c`'s (this rank's part: no barrier).
 pub(crate) fn deregister_window(c: &NcclComm, win: *mut c_void) -> bool {
+    // A host communicator has none, and a process without the driver must not touch it.
+    if !matches!(c.device(), Ok(Some(_))) {
+        return false;
+    }
     let _restore = gpu::Restore::new();
     let w = c.lsa().take_window(win as u64);
     w.is_some()
