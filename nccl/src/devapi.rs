@@ -207,7 +207,7 @@ pub(crate) fn register_window(c: &Arc<NcclComm>, buff: *mut c_void, size: usize,
         let desc = DevMem::alloc(ctx, std::mem::size_of::<ncclWindow_vidmem>())?;
         let w = ncclWindow_vidmem::new(d.cc.rank(), 0, &[buff as u64], size as u64)
             .ok_or_else(|| crate::error::internal("a one-rank window"))?;
-        desc.upload(&w.to_bytes())?;
+        desc.upload(&w.encode())?;
         // SAFETY: non-NULL (checked by the caller) and writable.
         unsafe { win.write(desc.ptr() as *mut c_void) };
         c.lsa().add_window(Window { desc, _peers: Mapped::own(buff as u64) });
@@ -247,7 +247,11 @@ const NO_TEAM: ncclTeam = ncclTeam { nRanks: 0, rank: -1, stride: 0 };
 
 /// # Safety
 /// `comm` is NULL or a live handle.
-unsafe fn team(name: &'static str, comm: ncclComm_t, f: impl FnOnce(&NcclComm, i32, i32) -> Result<ncclTeam>) -> ncclTeam {
+unsafe fn team(
+    name: &'static str,
+    comm: ncclComm_t,
+    f: impl FnOnce(&NcclComm, i32, i32) -> Result<ncclTeam>,
+) -> ncclTeam {
     guard_value(name, NO_TEAM, || {
         // SAFETY: the caller's contract.
         let c = unsafe { NcclComm::from_handle(comm)? };

@@ -73,7 +73,8 @@ pub(crate) fn window(c: &Arc<NcclComm>, d: &DevComm, buff: u64, size: usize) -> 
 pub(crate) fn dev_comm(c: &Arc<NcclComm>, d: &DevComm, plan: Result<Plan>, out: *mut ncclDevComm) -> Setup {
     let local = plan.and_then(|plan| {
         let ctx = d.cc.context();
-        let region = DeviceRegion::alloc(ctx, plan.bytes).map_err(|e| crate::error::sys("allocate the resource buffer", e))?;
+        let region =
+            DeviceRegion::alloc(ctx, plan.bytes).map_err(|e| crate::error::sys("allocate the resource buffer", e))?;
         let handle = region.ipc_handle().map_err(|e| crate::error::sys("export the resource buffer", e))?;
         let desc = DevMem::alloc(ctx, std::mem::size_of::<ncclWindow_vidmem>())?;
         Ok(DevCommLocal { plan, region, handle, desc })
@@ -130,8 +131,13 @@ fn run_window(c: &NcclComm, d: &DevComm, local: Result<WindowLocal>) -> Result<(
     // Every rank is an lsa peer: lsa ranks are the communicator's.
     let w = ncclWindow_vidmem::new(me, me, &peers.ptrs, l.size as u64)
         .ok_or_else(|| internal(format!("a window of {} ranks", peers.ptrs.len())))?;
-    l.desc.upload(&w.to_bytes())?;
-    tracing::debug!("occl-nccl: rank {me}: device window {:#x} ({} bytes) over {} ranks", l.desc.ptr(), l.size, recs.len());
+    l.desc.upload(&w.encode())?;
+    tracing::debug!(
+        "occl-nccl: rank {me}: device window {:#x} ({} bytes) over {} ranks",
+        l.desc.ptr(),
+        l.size,
+        recs.len()
+    );
     c.lsa().add_window(Window { desc: l.desc, _peers: peers });
     Ok(())
 }
@@ -146,7 +152,7 @@ fn run_dev_comm(c: &NcclComm, d: &DevComm, local: Result<DevCommLocal>, out: usi
     let p = &l.plan;
     let w = ncclWindow_vidmem::new(me, me, &peers.ptrs, p.bytes as u64)
         .ok_or_else(|| internal(format!("a resource window of {n} ranks")))?;
-    l.desc.upload(&w.to_bytes())?;
+    l.desc.upload(&w.encode())?;
     let int = |v: usize| i32::try_from(v).map_err(|_| internal("a count exceeds int"));
     let timeout = d.cc.comm().config().timeout.as_nanos();
     let dc = ncclDevComm {

@@ -12,7 +12,8 @@ fn unsupported(name: &'static str, why: &str) -> occl::Error {
     usage(format!("{name} is not supported by this libnccl.so.2 (occl): {why}"))
 }
 
-const LL_A2A: &str = "occl does not offer the device API's low-latency all-to-all (ncclLLA2ASession); exchange through \
+const LL_A2A: &str =
+    "occl does not offer the device API's low-latency all-to-all (ncclLLA2ASession); exchange through \
                       windows with lsa pointers and barriers, or ncclGin puts and signals";
 
 macro_rules! refuse {

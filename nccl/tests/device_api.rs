@@ -50,10 +50,7 @@ fn cuda_lib_dirs(nvcc: &Path) -> Vec<PathBuf> {
 }
 
 fn run_nvcc(nvcc: &Path, args: &[std::ffi::OsString]) -> Output {
-    Command::new(nvcc)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()))
+    Command::new(nvcc).args(args).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()))
 }
 
 /// The compiled program, or why it could not be built (no nvcc outside CI).
@@ -77,10 +74,8 @@ fn program() -> Result<&'static Path, &'static str> {
         }
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
         let exe = dir.join("device_api");
-        let mut args: Vec<std::ffi::OsString> = ["-std=c++17", "-arch=sm_90", "-Xcompiler", "-Wall,-Wextra", "-I"]
-            .iter()
-            .map(Into::into)
-            .collect();
+        let mut args: Vec<std::ffi::OsString> =
+            ["-std=c++17", "-arch=sm_90", "-Xcompiler", "-Wall,-Wextra", "-I"].iter().map(Into::into).collect();
         args.push(manifest.join("include").into());
         args.push(manifest.join("tests/cuda/device_api.cu").into());
         for d in cuda_lib_dirs(&nvcc).into_iter().chain([dir.clone()]) {
@@ -234,7 +229,11 @@ fn nccl_tests_device_kernels_compile_against_our_headers() {
         hs.into_iter().map(|h| h.join().expect("an nvcc thread")).collect()
     });
     for (f, out) in &compiled {
-        assert!(out.status.success(), "{f} does not compile against nccl/include:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{f} does not compile against nccl/include:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let objects = std::fs::read(out_dir.join("alltoall.o")).expect("alltoall.o");
     let has = |s: &str| objects.windows(s.len()).any(|w| w == s.as_bytes());

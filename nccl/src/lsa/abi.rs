@@ -126,7 +126,7 @@ impl ncclWindow_vidmem {
     }
 
     /// Its bytes, as the device reads them.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(std::mem::size_of::<Self>());
         b.extend_from_slice(&self.local.to_ne_bytes());
         b.extend_from_slice(&self.size.to_ne_bytes());
@@ -248,7 +248,7 @@ mod tests {
     fn a_window_serialises_in_field_order() {
         let w = ncclWindow_vidmem::new(3, 1, &[0x1000, 0x2000], 64).unwrap();
         assert_eq!(w.local, 0x2000);
-        let b = w.to_bytes();
+        let b = w.encode();
         assert_eq!(b.len(), size_of::<ncclWindow_vidmem>());
         assert_eq!(&b[offset_of!(ncclWindow_vidmem, lsaPeers) + 8..][..8], &0x2000u64.to_ne_bytes());
         assert_eq!(&b[offset_of!(ncclWindow_vidmem, magic)..][..4], &WINDOW_MAGIC.to_ne_bytes());

@@ -161,7 +161,10 @@ impl Record {
 
     pub(crate) fn decode(rank: usize, b: &[u8]) -> Result<Record> {
         if b.len() != RECORD {
-            return Err(Error::InternalError(format!("rank {rank} sent a {}-byte sharing record, not {RECORD}", b.len())));
+            return Err(Error::InternalError(format!(
+                "rank {rank} sent a {}-byte sharing record, not {RECORD}",
+                b.len()
+            )));
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
@@ -186,7 +189,10 @@ pub(crate) fn records(all: &[Vec<u8>], me: usize, what: &str) -> Result<Vec<Reco
     let mine = recs.get(me).ok_or_else(|| Error::InternalError(format!("no record of rank {me}")))?.fingerprint;
     for (r, rec) in recs.iter().enumerate() {
         if !rec.ok {
-            return Err(Error::RemoteError { peer: r, what: format!("{what} failed on that rank (its own error says why)") });
+            return Err(Error::RemoteError {
+                peer: r,
+                what: format!("{what} failed on that rank (its own error says why)"),
+            });
         }
         if rec.fingerprint != mine {
             return Err(usage(format!(

@@ -178,7 +178,8 @@ mod tests {
         assert!(plan(2, &big).is_err());
         let odd = Want { extra: vec![Extra { bytes: 8, align: 24, signals: 0, counters: 0 }], ..Want::default() };
         assert!(plan(2, &odd).unwrap_err().to_string().contains("power of two"));
-        let huge = Want { extra: vec![Extra { bytes: usize::MAX - 10, align: 128, ..Extra::default() }], ..Want::default() };
+        let huge =
+            Want { extra: vec![Extra { bytes: usize::MAX - 10, align: 128, ..Extra::default() }], ..Want::default() };
         assert!(plan(2, &huge).is_err());
     }
 

@@ -400,7 +400,7 @@ int main(int argc, char** argv) {
       printf("SKIPPED: threads mode needs %d GPUs (at least 2); %d present\n", n < 2 ? 2 : n, have);
       return 77;
     }
-    if (n > 16) n = 16;
+    if (n > 8) n = 8; /* occl's device communicators serve up to 8 ranks */
     nranks = n;
     CUDA(cudaSetDevice(0));
     CUDA(cudaFree(0)); /* a current context: occl puts the communicators on the GPUs */
