@@ -108,7 +108,7 @@ devapi)
   D="-b 8 -e 64M -f 4 -c 1"
   for d in 1 2; do run occl devapi.txt "all_reduce_perf -D $d" $here/build/all_reduce_perf $D -R 2 -D $d -g 2; done
   for d in 1 2 3 4; do run occl devapi.txt "alltoall_perf -D $d" $here/build/alltoall_perf $D -R 2 -D $d -g 2; done
-  if command -v mpirun >/dev/null 2>&1; then
+  if command -v mpirun >/dev/null 2>&1 && ldd $here/build/all_reduce_perf | grep -q libmpi; then
     M="mpirun --allow-run-as-root --oversubscribe -np 2 -x LD_LIBRARY_PATH -x OCCL_TIMEOUT -x OCCL_KERNEL_CACHE_DIR -x NCCL_NVLS_ENABLE"
     run occl devapi.txt "all_reduce_perf -D 1 (mpirun)" $M $here/build/all_reduce_perf $D -R 2 -D 1 -g 1
     run occl devapi.txt "alltoall_perf -D 3 (mpirun)" $M $here/build/alltoall_perf $D -R 2 -D 3 -g 1
@@ -116,7 +116,7 @@ devapi)
   for t in all_reduce_perf alltoall_perf; do
     for lib in occl nccl; do run $lib devapi-R2-$lib.txt "$t -R 2" $here/build/$t $D -R 2 -g 2; done
   done
-  grep -hE "^== |#wrong|Out of bounds|Avg bus|rc=|NCCL WARN|error" $OUT/devapi.txt | head -80 ;;
+  grep -hE "^== |^ +[0-9]+ |Out of bounds|Avg bus|rc=|WARN|rror" $OUT/devapi.txt | head -150 ;;
 torch)
   echo "== torch on occl (LD_PRELOAD), ncclras queried mid-job"
   NCCLRAS=$here/ncclras LD_PRELOAD=$here/occl/lib/libnccl.so.2 LD_LIBRARY_PATH=$nvdir timeout 150 \

@@ -324,6 +324,15 @@ static void ring(Rank* rs, int k) {
 }
 
 static void tear_down(Rank* rs, int k) {
+  /* Collectives run on registered buffers (windows are a hint to them). */
+  NCCL(ncclGroupStart());
+  for (int i = 0; i < k; i++) {
+    CUDA(cudaSetDevice(rs[i].dev));
+    NCCL(ncclAllReduce(rs[i].send, rs[i].recv, 1024, ncclFloat32, ncclSum, rs[i].comm, rs[i].stream));
+  }
+  NCCL(ncclGroupEnd());
+  sync_all(rs, k);
+  /* Released rank by rank, without a barrier: one thread releases every rank of its process. */
   for (int i = 0; i < k; i++) {
     Rank& r = rs[i];
     CUDA(cudaSetDevice(r.dev));
@@ -333,10 +342,7 @@ static void tear_down(Rank* rs, int k) {
     NCCL(ncclCommWindowDeregister(r.comm, r.recvWin));
     NCCL(ncclCommWindowDeregister(r.comm, r.slotWin));
     CHECK(ncclCommWindowDeregister(r.comm, r.slotWin) == ncclInvalidArgument);
-    /* Collectives still run on the buffers. */
-    NCCL(ncclAllReduce(r.send, r.recv, 1024, ncclFloat32, ncclSum, r.comm, r.stream));
   }
-  sync_all(rs, k);
   for (int i = 0; i < k; i++) {
     Rank& r = rs[i];
     CUDA(cudaSetDevice(r.dev));
