@@ -85,10 +85,12 @@ pub(crate) struct Exported {
 }
 
 fn attribute(what: sys::CUpointer_attribute, ptr: u64) -> Result<i32> {
-    let mut v: i32 = 0;
-    // SAFETY: every attribute asked here is one int written into the live local.
+    // Room for 8 bytes, zeroed: the attributes asked here are ints (booleans), read from the low
+    // half whatever width the driver writes.
+    let mut v: u64 = 0;
+    // SAFETY: the driver writes at most the attribute's size (4 bytes) into the live local.
     check("cuPointerGetAttribute", unsafe { sys::cuPointerGetAttribute((&raw mut v).cast(), what, ptr) })?;
-    Ok(v)
+    Ok(i32::from_ne_bytes(v.to_ne_bytes()[..4].try_into().unwrap_or_default()))
 }
 
 /// Checks that `[ptr, ptr+bytes)` is memory of device `ordinal` that CUDA IPC can share and
