@@ -87,7 +87,12 @@ fn program() -> Result<&'static Path, &'static str> {
         let out = run_nvcc(&nvcc, &args);
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "nvcc could not build device_api.cu against nccl/include:\n{text}");
-        assert!(!text.contains("warning"), "device_api.cu compiles with warnings:\n{text}");
+        // Warnings in our own files fail the test; the toolkit's own headers are not ours to fix.
+        let ours = |l: &&str| {
+            l.contains("warning") && ["device_api.cu", "nccl_device", "nccl.h"].iter().any(|f| l.contains(f))
+        };
+        let warned: Vec<&str> = text.lines().filter(ours).collect();
+        assert!(warned.is_empty(), "device_api.cu or occl's headers compile with warnings:\n{text}");
         Ok(exe)
     });
     built.as_ref().map(PathBuf::as_path).map_err(String::as_str)
