@@ -10,7 +10,7 @@
 //! A rank whose local part failed still takes part in the exchange, saying so, so that its
 //! peers fail at once naming it instead of waiting for a record that never comes.
 
-use crate::error::{internal, Result};
+use crate::error::{internal, usage, Result};
 use crate::gpu::{self, DevComm};
 use crate::handle::NcclComm;
 use crate::lsa::abi::{ncclDevComm, ncclMultimemHandle, ncclWindow_vidmem, DEVCOMM_MAGIC};
@@ -96,6 +96,18 @@ impl Setup {
             Job::Window(Err(e)) | Job::DevComm { local: Err(e), .. } => Some(crate::error::again(e)),
             _ => None,
         }
+    }
+
+    /// This setup with its local part failed: after an earlier setup of the group failed on
+    /// this rank, the later ones still take part in their exchanges, so that peers fail too
+    /// instead of waiting for records that never come.
+    fn poisoned(self) -> Setup {
+        let why = || usage("an earlier window or device communicator of this group failed on this rank");
+        let job = match self.job {
+            Job::Window(_) => Job::Window(Err(why())),
+            Job::DevComm { out, .. } => Job::DevComm { local: Err(why()), out },
+        };
+        Setup { comm: self.comm, job }
     }
 
     /// The collective part.
@@ -213,7 +225,17 @@ pub(crate) fn flush() -> Result<()> {
             None => per.push(vec![s]),
         }
     }
-    let run = |v: Vec<Setup>| v.into_iter().try_for_each(Setup::run);
+    let run = |v: Vec<Setup>| {
+        let mut first = Ok(());
+        for s in v {
+            let s = if first.is_err() { s.poisoned() } else { s };
+            let r = s.run();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    };
     if per.len() == 1 {
         let _restore = gpu::Restore::new();
         return per.into_iter().try_for_each(run);
