@@ -1,10 +1,22 @@
 #!/bin/bash
-# On a 2-GPU machine, from a folder holding nccl-tests' tree, occl/lib (occl's libnccl.so.2),
-# ncclras (occl's client), torch_check.py and torch_kill.py:
-#   PHASE=tests  builds nccl-tests (MPI=1 when mpicc works, against NVIDIA's nccl.h, linked with
-#                occl's library) and runs sendrecv/alltoall with -g 2 and all 7 tests with -t 2,
-#                each on occl's and NVIDIA's libnccl.so.2 in turn;
+# On a 2-GPU machine, from a folder holding nccl-tests' tree (src/, verifiable/, os/), occl/lib
+# (occl's libnccl.so and libnccl.so.2), occl/include (occl's nccl.h, nccl_device.h and
+# nccl_device/), occl/device_api.cu (nccl/tests/cuda/device_api.cu), ncclras (occl's client),
+# torch_check.py and torch_kill.py. Staged from a checkout with
+#   cargo build --release -p occl-nccl && d=DIR/occl && mkdir -p $d/lib && cp -r nccl/include $d/ &&
+#   cp target/release/libnccl.so $d/lib/ && cp target/release/libnccl.so $d/lib/libnccl.so.2 &&
+#   cp nccl/tests/cuda/device_api.cu $d/ && cp scripts/nccl-gpu-run.sh DIR/run.sh
+# nccl-tests is built against occl's headers (make NCCL_HOME=occl), so one set of binaries runs
+# on either library, LD_LIBRARY_PATH choosing (occl/lib, or the system's NVIDIA libnccl.so.2).
+#   PHASE=tests  builds nccl-tests (MPI=1 when mpicc works) and runs sendrecv/alltoall with -g 2
+#                and all 7 tests with -t 2, each on occl's and NVIDIA's libnccl.so.2 in turn;
 #   PHASE=mpi    the same 7 tests with mpirun -np 2;
+#   PHASE=devapi NCCL's device API on occl: device_api (one process driving both GPUs, then two
+#                processes), nccl-tests' device kernels (all_reduce_perf -D 1/2, alltoall_perf
+#                -D 1..4, with -R 2 -g 2; -D 1 and -D 3 also with mpirun -np 2 when MPI is
+#                there), and -R 2 without -D (host collectives on registered windows) on both
+#                libraries. NVIDIA's library is not run with -D: the device communicator's layout
+#                in these binaries is occl's;
 #   PHASE=torch  the torchrun job on occl (ncclras queried while it runs) and the kill job;
 #   PHASE=kill   the kill job with the default OCCL_TIMEOUT (600 s: only the dead-peer watcher
 #                can make it fast), the torchrun job on occl and on NVIDIA's NCCL with their DDP
@@ -26,18 +38,20 @@ OCCL_LD=$here/occl/lib:$nvdir
 T="all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf"
 A="-b 8 -e 1G -f 4 -c 1"
 build() {
-  [ -x $here/build/sendrecv_perf ] && return 0
-  mkdir -p nvh/include nvh/lib; cp -r /usr/include/nccl*.h /usr/include/nccl_device* nvh/include/ 2>/dev/null
-  cp occl/lib/* nvh/lib/
+  # Rebuilt when occl's headers change (a tree built against other headers is not reused).
+  stamp=$(cat occl/include/nccl.h occl/include/nccl_device.h occl/include/nccl_device/*.h | md5sum | cut -c1-32)
+  [ -x $here/build/sendrecv_perf ] && [ "$(cat $here/build/.headers 2>/dev/null)" = "$stamp" ] && return 0
+  rm -rf $here/build
   export NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
   inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
-  if [ -n "$inc" ] && timeout 240 make -j16 -C src NCCL_HOME=$here/nvh MPI=1 MPI_HOME=$(dirname $inc) BUILDDIR=$here/build > $OUT/build.txt 2>&1; then
-    echo "built with MPI=1 (MPI_HOME=$(dirname $inc))"
+  if [ -n "$inc" ] && timeout 400 make -j16 -C src NCCL_HOME=$here/occl MPI=1 MPI_HOME=$(dirname $inc) BUILDDIR=$here/build > $OUT/build.txt 2>&1; then
+    echo "built against occl's headers with MPI=1 (MPI_HOME=$(dirname $inc))"
   else
     tail -5 $OUT/build.txt; rm -rf $here/build
-    timeout 240 make -j16 -C src NCCL_HOME=$here/nvh BUILDDIR=$here/build > $OUT/build.txt 2>&1 || { tail -30 $OUT/build.txt; exit 1; }
-    echo "built without MPI"
+    timeout 400 make -j16 -C src NCCL_HOME=$here/occl BUILDDIR=$here/build > $OUT/build.txt 2>&1 || { tail -30 $OUT/build.txt; exit 1; }
+    echo "built against occl's headers without MPI"
   fi
+  echo "$stamp" > $here/build/.headers
 }
 run() { # lib-name log test args...
   local lib=$1 log=$2 t=$3; shift 3
@@ -120,6 +134,34 @@ mpi)
       run $lib mpi-$lib.txt $t $M $here/build/$t $A -g 1
     done
   done ;;
+devapi)
+  build
+  nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  $nvcc -std=c++17 -arch=sm_90 -I occl/include occl/device_api.cu -L occl/lib -lnccl -o $here/build/device_api \
+    > $OUT/device_api-build.txt 2>&1 || { cat $OUT/device_api-build.txt; exit 1; }
+  echo "== device_api threads (one process, both GPUs)"
+  LD_LIBRARY_PATH=$OCCL_LD timeout 240 $here/build/device_api threads > $OUT/device_api.txt 2>&1; echo "rc=$?"
+  echo "== device_api rank 0/1 (two processes, CUDA IPC)"
+  rm -f /tmp/occl-devapi-id
+  for r in 0 1; do
+    LD_LIBRARY_PATH=$OCCL_LD timeout 240 $here/build/device_api rank $r 2 /tmp/occl-devapi-id \
+      > $OUT/device_api-rank$r.txt 2>&1 &
+    eval dpid$r=$!
+  done
+  wait $dpid0; echo "rank 0 rc=$?"; wait $dpid1; echo "rank 1 rc=$?"
+  cat $OUT/device_api.txt $OUT/device_api-rank*.txt | head -20
+  D="-b 8 -e 64M -f 4 -c 1"
+  for d in 1 2; do run occl devapi.txt "all_reduce_perf -D $d" $here/build/all_reduce_perf $D -R 2 -D $d -g 2; done
+  for d in 1 2 3 4; do run occl devapi.txt "alltoall_perf -D $d" $here/build/alltoall_perf $D -R 2 -D $d -g 2; done
+  if command -v mpirun >/dev/null 2>&1 && ldd $here/build/all_reduce_perf | grep -q libmpi; then
+    M="mpirun --allow-run-as-root --oversubscribe -np 2 -x LD_LIBRARY_PATH -x OCCL_TIMEOUT -x OCCL_KERNEL_CACHE_DIR -x NCCL_NVLS_ENABLE"
+    run occl devapi.txt "all_reduce_perf -D 1 (mpirun)" $M $here/build/all_reduce_perf $D -R 2 -D 1 -g 1
+    run occl devapi.txt "alltoall_perf -D 3 (mpirun)" $M $here/build/alltoall_perf $D -R 2 -D 3 -g 1
+  fi
+  for t in all_reduce_perf alltoall_perf; do
+    for lib in occl nccl; do run $lib devapi-R2-$lib.txt "$t -R 2" $here/build/$t $D -R 2 -g 2; done
+  done
+  grep -hE "^== |^ +[0-9]+ |Out of bounds|Avg bus|rc=|WARN|rror" $OUT/devapi.txt | head -150 ;;
 torch)
   echo "== torch on occl (LD_PRELOAD), ncclras queried mid-job"
   NCCLRAS=$here/ncclras LD_PRELOAD=$here/occl/lib/libnccl.so.2 LD_LIBRARY_PATH=$nvdir timeout 150 \

@@ -15,6 +15,8 @@ fi
 # HolisticTraceAnalysis (below); clippy and rustfmt for the lints.
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+# g++ is nvcc's host compiler (the device-API test, below).
+command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # tmux drives `ncclras --tui` in its test.
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
@@ -47,6 +49,21 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ] && command -v python3 >/dev/null 2>&1; t
 fi
 if [ -e "$nvrtc_lib/libnvrtc.so.13" ]; then
     export LD_LIBRARY_PATH="$PWD/$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# nvcc, with CUDA's runtime headers and libcu++ (<cuda/atomic>), from NVIDIA's wheels, so that the
+# device-API test compiles tests/cuda/device_api.cu against nccl/include (it needs no GPU to
+# compile; CUDA 13.0 like NVRTC above: the 12.x nvcc wheels after 12.8 carry no nvcc binary).
+nvcc_dir=target/nvcc/nvidia/cu13
+if [ ! -x "$nvcc_dir/bin/nvcc" ] && command -v python3 >/dev/null 2>&1; then
+    rm -rf target/nvcc && mkdir -p target/nvcc
+    if python3 -m pip download -q --no-deps --only-binary=:all: --dest target/nvcc nvidia-cuda-nvcc==13.0.88 \
+        nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.88 nvidia-cuda-cccl==13.0.85; then
+        for w in target/nvcc/*.whl; do python3 -m zipfile -e "$w" target/nvcc && rm "$w"; done
+        chmod +x "$nvcc_dir"/bin/* "$nvcc_dir"/nvvm/bin/*  # zip extraction drops the modes
+    else
+        echo "scripts/test.sh: could not fetch nvcc; the device-API test will fail under CI=1" >&2
+    fi
 fi
 
 # HolisticTraceAnalysis from PyPI, pinned, in a venv under target/ (kept between runs), for the

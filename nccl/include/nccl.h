@@ -297,9 +297,10 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 /*
- * Host entry points of NCCL 2.28's device API (the nccl_device headers). The library exports them so
- * that every program that links NVIDIA's library links occl's; occl does not implement the device API
- * and they fail with ncclInvalidUsage (the int- and team-returning ones return -1 / an empty team).
+ * Host entry points of NCCL 2.28's device API, declared here for C programs too; nccl_device.h (which
+ * CUDA sources include after this header) defines the structs and the device side. occl offers the
+ * device API on GPU communicators whose ranks share one host; the low-latency all-to-all (ncclLLA2A*)
+ * fails with ncclInvalidUsage (ncclLLA2ACalcSlots returns -1).
  */
 typedef struct ncclDevComm ncclDevComm_t;
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
@@ -307,8 +308,8 @@ typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
 typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
 typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
 typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
-/* NVIDIA's nccl_device.h (which CUDA sources such as nccl-tests include after this header) defines
-   struct ncclTeam itself; define it here only for host compilers, where that header is not used. */
+/* Under nvcc, nccl_device.h (occl's, or NVIDIA's) defines struct ncclTeam; host compilers get it
+   here. */
 typedef struct ncclTeam ncclTeam_t;
 #if !defined(__CUDACC__)
 struct ncclTeam {

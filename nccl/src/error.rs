@@ -30,6 +30,18 @@ pub(crate) fn internal(msg: impl Into<String>) -> Error {
     Error::InternalError(msg.into())
 }
 
+/// A copy of `e`, for an error reported twice (at a call and again when its group ends).
+pub(crate) fn again(e: &Error) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+        Error::InvalidUsage(m) => Error::InvalidUsage(m.clone()),
+        Error::SystemError { context, source } => sys(context, source),
+        Error::InternalError(m) => Error::InternalError(m.clone()),
+        Error::RemoteError { peer, what } => Error::RemoteError { peer: *peer, what: what.clone() },
+        Error::Timeout { what, secs } => Error::Timeout { what: what.clone(), secs: *secs },
+    }
+}
+
 /// NCCL's code for an occl error. NCCL has no timeout code and reports those as system errors.
 pub(crate) fn code_of(kind: ErrorKind) -> ncclResult_t {
     match kind {

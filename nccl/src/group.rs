@@ -1,10 +1,11 @@
 //! `ncclGroupStart`/`ncclGroupEnd` on occl's groups, plus what a group holds on this thread
 //! until its outermost end: communicators being created inside it (one thread creating
 //! several ranks, which a blocking init would deadlock), scratch buffers of deferred calls
-//! (pre-multiplied inputs), device collectives (`coll`, enqueued on their streams at the end in
-//! call order) and device sends and receives (`p2p`, which run together after them). Holding
-//! everything until the end is what lets `ncclGroupSimulateEnd` price a group without running
-//! any of it.
+//! (pre-multiplied inputs), windows on device memory and device communicators registered or
+//! created in it (`setup`, set up first at the end), device collectives (`deferred`, enqueued
+//! on their streams at the end in call order) and device sends and receives (`p2p`, which run
+//! together after them). Holding everything until the end is what lets `ncclGroupSimulateEnd`
+//! price a group without running any of it.
 
 use crate::abi::*;
 use crate::error::{arg, guard, usage, Result};
@@ -44,6 +45,9 @@ fn end() -> Result<ncclResult_t> {
     }
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held.scratch);
+    // Windows and device communicators of the group are set up whatever became of its
+    // collectives: peers wait for this rank's records.
+    let setups = crate::setup::flush();
     if let Err(e) = ran {
         let _ = crate::deferred::discard();
         crate::p2p::discard();
@@ -55,6 +59,7 @@ fn end() -> Result<ncclResult_t> {
         return Err(e);
     }
     crate::p2p::flush()?;
+    setups?;
     settle(&held.inits)
 }
 
@@ -117,11 +122,13 @@ unsafe fn simulate_end(info: *mut ncclSimInfo_t) -> Result<ncclResult_t> {
     let host = occl::group_simulate_end();
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held.scratch);
+    let setups = crate::setup::flush();
     let device = crate::deferred::discard();
     let p2p = crate::p2p::simulate();
     if magic != Some(SIM_MAGIC) {
         return Err(arg("simInfo was not set to NCCL_SIM_INFO_INITIALIZER (its size or magic is wrong)"));
     }
+    setups?;
     let us = host? + device? + p2p?;
     if fits(std::mem::offset_of!(ncclSimInfo_t, estimatedTime)) {
         // SAFETY: inside the caller's `size`.

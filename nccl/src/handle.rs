@@ -64,6 +64,8 @@ pub struct NcclComm {
     pub(crate) registrations: Mutex<Vec<(usize, std::any::TypeId)>>,
     /// `ncclCommRevoke` stopped it: no more operations, only shrink or destroy.
     revoked: AtomicBool,
+    /// Device windows and device communicators (NCCL's device API).
+    pub(crate) lsa: Mutex<crate::lsa::State>,
 }
 
 // Calls on one communicator come from several threads (a collective on one, an abort or an
@@ -100,6 +102,7 @@ impl NcclComm {
             ops: Mutex::new(Vec::new()),
             registrations: Mutex::new(Vec::new()),
             revoked: AtomicBool::new(false),
+            lsa: Mutex::default(),
         }
     }
 
@@ -262,6 +265,11 @@ impl NcclComm {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+    }
+
+    /// The device-API memory this communicator holds.
+    pub(crate) fn lsa(&self) -> MutexGuard<'_, crate::lsa::State> {
+        lock(&self.lsa)
     }
 
     pub(crate) fn last_error(&self) -> Option<String> {

@@ -231,7 +231,9 @@ struct Window {
 
 export! {
     /// Registers `[buff, buff+size)` as a window on every rank (collective, in the same order
-    /// everywhere). Windows on memory from `ncclMemAlloc` are shared between same-host
+    /// everywhere). On device memory the window is the device API's (`devapi`): every rank's
+    /// buffer mapped into this one's kernels, set up at once or at the end of the open group.
+    /// On host memory, windows on memory from `ncclMemAlloc` are shared between same-host
     /// processes and make all-reduce, all-gather and reduce-scatter single-copy.
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: ncclComm_t,
@@ -251,6 +253,11 @@ export! {
                     "winFlags {winFlags:#x}: use NCCL_WIN_DEFAULT (0) or NCCL_WIN_COLL_SYMMETRIC (1)"
                 )));
             }
+            if crate::device::is_device(buff) {
+                crate::devapi::register_window(&c, buff, size, win)
+                    .inspect_err(|e| c.note("ncclCommWindowRegister", e))?;
+                return Ok(ncclSuccess);
+            }
             // SAFETY: the caller registers memory it owns for `size` bytes and keeps it until
             // ncclCommWindowDeregister (NCCL's contract).
             let span = unsafe { std::slice::from_raw_parts(buff.cast::<u8>(), size) };
@@ -262,11 +269,15 @@ export! {
 }
 
 export! {
-    /// Removes a window (collective).
+    /// Removes a window: a host one collectively, a device one on this rank alone (a thread
+    /// driving several GPUs releases them one after the other).
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: *mut c_void) -> ncclResult_t {
         guard("ncclCommWindowDeregister", || {
             // SAFETY: the caller's contract.
             let c = unsafe { NcclComm::from_handle(comm)? };
+            if crate::devapi::deregister_window(&c, win) {
+                return Ok(ncclSuccess);
+            }
             let inner = c.comm()?;
             let w = untrack::<Window>(&c, win, "window")?;
             inner.deregister(w.handle).inspect_err(|e| c.note("ncclCommWindowDeregister", e))?;

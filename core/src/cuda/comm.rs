@@ -359,6 +359,22 @@ impl CudaComm {
         self.events.as_ref().map_or((0, 0), |e| (e.outstanding(), e.untimed()))
     }
 
+    /// Every rank's `mine` over the bootstrap, in rank order (a collective call: every rank
+    /// makes it). For layers above that share more device memory with the same peers
+    /// (occl-nccl's windows and device communicators) and must swap handles the way this
+    /// communicator swapped its regions.
+    pub fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.comm.boot_all_gather(mine)
+    }
+
+    /// The device address of this rank's error word (a `u64`). Nonzero once a kernel waited
+    /// past `OCCL_TIMEOUT`, a same-host peer process died or `abort_device` ran; `device_error`
+    /// reports it. Kernels of other layers that wait on peers poll it so that they give up with
+    /// occl's, and set it when they time out themselves.
+    pub fn error_word(&self) -> u64 {
+        self.region.ptr() + ERROR_WORD as u64
+    }
+
     /// Makes every kernel of this rank that waits on a peer give up (and mark the error word).
     pub fn abort_device(&self) -> Result<()> {
         self.region.write_u64(ERROR_WORD, 1).map_err(err("write the device error word"))

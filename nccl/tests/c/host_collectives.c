@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <nccl.h>
+#include <nccl_device.h>
 
 #include <pthread.h>
 #include <stdint.h>
@@ -427,12 +428,34 @@ static void check_refusals(ncclComm_t comm) {
   CHECK(strstr(ncclGetLastError(NULL), "without a current CUDA context") != NULL);
   CHECK(strstr(ncclGetLastError(NULL), "cudaSetDevice") != NULL);
   { int dev = 7; CHECK(ncclCommCuDevice(comm, &dev) == ncclSuccess && dev == -1); }
-  /* Functions this build does not implement exist, refuse and name themselves. */
-  CHECK(ncclDevCommCreate(comm, NULL, NULL) == ncclInvalidUsage);
+  /* The device API needs a GPU communicator: refused on this one, saying how to get one. Its
+     host-side helpers work on any communicator (this one's lsa team is the rank alone). */
+  struct ncclDevCommRequirements reqs;
+  memset(&reqs, 0, sizeof reqs);
+  reqs.lsaBarrierCount = 1;
+  struct ncclDevComm dc;
+  CHECK(ncclDevCommCreate(comm, &reqs, &dc) == ncclInvalidUsage);
   CHECK(strstr(ncclGetLastError(NULL), "ncclDevCommCreate") != NULL);
-  CHECK(ncclTeamRankToWorld(comm, ncclTeamWorld(comm), 0) == -1);
-  CHECK(pncclDevCommDestroy(comm, NULL) == ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(NULL), "cudaSetDevice") != NULL);
+  CHECK(ncclDevCommCreate(comm, NULL, &dc) == ncclInvalidArgument);
+  CHECK(pncclDevCommDestroy(comm, NULL) == ncclInvalidArgument);
   CHECK(strstr(pncclGetLastError(NULL), "ncclDevCommDestroy") != NULL);
+  ncclTeam_t world = ncclTeamWorld(comm), lsa = ncclTeamLsa(comm), rail = ncclTeamRail(comm);
+  CHECK(world.nRanks == n && world.rank == me && world.stride == 1);
+  CHECK(lsa.nRanks == 1 && lsa.rank == 0 && lsa.stride == 1);
+  CHECK(rail.nRanks == n && rail.rank == me && rail.stride == 1);
+  CHECK(ncclTeamRankToWorld(comm, world, n - 1) == n - 1);
+  CHECK(ncclTeamRankIsMember(world, rail, 0) && ncclTeamRankToTeam(world, rail, 0) == 0);
+  struct ncclLsaBarrierHandle bar;
+  struct ncclDevResourceRequirements bar_req;
+  NCCL(ncclLsaBarrierCreateRequirement(world, 4, &bar, &bar_req));
+  CHECK(bar.nBarriers == 4 && bar_req.bufferSize == (size_t)(4 * 4 * (1 + n)) && bar_req.outBufferHandle == &bar.bufHandle);
+  struct ncclGinBarrierHandle gbar;
+  NCCL(ncclGinBarrierCreateRequirement(comm, world, 2, &gbar, &bar_req));
+  CHECK(bar_req.ginSignalCount == 2 && bar_req.outGinSignalStart == &gbar.signal0);
+  /* Functions this build does not implement exist, refuse and name themselves. */
+  CHECK(ncclLLA2ACalcSlots(16, 8) == -1);
+  CHECK(strstr(ncclGetLastError(NULL), "ncclLLA2ACalcSlots") != NULL);
   /* The communicator is still fine after refused calls. */
   ncclResult_t async;
   NCCL(ncclCommGetAsyncError(comm, &async));
