@@ -44,6 +44,8 @@ pub mod server;
 pub mod wire;
 
 #[cfg(test)]
+mod fuzz_seeds;
+#[cfg(test)]
 mod test_rng;
 
 pub use analysis::{analyze, AnalysisInput, KnownComm, KnownRank, StuckPolicy};
