@@ -4,7 +4,7 @@
 # the plugin (NCCL_DEBUG=INFO names the version it chose), each rank's /metrics (scraped by the
 # job before it destroyed its process group), and the trace files.
 #
-#   telemetry/plugin/scripts/check_nccl.sh [--iters N] [--test-spans] [--otlp]
+#   scripts/nccl-plugin/check_nccl.sh [--iters N] [--test-spans] [--otlp]
 #
 # Needs: 2 GPUs, python3 with torch (CUDA), cargo (unless PLUGIN=<path to the .so> is given).
 # Environment: OUT_DIR (default: a new /tmp/occl-nccl-check.* directory), METRICS_PORT (base
@@ -15,7 +15,7 @@
 # decode_otlp.py (needs the opentelemetry-proto package) prints the span tree from them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
+root=$(cd "$here/../.." && pwd)
 iters=300
 test_spans=0
 otlp=0
