@@ -332,7 +332,7 @@ mod tests {
         assert_eq!(pick(8, Tcp, CollType::Reduce, 8), Algo::Tree);
     }
 
-    /// The all-reduce choices the measured runs call for (tests/results/algos.md): medians of
+    /// The all-reduce choices the measured runs call for (bench/baselines/algos-sweep.md): medians of
     /// forced runs of every algorithm and protocol at 2 ranks (shm, tcp) and 4 ranks on 2 cores
     /// (shm-shared, tcp-shared). Where two were within noise either is accepted.
     #[test]
@@ -419,7 +419,7 @@ mod tests {
             }
         }
         // 4 ranks on a 16-core host (a core each): the choices within 10% of the best in every
-        // round of session 9's runs and of session 11's interleaved ones (tests/results/algos.md).
+        // round of session 9's runs and of session 11's interleaved ones (bench/baselines/algos-sweep.md).
         // Over tcp the tree of one piece (three hops) is level with the one-shot at 8-64 B.
         let on_16_cores: [(TransportKind, Sizes); 2] = [
             (

@@ -17,7 +17,7 @@
 //! misses per rank beyond two (the one-shot's serial sends). The links' constants and the shared
 //! links' corrections were fitted to occl-perf runs on a 2-core machine; the corrections of `shm`
 //! and `tcp` (a core per rank) to an interleaved sweep (`occl-perf --compare`) of 2 and 4 ranks on
-//! a 16-core host (tests/results/algos.md). `OCCL_TUNER_FILE` overrides any of them (see
+//! a 16-core host (bench/baselines/algos-sweep.md). `OCCL_TUNER_FILE` overrides any of them (see
 //! `file.rs`).
 
 use super::policy::FUNCS;
@@ -191,7 +191,7 @@ const PER_PEER: &[(Link, CollType, Algo, Proto, f64)] = {
 impl Default for Consts {
     /// Fitted to medians of forced runs of `bench/algos-sweep.sh`: on a 2-core machine (2 ranks:
     /// `shm`, `tcp`; 4 ranks: `shm-shared`, `tcp-shared`), then `shm` and `tcp` corrections on a
-    /// 16-core host (2 and 4 ranks); tests/results/algos.md has the runs.
+    /// 16-core host (2 and 4 ranks); bench/baselines/algos-sweep.md has the runs.
     fn default() -> Self {
         let mut c = Consts {
             links: [

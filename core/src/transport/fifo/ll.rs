@@ -43,7 +43,7 @@ const PAGE: usize = 4096;
 /// 11 µs (Simple: 1.2, 2.1, 5.6), leaving the factor of about 2 that LL's half-flag lines cost.
 /// Going from 8 to 20 steps changed nothing and 24-28 did (Simple's 2 KiB shows the same cliff
 /// with OCCL_FIFO_SLOTS), so it is the distance at which a step's page is reused, not only the
-/// pieces in flight; the mechanism is not pinned down (tests/results/algos.md).
+/// pieces in flight; the mechanism is not pinned down (bench/baselines/algos-sweep.md).
 pub(crate) const STEPS: usize = 32;
 /// Lines ahead of the payload: the length, then the descriptor's five words.
 const HDR_LINES: usize = 6;
