@@ -67,8 +67,8 @@ if ! hta_have; then
 fi
 export OCCL_HTA_PYTHON="$hta_venv/bin/python"
 
-# Segments of jobs killed during setup fill /dev/shm and starve everything after (pip was once
-# killed for memory here); show its use up front so such a run explains itself.
+# Segments of jobs killed during setup fill /dev/shm and starve everything after (pip itself can
+# be killed for memory); show its use up front so such a run explains itself.
 echo "== /dev/shm: $(df -h /dev/shm 2>/dev/null | awk 'NR==2 {print $3 " used of " $2}')"
 echo "== rustfmt"
 cargo fmt --all -- --check
