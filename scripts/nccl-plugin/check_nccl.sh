@@ -10,7 +10,8 @@
 # Environment: OUT_DIR (default: a new /tmp/occl-nccl-check.* directory), METRICS_PORT (base
 # port, rank r listens on +r; default 9464), and any OCCL_* / OTEL_* exporter settings, which
 # are passed through (OTEL_EXPORTER_OTLP_ENDPOINT turns OTLP on). --test-spans adds the plugin's
-# test-only span log (OCCL_PROFILER_TEST_SPANS) next to the real exporters. --otlp starts a
+# test-only span log (OCCL_PROFILER_TEST_SPANS, feature test-support: a PLUGIN given must be
+# built with it) next to the real exporters. --otlp starts a
 # loopback OTLP/HTTP receiver (otlp_sink.py, port 4318) that saves each request under $out/otlp;
 # decode_otlp.py (needs the opentelemetry-proto package) prints the span tree from them.
 set -euo pipefail
@@ -31,7 +32,10 @@ done
 out=${OUT_DIR:-$(mktemp -d /tmp/occl-nccl-check.XXXXXX)}
 mkdir -p "$out/traces"
 if [ -z "${PLUGIN:-}" ]; then
-    (cd "$root" && cargo build --release -p occl-profiler)
+    # The test span log is a test-only part of the plugin, built in only on request.
+    features=()
+    if [ "$test_spans" = 1 ]; then features=(--features test-support); fi
+    (cd "$root" && cargo build --release -p occl-profiler ${features[@]+"${features[@]}"})
     PLUGIN="$root/target/release/libnccl_profiler_occl.so"
 fi
 # NCCL's own name for it; an absolute path works on NCCL 2.23-2.30 except 2.27.3.

@@ -34,6 +34,7 @@ pub mod metrics;
 #[allow(unsafe_code)] // calls NCCL's C-variadic logger
 mod nccl_log;
 mod stats;
+#[cfg(feature = "test-support")]
 mod testlog;
 
 pub use abi::{ncclProfiler_v1, ncclProfiler_v2, ncclProfiler_v3, ncclProfiler_v4, ncclProfiler_v5, ncclProfiler_v6};
