@@ -226,7 +226,6 @@ pub(crate) fn time(c: &Consts, link: Link, op: &Op) -> f64 {
     adj.base_us + adj.peer_us * peers + s.steps * alpha + s.msgs * l.gamma_us + moved * adj.scale / (gbps * 1e3)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,10 +244,8 @@ mod tests {
         assert_eq!(c.digest(), FITTED_DIGEST);
         assert_eq!(Consts::default(), c);
         // Each setting once: a second line for a key would silently win over the first.
-        let keys: Vec<&str> = DEFAULTS
-            .lines()
-            .filter_map(|l| l.split('#').next()?.split_once('=').map(|(k, _)| k.trim()))
-            .collect();
+        let keys: Vec<&str> =
+            DEFAULTS.lines().filter_map(|l| l.split('#').next()?.split_once('=').map(|(k, _)| k.trim())).collect();
         let mut unique = keys.clone();
         unique.sort_unstable();
         unique.dedup();
