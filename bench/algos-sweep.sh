@@ -21,8 +21,8 @@
 #   COMPARE=1              one occl-perf per (ranks, transport, collective, sweep) with
 #                          --compare: the tuner and every forced choice take turns batch by batch
 #                          in one run (same buffers, same minutes of the machine). 0: one run per
-#                          forced choice, as before session 11 (choices seconds apart, each in its
-#                          own processes).
+#                          forced choice (choices seconds apart, each in its own processes,
+#                          which alone moves a point by more than 10% on a shared host).
 set -euo pipefail
 PERF=${PERF:-target/release/occl-perf}
 RANKS=${RANKS:-"2 4"}

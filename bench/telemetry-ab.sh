@@ -1,5 +1,5 @@
 #!/bin/bash
-# Telemetry overhead, A/B in one run per sink (tests/results/telemetry-overhead.md): for each
+# Telemetry overhead, A/B in one run per sink (bench/baselines/telemetry-ab.md): for each
 # sink (collector, prometheus, otlp to a loopback receiver, trace) and size (8 B, 1 MiB), a
 # 2-rank shm all-reduce with `occl-perf --events-ab`, for each given build of occl-perf.
 #

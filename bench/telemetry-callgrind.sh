@@ -1,5 +1,5 @@
 #!/bin/bash
-# Telemetry cost as instructions (tests/results/telemetry-overhead.md): deterministic and immune to
+# Telemetry cost as instructions (bench/baselines/telemetry-callgrind.md): deterministic and immune to
 # the load of a shared machine, where wall-clock A/B ratios are not. For each given build of
 # occl-perf, sink and size, a 2-rank shm all-reduce under callgrind with a B batch (sink attached)
 # of 10 and of 30 calls; the instructions executed in occl-telemetry on each rank's main thread

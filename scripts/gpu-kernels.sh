@@ -15,7 +15,7 @@ build)
     dir=${2:?usage: gpu-kernels.sh build DIR}
     cd "$(dirname "$0")/.."
     mkdir -p "$dir"
-    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build -p occl-kernels --release --bins || exit 1
+    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build -p occl-kernels --features test-support --release --bins || exit 1
     CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo test -p occl-kernels --release --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:

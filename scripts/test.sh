@@ -84,8 +84,8 @@ if ! hta_have; then
 fi
 export OCCL_HTA_PYTHON="$hta_venv/bin/python"
 
-# Segments of jobs killed during setup fill /dev/shm and starve everything after (pip was once
-# killed for memory here); show its use up front so such a run explains itself.
+# Segments of jobs killed during setup fill /dev/shm and starve everything after (pip itself can
+# be killed for memory); show its use up front so such a run explains itself.
 echo "== /dev/shm: $(df -h /dev/shm 2>/dev/null | awk 'NR==2 {print $3 " used of " $2}')"
 echo "== rustfmt"
 cargo fmt --all -- --check
@@ -99,6 +99,9 @@ cargo clippy -p occl --features cuda --all-targets --profile ci -- -D warnings
 cargo clippy -p occl --features ib --all-targets --profile ci -- -D warnings
 # occl-tests with both: occl-gpu (the GPU machine's checker and benchmark) and the ib suite.
 cargo clippy -p occl-tests --features cuda,ib --all-targets --profile ci -- -D warnings
+# The libraries as they ship, without the test-support feature that their tests and fuzzers turn on
+# (the lines above build every crate's tests, so they lint these with it).
+cargo clippy -p occl-profiler -p occl-kernels -p occl-ras -p ibverbs --lib --profile ci -- -D warnings
 echo "== tests"
 # Optimised: the integration tests move hundreds of MiB through real processes.
 cargo test --workspace --profile ci -- --test-threads 2

@@ -31,7 +31,7 @@ pub(crate) unsafe fn stream(dst: *mut u8, src: *const u8, n: usize) {
     if n >= 256 {
         // Whole 64-byte lines per store where the CPU has them: the registered all-gather at
         // 64 MiB gained 1-3% at 2 ranks and 4-22% at 4 on a 16-CPU Xeon host, 10% on the 2-core
-        // EPYC VM (tests/results/registration.md, session 13).
+        // EPYC VM (bench/baselines/registered-vs-mpi.md).
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the caller's contract, and AVX-512F is present.
             unsafe { stream_avx512(dst, src, n) };

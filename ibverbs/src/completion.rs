@@ -146,6 +146,7 @@ impl Endpoint {
 /// Fuzz entry (`ibverbs/fuzz`): arbitrary completions (each 13 bytes: status, opcode/flags,
 /// immediate, length) fed to an endpoint, interleaved with sends and consumption, never panic
 /// and never let the sender exceed its slots.
+#[cfg(any(test, feature = "test-support"))]
 pub fn fuzz_completions(data: &[u8]) {
     let Some((&n, rest)) = data.split_first() else { return };
     let nslots = u32::from(n % 8) + 1;

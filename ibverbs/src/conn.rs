@@ -130,6 +130,7 @@ impl ConnRecord {
 
 /// Fuzz entry (`ibverbs/fuzz`): any bytes either fail to decode or decode to a record that
 /// encodes back to exactly those bytes.
+#[cfg(any(test, feature = "test-support"))]
 pub fn fuzz_conn_record(data: &[u8]) {
     if let Ok(r) = ConnRecord::decode(data) {
         assert_eq!(r.encode().as_slice(), data, "a decoded record must re-encode to its bytes");

@@ -15,7 +15,8 @@
 //! `resources` wraps the verbs objects (PD, MR, CQ, RC QP) for the data path.
 //!
 //! Every decoder of bytes or immediates from a peer has a fuzz entry (`conn::fuzz_conn_record`,
-//! `completion::fuzz_completions`), run by the cargo-fuzz crate in `ibverbs/fuzz/`.
+//! `completion::fuzz_completions`), run by the cargo-fuzz crate in `ibverbs/fuzz/` (feature
+//! `test-support`; not in the library otherwise).
 //!
 //! A leaf crate: it never depends on `occl`.
 

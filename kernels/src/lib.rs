@@ -21,6 +21,7 @@
 //! ```
 
 pub mod cache;
+#[cfg(feature = "test-support")]
 pub mod check;
 pub mod coll;
 pub mod device;
@@ -31,6 +32,7 @@ mod kernels;
 mod launch;
 pub mod nvrtc;
 pub mod p2p;
+#[cfg(any(test, feature = "test-support"))]
 pub mod reference;
 pub mod staging;
 pub mod timer;

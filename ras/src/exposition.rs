@@ -265,6 +265,7 @@ pub fn merge(parts: &[Part<'_>]) -> Merged {
 /// a pid and a host). Checks that the merge drops nothing of its own output when merged again and changes nothing (so
 /// what it produces is always well-formed by its own strict reading), and that it never grows beyond a pid and a host
 /// label per line.
+#[cfg(any(test, feature = "test-support"))]
 pub fn fuzz_exposition_bytes(data: &[u8]) {
     let texts: Vec<String> = data.split(|&b| b == 0xff).take(8).map(|c| String::from_utf8_lossy(c).into()).collect();
     let parts: Vec<Part<'_>> = texts

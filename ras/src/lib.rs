@@ -24,8 +24,9 @@
 //!   simulated network of up to 1,024 processes on a virtual clock.
 //! - [`exposition`]: merging the Prometheus texts of a node's processes into one scrape (one HELP/TYPE per family,
 //!   a `pid` label per process, every line from a peer checked).
-//! - Fuzz entries for every decoder of untrusted bytes, [`fuzz_client_bytes`], [`fuzz_wire_bytes`],
-//!   [`mesh::fuzz_mesh_bytes`] and [`fuzz_exposition_bytes`], which the cargo-fuzz crate in `ras/fuzz/` runs.
+//! - Fuzz entries for every decoder of untrusted bytes, `fuzz_client_bytes`, `fuzz_wire_bytes`,
+//!   `mesh::fuzz_mesh_bytes` and `fuzz_exposition_bytes`, which the cargo-fuzz crate in `ras/fuzz/` runs (feature
+//!   `test-support`; not in the library otherwise).
 //!
 //! - [`server`]: the RAS thread, a tokio current-thread runtime that drives the mesh over real sockets and serves
 //!   the client port (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`, SO_REUSEPORT): NCCL's text
@@ -44,9 +45,14 @@ pub mod server;
 pub mod wire;
 
 #[cfg(test)]
+mod fuzz_seeds;
+#[cfg(test)]
 mod test_rng;
 
 pub use analysis::{analyze, AnalysisInput, KnownComm, KnownRank, StuckPolicy};
+#[cfg(any(test, feature = "test-support"))]
 pub use client::fuzz_client_bytes;
+#[cfg(any(test, feature = "test-support"))]
 pub use exposition::fuzz_exposition_bytes;
+#[cfg(any(test, feature = "test-support"))]
 pub use wire::fuzz_wire_bytes;

@@ -264,8 +264,8 @@ fn took(o: &occl_tests::launch::RankOutput) -> Option<Duration> {
 /// Issue 26, item 2: ranks that pass different roots to a broadcast or reduce disagree on who
 /// sends first (both "roots" only send; both non-roots wait). Every rank must fail at once with
 /// an operation mismatch that names both roots: small and 4 MiB, chain and tree, 2 and 3 ranks,
-/// shm and tcp. (Before: the small broadcast returned Ok with different data on every rank, the
-/// rest hung until OCCL_TIMEOUT.)
+/// shm and tcp. (Without the check, the small broadcast would return Ok with different data on
+/// every rank, and the rest would hang until OCCL_TIMEOUT.)
 #[test]
 fn different_roots_fail_every_rank_at_once_naming_both_roots() {
     let mut cases = Vec::new();

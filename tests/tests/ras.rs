@@ -245,8 +245,8 @@ fn many_clients_and_a_silent_one_do_not_stop_the_job() {
     drop(job);
 }
 
-/// Issue 26, item 9: an operation that failed is reported as failed, with its error, and no longer as in flight
-/// (which showed it STUCK, with a wait that grew for as long as the process lived).
+/// Issue 26, item 9: an operation that failed is reported as failed, with its error, and not as in flight (which
+/// would show it STUCK, with a wait that grows for as long as the process lives).
 #[test]
 fn a_failed_operation_is_reported_failed_with_its_error_not_stuck() {
     let port = free_port();

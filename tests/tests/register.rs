@@ -154,7 +154,7 @@ impl occl::telemetry::Sink for Colls {
 }
 
 /// The profiler sees a registered operation as a Coll event with algorithm "registered" (and no
-/// ProxyOp: no FIFO moves its data); the unregistered one as before.
+/// ProxyOp: no FIFO moves its data); an unregistered one as a FIFO algorithm, with ProxyOps.
 #[test]
 fn profiler_sees_registered_operations() {
     let comms = occl::Comm::init_all(2).expect("init_all");

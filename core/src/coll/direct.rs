@@ -104,8 +104,8 @@ pub(crate) fn one_step_max(proto: Proto, slice: usize) -> usize {
 /// The one-shot all-reduce of a message of one slice (`one_step_max`), straight on the FIFOs:
 /// the exchange `all_reduce_one_shot` schedules (one message to every peer, contributions
 /// folded in rank order, so every rank gets the same bits), without a primitive built per peer
-/// and message. At 8 B the call's own work is most of its latency (tests/results/algos.md,
-/// session 13). Its steps are the schedule's, and reported through the same hooks.
+/// and message. At 8 B the call's own work is most of its latency (bench/baselines/algos-sweep.md).
+/// Its steps are the schedule's, and reported through the same hooks.
 pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
     const WORDS: usize = ll::STEP_BYTES.div_ceil(8);
     // Real ranks: contributions are folded in rank order.

@@ -35,9 +35,9 @@ pub struct DeviceSettings {
 
 impl Default for DeviceSettings {
     /// 128 channels. On 2×H100 (NV18) 32 left every large collective behind NCCL 2.28; 64 put
-    /// most at 1.01-1.31× (tests/results/gpu-collectives-h100x2.md), but on 2×H200 broadcast
+    /// most at 1.01-1.31× (bench/baselines/gpu-collectives.md), but on 2×H200 broadcast
     /// stayed at 0.96× and on 4×H200 all-reduce, reduce-scatter and all-gather at 0.84-0.98×;
-    /// 128 put all of them level or ahead (tests/results/gpu-collectives-h200.md). One SM runs
+    /// 128 put all of them level or ahead (bench/baselines/gpu-collectives.md). One SM runs
     /// one channel, so a large collective occupies nearly every SM while it runs: a job that
     /// overlaps communication with compute may want fewer (the aims are measured at 128).
     /// The shared region grows with it: channels × ranks × slots × slot bytes, 128 MiB per

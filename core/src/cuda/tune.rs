@@ -44,7 +44,7 @@ pub(crate) struct DevModel {
     pub mem_bpus: f64,
     /// How much longer a direct step's bytes take per rank beyond two: every rank writing
     /// every peer at once through the switch. On 4×H200 the two-shot all-reduce took
-    /// 1.06-1.10× the ring's time at 64 MiB-1 GiB (tests/results/gpu-collectives-h200x4.md).
+    /// 1.06-1.10× the ring's time at 64 MiB-1 GiB (bench/baselines/gpu-collectives.md).
     pub direct_per_rank: f64,
 }
 

@@ -480,8 +480,9 @@ fn describe(parts: &[u64]) -> u64 {
 pub(crate) const ALGO: &str = "registered";
 
 /// Bytes reduced per pass: the output block stays in L1 while every input is added to it. 16 KiB
-/// (was 64): ahead at 64 MiB in both A/B runs on GPU hosts (session 8: 1.38 against 1.20× the ring
-/// at 2 ranks; session 10, five rounds: 1.26 against 1.21× at 2 ranks, 1.50 against 1.39× at 4).
+/// was ahead of 64 KiB at 64 MiB and 2 ranks in both A/B runs on 16-CPU hosts (1.38 against 1.20×
+/// the ring; 1.26 against 1.21×, and 1.50 against 1.39× at 4 ranks; bench/baselines/
+/// registered-vs-mpi.md).
 const BLOCK: usize = 16 << 10;
 
 /// Bytes of an all-gather's block written to every rank before the next: read from memory once,

@@ -4,8 +4,9 @@
 //! plain loads and stores on memory that every rank maps, so it splits into parts that need no
 //! ordering between them. At 64 MiB and 2 ranks, both the registered path and the FIFO ring
 //! move the least bytes any algorithm can through memory, and one core's memory parallelism
-//! sets the pace of both (tests/results/registration.md, sessions 8-14). Spare cores of the
-//! rank's share take parts; the ring cannot split that way, as each FIFO is one ordered stream.
+//! sets the pace of both: on one thread per rank the registered path measured 1.00-1.81× the
+//! ring, with the host (bench/baselines/registered-vs-mpi.md). Spare cores of the rank's share
+//! take parts; the ring cannot split that way, as each FIFO is one ordered stream.
 //!
 //! How many: `OCCL_REG_THREADS` when set; otherwise the rank's share of the host's cores (from
 //! the peer table, every rank's affinity set) less one, at most the CPUs this rank's thread may
@@ -22,8 +23,8 @@ pub(crate) type Part = Box<dyn FnOnce() + Send>;
 /// Helpers a rank starts by itself. At 2 ranks of 8 CPUs each on a 16-CPU Xeon host, the
 /// registered all-reduce at 64 MiB ran faster with every helper added up to 7 (1.09×, 2.10×,
 /// 2.27×, 2.32×, 2.80×, 3.19× the unregistered ring at 0, 1, 2, 3, 5 and 7), and the
-/// all-gather gained most at 5 and 7 (7.11×, 5.82×; tests/results/registration.md, session
-/// 15). More was not measured; past some count the memory bus sets the pace, not the threads.
+/// all-gather gained most at 5 and 7 (7.11×, 5.82×; bench/baselines/registered-vs-mpi.md).
+/// More was not measured; past some count the memory bus sets the pace, not the threads.
 pub(crate) const AUTO_MAX: usize = 7;
 
 /// The most helpers `OCCL_REG_THREADS` may ask for (the configuration checks it).

@@ -238,6 +238,7 @@ impl ClientSession {
 /// The body of a cargo-fuzz target (`fuzz_target!(|data: &[u8]| occl_ras::fuzz_client_bytes(data))`): feeds `data`
 /// to a fresh session in chunks whose sizes come from the data itself, drains the actions after each chunk, and
 /// panics if the session ever holds more than its documented bound or acts after `Close`.
+#[cfg(any(test, feature = "test-support"))]
 pub fn fuzz_client_bytes(data: &[u8]) {
     let bound = MAX_LINE_BYTES + MAX_PENDING_REPLY_BYTES + 128;
     let mut session = ClientSession::new(0);

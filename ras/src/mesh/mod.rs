@@ -34,6 +34,7 @@
 
 mod auth;
 mod conn;
+#[cfg(any(test, feature = "test-support"))]
 mod fuzz;
 mod gather;
 mod links;
@@ -53,6 +54,7 @@ use crate::record::ProcessRecords;
 use crate::wire::{Msg, ProcessStatus};
 
 pub use crate::wire::{PeerId, RequestId};
+#[cfg(any(test, feature = "test-support"))]
 pub use fuzz::fuzz_mesh_bytes;
 pub use gather::{MAX_BUDGET, MAX_GATHERS};
 pub use metrics::{MetricsResult, MAX_FETCHES, METRICS_KEEP};

@@ -299,6 +299,7 @@ pub enum WireError {
 /// a decoder in chunks of pseudo-random sizes (seeded by the length, so the bytes themselves stay intact), and checks that every message it yields encodes within the
 /// bounds and decodes back to itself, and that the decoder stays within its buffer bound and fails for good once it
 /// has failed.
+#[cfg(any(test, feature = "test-support"))]
 pub fn fuzz_wire_bytes(data: &[u8]) {
     let mut dec = Decoder::new();
     let mut rest = data;

@@ -3,7 +3,6 @@
 //! place that decides.
 
 use crate::metrics::Render;
-use crate::testlog::SpanLog;
 use occl_telemetry::exporters;
 use occl_telemetry::spans::Telemetry;
 use occl_telemetry::Profiler;
@@ -51,21 +50,30 @@ pub fn install(backend: Option<Backend>) {
 
 /// The backend for a new communicator: the installed one; else, once per load of the library,
 /// occl's span collector with the exporters the environment enables (Prometheus, OTLP, trace
-/// files), plus the test span log when `OCCL_PROFILER_TEST_SPANS` asks for it (then in a
-/// collector of its own). `None` when nothing is enabled.
+/// files), plus, in a build with the `test-support` feature, the test span log when
+/// `OCCL_PROFILER_TEST_SPANS` asks for it (then in a collector of its own). `None` when nothing
+/// is enabled.
 pub fn choose() -> Option<Backend> {
     if let Some(b) = INSTALLED.lock().unwrap_or_else(PoisonError::into_inner).clone() {
         return Some(b);
     }
     static FROM_ENV: OnceLock<Option<Backend>> = OnceLock::new();
-    FROM_ENV
-        .get_or_init(|| match SpanLog::from_env() {
-            Some(log) => {
-                let mut exporters = exporters::from_env();
-                exporters.push(log);
-                Some(Backend::telemetry(Arc::new(Telemetry::new(exporters))))
-            }
-            None => exporters::global().map(|t| Backend::telemetry(t.clone())),
-        })
-        .clone()
+    FROM_ENV.get_or_init(from_env).clone()
+}
+
+#[cfg(feature = "test-support")]
+fn from_env() -> Option<Backend> {
+    match crate::testlog::SpanLog::from_env() {
+        Some(log) => {
+            let mut exporters = exporters::from_env();
+            exporters.push(log);
+            Some(Backend::telemetry(Arc::new(Telemetry::new(exporters))))
+        }
+        None => exporters::global().map(|t| Backend::telemetry(t.clone())),
+    }
+}
+
+#[cfg(not(feature = "test-support"))]
+fn from_env() -> Option<Backend> {
+    exporters::global().map(|t| Backend::telemetry(t.clone()))
 }

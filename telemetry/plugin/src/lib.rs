@@ -19,7 +19,8 @@
 //!
 //! Load it with `NCCL_PROFILER_PLUGIN=/abs/path/libnccl_profiler_occl.so` (NCCL 2.23–2.30 except
 //! 2.27.3), or copy it to `libnccl-profiler-occl.so` on `LD_LIBRARY_PATH` and set
-//! `NCCL_PROFILER_PLUGIN=occl` (NCCL ≥ 2.26). `scripts/check_nccl.sh` runs it under PyTorch.
+//! `NCCL_PROFILER_PLUGIN=occl` (NCCL ≥ 2.26). The repository's
+//! `scripts/nccl-plugin/check_nccl.sh` runs it under PyTorch.
 //!
 //! [`EventId`]: occl_telemetry::EventId
 #![deny(unsafe_code)]
@@ -33,6 +34,7 @@ pub mod metrics;
 #[allow(unsafe_code)] // calls NCCL's C-variadic logger
 mod nccl_log;
 mod stats;
+#[cfg(feature = "test-support")]
 mod testlog;
 
 pub use abi::{ncclProfiler_v1, ncclProfiler_v2, ncclProfiler_v3, ncclProfiler_v4, ncclProfiler_v5, ncclProfiler_v6};

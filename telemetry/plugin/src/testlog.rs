@@ -1,8 +1,8 @@
-//! TEST ONLY: an exporter that writes every finished span the collector hands it as one JSON line,
-//! so the plugin's tests can check, from outside the process that loaded the library, what went
-//! through the real path (host → C ABI → this plugin → occl's span collector → exporter). It is
-//! off unless `OCCL_PROFILER_TEST_SPANS` is set, and is no part of the product; the real exporters
-//! (Prometheus, OTLP, trace files) replace it in the tests once they exist.
+//! TEST ONLY (feature `test-support`, which the crate's own tests turn on): an exporter that writes
+//! every finished span the collector hands it as one JSON line, so the plugin's tests can check,
+//! from outside the process that loaded the library, what went through the real path (host → C
+//! ABI → this plugin → occl's span collector → exporter). Even when built in, it is off unless
+//! `OCCL_PROFILER_TEST_SPANS` is set; a release build of the plugin does not contain it.
 //!
 //! - `OCCL_PROFILER_TEST_SPANS=<prefix>`: lines go to `<prefix>-<pid>.jsonl` (appended, so a
 //!   library loaded again in the same process adds to the same file).

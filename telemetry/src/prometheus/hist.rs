@@ -120,8 +120,8 @@ mod tests {
         assert_eq!(&s.cumulative[..3], &[2, 4, 5]);
         assert_eq!(s.cumulative[10], 6);
         assert_eq!(*s.cumulative.last().expect("bounds"), 6);
-        // The series' operation and byte totals: the same count, and the sum (wrapping, as the
-        // counter it replaced did).
+        // The series' operation and byte totals: the same count, and the sum (wrapping on
+        // overflow, as a u64 counter does).
         assert_eq!(h.totals(), (7, s.sum));
         assert_eq!(s.sum, 12u64.wrapping_add(1 << 20).wrapping_add(u64::MAX));
         assert_eq!(SIZE_BYTES[16], 1 << 32);

@@ -7,7 +7,7 @@
 //!   slot's event is the only one that touches it) and keeps its buffers for the next event, so a
 //!   span costs no allocation. An id whose slot is still held by an older open event (one open
 //!   across more than [`OPEN_SLOTS`] later events: a long operation, or ids that are not dense)
-//!   goes to an overflow map, which costs what the old hash table did.
+//!   goes to an overflow map (a hash lookup per callback).
 //! - [`RootRing`]: the trace root of every event, lock-free, so a child finds its tree without
 //!   touching its parent's entry, and kept past the event's stop for late children (reference
 //!   §10: ProxyOps start after their Coll stopped). An entry lasts until an event [`ROOT_SLOTS`]

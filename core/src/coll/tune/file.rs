@@ -37,7 +37,13 @@ pub(crate) fn load(path: &Path) -> Result<Consts> {
 
 /// Applies `text` over the defaults; the error names the line.
 pub(crate) fn parse(text: &str) -> std::result::Result<Consts, String> {
-    let mut c = Consts::default();
+    apply(Consts::default(), text)
+}
+
+/// Applies `text` over `base` (the defaults themselves are `defaults.conf` over
+/// `Consts::blank`); the error names the line.
+pub(crate) fn apply(base: Consts, text: &str) -> std::result::Result<Consts, String> {
+    let mut c = base;
     for (i, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
         if line.is_empty() {

@@ -338,7 +338,7 @@ mod tests {
         assert_eq!(pick(8, Tcp, CollType::Reduce, 8), Algo::Tree);
     }
 
-    /// The all-reduce choices the measured runs call for (tests/results/algos.md): medians of
+    /// The all-reduce choices the measured runs call for (bench/baselines/algos-sweep.md): medians of
     /// forced runs of every algorithm and protocol at 2 ranks (shm, tcp) and 4 ranks on 2 cores
     /// (shm-shared, tcp-shared). Where two were within noise either is accepted.
     #[test]
@@ -359,19 +359,19 @@ mod tests {
                 Shm,
                 false,
                 &[
-                    // Session 13, one-step path: Simple ahead of LL at 8 B here (0.18 against
+                    // The one-step path: Simple ahead of LL at 8 B here (0.18 against
                     // 0.22 µs) and on a 16-core host (0.31 against 0.45); at 128 B level there
                     // with LL and 7% behind the 2-rank tree/LL, ahead here.
                     (8, &["one-shot/simple"]),
                     (128, &["one-shot/ll", "one-shot/simple", "tree/ll"]),
                     (512, &["one-shot/simple"]),
-                    // One-shot/Simple led LL by 13-40% at 1-2 KiB in session 11's interleaved
-                    // sweeps, on this machine and on a 16-core host.
+                    // One-shot/Simple led LL by 13-40% at 1-2 KiB in the interleaved sweeps, on
+                    // this machine and on a 16-core host.
                     (2 << 10, &["one-shot/simple"]),
                     (4 << 10, &["one-shot/simple"]),
                     (8 << 10, &["one-shot/simple"]),
                     (16 << 10, &["one-shot/simple"]),
-                    // Session 11, interleaved: the one-shot (or the 2-rank tree, the same
+                    // Interleaved: the one-shot (or the 2-rank tree, the same
                     // exchange) led the ring at 32 KiB by 7% here and 20% on a 16-core host.
                     (32 << 10, &["one-shot/simple", "tree/simple"]),
                     (1 << 20, &["ring/simple"]),
@@ -396,7 +396,7 @@ mod tests {
                 &[
                     (8, &["one-shot/simple"]),
                     (32 << 10, &["one-shot/simple"]),
-                    // Level in session 11 (ring 5-9% ahead here, one-shot 6% on a 16-core host).
+                    // Level (interleaved: ring 5-9% ahead here, one-shot 6% on a 16-core host).
                     (256 << 10, &["ring/simple", "one-shot/simple"]),
                     (64 << 20, &["ring/simple"]),
                 ],
@@ -425,13 +425,13 @@ mod tests {
             }
         }
         // 4 ranks on a 16-core host (a core each): the choices within 10% of the best in every
-        // round of session 9's runs and of session 11's interleaved ones (tests/results/algos.md).
+        // round of the separate and of the interleaved sweeps (bench/baselines/algos-sweep.md).
         // Over tcp the tree of one piece (three hops) is level with the one-shot at 8-64 B.
         let on_16_cores: [(TransportKind, Sizes); 2] = [
             (
                 Shm,
                 &[
-                    // Session 13, one-step path: Simple 1.45 against LL 1.93 µs.
+                    // The one-step path: Simple 1.45 against LL 1.93 µs.
                     (512, &["one-shot/simple"]),
                     (1 << 10, &["one-shot/simple"]),
                     (2 << 10, &["one-shot/simple", "ring/simple"]),
@@ -446,8 +446,8 @@ mod tests {
                     (8, &["one-shot/simple", "tree/simple"]),
                     (64, &["one-shot/simple", "tree/simple"]),
                     (1 << 10, &["one-shot/simple", "tree/simple"]),
-                    // Session 9 had the tree ahead at 8-32 KiB by 10-13%; session 11's interleaved
-                    // sweep had the one-shot ahead by 9-11%.
+                    // Separate runs had the tree ahead at 8-32 KiB by 10-13%, the interleaved
+                    // sweeps the one-shot by 9-11%: level within the spread of runs.
                     (8 << 10, &["tree/simple", "one-shot/simple"]),
                     (32 << 10, &["tree/simple", "one-shot/simple"]),
                     (64 << 10, &["ring/simple"]),

@@ -14,16 +14,17 @@
 //! are per link, α and bw also per protocol (LL: a shorter path, less bandwidth; `chunk` is
 //! then the LL piece); `base` and `scale` per (collective, algorithm, protocol, link) correct what the
 //! shape alone misses (a tree's unfused primitives, the ring's single copy), and `peer` what it
-//! misses per rank beyond two (the one-shot's serial sends). The links' constants and the shared
-//! links' corrections were fitted to occl-perf runs on a 2-core machine; the corrections of `shm`
-//! and `tcp` (a core per rank) to an interleaved sweep (`occl-perf --compare`) of 2 and 4 ranks on
-//! a 16-core host (tests/results/algos.md). `OCCL_TUNER_FILE` overrides any of them (see
-//! `file.rs`).
+//! misses per rank beyond two (the one-shot's serial sends). The constants are `defaults.conf`
+//! (an `OCCL_TUNER_FILE`, embedded), fitted with `occl-tune` to `bench/algos-sweep.sh` runs: the
+//! links' own constants and the shared links' corrections on a 2-core machine, the corrections
+//! of `shm` and `tcp` (a core per rank) on 16-core hosts (bench/baselines/algos-sweep.md).
+//! `OCCL_TUNER_FILE` sets any of them again (see `file.rs`).
 
 use crate::coll::plan::{Algo, Proto};
 use crate::coll::tree;
 use crate::config::policy::FUNCS;
 use crate::record::CollType;
+use std::sync::OnceLock;
 
 /// What carries the messages, as the model sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -90,137 +91,31 @@ pub(crate) struct Consts {
     pub adj: [[[[Adj; 2]; 4]; 5]; 4],
 }
 
-/// Corrections fitted per (link, collective, algorithm, protocol): base µs and byte-term scale.
-/// Anything not listed is neither (base 0, scale 1).
-const FITTED: &[(Link, CollType, usize, Proto, f64, f64)] = {
-    use CollType::{AllGather as AG, AllReduce as AR, Broadcast as BC, Reduce as RD, ReduceScatter as RS};
-    use Link::{Shm, ShmShared, Tcp, TcpShared};
-    use Proto::{Ll, Simple};
-    const RING: usize = 0;
-    const TREE: usize = 1;
-    const PAT: usize = 2;
-    const ONESHOT: usize = 3;
-    &[
-        // Two trees over 2 ranks are two chains of unfused primitives: 2.7× the ring's time
-        // at every size measured (and 4× at 64 MiB).
-        (Shm, AR, TREE, Simple, 0.0, 2.7),
-        (Shm, AR, TREE, Ll, 0.2, 1.4),
-        // 1.1 (was 1.2): one-shot measured ahead of the ring at 16 KiB (3.0 against 4.0 µs,
-        // three rounds) and behind at 32 KiB (5.5 against 4.8).
-        (Shm, AR, ONESHOT, Simple, 0.0, 1.1),
-        // base 0.4 (was 0.15): since a one-shot of one slice runs straight on the FIFOs
-        // (session 13, `direct::all_reduce_one_step`), Simple, whose first cache line carries
-        // 32 B with the slot header, led LL at every size measured on a 16-core host,
-        // interleaved: at 2 ranks 0.29-0.31 against 0.45-0.52 µs at 8-32 B and level at
-        // 64-128 B; at 4 ranks by 11-35% at 8-512 B. Before that change LL was level or ahead
-        // to 128 B (session 11).
-        (Shm, AR, ONESHOT, Ll, 0.4, 1.15),
-        // 1.05: the ring behind the one-shot at 256 KiB and 4 KiB by 12-14% (same sweep).
-        (Shm, AR, RING, Simple, 0.0, 1.05),
-        (ShmShared, AR, TREE, Simple, 2.2, 0.85),
-        (ShmShared, AR, ONESHOT, Simple, 0.3, 1.17),
-        // 28 and 1.425 (were 20 and 1.5; 30 and 1.85 before the tree of one piece swapped at the
-        // top) and the one-shot's 1.12 (was 1.6): fitted to session 11's interleaved sweep of 4
-        // ranks over tcp on a 16-core host, where the one-shot led the tree by 13% at 8-16 KiB.
-        (Tcp, AR, TREE, Simple, 28.0, 1.425),
-        (Tcp, AR, ONESHOT, Simple, 0.0, 1.12),
-        (TcpShared, AR, TREE, Simple, 0.0, 0.92),
-        (TcpShared, AR, ONESHOT, Simple, 8.8, 0.97),
-        // 4 ranks on 2 cores: a broadcast chain beat the tree at every size to 1 MiB (by
-        // 1.1-2.9x), a reduce chain to 32 KiB, with the tree ahead from 1 MiB over tcp.
-        (ShmShared, BC, TREE, Simple, 3.0, 1.5),
-        (ShmShared, BC, TREE, Ll, 3.0, 1.5),
-        (ShmShared, RD, TREE, Simple, 1.5, 1.0),
-        (ShmShared, RD, TREE, Ll, 1.5, 1.0),
-        (TcpShared, BC, TREE, Simple, 12.0, 1.6),
-        (TcpShared, RD, TREE, Simple, 15.0, 0.6),
-        // With a core per rank (session 11, 16-core host, 2 and 4 ranks, every size 8 B-64 MiB,
-        // interleaved): the chain led the tree at every size over tcp (by 10-48%) and from 4 KiB
-        // over shm (by 13-52%); the tree's LL only paid at 2 ranks. Above 4 ranks nothing was
-        // measured; the tree's shorter path (steps) still counts there, the byte term is what these
-        // change.
-        (Shm, BC, RING, Simple, 0.0, 0.175),
-        (Shm, RD, RING, Simple, 0.0, 0.175),
-        (Shm, BC, TREE, Ll, 0.32, 1.0),
-        (Shm, RD, TREE, Ll, 0.32, 1.0),
-        (Tcp, BC, RING, Simple, 0.0, 0.35),
-        (Tcp, RD, RING, Simple, 0.0, 0.35),
-        (Tcp, BC, TREE, Simple, 0.0, 1000.0),
-        (Tcp, RD, TREE, Simple, 0.0, 500.0),
-        // The ring all-gather and reduce-scatter read large blocks in place (single copy): at 4
-        // ranks with a core each they led PAT at every size from 4 KiB (session 11).
-        (Shm, AG, RING, Simple, 0.0, 0.5),
-        (Shm, RS, RING, Simple, 0.0, 0.5),
-        (Tcp, AG, RING, Simple, 0.0, 0.5),
-        (Tcp, RS, RING, Simple, 0.0, 0.5),
-        (Shm, AG, PAT, Ll, 0.34, 1.19),
-        (Shm, RS, PAT, Ll, 0.48, 11.2),
-        // PAT moves every byte through the FIFOs, where the ring reads large blocks straight
-        // from the sender's buffer (single copy).
-        (Shm, AG, PAT, Simple, 0.0, 1.25),
-        (Shm, RS, PAT, Simple, 0.0, 1.25),
-        (ShmShared, AG, PAT, Simple, 0.0, 1.25),
-        (ShmShared, RS, PAT, Simple, 0.0, 1.25),
-        (Tcp, AG, PAT, Simple, 0.0, 1.75),
-        (Tcp, RS, PAT, Simple, 0.0, 150.0),
-        (TcpShared, AG, PAT, Simple, 0.0, 1.25),
-        (TcpShared, RS, PAT, Simple, 0.0, 1.25),
-        // 1.9 (was 1.0): at 4 ranks with a core each the ring's LL lines move 1.7 GB/s against
-        // Simple's 3.7 (session 9, 16-core host), so Simple wins from 2 KiB; at 2 ranks the
-        // one-shot is picked before either.
-        (Shm, AR, RING, Ll, 0.0, 1.9),
-    ]
-};
-
-/// Per-rank corrections (`peer_us`), fitted at 4 ranks where each rank has a core (2-rank
-/// runs cannot see them).
-const PER_PEER: &[(Link, CollType, Algo, Proto, f64)] = {
-    &[
-        // 4 ranks over tcp, a core each (session 9, 16-core host): the one-shot took 23-24 µs at
-        // 8-64 B, level with the tree's three hops and 3.3x its own 2-rank time (7.2 µs), and
-        // fell behind the tree from 1 KiB (1.1-1.13x) and the ring at 64 KiB (1.2-1.3x). With the
-        // tree's base lowered to 20 (FITTED), this picks the tree from 1 KiB and the ring at 64 KiB.
-        (Link::Tcp, CollType::AllReduce, Algo::OneShot, Proto::Simple, 36.0),
-        // 4 ranks over shm, a core each: fitted in session 11, when one-shot/LL led Simple by
-        // 15-20% at 8-128 B; occl-tune fits the same value to session 13's sweep, where Simple
-        // leads.
-        (Link::Shm, CollType::AllReduce, Algo::OneShot, Proto::Simple, 0.1),
-    ]
-};
+/// The built-in constants, in `OCCL_TUNER_FILE`'s format: `defaults.conf`, whose header names the
+/// command that fits them. `file::apply` reads it over `Consts::blank`.
+pub(crate) const DEFAULTS: &str = include_str!("defaults.conf");
 
 impl Default for Consts {
-    /// Fitted to medians of forced runs of `bench/algos-sweep.sh`: on a 2-core machine (2 ranks:
-    /// `shm`, `tcp`; 4 ranks: `shm-shared`, `tcp-shared`), then `shm` and `tcp` corrections on a
-    /// 16-core host (2 and 4 ranks); tests/results/algos.md has the runs.
+    /// `defaults.conf`, parsed once. It is part of the library, not input: the unit test
+    /// `the_embedded_defaults_parse_and_are_the_fitted_constants` parses it, so this cannot fail.
     fn default() -> Self {
-        let mut c = Consts {
-            links: [
-                // LL: a shorter path than Simple (0.16 against 0.32 µs a step), less bandwidth
-                // (half of each line is flag). 3.2 since LL got its own 32-step ring (it was
-                // 1.15): 2-rank one-shot/LL measured ahead of Simple up to 2 KiB (1.05 against
-                // 1.30 µs) and behind from 4 KiB (1.85 against 1.36), so the crossover is ~3 KiB.
-                LinkConsts { alpha_us: 0.32, gamma_us: 0.07, gbps: 3.9, ll_alpha_us: 0.16, ll_gbps: 3.2 },
-                // With more ranks than cores LL never paid in any run: its waits spin on more
-                // lines while the peer it waits for needs the core.
-                LinkConsts { alpha_us: 2.95, gamma_us: 1.35, gbps: 1.93, ll_alpha_us: 3.5, ll_gbps: 0.5 },
-                LinkConsts { alpha_us: 23.5, gamma_us: 0.0, gbps: 2.17, ll_alpha_us: 23.5, ll_gbps: 1.0 },
-                LinkConsts { alpha_us: 10.4, gamma_us: 0.66, gbps: 1.11, ll_alpha_us: 10.4, ll_gbps: 0.5 },
-            ],
-            adj: [[[[NONE; 2]; 4]; 5]; 4],
-        };
-        for &(link, coll, algo, proto, base_us, scale) in FITTED {
-            c.adj[link as usize][coll as usize][algo][proto as usize] = Adj { base_us, scale, peer_us: 0.0 };
-        }
-        for &(link, coll, algo, proto, peer_us) in PER_PEER {
-            if let Some(a) = modelled(algo) {
-                c.adj[link as usize][coll as usize][a][proto as usize].peer_us = peer_us;
-            }
-        }
-        c
+        static PARSED: OnceLock<Consts> = OnceLock::new();
+        PARSED
+            .get_or_init(|| {
+                super::file::apply(Consts::blank(), DEFAULTS)
+                    .unwrap_or_else(|e| panic!("core/src/coll/tune/defaults.conf: {e}"))
+            })
+            .clone()
     }
 }
 
 impl Consts {
+    /// No link constant set (every one 0) and no correction: what `defaults.conf` is applied over.
+    pub(crate) fn blank() -> Self {
+        let zero = LinkConsts { alpha_us: 0.0, gamma_us: 0.0, gbps: 0.0, ll_alpha_us: 0.0, ll_gbps: 0.0 };
+        Consts { links: [zero; 4], adj: [[[[NONE; 2]; 4]; 5]; 4] }
+    }
+
     /// A stable digest of every constant (ranks compare them at init).
     pub(crate) fn digest(&self) -> u64 {
         let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -329,4 +224,31 @@ pub(crate) fn time(c: &Consts, link: Link, op: &Op) -> f64 {
     let moved = (s.load * b).max(path);
     let peers = op.nranks.saturating_sub(2) as f64;
     adj.base_us + adj.peer_us * peers + s.steps * alpha + s.msgs * l.gamma_us + moved * adj.scale / (gbps * 1e3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The digest of the constants the tuner was fitted with. A change to `defaults.conf` changes
+    /// it on purpose: refit (the file's header), check (bench/baselines/algos-sweep.md), update.
+    const FITTED_DIGEST: u64 = 0xcea0_e042_1395_f804;
+
+    #[test]
+    fn the_embedded_defaults_parse_and_are_the_fitted_constants() {
+        let c = super::super::file::apply(Consts::blank(), DEFAULTS).expect("defaults.conf parses");
+        for (l, name) in c.links.iter().zip(Link::ALL.map(Link::name)) {
+            assert!(l.alpha_us > 0.0 && l.ll_alpha_us > 0.0, "{name}: every latency is set");
+            assert!(l.gbps > 0.0 && l.ll_gbps > 0.0, "{name}: every bandwidth is set");
+        }
+        assert_eq!(c.digest(), FITTED_DIGEST);
+        assert_eq!(Consts::default(), c);
+        // Each setting once: a second line for a key would silently win over the first.
+        let keys: Vec<&str> =
+            DEFAULTS.lines().filter_map(|l| l.split('#').next()?.split_once('=').map(|(k, _)| k.trim())).collect();
+        let mut unique = keys.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), keys.len(), "a key is set twice in defaults.conf");
+    }
 }

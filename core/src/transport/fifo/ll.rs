@@ -37,13 +37,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// a sender still writing them.
 const STEP_LINES: usize = PAGE / 8;
 const PAGE: usize = 4096;
-/// Steps in the LL ring of a FIFO, whatever its Simple slot count. With the Simple default (8)
-/// LL was 3-20x slower than Simple above 2 KiB; 32 steps (2-rank one-shot all-reduce over shm,
-/// LL forced) took 2 KiB from 1.85 to 1.10 µs, 8 KiB from 6.2 to 3.2 and 32 KiB from 123 to
-/// 11 µs (Simple: 1.2, 2.1, 5.6), leaving the factor of about 2 that LL's half-flag lines cost.
-/// Going from 8 to 20 steps changed nothing and 24-28 did (Simple's 2 KiB shows the same cliff
-/// with OCCL_FIFO_SLOTS), so it is the distance at which a step's page is reused, not only the
-/// pieces in flight; the mechanism is not pinned down (tests/results/algos.md).
+/// Steps in the LL ring of a FIFO, whatever its Simple slot count. A 2-rank one-shot all-reduce
+/// over shm, LL forced, takes 1.85 µs at 2 KiB, 6.2 at 8 KiB and 123 at 32 KiB with 8 steps (the
+/// Simple default), and 1.10, 3.2 and 11 with 32 (Simple: 1.2, 2.1, 5.6): the factor of about 2
+/// that LL's half-flag lines cost. 20 steps are no better than 8, and 24-28 as good as 32
+/// (Simple's 2 KiB shows the same cliff with OCCL_FIFO_SLOTS), so it is the distance at which a
+/// step's page is reused, not only the pieces in flight; the mechanism is not pinned down
+/// (bench/baselines/algos-sweep.md).
 pub(crate) const STEPS: usize = 32;
 /// Lines ahead of the payload: the length, then the descriptor's five words.
 const HDR_LINES: usize = 6;
