@@ -21,6 +21,7 @@
 #   PHASE=kill   the kill job with the default OCCL_TIMEOUT (600 s: only the dead-peer watcher
 #                can make it fast), the torchrun job on occl and on NVIDIA's NCCL with their DDP
 #                losses compared, and an all_reduce_perf -g 2 smoke on both.
+#   PHASE=build  only builds nccl-tests against occl's headers (what the other phases start with).
 #   PHASE=more   grouped p2p, all-to-all and all-reduce captured in CUDA graphs (-G 10, -g 2),
 #                all 7 tests with -g 4 when the host has 4 GPUs, and two thread ranks on one GPU
 #                (-t 2 on CUDA_VISIBLE_DEVICES=0), each on occl and on NVIDIA's NCCL.
@@ -84,6 +85,8 @@ wrong_totals() { # log: data rows and the sum of both #wrong columns, per test a
              printf "  total: %d rows, #wrong %d\n", R, W }' "$1" | sort
 }
 case ${PHASE:-tests} in
+build)
+  build ;;
 premul)
   build
   # The first occl run builds every type's kernels (NVRTC; -g 2 loads them all at init).

@@ -90,8 +90,6 @@ try:
         dist.reduce_scatter_tensor(o, inp, op=premul(factor))
         want = torch.arange(rank << 16, (rank + 1) << 16, device=dev, dtype=torch.float32) * 0.25 * tri
         pcheck(f"premul_reduce_scatter_{name}", torch.equal(o, want))
-    b = torch.full((1 << 16,), float(rank + 1), device=dev, dtype=torch.bfloat16); dist.all_reduce(b, op=premul(0.5))
-    pcheck("premul_all_reduce_bf16", torch.all(b.float() == 0.5 * tri))
     # The device scalar is read when the kernel runs: a captured graph replays with the value of
     # the moment.
     x = torch.empty(1 << 16, device=dev); x0 = torch.arange(1 << 16, device=dev, dtype=torch.float32) * (rank + 1)

@@ -29,6 +29,7 @@ enum {
     M_RECV = 9,
     M_BCAST_RING = 10,
     M_RS_RING = 11,
+    M_REDUCE_RING = 12,
 };
 
 // Mirrors occl_kernels::coll::CollArgs field for field.
@@ -476,6 +477,21 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
                 fold<E, O, PRE>(d, 1, s, n, m, a.div, Pre<E>{(int)r, ps});
                 post_peers(a, c, b, 0, all);
             }
+        } else if (a.mode == M_REDUCE_RING) {
+            // Along the ring towards the root: the rank after it starts, each rank folds its
+            // chunk into what it received and passes it on, the root folds last into its
+            // output, so every link carries the message once (not the root's link every copy).
+            const unsigned pos = (r + 2 * n - a.root - 1) % n, nx = (r + 1) % n, pv = (r + n - 1) % n;
+            const unsigned tx = pos + 1 < n ? 1u << nx : 0, rx = pos > 0 ? 1u << pv : 0;
+            wait_peers(a, c, b, tx, rx);
+            if (pos == 0) {
+                send_in1<E, PRE>(send_slot(a, c, b, nx), in + o, m, ps);
+            } else {
+                const S* src[2] = {(const S*)recv_slot(a, c, b, pv), in + o};
+                S* d[1] = {tx ? (S*)send_slot(a, c, b, nx) : out + o};
+                fold<E, O, PRE>(d, 1, src, 2, m, tx ? 0 : a.div, Pre<E>{1, ps});
+            }
+            post_peers(a, c, b, tx, rx);
         }
     }
 }

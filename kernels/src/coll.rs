@@ -80,10 +80,13 @@ pub enum Mode {
     /// Reduce-scatter around the ring (the first half of the ring all-reduce), for rank counts
     /// where every rank writing every peer at once costs more than the ring's extra hops.
     ReduceScatterRing = 11,
+    /// Reduce passed along the ring towards the root, for rank counts where the root's link
+    /// would carry every peer's copy.
+    ReduceRing = 12,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 12] = [
+    pub const ALL: [Mode; 13] = [
         Mode::AllReduceOneShot,
         Mode::AllReduceTwoShot,
         Mode::AllReduceRing,
@@ -96,6 +99,7 @@ impl Mode {
         Mode::Recv,
         Mode::BroadcastRing,
         Mode::ReduceScatterRing,
+        Mode::ReduceRing,
     ];
 
     /// The mode of a `CollArgs::mode` code, if it is one.
@@ -113,6 +117,7 @@ impl Mode {
                 | Mode::ReduceScatter
                 | Mode::Reduce
                 | Mode::ReduceScatterRing
+                | Mode::ReduceRing
         )
     }
 }
@@ -459,6 +464,7 @@ mod tests {
         }
         assert!(source(None).ends_with("OCCL_COLL_COPY\n"));
         assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces() && Mode::ReduceScatterRing.reduces());
+        assert!(Mode::ReduceRing.reduces() && Mode::of_code(12) == Some(Mode::ReduceRing));
         assert!(!Mode::AllGather.reduces() && !Mode::Recv.reduces() && !Mode::BroadcastRing.reduces());
         for (i, m) in Mode::ALL.into_iter().enumerate() {
             assert_eq!(m as usize, i, "ALL is in code order");

@@ -44,7 +44,7 @@ pub(crate) fn func_of(mode: Mode) -> (&'static str, usize) {
     match mode {
         Mode::AllReduceOneShot | Mode::AllReduceTwoShot | Mode::AllReduceRing => ("AllReduce", 0),
         Mode::ReduceScatter | Mode::ReduceScatterRing => ("ReduceScatter", 1),
-        Mode::Reduce => ("Reduce", 2),
+        Mode::Reduce | Mode::ReduceRing => ("Reduce", 2),
         Mode::AllGather => ("AllGather", 3),
         Mode::Broadcast | Mode::BroadcastRing => ("Broadcast", 4),
         Mode::AllToAll => ("AlltoAll", 5),
@@ -58,7 +58,7 @@ fn ras_type(mode: Mode) -> CollType {
     match mode {
         Mode::AllReduceOneShot | Mode::AllReduceTwoShot | Mode::AllReduceRing => CollType::AllReduce,
         Mode::ReduceScatter | Mode::ReduceScatterRing => CollType::ReduceScatter,
-        Mode::Reduce => CollType::Reduce,
+        Mode::Reduce | Mode::ReduceRing => CollType::Reduce,
         Mode::AllGather => CollType::AllGather,
         Mode::Broadcast | Mode::BroadcastRing => CollType::Broadcast,
         Mode::AllToAll => CollType::AllToAll,
@@ -72,7 +72,7 @@ fn algo_name(mode: Mode) -> &'static str {
     match mode {
         Mode::AllReduceOneShot => "ONE_SHOT",
         Mode::AllReduceTwoShot => "TWO_SHOT",
-        Mode::AllReduceRing | Mode::BroadcastRing | Mode::ReduceScatterRing => "RING",
+        Mode::AllReduceRing | Mode::BroadcastRing | Mode::ReduceScatterRing | Mode::ReduceRing => "RING",
         _ => "DIRECT",
     }
 }
@@ -294,6 +294,17 @@ impl CudaComm {
         Ok(if ring { Mode::ReduceScatterRing } else { Mode::ReduceScatter })
     }
 
+    /// The mode a reduce of `count` elements of `dt` runs in.
+    fn reduce_mode(&self, count: usize, dt: DataType) -> Result<Mode> {
+        let ring = self.tuner.reduce_ring(count.saturating_mul(dt.size()))?;
+        Ok(if ring { Mode::ReduceRing } else { Mode::Reduce })
+    }
+
+    /// The algorithm a reduce of `count` elements of `dt` runs with: `direct` or `ring`.
+    pub fn reduce_algorithm(&self, count: usize, dt: DataType) -> Result<&'static str> {
+        Ok(if self.reduce_mode(count, dt)? == Mode::ReduceRing { "ring" } else { "direct" })
+    }
+
     /// The algorithm a broadcast of `count` elements of `dt` runs with: `direct` or `ring`.
     pub fn broadcast_algorithm(&self, count: usize, dt: DataType) -> Result<&'static str> {
         Ok(if self.broadcast_mode(count, dt)? == Mode::BroadcastRing { "ring" } else { "direct" })
@@ -432,10 +443,11 @@ impl CudaComm {
         {
             return r;
         }
-        let mut a = self.args(Mode::Reduce, send, recv_p, count as u64, 0, 0);
+        let mode = self.reduce_mode(count, dt)?;
+        let mut a = self.args(mode, send, recv_p, count as u64, 0, 0);
         a.root = root as u32;
         let kop = set_op(&mut a, op, self.nranks());
-        let call = Call { root: root as i32, ..Call::new("DIRECT", send, recv_p, count, dt) };
+        let call = Call { root: root as i32, ..Call::new(algo_name(mode), send, recv_p, count, dt) };
         // SAFETY: the caller's promise.
         unsafe { self.go(stream, a, (dt, kop), self.blocks(bytes), call) }
     }

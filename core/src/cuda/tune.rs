@@ -5,8 +5,8 @@
 //! device memory that the folds read; `OCCL_ALGO` (NCCL's syntax, names `oneshot`, `twoshot`,
 //! `ring`) restricts the choice, and a list that leaves none is an error. The other device
 //! collectives are direct (every rank writes each peer's part straight into that peer's FIFO),
-//! except broadcast and reduce-scatter, which go round the ring when the direct form's load
-//! (the root's link; every link at once) costs more than the ring's extra hops.
+//! except broadcast, reduce and reduce-scatter, which go round the ring when the direct form's
+//! load (the root's link; every link at once) costs more than the ring's extra hops.
 
 use crate::config::policy::{Policy, ALGOS};
 use crate::config::Config;
@@ -89,6 +89,16 @@ impl DevModel {
         }
     }
 
+    /// Predicted µs of a reduce of `bytes` (ring: false, every peer's copy into the root's link,
+    /// which folds them all; ring: passed on towards the root, each rank folding two sources).
+    fn reduce(&self, ring: bool, n: usize, bytes: usize) -> f64 {
+        let (nf, b) = (n as f64, bytes as f64);
+        match ring {
+            false => self.one_hop(n, (nf - 1.0) * b, nf * b),
+            true => (nf - 1.0) * self.alpha_us + b / self.link_bpus + 2.0 * b / self.mem_bpus,
+        }
+    }
+
     /// Predicted µs of a reduce-scatter of `bytes` of input per rank.
     fn reduce_scatter(&self, ring: bool, n: usize, bytes: usize) -> f64 {
         let (nf, b) = (n as f64, bytes as f64);
@@ -138,6 +148,7 @@ pub(crate) struct DevTuner {
     nranks: usize,
     allowed: Vec<DevAlgo>,
     bcast: DirectOrRing,
+    reduce: DirectOrRing,
     rs: DirectOrRing,
     model: DevModel,
 }
@@ -159,8 +170,9 @@ impl DevTuner {
             )));
         }
         let bcast = DirectOrRing::new(&policy, CollType::Broadcast, "broadcast", nranks);
+        let reduce = DirectOrRing::new(&policy, CollType::Reduce, "reduce", nranks);
         let rs = DirectOrRing::new(&policy, CollType::ReduceScatter, "reduce-scatter", nranks);
-        Ok(DevTuner { nranks, allowed, bcast, rs, model: DevModel::default() })
+        Ok(DevTuner { nranks, allowed, bcast, reduce, rs, model: DevModel::default() })
     }
 
     /// Whether a broadcast of `bytes` goes along the ring rather than from the root to every
@@ -170,6 +182,14 @@ impl DevTuner {
     pub(crate) fn broadcast_ring(&self, bytes: usize) -> Result<bool> {
         let (m, n) = (&self.model, self.nranks);
         self.bcast.ring(n, m.broadcast(false, n, bytes), m.broadcast(true, n, bytes))
+    }
+
+    /// Whether a reduce of `bytes` goes along the ring towards the root rather than every peer
+    /// writing into the root's link (at 4×H200 that held reduce at a third of NCCL's busbw);
+    /// `reduce:oneshot|ring` force one.
+    pub(crate) fn reduce_ring(&self, bytes: usize) -> Result<bool> {
+        let (m, n) = (&self.model, self.nranks);
+        self.reduce.ring(n, m.reduce(false, n, bytes), m.reduce(true, n, bytes))
     }
 
     /// Whether a reduce-scatter of `bytes` of input per rank goes round the ring rather than
@@ -191,8 +211,7 @@ impl DevTuner {
                 let input = bytes.saturating_mul(n);
                 m.reduce_scatter(self.reduce_scatter_ring(input)?, n, input)
             }
-            // Every peer's copy arrives over the root's link, which folds them all.
-            CollType::Reduce => m.one_hop(n, peers * b, (peers + 1.0) * b),
+            CollType::Reduce => m.reduce(self.reduce_ring(bytes)?, n, bytes),
             CollType::AllGather | CollType::AllToAll => m.one_hop(n, peers * b, 0.0),
             _ => m.one_hop(2, b, 0.0),
         })
@@ -261,6 +280,20 @@ mod tests {
         assert!(tuner(Some("reducescatter:ring"), 2).expect("tuner").reduce_scatter_ring(8).expect("forced"));
         let e = tuner(Some("reducescatter:pat"), 4).expect("tuner").reduce_scatter_ring(8).expect_err("no pat");
         assert!(e.to_string().contains("device reduce-scatter"), "{e}");
+    }
+
+    #[test]
+    fn large_reduces_go_round_the_ring_beyond_two_ranks() {
+        let t2 = tuner(None, 2).expect("tuner");
+        for bytes in [8, 1 << 20, 1 << 30] {
+            assert!(!t2.reduce_ring(bytes).unwrap(), "two ranks: the ring is one hop too, direct at {bytes} B");
+        }
+        let t4 = tuner(None, 4).expect("tuner");
+        assert!(!t4.reduce_ring(8).unwrap(), "a small reduce takes one hop");
+        assert!(t4.reduce_ring(64 << 20).unwrap(), "a large one spares the root's link");
+        assert!(tuner(Some("reduce:ring"), 4).unwrap().reduce_ring(8).unwrap());
+        assert!(!tuner(Some("reduce:oneshot"), 4).unwrap().reduce_ring(1 << 30).unwrap());
+        assert!(tuner(Some("reduce:tree"), 4).unwrap().reduce_ring(8).is_err());
     }
 
     #[test]
