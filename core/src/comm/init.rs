@@ -140,7 +140,7 @@ impl Comm {
         timer.lap(crate::init_timer::Phase::AllGather);
         let first_on_host = table.iter().position(|p| p.host_id == table[rank].host_id) == Some(rank);
         let host = crate::topo::Host { name: table[rank].hostname.clone(), hash: fnv(table[rank].host_id.as_bytes()) };
-        crate::topo::dump_at_init(&config, host, first_on_host);
+        dump_topology(&config, host, first_on_host);
         let mut me_tab = table.clone();
         let comm_id = table[0].comm_id;
         for p in &mut me_tab {
@@ -311,5 +311,26 @@ impl Comm {
         let config = Config::from_env()?;
         let launch = crate::env::detect(&config)?;
         Comm::init_rank_scalable(launch.nranks, &launch.ids, launch.rank, config)
+    }
+}
+
+/// `OCCL_TOPO_DUMP_FILE` at init, on the first rank of each host. Best effort: the dump is a
+/// diagnostic and nothing in the communicator depends on it, so a failure (an unwritable path,
+/// a force-merge group that names no NIC here) is a warning, not a failed init.
+fn dump_topology(config: &Config, host: crate::topo::Host, first_on_host: bool) {
+    let Some(path) = config.topo_dump_file.as_deref() else { return };
+    if !first_on_host {
+        return;
+    }
+    let topo = crate::topo::Topology::detect(host);
+    let fusion = match topo.fuse(config.net_merge_level, config.net_force_merge.as_ref()) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!("occl: topo: NIC fusion left out of the dump: {e}");
+            None
+        }
+    };
+    if let Err(e) = crate::topo::dump::write(path, &topo, fusion.as_ref()) {
+        tracing::warn!("occl: topo: {e}");
     }
 }

@@ -166,23 +166,3 @@ impl Topology {
     }
 }
 
-/// `OCCL_TOPO_DUMP_FILE` at init, on the first rank of each host. Best effort: the dump is a
-/// diagnostic and nothing in the communicator depends on it, so a failure (an unwritable path,
-/// a force-merge group that names no NIC here) is a warning, not a failed init.
-pub(crate) fn dump_at_init(config: &crate::Config, host: Host, first_on_host: bool) {
-    let Some(path) = config.topo_dump_file.as_deref() else { return };
-    if !first_on_host {
-        return;
-    }
-    let topo = Topology::detect(host);
-    let fusion = match topo.fuse(config.net_merge_level, config.net_force_merge.as_ref()) {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::warn!("occl: topo: NIC fusion left out of the dump: {e}");
-            None
-        }
-    };
-    if let Err(e) = dump::write(path, &topo, fusion.as_ref()) {
-        tracing::warn!("occl: topo: {e}");
-    }
-}
