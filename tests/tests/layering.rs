@@ -132,8 +132,7 @@ fn crate_paths(text: &str) -> Vec<(usize, String)> {
             if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_') {
                 continue;
             }
-            let ident: String =
-                code[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let ident: String = code[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
             if !ident.is_empty() {
                 out.push((n + 1, ident));
             }
@@ -242,6 +241,7 @@ fn an_upward_import_is_caught() {
     assert_eq!((x["a"], x["b"], x["c"]), (0, 1, 1));
     let paths = crate_paths("use crate::b::Thing; // crate::a in a comment\nlet y = $crate::c::f();\nmy_crate::d");
     assert_eq!(paths, vec![(1, "b".to_string()), (2, "c".to_string())]);
-    let src = "fn f() {}\n#[cfg(test)]\nmod tests {\n use crate::z;\n fn g() { let _ = 1; }\n}\nfn h() { crate::y(); }\n";
+    let src =
+        "fn f() {}\n#[cfg(test)]\nmod tests {\n use crate::z;\n fn g() { let _ = 1; }\n}\nfn h() { crate::y(); }\n";
     assert_eq!(without_tests(src), "fn f() {}\n\nfn h() { crate::y(); }\n");
 }

@@ -165,4 +165,3 @@ impl Topology {
         self.nics.iter().find(|n| n.label() == label)
     }
 }
-
