@@ -9,6 +9,14 @@
 
 mod common;
 
+/// Writes past the test harness's capture, so that CI's log shows what ran and what was skipped.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($t)*);
+    }};
+}
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -159,7 +167,7 @@ fn device_api_program_builds_against_our_headers_and_runs_on_every_gpu() {
     let exe = match program() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            say!("SKIPPED: {why}");
             return;
         }
     };
@@ -171,11 +179,11 @@ fn device_api_program_builds_against_our_headers_and_runs_on_every_gpu() {
     };
     match judge(&outs, &[(0..gpus.max(1)).collect()]) {
         Some(why) if why.contains("no usable CUDA device") => {
-            eprintln!("compiled; {why}");
+            say!("compiled; {why}");
             return;
         }
-        Some(why) => eprintln!("threads mode: {why}"),
-        None => eprintln!("threads mode: {gpus} GPUs OK"),
+        Some(why) => say!("threads mode: {why}"),
+        None => say!("threads mode: {gpus} GPUs OK"),
     }
     // One rank per process (CUDA IPC between them), two ranks.
     let idfile = exe.with_file_name(format!("id-{}", std::process::id()));
@@ -184,7 +192,7 @@ fn device_api_program_builds_against_our_headers_and_runs_on_every_gpu() {
         (0..2).map(|r| vec!["rank".into(), r.to_string(), "2".into(), idfile.display().to_string()]).collect();
     let outs = run_job(exe, &args);
     if let Some(why) = judge(&outs, &[vec![0], vec![1]]) {
-        eprintln!("rank mode: {why}");
+        say!("rank mode: {why}");
     }
 }
 
@@ -199,14 +207,14 @@ fn nccl_tests_tree() -> Option<PathBuf> {
 #[test]
 fn nccl_tests_device_kernels_compile_against_our_headers() {
     let Some(tree) = nccl_tests_tree() else {
-        eprintln!("SKIPPED: no nccl-tests tree (set NCCL_TESTS_DIR to one; CI has none)");
+        say!("SKIPPED: no nccl-tests tree (set NCCL_TESTS_DIR to one; CI has none)");
         return;
     };
     let nvcc = match nvcc() {
         Ok(p) => p,
         Err(why) => {
             assert!(!in_ci(), "CI: {why}");
-            eprintln!("SKIPPED: {why}");
+            say!("SKIPPED: {why}");
             return;
         }
     };
