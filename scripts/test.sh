@@ -102,9 +102,18 @@ cargo clippy -p occl-tests --features cuda,ib --all-targets --profile ci -- -D w
 # The libraries as they ship, without the test-support feature that their tests and fuzzers turn on
 # (the lines above build every crate's tests, so they lint these with it).
 cargo clippy -p occl-profiler -p occl-kernels -p occl-ras -p ibverbs --lib --profile ci -- -D warnings
+# occl without its default features (ras, exporters): no async runtime, HTTP stack or compression
+# in its dependency tree, and it still lints and runs its collectives (below).
+cargo clippy -p occl --no-default-features --all-targets --profile ci -- -D warnings
+if cargo tree -p occl -e normal --no-default-features --prefix none | grep -E '^(tokio|hyper|axum|flate2) '; then
+    echo "scripts/test.sh: occl --no-default-features depends on the crates above; keep them behind features" >&2
+    exit 1
+fi
 echo "== tests"
 # Optimised: the integration tests move hundreds of MiB through real processes.
 cargo test --workspace --profile ci -- --test-threads 2
+# occl's own tests without its default features: collectives with no RAS thread or exporters.
+cargo test -p occl --no-default-features --profile ci --lib -- --test-threads 2
 # occl's unit tests of the cuda and ib features, built together (one build instead of two).
 cargo test -p occl --features cuda,ib --profile ci --lib -- --test-threads 2 cuda:: transport::
 # ib: the verbs crate's state machines and layouts, and the integration test that forces

@@ -64,6 +64,7 @@ pub use occl_telemetry as telemetry;
 /// Marks training step `n` in the HTA trace files (`OCCL_TRACE_DIR`) until the guard drops:
 /// `let _step = occl::profiler_step(n);` (PyTorch's `ProfilerStep#N`). `step_begin`/`step_end`
 /// are in [`telemetry::trace`].
+#[cfg(feature = "exporters")]
 pub use occl_telemetry::trace::{profiler_step, ProfilerStep};
 
 pub use api::{group, Group};

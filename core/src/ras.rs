@@ -1,12 +1,40 @@
 //! occl's side of RAS: the process's RAS thread (started by the first communicator, `OCCL_RAS_ENABLE=0` turns it
-//! off) and the rank record each communicator rank keeps for it.
+//! off) and the rank record each communicator rank keeps for it. Built without the `ras` feature, occl has no RAS
+//! thread: `server` finds none, and the rank records are kept all the same.
 
 use crate::config::Config;
-use crate::error::{Error, Result};
-use occl_ras::server::{RasConfig, RasServer};
+use crate::error::Result;
+#[cfg(feature = "ras")]
+use occl_ras::server::RasConfig;
+#[cfg(feature = "ras")]
+pub(crate) use occl_ras::server::RasServer;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
+
+/// Without the `ras` feature there is no server: a type with no values, so every use of one is
+/// code that cannot run.
+#[cfg(not(feature = "ras"))]
+pub(crate) enum RasServer {}
+
+#[cfg(not(feature = "ras"))]
+impl RasServer {
+    pub(crate) fn mesh_addr(&self) -> std::net::SocketAddr {
+        match *self {}
+    }
+
+    pub(crate) fn join(
+        &self,
+        _record: &std::sync::Arc<occl_ras::record::CommRecord>,
+        _peers: Vec<(u32, occl_ras::mesh::PeerAddr)>,
+    ) {
+        match *self {}
+    }
+
+    fn leave(&self, _grace: Duration) {
+        match *self {}
+    }
+}
 
 static SERVER: OnceLock<Option<RasServer>> = OnceLock::new();
 /// Communicator ranks of this process that joined RAS and are not destroyed yet.
@@ -30,7 +58,19 @@ pub(crate) fn left() {
 /// The RAS thread of this process, started on first use with the first communicator's job secret (the
 /// communicators of one job share their first, world communicator). `None` when RAS is off or could not start
 /// (said once in the log); collectives never depend on it.
+#[cfg(not(feature = "ras"))]
+pub(crate) fn server(_config: &Config, _secret: &[u8; 16]) -> Result<Option<&'static RasServer>> {
+    Ok(SERVER
+        .get_or_init(|| {
+            tracing::debug!("occl: built without the ras feature: this process is not visible to ncclras");
+            None
+        })
+        .as_ref())
+}
+
+#[cfg(feature = "ras")]
 pub(crate) fn server(config: &Config, secret: &[u8; 16]) -> Result<Option<&'static RasServer>> {
+    use crate::error::Error;
     if let Some(s) = SERVER.get() {
         return Ok(s.as_ref());
     }

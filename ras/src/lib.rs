@@ -41,6 +41,7 @@ pub mod exposition;
 pub mod mesh;
 pub mod record;
 pub mod report;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod wire;
 

@@ -1,5 +1,5 @@
-//! The exporters the environment turns on (Prometheus, OTLP, trace files), and the process's
-//! collector built from them. Above the span collector and the exporters, so that neither
+//! The exporters the environment turns on (Prometheus; OTLP and trace files when built with the
+//! `otlp` and `trace` features), and the process's collector built from them. Above the span collector and the exporters, so that neither
 //! names the other's concrete types: each exporter module adds its own line here.
 
 use crate::spans::{Exporter, Telemetry};
@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 pub fn from_env() -> Vec<Arc<dyn Exporter>> {
     let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
     v.extend(crate::prometheus::from_env());
+    #[cfg(feature = "otlp")]
     v.extend(crate::otlp::OtlpExporter::from_env());
+    #[cfg(feature = "trace")]
     v.extend(crate::trace::TraceExporter::from_env().map(|e| Arc::new(e) as Arc<dyn Exporter>));
     v
 }

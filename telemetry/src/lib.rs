@@ -33,11 +33,13 @@ mod idtable;
 pub mod mask;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
+#[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod profiler;
 pub mod prometheus;
 pub mod sink;
 pub mod spans;
+#[cfg(feature = "trace")]
 pub mod trace;
 
 pub use event::{

@@ -355,3 +355,46 @@ impl Comm {
         unsafe { self.recv_raw(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{group_end, group_start, Comm, Config, RedOp};
+
+    /// The pipeline end to end on thread ranks (what `--no-default-features` must still run): a
+    /// plain all-reduce, then a group whose collectives and exchange run at its end.
+    #[test]
+    fn thread_ranks_run_collectives_and_groups() {
+        let comms = Comm::init_all_with(3, Config::default()).expect("three thread ranks");
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    let (r, n) = (c.rank(), c.nranks());
+                    let send: Vec<f32> = (0..1000).map(|i| (r * 1000 + i) as f32).collect();
+                    let mut sum = vec![0f32; 1000];
+                    c.all_reduce(&send, &mut sum, RedOp::Sum).expect("all_reduce");
+                    assert!(sum.iter().enumerate().all(|(i, v)| *v == (3000 + 3 * i) as f32));
+                    let mut got = vec![0u64; 64];
+                    let mine = vec![r as u64; 64];
+                    let mut b = vec![0i32; 16];
+                    group_start();
+                    // SAFETY: the buffers outlive the group, which ends below.
+                    unsafe {
+                        c.recv_raw(got.as_mut_ptr().cast(), 64, crate::DataType::U64, (r + n - 1) % n).expect("recv");
+                        c.send_raw(mine.as_ptr().cast(), 64, crate::DataType::U64, (r + 1) % n).expect("send");
+                        let p = b.as_mut_ptr().cast::<u8>();
+                        if r == 0 {
+                            b.iter_mut().enumerate().for_each(|(i, x)| *x = i as i32);
+                        }
+                        c.broadcast_raw(p, p, 16, crate::DataType::I32, 0).expect("broadcast");
+                    }
+                    group_end().expect("group_end");
+                    assert!(got.iter().all(|v| *v == ((r + n - 1) % n) as u64));
+                    assert!(b.iter().enumerate().all(|(i, x)| *x == i as i32));
+                });
+            }
+        });
+        for c in comms {
+            c.destroy().expect("destroy");
+        }
+    }
+}
