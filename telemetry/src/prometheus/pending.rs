@@ -3,7 +3,7 @@
 //! is done at the last of them (reference §10). Such an operation is parked here, its children
 //! push its end out, and it is observed when its slot is needed again, when it has been idle for a
 //! while (checked at each scrape), or when its communicator is finalized. Under occl the children
-//! stop before the operation, so nothing is parked (see `comm.rs`).
+//! stop before the operation, so nothing is parked (see occl's `exec` and `profile`).
 //!
 //! Lock-free: a slot's id is FREE, BUSY (being filled or taken) or the parked event's id; fields
 //! are written before the id is published (release) and read after the id is claimed (acquire).

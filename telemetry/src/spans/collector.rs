@@ -10,7 +10,7 @@ use crate::profiler::{CommInfo, Profiler};
 use crate::sink::{Note, Sink};
 use std::sync::Arc;
 
-/// The span collector: one per process in practice ([`Telemetry::global`]), handing finished
+/// The span collector: one per process in practice ([`crate::exporters::global`]), handing finished
 /// spans of every communicator to its exporters.
 pub struct Telemetry {
     exporters: Vec<Arc<dyn Exporter>>,

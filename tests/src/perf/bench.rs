@@ -117,7 +117,7 @@ impl<'a> Bench<'a> {
         let c = self.comm;
         // SAFETY: both buffers hold `cap` ≥ layout.bytes bytes, which is what every call below
         // reads or writes (count elements, or n blocks of count for the blocked collectives);
-        // the in-place forms pass the pointer pairs that comm.rs documents as in place.
+        // the in-place forms pass the pointer pairs that the raw calls document as in place.
         unsafe {
             match (self.coll, inplace) {
                 (Collective::AllReduce, false) => c.all_reduce_raw(s, d, count, dt, self.op),
