@@ -2,14 +2,15 @@
 # On a 2-GPU machine, from a folder holding nccl-tests' tree (src/, verifiable/, os/), occl/lib
 # (occl's libnccl.so and libnccl.so.2), occl/include (occl's nccl.h, nccl_device.h and
 # nccl_device/), occl/device_api.cu (nccl/tests/cuda/device_api.cu), ncclras (occl's client),
-# torch_check.py and torch_kill.py. Staged from a checkout with
+# torch_check.py, torch_kill.py and torch_onegpu.py. Staged from a checkout with
 #   cargo build --release -p occl-nccl && d=DIR/occl && mkdir -p $d/lib && cp -r nccl/include $d/ &&
 #   cp target/release/libnccl.so $d/lib/ && cp target/release/libnccl.so $d/lib/libnccl.so.2 &&
 #   cp nccl/tests/cuda/device_api.cu $d/ && cp scripts/nccl-gpu-run.sh DIR/run.sh
 # nccl-tests is built against occl's headers (make NCCL_HOME=occl), so one set of binaries runs
 # on either library, LD_LIBRARY_PATH choosing (occl/lib, or the system's NVIDIA libnccl.so.2).
-#   PHASE=tests  builds nccl-tests (MPI=1 when mpicc works) and runs sendrecv/alltoall with -g 2
-#                and all 7 tests with -t 2, each on occl's and NVIDIA's libnccl.so.2 in turn;
+#   PHASE=tests  builds nccl-tests (MPI=1 when mpicc works) and runs $G2_TESTS (default
+#                sendrecv/alltoall) with -g 2 and $T2_TESTS (default all 7) with -t 2, each on
+#                occl's and NVIDIA's libnccl.so.2 in turn;
 #   PHASE=mpi    the same 7 tests with mpirun -np 2;
 #   PHASE=devapi NCCL's device API on occl: device_api (one process driving both GPUs, then two
 #                processes), nccl-tests' device kernels (all_reduce_perf -D 1/2, alltoall_perf
@@ -23,8 +24,9 @@
 #                losses compared, and an all_reduce_perf -g 2 smoke on both.
 #   PHASE=build  only builds nccl-tests against occl's headers (what the other phases start with).
 #   PHASE=more   grouped p2p, all-to-all and all-reduce captured in CUDA graphs (-G 10, -g 2),
-#                all 7 tests with -g 4 when the host has 4 GPUs, and two thread ranks on one GPU
-#                (-t 2 on CUDA_VISIBLE_DEVICES=0), each on occl and on NVIDIA's NCCL.
+#                all 7 tests with -g 4 when the host has 4 GPUs, each on occl and on NVIDIA's
+#                NCCL, and two torch ranks on one GPU (torch_onegpu.py; nccl-tests cannot ask
+#                for that: -t 2 -g 1 on one visible GPU stops in nccl-tests itself).
 #   PHASE=premul all_reduce/reduce_scatter/reduce_perf -o all -d all (every operator, mulsum
 #                included, on every type) with -g 2 on occl and on NVIDIA's NCCL, all_reduce again
 #                captured in a CUDA graph (-G 1), and the #wrong totals per library and operator.
@@ -79,8 +81,8 @@ kill_job() { # rank 1 SIGKILLs itself; rank 0's detection time on occl, then NVI
   done
 }
 wrong_totals() { # log: data rows and the sum of both #wrong columns, per test and operator
-  awk '/^== /{t=$3} !/^#/ && NF>=13 && $9 ~ /^[0-9][0-9.e+]*$/ && $13 ~ /^[0-9][0-9.e+]*$/ {
-         k=t" "$4; rows[k]++; w[k]+=$9+$13; W+=$9+$13; R++ }
+  awk '/^== /{t=$3} !/^#/ && NF>=13 && $9 ~ /^[0-9][0-9.e+]*$/ && $13 ~ /^([0-9][0-9.e+]*|N\/A)$/ {
+         x=$9+($13=="N/A"?0:$13); k=t" "$4; rows[k]++; w[k]+=x; W+=x; R++ }
        END { for (k in rows) printf "  %-26s rows %4d  #wrong %d\n", k, rows[k], w[k];
              printf "  total: %d rows, #wrong %d\n", R, W }' "$1" | sort
 }
@@ -113,9 +115,15 @@ more)
     done
   fi
   for lib in occl nccl; do
-    CUDA_VISIBLE_DEVICES=0 run $lib onegpu-$lib.txt all_reduce_perf $here/build/all_reduce_perf -b 8 -e 64M -f 8 -c 1 -t 2 -g 1
+    pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
+    for r in 0 1; do
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=2953$([ $lib = occl ] && echo 1 || echo 2) \
+        LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir timeout 60 python3 torch_onegpu.py > $OUT/onegpu-$lib-$r.txt 2>&1 &
+    done
+    wait
+    echo "two ranks on one GPU, $lib: $(grep -h ONEGPU $OUT/onegpu-$lib-*.txt | tr '\n' ' ')"
   done
-  for f in graph-occl graph-nccl g4-occl g4-nccl onegpu-occl onegpu-nccl; do
+  for f in graph-occl graph-nccl g4-occl g4-nccl; do
     [ -e $OUT/$f.txt ] || continue
     echo "== $f: #wrong by test"; wrong_totals $OUT/$f.txt
     grep -hE "Duplicate|rc=[1-9]|Error|error|failed|FAILED" $OUT/$f.txt | sort | uniq -c | head -6
@@ -125,7 +133,7 @@ tests)
   for t in ${G2_TESTS-sendrecv_perf alltoall_perf}; do
     for lib in occl nccl; do run $lib g2-$lib.txt $t $here/build/$t $A -g 2; done
   done
-  for t in $T; do
+  for t in ${T2_TESTS-$T}; do
     for lib in occl nccl; do run $lib t2-$lib.txt $t $here/build/$t $A -t 2 -g 1; done
   done ;;
 mpi)
