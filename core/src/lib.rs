@@ -13,10 +13,12 @@
 //! without blocking ([`Comm::init_rank_nonblocking`]).
 //!
 //! Every operation emits NCCL's profiler events (GroupApi → CollApi → Coll → ProxyOp → ProxyStep,
-//! ProxyCtrl, NetPlugin for tcp) to the sinks that want them: profilers registered with
-//! [`telemetry::profiler::register`], an NCCL profiler plugin named by `OCCL_PROFILER_PLUGIN` /
-//! `NCCL_PROFILER_PLUGIN`, and sinks attached with [`Comm::attach_sink`]. With none, an
-//! operation pays one relaxed load and a branch.
+//! ProxyCtrl, NetPlugin for tcp) to the sinks that want them: those of the profilers a
+//! communicator was handed ([`Config::profilers`]) or, by default, of the process's (registered
+//! with [`telemetry::profiler::register`], an NCCL profiler plugin named by
+//! `OCCL_PROFILER_PLUGIN` / `NCCL_PROFILER_PLUGIN`, the exporters the environment enables), and
+//! sinks attached with [`Comm::attach_sink`]. With none, an operation pays one relaxed load and a
+//! branch.
 //!
 //! ```no_run
 //! # fn main() -> occl::Result<()> {
@@ -69,7 +71,7 @@ pub use occl_telemetry::trace::{profiler_step, ProfilerStep};
 
 pub use api::{group, Group};
 pub use comm::Comm;
-pub use config::{Config, TransportKind};
+pub use config::{Config, Profilers, TransportKind};
 pub use dtype::{DataType, Element, RedOp};
 pub use error::{Error, ErrorKind, Result};
 pub use hostmem::HostBuf;

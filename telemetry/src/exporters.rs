@@ -3,6 +3,7 @@
 //! names the other's concrete types: each exporter module adds its own line here.
 
 use crate::spans::{Exporter, Telemetry};
+use crate::Profiler;
 use std::sync::{Arc, OnceLock};
 
 /// The exporters that the process environment enables, in a fixed order.
@@ -13,6 +14,16 @@ pub fn from_env() -> Vec<Arc<dyn Exporter>> {
     v.extend(crate::otlp::OtlpExporter::from_env());
     #[cfg(feature = "trace")]
     v.extend(crate::trace::TraceExporter::from_env().map(|e| Arc::new(e) as Arc<dyn Exporter>));
+    v
+}
+
+/// The profilers a process reports to unless its communicators are handed others: those
+/// registered with [`crate::profiler::register`], the NCCL profiler plugin the environment names
+/// ([`crate::plugin_from_env`]), and the collector of the exporters it enables ([`global`]).
+pub fn process_profilers() -> Vec<Arc<dyn Profiler>> {
+    let mut v = crate::profiler::registered();
+    v.extend(crate::nccl::plugin_from_env());
+    v.extend(global().map(|t| t.clone() as Arc<dyn Profiler>));
     v
 }
 

@@ -358,7 +358,68 @@ impl Comm {
 
 #[cfg(test)]
 mod tests {
-    use crate::{group_end, group_start, Comm, Config, RedOp};
+    use crate::{group_end, group_start, Comm, Config, Profilers, RedOp};
+    use occl_telemetry::{CommInfo, EventDescr, EventId, EventMask, Profiler, Sink};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// Counts the communicators it is asked about and the events its sinks see.
+    #[derive(Default)]
+    struct Counting {
+        comms: Mutex<Vec<u64>>,
+        events: Arc<AtomicUsize>,
+    }
+
+    struct CountSink(Arc<AtomicUsize>);
+
+    impl Sink for CountSink {
+        fn interest(&self) -> EventMask {
+            EventMask::ALL
+        }
+        fn start(&self, _id: EventId, _parent: Option<EventId>, _ev: &EventDescr<'_>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Profiler for Counting {
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn init(&self, comm: &CommInfo<'_>) -> Option<Arc<dyn Sink>> {
+            self.comms.lock().unwrap_or_else(|p| p.into_inner()).push(comm.comm_hash);
+            Some(Arc::new(CountSink(self.events.clone())))
+        }
+    }
+
+    /// A communicator handed its profilers reports to those and to no process-wide one.
+    #[test]
+    fn handed_in_profilers_replace_the_process_ones() {
+        let global = Arc::new(Counting::default());
+        occl_telemetry::profiler::register(global.clone());
+        let mine = Arc::new(Counting::default());
+        let given = Config { profilers: Profilers::Given(vec![mine.clone()]), ..Config::default() };
+        let with = Comm::init_all_with(2, given).expect("two ranks with a profiler");
+        let none = Comm::init_all_with(2, Config { profilers: Profilers::Given(Vec::new()), ..Config::default() })
+            .expect("two ranks with none");
+        let process = Comm::init_all_with(2, Config::default()).expect("two ranks with the process's");
+        let g: Arc<dyn Profiler> = global.clone();
+        occl_telemetry::profiler::unregister(&g);
+        for set in [&with, &none, &process] {
+            std::thread::scope(|s| {
+                for c in set.iter() {
+                    s.spawn(move || c.all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum).expect("all_reduce"));
+                }
+            });
+        }
+        let seen = global.comms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(*mine.comms.lock().unwrap_or_else(|p| p.into_inner()), vec![with[0].id(); 2]);
+        assert!(mine.events.load(Ordering::Relaxed) > 0, "the handed-in profiler saw the all-reduce");
+        assert!(!seen.contains(&with[0].id()) && !seen.contains(&none[0].id()), "{seen:x?}");
+        assert_eq!(seen.iter().filter(|h| **h == process[0].id()).count(), 2, "the default reaches the process's");
+        for c in with.into_iter().chain(none).chain(process) {
+            c.destroy().expect("destroy");
+        }
+    }
 
     /// The pipeline end to end on thread ranks (what `--no-default-features` must still run): a
     /// plain all-reduce, then a group whose collectives and exchange run at its end.

@@ -149,13 +149,16 @@ impl Comm {
         let mut hosts: Vec<&str> = me_tab.iter().map(|p| p.host_id.as_str()).collect();
         hosts.sort_unstable();
         hosts.dedup();
-        let prof = Profiling::init(&occl_telemetry::CommInfo {
-            comm_name: None,
-            comm_hash: comm_id,
-            n_nodes: hosts.len() as i32,
-            nranks: nranks as i32,
-            rank: rank as i32,
-        });
+        let prof = Profiling::init(
+            &occl_telemetry::CommInfo {
+                comm_name: None,
+                comm_hash: comm_id,
+                n_nodes: hosts.len() as i32,
+                nranks: nranks as i32,
+                rank: rank as i32,
+            },
+            &config.profilers,
+        );
         let net_prof = transport::tcp::NetProf { fanout: prof.fanout.clone(), rank: rank as i32 };
         let transport::Connected { peers, net, slot, lazy } =
             transport::connect_all(&config, rank, &me_tab, &id.secret, listener, Some(net_prof))?;

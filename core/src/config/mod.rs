@@ -27,6 +27,28 @@ impl TransportKind {
     }
 }
 
+/// Which profilers a communicator reports its events to.
+#[derive(Clone, Default)]
+pub enum Profilers {
+    /// The process's (the default): those registered with
+    /// `occl_telemetry::profiler::register`, the NCCL profiler plugin `OCCL_PROFILER_PLUGIN` /
+    /// `NCCL_PROFILER_PLUGIN` names, and the exporters the environment enables
+    /// (`occl_telemetry::exporters::process_profilers`).
+    #[default]
+    Process,
+    /// Exactly these, handed in by whoever creates the communicator (none: no events at all).
+    Given(Vec<std::sync::Arc<dyn occl_telemetry::Profiler>>),
+}
+
+impl std::fmt::Debug for Profilers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Profilers::Process => f.write_str("Process"),
+            Profilers::Given(v) => f.debug_list().entries(v.iter().map(|p| p.name())).finish(),
+        }
+    }
+}
+
 /// Communicator settings. `Config::default()` is what a job gets with no variables set;
 /// `Config::from_env()` applies `OCCL_*` (and, where NCCL has the same knob, `NCCL_*`).
 #[derive(Debug, Clone)]
@@ -91,6 +113,9 @@ pub struct Config {
     /// reduce-scatters (`OCCL_REG_THREADS`, 0 to 16). `None`: the rank's share of the host's
     /// cores less one, at most 7 (see `register::threads`).
     pub reg_threads: Option<usize>,
+    /// Where the communicator's profiler events go: the process's profilers, or those handed
+    /// in. Local to each rank (not compared between ranks).
+    pub profilers: Profilers,
 }
 
 impl Default for Config {
@@ -116,6 +141,7 @@ impl Default for Config {
             ib_hca: None,
             ib_gid_index: None,
             reg_threads: None,
+            profilers: Profilers::Process,
         }
     }
 }

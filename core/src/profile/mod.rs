@@ -1,7 +1,7 @@
 //! Profiler events: each communicator owns a fan-out (`occl_telemetry::Fanout`) holding the sinks
-//! that the registered profilers (`occl_telemetry::profiler::register`, an NCCL plugin named by
-//! `OCCL_PROFILER_PLUGIN`, the span collector feeding the exporters the environment enables)
-//! created for it, plus any attached with `Comm::attach_sink`.
+//! that its profilers created for it (`Config::profilers`: those handed in, or the process's
+//! default set, `occl_telemetry::exporters::process_profilers`), plus any attached with
+//! `Comm::attach_sink`.
 //!
 //! An operation captures the mask once when it starts (`OpProf::begin`); with no sink that wants
 //! anything that is one relaxed load and a branch, and nothing else on the collective path
@@ -10,6 +10,7 @@
 pub(crate) mod group;
 pub(crate) mod op;
 
+use crate::config::Profilers;
 use occl_telemetry::{CommInfo, Fanout, Profiler, Sink, SinkHandle};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -23,18 +24,17 @@ pub(crate) struct Profiling {
 }
 
 impl Profiling {
-    /// Asks every registered profiler (and the NCCL plugin from the environment, if any) for this
-    /// communicator's sink. A profiler that declines (`None`) is simply not attached.
-    pub(crate) fn init(info: &CommInfo<'_>) -> Profiling {
+    /// Asks each of `profilers` for this communicator's sink. A profiler that declines (`None`)
+    /// is simply not attached.
+    pub(crate) fn init(info: &CommInfo<'_>, profilers: &Profilers) -> Profiling {
         if let Err(e) = occl_telemetry::activation::init_from_env() {
             tracing::warn!("occl: {e}; the profiler activation mask stays as it was");
         }
         let p = Profiling { fanout: Arc::new(Fanout::new()), sinks: Mutex::new(Vec::new()) };
-        let mut profilers: Vec<Arc<dyn Profiler>> = occl_telemetry::profiler::registered();
-        profilers.extend(occl_telemetry::nccl::plugin_from_env());
-        // The exporters the environment enables (Prometheus, OTLP, trace files), one collector
-        // per process.
-        profilers.extend(occl_telemetry::exporters::global().map(|t| t.clone() as Arc<dyn Profiler>));
+        let profilers: Vec<Arc<dyn Profiler>> = match profilers {
+            Profilers::Process => occl_telemetry::exporters::process_profilers(),
+            Profilers::Given(v) => v.clone(),
+        };
         for prof in profilers {
             match prof.init(info) {
                 Some(sink) => {
