@@ -15,14 +15,7 @@ use std::time::{Duration, Instant};
 fn program() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let lib = common::library();
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nccl-c-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a scratch directory");
-        for name in ["libnccl.so", "libnccl.so.2"] {
-            let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&lib, &link).expect("link libnccl.so");
-        }
+        let dir = common::dir_with_library("nccl-c");
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
         let exe = dir.join("host_collectives");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());

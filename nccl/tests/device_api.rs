@@ -72,14 +72,7 @@ fn program() -> Result<&'static Path, &'static str> {
                 return Err(why);
             }
         };
-        let lib = common::library();
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nccl-cuda-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a scratch directory");
-        for name in ["libnccl.so", "libnccl.so.2"] {
-            let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&lib, &link).expect("link libnccl.so");
-        }
+        let dir = common::dir_with_library("nccl-cuda");
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
         let exe = dir.join("device_api");
         let mut args: Vec<std::ffi::OsString> =
