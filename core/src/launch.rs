@@ -59,18 +59,7 @@ pub fn group_start() {
 /// outermost `group_start`, one launch per communicator, and returns the first error. A
 /// `group_end` without an open group is `InvalidUsage`.
 pub fn group_end() -> Result<()> {
-    let depth = DEPTH.with(Cell::get);
-    if depth == 0 {
-        return Err(Error::usage("group_end() without a matching group_start() on this thread"));
-    }
-    DEPTH.with(|d| d.set(depth - 1));
-    if depth > 1 {
-        return Ok(());
-    }
-    let open = OPEN.with(|o| std::mem::take(&mut *o.borrow_mut()));
-    if let Some(e) = open.lost {
-        return Err(e);
-    }
+    let Some(open) = close_level("group_end")? else { return Ok(()) };
     let mut launches: Vec<exec::group::Launch<'_>> = open
         .members
         .into_iter()
@@ -90,6 +79,24 @@ pub fn group_end() -> Result<()> {
     exec::group::run(launches)
 }
 
+/// Closes one level of this thread's group (`what`: the caller, for the error); at the
+/// outermost level, hands over what the group collected.
+fn close_level(what: &str) -> Result<Option<Open>> {
+    let depth = DEPTH.with(Cell::get);
+    if depth == 0 {
+        return Err(Error::usage(format!("{what}() without a matching group_start() on this thread")));
+    }
+    DEPTH.with(|d| d.set(depth - 1));
+    if depth > 1 {
+        return Ok(None);
+    }
+    let open = OPEN.with(|o| std::mem::take(&mut *o.borrow_mut()));
+    match open.lost {
+        Some(e) => Err(e),
+        None => Ok(Some(open)),
+    }
+}
+
 /// Runs `op` now, or collects it into this thread's open group.
 pub(crate) fn submit(comm: &Comm, op: Op) -> Result<()> {
     if is_open() {
@@ -102,18 +109,7 @@ pub(crate) fn submit(comm: &Comm, op: Op) -> Result<()> {
 /// collected call and returns the tuner's predicted µs for them, summed
 /// (`ncclGroupSimulateEnd`). Inner levels return 0.
 pub fn group_simulate_end() -> Result<f64> {
-    let depth = DEPTH.with(Cell::get);
-    if depth == 0 {
-        return Err(Error::usage("group_simulate_end() without a matching group_start() on this thread"));
-    }
-    DEPTH.with(|d| d.set(depth - 1));
-    if depth > 1 {
-        return Ok(0.0);
-    }
-    let open = OPEN.with(|o| std::mem::take(&mut *o.borrow_mut()));
-    if let Some(e) = open.lost {
-        return Err(e);
-    }
+    let Some(open) = close_level("group_simulate_end")? else { return Ok(0.0) };
     let mut us = 0.0;
     for t in &open.tasks {
         // SAFETY: as in `group_end`: a communicator with calls in the open group lives until the

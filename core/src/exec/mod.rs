@@ -58,20 +58,21 @@ pub(crate) fn run(comm: &Comm, o: &Op) -> Result<()> {
 /// buffers lie in active windows; `None` for the normal path.
 fn registered<'c>(comm: &'c Comm, o: &Op, block: usize, total: usize) -> Result<Option<Plan<'c>>> {
     let (send, recv, rank) = (o.send, o.recv, comm.rank());
-    let (dt, count, op) = (o.dt as u64, o.count as u64, o.op.unwrap_or(RedOp::Sum) as u64);
+    // What every rank's registered call must agree on (all-gather has no operator).
+    let desc = [o.coll as u64, o.count as u64, o.dt as u64, o.op.unwrap_or(RedOp::Sum) as u64];
     let (s, r, layout, desc) = match o.coll {
-        CollType::AllReduce => ((send, block), (recv, block), InPlace::No, vec![o.coll as u64, count, dt, op]),
+        CollType::AllReduce => ((send, block), (recv, block), InPlace::No, &desc[..]),
         CollType::AllGather => {
             let layout = if send == recv + rank * block { InPlace::Gather(block) } else { InPlace::No };
-            ((send, block), (recv, total), layout, vec![o.coll as u64, count, dt])
+            ((send, block), (recv, total), layout, &desc[..3])
         }
         CollType::ReduceScatter => {
             let layout = if recv == send + rank * block { InPlace::Scatter(block) } else { InPlace::No };
-            ((send, total), (recv, block), layout, vec![o.coll as u64, count, dt, op])
+            ((send, total), (recv, block), layout, &desc[..])
         }
         _ => return Ok(None),
     };
-    comm.reg.plan(rank, s, r, layout, &desc)
+    comm.reg.plan(rank, s, r, layout, desc)
 }
 
 fn reg_env(comm: &Comm) -> crate::register::Env<'_> {
