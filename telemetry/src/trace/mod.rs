@@ -40,6 +40,7 @@ mod log;
 mod names;
 mod record;
 mod render;
+mod step_grid;
 mod steps;
 mod threads;
 mod write;

@@ -9,7 +9,9 @@
 //! - The call (CollApi / P2pApi) is a `cuda_runtime` row on the calling thread with the same
 //!   `correlation` and no `stream`, so HTA links the two and gives the kernel the iteration of
 //!   the `ProfilerStep#N` row that contains the call. A collective whose call was not recorded
-//!   (NCCL before profiler v5) gets a call row made from its own host interval.
+//!   (NCCL before profiler v5) gets a call row made from its own host interval. Steps and the
+//!   calls inside them are written in whole µs ([`StepGrid`]) so HTA's rounding keeps each call
+//!   in its own step.
 //! - Proxy rows are CPU rows of categories HTA does not analyse, on one lane per (channel, peer,
 //!   direction); `ac2g` flow events draw call → kernel arrows in Perfetto (HTA drops rows
 //!   without `dur`).
@@ -21,6 +23,7 @@
 use super::config::ProxyDetail;
 use super::names;
 use super::record::Rec;
+use super::step_grid::StepGrid;
 use super::steps::Step;
 use crate::event::EventDescr;
 use crate::spans::CommMeta;
@@ -95,6 +98,7 @@ struct Ctx<'v, 'a> {
     stream_names: Vec<(u64, u16)>,
     corr: HashMap<(u16, u64), u64>,
     next_corr: u64,
+    grid: StepGrid,
 }
 
 impl<'v, 'a> Ctx<'v, 'a> {
@@ -110,6 +114,7 @@ impl<'v, 'a> Ctx<'v, 'a> {
             stream_names: Vec::new(),
             corr: HashMap::new(),
             next_corr: FIRST_CORRELATION,
+            grid: StepGrid::new(v.steps),
         };
         let mut lane_of: HashMap<(u16, u8, i32, bool), u64> = HashMap::new();
         for &r in &v.recs {
@@ -251,7 +256,8 @@ pub(crate) fn render(v: &FileView<'_>, out: &mut dyn Write) -> io::Result<()> {
         write!(out, "    {line}")
     };
 
-    for s in v.steps {
+    for (i, s) in v.steps.iter().enumerate() {
+        let (start_us, end_us) = c.grid.step_us(i);
         ev(
             out,
             format!(
@@ -259,8 +265,8 @@ pub(crate) fn render(v: &FileView<'_>, out: &mut dyn Write) -> io::Result<()> {
                 s.n,
                 v.pid,
                 s.tid,
-                us(s.start_ns),
-                us(s.end_ns - s.start_ns)
+                us(start_us * 1000),
+                us((end_us - start_us) * 1000)
             ),
         )?;
     }
@@ -272,6 +278,7 @@ pub(crate) fn render(v: &FileView<'_>, out: &mut dyn Write) -> io::Result<()> {
                 ev(
                     out,
                     api_row(
+                        &c.grid,
                         v.pid,
                         r,
                         func,
@@ -284,7 +291,14 @@ pub(crate) fn render(v: &FileView<'_>, out: &mut dyn Write) -> io::Result<()> {
                 let corr = c.correlation(r.comm, r.id);
                 ev(
                     out,
-                    api_row(v.pid, r, func, corr, &format!(", \"count\": {count}, \"datatype\": {}", q(datatype))),
+                    api_row(
+                        &c.grid,
+                        v.pid,
+                        r,
+                        func,
+                        corr,
+                        &format!(", \"count\": {count}, \"datatype\": {}", q(datatype)),
+                    ),
                 )?;
             }
             EventDescr::Coll { func, count, root, datatype, algo, proto, seq_number, n_channels, .. } => {
@@ -377,14 +391,15 @@ pub(crate) fn render(v: &FileView<'_>, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// The call's CPU row.
-fn api_row(pid: u32, r: &Rec, func: &str, corr: u64, extra: &str) -> String {
+/// The call's CPU row, at its start as the step grid writes it.
+fn api_row(grid: &StepGrid, pid: u32, r: &Rec, func: &str, corr: u64, extra: &str) -> String {
+    let ts = grid.call_ns(r.start_ns);
     format!(
         "{{\"ph\": \"X\", \"cat\": \"cuda_runtime\", \"name\": {}, \"pid\": {pid}, \"tid\": {}, \"ts\": {}, \"dur\": {}, \"args\": {{\"correlation\": {corr}{extra}}}}}",
         q(&names::api_name(func)),
         r.tid,
-        us(r.start_ns),
-        us(r.end_ns - r.start_ns)
+        us(ts),
+        us(r.end_ns.saturating_sub(ts))
     )
 }
 
@@ -414,7 +429,7 @@ fn kernel(
         }
         None => {
             let corr = c.fresh_correlation();
-            ev(out, api_row(pid, r, func, corr, ", \"synthesized\": true"))?;
+            ev(out, api_row(&c.grid, pid, r, func, corr, ", \"synthesized\": true"))?;
             (corr, c.stream(r.comm, 0), r)
         }
     };
@@ -439,7 +454,7 @@ fn kernel(
         format!(
             "{{\"ph\": \"s\", \"id\": {corr}, \"pid\": {pid}, \"tid\": {}, \"ts\": {}, \"cat\": \"ac2g\", \"name\": \"ac2g\"}}",
             launch.tid,
-            us(launch.start_ns)
+            us(c.grid.call_ns(launch.start_ns))
         ),
     )?;
     ev(

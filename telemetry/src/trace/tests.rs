@@ -11,6 +11,10 @@ fn id(n: u64) -> EventId {
     EventId(NonZeroU64::new(n).expect("non-zero"))
 }
 
+/// Held by the test that writes every exporter of the process (`flush`) and by the one that
+/// must be the only writer of its own exporter's files while it plants links at their names.
+static WRITES_EVERY_EXPORTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn scratch(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("occl-trace-unit-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -244,8 +248,7 @@ fn steps_become_profiler_step_rows_and_flush_writes_every_exporter() {
     let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
     let t = Telemetry::new(vec![ex.clone()]);
     let s = t.comm_sink(meta(0xee, 0, 1));
-    // Steps last 50 µs: absolute µs near 1.8e15 as f64 resolve to 0.25 µs, so a step of under
-    // a microsecond could round to end at its own call's start (a flake CI once hit).
+    // Steps of 50 µs, each holding one call.
     let last = || std::thread::sleep(std::time::Duration::from_micros(50));
     step_begin(7001);
     occl_op(&*s, 10, "AllReduce", 1);
@@ -260,7 +263,11 @@ fn steps_become_profiler_step_rows_and_flush_writes_every_exporter() {
         step_begin(7004); // a later step closes 7003; the guard's drop leaves 7004 open
     }
     step_end();
-    let written: Vec<PathBuf> = flush().into_iter().filter_map(Result::ok).filter(|p| p.starts_with(&dir)).collect();
+    let flushed = {
+        let _only = WRITES_EVERY_EXPORTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        flush()
+    };
+    let written: Vec<PathBuf> = flushed.into_iter().filter_map(Result::ok).filter(|p| p.starts_with(&dir)).collect();
     assert_eq!(written.len(), 1);
     let (_, v) = read(&written[0]);
     let ann = rows(&v, "user_annotation");
@@ -268,7 +275,7 @@ fn steps_become_profiler_step_rows_and_flush_writes_every_exporter() {
     let (s1, s2) = (step(7001).expect("step 1"), step(7002).expect("step 2"));
     assert!(step(7003).is_some() && step(7004).is_some());
     let end = |r: &Value| r["ts"].as_f64().unwrap_or(0.0) + r["dur"].as_f64().unwrap_or(0.0);
-    // Step 1 ends where step 2 begins (µs as f64 near 1.8e15 resolve to 0.25 µs).
+    // Step 1 ends where step 2 begins, to the microsecond the rows are written in.
     assert!((end(s1) - s2["ts"].as_f64().unwrap_or(0.0)).abs() < 1.0, "{s1} then {s2}");
     // Each call lies inside its step on the same thread (HTA assigns iterations by that).
     let calls = rows(&v, "cuda_runtime");
@@ -360,6 +367,7 @@ fn kernel_channels_at_device_times_place_the_kernel_row() {
 #[test]
 fn a_flush_follows_no_symlink_planted_in_the_trace_dir() {
     use std::os::unix::fs::{symlink, PermissionsExt};
+    let _only = WRITES_EVERY_EXPORTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = scratch("symlink");
     let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
     let t = Telemetry::new(vec![ex.clone()]);
