@@ -16,6 +16,8 @@
 #   RUN_TIMEOUT=600          seconds before one occl-perf or mpirun run counts as hung
 #   OUT_JSON=path            also write the final table there, one JSON object per line
 #   NO_INSTALL=1             never apt-get install Open MPI (fail instead when mpirun is absent)
+#   OCCL_PERF=path           run this occl-perf instead of building one (a machine without Rust,
+#                            or a build of another commit)
 set -euo pipefail
 
 say() { printf '%s\n' "$*" >&2; }
@@ -35,7 +37,7 @@ for t in $TRANSPORTS; do
   [[ $t == shm || $t == tcp ]] || die "TRANSPORTS may hold shm and tcp only (got '$t')"
 done
 command -v python3 >/dev/null || die "python3 is needed to parse and summarize the results"
-command -v cargo >/dev/null || die "cargo is needed to build occl-perf"
+[[ -n ${OCCL_PERF:-} ]] || command -v cargo >/dev/null || die "cargo is needed to build occl-perf (or set OCCL_PERF)"
 command -v timeout >/dev/null || die "timeout (coreutils) is needed"
 
 # --- Open MPI ---------------------------------------------------------------------------------
@@ -60,12 +62,16 @@ say "cpu-vs-mpi: building mpi_coll from $MPI_COLL_SRC"
 mpicc -O2 -o "$TMP/mpi_coll" "$MPI_COLL_SRC" -lm || die "mpicc failed on $MPI_COLL_SRC"
 
 # --- occl-perf --------------------------------------------------------------------------------
-say "cpu-vs-mpi: building occl-perf (release)"
-if ! cargo build --release -p occl-tests --bin occl-perf >"$TMP/build.log" 2>&1; then
-  cat "$TMP/build.log" >&2
-  die "cargo build of occl-perf failed (output above)"
+if [[ -n ${OCCL_PERF:-} ]]; then
+  PERF=$OCCL_PERF
+else
+  say "cpu-vs-mpi: building occl-perf (release)"
+  if ! cargo build --release -p occl-tests --bin occl-perf >"$TMP/build.log" 2>&1; then
+    cat "$TMP/build.log" >&2
+    die "cargo build of occl-perf failed (output above)"
+  fi
+  PERF="${CARGO_TARGET_DIR:-$ROOT/target}/release/occl-perf"
 fi
-PERF="${CARGO_TARGET_DIR:-$ROOT/target}/release/occl-perf"
 [[ -x $PERF ]] || die "occl-perf not found at $PERF after the build"
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
