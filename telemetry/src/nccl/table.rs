@@ -189,44 +189,29 @@ macro_rules! abi_table {
 
     // The header: `type` is a byte and 7 bytes of padding before v5, 64 bits from v5 on.
     (@descr $v:ident u8 $size:literal) => {
-        $crate::nccl::table::abi_table!(@descr_doc $v $size
-            pub struct Descr {
-                pub type_: u8,
-                pub _pad0: [u8; 7],
-                pub parent_obj: *mut ::std::ffi::c_void,
-                pub rank: ::std::ffi::c_int,
-                pub _pad1: u32,
-                pub u: Union,
-            }
-        );
-        impl Descr {
-            /// An all-zero descriptor of type `type_`.
-            pub fn new(type_: u8, parent_obj: *mut ::std::ffi::c_void, rank: ::std::ffi::c_int) -> Descr {
-                Descr { type_, _pad0: [0; 7], parent_obj, rank, _pad1: 0, u: Union { raw: [0; ($size - 24) / 8] } }
-            }
-        }
+        $crate::nccl::table::abi_table!(@header $v u8 $size _pad0);
     };
     (@descr $v:ident u64 $size:literal) => {
-        $crate::nccl::table::abi_table!(@descr_doc $v $size
-            pub struct Descr {
-                pub type_: u64,
-                pub parent_obj: *mut ::std::ffi::c_void,
-                pub rank: ::std::ffi::c_int,
-                pub _pad1: u32,
-                pub u: Union,
-            }
-        );
-        impl Descr {
-            /// An all-zero descriptor of type `type_`.
-            pub fn new(type_: u64, parent_obj: *mut ::std::ffi::c_void, rank: ::std::ffi::c_int) -> Descr {
-                Descr { type_, parent_obj, rank, _pad1: 0, u: Union { raw: [0; ($size - 24) / 8] } }
-            }
-        }
+        $crate::nccl::table::abi_table!(@header $v u64 $size);
     };
-    (@descr_doc $v:ident $size:literal $($item:tt)*) => {
+    (@header $v:ident $ty:ident $size:literal $($pad:ident)?) => {
         #[doc = concat!("`ncclProfilerEventDescr_", stringify!($v), "_t` (", stringify!($size), " bytes).")]
         #[repr(C)]
-        $($item)*
+        pub struct Descr {
+            pub type_: $ty,
+            $(pub $pad: [u8; 7],)?
+            pub parent_obj: *mut ::std::ffi::c_void,
+            pub rank: ::std::ffi::c_int,
+            pub _pad1: u32,
+            pub u: Union,
+        }
+
+        impl Descr {
+            /// An all-zero descriptor of type `type_`.
+            pub fn new(type_: $ty, parent_obj: *mut ::std::ffi::c_void, rank: ::std::ffi::c_int) -> Descr {
+                Descr { type_, $($pad: [0; 7],)? parent_obj, rank, _pad1: 0, u: Union { raw: [0; ($size - 24) / 8] } }
+            }
+        }
     };
 
     // One field written: from the event's value, or from the context.

@@ -212,38 +212,36 @@ const fn table<D: Layout, I: Copy>(init: I) -> Exported<I> {
     })
 }
 
-/// The table NCCL 2.23 looks for: numeric codes in Coll/P2p descriptors; 16-byte state arguments.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static ncclProfiler_v1: Exported<InitV1> = table::<DescrV1, InitV1>(init_v1::<DescrV1>);
+/// The exported tables: symbol, descriptor, `init` type and `init` function.
+macro_rules! exports {
+    ($( $(#[$doc:meta])* $sym:ident: $D:ident, $I:ident, $init:ident; )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            #[allow(non_upper_case_globals)]
+            pub static $sym: Exported<$I> = table::<$D, $I>($init::<$D>);
+        )*
+    };
+}
 
-/// The table NCCL 2.24 and 2.25 look for: v1 with strings instead of codes.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static ncclProfiler_v2: Exported<InitV1> = table::<DescrV2, InitV1>(init_v1::<DescrV2>);
-
-/// The table NCCL 2.26 looks for: v2 plus KernelCh (no timestamps) and NetPlugin events.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static ncclProfiler_v3: Exported<InitV1> = table::<DescrV3, InitV1>(init_v1::<DescrV3>);
-
-/// The table NCCL 2.27 looks for: init gets the communicator and NCCL's logger; KernelCh
-/// timestamps; 8-byte state arguments.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static ncclProfiler_v4: Exported<InitV4> = table::<DescrV4, InitV4>(init_v4::<DescrV4>);
-
-/// The table NCCL 2.28 looks for: 64-bit type, the API events (GroupApi, CollApi, P2pApi,
-/// KernelLaunch) with Coll/P2p under them and `parentGroup`.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static ncclProfiler_v5: Exported<InitV5> = table::<DescrV5, InitV5>(init_v5::<DescrV5>);
-
-/// The table NCCL 2.29 and 2.30 look for: v5 plus the copy-engine events (CeColl, CeSync,
-/// CeBatch) and their states.
-#[no_mangle]
-#[allow(non_upper_case_globals)]
-pub static ncclProfiler_v6: Exported<InitV5> = table::<DescrV6, InitV5>(init_v5::<DescrV6>);
+exports! {
+    /// The table NCCL 2.23 looks for: numeric codes in Coll/P2p descriptors; 16-byte state
+    /// arguments.
+    ncclProfiler_v1: DescrV1, InitV1, init_v1;
+    /// The table NCCL 2.24 and 2.25 look for: v1 with strings instead of codes.
+    ncclProfiler_v2: DescrV2, InitV1, init_v1;
+    /// The table NCCL 2.26 looks for: v2 plus KernelCh (no timestamps) and NetPlugin events.
+    ncclProfiler_v3: DescrV3, InitV1, init_v1;
+    /// The table NCCL 2.27 looks for: init gets the communicator and NCCL's logger; KernelCh
+    /// timestamps; 8-byte state arguments.
+    ncclProfiler_v4: DescrV4, InitV4, init_v4;
+    /// The table NCCL 2.28 looks for: 64-bit type, the API events (GroupApi, CollApi, P2pApi,
+    /// KernelLaunch) with Coll/P2p under them and `parentGroup`.
+    ncclProfiler_v5: DescrV5, InitV5, init_v5;
+    /// The table NCCL 2.29 and 2.30 look for: v5 plus the copy-engine events (CeColl, CeSync,
+    /// CeBatch) and their states.
+    ncclProfiler_v6: DescrV6, InitV5, init_v5;
+}
 
 // NCCL reads 48 bytes: a name and five function pointers (reference §6).
 const _: () = {
