@@ -130,11 +130,12 @@ unsafe extern "C" fn init_v4<D: Layout>(
     rank: c_int,
     logfn: Option<DebugLogger>,
 ) -> c_int {
-    // SAFETY: NCCL's init arguments, passed on.
-    unsafe { init_comm(D::VERSION, context, mask, comm_name, comm_hash, n_nodes, nranks, rank, logfn) }
+    // SAFETY: NCCL's init arguments, passed on in v5's order.
+    unsafe { init_v5::<D>(context, comm_hash, mask, comm_name, n_nodes, nranks, rank, logfn) }
 }
 
-/// v5/v6 `init`: the communicator's id second, the mask third.
+/// v5/v6 `init`: the communicator's id second, the mask third; also v4's, reordered. The
+/// communicator and NCCL's logger are recorded.
 #[allow(clippy::too_many_arguments)] // NCCL's signature
 unsafe extern "C" fn init_v5<D: Layout>(
     context: *mut *mut c_void,
@@ -146,32 +147,12 @@ unsafe extern "C" fn init_v5<D: Layout>(
     rank: c_int,
     logfn: Option<DebugLogger>,
 ) -> c_int {
-    // SAFETY: NCCL's init arguments, passed on.
-    unsafe { init_comm(D::VERSION, context, mask, comm_name, comm_id, n_nodes, nranks, rank, logfn) }
-}
-
-/// `init` of v4 and later: the communicator and NCCL's logger.
-///
-/// # Safety
-/// NCCL's init arguments.
-#[allow(clippy::too_many_arguments)] // NCCL's arguments
-unsafe fn init_comm(
-    version: ApiVersion,
-    context: *mut *mut c_void,
-    mask: *mut c_int,
-    comm_name: *const c_char,
-    comm_hash: u64,
-    n_nodes: c_int,
-    nranks: c_int,
-    rank: c_int,
-    logfn: Option<DebugLogger>,
-) -> c_int {
     nccl_log::set_logger(logfn);
     // SAFETY: NULL or the communicator's name, which lives as long as the communicator.
     let comm_name = unsafe { decode::comm_name(comm_name) };
-    let info = CommInfo { comm_name, comm_hash, n_nodes, nranks, rank };
+    let info = CommInfo { comm_name, comm_hash: comm_id, n_nodes, nranks, rank };
     // SAFETY: NCCL's out-pointers and its global mask.
-    unsafe { run_init(version, context, mask, info) }
+    unsafe { run_init(D::VERSION, context, mask, info) }
 }
 
 /// `startEvent` of version `D`.
