@@ -22,12 +22,29 @@ pub type DebugLogger = unsafe extern "C" fn(c_int, c_ulong, *const c_char, c_int
 
 /// v1–v3 `init(void** context, int* eActivationMask)`.
 pub type InitV1 = unsafe extern "C" fn(*mut *mut c_void, *mut c_int) -> c_int;
-/// v4 `init(context, mask, commName, commHash, nNodes, nranks, rank, logfn)`.
-pub type InitV4 =
-    unsafe extern "C" fn(*mut *mut c_void, *mut c_int, *const c_char, u64, c_int, c_int, c_int, DebugLogger) -> c_int;
+/// v4 `init(context, mask, commName, commHash, nNodes, nranks, rank, logfn)`; the logger is an
+/// `Option` so that a NULL one is a value a plugin can receive, not undefined behaviour.
+pub type InitV4 = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *mut c_int,
+    *const c_char,
+    u64,
+    c_int,
+    c_int,
+    c_int,
+    Option<DebugLogger>,
+) -> c_int;
 /// v5/v6 `init(context, commId, mask, commName, nNodes, nranks, rank, logfn)`: not v4's order.
-pub type InitV5 =
-    unsafe extern "C" fn(*mut *mut c_void, u64, *mut c_int, *const c_char, c_int, c_int, c_int, DebugLogger) -> c_int;
+pub type InitV5 = unsafe extern "C" fn(
+    *mut *mut c_void,
+    u64,
+    *mut c_int,
+    *const c_char,
+    c_int,
+    c_int,
+    c_int,
+    Option<DebugLogger>,
+) -> c_int;
 /// `startEvent(context, void** eHandle, DescrVN* eDescr)`; the descriptor pointer is typed by the
 /// caller, all versions pass it the same way.
 pub type StartEvent = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut c_void) -> c_int;

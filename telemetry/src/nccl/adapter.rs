@@ -46,8 +46,8 @@ pub(crate) fn init(lib: Arc<Library>, comm: &CommInfo<'_>) -> Option<PluginSink>
     let rc = unsafe {
         match lib.funcs.init {
             Init::V1(f) => f(&mut ctx, mask),
-            Init::V4(f) => f(&mut ctx, mask, name_ptr, hash, n_nodes, nranks, rank, logger()),
-            Init::V5(f) => f(&mut ctx, hash, mask, name_ptr, n_nodes, nranks, rank, logger()),
+            Init::V4(f) => f(&mut ctx, mask, name_ptr, hash, n_nodes, nranks, rank, Some(logger())),
+            Init::V5(f) => f(&mut ctx, hash, mask, name_ptr, n_nodes, nranks, rank, Some(logger())),
         }
     };
     if rc != 0 {

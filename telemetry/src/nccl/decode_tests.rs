@@ -107,59 +107,21 @@ fn every_event() -> Vec<EventDescr<'static>> {
 
 /// What `ev` looks like after a trip through version `v`: the fields that version lacks read as
 /// zero, `parentGroup` exists from v5 on.
-fn through(v: ApiVersion, ev: EventDescr<'static>) -> EventDescr<'static> {
-    match ev {
-        EventDescr::Coll { parent_group, .. } if v < ApiVersion::V5 => {
-            let EventDescr::Coll {
-                rank,
-                seq_number,
-                func,
-                send_buff,
-                recv_buff,
-                count,
-                root,
-                datatype,
-                n_channels,
-                n_warps,
-                algo,
-                proto,
-                ..
-            } = ev
-            else {
-                unreachable!()
-            };
-            let _ = parent_group;
-            EventDescr::Coll {
-                rank,
-                seq_number,
-                func,
-                send_buff,
-                recv_buff,
-                count,
-                root,
-                datatype,
-                n_channels,
-                n_warps,
-                algo,
-                proto,
-                parent_group: None,
+fn through(v: ApiVersion, mut ev: EventDescr<'static>) -> EventDescr<'static> {
+    match &mut ev {
+        EventDescr::Coll { parent_group, .. } if v < ApiVersion::V5 => *parent_group = None,
+        EventDescr::P2p { n_channels, parent_group, .. } => {
+            if v < ApiVersion::V4 {
+                *n_channels = 0;
+            }
+            if v < ApiVersion::V5 {
+                *parent_group = None;
             }
         }
-        EventDescr::P2p { rank, func, buff, datatype, count, peer, n_channels, parent_group } => EventDescr::P2p {
-            rank,
-            func,
-            buff,
-            datatype,
-            count,
-            peer,
-            n_channels: if v < ApiVersion::V4 { 0 } else { n_channels },
-            parent_group: if v < ApiVersion::V5 { None } else { parent_group },
-        },
-        EventDescr::KernelCh { channel_id, .. } if v < ApiVersion::V4 => {
-            EventDescr::KernelCh { channel_id, p_timer: 0 }
-        }
-        other => other,
+        EventDescr::KernelCh { p_timer, .. } if v < ApiVersion::V4 => *p_timer = 0,
+        _ => {}
     }
+    ev
 }
 
 /// Converts with `convert` for version `v` and decodes the C descriptor again.

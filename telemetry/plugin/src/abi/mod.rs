@@ -15,7 +15,9 @@ pub use step::{occlProfilerStepBegin, occlProfilerStepEnd};
 use crate::hooks::{self, Init};
 use crate::nccl_log;
 use crate::stats::{self, Reason};
-use occl_telemetry::nccl::abi::{DebugLogger, DescrV1, DescrV2, DescrV3, DescrV4, DescrV5, DescrV6, Layout, Table};
+use occl_telemetry::nccl::abi::{
+    DebugLogger, DescrV1, DescrV2, DescrV3, DescrV4, DescrV5, DescrV6, InitV1, InitV4, InitV5, Layout, Table,
+};
 use occl_telemetry::nccl::{decode, ApiVersion};
 use occl_telemetry::CommInfo;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -25,32 +27,6 @@ use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 
 /// The plugin's `name`, as NCCL logs it.
 pub const NAME: &CStr = c"occl";
-
-/// v1–v3 `init(context, eActivationMask)`.
-pub type InitV1 = unsafe extern "C" fn(*mut *mut c_void, *mut c_int) -> c_int;
-/// v4 `init(context, mask, commName, commHash, nNodes, nranks, rank, logfn)`; the logger is an
-/// `Option` so that a NULL one is a value, not undefined behaviour.
-pub type InitV4 = unsafe extern "C" fn(
-    *mut *mut c_void,
-    *mut c_int,
-    *const c_char,
-    u64,
-    c_int,
-    c_int,
-    c_int,
-    Option<DebugLogger>,
-) -> c_int;
-/// v5/v6 `init(context, commId, mask, commName, nNodes, nranks, rank, logfn)`.
-pub type InitV5 = unsafe extern "C" fn(
-    *mut *mut c_void,
-    u64,
-    *mut c_int,
-    *const c_char,
-    c_int,
-    c_int,
-    c_int,
-    Option<DebugLogger>,
-) -> c_int;
 
 /// An exported table: NCCL's 48-byte struct.
 #[repr(transparent)]
