@@ -1,7 +1,7 @@
 //! One communicator's view of a C plugin: `init` on creation, then a [`Sink`] that converts every
 //! event to the plugin's API version and calls through its function table.
 
-use super::abi::{StateArgsV1, StateArgsV4};
+use super::abi::{DescrV1, DescrV2, DescrV3, DescrV4, DescrV5, DescrV6, StateArgsV1, StateArgsV4};
 use super::convert::{self, CommRef, Links};
 use super::load::{Init, Library};
 use super::logger::logger;
@@ -46,8 +46,8 @@ pub(crate) fn init(lib: Arc<Library>, comm: &CommInfo<'_>) -> Option<PluginSink>
     let rc = unsafe {
         match lib.funcs.init {
             Init::V1(f) => f(&mut ctx, mask),
-            Init::V4(f) => f(&mut ctx, mask, name_ptr, hash, n_nodes, nranks, rank, logger()),
-            Init::V5(f) => f(&mut ctx, hash, mask, name_ptr, n_nodes, nranks, rank, logger()),
+            Init::V4(f) => f(&mut ctx, mask, name_ptr, hash, n_nodes, nranks, rank, Some(logger())),
+            Init::V5(f) => f(&mut ctx, hash, mask, name_ptr, n_nodes, nranks, rank, Some(logger())),
         }
     };
     if rc != 0 {
@@ -138,12 +138,12 @@ impl Sink for PluginSink {
         let links = self.links(parent, ev);
         let comm = CommRef { name: self.comm_name.as_ref().map_or(ptr::null(), |c| c.as_ptr()), hash: self.comm_hash };
         let handle = match version {
-            ApiVersion::V1 => self.start_with(convert::v1(ev, links, comm)),
-            ApiVersion::V2 => self.start_with(convert::v2(ev, links, comm)),
-            ApiVersion::V3 => self.start_with(convert::v3(ev, links, comm)),
-            ApiVersion::V4 => self.start_with(convert::v4(ev, links)),
-            ApiVersion::V5 => self.start_with(convert::v5(ev, links)),
-            ApiVersion::V6 => self.start_with(convert::v6(ev, links)),
+            ApiVersion::V1 => self.start_with(convert::descr::<DescrV1>(ev, links, comm)),
+            ApiVersion::V2 => self.start_with(convert::descr::<DescrV2>(ev, links, comm)),
+            ApiVersion::V3 => self.start_with(convert::descr::<DescrV3>(ev, links, comm)),
+            ApiVersion::V4 => self.start_with(convert::descr::<DescrV4>(ev, links, comm)),
+            ApiVersion::V5 => self.start_with(convert::descr::<DescrV5>(ev, links, comm)),
+            ApiVersion::V6 => self.start_with(convert::descr::<DescrV6>(ev, links, comm)),
         };
         // Stored even when NULL, so the event's states and stop are skipped rather than lost.
         if let Some(h) = handle {

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::event::{EventId, GroupApiState, ProxyCtrlState};
-use std::ffi::CStr;
+use crate::nccl::abi::{DescrV1, DescrV2, DescrV3, DescrV4, DescrV5, DescrV6};
+use std::ffi::{c_char, CStr};
 use std::num::NonZeroU64;
 
 fn links() -> Links {
@@ -39,7 +40,7 @@ fn s(p: *const c_char) -> &'static str {
 
 #[test]
 fn v1_gets_codes_and_the_comm() {
-    let d = v1(&coll(), links(), comm()).expect("v1 has Coll");
+    let d = descr::<DescrV1>(&coll(), links(), comm()).expect("v1 has Coll");
     assert_eq!((d.type_, d.parent_obj as usize, d.rank), (2, 0x11, 3));
     // SAFETY: the Coll member was written.
     let c = unsafe { d.u.coll };
@@ -47,16 +48,18 @@ fn v1_gets_codes_and_the_comm() {
     assert_eq!((c.seq_number, c.count, c.n_max_channels, c.n_warps), (9, 1024, 2, 16));
     assert_eq!((c.comm_hash, s(c.name)), (0xABC, "c0"));
     assert_eq!((c.op, c.traffic_bytes, c.is_collnet, c.is_nvls), (0, 0, 0, 0));
-    assert!(v1(&EventDescr::KernelCh { channel_id: 0, p_timer: 1 }, links(), comm()).is_none());
-    assert!(v1(&EventDescr::GroupApi { graph_captured: false, group_depth: 1 }, links(), comm()).is_none());
+    assert!(descr::<DescrV1>(&EventDescr::KernelCh { channel_id: 0, p_timer: 1 }, links(), comm()).is_none());
+    assert!(
+        descr::<DescrV1>(&EventDescr::GroupApi { graph_captured: false, group_depth: 1 }, links(), comm()).is_none()
+    );
     let net = EventDescr::NetPlugin { rank: 0, id: 0x20001, data: &[1] };
-    assert!(v2(&net, links(), comm()).is_none());
-    assert!(v3(&net, links(), comm()).is_some());
+    assert!(descr::<DescrV2>(&net, links(), comm()).is_none());
+    assert!(descr::<DescrV3>(&net, links(), comm()).is_some());
 }
 
 #[test]
 fn descriptors_start_all_zero() {
-    let d = v5(&EventDescr::ProxyStep { rank: 1, step: 7 }, links());
+    let d = descr::<DescrV5>(&EventDescr::ProxyStep { rank: 1, step: 7 }, links(), comm());
     let d = d.expect("v5 has ProxyStep");
     // SAFETY: `raw` spans the union; it was zeroed and then `step` (the first 4 bytes) written.
     let raw = unsafe { d.u.raw };
@@ -67,7 +70,7 @@ fn descriptors_start_all_zero() {
 
 #[test]
 fn v5_and_v6_fill_their_members() {
-    let d = v5(&coll(), links()).expect("coll");
+    let d = descr::<DescrV5>(&coll(), links(), comm()).expect("coll");
     // SAFETY: the Coll member was written.
     let c = unsafe { d.u.coll };
     assert_eq!((s(c.func), s(c.datatype), s(c.algo), s(c.proto)), ("AllReduce", "ncclFloat32", "RING", "SIMPLE"));
@@ -80,18 +83,18 @@ fn v5_and_v6_fill_their_members() {
         stream: 0x77,
         graph_captured: true,
     };
-    let d = v5(&api, links()).expect("CollApi");
+    let d = descr::<DescrV5>(&api, links(), comm()).expect("CollApi");
     // SAFETY: the CollApi member was written.
     let a = unsafe { d.u.coll_api };
     assert_eq!((s(a.func), a.count, a.root, a.stream as usize, a.graph_captured), ("Broadcast", 5, 2, 0x77, 1));
     let ce = EventDescr::CeSync { is_complete: true, n_ranks: 4 };
-    assert!(v5(&ce, links()).is_none());
-    let d = v6(&ce, links()).expect("v6 has CE");
+    assert!(descr::<DescrV5>(&ce, links(), comm()).is_none());
+    let d = descr::<DescrV6>(&ce, links(), comm()).expect("v6 has CE");
     // SAFETY: the CeSync member was written.
     let c = unsafe { d.u.ce_sync };
     assert_eq!((d.type_, c.is_complete, c.n_ranks), (0x2000, 1, 4));
-    assert!(v4(&api, links()).is_none());
-    let d = v4(&EventDescr::KernelCh { channel_id: 3, p_timer: 99 }, links()).expect("KernelCh");
+    assert!(descr::<DescrV4>(&api, links(), comm()).is_none());
+    let d = descr::<DescrV4>(&EventDescr::KernelCh { channel_id: 3, p_timer: 99 }, links(), comm()).expect("KernelCh");
     // SAFETY: the KernelCh member was written.
     let k = unsafe { d.u.kernel_ch };
     assert_eq!((k.channel_id, k.p_timer), (3, 99));

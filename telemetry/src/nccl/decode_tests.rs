@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::mask::EventMask;
+use crate::nccl::abi::{DescrV1, DescrV2, DescrV3, DescrV4, DescrV5, DescrV6};
 use crate::nccl::convert::{self, CommRef, Links};
 use std::ffi::c_void;
 use std::num::NonZeroU64;
@@ -106,59 +107,21 @@ fn every_event() -> Vec<EventDescr<'static>> {
 
 /// What `ev` looks like after a trip through version `v`: the fields that version lacks read as
 /// zero, `parentGroup` exists from v5 on.
-fn through(v: ApiVersion, ev: EventDescr<'static>) -> EventDescr<'static> {
-    match ev {
-        EventDescr::Coll { parent_group, .. } if v < ApiVersion::V5 => {
-            let EventDescr::Coll {
-                rank,
-                seq_number,
-                func,
-                send_buff,
-                recv_buff,
-                count,
-                root,
-                datatype,
-                n_channels,
-                n_warps,
-                algo,
-                proto,
-                ..
-            } = ev
-            else {
-                unreachable!()
-            };
-            let _ = parent_group;
-            EventDescr::Coll {
-                rank,
-                seq_number,
-                func,
-                send_buff,
-                recv_buff,
-                count,
-                root,
-                datatype,
-                n_channels,
-                n_warps,
-                algo,
-                proto,
-                parent_group: None,
+fn through(v: ApiVersion, mut ev: EventDescr<'static>) -> EventDescr<'static> {
+    match &mut ev {
+        EventDescr::Coll { parent_group, .. } if v < ApiVersion::V5 => *parent_group = None,
+        EventDescr::P2p { n_channels, parent_group, .. } => {
+            if v < ApiVersion::V4 {
+                *n_channels = 0;
+            }
+            if v < ApiVersion::V5 {
+                *parent_group = None;
             }
         }
-        EventDescr::P2p { rank, func, buff, datatype, count, peer, n_channels, parent_group } => EventDescr::P2p {
-            rank,
-            func,
-            buff,
-            datatype,
-            count,
-            peer,
-            n_channels: if v < ApiVersion::V4 { 0 } else { n_channels },
-            parent_group: if v < ApiVersion::V5 { None } else { parent_group },
-        },
-        EventDescr::KernelCh { channel_id, .. } if v < ApiVersion::V4 => {
-            EventDescr::KernelCh { channel_id, p_timer: 0 }
-        }
-        other => other,
+        EventDescr::KernelCh { p_timer, .. } if v < ApiVersion::V4 => *p_timer = 0,
+        _ => {}
     }
+    ev
 }
 
 /// Converts with `convert` for version `v` and decodes the C descriptor again.
@@ -167,12 +130,12 @@ fn round_trip(v: ApiVersion, ev: &EventDescr<'_>) -> Option<Decoded<'static>> {
     // its strings are `names`' statics and its payload is `SOCK`, both 'static.
     let r = unsafe {
         match v {
-            ApiVersion::V1 => convert::v1(ev, links(), comm()).map(|d| v1(&d, ids)),
-            ApiVersion::V2 => convert::v2(ev, links(), comm()).map(|d| v2(&d, ids)),
-            ApiVersion::V3 => convert::v3(ev, links(), comm()).map(|d| v3(&d, ids)),
-            ApiVersion::V4 => convert::v4(ev, links()).map(|d| v4(&d, ids)),
-            ApiVersion::V5 => convert::v5(ev, links()).map(|d| v5(&d, ids)),
-            ApiVersion::V6 => convert::v6(ev, links()).map(|d| v6(&d, ids)),
+            ApiVersion::V1 => convert::descr::<DescrV1>(ev, links(), comm()).map(|d| descr(&d, ids)),
+            ApiVersion::V2 => convert::descr::<DescrV2>(ev, links(), comm()).map(|d| descr(&d, ids)),
+            ApiVersion::V3 => convert::descr::<DescrV3>(ev, links(), comm()).map(|d| descr(&d, ids)),
+            ApiVersion::V4 => convert::descr::<DescrV4>(ev, links(), comm()).map(|d| descr(&d, ids)),
+            ApiVersion::V5 => convert::descr::<DescrV5>(ev, links(), comm()).map(|d| descr(&d, ids)),
+            ApiVersion::V6 => convert::descr::<DescrV6>(ev, links(), comm()).map(|d| descr(&d, ids)),
         }
     };
     r.map(|r| r.unwrap_or_else(|e| panic!("{v}: {ev:?} converted but does not decode: {e}")))
@@ -215,13 +178,13 @@ fn v1_codes_come_back_as_spellings_and_unknown_ones_as_unknown() {
     let back = round_trip(ApiVersion::V1, &ev).expect("v1 has Coll");
     let EventDescr::Coll { func, datatype, algo, proto, .. } = back.descr else { panic!("{back:?}") };
     assert_eq!((func, datatype, algo, proto), ("Send", "ncclFloat64", "PAT", "SIMPLE"));
-    let mut d = convert::v1(&ev, links(), comm()).expect("v1");
+    let mut d = convert::descr::<DescrV1>(&ev, links(), comm()).expect("v1");
     d.u.coll.func = 200;
     d.u.coll.datatype = 10;
     d.u.coll.algo = 7;
     d.u.coll.proto = 3;
     // SAFETY: a descriptor of this test, with the comm name a static C string.
-    let back = unsafe { v1(&d, ids) }.expect("decodes");
+    let back = unsafe { descr(&d, ids) }.expect("decodes");
     let EventDescr::Coll { func, datatype, algo, proto, .. } = back.descr else { panic!("{back:?}") };
     assert_eq!([func, datatype, algo, proto], ["Unknown"; 4]);
 }
@@ -340,17 +303,17 @@ fn states_a_version_lacks_are_errors_and_null_arguments_read_as_zero() {
 fn null_descriptors_and_foreign_types_are_errors() {
     // SAFETY (every call): NULL, or descriptors of this test.
     unsafe {
-        assert_eq!(v1(ptr::null(), ids), Err(DecodeError::NullDescriptor));
-        assert_eq!(v6(ptr::null(), ids), Err(DecodeError::NullDescriptor));
+        assert_eq!(descr::<DescrV1>(ptr::null(), ids), Err(DecodeError::NullDescriptor));
+        assert_eq!(descr::<DescrV6>(ptr::null(), ids), Err(DecodeError::NullDescriptor));
         let bad = DescrV1::new(0x40, ptr::null_mut(), 0);
-        assert_eq!(v1(&bad, ids), Err(DecodeError::UnknownType { version: ApiVersion::V1, type_: 0x40 }));
-        assert!(v3(&DescrV3::new(0, ptr::null_mut(), 0), ids).is_err(), "no type");
-        assert!(v3(&DescrV3::new(3, ptr::null_mut(), 0), ids).is_err(), "two types");
-        assert!(v4(&DescrV4::new(0x80, ptr::null_mut(), 0), ids).is_ok());
-        assert!(v5(&DescrV5::new(0x1000, ptr::null_mut(), 0), ids).is_err(), "CE is v6's");
-        assert!(v5(&DescrV5::new(1 << 40, ptr::null_mut(), 0), ids).is_err());
-        assert!(v6(&DescrV6::new(0x8000, ptr::null_mut(), 0), ids).is_err());
-        assert!(v6(&DescrV6::new(u64::MAX, ptr::null_mut(), 0), ids).is_err());
+        assert_eq!(descr(&bad, ids), Err(DecodeError::UnknownType { version: ApiVersion::V1, type_: 0x40 }));
+        assert!(descr(&DescrV3::new(0, ptr::null_mut(), 0), ids).is_err(), "no type");
+        assert!(descr(&DescrV3::new(3, ptr::null_mut(), 0), ids).is_err(), "two types");
+        assert!(descr(&DescrV4::new(0x80, ptr::null_mut(), 0), ids).is_ok());
+        assert!(descr(&DescrV5::new(0x1000, ptr::null_mut(), 0), ids).is_err(), "CE is v6's");
+        assert!(descr(&DescrV5::new(1 << 40, ptr::null_mut(), 0), ids).is_err());
+        assert!(descr(&DescrV6::new(0x8000, ptr::null_mut(), 0), ids).is_err());
+        assert!(descr(&DescrV6::new(u64::MAX, ptr::null_mut(), 0), ids).is_err());
     }
 }
 
@@ -372,7 +335,7 @@ fn bad_strings_read_unknown_and_bad_parents_read_none() {
     // Only 0x5 is "ours": the parent (0xBAD) is foreign.
     let only5 = |h: usize| (h == 5).then(|| id(5));
     // SAFETY: a descriptor of this test; its strings are statics.
-    let back = unsafe { v5(&d, only5) }.expect("decodes");
+    let back = unsafe { descr(&d, only5) }.expect("decodes");
     assert_eq!(back.parent, None);
     let EventDescr::Coll { func, datatype, algo, proto, parent_group, .. } = back.descr else { panic!("{back:?}") };
     assert_eq!((func, datatype, algo, proto), ("Unknown", "Unknown", "Unknown", ""));
@@ -397,6 +360,6 @@ fn net_payloads_are_read_only_when_their_size_is_known() {
     let mut d = DescrV4::new(EventType::NetPlugin.bit() as u8, ptr::null_mut(), 2);
     d.u.net_plugin.id = 0x1_0001;
     // SAFETY: NULL data is never read.
-    let back = unsafe { v4(&d, ids) }.expect("decodes");
+    let back = unsafe { descr(&d, ids) }.expect("decodes");
     assert_eq!(back.descr, EventDescr::NetPlugin { rank: 2, id: 0x1_0001, data: &[] });
 }

@@ -5,9 +5,10 @@
 //!   loaded once per process; a failure is logged once and not retried.
 //! - [`NcclPlugin::load`]: the same for an explicit specification, uncached.
 //! - [`resolve`]: NCCL 2.28's name rules, without opening anything.
-//! - [`abi`] and [`decode`]: the other direction, for a plugin written in Rust
-//!   (`libnccl-profiler-occl.so`): the `#[repr(C)]` layouts, and what NCCL passes to a plugin read
-//!   back into occl's events, validated.
+//! - [`abi`]: the `#[repr(C)]` layouts of v1–v6, generated from one field table that also names
+//!   how each field carries occl's event, for writing (to a loaded plugin) and reading.
+//! - [`decode`]: the other direction, for a plugin written in Rust (`libnccl-profiler-occl.so`):
+//!   what NCCL passes to a plugin read back into occl's events, validated.
 //!
 //! Lifetime as in NCCL (reference §2): the library is opened at load, each communicator's sink
 //! holds it, and it is closed when the last sink is dropped; the next communicator opens it again.
@@ -21,12 +22,14 @@
 
 pub mod abi;
 mod adapter;
+mod codec;
 mod convert;
 pub mod decode;
 mod error;
 mod load;
 mod logger;
 pub(crate) mod names;
+mod table;
 
 pub use crate::idtable::RETIRED_CAP;
 pub use error::{Attempt, LoadError};
