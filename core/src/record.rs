@@ -6,9 +6,9 @@ use occl_ras::record::{CommRecord, Flag, RankInfo, ResultCode};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` (occl-ras's type: the record and the
-/// report share it).
-pub use occl_ras::record::CollType;
+/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` (the vocabulary type the record and the
+/// report share).
+pub use occl_types::CollType;
 
 /// An operation in flight, as seen in a snapshot (occl-ras's type: what RAS reports is what this returns).
 pub use occl_ras::record::InFlight;
