@@ -112,7 +112,7 @@ fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Opti
         return None;
     }
     let set_up = TimerRing::alloc(ctx, RING_SLOTS, channels)
-        .and_then(|ring| Ok((ring, k.clock_probe(&occl_telemetry::spans::unix_nanos)?)));
+        .and_then(|ring| Ok((ring, k.clock_probe(&occl_events::unix_nanos)?)));
     match set_up {
         Ok((ring, (probe, clock))) => {
             tracing::debug!("occl: device clock offset {} ns, ± {} ns", clock.offset_ns, clock.err_ns);
