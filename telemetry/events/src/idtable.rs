@@ -81,7 +81,7 @@ impl<V> IdMap<V> {
 
     /// Entries held.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(&s.0).len()).sum()
     }
 }
@@ -151,7 +151,7 @@ impl<V: Copy> IdTable<V> {
 
     /// Entries held (live events plus retired ones).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.map.len()
     }
 }
