@@ -101,11 +101,12 @@ cargo clippy -p occl --features ib --all-targets --profile ci -- -D warnings
 cargo clippy -p occl-tests --features cuda,ib --all-targets --profile ci -- -D warnings
 # The libraries as they ship, without the test-support feature that their tests and fuzzers turn on
 # (the lines above build every crate's tests, so they lint these with it).
-cargo clippy -p occl-profiler -p occl-kernels -p occl-ras -p ibverbs --lib --profile ci -- -D warnings
+cargo clippy -p occl-profiler -p occl-kernels -p occl-ras-proto -p occl-ras -p ibverbs --lib --profile ci -- -D warnings
 # occl without its default features (ras, exporters): no async runtime, HTTP stack or compression
-# in its dependency tree, and it still lints and runs its collectives (below).
+# in its dependency tree (nor the RAS server crate: the records are occl-ras-proto's), and it still
+# lints and runs its collectives (below).
 cargo clippy -p occl --no-default-features --all-targets --profile ci -- -D warnings
-if cargo tree -p occl -e normal --no-default-features --prefix none | grep -E '^(tokio|hyper|axum|flate2) '; then
+if cargo tree -p occl -e normal --no-default-features --prefix none | grep -E '^(tokio|hyper|axum|flate2|occl-ras) '; then
     echo "scripts/test.sh: occl --no-default-features depends on the crates above; keep them behind features" >&2
     exit 1
 fi

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::exec;
 use crate::op::Op;
 use crate::profile::group::GroupProf;
-use occl_telemetry::EventId;
+use occl_events::EventId;
 use std::cell::{Cell, RefCell};
 
 /// A deferred call and the API event it emitted when it was made.

@@ -25,8 +25,8 @@ impl RasServer {
 
     pub(crate) fn join(
         &self,
-        _record: &std::sync::Arc<occl_ras::record::CommRecord>,
-        _peers: Vec<(u32, occl_ras::mesh::PeerAddr)>,
+        _record: &std::sync::Arc<occl_ras_proto::record::CommRecord>,
+        _peers: Vec<(u32, occl_ras_proto::mesh::PeerAddr)>,
     ) {
         match *self {}
     }

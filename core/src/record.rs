@@ -2,18 +2,18 @@
 //! which one is in flight. RAS reads it to say who is behind and what a hung rank is stuck in;
 //! updating it is a few relaxed atomic stores per operation.
 
-use occl_ras::record::{CommRecord, Flag, RankInfo, ResultCode};
+use occl_ras_proto::record::{CommRecord, Flag, RankInfo, ResultCode};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` (occl-ras's type: the record and the
-/// report share it).
-pub use occl_ras::record::CollType;
+/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` (the vocabulary type the record and the
+/// report share).
+pub use occl_types::CollType;
 
-/// An operation in flight, as seen in a snapshot (occl-ras's type: what RAS reports is what this returns).
-pub use occl_ras::record::InFlight;
+/// An operation in flight, as seen in a snapshot (occl-ras-proto's type: what RAS reports is what this returns).
+pub use occl_ras_proto::record::InFlight;
 
-/// Counters and the in-flight operation of one rank of one communicator: occl-ras's record, which the RAS thread
+/// Counters and the in-flight operation of one rank of one communicator: occl-ras-proto's record, which the RAS thread
 /// reports. Every update is a few relaxed stores by the rank's own thread.
 #[derive(Debug)]
 pub struct OpRecord {

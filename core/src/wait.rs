@@ -158,8 +158,8 @@ impl Deadline {
 /// Told when a wait blocks (futex or poll) and when it wakes: the progress engine's Sleep and
 /// Wakeup profiler events (ProxyCtrl). The token from `sleep` comes back in `woke`.
 pub(crate) trait Sleeper {
-    fn sleep(&self) -> Option<occl_telemetry::EventId>;
-    fn woke(&self, token: Option<occl_telemetry::EventId>);
+    fn sleep(&self) -> Option<occl_events::EventId>;
+    fn woke(&self, token: Option<occl_events::EventId>);
 }
 
 fn slept<R>(s: Option<&dyn Sleeper>, block: impl FnOnce() -> R) -> R {

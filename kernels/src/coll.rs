@@ -5,7 +5,7 @@
 //! a job that reduces f32 never compiles fp8.
 
 use crate::cache::{self, Cache};
-use crate::dtype::{Dtype, RedOp};
+use crate::dtype::{DataType, RedOp};
 use crate::error::{check, driver, Error, Result};
 use crate::kernels::{build_module, function, Func, THREADS};
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -197,7 +197,7 @@ const PREMUL_FUNC: usize = RedOp::ALL.len();
 
 /// Which function of the program a launch of `args` runs: the operator's, the pre-multiply sum's,
 /// or the byte mover's (index 0 of the byte-moving program).
-fn func_index(mode: Mode, args: &CollArgs, dt: Dtype, op: RedOp) -> Result<usize> {
+fn func_index(mode: Mode, args: &CollArgs, dt: DataType, op: RedOp) -> Result<usize> {
     if args.pre == 0 {
         return Ok(if mode.reduces() { op.index() } else { 0 });
     }
@@ -218,7 +218,8 @@ fn func_index(mode: Mode, args: &CollArgs, dt: Dtype, op: RedOp) -> Result<usize
             return Err(Error::InvalidArgument(format!(
                 "the pre-multiply scalar at {:#x} is not aligned to its {}-byte {dt}",
                 args.scalar,
-                dt.size()
+                dt.size(),
+                dt = dt.short_name()
             )))
         }
         2 => {}
@@ -231,7 +232,7 @@ fn func_index(mode: Mode, args: &CollArgs, dt: Dtype, op: RedOp) -> Result<usize
 unsafe impl DeviceRepr for CollArgs {}
 
 /// The program for `dt` (`None`: the byte-moving one).
-pub fn source(dt: Option<Dtype>) -> String {
+pub fn source(dt: Option<DataType>) -> String {
     let mut s = String::new();
     for (name, text) in
         [("common.cuh", include_str!("../cuda/common.cuh")), ("coll.cu", include_str!("../cuda/coll.cu"))]
@@ -239,27 +240,27 @@ pub fn source(dt: Option<Dtype>) -> String {
         s.push_str(&format!("#line 1 \"{name}\"\n{text}\n"));
     }
     match dt {
-        Some(dt) => s.push_str(&format!("OCCL_COLL_TYPE({}, {})\n", dt.name(), struct_name(dt))),
+        Some(dt) => s.push_str(&format!("OCCL_COLL_TYPE({}, {})\n", dt.short_name(), struct_name(dt))),
         None => s.push_str("OCCL_COLL_COPY\n"),
     }
     s
 }
 
 /// The element struct of `dt` in `common.cuh`.
-fn struct_name(dt: Dtype) -> &'static str {
+fn struct_name(dt: DataType) -> &'static str {
     match dt {
-        Dtype::I8 => "I8",
-        Dtype::U8 => "U8",
-        Dtype::I32 => "I32",
-        Dtype::U32 => "U32",
-        Dtype::I64 => "I64",
-        Dtype::U64 => "U64",
-        Dtype::F16 => "F16",
-        Dtype::Bf16 => "BF16",
-        Dtype::F32 => "F32",
-        Dtype::F64 => "F64",
-        Dtype::F8E4M3 => "F8E4M3",
-        Dtype::F8E5M2 => "F8E5M2",
+        DataType::I8 => "I8",
+        DataType::U8 => "U8",
+        DataType::I32 => "I32",
+        DataType::U32 => "U32",
+        DataType::I64 => "I64",
+        DataType::U64 => "U64",
+        DataType::F16 => "F16",
+        DataType::Bf16 => "BF16",
+        DataType::F32 => "F32",
+        DataType::F64 => "F64",
+        DataType::F8E4M3 => "F8E4M3",
+        DataType::F8E5M2 => "F8E5M2",
     }
 }
 
@@ -273,7 +274,7 @@ pub struct CollKernels {
     pub(crate) ctx: Arc<CudaContext>,
     cache: Option<Cache>,
     /// Key `None`: the byte-moving program.
-    programs: Mutex<HashMap<Option<Dtype>, Arc<Program>>>,
+    programs: Mutex<HashMap<Option<DataType>, Arc<Program>>>,
 }
 
 impl std::fmt::Debug for CollKernels {
@@ -294,7 +295,7 @@ impl CollKernels {
 
     /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
     /// a CUDA graph captures should not be the first.
-    pub fn prepare(&self, dt: Dtype) -> Result<()> {
+    pub fn prepare(&self, dt: DataType) -> Result<()> {
         self.program(Some(dt)).map(|_| ())
     }
 
@@ -304,7 +305,7 @@ impl CollKernels {
     /// and those spin until that very launch runs: a deadlock.
     pub fn load_all(&self) -> Result<()> {
         let mut progs = vec![self.program(None)?];
-        for dt in Dtype::ALL {
+        for dt in DataType::ALL {
             match self.program(Some(dt)) {
                 Ok(p) => progs.push(p),
                 Err(Error::Unsupported { .. }) => {}
@@ -319,20 +320,20 @@ impl CollKernels {
         Ok(())
     }
 
-    pub(crate) fn program(&self, dt: Option<Dtype>) -> Result<Arc<Program>> {
+    pub(crate) fn program(&self, dt: Option<DataType>) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
         if let Some(p) = g.get(&dt) {
             return Ok(p.clone());
         }
         let name = match dt {
-            Some(dt) => format!("occl-coll-{}.cu", dt.name()),
+            Some(dt) => format!("occl-coll-{}.cu", dt.short_name()),
             None => "occl-coll-copy.cu".to_string(),
         };
         let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt))?;
         if let Some(dt) = dt {
             if dt.is_fp8() && !report.device.has_fp8() {
                 return Err(Error::Unsupported {
-                    what: format!("{dt} collectives"),
+                    what: format!("{} collectives", dt.short_name()),
                     needs: "sm_89 or later",
                     arch: report.arch,
                 });
@@ -343,7 +344,7 @@ impl CollKernels {
                 .iter()
                 .map(|op| op.name())
                 .chain(["premulsum"])
-                .map(|op| format!("occl_coll_{}_{op}", dt.name()))
+                .map(|op| format!("occl_coll_{}_{op}", dt.short_name()))
                 .collect(),
             None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string(), "occl_p2p_group".to_string()],
         };
@@ -369,7 +370,14 @@ impl CollKernels {
     /// `args` names live device memory: input and output valid for what `mode` reads and writes,
     /// and regions laid out as `args` says and mapped in this context; every rank launches the
     /// matching call with the same grid, in the same order on its channels.
-    pub unsafe fn launch(&self, stream: &CudaStream, args: &CollArgs, dt: Dtype, op: RedOp, blocks: u32) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        args: &CollArgs,
+        dt: DataType,
+        op: RedOp,
+        blocks: u32,
+    ) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
         }
@@ -437,30 +445,30 @@ mod tests {
     #[test]
     fn a_premultiplied_launch_runs_the_premulsum_kernel_of_a_summing_reduction() {
         let plain = CollArgs::default();
-        assert_eq!(func_index(Mode::AllReduceRing, &plain, Dtype::F32, RedOp::Max).unwrap(), RedOp::Max.index());
-        assert_eq!(func_index(Mode::AllGather, &plain, Dtype::U8, RedOp::Sum).unwrap(), 0);
+        assert_eq!(func_index(Mode::AllReduceRing, &plain, DataType::F32, RedOp::Max).unwrap(), RedOp::Max.index());
+        assert_eq!(func_index(Mode::AllGather, &plain, DataType::U8, RedOp::Sum).unwrap(), 0);
         let mut pre = CollArgs::default();
         pre.premul(PreMul::Immediate(1));
         for mode in Mode::ALL.into_iter().filter(|m| m.reduces()) {
-            assert_eq!(func_index(mode, &pre, Dtype::Bf16, RedOp::Sum).unwrap(), PREMUL_FUNC, "{mode:?}");
-            assert!(func_index(mode, &pre, Dtype::Bf16, RedOp::Prod).is_err(), "{mode:?}");
+            assert_eq!(func_index(mode, &pre, DataType::Bf16, RedOp::Sum).unwrap(), PREMUL_FUNC, "{mode:?}");
+            assert!(func_index(mode, &pre, DataType::Bf16, RedOp::Prod).is_err(), "{mode:?}");
         }
-        let e = func_index(Mode::Broadcast, &pre, Dtype::U8, RedOp::Sum).unwrap_err();
+        let e = func_index(Mode::Broadcast, &pre, DataType::U8, RedOp::Sum).unwrap_err();
         assert!(e.to_string().contains("only reductions that sum"), "{e}");
-        assert!(func_index(Mode::Reduce, &CollArgs { div: 2, ..pre }, Dtype::F32, RedOp::Sum).is_err());
+        assert!(func_index(Mode::Reduce, &CollArgs { div: 2, ..pre }, DataType::F32, RedOp::Sum).is_err());
         pre.premul(PreMul::Device(0x1002));
-        let e = func_index(Mode::Reduce, &pre, Dtype::F32, RedOp::Sum).unwrap_err();
+        let e = func_index(Mode::Reduce, &pre, DataType::F32, RedOp::Sum).unwrap_err();
         assert!(e.to_string().contains("0x1002 is not aligned to its 4-byte f32"), "{e}");
-        assert_eq!(func_index(Mode::Reduce, &pre, Dtype::F16, RedOp::Sum).unwrap(), PREMUL_FUNC);
+        assert_eq!(func_index(Mode::Reduce, &pre, DataType::F16, RedOp::Sum).unwrap(), PREMUL_FUNC);
         pre.premul(PreMul::Device(0));
-        assert!(func_index(Mode::Reduce, &pre, Dtype::F16, RedOp::Sum).unwrap_err().to_string().contains("null"));
-        assert!(func_index(Mode::Reduce, &CollArgs { pre: 3, ..pre }, Dtype::F16, RedOp::Sum).is_err());
+        assert!(func_index(Mode::Reduce, &pre, DataType::F16, RedOp::Sum).unwrap_err().to_string().contains("null"));
+        assert!(func_index(Mode::Reduce, &CollArgs { pre: 3, ..pre }, DataType::F16, RedOp::Sum).is_err());
     }
 
     #[test]
     fn every_type_has_a_program_and_modes_split_by_reduction() {
-        for dt in Dtype::ALL {
-            assert!(source(Some(dt)).ends_with(&format!("OCCL_COLL_TYPE({}, {})\n", dt.name(), struct_name(dt))));
+        for dt in DataType::ALL {
+            assert!(source(Some(dt)).ends_with(&format!("OCCL_COLL_TYPE({}, {})\n", dt.short_name(), struct_name(dt))));
         }
         assert!(source(None).ends_with("OCCL_COLL_COPY\n"));
         assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces() && Mode::ReduceScatterRing.reduces());

@@ -3,7 +3,7 @@
 
 use crate::cache::{self, Cache, Key};
 use crate::device::DeviceInfo;
-use crate::dtype::{Dtype, RedOp};
+use crate::dtype::{DataType, RedOp};
 use crate::error::{driver, Error, Result};
 use crate::nvrtc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -45,12 +45,12 @@ pub fn compile(arch: &str) -> Result<Vec<u8>> {
     nvrtc::compile_cubin(&source(), "occl-kernels.cu", arch, &options(arch))
 }
 
-pub fn reduce_name(dt: Dtype, op: RedOp) -> String {
-    format!("occl_reduce_{}_{}", dt.name(), op.name())
+pub fn reduce_name(dt: DataType, op: RedOp) -> String {
+    format!("occl_reduce_{}_{}", dt.short_name(), op.name())
 }
 
-pub fn scale_name(dt: Dtype) -> String {
-    format!("occl_scale_{}", dt.name())
+pub fn scale_name(dt: DataType) -> String {
+    format!("occl_scale_{}", dt.short_name())
 }
 
 pub const COPY_NAME: &str = "occl_copy";
@@ -79,7 +79,7 @@ pub(crate) struct Func {
 #[derive(Debug)]
 pub struct Kernels {
     pub(crate) ctx: Arc<CudaContext>,
-    /// Indexed by `Dtype::index() * 4 + RedOp::index()`; `None` where the device lacks the type.
+    /// Indexed by `DataType as usize * 4 + RedOp::index()`; `None` where the device lacks the type.
     pub(crate) reduce: Vec<Option<Func>>,
     pub(crate) scale: Vec<Option<Func>>,
     pub(crate) copy: Func,
@@ -99,9 +99,9 @@ impl Kernels {
         let (module, report) = build_module(ctx, cache, "occl-kernels.cu", &source())?;
         let device = report.device.clone();
         let func = |name: &str| function(&module, &device, name);
-        let mut reduce = Vec::with_capacity(Dtype::ALL.len() * RedOp::ALL.len());
-        let mut scale = Vec::with_capacity(Dtype::ALL.len());
-        for dt in Dtype::ALL {
+        let mut reduce = Vec::with_capacity(DataType::ALL.len() * RedOp::ALL.len());
+        let mut scale = Vec::with_capacity(DataType::ALL.len());
+        for dt in DataType::ALL {
             let present = !dt.is_fp8() || device.has_fp8();
             for op in RedOp::ALL {
                 reduce.push(if present { Some(func(&reduce_name(dt, op))?) } else { None });
@@ -121,12 +121,16 @@ impl Kernels {
     }
 
     /// Whether the device has kernels for `dt` (the fp8 ones need sm_89 or later).
-    pub fn supports(&self, dt: Dtype) -> bool {
-        self.scale[dt.index()].is_some()
+    pub fn supports(&self, dt: DataType) -> bool {
+        self.scale[dt as usize].is_some()
     }
 
-    pub(crate) fn unsupported(&self, dt: Dtype) -> Error {
-        Error::Unsupported { what: format!("{dt} kernels"), needs: "sm_89 or later", arch: self.report.arch.clone() }
+    pub(crate) fn unsupported(&self, dt: DataType) -> Error {
+        Error::Unsupported {
+            what: format!("{} kernels", dt.short_name()),
+            needs: "sm_89 or later",
+            arch: self.report.arch.clone(),
+        }
     }
 }
 

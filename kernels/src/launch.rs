@@ -4,7 +4,7 @@
 //! and are what the collectives use; they record nothing on cudarc's stream-tracking events, so
 //! they can be captured into a CUDA graph. The safe forms take cudarc slices and views.
 
-use crate::dtype::{Dtype, RedOp};
+use crate::dtype::{DataType, RedOp};
 use crate::error::{driver, Error, Result};
 use crate::kernels::{Func, Kernels, THREADS, UNROLL};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -14,7 +14,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKern
 /// result. Each step is rounded to the element type, as occl's host path does.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reduce {
-    pub dtype: Dtype,
+    pub dtype: DataType,
     pub op: RedOp,
     /// Multiply `a` by this first (floats only).
     pub premul: Option<f64>,
@@ -23,17 +23,17 @@ pub struct Reduce {
 }
 
 impl Reduce {
-    pub fn new(dtype: Dtype, op: RedOp) -> Reduce {
+    pub fn new(dtype: DataType, op: RedOp) -> Reduce {
         Reduce { dtype, op, premul: None, postdiv: None }
     }
 
     /// The last step of an average as NCCL finishes integer ones: sum, then divide by `nranks`.
-    pub fn avg_postdiv(dtype: Dtype, nranks: u32) -> Reduce {
+    pub fn avg_postdiv(dtype: DataType, nranks: u32) -> Reduce {
         Reduce { postdiv: Some(nranks), ..Reduce::new(dtype, RedOp::Sum) }
     }
 
     /// A step of an average as NCCL computes float ones: `a` premultiplied by 1/nranks, then summed.
-    pub fn avg_premul(dtype: Dtype, nranks: u32) -> Reduce {
+    pub fn avg_premul(dtype: DataType, nranks: u32) -> Reduce {
         Reduce { premul: Some(1.0 / f64::from(nranks.max(1))), ..Reduce::new(dtype, RedOp::Sum) }
     }
 
@@ -46,15 +46,16 @@ impl Reduce {
 /// an average).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scale {
-    pub dtype: Dtype,
+    pub dtype: DataType,
     pub premul: Option<f64>,
     pub postdiv: Option<u32>,
 }
 
-fn validate_scaling(dt: Dtype, premul: Option<f64>, postdiv: Option<u32>) -> Result<()> {
+fn validate_scaling(dt: DataType, premul: Option<f64>, postdiv: Option<u32>) -> Result<()> {
     if premul.is_some() && !dt.is_float() {
         return Err(Error::InvalidArgument(format!(
-            "premultiplication needs a float type, not {dt} (integers divide after the sum)"
+            "premultiplication needs a float type, not {} (integers divide after the sum)",
+            dt.short_name()
         )));
     }
     if postdiv == Some(0) {
@@ -65,7 +66,7 @@ fn validate_scaling(dt: Dtype, premul: Option<f64>, postdiv: Option<u32>) -> Res
 
 /// Checks that every address is aligned to the element size (the hardware needs it; the kernels
 /// handle any element offset within 16 bytes themselves).
-pub(crate) fn check_aligned(dt: Dtype, ptrs: &[(&str, u64)]) -> Result<()> {
+pub(crate) fn check_aligned(dt: DataType, ptrs: &[(&str, u64)]) -> Result<()> {
     let size = dt.size() as u64;
     for &(what, p) in ptrs {
         if p == 0 {
@@ -73,7 +74,8 @@ pub(crate) fn check_aligned(dt: Dtype, ptrs: &[(&str, u64)]) -> Result<()> {
         }
         if p % size != 0 {
             return Err(Error::InvalidArgument(format!(
-                "{what} at {p:#x} is not aligned to its {size}-byte {dt} elements"
+                "{what} at {p:#x} is not aligned to its {size}-byte {dt} elements",
+                dt = dt.short_name()
             )));
         }
     }
@@ -106,7 +108,7 @@ fn config(blocks: u32) -> LaunchConfig {
 
 /// Loop items of a reduce-type kernel: 16-byte packs when the pointers share an offset, else
 /// elements.
-fn units(dt: Dtype, count: usize, ptrs: &[u64]) -> u64 {
+fn units(dt: DataType, count: usize, ptrs: &[u64]) -> u64 {
     let count = count as u64;
     if common_width(ptrs) == 16 {
         (count * dt.size() as u64).div_ceil(16)
@@ -124,12 +126,12 @@ impl Kernels {
         }
     }
 
-    fn reduce_fn(&self, dt: Dtype, op: RedOp) -> Result<&Func> {
-        self.reduce[dt.index() * RedOp::ALL.len() + op.index()].as_ref().ok_or_else(|| self.unsupported(dt))
+    fn reduce_fn(&self, dt: DataType, op: RedOp) -> Result<&Func> {
+        self.reduce[(dt as usize) * RedOp::ALL.len() + op.index()].as_ref().ok_or_else(|| self.unsupported(dt))
     }
 
-    fn scale_fn(&self, dt: Dtype) -> Result<&Func> {
-        self.scale[dt.index()].as_ref().ok_or_else(|| self.unsupported(dt))
+    fn scale_fn(&self, dt: DataType) -> Result<&Func> {
+        self.scale[dt as usize].as_ref().ok_or_else(|| self.unsupported(dt))
     }
 
     /// Enqueues `dst = a op b` (and the same into `dst2`) over `count` elements on `stream`.
@@ -222,7 +224,7 @@ impl Kernels {
         }
         let mut ptrs = vec![("dst", dst), ("src", src)];
         ptrs.extend(dst2.map(|p| ("dst2", p)));
-        check_aligned(Dtype::U8, &ptrs)?;
+        check_aligned(DataType::U8, &ptrs)?;
         let addrs: Vec<u64> = ptrs.iter().map(|p| p.1).collect();
         let f = &self.copy;
         let blocks = grid((bytes as u64).div_ceil(common_width(&addrs)), f.max_blocks);
@@ -307,7 +309,7 @@ impl Kernels {
         D: DevicePtrMut<T>,
         S: DevicePtr<T>,
     {
-        let bytes = elements(Dtype::U8, &[dst.num_bytes(), src.num_bytes()])?;
+        let bytes = elements(DataType::U8, &[dst.num_bytes(), src.num_bytes()])?;
         let (ps, _rs) = src.device_ptr(stream);
         let (pd, _rd) = dst.device_ptr_mut(stream);
         // SAFETY: two live buffers of `bytes` bytes, not aliased.
@@ -321,7 +323,7 @@ impl Kernels {
         D2: DevicePtrMut<T>,
         S: DevicePtr<T>,
     {
-        let bytes = elements(Dtype::U8, &[dst1.num_bytes(), dst2.num_bytes(), src.num_bytes()])?;
+        let bytes = elements(DataType::U8, &[dst1.num_bytes(), dst2.num_bytes(), src.num_bytes()])?;
         let (ps, _rs) = src.device_ptr(stream);
         let (p1, _r1) = dst1.device_ptr_mut(stream);
         let (p2, _r2) = dst2.device_ptr_mut(stream);
@@ -331,13 +333,16 @@ impl Kernels {
 }
 
 /// The common element count of buffers of these byte lengths.
-pub(crate) fn elements(dt: Dtype, lens: &[usize]) -> Result<usize> {
+pub(crate) fn elements(dt: DataType, lens: &[usize]) -> Result<usize> {
     let first = lens.first().copied().unwrap_or(0);
     if lens.iter().any(|&l| l != first) {
         return Err(Error::InvalidArgument(format!("buffers differ in length: {lens:?} bytes")));
     }
     if first % dt.size() != 0 {
-        return Err(Error::InvalidArgument(format!("{first} bytes is not a whole number of {dt} elements")));
+        return Err(Error::InvalidArgument(format!(
+            "{first} bytes is not a whole number of {} elements",
+            dt.short_name()
+        )));
     }
     Ok(first / dt.size())
 }
@@ -348,12 +353,12 @@ mod tests {
 
     #[test]
     fn alignment_is_checked_per_element_size() {
-        assert!(check_aligned(Dtype::F32, &[("dst", 0x1000), ("a", 0x1004), ("b", 0x100c)]).is_ok());
-        let e = check_aligned(Dtype::F32, &[("dst", 0x1000), ("a", 0x1002)]).unwrap_err();
+        assert!(check_aligned(DataType::F32, &[("dst", 0x1000), ("a", 0x1004), ("b", 0x100c)]).is_ok());
+        let e = check_aligned(DataType::F32, &[("dst", 0x1000), ("a", 0x1002)]).unwrap_err();
         assert!(e.to_string().contains("a at 0x1002 is not aligned to its 4-byte f32"), "{e}");
-        assert!(check_aligned(Dtype::U8, &[("dst", 0x1001)]).is_ok());
-        assert!(check_aligned(Dtype::F64, &[("dst", 0x1004)]).is_err());
-        assert!(check_aligned(Dtype::U8, &[("src", 0)]).unwrap_err().to_string().contains("null"));
+        assert!(check_aligned(DataType::U8, &[("dst", 0x1001)]).is_ok());
+        assert!(check_aligned(DataType::F64, &[("dst", 0x1004)]).is_err());
+        assert!(check_aligned(DataType::U8, &[("src", 0)]).unwrap_err().to_string().contains("null"));
     }
 
     #[test]
@@ -362,8 +367,8 @@ mod tests {
         assert_eq!(common_width(&[0x1004, 0x2004]), 16, "same offset within 16 bytes");
         assert_eq!(common_width(&[0x1000, 0x2004]), 4);
         assert_eq!(common_width(&[0x1000, 0x2002]), 1);
-        assert_eq!(units(Dtype::F32, 5, &[0x1000, 0x2000]), 2, "20 bytes: two packs");
-        assert_eq!(units(Dtype::F32, 5, &[0x1000, 0x2004]), 5, "element path");
+        assert_eq!(units(DataType::F32, 5, &[0x1000, 0x2000]), 2, "20 bytes: two packs");
+        assert_eq!(units(DataType::F32, 5, &[0x1000, 0x2004]), 5, "element path");
     }
 
     #[test]
@@ -378,18 +383,18 @@ mod tests {
 
     #[test]
     fn averages_are_validated() {
-        assert!(Reduce::avg_premul(Dtype::Bf16, 8).validate().is_ok());
-        assert_eq!(Reduce::avg_premul(Dtype::F32, 4).premul, Some(0.25));
-        assert!(Reduce::avg_premul(Dtype::I32, 8).validate().unwrap_err().to_string().contains("float"));
-        assert!(Reduce::avg_postdiv(Dtype::I32, 8).validate().is_ok());
-        assert!(Reduce::avg_postdiv(Dtype::F16, 0).validate().is_err());
+        assert!(Reduce::avg_premul(DataType::Bf16, 8).validate().is_ok());
+        assert_eq!(Reduce::avg_premul(DataType::F32, 4).premul, Some(0.25));
+        assert!(Reduce::avg_premul(DataType::I32, 8).validate().unwrap_err().to_string().contains("float"));
+        assert!(Reduce::avg_postdiv(DataType::I32, 8).validate().is_ok());
+        assert!(Reduce::avg_postdiv(DataType::F16, 0).validate().is_err());
     }
 
     #[test]
     fn lengths_must_match_in_whole_elements() {
-        assert_eq!(elements(Dtype::F32, &[16, 16, 16]).ok(), Some(4));
-        assert!(elements(Dtype::F32, &[16, 12]).is_err());
-        assert!(elements(Dtype::F64, &[12, 12]).is_err());
-        assert_eq!(elements(Dtype::U8, &[0, 0]).ok(), Some(0));
+        assert_eq!(elements(DataType::F32, &[16, 16, 16]).ok(), Some(4));
+        assert!(elements(DataType::F32, &[16, 12]).is_err());
+        assert!(elements(DataType::F64, &[12, 12]).is_err());
+        assert_eq!(elements(DataType::U8, &[0, 0]).ok(), Some(0));
     }
 }

@@ -9,14 +9,14 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), occl_kernels::Error> {
-//! use occl_kernels::{device, Dtype, Kernels, RedOp, Reduce};
+//! use occl_kernels::{device, DataType, Kernels, RedOp, Reduce};
 //! let ctx = device::context(0)?;
 //! let k = Kernels::load(&ctx)?; // NVRTC on the first use on this machine, then the cache
 //! let stream = ctx.default_stream();
 //! let a = stream.clone_htod(&[1.0f32, 2.0]).map_err(|e| occl_kernels::Error::InvalidArgument(format!("{e:?}")))?;
 //! let b = a.clone();
 //! let mut out = a.clone();
-//! k.reduce(&stream, &Reduce::new(Dtype::F32, RedOp::Sum), &mut out, &a, &b)?;
+//! k.reduce(&stream, &Reduce::new(DataType::F32, RedOp::Sum), &mut out, &a, &b)?;
 //! # Ok(()) }
 //! ```
 
@@ -38,7 +38,7 @@ pub mod staging;
 pub mod timer;
 
 pub use cudarc;
-pub use dtype::{Dtype, RedOp};
+pub use dtype::{DataType, RedOp};
 pub use error::{Error, Result};
 pub use kernels::{compile, options, reduce_name, scale_name, source, Kernels, LoadReport, COPY_NAME, SOURCES};
 pub use launch::{Reduce, Scale};

@@ -6,7 +6,7 @@
 //! bf16 and the fp8 formats compute in f32 and round to nearest even after every step; E4M3
 //! saturates at ±448, E5M2 overflows to ±inf; float max/min ignore a NaN operand.
 
-use crate::dtype::{Dtype, RedOp};
+use crate::dtype::{DataType, RedOp};
 use crate::launch::{Reduce, Scale};
 use half::{bf16, f16};
 
@@ -246,18 +246,18 @@ fn run<E: El>(op: RedOp, pre: Option<f64>, div: Option<u32>, a: &[u8], b: Option
 macro_rules! by_dtype {
     ($dt:expr, $f:ident($($a:expr),*)) => {
         match $dt {
-            Dtype::I8 => $f::<i8>($($a),*),
-            Dtype::U8 => $f::<u8>($($a),*),
-            Dtype::I32 => $f::<i32>($($a),*),
-            Dtype::U32 => $f::<u32>($($a),*),
-            Dtype::I64 => $f::<i64>($($a),*),
-            Dtype::U64 => $f::<u64>($($a),*),
-            Dtype::F16 => $f::<H>($($a),*),
-            Dtype::Bf16 => $f::<B>($($a),*),
-            Dtype::F32 => $f::<f32>($($a),*),
-            Dtype::F64 => $f::<f64>($($a),*),
-            Dtype::F8E4M3 => $f::<E4>($($a),*),
-            Dtype::F8E5M2 => $f::<E5>($($a),*),
+            DataType::I8 => $f::<i8>($($a),*),
+            DataType::U8 => $f::<u8>($($a),*),
+            DataType::I32 => $f::<i32>($($a),*),
+            DataType::U32 => $f::<u32>($($a),*),
+            DataType::I64 => $f::<i64>($($a),*),
+            DataType::U64 => $f::<u64>($($a),*),
+            DataType::F16 => $f::<H>($($a),*),
+            DataType::Bf16 => $f::<B>($($a),*),
+            DataType::F32 => $f::<f32>($($a),*),
+            DataType::F64 => $f::<f64>($($a),*),
+            DataType::F8E4M3 => $f::<E4>($($a),*),
+            DataType::F8E5M2 => $f::<E5>($($a),*),
         }
     };
 }
@@ -273,28 +273,28 @@ pub fn scale(sc: &Scale, a: &[u8], out: &mut [u8]) {
 }
 
 /// Element `i` of a buffer of `dt` as f64 (for messages and comparisons).
-pub fn value(dt: Dtype, bytes: &[u8], i: usize) -> f64 {
+pub fn value(dt: DataType, bytes: &[u8], i: usize) -> f64 {
     let s = dt.size();
     let b = &bytes[i * s..(i + 1) * s];
     match dt {
-        Dtype::I8 => f64::from(i8::read(b)),
-        Dtype::U8 => f64::from(u8::read(b)),
-        Dtype::I32 => f64::from(i32::read(b)),
-        Dtype::U32 => f64::from(u32::read(b)),
-        Dtype::I64 => i64::read(b) as f64,
-        Dtype::U64 => u64::read(b) as f64,
-        Dtype::F16 => f64::from(H::read(b).ld()),
-        Dtype::Bf16 => f64::from(B::read(b).ld()),
-        Dtype::F32 => f64::from(f32::read(b)),
-        Dtype::F64 => f64::read(b),
-        Dtype::F8E4M3 => f64::from(E4::read(b).ld()),
-        Dtype::F8E5M2 => f64::from(E5::read(b).ld()),
+        DataType::I8 => f64::from(i8::read(b)),
+        DataType::U8 => f64::from(u8::read(b)),
+        DataType::I32 => f64::from(i32::read(b)),
+        DataType::U32 => f64::from(u32::read(b)),
+        DataType::I64 => i64::read(b) as f64,
+        DataType::U64 => u64::read(b) as f64,
+        DataType::F16 => f64::from(H::read(b).ld()),
+        DataType::Bf16 => f64::from(B::read(b).ld()),
+        DataType::F32 => f64::from(f32::read(b)),
+        DataType::F64 => f64::read(b),
+        DataType::F8E4M3 => f64::from(E4::read(b).ld()),
+        DataType::F8E5M2 => f64::from(E5::read(b).ld()),
     }
 }
 
 /// Whether element `i` of `got` is the reference's: the same bits, or two NaNs, or — for max
 /// and min, which IEEE lets pick either — two zeros.
-pub fn same(dt: Dtype, minmax: bool, got: &[u8], want: &[u8], i: usize) -> bool {
+pub fn same(dt: DataType, minmax: bool, got: &[u8], want: &[u8], i: usize) -> bool {
     let s = dt.size();
     if got[i * s..(i + 1) * s] == want[i * s..(i + 1) * s] {
         return true;
@@ -356,34 +356,34 @@ mod tests {
 
     #[test]
     fn reductions_follow_the_stated_semantics() {
-        let r = Reduce::new(Dtype::I8, RedOp::Sum);
+        let r = Reduce::new(DataType::I8, RedOp::Sum);
         let mut out = [0u8; 2];
         reduce(&r, &[100, 0x80], &[100, 0xff], &mut out);
         assert_eq!(out, [200, 0x7f], "wrapping: 100+100 = -56, -128-1 = 127");
-        let avg = Reduce::avg_postdiv(Dtype::I32, 3);
+        let avg = Reduce::avg_postdiv(DataType::I32, 3);
         let mut out = [0u8; 4];
         reduce(&avg, &(-7i32).to_le_bytes(), &0i32.to_le_bytes(), &mut out);
         assert_eq!(i32::from_le_bytes(out), -2, "truncates toward zero");
 
-        let max = Reduce::new(Dtype::F32, RedOp::Max);
+        let max = Reduce::new(DataType::F32, RedOp::Max);
         let mut out = [0u8; 4];
         reduce(&max, &f32::NAN.to_le_bytes(), &2.0f32.to_le_bytes(), &mut out);
         assert_eq!(f32::from_le_bytes(out), 2.0, "a NaN operand is ignored");
 
         // bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and rounds to even, 1.
-        let sum = Reduce::new(Dtype::Bf16, RedOp::Sum);
+        let sum = Reduce::new(DataType::Bf16, RedOp::Sum);
         let mut out = [0u8; 2];
         reduce(&sum, &bf16::ONE.to_bits().to_le_bytes(), &bf16::from_f32(0.00390625).to_bits().to_le_bytes(), &mut out);
         assert_eq!(bf16::from_bits(u16::from_le_bytes(out)), bf16::ONE);
 
         // Premultiplied average rounds after the premultiplication.
-        let pre = Reduce::avg_premul(Dtype::F16, 3);
+        let pre = Reduce::avg_premul(DataType::F16, 3);
         let mut out = [0u8; 2];
         let one = f16::ONE.to_bits().to_le_bytes();
         reduce(&pre, &one, &f16::ZERO.to_bits().to_le_bytes(), &mut out);
         assert_eq!(f16::from_bits(u16::from_le_bytes(out)), f16::from_f32(1.0 / 3.0));
 
-        let sc = Scale { dtype: Dtype::U8, premul: None, postdiv: Some(4) };
+        let sc = Scale { dtype: DataType::U8, premul: None, postdiv: Some(4) };
         let mut out = [0u8; 1];
         scale(&sc, &[255], &mut out);
         assert_eq!(out, [63]);
@@ -393,11 +393,11 @@ mod tests {
     fn comparison_allows_only_what_ieee_leaves_open() {
         let nan1 = f32::NAN.to_le_bytes();
         let nan2 = f32::from_bits(0xffc0_0001).to_le_bytes();
-        assert!(same(Dtype::F32, false, &nan1, &nan2, 0));
+        assert!(same(DataType::F32, false, &nan1, &nan2, 0));
         let (pz, nz) = (0.0f32.to_le_bytes(), (-0.0f32).to_le_bytes());
-        assert!(same(Dtype::F32, true, &pz, &nz, 0));
-        assert!(!same(Dtype::F32, false, &pz, &nz, 0), "a sum's zero sign is determined");
-        assert!(!same(Dtype::F32, false, &1.0f32.to_le_bytes(), &1.0000001f32.to_le_bytes(), 0));
-        assert!(!same(Dtype::I32, true, &0i32.to_le_bytes(), &1i32.to_le_bytes(), 0));
+        assert!(same(DataType::F32, true, &pz, &nz, 0));
+        assert!(!same(DataType::F32, false, &pz, &nz, 0), "a sum's zero sign is determined");
+        assert!(!same(DataType::F32, false, &1.0f32.to_le_bytes(), &1.0000001f32.to_le_bytes(), 0));
+        assert!(!same(DataType::I32, true, &0i32.to_le_bytes(), &1i32.to_le_bytes(), 0));
     }
 }

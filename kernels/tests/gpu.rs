@@ -5,7 +5,7 @@
 use occl_kernels::cache::Cache;
 use occl_kernels::check::{self, Options};
 use occl_kernels::cudarc::driver::{CudaContext, CudaStream};
-use occl_kernels::{device, nvrtc, Dtype, Error, Kernels, RedOp, Reduce, Scale};
+use occl_kernels::{device, nvrtc, DataType, Error, Kernels, RedOp, Reduce, Scale};
 use std::sync::Arc;
 
 /// The device, its kernels (built into a fresh cache) and a stream; or `None` after printing why
@@ -56,22 +56,22 @@ fn safe_wrappers_on_cudarc_buffers() {
     let mut d1 = stream.alloc_zeros::<f32>(a.len()).expect("alloc");
     let mut d2 = stream.alloc_zeros::<f32>(a.len()).expect("alloc");
 
-    k.reduce2(&stream, &Reduce::new(Dtype::F32, RedOp::Max), &mut d1, &mut d2, &da, &db).expect("reduce2");
+    k.reduce2(&stream, &Reduce::new(DataType::F32, RedOp::Max), &mut d1, &mut d2, &da, &db).expect("reduce2");
     let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect();
     assert_eq!(stream.clone_dtoh(&d1).expect("dtoh"), want);
     assert_eq!(stream.clone_dtoh(&d2).expect("dtoh"), want);
 
     // In place, an average finished by division: (max + b) / 2.
-    k.reduce_in_place(&stream, &Reduce::avg_postdiv(Dtype::F32, 2), &mut d1, &db).expect("in place");
+    k.reduce_in_place(&stream, &Reduce::avg_postdiv(DataType::F32, 2), &mut d1, &db).expect("in place");
     let want2: Vec<f32> = want.iter().zip(&b).map(|(x, y)| (x + y) / 2.0).collect();
     assert_eq!(stream.clone_dtoh(&d1).expect("dtoh"), want2);
 
-    k.scale(&stream, &Scale { dtype: Dtype::F32, premul: Some(0.25), postdiv: None }, &mut d2, &da).expect("scale");
+    k.scale(&stream, &Scale { dtype: DataType::F32, premul: Some(0.25), postdiv: None }, &mut d2, &da).expect("scale");
     assert_eq!(stream.clone_dtoh(&d2).expect("dtoh"), a.iter().map(|x| x * 0.25).collect::<Vec<_>>());
 
     // Views at an odd element offset take the scalar-head path.
     let mut out = stream.alloc_zeros::<f32>(a.len()).expect("alloc");
-    k.reduce(&stream, &Reduce::new(Dtype::F32, RedOp::Sum), &mut out.slice_mut(1..), &da.slice(1..), &db.slice(1..))
+    k.reduce(&stream, &Reduce::new(DataType::F32, RedOp::Sum), &mut out.slice_mut(1..), &da.slice(1..), &db.slice(1..))
         .expect("views");
     let got = stream.clone_dtoh(&out).expect("dtoh");
     assert_eq!(got[0], 0.0, "untouched");
@@ -86,9 +86,9 @@ fn safe_wrappers_on_cudarc_buffers() {
 
     // Typed errors, not launches: mismatched lengths, premultiplied integers.
     let short = stream.alloc_zeros::<f32>(10).expect("alloc");
-    let e = k.reduce(&stream, &Reduce::new(Dtype::F32, RedOp::Sum), &mut d1, &da, &short).unwrap_err();
+    let e = k.reduce(&stream, &Reduce::new(DataType::F32, RedOp::Sum), &mut d1, &da, &short).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-    let e = k.reduce(&stream, &Reduce::avg_premul(Dtype::I32, 2), &mut d1, &da, &db).unwrap_err();
+    let e = k.reduce(&stream, &Reduce::avg_premul(DataType::I32, 2), &mut d1, &da, &db).unwrap_err();
     assert!(e.to_string().contains("float"), "{e}");
     stream.synchronize().expect("sync");
 }
@@ -109,7 +109,7 @@ fn raw_launches_replay_from_a_cuda_graph() {
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
     // SAFETY: four live buffers of n f32 each; they outlive every replay below.
     unsafe {
-        k.reduce_raw(&stream, &Reduce::new(Dtype::F32, RedOp::Sum), pd, None, pa, pb, n).expect("captured reduce");
+        k.reduce_raw(&stream, &Reduce::new(DataType::F32, RedOp::Sum), pd, None, pa, pb, n).expect("captured reduce");
         k.copy_raw(&stream, pd2, None, pd, n * 4).expect("captured copy");
     }
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).expect("end capture").expect("a graph");

@@ -60,17 +60,17 @@ fn a_compile_error_carries_nvrtcs_log() {
 
 #[test]
 fn the_collective_programs_compile_for_hopper() {
-    use occl_kernels::{coll, options, Dtype};
+    use occl_kernels::{coll, options, DataType};
     if !nvrtc_or_skip("the_collective_programs_compile_for_hopper") {
         return;
     }
     // One program per element size (and fp8, whose conversions are sm_89's), and the byte mover.
     for (dt, kernels) in [
-        (Some(Dtype::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_min", "occl_coll_f32_premulsum"]),
-        (Some(Dtype::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod", "occl_coll_bf16_premulsum"]),
-        (Some(Dtype::F8E4M3), vec!["occl_coll_f8e4m3_max", "occl_coll_f8e4m3_premulsum"]),
-        (Some(Dtype::I64), vec!["occl_coll_i64_sum", "occl_coll_i64_premulsum"]),
-        (Some(Dtype::U8), vec!["occl_coll_u8_premulsum"]),
+        (Some(DataType::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_min", "occl_coll_f32_premulsum"]),
+        (Some(DataType::Bf16), vec!["occl_coll_bf16_sum", "occl_coll_bf16_prod", "occl_coll_bf16_premulsum"]),
+        (Some(DataType::F8E4M3), vec!["occl_coll_f8e4m3_max", "occl_coll_f8e4m3_premulsum"]),
+        (Some(DataType::I64), vec!["occl_coll_i64_sum", "occl_coll_i64_premulsum"]),
+        (Some(DataType::U8), vec!["occl_coll_u8_premulsum"]),
         (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
     ] {
         let t = std::time::Instant::now();

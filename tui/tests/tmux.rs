@@ -16,10 +16,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const NCCLRAS: &str = env!("CARGO_BIN_EXE_ncclras");
-const NORMAL: &str = include_str!("../../ras/tests/fixtures/A_status_normal.txt");
-const VERBOSE: &str = include_str!("../../ras/tests/fixtures/A_status_verbose.txt");
-const KILL66: &str = include_str!("../../ras/tests/fixtures/A_kill_plus66_status.txt");
-const JSON68: &str = include_str!("../../ras/tests/fixtures/A_kill_plus68_json.txt");
+const NORMAL: &str = include_str!("../../ras/proto/tests/fixtures/A_status_normal.txt");
+const VERBOSE: &str = include_str!("../../ras/proto/tests/fixtures/A_status_verbose.txt");
+const KILL66: &str = include_str!("../../ras/proto/tests/fixtures/A_kill_plus66_status.txt");
+const JSON68: &str = include_str!("../../ras/proto/tests/fixtures/A_kill_plus68_json.txt");
 
 type Test = (&'static str, fn() -> anyhow::Result<()>);
 

@@ -12,8 +12,8 @@ use crate::id::UniqueId;
 use crate::profile::Profiling;
 use crate::record::OpRecord;
 use crate::transport;
-use occl_ras::mesh::PeerAddr;
-use occl_ras::record::{CommId, RankInfo};
+use occl_ras_proto::mesh::PeerAddr;
+use occl_ras_proto::record::{CommId, RankInfo};
 use occl_telemetry::flight::{FlightComm, FlightRecorder};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU32};
@@ -40,9 +40,9 @@ fn host_identity(config: &Config) -> String {
     if let Some(h) = &config.host_id {
         return h.clone();
     }
-    let boot = occl_telemetry::files::read_to_string_capped(
+    let boot = occl_events::files::read_to_string_capped(
         std::path::Path::new("/proc/sys/kernel/random/boot_id"),
-        occl_telemetry::files::MAX_SYSTEM_FILE,
+        occl_events::files::MAX_SYSTEM_FILE,
     )
     .unwrap_or_default();
     format!("{}:{}", hostname(), boot.trim())
@@ -150,7 +150,7 @@ impl Comm {
         hosts.sort_unstable();
         hosts.dedup();
         let prof = Profiling::init(
-            &occl_telemetry::CommInfo {
+            &occl_events::CommInfo {
                 comm_name: None,
                 comm_hash: comm_id,
                 n_nodes: hosts.len() as i32,

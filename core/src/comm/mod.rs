@@ -15,8 +15,8 @@ use crate::profile::Profiling;
 use crate::record::{CollType, OpRecord};
 use crate::transport::fifo::{state, Cause};
 use crate::transport::{self, Peer};
+use occl_events::Note;
 use occl_telemetry::flight::FlightRecorder;
-use occl_telemetry::Note;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -179,19 +179,19 @@ impl Comm {
     }
 
     /// Attaches a profiler sink to this communicator alone (the registered profilers of
-    /// `occl_telemetry::profiler` reach every communicator). It sees operations that start
+    /// `occl_events::profiler` reach every communicator). It sees operations that start
     /// after this call; `detach_sink` or `destroy` finalizes it.
     pub fn attach_sink(
         &self,
-        sink: Arc<dyn occl_telemetry::Sink>,
-    ) -> std::result::Result<occl_telemetry::SinkHandle, occl_telemetry::TooManySinks> {
+        sink: Arc<dyn occl_events::Sink>,
+    ) -> std::result::Result<occl_events::SinkHandle, occl_events::TooManySinks> {
         self.prof.attach(sink)
     }
 
     /// Detaches and finalizes a sink from `attach_sink`; `false` if the handle is not this
     /// communicator's. An operation in flight on another thread sends its events to the sinks
     /// it started with, so this waits for it to end.
-    pub fn detach_sink(&self, h: occl_telemetry::SinkHandle) -> bool {
+    pub fn detach_sink(&self, h: occl_events::SinkHandle) -> bool {
         self.prof.detach(h)
     }
 
@@ -244,7 +244,7 @@ impl Comm {
         matches!(self.inner.try_lock(), Err(std::sync::TryLockError::WouldBlock))
     }
 
-    pub(crate) fn fanout(&self) -> &Arc<occl_telemetry::Fanout> {
+    pub(crate) fn fanout(&self) -> &Arc<occl_events::Fanout> {
         &self.prof.fanout
     }
 

@@ -31,13 +31,13 @@ impl TransportKind {
 #[derive(Clone, Default)]
 pub enum Profilers {
     /// The process's (the default): those registered with
-    /// `occl_telemetry::profiler::register`, the NCCL profiler plugin `OCCL_PROFILER_PLUGIN` /
+    /// `occl_events::profiler::register`, the NCCL profiler plugin `OCCL_PROFILER_PLUGIN` /
     /// `NCCL_PROFILER_PLUGIN` names, and the exporters the environment enables
     /// (`occl_telemetry::exporters::process_profilers`).
     #[default]
     Process,
     /// Exactly these, handed in by whoever creates the communicator (none: no events at all).
-    Given(Vec<std::sync::Arc<dyn occl_telemetry::Profiler>>),
+    Given(Vec<std::sync::Arc<dyn occl_events::Profiler>>),
 }
 
 impl std::fmt::Debug for Profilers {

@@ -10,7 +10,7 @@ use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
 use super::kernels::timer::{ClockMap, TimerRing};
-use super::kernels::{device, staging, Dtype};
+use super::kernels::{device, staging};
 use super::ops::FUNCS;
 use super::staged::Staged;
 use super::tune::DevTuner;
@@ -112,7 +112,7 @@ fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Opti
         return None;
     }
     let set_up = TimerRing::alloc(ctx, RING_SLOTS, channels)
-        .and_then(|ring| Ok((ring, k.clock_probe(&occl_telemetry::spans::unix_nanos)?)));
+        .and_then(|ring| Ok((ring, k.clock_probe(&occl_events::unix_nanos)?)));
     match set_up {
         Ok((ring, (probe, clock))) => {
             tracing::debug!("occl: device clock offset {} ns, ± {} ns", clock.offset_ns, clock.err_ns);
@@ -317,8 +317,7 @@ impl CudaComm {
 
     /// Builds the kernels of `dt` now (before a graph captures its first use).
     pub fn prepare(&self, dt: crate::DataType) -> Result<()> {
-        let d: Dtype = super::kernel_dtype(dt);
-        self.kernels.prepare(d).map_err(err("build the collective kernels"))
+        self.kernels.prepare(dt).map_err(err("build the collective kernels"))
     }
 
     /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it, or

@@ -11,7 +11,7 @@
 //! not run yet, a new launch runs untimed and is counted in `untimed`.
 
 use super::kernels::timer::{ClockMap, Probe, TimerRing, RECALIBRATE_SAMPLES};
-use occl_telemetry::{EventDescr, EventId, Fanout, StateArgs};
+use occl_events::{EventDescr, EventId, Fanout, StateArgs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -91,7 +91,7 @@ impl DevEvents {
         }
         c.last_try = Instant::now();
         let Some(p) = c.probe.as_mut() else { return };
-        match p.measure(&occl_telemetry::spans::unix_nanos, RECALIBRATE_SAMPLES, RECALIBRATE_PATIENCE) {
+        match p.measure(&occl_events::unix_nanos, RECALIBRATE_SAMPLES, RECALIBRATE_PATIENCE) {
             Ok(Some(m)) => {
                 c.now = ClockMap::with_drift_since(m, &c.base);
                 tracing::trace!("occl: device clock offset {} ns ± {}, drift {} ppb", m.offset_ns, m.err_ns, c.now.ppb);
@@ -183,7 +183,7 @@ fn emit(f: &Fanout, clock: &ClockMap, parent: EventId, records: &[(u64, u64)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use occl_telemetry::{EventMask, EventType, Sink};
+    use occl_events::{EventMask, EventType, Sink};
     use std::sync::Arc;
 
     /// A KernelCh as received: id, parent, channel, pTimer, start and stop times.

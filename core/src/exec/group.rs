@@ -11,7 +11,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::profile::group::{GroupProf, Running};
-use occl_telemetry::EventId;
+use occl_events::EventId;
 
 /// One communicator's part of a group: its calls with the API events they emitted.
 pub(crate) struct Launch<'c> {

@@ -9,8 +9,8 @@
 //! a task is enqueued).
 
 use super::op::{self, OpDescr};
-use occl_telemetry::event::ProxyCtrlState;
-use occl_telemetry::{EventDescr, EventId, EventMask, Fanout, GroupApiState, StateArgs};
+use occl_events::event::ProxyCtrlState;
+use occl_events::{EventDescr, EventId, EventMask, Fanout, GroupApiState, StateArgs};
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ impl GroupProf {
     pub(crate) fn open(f: &Arc<Fanout>, depth: usize) -> GroupProf {
         let mask = f.capture();
         let mut g = GroupProf { f: f.clone(), mask, group_api: None, group: None, launched: false };
-        if mask.contains(occl_telemetry::EventType::GroupApi) {
+        if mask.contains(occl_events::EventType::GroupApi) {
             let depth = depth.min(i32::MAX as usize) as i32;
             g.group_api = g.f.start(None, &EventDescr::GroupApi { graph_captured: false, group_depth: depth });
             g.state(GroupApiState::StartApiStop);
@@ -71,7 +71,7 @@ impl GroupProf {
         self.launched = true;
         self.state(GroupApiState::EndApiStart);
         op::marker(&self.f, self.mask, ProxyCtrlState::Active);
-        if self.mask.contains(occl_telemetry::EventType::Group) {
+        if self.mask.contains(occl_events::EventType::Group) {
             self.group = self.f.start(None, &EventDescr::Group);
         }
     }

@@ -1,4 +1,4 @@
-//! Profiler events: each communicator owns a fan-out (`occl_telemetry::Fanout`) holding the sinks
+//! Profiler events: each communicator owns a fan-out (`occl_events::Fanout`) holding the sinks
 //! that its profilers created for it (`Config::profilers`: those handed in, or the process's
 //! default set, `occl_telemetry::exporters::process_profilers`), plus any attached with
 //! `Comm::attach_sink`.
@@ -11,7 +11,7 @@ pub(crate) mod group;
 pub(crate) mod op;
 
 use crate::config::Profilers;
-use occl_telemetry::{CommInfo, Fanout, Profiler, Sink, SinkHandle};
+use occl_events::{CommInfo, Fanout, Profiler, Sink, SinkHandle};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub(crate) use op::{Leg, OpProf, Steps};
@@ -27,7 +27,7 @@ impl Profiling {
     /// Asks each of `profilers` for this communicator's sink. A profiler that declines (`None`)
     /// is simply not attached.
     pub(crate) fn init(info: &CommInfo<'_>, profilers: &Profilers) -> Profiling {
-        if let Err(e) = occl_telemetry::activation::init_from_env() {
+        if let Err(e) = occl_events::activation::init_from_env() {
             tracing::warn!("occl: {e}; the profiler activation mask stays as it was");
         }
         let p = Profiling { fanout: Arc::new(Fanout::new()), sinks: Mutex::new(Vec::new()) };
@@ -48,7 +48,7 @@ impl Profiling {
         p
     }
 
-    pub(crate) fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, occl_telemetry::TooManySinks> {
+    pub(crate) fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, occl_events::TooManySinks> {
         let h = self.fanout.attach(sink.clone())?;
         let copy = SinkHandle::clone(&h);
         self.sinks.lock().unwrap_or_else(PoisonError::into_inner).push((copy, sink));

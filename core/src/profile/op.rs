@@ -22,9 +22,9 @@
 
 use crate::transport::fifo::{RecvFifo, SendFifo};
 use crate::wait::Sleeper;
-use occl_telemetry::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
-use occl_telemetry::fanout::View;
-use occl_telemetry::{
+use occl_events::event::{ProxyCtrlState, ProxyOpState, ProxyStepState};
+use occl_events::fanout::View;
+use occl_events::{
     EventDescr, EventId, EventMask, EventType, Fanout, GroupApiState, Note, OpTotals, StateArgs, StepTotals,
 };
 use std::cell::Cell;
@@ -253,7 +253,7 @@ impl<'f> OpProf<'f> {
         transport: impl Fn(usize) -> &'static str,
     ) -> Self {
         let mut p = OpProf::empty(f, EventMask::STEP_TOTALS, rank, None, false);
-        p.summed = Some(Summed { descr: d.event(rank as i32, None), start_ns: occl_telemetry::spans::unix_nanos() });
+        p.summed = Some(Summed { descr: d.event(rank as i32, None), start_ns: occl_events::unix_nanos() });
         p.legs.extend(legs.iter().map(|l| LegEv::new(l, None, transport(l.peer), true)));
         p
     }
@@ -552,7 +552,7 @@ impl OpProf<'_> {
                 n += 1;
             }
         }
-        let end_ns = occl_telemetry::spans::unix_nanos();
+        let end_ns = occl_events::unix_nanos();
         self.f.op_totals(&OpTotals {
             descr: s.descr,
             start_ns: s.start_ns,
@@ -613,7 +613,7 @@ impl Steps<'_> {
 
     /// The span clock, read and kept as the operation's last reading.
     fn now(&self) -> u64 {
-        let t = occl_telemetry::spans::unix_nanos();
+        let t = occl_events::unix_nanos();
         self.p.last_ns.set(t);
         t
     }

@@ -3,7 +3,7 @@
 use super::*;
 use crate::transport::fifo::{region_size, Region};
 use crate::wait::Patience;
-use occl_telemetry::Sink;
+use occl_events::Sink;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

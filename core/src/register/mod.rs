@@ -15,7 +15,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::hostmem::{self, Segment};
 use crate::wait::{self, Deadline, Patience};
-use occl_ras::record::step_state;
+use occl_ras_proto::record::step_state;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};

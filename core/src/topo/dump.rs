@@ -206,11 +206,11 @@ pub fn to_xml(t: &Topology, fusion: Option<&Fusion>) -> String {
 
 /// Writes the dump to `path`: XML for a `.xml` name, JSON otherwise. The path is often in a
 /// shared directory, so the file is created new and owner-only and renamed into place
-/// (`occl_telemetry::files`): a symlink planted at the name is replaced, never followed.
+/// (`occl_events::files`): a symlink planted at the name is replaced, never followed.
 pub fn write(path: &Path, t: &Topology, fusion: Option<&Fusion>) -> Result<()> {
     let xml = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("xml"));
     let text = if xml { to_xml(t, fusion) } else { to_json(t, fusion) };
-    occl_telemetry::files::write_atomic(path, |f| std::io::Write::write_all(f, text.as_bytes()))
+    occl_events::files::write_atomic(path, |f| std::io::Write::write_all(f, text.as_bytes()))
         .map_err(|e| Error::sys("write OCCL_TOPO_DUMP_FILE", e))?;
     tracing::info!("occl: topo: wrote the topology to {}", path.display());
     Ok(())

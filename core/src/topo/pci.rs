@@ -6,7 +6,7 @@
 
 use super::cpuset::CpuSet;
 use super::{Gpu, Nic, NicKind, NumaNode, PciDev, Topology};
-use occl_telemetry::files::{read_to_string_capped, MAX_SYSTEM_FILE};
+use occl_events::files::{read_to_string_capped, MAX_SYSTEM_FILE};
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 

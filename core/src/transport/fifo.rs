@@ -17,7 +17,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::record::CollType;
 use crate::wait::{self, Check, Deadline, Patience};
-use occl_telemetry::files::{read_to_string_capped, MAX_SYSTEM_FILE};
+use occl_events::files::{read_to_string_capped, MAX_SYSTEM_FILE};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 

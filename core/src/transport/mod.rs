@@ -197,9 +197,9 @@ fn eager_fits(table: &[PeerInfo], me: usize, kinds: &[Option<TransportKind>]) ->
         .filter(|&p| p == me || (table[p].pid == table[me].pid && kinds[p] == Some(TransportKind::Shm)))
         .count();
     let maps = local * local.saturating_sub(1);
-    let limit: usize = occl_telemetry::files::read_to_string_capped(
+    let limit: usize = occl_events::files::read_to_string_capped(
         std::path::Path::new("/proc/sys/vm/max_map_count"),
-        occl_telemetry::files::MAX_SYSTEM_FILE,
+        occl_events::files::MAX_SYSTEM_FILE,
     )
     .ok()
     .and_then(|s| s.trim().parse().ok())

@@ -20,7 +20,7 @@
 use super::fifo::{self, state, Cause, Desc, Notice, Region};
 use crate::error::{Error, Result};
 use crate::wait::{self, poll, Deadline, Drive, Patience};
-use occl_telemetry::{EventDescr, EventId, EventType, Fanout};
+use occl_events::{EventDescr, EventId, EventType, Fanout};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};

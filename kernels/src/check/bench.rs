@@ -4,7 +4,7 @@
 //! outputs moves 4N), as the copy's 2N.
 
 use super::data;
-use crate::dtype::{Dtype, RedOp};
+use crate::dtype::{DataType, RedOp};
 use crate::error::{driver, Result};
 use crate::kernels::Kernels;
 use crate::launch::Reduce;
@@ -39,7 +39,7 @@ impl Item {
             Item::Copy { two } => format!("occl copy{}", if *two { " ×2 out" } else { "" }),
             Item::Reduce { r, two } => {
                 let avg = if r.premul.is_some() { " avg(premul)" } else { "" };
-                format!("reduce {} {}{avg}{}", r.dtype, r.op, if *two { " ×2 out" } else { "" })
+                format!("reduce {} {}{avg}{}", r.dtype.short_name(), r.op, if *two { " ×2 out" } else { "" })
             }
         }
     }
@@ -56,14 +56,23 @@ impl Item {
 
 fn items() -> Vec<Item> {
     let mut v = vec![Item::Memcpy, Item::Copy { two: false }, Item::Copy { two: true }];
-    for dt in [Dtype::F32, Dtype::Bf16] {
+    for dt in [DataType::F32, DataType::Bf16] {
         v.push(Item::Reduce { r: Reduce::new(dt, RedOp::Sum), two: false });
     }
-    for dt in [Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::F8E4M3, Dtype::F8E5M2, Dtype::I8, Dtype::I32, Dtype::F64] {
+    for dt in [
+        DataType::F32,
+        DataType::Bf16,
+        DataType::F16,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
+        DataType::I8,
+        DataType::I32,
+        DataType::F64,
+    ] {
         v.push(Item::Reduce { r: Reduce::new(dt, RedOp::Sum), two: true });
     }
-    v.push(Item::Reduce { r: Reduce::new(Dtype::F32, RedOp::Max), two: true });
-    v.push(Item::Reduce { r: Reduce::avg_premul(Dtype::Bf16, 8), two: true });
+    v.push(Item::Reduce { r: Reduce::new(DataType::F32, RedOp::Max), two: true });
+    v.push(Item::Reduce { r: Reduce::avg_premul(DataType::Bf16, 8), two: true });
     v
 }
 
@@ -84,7 +93,7 @@ pub fn run(k: &Kernels, stream: &Arc<CudaStream>, sizes: &[usize], log: &mut dyn
         for item in items() {
             let dt = match &item {
                 Item::Reduce { r, .. } => r.dtype,
-                _ => Dtype::U8,
+                _ => DataType::U8,
             };
             if !k.supports(dt) {
                 continue;

@@ -1,7 +1,7 @@
 //! Test inputs and the host-side parallel loops of the GPU check: random elements of every type,
 //! the reference and the comparison run on all cores (256 MiB buffers are checked in full).
 
-use crate::dtype::Dtype;
+use crate::dtype::DataType;
 use crate::reference;
 use half::{bf16, f16};
 
@@ -36,7 +36,7 @@ fn float_value(r: &mut Rng) -> Option<f64> {
 }
 
 /// Fills `out` (whole `dt` elements) from `seed`.
-fn fill_chunk(dt: Dtype, seed: u64, out: &mut [u8]) {
+fn fill_chunk(dt: DataType, seed: u64, out: &mut [u8]) {
     let mut r = Rng::new(seed);
     if !dt.is_float() {
         for c in out.chunks_mut(8) {
@@ -53,12 +53,12 @@ fn fill_chunk(dt: Dtype, seed: u64, out: &mut [u8]) {
             continue;
         };
         match dt {
-            Dtype::F16 => c.copy_from_slice(&f16::from_f64(v).to_bits().to_le_bytes()),
-            Dtype::Bf16 => c.copy_from_slice(&bf16::from_f64(v).to_bits().to_le_bytes()),
-            Dtype::F32 => c.copy_from_slice(&(v as f32).to_le_bytes()),
-            Dtype::F64 => c.copy_from_slice(&v.to_le_bytes()),
-            Dtype::F8E4M3 => c[0] = reference::f8_encode_value(v as f32, true),
-            Dtype::F8E5M2 => c[0] = reference::f8_encode_value(v as f32, false),
+            DataType::F16 => c.copy_from_slice(&f16::from_f64(v).to_bits().to_le_bytes()),
+            DataType::Bf16 => c.copy_from_slice(&bf16::from_f64(v).to_bits().to_le_bytes()),
+            DataType::F32 => c.copy_from_slice(&(v as f32).to_le_bytes()),
+            DataType::F64 => c.copy_from_slice(&v.to_le_bytes()),
+            DataType::F8E4M3 => c[0] = reference::f8_encode_value(v as f32, true),
+            DataType::F8E5M2 => c[0] = reference::f8_encode_value(v as f32, false),
             _ => c.copy_from_slice(&bits.to_le_bytes()[..s]),
         }
     }
@@ -72,7 +72,7 @@ fn threads() -> usize {
 const CHUNK: usize = 1 << 20;
 
 /// `count` random elements of `dt` drawn from `seed` (the same for any thread count).
-pub fn random(dt: Dtype, count: usize, seed: u64) -> Vec<u8> {
+pub fn random(dt: DataType, count: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; count * dt.size()];
     let step = CHUNK * dt.size();
     let chunks: Vec<(usize, &mut [u8])> = v.chunks_mut(step).enumerate().collect();
@@ -101,13 +101,13 @@ pub fn par<T: Send, F: Fn(T) + Sync>(items: Vec<T>, f: F) {
 }
 
 /// Splits buffers of `dt` elements into aligned parallel chunks: (offset in elements, pieces).
-pub fn split(dt: Dtype, len: usize) -> Vec<(usize, usize)> {
+pub fn split(dt: DataType, len: usize) -> Vec<(usize, usize)> {
     let count = len / dt.size();
     (0..count.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(count - i * CHUNK))).collect()
 }
 
 /// Mismatches of `got` against `want` (elements of `dt`): how many, and the first few indices.
-pub fn compare(dt: Dtype, minmax: bool, got: &[u8], want: &[u8]) -> (usize, Vec<usize>) {
+pub fn compare(dt: DataType, minmax: bool, got: &[u8], want: &[u8]) -> (usize, Vec<usize>) {
     let s = dt.size();
     let results = std::sync::Mutex::new((0usize, Vec::new()));
     par(split(dt, got.len()), |(off, n)| {

@@ -8,7 +8,7 @@
 pub mod bench;
 pub mod data;
 
-use crate::dtype::{Dtype, RedOp};
+use crate::dtype::{DataType, RedOp};
 use crate::error::{driver, Result};
 use crate::kernels::Kernels;
 use crate::launch::{Reduce, Scale};
@@ -63,7 +63,7 @@ enum What {
 }
 
 impl What {
-    fn dtype(&self) -> Dtype {
+    fn dtype(&self) -> DataType {
         match self {
             What::Reduce(r) => r.dtype,
             What::Scale(s) => s.dtype,
@@ -86,8 +86,8 @@ impl What {
             s
         };
         match self {
-            What::Reduce(r) => format!("reduce {} {}{}", r.dtype, r.op, tail(r.premul, r.postdiv)),
-            What::Scale(s) => format!("scale {}{}", s.dtype, tail(s.premul, s.postdiv)),
+            What::Reduce(r) => format!("reduce {} {}{}", r.dtype.short_name(), r.op, tail(r.premul, r.postdiv)),
+            What::Scale(s) => format!("scale {}{}", s.dtype.short_name(), tail(s.premul, s.postdiv)),
         }
     }
 }
@@ -103,7 +103,7 @@ enum Out {
 
 /// The operations checked for `dt`: the four operators, the average both ways NCCL does it
 /// (premultiplied for floats only), and the scale kernel's three uses.
-fn whats(dt: Dtype) -> Vec<What> {
+fn whats(dt: DataType) -> Vec<What> {
     let mut v: Vec<What> = RedOp::ALL.iter().map(|&op| What::Reduce(Reduce::new(dt, op))).collect();
     v.push(What::Reduce(Reduce::avg_postdiv(dt, 3)));
     v.push(What::Scale(Scale { dtype: dt, premul: None, postdiv: Some(3) }));
@@ -162,7 +162,7 @@ fn reference_par(what: &What, a: &[u8], b: &[u8], out: &mut [u8]) {
 }
 
 /// Checks a downloaded output region (guards included) against `want`; an error line if wrong.
-fn judge(label: &str, dt: Dtype, minmax: bool, region: &[u8], want: &[u8], a: &[u8], b: &[u8]) -> Option<String> {
+fn judge(label: &str, dt: DataType, minmax: bool, region: &[u8], want: &[u8], a: &[u8], b: &[u8]) -> Option<String> {
     let (lo, rest) = region.split_at(GUARD);
     let (got, hi) = rest.split_at(want.len());
     if lo.iter().chain(hi).any(|&x| x != POISON) {
@@ -263,12 +263,12 @@ impl<'a> Runner<'a> {
         unsafe { self.k.copy_raw(stream, pd, two.then_some(pd2), ps, bytes)? };
         let label = format!("copy {} bytes={bytes} offs={offs:?}", if two { "Two" } else { "One" });
         let region = download(stream, &self.d, od - GUARD, bytes + 2 * GUARD)?;
-        if let Some(e) = judge(&label, Dtype::U8, false, &region, src, src, &[]) {
+        if let Some(e) = judge(&label, DataType::U8, false, &region, src, src, &[]) {
             return Ok(Some(e));
         }
         let region2 = download(stream, &self.d2, od2 - GUARD, bytes + 2 * GUARD)?;
         if two {
-            return Ok(judge(&format!("{label} (second output)"), Dtype::U8, false, &region2, src, src, &[]));
+            return Ok(judge(&format!("{label} (second output)"), DataType::U8, false, &region2, src, src, &[]));
         }
         if region2.iter().any(|&x| x != POISON) {
             return Ok(Some(format!("{label}: wrote to the unused second output")));
@@ -289,9 +289,9 @@ pub fn verify(k: &Kernels, stream: &Arc<CudaStream>, opt: &Options, log: &mut dy
         Some(e) => sum.failed.push(e),
     };
     let max_small = MID[1].max(*SMALL.iter().max().unwrap_or(&0));
-    for dt in Dtype::ALL {
+    for dt in DataType::ALL {
         if !k.supports(dt) {
-            log(&format!("{dt}: skipped, {}", k.unsupported(dt)));
+            log(&format!("{}: skipped, {}", dt.short_name(), k.unsupported(dt)));
             continue;
         }
         let t = Instant::now();
@@ -327,7 +327,8 @@ pub fn verify(k: &Kernels, stream: &Arc<CudaStream>, opt: &Options, log: &mut dy
             "{dt:>6}: {} cases passed, {} failed ({:.1} s)",
             sum.passed - before.0,
             sum.failed.len() - before.1,
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            dt = dt.short_name()
         ));
     }
 
@@ -336,7 +337,7 @@ pub fn verify(k: &Kernels, stream: &Arc<CudaStream>, opt: &Options, log: &mut dy
     let large = opt.large_bytes;
     let cap = large.max(1 << 21) + BASE + 2 * GUARD + 64;
     let mut run = Runner::new(k, stream, cap, 64)?;
-    let src = data::random(Dtype::U8, cap, opt.seed ^ 0xc0);
+    let src = data::random(DataType::U8, cap, opt.seed ^ 0xc0);
     let before = (sum.passed, sum.failed.len());
     let mut sizes = vec![0usize, 1, 2, 3, 4, 5, 15, 16, 17, 31, 33, 63, 65, 4095, 4097, 65537];
     if opt.mid {

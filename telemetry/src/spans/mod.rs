@@ -14,15 +14,15 @@
 //! Exporters run on the emitting thread, inside a collective: they must not block (aggregate into
 //! atomics, or push into a bounded queue that a thread of their own drains, and count drops).
 
-mod clock;
 mod collector;
 mod intern;
 mod open;
 mod spin;
 
-pub use clock::unix_nanos;
 pub use collector::{CommSpans, Telemetry};
 pub use intern::intern;
+use occl_events::clock;
+pub use occl_events::clock::unix_nanos;
 
 use crate::event::{EventDescr, EventId, EventType, OpTotals, ProxyStepState, StepTotals};
 use crate::mask::EventMask;

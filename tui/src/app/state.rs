@@ -306,7 +306,7 @@ mod tests {
 
     fn app() -> App {
         let mut a = App::new("localhost:28028".into(), 2.0);
-        let s = parse(include_str!("../../../ras/tests/fixtures/C2_skew_ncclras.txt")).expect("parses");
+        let s = parse(include_str!("../../../ras/proto/tests/fixtures/C2_skew_ncclras.txt")).expect("parses");
         a.apply(Msg::Snapshot(Box::new(s)), "05:00:00");
         a
     }

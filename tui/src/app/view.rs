@@ -372,7 +372,7 @@ mod tests {
     #[test]
     fn a_dead_rank_shows_at_80x24_and_at_tiny_sizes_nothing_panics() {
         let mut app = App::new("localhost:28028".into(), 2.0);
-        let s = parse(include_str!("../../../ras/tests/fixtures/A_kill_plus66_status.txt")).expect("parses");
+        let s = parse(include_str!("../../../ras/proto/tests/fixtures/A_kill_plus66_status.txt")).expect("parses");
         app.apply(Msg::Snapshot(Box::new(s)), "05:00:00");
         let out = screen(&app, 80, 24);
         assert!(out.contains("DEAD pid 735"), "{out}");

@@ -1,17 +1,17 @@
-//! The parsers on NCCL 2.28.9's real reports (ras/tests/fixtures) and on occl's own renderings of a hung job.
+//! The parsers on NCCL 2.28.9's real reports (ras/proto/tests/fixtures) and on occl's own renderings of a hung job.
 
 use super::*;
-use occl_ras::report::{
+use occl_ras_proto::report::{
     render_json, render_text, CommData, CommGroupRow, CommRef, CommStatus, ErrorEntry, ErrorSet, FailedOp, JobSummary,
     MissingRankData, OpTotals, ProcessRef, RankData, RankLoc, RankRef, Report, StuckOp, VersionInfo,
 };
 
-const NORMAL: &str = include_str!("../../../ras/tests/fixtures/A_status_normal.txt");
-const KILL1: &str = include_str!("../../../ras/tests/fixtures/A_kill_plus1_status.txt");
-const KILL66: &str = include_str!("../../../ras/tests/fixtures/A_kill_plus66_status.txt");
-const KILL68_JSON: &str = include_str!("../../../ras/tests/fixtures/A_kill_plus68_json.txt");
-const STATUS_JSON: &str = include_str!("../../../ras/tests/fixtures/A_status_json.txt");
-const SKEW: &str = include_str!("../../../ras/tests/fixtures/C2_skew_ncclras.txt");
+const NORMAL: &str = include_str!("../../../ras/proto/tests/fixtures/A_status_normal.txt");
+const KILL1: &str = include_str!("../../../ras/proto/tests/fixtures/A_kill_plus1_status.txt");
+const KILL66: &str = include_str!("../../../ras/proto/tests/fixtures/A_kill_plus66_status.txt");
+const KILL68_JSON: &str = include_str!("../../../ras/proto/tests/fixtures/A_kill_plus68_json.txt");
+const STATUS_JSON: &str = include_str!("../../../ras/proto/tests/fixtures/A_status_json.txt");
+const SKEW: &str = include_str!("../../../ras/proto/tests/fixtures/C2_skew_ncclras.txt");
 
 #[test]
 fn nccl_text_after_a_kill_names_the_dead_process_and_its_rank() {

@@ -1,4 +1,4 @@
-//! Renders hand-built models of the captured situations (ras/tests/fixtures, NCCL 2.28.9, 2 ranks, 1 node) and
+//! Renders hand-built models of the captured situations (ras/proto/tests/fixtures, NCCL 2.28.9, 2 ranks, 1 node) and
 //! compares them with the captures line for line. Only line 1 is normalised: NCCL prints
 //! `NCCL version 2.28.9 compiled with CUDA 13.0`, occl prints its own version there.
 

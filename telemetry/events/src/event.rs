@@ -262,7 +262,7 @@ pub enum ProxyStepState {
 pub struct OpTotals<'a> {
     /// The Coll or P2p descriptor the operation's event would have carried.
     pub descr: EventDescr<'static>,
-    /// Start and end on the span clock (`spans::unix_nanos`).
+    /// Start and end on the span clock (`clock::unix_nanos`).
     pub start_ns: u64,
     pub end_ns: u64,
     /// Step sums of its send legs and of its receive legs (`steps` 0 where it had none).

@@ -1,4 +1,4 @@
-//! The cargo-fuzz crate's seed corpus (`ras/fuzz/corpus/<target>/seed-*`): every seed still reaches the parser path
+//! The cargo-fuzz crate's seed corpus (`ras/proto/fuzz/corpus/<target>/seed-*`): every seed still reaches the parser path
 //! it was made for, and every fuzz body holds on every file of its corpus (the seeds, and whatever a local fuzz run
 //! added beside them).
 

@@ -55,7 +55,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A sharded map keyed by event id. Ids must be unique for the map's life (one fan-out issues
 /// them, never reusing one).
-pub(crate) struct IdMap<V> {
+pub struct IdMap<V> {
     shards: [Shard<V>; SHARDS],
 }
 
@@ -70,18 +70,18 @@ impl<V> IdMap<V> {
         lock(&self.shards[id as usize % SHARDS].0)
     }
 
-    pub(crate) fn insert(&self, id: EventId, v: V) {
+    pub fn insert(&self, id: EventId, v: V) {
         self.shard(id.get()).insert(id.get(), v);
     }
 
     /// Runs `f` on the entry of `id`, if there is one, under its shard's lock.
-    pub(crate) fn with<R>(&self, id: EventId, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+    pub fn with<R>(&self, id: EventId, f: impl FnOnce(&mut V) -> R) -> Option<R> {
         self.shard(id.get()).get_mut(&id.get()).map(f)
     }
 
     /// Entries held.
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(&s.0).len()).sum()
     }
 }
@@ -99,7 +99,7 @@ pub fn kept_after_stop(t: EventType) -> bool {
 }
 
 /// The id → value table of one sink, keeping per-operation entries a while after their stop.
-pub(crate) struct IdTable<V: Copy> {
+pub struct IdTable<V: Copy> {
     map: IdMap<Entry<V>>,
     retired: Mutex<VecDeque<u64>>,
 }
@@ -112,17 +112,17 @@ impl<V: Copy> Default for IdTable<V> {
 
 impl<V: Copy> IdTable<V> {
     /// Records the value of a started event.
-    pub(crate) fn insert(&self, id: EventId, t: EventType, value: V) {
+    pub fn insert(&self, id: EventId, t: EventType, value: V) {
         self.map.insert(id, Entry { value, keep: kept_after_stop(t) });
     }
 
     /// The value of a started event, also of a recently stopped one of a kept type.
-    pub(crate) fn get(&self, id: EventId) -> Option<V> {
+    pub fn get(&self, id: EventId) -> Option<V> {
         self.map.with(id, |e| e.value)
     }
 
     /// The value at the stop; the entry is forgotten now, or retired if its type is kept.
-    pub(crate) fn stop(&self, id: EventId) -> Option<V> {
+    pub fn stop(&self, id: EventId) -> Option<V> {
         let key = id.get();
         let entry = {
             let mut shard = self.map.shard(key);
@@ -151,7 +151,7 @@ impl<V: Copy> IdTable<V> {
 
     /// Entries held (live events plus retired ones).
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.map.len()
     }
 }

@@ -2,4 +2,4 @@
 //! frames.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| occl_ras::mesh::fuzz_mesh_bytes(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| occl_ras_proto::mesh::fuzz_mesh_bytes(data));

@@ -17,18 +17,6 @@ fn info(comm: u64, size: u32, rank: u32) -> RankInfo {
 }
 
 #[test]
-fn coll_type_numbers_and_names_are_ncclfunc_t() {
-    let want = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "Send", "Recv", "AllToAll"];
-    for (i, c) in CollType::ALL.iter().enumerate() {
-        assert_eq!(*c as usize, i);
-        assert_eq!(c.name(), want[i]);
-        assert_eq!(CollType::from_u8(i as u8), Some(*c));
-    }
-    assert_eq!(CollType::from_u8(8), None);
-    assert_eq!(CollType::NCCL_COUNTED.map(|c| c as u8), [0, 1, 2, 3, 4]);
-}
-
-#[test]
 fn result_codes() {
     assert_eq!(ResultCode::from_code(7), Some(ResultCode::InProgress));
     assert_eq!(ResultCode::report_name(6), "Remote process error");

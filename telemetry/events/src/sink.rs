@@ -34,7 +34,7 @@ pub trait Sink: Send + Sync + 'static {
         let _ = (id, parent, ev);
     }
 
-    /// `start` at an explicit time `t_ns` (ns on the span clock, [`crate::spans::unix_nanos`]):
+    /// `start` at an explicit time `t_ns` (ns on the span clock, [`crate::clock::unix_nanos`]):
     /// an event measured elsewhere and reported after the fact (a KernelCh from device
     /// timestamps). A sink that keeps no times need not implement it: it defaults to `start`.
     fn start_at(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>, t_ns: u64) {

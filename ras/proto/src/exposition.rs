@@ -17,7 +17,7 @@ pub struct Part<'a> {
 }
 
 /// A label value as the text format writes it: `\\`, `\"` and `\n` escaped.
-pub(crate) fn escape_label(v: &str) -> String {
+pub fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

@@ -15,65 +15,12 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::report::ResultCode;
 pub use live::LiveRecord;
+pub use occl_types::CollType;
 pub use registry::{CommRecord, MetricsProvider, ProcessRecords};
 
 /// The largest communicator a record may describe. Bounds what a record from a peer can make a reader do (one
 /// missing-rank entry per absent rank); NCCL's own limits are far below it.
 pub const MAX_COMM_RANKS: u32 = 1 << 20;
-
-/// The operations a communicator runs, numbered as NCCL's `ncclFunc_t` where it has them (and as `occl`'s own
-/// `CollType`, so the numbers can cross the crate boundary unchanged).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[repr(u8)]
-pub enum CollType {
-    Broadcast = 0,
-    Reduce = 1,
-    AllGather = 2,
-    ReduceScatter = 3,
-    AllReduce = 4,
-    Send = 5,
-    Recv = 6,
-    AllToAll = 7,
-}
-
-impl CollType {
-    /// Every type, in numeric order (index `i` holds the type numbered `i`).
-    pub const ALL: [CollType; 8] = [
-        CollType::Broadcast,
-        CollType::Reduce,
-        CollType::AllGather,
-        CollType::ReduceScatter,
-        CollType::AllReduce,
-        CollType::Send,
-        CollType::Recv,
-        CollType::AllToAll,
-    ];
-
-    /// How many types there are: the length of the per-type counter arrays.
-    pub const COUNT: usize = 8;
-
-    /// The five collectives whose launch counters NCCL's report compares (its `collective_counts`).
-    pub const NCCL_COUNTED: [CollType; 5] =
-        [CollType::Broadcast, CollType::Reduce, CollType::AllGather, CollType::ReduceScatter, CollType::AllReduce];
-
-    /// NCCL's spelling, as RAS reports and profiler plugins print it.
-    pub const fn name(self) -> &'static str {
-        match self {
-            CollType::Broadcast => "Broadcast",
-            CollType::Reduce => "Reduce",
-            CollType::AllGather => "AllGather",
-            CollType::ReduceScatter => "ReduceScatter",
-            CollType::AllReduce => "AllReduce",
-            CollType::Send => "Send",
-            CollType::Recv => "Recv",
-            CollType::AllToAll => "AllToAll",
-        }
-    }
-
-    pub fn from_u8(v: u8) -> Option<CollType> {
-        CollType::ALL.get(usize::from(v)).copied()
-    }
-}
 
 /// Lifecycle flags of a rank (NCCL's finalizeCalled, destroyFlag, abortFlag). They only ever get set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,4 +1,0 @@
-//! The RAS peer wire decoder: arbitrary bytes in arbitrary splits.
-#![no_main]
-
-libfuzzer_sys::fuzz_target!(|data: &[u8]| occl_ras::fuzz_wire_bytes(data));
