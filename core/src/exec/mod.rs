@@ -211,6 +211,7 @@ fn stamp(
                 chunk: geo.1,
                 root: pos(root.unwrap_or(0)),
                 peer: p2p_peer.unwrap_or(0),
+                order,
             });
             for l in &mut legs {
                 l.peer = order.map_or(l.peer, |o| o.rank(l.peer));
