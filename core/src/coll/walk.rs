@@ -169,12 +169,7 @@ pub(crate) struct Fifos<P> {
 /// Where an executor on the FIFOs gets the primitives for a pair of peers.
 pub(crate) trait Peers {
     /// Runs `f` on primitives that send to `to` and receive from `from`.
-    fn with(
-        &mut self,
-        to: Option<usize>,
-        from: Option<usize>,
-        f: impl FnOnce(&mut Prims<'_>) -> Result<()>,
-    ) -> Result<()>;
+    fn with(&mut self, to: Option<usize>, from: Option<usize>, f: impl FnOnce(&mut Prims) -> Result<()>) -> Result<()>;
     /// `Exec::link`.
     fn link(&mut self, link: Link) -> Result<()>;
     /// `Exec::prepare_all`.
@@ -202,12 +197,7 @@ impl<'r, 'c> Run<'r, 'c> {
 }
 
 impl Peers for Each<'_, '_> {
-    fn with(
-        &mut self,
-        to: Option<usize>,
-        from: Option<usize>,
-        f: impl FnOnce(&mut Prims<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn with(&mut self, to: Option<usize>, from: Option<usize>, f: impl FnOnce(&mut Prims) -> Result<()>) -> Result<()> {
         f(&mut self.0.prims(to, from)?)
     }
 
@@ -263,12 +253,7 @@ impl<'r, 'c> Pipe<'r, 'c> {
 }
 
 impl Peers for Held<'_, '_> {
-    fn with(
-        &mut self,
-        to: Option<usize>,
-        from: Option<usize>,
-        f: impl FnOnce(&mut Prims<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn with(&mut self, to: Option<usize>, from: Option<usize>, f: impl FnOnce(&mut Prims) -> Result<()>) -> Result<()> {
         let linked = |want: Option<usize>, have: Option<usize>| want.is_none() || want == have;
         match (self.prims.as_mut(), self.link) {
             (Some(p), Some(l)) if linked(to, l.to) && linked(from, l.from) => f(p),
