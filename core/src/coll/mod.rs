@@ -99,7 +99,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// The shape a schedule walks: `count` elements per rank (per block).
-    fn shape(&self, coll: CollType, algo: Algo, count: usize, root: usize) -> Shape {
+    fn shape(&self, coll: CollType, algo: Algo, count: usize, root: usize) -> Shape<'a> {
         Shape {
             coll,
             algo,
@@ -111,6 +111,7 @@ impl<'a> Ctx<'a> {
             chunk: self.chunk(),
             root,
             peer: 0,
+            order: self.order,
         }
     }
 

@@ -1,10 +1,11 @@
 //! How many slices each algorithm moves to and from each peer: the ProxyOps of an operation,
-//! known before it runs (NCCL's ProxyOp descriptor carries `nSteps`). The ring and chain
-//! functions mirror the loops of `ring.rs`; the schedules (`tree`, `pat`, one-shot) are walked
-//! by `Count`, the same code that runs them. The profiler test checks that the steps actually
-//! seen equal these counts for every collective.
+//! known before it runs (NCCL's ProxyOp descriptor carries `nSteps`). The schedules (`ring`,
+//! `tree`, `pat`) are walked by `Count`, the same code that runs them; the one-shot all-reduce
+//! and the direct exchanges (all-to-all, send, receive) are counted by formula, each checked
+//! against what it runs. The profiler test checks that the steps actually seen equal these
+//! counts for every collective.
 
-use super::ring::Piece;
+use super::order::RingOrder;
 use super::walk::{Exec, Span};
 use crate::error::Result;
 use crate::profile::Leg;
@@ -76,7 +77,7 @@ impl Proto {
 }
 
 /// The shape of one operation, as the planner needs it.
-pub(crate) struct Shape {
+pub(crate) struct Shape<'a> {
     pub coll: CollType,
     pub algo: Algo,
     pub nranks: usize,
@@ -89,6 +90,9 @@ pub(crate) struct Shape {
     pub chunk: usize,
     pub root: usize,
     pub peer: usize,
+    /// The host-grouped order that `rank` and `root` are positions in (rings, chains and trees;
+    /// `None`: rank order). Blocks of the caller's buffers stay laid out by rank.
+    pub order: Option<&'a RingOrder>,
 }
 
 fn slices(bytes: usize, slice: usize) -> usize {
@@ -97,83 +101,62 @@ fn slices(bytes: usize, slice: usize) -> usize {
 
 /// Legs with at least one step, sends before receives per peer.
 pub(crate) fn legs(s: &Shape) -> Vec<Leg> {
+    use super::{pat, ring, tree};
+    if s.nranks == 1 {
+        return Vec::new();
+    }
+    match (s.coll, s.algo) {
+        (CollType::AllReduce, Algo::OneShot) | (CollType::AllToAll | CollType::Send | CollType::Recv, _) => direct(s),
+        (CollType::AllReduce, Algo::Tree) => by_peer(walked(s, tree::all_reduce)),
+        (CollType::Broadcast, Algo::Tree) => by_peer(walked(s, tree::broadcast)),
+        (CollType::Reduce, Algo::Tree) => by_peer(walked(s, tree::reduce)),
+        (CollType::AllGather, Algo::Pat) => by_peer(walked(s, pat::all_gather)),
+        (CollType::ReduceScatter, Algo::Pat) => by_peer(walked(s, pat::reduce_scatter)),
+        (CollType::AllReduce, _) => sends_first(walked(s, ring::all_reduce_ring)),
+        (CollType::AllGather, _) => sends_first(walked(s, ring::all_gather_ring)),
+        (CollType::ReduceScatter, _) => sends_first(walked(s, ring::reduce_scatter_ring)),
+        (CollType::Broadcast, _) => sends_first(walked(s, ring::broadcast_chain)),
+        (CollType::Reduce, _) => sends_first(walked(s, ring::reduce_chain)),
+    }
+}
+
+/// The legs of the one-shot all-reduce and the direct exchanges (all-to-all, send, receive),
+/// counted by formula: these run per call at sizes where walking would cost more than the
+/// operation's own work.
+fn direct(s: &Shape) -> Vec<Leg> {
     let (n, r) = (s.nranks, s.rank);
-    // Sized for its legs where they are many (it runs per call; a profiled 8 B all-reduce is
-    // some hundreds of ns).
-    let mut out = Vec::with_capacity(match (s.coll, s.algo) {
-        (CollType::AllReduce, Algo::OneShot) => 2 * n.saturating_sub(1),
-        _ => 4,
+    // Sized for its legs where they are many (a profiled 8 B all-reduce is some hundreds of ns).
+    let mut out = Vec::with_capacity(match s.coll {
+        CollType::AllReduce | CollType::AllToAll => 2 * n.saturating_sub(1),
+        _ => 1,
     });
     let mut leg = |peer: usize, send: bool, steps: usize| {
         if steps > 0 {
             out.push(Leg { peer, send, steps });
         }
     };
-    if n == 1 {
-        return out;
-    }
-    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let bytes = s.count * s.elem;
-    match (s.coll, s.algo) {
-        (CollType::AllReduce, Algo::OneShot) => {
+    match s.coll {
+        CollType::AllReduce => {
             // Every piece goes to every peer and comes from every peer (the schedule,
-            // `direct::all_reduce_one_shot`), counted without walking it: this runs per call.
+            // `direct::all_reduce_one_shot`).
             let per_peer = super::walk::pieces(bytes, s.chunk, s.elem).map(|(_, l)| slices(l, s.slice)).sum();
             for p in (0..n).filter(|&p| p != r) {
                 leg(p, true, per_peer);
                 leg(p, false, per_peer);
             }
         }
-        (CollType::AllReduce, Algo::Tree) => return walked(s, super::tree::all_reduce),
-        (CollType::Broadcast, Algo::Tree) => return walked(s, super::tree::broadcast),
-        (CollType::Reduce, Algo::Tree) => return walked(s, super::tree::reduce),
-        (CollType::AllGather, Algo::Pat) => return walked(s, super::pat::all_gather),
-        (CollType::ReduceScatter, Algo::Pat) => return walked(s, super::pat::reduce_scatter),
-        (CollType::AllReduce, _) => {
-            let (sends, recvs) = ring_all_reduce(s);
-            leg(next, true, sends);
-            leg(prev, false, recvs);
-        }
-        (CollType::AllGather | CollType::ReduceScatter, _) => {
-            let chunk_elems = (s.chunk / s.elem).max(1);
-            let mut per_rank = 0;
-            let mut base = 0;
-            while base < s.count {
-                let len = chunk_elems.min(s.count - base);
-                per_rank += slices(len * s.elem, s.slice);
-                base += len;
-            }
-            leg(next, true, (n - 1) * per_rank);
-            leg(prev, false, (n - 1) * per_rank);
-        }
-        (CollType::Broadcast | CollType::Reduce, _) => {
-            let pos = match s.coll {
-                CollType::Broadcast => (r + n - s.root) % n,
-                _ => (r + 2 * n - s.root - 1) % n,
-            };
-            let k = slices(bytes, s.slice);
-            if pos != n - 1 {
-                leg(next, true, k);
-            }
-            if pos != 0 {
-                leg(prev, false, k);
-            }
-        }
-        (CollType::AllToAll, _) => {
-            let mut per_peer = 0;
-            let mut off = 0;
-            while off < bytes {
-                let len = s.chunk.min(bytes - off);
-                per_peer += slices(len, s.slice);
-                off += len;
-            }
+        CollType::AllToAll => {
+            // Each block in pieces of a chunk (`direct::all_to_all`).
+            let per_peer: usize = super::walk::pieces(bytes, s.chunk, 1).map(|(_, l)| slices(l, s.slice)).sum();
             for k in 1..n {
                 leg((r + k) % n, true, per_peer);
                 leg((r + n - k) % n, false, per_peer);
             }
         }
-        (CollType::Send, _) => leg(s.peer, true, slices(bytes, s.slice)),
-        (CollType::Recv, _) => leg(s.peer, false, slices(bytes, s.slice)),
+        CollType::Send => leg(s.peer, true, slices(bytes, s.slice)),
+        CollType::Recv => leg(s.peer, false, slices(bytes, s.slice)),
+        _ => {}
     }
     out
 }
@@ -219,6 +202,11 @@ impl Exec for Count {
         self.add(from, false, src.len);
         Ok(())
     }
+    fn recv_reduce_copy_send(&mut self, from: usize, to: usize, _: Span, dst: Span, _: bool) -> Result<()> {
+        self.add(to, true, dst.len);
+        self.add(from, false, dst.len);
+        Ok(())
+    }
     fn recv_copy_send(&mut self, from: usize, to: usize, dst: Span) -> Result<()> {
         self.add(to, true, dst.len);
         self.add(from, false, dst.len);
@@ -235,52 +223,45 @@ impl Exec for Count {
     }
 }
 
-/// The legs of a schedule, sends before receives per peer.
+/// The legs of a schedule, in the order it first uses them.
 fn walked(s: &Shape, walk: impl FnOnce(&Shape, &mut Count) -> Result<()>) -> Vec<Leg> {
     let mut c = Count::new(s.slice);
     // Counting never fails; a schedule that did would only lose its profiler steps.
     let _ = walk(s, &mut c);
-    let mut legs = c.legs;
+    c.legs
+}
+
+/// Legs by peer, sends before receives per peer.
+fn by_peer(mut legs: Vec<Leg>) -> Vec<Leg> {
     legs.sort_by_key(|l| (l.peer, !l.send));
     legs
 }
 
-/// Slices the ring all-reduce sends to `next` and receives from `prev`, following
-/// `ring::all_reduce` primitive by primitive.
-fn ring_all_reduce(s: &Shape) -> (usize, usize) {
-    let (n, r, es) = (s.nranks, s.rank, s.elem);
-    let chunk_elems = (s.chunk / es).max(1);
-    let (mut sends, mut recvs) = (0, 0);
-    let mut base = 0;
-    while base < s.count {
-        let piece = Piece::at(base, s.count, n, chunk_elems, es);
-        let k = |c: usize| slices(piece.chunk(c).1 * es, s.slice);
-        sends += k((r + n - 1) % n); // send
-        for j in 2..n {
-            let x = k((r + n - j) % n); // recv_reduce_send
-            sends += x;
-            recvs += x;
-        }
-        let x = k(r); // recv_reduce_copy_send
-        sends += x;
-        recvs += x;
-        for j in 1..n - 1 {
-            let x = k((r + n - j) % n); // recv_copy_send
-            sends += x;
-            recvs += x;
-        }
-        recvs += k((r + 1) % n); // recv
-        base += piece.rem;
-    }
-    (sends, recvs)
+/// Sends before receives: a ring's or chain's send to the next position, then its receive from
+/// the previous one.
+fn sends_first(mut legs: Vec<Leg>) -> Vec<Leg> {
+    legs.sort_by_key(|l| !l.send);
+    legs
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn shape(coll: CollType, algo: Algo, n: usize, r: usize, count: usize) -> Shape {
-        Shape { coll, algo, nranks: n, rank: r, count, elem: 4, slice: 1024, chunk: 4096, root: 0, peer: 0 }
+    fn shape(coll: CollType, algo: Algo, n: usize, r: usize, count: usize) -> Shape<'static> {
+        Shape {
+            coll,
+            algo,
+            nranks: n,
+            rank: r,
+            count,
+            elem: 4,
+            slice: 1024,
+            chunk: 4096,
+            root: 0,
+            peer: 0,
+            order: None,
+        }
     }
 
     #[test]
@@ -309,7 +290,7 @@ mod tests {
                     let s = shape(CollType::AllReduce, Algo::OneShot, n, r, count);
                     assert_eq!(
                         legs(&s),
-                        walked(&s, crate::coll::direct::all_reduce_one_shot),
+                        by_peer(walked(&s, crate::coll::direct::all_reduce_one_shot)),
                         "n={n} r={r} count={count}"
                     );
                 }

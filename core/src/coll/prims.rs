@@ -383,11 +383,6 @@ impl<'a> Prims<'a> {
         Ok(())
     }
 
-    /// dst = src op incoming (finished for Avg).
-    pub(crate) fn recv_reduce_copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<()> {
-        self.recv_reduce_into(src, dst, len, true)
-    }
-
     /// dst = src op incoming, finished for Avg when `finish` (a partial result is not). `src`
     /// and `dst` are the same range (in place) or disjoint.
     pub(crate) fn recv_reduce_into(&mut self, src: *const u8, dst: *mut u8, len: usize, finish: bool) -> Result<()> {

@@ -16,6 +16,7 @@ enum Op {
     Recv(usize, Span),
     RecvReduce(usize, Span, Span, bool),
     RecvReduceSend(usize, usize, Span),
+    RecvReduceCopySend(usize, usize, Span, Span, bool),
     RecvCopySend(usize, usize, Span),
     Copy(Span, Span),
     Reduce(Span, Span),
@@ -40,6 +41,10 @@ impl Exec for Log {
     }
     fn recv_reduce_send(&mut self, from: usize, to: usize, src: Span) -> Result<()> {
         self.0.push(Op::RecvReduceSend(from, to, src));
+        Ok(())
+    }
+    fn recv_reduce_copy_send(&mut self, from: usize, to: usize, src: Span, dst: Span, finish: bool) -> Result<()> {
+        self.0.push(Op::RecvReduceCopySend(from, to, src, dst, finish));
         Ok(())
     }
     fn recv_copy_send(&mut self, from: usize, to: usize, dst: Span) -> Result<()> {
@@ -122,12 +127,18 @@ impl Sim {
         v
     }
 
+    /// `own + incoming`, divided by n for a finished `Avg`.
+    fn fold(&self, own: Vec<i64>, inc: &[i64], finish: bool) -> Vec<i64> {
+        let n = self.n as i64;
+        own.iter().zip(inc).map(|(a, b)| if finish && self.avg { (a + b) / n } else { a + b }).collect()
+    }
+
     /// Advances rank `me` by one slice (or one local op); false when it must wait.
     fn step(&mut self, me: usize, r: &mut Rank) -> bool {
         let Some(&op) = r.ops.get(r.at) else { return false };
         let span = match op {
             Op::Send(_, s) | Op::Recv(_, s) | Op::RecvReduceSend(_, _, s) | Op::RecvCopySend(_, _, s) => s,
-            Op::RecvReduce(_, _, d, _) => d,
+            Op::RecvReduce(_, _, d, _) | Op::RecvReduceCopySend(_, _, _, d, _) => d,
             Op::Copy(..) | Op::Reduce(..) | Op::Finish(_) => Span::new(Buf::Send, 0, 0),
         };
         let nsl = span.len.div_ceil(self.slice);
@@ -154,10 +165,7 @@ impl Sim {
                     return false;
                 }
                 let inc = self.pop(me, from, l);
-                let mut v: Vec<i64> = r.read(piece(s)).iter().zip(&inc).map(|(a, b)| a + b).collect();
-                if fin && self.avg {
-                    v.iter_mut().for_each(|x| *x /= n);
-                }
+                let v = self.fold(r.read(piece(s)), &inc, fin);
                 r.write(piece(d), &v);
             }
             Op::RecvReduceSend(from, to, s) => {
@@ -165,7 +173,16 @@ impl Sim {
                     return false;
                 }
                 let inc = self.pop(me, from, l);
-                let v = r.read(piece(s)).iter().zip(&inc).map(|(a, b)| a + b).collect();
+                let v = self.fold(r.read(piece(s)), &inc, false);
+                self.push(me, to, v);
+            }
+            Op::RecvReduceCopySend(from, to, s, d, fin) => {
+                if !self.ready(from, me) || !self.room(me, to) {
+                    return false;
+                }
+                let inc = self.pop(me, from, l);
+                let v = self.fold(r.read(piece(s)), &inc, fin);
+                r.write(piece(d), &v);
                 self.push(me, to, v);
             }
             Op::RecvCopySend(from, to, d) => {
@@ -225,7 +242,7 @@ fn run_sliced(
     let nslots = 4;
     let chunk = slice * nslots / 2;
     let what = format!("{coll:?} {algo:?} n={n} count={count} root={root} in_place={in_place} avg={avg}");
-    let shape = |rank| Shape { coll, algo, nranks: n, rank, count, elem: ES, slice, chunk, root, peer: 0 };
+    let shape = |rank| Shape { coll, algo, nranks: n, rank, count, elem: ES, slice, chunk, root, peer: 0, order: None };
     let (in_blocks, out_blocks) = match coll {
         CollType::AllGather => (1, n),
         CollType::ReduceScatter => (n, 1),
@@ -236,6 +253,7 @@ fn run_sliced(
             let s = shape(r);
             let mut log = Log::default();
             let scratch = match (coll, algo) {
+                (_, Algo::Ring | Algo::Chain) => 0,
                 (CollType::ReduceScatter, _) => super::pat::reduce_scatter_scratch(&s),
                 (CollType::Reduce, _) => super::tree::reduce_scratch(&s),
                 (CollType::AllReduce, Algo::OneShot) => super::direct::one_shot_scratch(&s),
@@ -243,6 +261,11 @@ fn run_sliced(
                 _ => 0,
             } / ES;
             let walk = match (coll, algo) {
+                (CollType::AllReduce, Algo::Ring) => super::ring::all_reduce_ring(&s, &mut log),
+                (CollType::AllGather, Algo::Ring) => super::ring::all_gather_ring(&s, &mut log),
+                (CollType::ReduceScatter, Algo::Ring) => super::ring::reduce_scatter_ring(&s, &mut log),
+                (CollType::Broadcast, Algo::Chain) => super::ring::broadcast_chain(&s, &mut log),
+                (CollType::Reduce, Algo::Chain) => super::ring::reduce_chain(&s, &mut log),
                 (CollType::AllReduce, Algo::Tree) => super::tree::all_reduce(&s, &mut log),
                 (CollType::AllReduce, _) => super::direct::all_reduce_one_shot(&s, &mut log),
                 (CollType::Broadcast, _) => super::tree::broadcast(&s, &mut log),
@@ -346,12 +369,14 @@ fn tree_all_reduce_two_trees_of_one_piece_each() {
 }
 
 #[test]
-fn tree_broadcast_and_reduce_any_root() {
-    for n in 1..=10 {
-        for root in 0..n {
-            for count in [0, 1, 4, 13, 40] {
-                run(CollType::Broadcast, Algo::Tree, n, count, root, root % 2 == 0, false);
-                run(CollType::Reduce, Algo::Tree, n, count, root, root % 2 == 1, count % 2 == 0);
+fn tree_and_chain_broadcast_and_reduce_any_root() {
+    for algo in [Algo::Tree, Algo::Chain] {
+        for n in 1..=10 {
+            for root in 0..n {
+                for count in [0, 1, 4, 13, 40] {
+                    run(CollType::Broadcast, algo, n, count, root, root % 2 == 0, false);
+                    run(CollType::Reduce, algo, n, count, root, root % 2 == 1, count % 2 == 0);
+                }
             }
         }
     }
@@ -374,6 +399,19 @@ fn one_shot_all_reduce_in_pieces() {
     for n in 1..=9 {
         for count in COUNTS {
             run(CollType::AllReduce, Algo::OneShot, n, count, 0, count % 2 == 0, n % 3 == 0);
+        }
+    }
+}
+
+#[test]
+fn ring_all_reduce_all_gather_and_reduce_scatter_any_rank_count() {
+    for n in 1..=9 {
+        for count in COUNTS.iter().copied().chain([200, 333]) {
+            for in_place in [false, true] {
+                run(CollType::AllReduce, Algo::Ring, n, count, 0, in_place, n % 3 == 0);
+                run(CollType::AllGather, Algo::Ring, n, count, 0, in_place, false);
+                run(CollType::ReduceScatter, Algo::Ring, n, count, 0, in_place, count % 2 == 1);
+            }
         }
     }
 }

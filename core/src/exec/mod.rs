@@ -1,18 +1,20 @@
-//! The executor: runs one checked operation on its communicator. It picks the algorithm (the
-//! tuner, or the registered path when both buffers lie in shared windows), stamps the
-//! operation's sequence number, rank record, flight record and profiler events, runs the
-//! algorithm over the transport (`coll`, `Ctx`), and on failure poisons the communicator so
-//! that every peer learns why. A closed group runs its operations here too (`group.rs`, with
+//! The executor: runs one checked operation on its communicator. The tuner picks the algorithm
+//! and protocol; right after it, the executor that moves the data: the registered one when both
+//! buffers lie in active windows (`register`), else the algorithm's schedule over the transport
+//! (`coll`, `Ctx`). It stamps the operation's sequence number, rank record, flight record and
+//! profiler events, runs it, and on failure poisons the communicator so that every peer learns
+//! why. A closed group runs its operations here too (`group.rs`, with
 //! its sends and receives batched by `p2p.rs`), never through the public API.
 
 pub(crate) mod group;
 mod p2p;
 
 use crate::coll::plan::{self, Algo, Shape};
+use crate::coll::tune::Choice;
 use crate::coll::{self, Ctx};
 use crate::comm::Comm;
 use crate::dtype::RedOp;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::op::{nccl_func, Op, NO_OP, NO_ROOT};
 use crate::profile::{op::OpDescr, OpProf};
 use crate::record::{self, CollType};
@@ -28,21 +30,30 @@ pub(crate) fn run(comm: &Comm, o: &Op) -> Result<()> {
         CollType::AllGather | CollType::ReduceScatter | CollType::AllToAll => block * comm.nranks(),
         _ => block,
     };
+    // Before anything is stamped: a forced choice that is not supported fails the call alone,
+    // on every rank alike, and leaves the communicator usable.
+    let choice = comm.tuner.choose(o.coll, block)?;
+    let executor = match registered(comm, o, block, total)? {
+        Some(plan) => Executor::Registered(plan),
+        None => Executor::Fifos,
+    };
+    stamp(comm, o, total, choice, &executor)
+}
+
+/// What moves an operation's data once the tuner has picked its algorithm and protocol.
+enum Executor<'c> {
+    /// The algorithm's schedule over the FIFOs (`coll`).
+    Fifos,
+    /// Loads and stores on every rank's registered buffers (`register`): the call's send and
+    /// recv buffers lie in active windows, and its collective has a registered form.
+    Registered(Plan<'c>),
+}
+
+/// Runs `o` with `algo` over the FIFOs of `c`.
+fn on_fifos(c: &mut Ctx<'_>, o: &Op, algo: Algo) -> Result<()> {
     let (send, recv) = (o.send as *const u8, o.recv as *mut u8);
-    let op = o.op.unwrap_or(RedOp::Sum);
-    let root = o.root.unwrap_or(0);
-    if let Some(plan) = registered(comm, o, block, total)? {
-        return stamp(comm, o, total, true, |_, _| {
-            let env = reg_env(comm);
-            match o.coll {
-                CollType::AllReduce => plan.all_reduce(&env, o.count, o.dt, op),
-                CollType::AllGather => plan.all_gather(&env, block),
-                CollType::ReduceScatter => plan.reduce_scatter(&env, o.count, o.dt, op),
-                c => Err(Error::internal(format!("no registered path for {}", c.name()))),
-            }
-        });
-    }
-    stamp(comm, o, total, false, |c, algo| match o.coll {
+    let (block, root) = (o.count * o.dt.size(), o.root.unwrap_or(0));
+    match o.coll {
         CollType::AllReduce => coll::all_reduce(c, algo, send, recv, o.count),
         CollType::Broadcast => coll::broadcast(c, algo, send, recv, o.count, root),
         CollType::Reduce => coll::reduce(c, algo, send, recv, o.count, root),
@@ -51,7 +62,7 @@ pub(crate) fn run(comm: &Comm, o: &Op) -> Result<()> {
         CollType::AllToAll => coll::direct::all_to_all(c, send, recv, block),
         CollType::Send => coll::direct::send(c, send, block, o.peer.unwrap_or(0)),
         CollType::Recv => coll::direct::recv(c, recv, block, o.peer.unwrap_or(0)),
-    })
+    }
 }
 
 /// The registered path of an all-reduce, all-gather or reduce-scatter whose send and recv
@@ -103,20 +114,12 @@ fn io_bytes(coll: CollType, per_rank: usize, total: usize) -> (u64, u64) {
     (i as u64, o as u64)
 }
 
-/// Runs one operation as `f`: checks the sticky error, stamps the record, runs `f`, and on
-/// failure tells every peer. `bytes` is what the record counts; `registered` runs on windows.
-fn stamp(
-    comm: &Comm,
-    o: &Op,
-    bytes: usize,
-    registered: bool,
-    f: impl FnOnce(&mut Ctx<'_>, Algo) -> Result<()>,
-) -> Result<()> {
+/// Runs one operation with `choice` on `executor`: checks the sticky error, stamps the record,
+/// runs it, and on failure tells every peer. `bytes` is what the record counts.
+fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<'_>) -> Result<()> {
     let Op { coll, count, dt, op, root, peer: p2p_peer, send, recv } = *o;
-    // Before anything is stamped: a forced choice that is not supported fails the call alone,
-    // on every rank alike, and leaves the communicator usable.
-    let choice = comm.tuner.choose(coll, count * dt.size())?;
     let algo = choice.algo;
+    let registered = matches!(executor, Executor::Registered(_));
     let algo_name = if registered { crate::register::ALGO } else { algo.name() };
     let mut g = comm.lock_usable()?;
     let opseq = match (coll, p2p_peer) {
@@ -211,6 +214,7 @@ fn stamp(
                 chunk: geo.1,
                 root: pos(root.unwrap_or(0)),
                 peer: p2p_peer.unwrap_or(0),
+                order,
             });
             for l in &mut legs {
                 l.peer = order.map_or(l.peer, |o| o.rank(l.peer));
@@ -219,27 +223,30 @@ fn stamp(
         },
         |p| inner.kind_name(p),
     );
-    let res = {
-        let mut ctx = Ctx {
-            rank: order.map_or(comm.rank, |o| o.pos(comm.rank)),
-            nranks: comm.nranks,
-            peers: &mut inner.peers,
-            lazy: inner.lazy.as_ref(),
-            abort: &comm.abort,
-            deadline: Deadline::after(comm.config.timeout),
-            desc,
-            dt,
-            op: op.unwrap_or(RedOp::Sum),
-            proto: choice.proto,
-            geo,
-            staging: &mut inner.staging,
-            drive: inner.net.as_ref().map(|n| n as &dyn Drive),
-            prof: prof.as_ref(),
-            record: &comm.record,
-            members: Some(&comm.ends),
-            order,
-        };
-        f(&mut ctx, algo)
+    let res = match executor {
+        Executor::Registered(plan) => plan.run(&reg_env(comm), coll, count, dt, op.unwrap_or(RedOp::Sum)),
+        Executor::Fifos => {
+            let mut ctx = Ctx {
+                rank: order.map_or(comm.rank, |o| o.pos(comm.rank)),
+                nranks: comm.nranks,
+                peers: &mut inner.peers,
+                lazy: inner.lazy.as_ref(),
+                abort: &comm.abort,
+                deadline: Deadline::after(comm.config.timeout),
+                desc,
+                dt,
+                op: op.unwrap_or(RedOp::Sum),
+                proto: choice.proto,
+                geo,
+                staging: &mut inner.staging,
+                drive: inner.net.as_ref().map(|n| n as &dyn Drive),
+                prof: prof.as_ref(),
+                record: &comm.record,
+                members: Some(&comm.ends),
+                order,
+            };
+            on_fifos(&mut ctx, o, algo)
+        }
     };
     // Sends still in tcp FIFOs must reach their sockets before the call returns: nothing
     // would move them until the next operation.
