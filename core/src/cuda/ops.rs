@@ -487,6 +487,17 @@ impl CudaComm {
         unsafe { self.run(stream, Op::new(CollType::Recv, count, dt, 0, recv as usize).peer(peer), None) }
     }
 
+    /// Checks one send or receive of [`CudaComm::p2p_group_raw`] as every call is checked
+    /// (peer in range, buffer non-null and aligned, size within the address space) and returns
+    /// its bytes. One to this rank itself is allowed: the group matches it with its other half.
+    pub fn check_p2p(&self, o: &P2p) -> Result<u64> {
+        let (coll, send, recv) = if o.send { (CollType::Send, o.buf, 0) } else { (CollType::Recv, 0, o.buf) };
+        let t = Op::new(coll, o.count, o.dt, send as usize, recv as usize)
+            .peer(o.peer)
+            .check(self.rank(), self.nranks())?;
+        Ok((t.send + t.recv) as u64)
+    }
+
     /// Runs a group's sends and receives on this communicator together, in one launch on
     /// `stream` (NCCL's ncclGroupStart, ncclSend/ncclRecv..., ncclGroupEnd): every peer makes
     /// the matching calls, to each peer in the same order with the same byte counts. A send to
@@ -506,14 +517,7 @@ impl CudaComm {
         let mut transfers = Vec::with_capacity(ops.len());
         let (mut to_me, mut from_me) = (Vec::new(), Vec::new());
         for o in ops {
-            let buf = o.buf as usize;
-            let call = if o.send {
-                Op::new(CollType::Send, o.count, o.dt, buf, 0)
-            } else {
-                Op::new(CollType::Recv, o.count, o.dt, 0, buf)
-            };
-            let t = call.peer(o.peer).check(self.rank(), self.nranks())?;
-            let bytes = (t.send + t.recv) as u64;
+            let bytes = self.check_p2p(o)?;
             if o.peer == self.rank() {
                 if o.send { &mut from_me } else { &mut to_me }.push((o.buf, bytes));
                 continue;
