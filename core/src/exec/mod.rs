@@ -44,8 +44,7 @@ pub(crate) fn run(comm: &Comm, o: &Op) -> Result<()> {
     }
     stamp(comm, o, total, false, |c, algo| match o.coll {
         CollType::AllReduce => coll::all_reduce(c, algo, send, recv, o.count),
-        CollType::Broadcast => coll::broadcast(c, algo, send, recv, o.count, root),
-        CollType::Reduce => coll::reduce(c, algo, send, recv, o.count, root),
+        CollType::Broadcast | CollType::Reduce => coll::rooted_coll(c, o.coll, algo, (send, recv), o.count, root),
         CollType::AllGather => coll::all_gather(c, algo, send, recv, o.count),
         CollType::ReduceScatter => coll::reduce_scatter(c, algo, send, recv, o.count),
         CollType::AllToAll => coll::direct::all_to_all(c, send, recv, block),

@@ -18,7 +18,7 @@ use crate::profile::op::OpDescr;
 use crate::profile::{Leg, OpProf, Steps};
 use crate::record::{self, CollType};
 use crate::transport::fifo::nonblocking::alive;
-use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg};
+use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice};
 use crate::transport::{shm, Peer};
 use crate::wait::{self, Deadline, Drive};
 use occl_telemetry::event::ProxyStepState;
@@ -371,6 +371,34 @@ fn finish_call(s: &mut Stream<'_>) {
     s.steps = None;
 }
 
+/// Moves the stream's calls in order with `call`, which moves what it can of one call (setting
+/// `moved` when it does) and says whether the call is done. Returns whether anything moved.
+fn advance<'p>(
+    s: &mut Stream<'p>,
+    ops: &[Op],
+    profs: &'p [Option<OpProf<'p>>],
+    mut call: impl FnMut(&mut Stream<'p>, &Op, &mut bool) -> Result<bool>,
+) -> Result<bool> {
+    let mut moved = false;
+    while next_call(s, profs) {
+        let Some(i) = s.cur else { break };
+        if !call(s, &ops[i], &mut moved)? {
+            return Ok(moved);
+        }
+        finish_call(s);
+        moved = true;
+    }
+    Ok(moved)
+}
+
+/// A call that cannot move now: the peer's failure when `notice` shows one, else not done.
+fn stalled(notice: Notice, peer: usize) -> Result<bool> {
+    if notice.state != state::OPEN {
+        return Err(notice.error(peer));
+    }
+    Ok(false)
+}
+
 /// Sends as many slices of the stream's calls as the receiver has room for.
 fn advance_send<'p>(
     s: &mut Stream<'p>,
@@ -379,10 +407,7 @@ fn advance_send<'p>(
     ops: &[Op],
     profs: &'p [Option<OpProf<'p>>],
 ) -> Result<bool> {
-    let mut moved = false;
-    while next_call(s, profs) {
-        let Some(i) = s.cur else { break };
-        let o = &ops[i];
+    advance(s, ops, profs, |s, o, moved| {
         let slice = crate::coll::slice_bytes(slot, o.call.dt);
         if s.off == 0 && !s.by_ptr {
             // Large ranges go by pointer where the receiver can read this rank's memory, as a
@@ -393,13 +418,7 @@ fn advance_send<'p>(
             if let Some(st) = s.steps.as_mut() {
                 st.send_peer_wait();
             }
-            let Some(out) = p.send.try_acquire() else {
-                let n = p.send.peer_notice();
-                if n.state != state::OPEN {
-                    return Err(n.error(s.peer));
-                }
-                return Ok(moved);
-            };
+            let Some(out) = p.send.try_acquire() else { return stalled(p.send.peer_notice(), s.peer) };
             let n = slice.min(o.bytes - s.off);
             let src = (o.call.send + s.off) as *const u8;
             if s.by_ptr {
@@ -414,20 +433,14 @@ fn advance_send<'p>(
                 st.send_posted(n, &p.send);
             }
             s.off += n;
-            moved = true;
+            *moved = true;
         }
         // Pointers posted must be read before the caller may touch its buffer again.
         if s.by_ptr && !p.send.try_drain() {
-            let n = p.send.peer_notice();
-            if n.state != state::OPEN {
-                return Err(n.error(s.peer));
-            }
-            return Ok(moved);
+            return stalled(p.send.peer_notice(), s.peer);
         }
-        finish_call(s);
-        moved = true;
-    }
-    Ok(moved)
+        Ok(true)
+    })
 }
 
 /// Receives every slice that has arrived for the stream's calls.
@@ -438,22 +451,13 @@ fn advance_recv<'p>(
     ops: &[Op],
     profs: &'p [Option<OpProf<'p>>],
 ) -> Result<bool> {
-    let mut moved = false;
-    while next_call(s, profs) {
-        let Some(i) = s.cur else { break };
-        let o = &ops[i];
+    advance(s, ops, profs, |s, o, moved| {
         let slice = crate::coll::slice_bytes(slot, o.call.dt);
         while s.off < o.bytes {
             if let Some(st) = s.steps.as_mut() {
                 st.recv_begin(&p.recv);
             }
-            let Some(m) = p.recv.try_peek(s.peer)? else {
-                let n = p.recv.peer_notice();
-                if n.state != state::OPEN {
-                    return Err(n.error(s.peer));
-                }
-                return Ok(moved);
-            };
+            let Some(m) = p.recv.try_peek(s.peer)? else { return stalled(p.recv.peer_notice(), s.peer) };
             let n = slice.min(o.bytes - s.off);
             if m.desc != o.desc {
                 return Err(Error::usage(format!(
@@ -478,12 +482,10 @@ fn advance_recv<'p>(
                 st.recv_done();
             }
             s.off += n;
-            moved = true;
+            *moved = true;
         }
-        finish_call(s);
-        moved = true;
-    }
-    Ok(moved)
+        Ok(true)
+    })
 }
 
 /// Copies message `m` (`n` bytes) to `dst`: from the slot, or from the sender's memory for a
