@@ -304,121 +304,67 @@ impl Coll {
     }
 }
 
-export! {
+/// A collective's C entry point and its profiling alias: NCCL's arguments before the
+/// communicator and stream, and the `Coll` they make.
+macro_rules! collective {
+    ($(#[$m:meta])* $name:ident / $alias:ident ($($arg:ident: $ty:ty),* $(,)?) => $coll:expr) => {
+        export! {
+            $(#[$m])*
+            fn $name / $alias($($arg: $ty,)* comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+                // SAFETY: the caller's contract.
+                unsafe { $coll.call(stringify!($name), comm, stream) }
+            }
+        }
+    };
+}
+
+collective! {
     /// Sum (or another operator) of every rank's `sendbuff` into every rank's `recvbuff`.
-    fn ncclAllReduce / pncclAllReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::AllReduce, sendbuff, recvbuff, count, datatype).op(op);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclAllReduce", comm, stream) }
-    }
+    ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
+    ) => Coll::new(CollType::AllReduce, sendbuff, recvbuff, count, datatype).op(op)
 }
 
-export! {
+collective! {
     /// The root's `sendbuff` into every rank's `recvbuff`.
-    fn ncclBroadcast / pncclBroadcast(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: i32,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::Broadcast, sendbuff, recvbuff, count, datatype).root(root);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclBroadcast", comm, stream) }
-    }
+    ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: i32,
+    ) => Coll::new(CollType::Broadcast, sendbuff, recvbuff, count, datatype).root(root)
 }
 
-export! {
+collective! {
     /// In-place broadcast (NCCL's older form).
-    fn ncclBcast / pncclBcast(
-        buff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: i32,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::Broadcast, buff.cast_const(), buff, count, datatype).root(root);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclBcast", comm, stream) }
-    }
+    ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: i32)
+        => Coll::new(CollType::Broadcast, buff.cast_const(), buff, count, datatype).root(root)
 }
 
-export! {
+collective! {
     /// Reduction of every rank's `sendbuff` into the root's `recvbuff` (ignored elsewhere).
-    fn ncclReduce / pncclReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
+    ncclReduce / pncclReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
         root: i32,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::Reduce, sendbuff, recvbuff, count, datatype).op(op).root(root);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclReduce", comm, stream) }
-    }
+    ) => Coll::new(CollType::Reduce, sendbuff, recvbuff, count, datatype).op(op).root(root)
 }
 
-export! {
+collective! {
     /// Every rank's `sendcount` elements, in rank order, into every rank's `recvbuff`.
-    fn ncclAllGather / pncclAllGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::AllGather, sendbuff, recvbuff, sendcount, datatype);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclAllGather", comm, stream) }
-    }
+    ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t,
+    ) => Coll::new(CollType::AllGather, sendbuff, recvbuff, sendcount, datatype)
 }
 
-export! {
+collective! {
     /// Block `rank` of the reduction of every rank's `sendbuff` into `recvbuff`.
-    fn ncclReduceScatter / pncclReduceScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::ReduceScatter, sendbuff, recvbuff, recvcount, datatype).op(op);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclReduceScatter", comm, stream) }
-    }
+    ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
+    ) => Coll::new(CollType::ReduceScatter, sendbuff, recvbuff, recvcount, datatype).op(op)
 }
 
-export! {
+collective! {
     /// Block `j` of rank `i`'s `sendbuff` into block `i` of rank `j`'s `recvbuff`.
-    fn ncclAlltoAll / pncclAlltoAll(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        let c = Coll::new(CollType::AllToAll, sendbuff, recvbuff, count, datatype);
-        // SAFETY: the caller's contract.
-        unsafe { c.call("ncclAlltoAll", comm, stream) }
-    }
+    ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+    ) => Coll::new(CollType::AllToAll, sendbuff, recvbuff, count, datatype)
 }
 
 /// Runs `calls` as one group of sends and receives (nested in the caller's group when one is
@@ -619,11 +565,7 @@ unsafe fn point_to_point(
 export! {
     /// `count` elements to `peer`, matched by its `ncclRecv`.
     fn ncclSend / pncclSend(
-        sendbuff: *const c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        peer: i32,
-        comm: ncclComm_t,
+        sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: i32, comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's contract.
@@ -634,11 +576,7 @@ export! {
 export! {
     /// `count` elements from `peer`, matched by its `ncclSend`.
     fn ncclRecv / pncclRecv(
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        peer: i32,
-        comm: ncclComm_t,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: i32, comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's contract.
