@@ -206,7 +206,7 @@ pub(crate) fn wait_until(
     sleeper: Option<&dyn Sleeper>,
 ) -> Result<()> {
     if patience == Patience::Drive || ready.drives() {
-        return drive_wait(ready, word, sleepers, check, deadline, patience, what, sleeper);
+        return drive_wait(ready, Parts { word, sleepers, check, deadline, patience, what, sleeper });
     }
     let mut ready = || ready.ready();
     for i in 0..patience.spins() {
@@ -229,51 +229,76 @@ pub(crate) fn wait_until(
         }
         unless_ready(check(false), &mut ready)?;
     }
-    let mut last_slow = Instant::now();
+    let mut slow = SlowChecks(Instant::now());
     unless_ready(check(true), &mut ready)?;
     loop {
-        let seen = word.load(Ordering::Acquire);
-        sleepers.fetch_add(1, Ordering::SeqCst);
-        // Re-check after announcing ourselves: the waker either sees the count or we see its
-        // write (both sides use SeqCst for this pair).
-        if ready() {
-            sleepers.fetch_sub(1, Ordering::SeqCst);
-            return Ok(());
-        }
-        slept(sleeper, || futex_wait(word, seen, SLEEP_SLICE));
-        sleepers.fetch_sub(1, Ordering::SeqCst);
-        if ready() {
+        if nap(word, sleepers, SLEEP_SLICE, sleeper, &mut ready) || ready() {
             return Ok(());
         }
         let now = Instant::now();
-        let slow = now.duration_since(last_slow) >= Duration::from_millis(100);
-        if slow {
-            last_slow = now;
-        }
-        unless_ready(check(slow), &mut ready)?;
+        unless_ready(check(slow.due(now)), &mut ready)?;
         if now >= give_up {
-            return Err(Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() });
+            return Err(timed_out(what, deadline));
         }
     }
+}
+
+/// Sleeps on `word` for up to `slice` unless `ready()` is true once this waiter has announced
+/// itself in `sleepers` (the waker either sees the count or the waiter sees its write: both
+/// sides use SeqCst for this pair). True when it found `ready()` instead of sleeping.
+fn nap(
+    word: &AtomicU32,
+    sleepers: &AtomicU32,
+    slice: Duration,
+    sleeper: Option<&dyn Sleeper>,
+    ready: &mut dyn FnMut() -> bool,
+) -> bool {
+    let seen = word.load(Ordering::Acquire);
+    sleepers.fetch_add(1, Ordering::SeqCst);
+    let found = ready();
+    if !found {
+        slept(sleeper, || futex_wait(word, seen, slice));
+    }
+    sleepers.fetch_sub(1, Ordering::SeqCst);
+    found
+}
+
+/// When the checks that cost a system call are due: at most every ~100 ms.
+struct SlowChecks(Instant);
+
+impl SlowChecks {
+    fn due(&mut self, now: Instant) -> bool {
+        let due = now.duration_since(self.0) >= Duration::from_millis(100);
+        if due {
+            self.0 = now;
+        }
+        due
+    }
+}
+
+fn timed_out(what: &dyn Fn() -> String, deadline: &Deadline) -> Error {
+    Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() }
+}
+
+/// The parts of a wait besides its condition, as `wait_until` names them.
+struct Parts<'a> {
+    word: &'a AtomicU32,
+    sleepers: &'a AtomicU32,
+    check: Check<'a>,
+    deadline: &'a Deadline,
+    patience: Patience,
+    what: &'a dyn Fn() -> String,
+    sleeper: Option<&'a dyn Sleeper>,
 }
 
 /// A wait of a rank with tcp peers: every `ready()` moves socket data; once nothing moves for
 /// a while it blocks where a wake-up will come from: poll(2) on the sockets for a tcp FIFO
 /// (this thread itself fills it), the futex for a shm FIFO (its peer wakes it) in slices that
 /// give the sockets a turn.
-#[allow(clippy::too_many_arguments)] // as wait_until
-fn drive_wait(
-    mut ready: impl Ready,
-    word: &AtomicU32,
-    sleepers: &AtomicU32,
-    check: Check<'_>,
-    deadline: &Deadline,
-    patience: Patience,
-    what: &dyn Fn() -> String,
-    sleeper: Option<&dyn Sleeper>,
-) -> Result<()> {
+fn drive_wait(mut ready: impl Ready, parts: Parts<'_>) -> Result<()> {
+    let Parts { word, sleepers, check, deadline, patience, what, sleeper } = parts;
     let start = Instant::now();
-    let mut last_slow = start;
+    let mut slow = SlowChecks(start);
     let (mut i, mut idle) = (0u32, 0u32);
     loop {
         if ready.ready() {
@@ -290,26 +315,16 @@ fn drive_wait(
                     slept(sleeper, || ready.block(POLL_SLICE));
                 } else {
                     let slice = if ready.busy() { BUSY_SLICE } else { IDLE_SLICE };
-                    let seen = word.load(Ordering::Acquire);
-                    sleepers.fetch_add(1, Ordering::SeqCst);
-                    // As in `wait_until`: re-check after announcing ourselves.
-                    if !ready.ready() {
-                        slept(sleeper, || futex_wait(word, seen, slice));
-                    }
-                    sleepers.fetch_sub(1, Ordering::SeqCst);
+                    nap(word, sleepers, slice, sleeper, &mut || ready.ready());
                 }
             }
         }
         i = i.wrapping_add(1);
         if i % 16 == 0 {
             let now = Instant::now();
-            let slow = now.duration_since(last_slow) >= Duration::from_millis(100);
-            if slow {
-                last_slow = now;
-            }
-            unless_ready(check(slow), &mut || ready.ready())?;
+            unless_ready(check(slow.due(now)), &mut || ready.ready())?;
             if now.duration_since(start) >= deadline.timeout {
-                return Err(Error::Timeout { what: what(), secs: deadline.timeout.as_secs_f64() });
+                return Err(timed_out(what, deadline));
             }
         }
     }

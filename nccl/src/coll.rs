@@ -9,7 +9,7 @@
 use crate::abi::*;
 use crate::deferred::{cost, defer, reducing, Cost, Deferred, Path};
 use crate::error::{arg, guard, usage, Result};
-use crate::gpu;
+use crate::gpu::{self, DevComm};
 use crate::group;
 use crate::handle::{ncclComm_t, NcclComm, PreMul, Scalar};
 use crate::p2p;
@@ -92,9 +92,12 @@ fn device_op(c: &NcclComm, op: ncclRedOp_t, dt: DataType) -> Result<DevOp> {
     })
 }
 
-/// Collects a device send or receive; outside a group it runs at once (a group of one).
+/// Collects a device send or receive, checked now as the device communicator checks it; outside
+/// a group it runs at once (a group of one).
+#[allow(clippy::too_many_arguments)] // the call and where it runs
 fn device_p2p(
     c: &Arc<NcclComm>,
+    d: &DevComm,
     stream: usize,
     send: bool,
     dev: u64,
@@ -102,13 +105,7 @@ fn device_p2p(
     dt: DataType,
     peer: usize,
 ) -> Result<()> {
-    let n = c.comm()?.nranks();
-    if peer >= n {
-        return Err(arg(format!("peer {peer} is out of range for nranks={n}")));
-    }
-    if count > 0 && dev == 0 {
-        return Err(arg("the buffer is NULL"));
-    }
+    d.cc.check_p2p(&occl::cuda::P2p { send, peer, buf: dev, count, dt })?;
     p2p::push(p2p::Op { comm: c.clone(), stream, send, dev, count, dt, peer });
     if group::is_open() {
         return Ok(());
@@ -202,184 +199,172 @@ unsafe fn reduce_with(
     }
 }
 
-export! {
+/// One collective call as NCCL's entry points pass it: `op` for a reduction, `root` for a
+/// rooted collective.
+#[derive(Clone, Copy)]
+struct Coll {
+    coll: CollType,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: Option<ncclRedOp_t>,
+    root: Option<i32>,
+}
+
+impl Coll {
+    fn new(coll: CollType, send: *const c_void, recv: *mut c_void, count: usize, datatype: ncclDataType_t) -> Coll {
+        Coll { coll, send, recv, count, datatype, op: None, root: None }
+    }
+
+    fn op(self, op: ncclRedOp_t) -> Coll {
+        Coll { op: Some(op), ..self }
+    }
+
+    fn root(self, root: i32) -> Coll {
+        Coll { root: Some(root), ..self }
+    }
+
+    /// The C entry point of every collective: `name` is the C function's.
+    ///
+    /// # Safety
+    /// As the C function: `comm` NULL or a live handle, `stream` NULL or a live stream, the
+    /// buffers valid as NCCL documents for the collective.
+    unsafe fn call(self, name: &'static str, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        let priced = match self.op {
+            Some(op) => reducing(self.coll, self.count, self.datatype, op),
+            None => cost(self.coll, self.count, self.datatype),
+        };
+        let bufs = [self.send, self.recv.cast_const()];
+        // SAFETY: the caller's contract; the body runs with the buffers the caller vouched for.
+        guard(name, || unsafe { call(name, comm, stream, &bufs, priced, move |c, path| self.run(c, path)) })
+    }
+
+    /// Runs the call on its path: on the host a pre-multiply sum runs as a sum over a scaled
+    /// copy of the input; on the device its operator was resolved when the call was made.
+    ///
+    /// # Safety
+    /// As `call`.
+    unsafe fn run(self, c: &Arc<NcclComm>, path: Path<'_>) -> Result<()> {
+        let dt = dtype(self.datatype)?;
+        let root = self.root.map(root_of).transpose()?.unwrap_or(0);
+        let (n, send, recv) = (self.count, self.send, self.recv);
+        match path {
+            Path::Host(inner) => {
+                let Some(op) = self.op else {
+                    // SAFETY: the caller's contract.
+                    return unsafe { self.host(inner, send.cast(), dt, RedOp::Sum, root) };
+                };
+                let input = match self.coll {
+                    CollType::ReduceScatter => {
+                        n.checked_mul(inner.nranks()).ok_or_else(|| arg(format!("recvcount {n} × nranks overflows")))?
+                    }
+                    _ => n,
+                };
+                // SAFETY: the caller's contract.
+                unsafe { reduce_with(c, op, dt, send.cast(), input, |s, o| self.host(inner, s, dt, o, root)) }
+            }
+            Path::Device(d, s, _, pre) => {
+                let op = || pre.ok_or_else(|| crate::error::internal("a reduction without its operator"));
+                let (sp, rp, cc) = (send as u64, recv as u64, &d.cc);
+                // SAFETY: the caller's contract.
+                unsafe {
+                    match self.coll {
+                        CollType::AllReduce => cc.all_reduce_raw(&s, sp, rp, n, dt, op()?),
+                        CollType::Broadcast => cc.broadcast_raw(&s, sp, rp, n, dt, root),
+                        CollType::Reduce => cc.reduce_raw(&s, sp, rp, n, dt, op()?, root),
+                        CollType::AllGather => cc.all_gather_raw(&s, sp, rp, n, dt),
+                        CollType::ReduceScatter => cc.reduce_scatter_raw(&s, sp, rp, n, dt, op()?),
+                        CollType::AllToAll => cc.all_to_all_raw(&s, sp, rp, n, dt),
+                        CollType::Send | CollType::Recv => Err(crate::error::internal("send/recv as a collective")),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The host collective with input `send` (the caller's, or its scaled copy) and `op`.
+    ///
+    /// # Safety
+    /// As `call`.
+    unsafe fn host(&self, inner: &Comm, send: *const u8, dt: DataType, op: RedOp, root: usize) -> Result<()> {
+        let (recv, n) = (self.recv.cast::<u8>(), self.count);
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self.coll {
+                CollType::AllReduce => inner.all_reduce_raw(send, recv, n, dt, op),
+                CollType::Broadcast => inner.broadcast_raw(send, recv, n, dt, root),
+                CollType::Reduce => inner.reduce_raw(send, recv, n, dt, op, root),
+                CollType::AllGather => inner.all_gather_raw(send, recv, n, dt),
+                CollType::ReduceScatter => inner.reduce_scatter_raw(send, recv, n, dt, op),
+                CollType::AllToAll => inner.all_to_all_raw(send, recv, n, dt),
+                CollType::Send | CollType::Recv => Err(crate::error::internal("send/recv as a collective")),
+            }
+        }
+    }
+}
+
+/// A collective's C entry point and its profiling alias: NCCL's arguments before the
+/// communicator and stream, and the `Coll` they make.
+macro_rules! collective {
+    ($(#[$m:meta])* $name:ident / $alias:ident ($($arg:ident: $ty:ty),* $(,)?) => $coll:expr) => {
+        export! {
+            $(#[$m])*
+            fn $name / $alias($($arg: $ty,)* comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+                // SAFETY: the caller's contract.
+                unsafe { $coll.call(stringify!($name), comm, stream) }
+            }
+        }
+    };
+}
+
+collective! {
     /// Sum (or another operator) of every rank's `sendbuff` into every rank's `recvbuff`.
-    fn ncclAllReduce / pncclAllReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclAllReduce", || unsafe {
-            call("ncclAllReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], reducing(CollType::AllReduce, count, datatype, op), move |c, path| {
-                let dt = dtype(datatype)?;
-                match path {
-                    Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
-                        inner.all_reduce_raw(s, recvbuff.cast(), count, dt, o)
-                    }),
-                    Path::Device(d, s, _, pre) => {
-                        let o = pre.ok_or_else(|| crate::error::internal("a reduction without its operator"))?;
-                        d.cc.all_reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o)
-                    }
-                }
-            })
-        })
-    }
+    ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
+    ) => Coll::new(CollType::AllReduce, sendbuff, recvbuff, count, datatype).op(op)
 }
 
-export! {
+collective! {
     /// The root's `sendbuff` into every rank's `recvbuff`.
-    fn ncclBroadcast / pncclBroadcast(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: i32,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclBroadcast", || unsafe {
-            call("ncclBroadcast", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::Broadcast, count, datatype), move |_, path| match path {
-                Path::Host(inner) => {
-                    inner.broadcast_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, root_of(root)?)
-                }
-                Path::Device(d, s, _, _) => {
-                    d.cc.broadcast_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?, root_of(root)?)
-                }
-            })
-        })
-    }
+    ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: i32,
+    ) => Coll::new(CollType::Broadcast, sendbuff, recvbuff, count, datatype).root(root)
 }
 
-export! {
+collective! {
     /// In-place broadcast (NCCL's older form).
-    fn ncclBcast / pncclBcast(
-        buff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: i32,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclBcast", || unsafe {
-            call("ncclBcast", comm, stream, &[buff.cast_const()], cost(CollType::Broadcast, count, datatype), move |_, path| match path {
-                Path::Host(inner) => {
-                    inner.broadcast_raw(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, root_of(root)?)
-                }
-                Path::Device(d, s, _, _) => {
-                    d.cc.broadcast_raw(&s, buff as u64, buff as u64, count, dtype(datatype)?, root_of(root)?)
-                }
-            })
-        })
-    }
+    ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: i32)
+        => Coll::new(CollType::Broadcast, buff.cast_const(), buff, count, datatype).root(root)
 }
 
-export! {
+collective! {
     /// Reduction of every rank's `sendbuff` into the root's `recvbuff` (ignored elsewhere).
-    fn ncclReduce / pncclReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
+    ncclReduce / pncclReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
         root: i32,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclReduce", || unsafe {
-            call("ncclReduce", comm, stream, &[sendbuff, recvbuff.cast_const()], reducing(CollType::Reduce, count, datatype, op), move |c, path| {
-                let dt = dtype(datatype)?;
-                let root = root_of(root)?;
-                match path {
-                    Path::Host(inner) => reduce_with(c, op, dt, sendbuff.cast(), count, |s, o| {
-                        inner.reduce_raw(s, recvbuff.cast(), count, dt, o, root)
-                    }),
-                    Path::Device(d, s, _, pre) => {
-                        let o = pre.ok_or_else(|| crate::error::internal("a reduction without its operator"))?;
-                        d.cc.reduce_raw(&s, sendbuff as u64, recvbuff as u64, count, dt, o, root)
-                    }
-                }
-            })
-        })
-    }
+    ) => Coll::new(CollType::Reduce, sendbuff, recvbuff, count, datatype).op(op).root(root)
 }
 
-export! {
+collective! {
     /// Every rank's `sendcount` elements, in rank order, into every rank's `recvbuff`.
-    fn ncclAllGather / pncclAllGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclAllGather", || unsafe {
-            call("ncclAllGather", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllGather, sendcount, datatype), move |_, path| match path {
-                Path::Host(inner) => inner.all_gather_raw(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?),
-                Path::Device(d, s, _, _) => {
-                    d.cc.all_gather_raw(&s, sendbuff as u64, recvbuff as u64, sendcount, dtype(datatype)?)
-                }
-            })
-        })
-    }
+    ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t,
+    ) => Coll::new(CollType::AllGather, sendbuff, recvbuff, sendcount, datatype)
 }
 
-export! {
+collective! {
     /// Block `rank` of the reduction of every rank's `sendbuff` into `recvbuff`.
-    fn ncclReduceScatter / pncclReduceScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclReduceScatter", || unsafe {
-            call("ncclReduceScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], reducing(CollType::ReduceScatter, recvcount, datatype, op), move |c, path| {
-                let dt = dtype(datatype)?;
-                match path {
-                    Path::Host(inner) => {
-                        let total = recvcount
-                            .checked_mul(inner.nranks())
-                            .ok_or_else(|| arg(format!("recvcount {recvcount} × nranks overflows")))?;
-                        reduce_with(c, op, dt, sendbuff.cast(), total, |s, o| {
-                            inner.reduce_scatter_raw(s, recvbuff.cast(), recvcount, dt, o)
-                        })
-                    }
-                    Path::Device(d, s, _, pre) => {
-                        let o = pre.ok_or_else(|| crate::error::internal("a reduction without its operator"))?;
-                        d.cc.reduce_scatter_raw(&s, sendbuff as u64, recvbuff as u64, recvcount, dt, o)
-                    }
-                }
-            })
-        })
-    }
+    ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
+    ) => Coll::new(CollType::ReduceScatter, sendbuff, recvbuff, recvcount, datatype).op(op)
 }
 
-export! {
+collective! {
     /// Block `j` of rank `i`'s `sendbuff` into block `i` of rank `j`'s `recvbuff`.
-    fn ncclAlltoAll / pncclAlltoAll(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        guard("ncclAlltoAll", || unsafe {
-            call("ncclAlltoAll", comm, stream, &[sendbuff, recvbuff.cast_const()], cost(CollType::AllToAll, count, datatype), move |_, path| match path {
-                Path::Host(inner) => inner.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?),
-                Path::Device(d, s, _, _) => {
-                    d.cc.all_to_all_raw(&s, sendbuff as u64, recvbuff as u64, count, dtype(datatype)?)
-                }
-            })
-        })
-    }
+    ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+    ) => Coll::new(CollType::AllToAll, sendbuff, recvbuff, count, datatype)
 }
 
 /// Runs `calls` as one group of sends and receives (nested in the caller's group when one is
@@ -435,7 +420,7 @@ impl Ends<'_, '_> {
         match self.path {
             // SAFETY: the caller's promise.
             Path::Host(inner) => unsafe { inner.send_raw(p, self.count, self.dt, peer) },
-            Path::Device(_, _, s, _) => device_p2p(self.c, *s, true, p as u64, self.count, self.dt, peer),
+            Path::Device(d, _, s, _) => device_p2p(self.c, d, *s, true, p as u64, self.count, self.dt, peer),
         }
     }
 
@@ -445,7 +430,7 @@ impl Ends<'_, '_> {
         match self.path {
             // SAFETY: the caller's promise.
             Path::Host(inner) => unsafe { inner.recv_raw(p, self.count, self.dt, peer) },
-            Path::Device(_, _, s, _) => device_p2p(self.c, *s, false, p as u64, self.count, self.dt, peer),
+            Path::Device(d, _, s, _) => device_p2p(self.c, d, *s, false, p as u64, self.count, self.dt, peer),
         }
     }
 
@@ -549,47 +534,53 @@ export! {
     }
 }
 
+/// The C entry point of a send (`send`) or a receive of `count` elements at `buf`.
+///
+/// # Safety
+/// As `ncclSend` and `ncclRecv`.
+#[allow(clippy::too_many_arguments)] // the C call's arguments and which of the two it is
+unsafe fn point_to_point(
+    name: &'static str,
+    send: bool,
+    buf: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: i32,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    guard(name, || unsafe {
+        call(name, comm, stream, &[buf], None, move |c, path| {
+            let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
+            let dt = dtype(datatype)?;
+            match path {
+                Path::Host(inner) if send => inner.send_raw(buf.cast(), count, dt, peer),
+                Path::Host(inner) => inner.recv_raw(buf.cast_mut().cast(), count, dt, peer),
+                Path::Device(d, _, s, _) => device_p2p(c, d, s, send, buf as u64, count, dt, peer),
+            }
+        })
+    })
+}
+
 export! {
     /// `count` elements to `peer`, matched by its `ncclRecv`.
     fn ncclSend / pncclSend(
-        sendbuff: *const c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        peer: i32,
-        comm: ncclComm_t,
+        sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: i32, comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclSend", || unsafe {
-            call("ncclSend", comm, stream, &[sendbuff], None, move |c, path| {
-                let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
-                match path {
-                    Path::Host(inner) => inner.send_raw(sendbuff.cast(), count, dtype(datatype)?, peer),
-                    Path::Device(_, _, s, _) => device_p2p(c, s, true, sendbuff as u64, count, dtype(datatype)?, peer),
-                }
-            })
-        })
+        // SAFETY: the caller's contract.
+        unsafe { point_to_point("ncclSend", true, sendbuff, count, datatype, peer, comm, stream) }
     }
 }
 
 export! {
     /// `count` elements from `peer`, matched by its `ncclSend`.
     fn ncclRecv / pncclRecv(
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        peer: i32,
-        comm: ncclComm_t,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: i32, comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclRecv", || unsafe {
-            call("ncclRecv", comm, stream, &[recvbuff.cast_const()], None, move |c, path| {
-                let peer = usize::try_from(peer).map_err(|_| arg(format!("peer {peer} is negative")))?;
-                match path {
-                    Path::Host(inner) => inner.recv_raw(recvbuff.cast(), count, dtype(datatype)?, peer),
-                    Path::Device(_, _, s, _) => device_p2p(c, s, false, recvbuff as u64, count, dtype(datatype)?, peer),
-                }
-            })
-        })
+        // SAFETY: the caller's contract.
+        unsafe { point_to_point("ncclRecv", false, recvbuff.cast_const(), count, datatype, peer, comm, stream) }
     }
 }
 

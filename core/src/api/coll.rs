@@ -8,9 +8,10 @@ use crate::launch;
 use crate::op::Op;
 use crate::record::CollType;
 
-/// The raw interface: NCCL's argument order, pointers and an element count. Each call is
-/// checked here, once, and becomes an `Op` that runs now or waits in the open group. The safe
-/// methods below check slice lengths and call these.
+/// The raw interface: NCCL's argument order, pointers and an element count. Each call becomes
+/// an `Op`, checked once against its collective's layout (`Op::check`, which the device calls
+/// share), that runs now or waits in the open group. The safe methods below check slice
+/// lengths and call these.
 impl Comm {
     /// # Safety
     /// `send` must be readable and `recv` writable for `count` elements of `dt`; they may be
@@ -23,13 +24,8 @@ impl Comm {
         dt: DataType,
         op: RedOp,
     ) -> Result<()> {
-        let bytes = self.bytes_of(count, 1, dt)?;
-        check_ptr("send", send, bytes, dt)?;
-        check_ptr("recv", recv, bytes, dt)?;
-        if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
-            return Err(Error::arg("all_reduce: send and recv buffers overlap without being the same (in place)"));
-        }
-        launch::submit(self, Op::new(CollType::AllReduce, count, dt, send, recv).op(op))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::AllReduce, count, dt, send as usize, recv as usize).op(op)) }
     }
 
     /// # Safety
@@ -43,16 +39,8 @@ impl Comm {
         dt: DataType,
         root: usize,
     ) -> Result<()> {
-        self.check_root(root)?;
-        let bytes = self.bytes_of(count, 1, dt)?;
-        if self.rank == root {
-            check_ptr("send", send, bytes, dt)?;
-            if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
-                return Err(Error::arg("broadcast: send and recv buffers overlap without being the same (in place)"));
-            }
-        }
-        check_ptr("recv", recv, bytes, dt)?;
-        launch::submit(self, Op::new(CollType::Broadcast, count, dt, send, recv).root(root))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::Broadcast, count, dt, send as usize, recv as usize).root(root)) }
     }
 
     /// # Safety
@@ -67,33 +55,17 @@ impl Comm {
         op: RedOp,
         root: usize,
     ) -> Result<()> {
-        self.check_root(root)?;
-        let bytes = self.bytes_of(count, 1, dt)?;
-        check_ptr("send", send, bytes, dt)?;
-        if self.rank == root {
-            check_ptr("recv", recv, bytes, dt)?;
-            if !std::ptr::eq(send, recv) && overlaps(send, bytes, recv, bytes) {
-                return Err(Error::arg("reduce: send and recv buffers overlap without being the same (in place)"));
-            }
-        }
-        launch::submit(self, Op::new(CollType::Reduce, count, dt, send, recv).op(op).root(root))
+        let call = Op::new(CollType::Reduce, count, dt, send as usize, recv as usize).op(op).root(root);
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(call) }
     }
 
     /// # Safety
     /// `send` readable for `count` elements, `recv` writable for `nranks * count`; in place
     /// when `send == recv + rank * count` elements.
     pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
-        let bytes = self.bytes_of(count, 1, dt)?;
-        let total = self.bytes_of(count, self.nranks, dt)?;
-        check_ptr("send", send, bytes, dt)?;
-        check_ptr("recv", recv, total, dt)?;
-        let own = recv.wrapping_add(self.rank * bytes) as *const u8;
-        if !std::ptr::eq(send, own) && overlaps(send, bytes, recv, total) {
-            return Err(Error::arg(
-                "all_gather: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)",
-            ));
-        }
-        launch::submit(self, Op::new(CollType::AllGather, count, dt, send, recv))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::AllGather, count, dt, send as usize, recv as usize)) }
     }
 
     /// # Safety
@@ -107,99 +79,46 @@ impl Comm {
         dt: DataType,
         op: RedOp,
     ) -> Result<()> {
-        let bytes = self.bytes_of(count, 1, dt)?;
-        let total = self.bytes_of(count, self.nranks, dt)?;
-        check_ptr("send", send, total, dt)?;
-        check_ptr("recv", recv, bytes, dt)?;
-        let own = send.wrapping_add(self.rank * bytes);
-        if !std::ptr::eq(recv, own) && overlaps(send, total, recv, bytes) {
-            return Err(Error::arg(
-                "reduce_scatter: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)",
-            ));
-        }
-        launch::submit(self, Op::new(CollType::ReduceScatter, count, dt, send, recv).op(op))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::ReduceScatter, count, dt, send as usize, recv as usize).op(op)) }
     }
 
     /// # Safety
     /// `send` readable and `recv` writable for `nranks * count` elements; in place when equal.
     pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
-        let total = self.bytes_of(count, self.nranks, dt)?;
-        check_ptr("send", send, total, dt)?;
-        check_ptr("recv", recv, total, dt)?;
-        if !std::ptr::eq(send, recv) && overlaps(send, total, recv, total) {
-            return Err(Error::arg("all_to_all: send and recv buffers overlap without being the same (in place)"));
-        }
-        launch::submit(self, Op::new(CollType::AllToAll, count, dt, send, recv))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::AllToAll, count, dt, send as usize, recv as usize)) }
     }
 
     /// # Safety
     /// `buf` readable for `count` elements of `dt`.
     pub unsafe fn send_raw(&self, buf: *const u8, count: usize, dt: DataType, peer: usize) -> Result<()> {
-        self.check_peer(peer)?;
-        let bytes = self.bytes_of(count, 1, dt)?;
-        check_ptr("send", buf, bytes, dt)?;
-        launch::submit(self, Op::new(CollType::Send, count, dt, buf, std::ptr::null()).peer(peer))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::Send, count, dt, buf as usize, 0).peer(peer)) }
     }
 
     /// # Safety
     /// `buf` writable for `count` elements of `dt`.
     pub unsafe fn recv_raw(&self, buf: *mut u8, count: usize, dt: DataType, peer: usize) -> Result<()> {
-        self.check_peer(peer)?;
-        let bytes = self.bytes_of(count, 1, dt)?;
-        check_ptr("recv", buf, bytes, dt)?;
-        launch::submit(self, Op::new(CollType::Recv, count, dt, std::ptr::null(), buf).peer(peer))
+        // SAFETY: the caller's promise.
+        unsafe { self.run_raw(Op::new(CollType::Recv, count, dt, 0, buf as usize).peer(peer)) }
     }
 
-    fn check_root(&self, root: usize) -> Result<()> {
-        if root >= self.nranks {
-            return Err(Error::arg(format!(
-                "root {root} is out of range for nranks={} (ranks are 0..{})",
-                self.nranks, self.nranks
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_peer(&self, peer: usize) -> Result<()> {
-        if peer >= self.nranks {
-            return Err(Error::arg(format!("peer {peer} is out of range for nranks={}", self.nranks)));
-        }
-        if peer == self.rank && !launch::is_open() {
+    /// Checks `call` and runs it now or keeps it for the open group. A send to or receive
+    /// from this rank itself needs a group, where both halves run together.
+    ///
+    /// # Safety
+    /// The call's buffers are valid as its `_raw` method documents, until it has run.
+    pub(crate) unsafe fn run_raw(&self, call: Op) -> Result<()> {
+        if call.is_p2p() && call.peer == Some(self.rank) && !launch::is_open() {
             return Err(Error::usage(format!(
-                "rank {peer} sends to or receives from itself; a self send/recv needs a group so both halves can run together"
+                "rank {} sends to or receives from itself; a self send/recv needs a group so both halves can run together",
+                self.rank
             )));
         }
-        Ok(())
+        call.check(self.rank, self.nranks)?;
+        launch::submit(self, call)
     }
-
-    fn bytes_of(&self, count: usize, blocks: usize, dt: DataType) -> Result<usize> {
-        count
-            .checked_mul(blocks)
-            .and_then(|c| c.checked_mul(dt.size()))
-            .filter(|b| *b <= isize::MAX as usize)
-            .ok_or_else(|| {
-                Error::arg(format!(
-                    "count {count} × {blocks} block(s) × {} bytes of {dt} overflows the address space",
-                    dt.size()
-                ))
-            })
-    }
-}
-
-fn check_ptr(what: &str, p: *const u8, bytes: usize, dt: DataType) -> Result<()> {
-    if bytes > 0 && p.is_null() {
-        return Err(Error::arg(format!("{what} buffer is null")));
-    }
-    if bytes > 0 && !(p as usize).is_multiple_of(dt.size()) {
-        return Err(Error::arg(format!("{what} buffer {p:p} is not aligned to the {}-byte {dt} element", dt.size())));
-    }
-    Ok(())
-}
-
-/// Ranges [a, a+la) and [b, b+lb) share memory.
-fn overlaps(a: *const u8, la: usize, b: *const u8, lb: usize) -> bool {
-    let (a, b) = (a as usize, b as usize);
-    la > 0 && lb > 0 && a < b + lb && b < a + la
 }
 
 fn same_len(what: &str, a: usize, b: usize) -> Result<()> {

@@ -27,7 +27,7 @@ fn per_rank(what: &str, got: usize, n: usize) -> Result<()> {
 }
 
 fn p2p<T: Element>(coll: CollType, count: usize, peer: usize, send: usize, recv: usize) -> Op {
-    Op::new(coll, count, T::DTYPE, send as *const u8, recv as *const u8).peer(peer)
+    Op::new(coll, count, T::DTYPE, send, recv).peer(peer)
 }
 
 impl Comm {

@@ -245,37 +245,24 @@ pub(crate) fn all_reduce(ctx: &mut Ctx<'_>, algo: Algo, send: *const u8, recv: *
     }
 }
 
-/// Broadcast of `count` elements from `root` with `algo`.
-pub(crate) fn broadcast(
+/// A rooted collective (`coll`: broadcast or reduce) of `count` elements from or to `root`
+/// with `algo`.
+pub(crate) fn rooted_coll(
     ctx: &mut Ctx<'_>,
+    coll: CollType,
     algo: Algo,
-    send: *const u8,
-    recv: *mut u8,
+    (send, recv): (*const u8, *mut u8),
     count: usize,
     root: usize,
 ) -> Result<()> {
     let root = ctx.virt(root);
-    let s = ctx.shape(CollType::Broadcast, algo, count, root);
-    rooted(ctx, &s, |ctx| match algo {
-        Algo::Tree => tree::broadcast(&s, &mut Run::new(ctx, send, recv, 0)),
-        _ => ring::broadcast(ctx, send, recv, count * s.elem, root),
-    })
-}
-
-/// Reduce of `count` elements to `root` with `algo`.
-pub(crate) fn reduce(
-    ctx: &mut Ctx<'_>,
-    algo: Algo,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    root: usize,
-) -> Result<()> {
-    let root = ctx.virt(root);
-    let s = ctx.shape(CollType::Reduce, algo, count, root);
-    rooted(ctx, &s, |ctx| match algo {
-        Algo::Tree => tree::reduce(&s, &mut Run::new(ctx, send, recv, tree::reduce_scratch(&s))),
-        _ => ring::reduce(ctx, send, recv, count * s.elem, root),
+    let s = ctx.shape(coll, algo, count, root);
+    let bytes = count * s.elem;
+    rooted(ctx, &s, |ctx| match (coll, algo) {
+        (CollType::Broadcast, Algo::Tree) => tree::broadcast(&s, &mut Run::new(ctx, send, recv, 0)),
+        (CollType::Broadcast, _) => ring::broadcast(ctx, send, recv, bytes, root),
+        (_, Algo::Tree) => tree::reduce(&s, &mut Run::new(ctx, send, recv, tree::reduce_scratch(&s))),
+        _ => ring::reduce(ctx, send, recv, bytes, root),
     })
 }
 

@@ -1,5 +1,6 @@
-//! The device collectives: each validates its arguments, fills one argument block and enqueues
-//! one kernel on the caller's stream. Buffers are device addresses of this communicator's GPU
+//! The device collectives: each is one `Op`, checked as the host path checks it
+//! (`Op::check`), then staged through host memory or turned into one argument block and one
+//! kernel on the caller's stream. Buffers are device addresses of this communicator's GPU
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
 use super::comm::CudaComm;
@@ -8,35 +9,15 @@ use super::kernels::coll::{CollArgs, Mode};
 use super::kernels::cudarc::driver::sys as cudarc_sys;
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::p2p::{plan, Transfer};
-use super::staged::HostOp;
 use super::tune::DevAlgo;
 use super::{kernel_dtype, kernel_op, DevOp, PreMul};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::op::{check_ptr, Op};
 use crate::profile::op::OpDescr;
 use crate::profile::OpProf;
 use crate::record::CollType;
 use occl_telemetry::{EventType, Note};
-
-/// What a launch is, for its profiler events.
-#[derive(Clone, Copy)]
-struct Call {
-    /// NCCL's algorithm name.
-    algo: &'static str,
-    send: u64,
-    recv: u64,
-    /// Elements of `dt`, as the caller gave them (the kernel may move them as bytes).
-    count: usize,
-    dt: DataType,
-    root: i32,
-    peer: i32,
-}
-
-impl Call {
-    fn new(algo: &'static str, send: u64, recv: u64, count: usize, dt: DataType) -> Call {
-        Call { algo, send, recv, count, dt, root: 0, peer: -1 }
-    }
-}
 
 /// NCCL's `func` of a mode, and its index among the communicator's per-function sequence
 /// numbers.
@@ -105,6 +86,12 @@ fn set_op(a: &mut CollArgs, op: DevOp, nranks: usize) -> RedOp {
     }
 }
 
+/// A reduction's call: its host operator rides on the `Op` (what a staged call runs), the
+/// device operator beside it.
+fn reducing(coll: CollType, send: u64, recv: u64, count: usize, dt: DataType, op: DevOp) -> (Op, Option<DevOp>) {
+    (Op::new(coll, count, dt, send as usize, recv as usize).op(op.host_op()), Some(op))
+}
+
 impl CudaComm {
     fn args(&self, mode: Mode, input: u64, output: u64, count: u64, stride: u64, total: u64) -> CollArgs {
         CollArgs {
@@ -132,27 +119,6 @@ impl CudaComm {
         u32::try_from(want.min(u64::from(self.layout.channels))).unwrap_or(1)
     }
 
-    fn check_ptrs(&self, dt: DataType, ptrs: &[(&str, u64)], count: usize) -> Result<u64> {
-        let bytes =
-            count.checked_mul(dt.size()).ok_or_else(|| Error::arg(format!("{count} {dt} elements overflow")))?;
-        for &(what, p) in ptrs {
-            if count > 0 && p == 0 {
-                return Err(Error::arg(format!("{what} is a null device address")));
-            }
-            if p % dt.size() as u64 != 0 {
-                return Err(Error::arg(format!("{what} at {p:#x} is not aligned to {dt}")));
-            }
-        }
-        Ok(bytes as u64)
-    }
-
-    fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        if root >= self.nranks() {
-            return Err(Error::arg(format!("{what} {root} is out of range for {} ranks", self.nranks())));
-        }
-        Ok(())
-    }
-
     fn check_stream(&self, stream: &CudaStream) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::arg("the stream belongs to another GPU than this communicator's"));
@@ -160,34 +126,86 @@ impl CudaComm {
         Ok(())
     }
 
-    /// Runs the call through host memory when the communicator is staged (a peer on another
-    /// host): `input` and `output` are (device address, elements), `count` what the host
-    /// collective takes. `None`: not staged, run it on the device.
+    /// A device scalar must be a readable element of `dt`, as a buffer must.
+    fn check_op(&self, dt: DataType, op: DevOp) -> Result<()> {
+        if let DevOp::PreMulSum(PreMul::Device(p)) = op {
+            check_ptr("the pre-multiply scalar", p as usize, dt.size(), dt)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one device call (`op`: a reduction's device operator): checked as on the host,
+    /// then staged through host memory when a peer is on another host, else one kernel.
     ///
     /// # Safety
-    /// As for every raw call.
-    #[allow(clippy::too_many_arguments)] // one staged call's whole description
-    unsafe fn staged(
-        &self,
-        stream: &CudaStream,
-        op: HostOp,
-        input: Option<(u64, usize)>,
-        output: Option<(u64, usize)>,
-        count: usize,
-        dt: DataType,
-    ) -> Option<Result<()>> {
-        let st = self.staged.as_ref()?;
-        if let Err(e) = self.check_stream(stream) {
-            return Some(Err(e));
+    /// As for every raw call: the addresses are this GPU's memory, valid for what the operation
+    /// reads and writes until the stream has run it.
+    unsafe fn run(&self, stream: &CudaStream, call: Op, op: Option<DevOp>) -> Result<()> {
+        if call.is_p2p() && call.peer == Some(self.rank()) {
+            return Err(Error::arg("a device send/recv to this rank itself (group it with p2p_group_raw)"));
         }
-        let es = dt.size();
-        let bytes = |(p, n): (u64, usize)| (p, n * es);
-        // SAFETY: the caller's promise about the device buffers.
-        Some(unsafe { st.enqueue(stream, op, input.map(bytes), output.map(bytes), count, dt) })
+        let touched = call.check(self.rank(), self.nranks())?;
+        if let Some(op) = op {
+            self.check_op(call.dt, op)?;
+        }
+        if call.count == 0 {
+            return self.check_stream(stream);
+        }
+        if let Some(st) = &self.staged {
+            self.check_stream(stream)?;
+            // SAFETY: the caller's promise about the device buffers.
+            return unsafe { st.enqueue(stream, call, op.and_then(DevOp::premul), touched) };
+        }
+        let mut a = self.kernel_args(&call)?;
+        let kop = match op {
+            Some(op) => (call.dt, set_op(&mut a, op, self.nranks())),
+            // Collectives that only move data move bytes.
+            None => (DataType::U8, RedOp::Sum),
+        };
+        let blocks = self.blocks((call.count * call.dt.size()) as u64);
+        // SAFETY: the caller's promise.
+        unsafe { self.go(stream, a, kop, blocks, &call) }
+    }
+
+    /// The kernel's arguments for `call`: its mode (the tuner's choice), the addresses it
+    /// reads and writes on this rank, and the units it moves (elements for a reduction, bytes
+    /// otherwise).
+    fn kernel_args(&self, call: &Op) -> Result<CollArgs> {
+        let (n, es, c) = (self.nranks() as u64, call.dt.size() as u64, call.count as u64);
+        let (send, recv, bytes) = (call.send as u64, call.recv as u64, c * es);
+        let at_root = call.root == Some(self.rank());
+        let mut a = match call.coll {
+            CollType::AllReduce => {
+                let (mode, unit) = match self.all_reduce_algorithm(call.count, call.dt) {
+                    DevAlgo::OneShot => (Mode::AllReduceOneShot, c),
+                    DevAlgo::TwoShot => (Mode::AllReduceTwoShot, c.div_ceil(n).next_multiple_of(16 / es)),
+                    DevAlgo::Ring => (Mode::AllReduceRing, c.div_ceil(n).next_multiple_of(16 / es)),
+                };
+                self.args(mode, send, recv, unit, unit, c)
+            }
+            // The ring clips each block to `total`: all n blocks are whole.
+            CollType::ReduceScatter => {
+                self.args(self.reduce_scatter_mode(call.count, call.dt)?, send, recv, c, c, c * n)
+            }
+            CollType::Reduce => {
+                self.args(self.reduce_mode(call.count, call.dt)?, send, if at_root { recv } else { send }, c, 0, 0)
+            }
+            CollType::Broadcast => {
+                let mode = self.broadcast_mode(call.count, call.dt)?;
+                self.args(mode, if at_root { send } else { recv }, recv, bytes, bytes, 0)
+            }
+            CollType::AllGather => self.args(Mode::AllGather, send, recv, bytes, bytes, 0),
+            CollType::AllToAll => self.args(Mode::AllToAll, send, recv, bytes, bytes, 0),
+            CollType::Send => self.args(Mode::Send, send, send, bytes, bytes, 0),
+            CollType::Recv => self.args(Mode::Recv, recv, recv, bytes, bytes, 0),
+        };
+        a.root = call.root.or(call.peer).unwrap_or(0) as u32;
+        Ok(a)
     }
 
     /// Enqueues the launch with its host events (API, Group, Coll/P2p, KernelLaunch) and, when
-    /// a sink wants KernelCh, a timer slot for its blocks (`events.rs`).
+    /// a sink wants KernelCh, a timer slot for its blocks (`events.rs`). The events carry the
+    /// kernel's addresses and the caller's count and type.
     ///
     /// # Safety
     /// As for every raw call: the addresses are this GPU's memory, valid for what the operation
@@ -198,7 +216,7 @@ impl CudaComm {
         mut a: CollArgs,
         (dt, op): (DataType, RedOp),
         blocks: u32,
-        call: Call,
+        call: &Op,
     ) -> Result<()> {
         self.check_stream(stream)?;
         let f = self.comm.fanout();
@@ -211,13 +229,13 @@ impl CudaComm {
             func,
             p2p: matches!(mode, Mode::Send | Mode::Recv),
             seq_number: self.seqs[fi].fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            send_buff: call.send as usize,
-            recv_buff: call.recv as usize,
+            send_buff: a.input as usize,
+            recv_buff: a.output as usize,
             count: call.count,
-            root: call.root,
-            peer: call.peer,
+            root: call.root.unwrap_or(0) as i32,
+            peer: call.peer.map_or(-1, |p| p as i32),
             datatype: call.dt.nccl_name(),
-            algo: call.algo,
+            algo: algo_name(mode),
             proto: "SIMPLE",
             chunk_size: self.layout.slot_bytes as usize,
             n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
@@ -263,14 +281,6 @@ impl CudaComm {
             p.end();
         }
         r
-    }
-
-    /// A device scalar must be a readable element of `dt`, as a buffer must.
-    fn check_op(&self, dt: DataType, op: DevOp) -> Result<()> {
-        if let DevOp::PreMulSum(PreMul::Device(p)) = op {
-            self.check_ptrs(dt, &[("the pre-multiply scalar", p)], 1)?;
-        }
-        Ok(())
     }
 
     /// The algorithm an all-reduce of `count` elements of `dt` runs with.
@@ -351,32 +361,9 @@ impl CudaComm {
         dt: DataType,
         op: impl Into<DevOp>,
     ) -> Result<()> {
-        let op = op.into();
-        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
-        self.check_op(dt, op)?;
-        if count == 0 {
-            return self.check_stream(stream);
-        }
+        let (call, op) = reducing(CollType::AllReduce, send, recv, count, dt, op.into());
         // SAFETY: the caller's promise.
-        if let Some(r) =
-            unsafe { self.staged(stream, HostOp::AllReduce(op), Some((send, count)), Some((recv, count)), count, dt) }
-        {
-            return r;
-        }
-        let algo = self.all_reduce_algorithm(count, dt);
-        let (n, es, c) = (self.nranks() as u64, dt.size() as u64, count as u64);
-        let (mode, unit) = match algo {
-            DevAlgo::OneShot => (Mode::AllReduceOneShot, c),
-            DevAlgo::TwoShot => (Mode::AllReduceTwoShot, c.div_ceil(n).next_multiple_of(16 / es)),
-            DevAlgo::Ring => (Mode::AllReduceRing, c.div_ceil(n).next_multiple_of(16 / es)),
-        };
-        let mut a = self.args(mode, send, recv, unit, unit, c);
-        let kop = set_op(&mut a, op, self.nranks());
-        // Every algorithm spreads the whole message over the grid: sized by a shard, two-shot
-        // ran 1 MiB on 4 ranks over 8 blocks, 1.2× one-shot's time on 32.
-        let blocks = self.blocks(bytes);
-        // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, kop), blocks, Call::new(algo_name(mode), send, recv, count, dt)) }
+        unsafe { self.run(stream, call, op) }
     }
 
     /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
@@ -392,25 +379,9 @@ impl CudaComm {
         dt: DataType,
         op: impl Into<DevOp>,
     ) -> Result<()> {
-        let op = op.into();
-        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
-        self.check_op(dt, op)?;
-        if count == 0 {
-            return self.check_stream(stream);
-        }
-        let n = self.nranks();
-        let (input, output) = (Some((send, count * n)), Some((recv, count)));
+        let (call, op) = reducing(CollType::ReduceScatter, send, recv, count, dt, op.into());
         // SAFETY: the caller's promise.
-        if let Some(r) = unsafe { self.staged(stream, HostOp::ReduceScatter(op), input, output, count, dt) } {
-            return r;
-        }
-        let mode = self.reduce_scatter_mode(count, dt)?;
-        // The ring clips each block to `total`: all n blocks are whole.
-        let mut a = self.args(mode, send, recv, count as u64, count as u64, (count * n) as u64);
-        let kop = set_op(&mut a, op, self.nranks());
-        let call = Call::new(algo_name(mode), send, recv, count, dt);
-        // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, kop), self.blocks(bytes), call) }
+        unsafe { self.run(stream, call, op) }
     }
 
     /// Reduce into `recv` on `root` (other ranks' `recv` is untouched).
@@ -428,64 +399,9 @@ impl CudaComm {
         op: impl Into<DevOp>,
         root: usize,
     ) -> Result<()> {
-        let op = op.into();
-        self.check_root(root, "root")?;
-        let recv_p = if self.rank() == root { recv } else { send };
-        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv_p)], count)?;
-        self.check_op(dt, op)?;
-        if count == 0 {
-            return self.check_stream(stream);
-        }
-        let output = (self.rank() == root).then_some((recv, count));
+        let (call, op) = reducing(CollType::Reduce, send, recv, count, dt, op.into());
         // SAFETY: the caller's promise.
-        if let Some(r) =
-            unsafe { self.staged(stream, HostOp::Reduce(op, root), Some((send, count)), output, count, dt) }
-        {
-            return r;
-        }
-        let mode = self.reduce_mode(count, dt)?;
-        let mut a = self.args(mode, send, recv_p, count as u64, 0, 0);
-        a.root = root as u32;
-        let kop = set_op(&mut a, op, self.nranks());
-        let call = Call { root: root as i32, ..Call::new(algo_name(mode), send, recv_p, count, dt) };
-        // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (dt, kop), self.blocks(bytes), call) }
-    }
-
-    /// Byte-moving collectives share this: `count` elements become bytes.
-    /// `host`: the same call staged (the host collective, and the elements copied in and out).
-    #[allow(clippy::too_many_arguments)] // the device call and its staged twin
-    unsafe fn copy_op(
-        &self,
-        stream: &CudaStream,
-        mode: Mode,
-        (send, recv): (u64, u64),
-        count: usize,
-        dt: DataType,
-        root: u32,
-        host: (HostOp, Option<usize>, Option<usize>),
-    ) -> Result<()> {
-        let bytes = self.check_ptrs(dt, &[("send", send), ("recv", recv)], count)?;
-        if count == 0 {
-            return self.check_stream(stream);
-        }
-        let (op, input, output) = host;
-        // SAFETY: the caller's promise.
-        if let Some(r) =
-            unsafe { self.staged(stream, op, input.map(|n| (send, n)), output.map(|n| (recv, n)), count, dt) }
-        {
-            return r;
-        }
-        let mut a = self.args(mode, send, recv, bytes, bytes, 0);
-        a.root = root;
-        let mut call = Call::new(algo_name(mode), send, recv, count, dt);
-        match mode {
-            Mode::Send | Mode::Recv => call.peer = root as i32,
-            Mode::Broadcast | Mode::BroadcastRing => call.root = root as i32,
-            _ => {}
-        }
-        // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, (DataType::U8, RedOp::Sum), self.blocks(bytes), call) }
+        unsafe { self.run(stream, call.root(root), op) }
     }
 
     /// All-gather: every rank's `count` elements into `recv` (nranks × `count`, in rank order).
@@ -500,9 +416,8 @@ impl CudaComm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
-        let host = (HostOp::AllGather, Some(count), Some(count * self.nranks()));
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::AllGather, (send, recv), count, dt, 0, host) }
+        unsafe { self.run(stream, Op::new(CollType::AllGather, count, dt, send as usize, recv as usize), None) }
     }
 
     /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
@@ -518,12 +433,9 @@ impl CudaComm {
         dt: DataType,
         root: usize,
     ) -> Result<()> {
-        self.check_root(root, "root")?;
-        let send = if self.rank() == root { send } else { recv };
-        let host = (HostOp::Broadcast(root), (self.rank() == root).then_some(count), Some(count));
-        let mode = self.broadcast_mode(count, dt)?;
+        let call = Op::new(CollType::Broadcast, count, dt, send as usize, recv as usize).root(root);
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, mode, (send, recv), count, dt, root as u32, host) }
+        unsafe { self.run(stream, call, None) }
     }
 
     /// All-to-all: block p (`count` elements) of `send` goes to rank p, block q of `recv`
@@ -539,27 +451,8 @@ impl CudaComm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
-        let n = self.nranks();
         // SAFETY: the caller's promise.
-        unsafe {
-            self.copy_op(
-                stream,
-                Mode::AllToAll,
-                (send, recv),
-                count,
-                dt,
-                0,
-                (HostOp::AllToAll, Some(count * n), Some(count * n)),
-            )
-        }
-    }
-
-    fn check_peer(&self, peer: usize) -> Result<u32> {
-        self.check_root(peer, "peer")?;
-        if peer == self.rank() {
-            return Err(Error::arg("a device send/recv to this rank itself"));
-        }
-        Ok(peer as u32)
+        unsafe { self.run(stream, Op::new(CollType::AllToAll, count, dt, send as usize, recv as usize), None) }
     }
 
     /// Sends `count` elements to `peer`, which makes the matching `recv_raw`.
@@ -574,9 +467,8 @@ impl CudaComm {
         dt: DataType,
         peer: usize,
     ) -> Result<()> {
-        let p = self.check_peer(peer)?;
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::Send, (send, send), count, dt, p, (HostOp::Send(peer), Some(count), None)) }
+        unsafe { self.run(stream, Op::new(CollType::Send, count, dt, send as usize, 0).peer(peer), None) }
     }
 
     /// Receives `count` elements from `peer` into `recv`.
@@ -591,9 +483,19 @@ impl CudaComm {
         dt: DataType,
         peer: usize,
     ) -> Result<()> {
-        let p = self.check_peer(peer)?;
         // SAFETY: the caller's promise.
-        unsafe { self.copy_op(stream, Mode::Recv, (recv, recv), count, dt, p, (HostOp::Recv(peer), None, Some(count))) }
+        unsafe { self.run(stream, Op::new(CollType::Recv, count, dt, 0, recv as usize).peer(peer), None) }
+    }
+
+    /// Checks one send or receive of [`CudaComm::p2p_group_raw`] as every call is checked
+    /// (peer in range, buffer non-null and aligned, size within the address space) and returns
+    /// its bytes. One to this rank itself is allowed: the group matches it with its other half.
+    pub fn check_p2p(&self, o: &P2p) -> Result<u64> {
+        let (coll, send, recv) = if o.send { (CollType::Send, o.buf, 0) } else { (CollType::Recv, 0, o.buf) };
+        let t = Op::new(coll, o.count, o.dt, send as usize, recv as usize)
+            .peer(o.peer)
+            .check(self.rank(), self.nranks())?;
+        Ok((t.send + t.recv) as u64)
     }
 
     /// Runs a group's sends and receives on this communicator together, in one launch on
@@ -615,8 +517,7 @@ impl CudaComm {
         let mut transfers = Vec::with_capacity(ops.len());
         let (mut to_me, mut from_me) = (Vec::new(), Vec::new());
         for o in ops {
-            self.check_root(o.peer, "peer")?;
-            let bytes = self.check_ptrs(o.dt, &[(if o.send { "send" } else { "recv" }, o.buf)], o.count)?;
+            let bytes = self.check_p2p(o)?;
             if o.peer == self.rank() {
                 if o.send { &mut from_me } else { &mut to_me }.push((o.buf, bytes));
                 continue;

@@ -17,39 +17,17 @@
 use super::err;
 use super::kernels::cudarc::driver::{CudaContext, CudaStream};
 use super::kernels::staging::{self, Mark, Pinned};
-use super::{DevOp, PreMul};
+use super::PreMul;
 use crate::comm::Comm;
-use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::op::{Op, Touched};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
-
-/// The host collective a staged call runs.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum HostOp {
-    AllReduce(DevOp),
-    ReduceScatter(DevOp),
-    Reduce(DevOp, usize),
-    AllGather,
-    Broadcast(usize),
-    AllToAll,
-    Send(usize),
-    Recv(usize),
-}
 
 /// The first failure of a staged host collective: every later call reports it (the device
 /// results of the failed call and of everything after it are not to be trusted).
 #[derive(Default)]
 struct Failure(Mutex<Option<Error>>);
-
-impl HostOp {
-    fn premul(self) -> Option<PreMul> {
-        match self {
-            HostOp::AllReduce(op) | HostOp::ReduceScatter(op) | HostOp::Reduce(op, _) => op.premul(),
-            _ => None,
-        }
-    }
-}
 
 impl Failure {
     fn get(&self) -> Option<Error> {
@@ -83,11 +61,10 @@ fn again(e: &Error) -> Error {
 /// One enqueued host collective, the data of its host function.
 struct Call {
     comm: Arc<Comm>,
-    op: HostOp,
+    /// The device call, its host operator included; it runs on `send` and `recv`.
+    op: Op,
     send: *const u8,
     recv: *mut u8,
-    count: usize,
-    dt: DataType,
     /// A pre-multiply sum: its scalar, and for a device one the pinned copy the stream made.
     pre: Option<(PreMul, *const u8)>,
     /// Bytes of the staged input (what the scalar multiplies).
@@ -103,7 +80,7 @@ impl Call {
         if let Some(e) = self.failed.get() {
             return Err(e);
         }
-        let (c, s, r, n, dt) = (&self.comm, self.send, self.recv, self.count, self.dt);
+        let dt = self.op.dt;
         if let Some((p, copy)) = self.pre {
             let size = dt.size();
             let scalar = match p {
@@ -114,23 +91,19 @@ impl Call {
             };
             // SAFETY: the staged input, in this call's part of the pinned buffer (as below),
             // which only this host function touches while it runs.
-            let input = unsafe { std::slice::from_raw_parts_mut(s.cast_mut(), self.in_bytes) };
+            let input = unsafe { std::slice::from_raw_parts_mut(self.send.cast_mut(), self.in_bytes) };
             crate::dtype::premultiply(dt, input, &scalar[..size])?;
         }
+        // A buffer the device call has none of (a send's recv) stays none.
+        let pinned = |dev: usize, p: usize| if dev == 0 { 0 } else { p };
+        let op = Op {
+            send: pinned(self.op.send, self.send as usize),
+            recv: pinned(self.op.recv, self.recv as usize),
+            ..self.op
+        };
         // SAFETY: send and recv point into the pinned buffer, sized for this call when it was
         // enqueued and kept alive until the stream (or every replay) has run it.
-        unsafe {
-            match self.op {
-                HostOp::AllReduce(op) => c.all_reduce_raw(s, r, n, dt, op.host_op()),
-                HostOp::ReduceScatter(op) => c.reduce_scatter_raw(s, r, n, dt, op.host_op()),
-                HostOp::Reduce(op, root) => c.reduce_raw(s, r, n, dt, op.host_op(), root),
-                HostOp::AllGather => c.all_gather_raw(s, r, n, dt),
-                HostOp::Broadcast(root) => c.broadcast_raw(s, r, n, dt, root),
-                HostOp::AllToAll => c.all_to_all_raw(s, r, n, dt),
-                HostOp::Send(peer) => c.send_raw(s, n, dt, peer),
-                HostOp::Recv(peer) => c.recv_raw(r, n, dt, peer),
-            }
-        }
+        unsafe { self.comm.run_raw(op) }
     }
 }
 
@@ -211,24 +184,25 @@ impl Staged {
         self.failed.get()
     }
 
-    /// Enqueues `op` on `stream`: `input` (device address, bytes) copied in first where given,
-    /// `output` copied back after where given. `count`: elements, as the host collective takes.
+    /// Enqueues the checked device call `op` on `stream`: what it reads of `send` (`touched`)
+    /// copied in first, what it writes of `recv` copied back after; `premul`, a pre-multiply
+    /// sum's scalar.
     ///
     /// # Safety
-    /// The device addresses are this GPU's memory of the given sizes, live until the stream has
-    /// run the call.
+    /// The device addresses are this GPU's memory of the touched sizes, live until the stream
+    /// has run the call.
     pub(crate) unsafe fn enqueue(
         &self,
         stream: &CudaStream,
-        op: HostOp,
-        input: Option<(u64, usize)>,
-        output: Option<(u64, usize)>,
-        count: usize,
-        dt: DataType,
+        op: Op,
+        premul: Option<PreMul>,
+        touched: Touched,
     ) -> Result<()> {
         if let Some(e) = self.failed.get() {
             return Err(e);
         }
+        let input = (touched.send > 0).then_some((op.send as u64, touched.send));
+        let output = (touched.recv > 0).then_some((op.recv as u64, touched.recv));
         let capturing = staging::capturing(stream).map_err(err("query the stream's capture"))?;
         let in_bytes = input.map_or(0, |(_, b)| b);
         let out_at = out_offset(in_bytes);
@@ -237,7 +211,7 @@ impl Staged {
         let mut g = lock(&self.inner);
         let base = self.buffer(&mut g, need, capturing)?;
         let (send, recv, scalar) = (base, base.wrapping_add(out_at), base.wrapping_add(scalar_at));
-        let pre = op.premul().map(|p| (p, scalar.cast_const()));
+        let pre = premul.map(|p| (p, scalar.cast_const()));
         let key = stream.cu_stream() as usize;
         if !capturing && g.last_stream != 0 && g.last_stream != key {
             self.mark.wait_on(stream).map_err(err("order staged calls across streams"))?;
@@ -247,8 +221,6 @@ impl Staged {
             op,
             send,
             recv,
-            count,
-            dt,
             pre,
             in_bytes,
             failed: self.failed.clone(),
@@ -259,8 +231,8 @@ impl Staged {
             if let Some((src, bytes)) = input.filter(|&(_, b)| b > 0) {
                 staging::copy_to_host(stream, send, src, bytes).map_err(err("stage the input to the host"))?;
             }
-            if let Some(PreMul::Device(p)) = op.premul() {
-                staging::copy_to_host(stream, scalar, p, dt.size())
+            if let Some(PreMul::Device(p)) = premul {
+                staging::copy_to_host(stream, scalar, p, op.dt.size())
                     .map_err(err("stage the pre-multiply scalar to the host"))?;
             }
             if capturing {
@@ -323,7 +295,6 @@ impl Drop for Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::RedOp;
 
     #[test]
     fn the_output_starts_on_its_own_lines_after_the_input() {
@@ -333,15 +304,6 @@ mod tests {
         assert_eq!(out_offset(257), 512);
         assert_eq!(scalar_offset(0), 0);
         assert_eq!(scalar_offset(258), 264);
-    }
-
-    #[test]
-    fn only_a_summing_reduction_carries_a_scalar() {
-        let p = DevOp::PreMulSum(PreMul::Immediate(1));
-        assert_eq!(HostOp::AllReduce(p).premul(), Some(PreMul::Immediate(1)));
-        assert_eq!(HostOp::Reduce(p, 1).premul(), Some(PreMul::Immediate(1)));
-        assert_eq!(HostOp::ReduceScatter(RedOp::Avg.into()).premul(), None);
-        assert_eq!(HostOp::Broadcast(0).premul(), None);
     }
 
     #[test]

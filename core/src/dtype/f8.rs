@@ -91,30 +91,6 @@ impl F8E4M3 {
     pub const MIN_POSITIVE: F8E4M3 = F8E4M3(0x08);
     pub const NAN: F8E4M3 = F8E4M3(0x7f);
 
-    pub const fn from_bits(bits: u8) -> Self {
-        F8E4M3(bits)
-    }
-
-    pub const fn to_bits(self) -> u8 {
-        self.0
-    }
-
-    /// Rounds to nearest even; magnitudes past 448 after rounding (and ±inf) saturate to ±448;
-    /// NaN gives NaN with the sign kept.
-    #[inline]
-    pub fn from_f32(x: f32) -> Self {
-        let bits = x.to_bits();
-        let sign = (bits >> 24) as u8 & 0x80;
-        let a = bits & 0x7fff_ffff;
-        let code = if a > 0x7f80_0000 { 0x7f } else { round_abs::<3, 7>(a).min(0x7e) };
-        F8E4M3(code as u8 | sign)
-    }
-
-    #[inline]
-    pub fn to_f32(self) -> f32 {
-        f32::from_bits(E4M3_TO_F32[self.0 as usize])
-    }
-
     pub const fn is_nan(self) -> bool {
         self.0 & 0x7f == 0x7f
     }
@@ -129,49 +105,63 @@ impl F8E5M2 {
     pub const NEG_INFINITY: F8E5M2 = F8E5M2(0xfc);
     pub const NAN: F8E5M2 = F8E5M2(0x7e);
 
-    pub const fn from_bits(bits: u8) -> Self {
-        F8E5M2(bits)
-    }
-
-    pub const fn to_bits(self) -> u8 {
-        self.0
-    }
-
-    /// Rounds to nearest even; overflow gives ±inf (IEEE); NaN gives a quiet NaN, sign kept.
-    #[inline]
-    pub fn from_f32(x: f32) -> Self {
-        let bits = x.to_bits();
-        let sign = (bits >> 24) as u8 & 0x80;
-        let a = bits & 0x7fff_ffff;
-        let code = if a > 0x7f80_0000 { 0x7e } else { round_abs::<2, 15>(a).min(0x7c) };
-        F8E5M2(code as u8 | sign)
-    }
-
-    #[inline]
-    pub fn to_f32(self) -> f32 {
-        f32::from_bits(E5M2_TO_F32[self.0 as usize])
-    }
-
     pub const fn is_nan(self) -> bool {
         self.0 & 0x7f > 0x7c
     }
 }
 
-macro_rules! fmt_as_f32 {
-    ($($t:ty),*) => {$(
+/// A format's bits, its conversions to and from f32 and f32's formatting. `from_f32` rounds the
+/// magnitude with `round_abs::<M, BIAS>`, clamps it to the code `top` and gives the code `nan`
+/// for a NaN, keeping the sign; `to_f32` reads `table`.
+macro_rules! f8_format {
+    ($t:ident, $table:ident, round_abs::<$m:literal, $bias:literal>, top: $top:literal, nan: $nan:literal,
+     $(#[$from:meta])*) => {
+        impl $t {
+            pub const fn from_bits(bits: u8) -> Self {
+                $t(bits)
+            }
+
+            pub const fn to_bits(self) -> u8 {
+                self.0
+            }
+
+            $(#[$from])*
+            #[inline]
+            pub fn from_f32(x: f32) -> Self {
+                let bits = x.to_bits();
+                let sign = (bits >> 24) as u8 & 0x80;
+                let a = bits & 0x7fff_ffff;
+                let code = if a > 0x7f80_0000 { $nan } else { round_abs::<$m, $bias>(a).min($top) };
+                $t(code as u8 | sign)
+            }
+
+            #[inline]
+            pub fn to_f32(self) -> f32 {
+                f32::from_bits($table[self.0 as usize])
+            }
+        }
+
         impl fmt::Debug for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 fmt::Debug::fmt(&self.to_f32(), f)
             }
         }
+
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 fmt::Display::fmt(&self.to_f32(), f)
             }
         }
-    )*};
+    };
 }
-fmt_as_f32!(F8E4M3, F8E5M2);
+
+f8_format!(F8E4M3, E4M3_TO_F32, round_abs::<3, 7>, top: 0x7e, nan: 0x7f,
+    /// Rounds to nearest even; magnitudes past 448 after rounding (and ±inf) saturate to ±448;
+    /// NaN gives NaN with the sign kept.
+);
+f8_format!(F8E5M2, E5M2_TO_F32, round_abs::<2, 15>, top: 0x7c, nan: 0x7e,
+    /// Rounds to nearest even; overflow gives ±inf (IEEE); NaN gives a quiet NaN, sign kept.
+);
 
 #[cfg(test)]
 mod tests {

@@ -55,8 +55,7 @@ fn on_fifos(c: &mut Ctx<'_>, o: &Op, algo: Algo) -> Result<()> {
     let (block, root) = (o.count * o.dt.size(), o.root.unwrap_or(0));
     match o.coll {
         CollType::AllReduce => coll::all_reduce(c, algo, send, recv, o.count),
-        CollType::Broadcast => coll::broadcast(c, algo, send, recv, o.count, root),
-        CollType::Reduce => coll::reduce(c, algo, send, recv, o.count, root),
+        CollType::Broadcast | CollType::Reduce => coll::rooted_coll(c, o.coll, algo, (send, recv), o.count, root),
         CollType::AllGather => coll::all_gather(c, algo, send, recv, o.count),
         CollType::ReduceScatter => coll::reduce_scatter(c, algo, send, recv, o.count),
         CollType::AllToAll => coll::direct::all_to_all(c, send, recv, block),

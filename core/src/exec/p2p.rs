@@ -18,7 +18,7 @@ use crate::profile::op::OpDescr;
 use crate::profile::{Leg, OpProf, Steps};
 use crate::record::{self, CollType};
 use crate::transport::fifo::nonblocking::alive;
-use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg};
+use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice};
 use crate::transport::{shm, Peer};
 use crate::wait::{self, Deadline, Drive};
 use occl_events::event::ProxyStepState;
@@ -247,7 +247,7 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
         let mut blocked = None;
         for (k, s) in streams.iter_mut().enumerate() {
             let p = peer_mut(&mut inner.peers, s.peer)?;
-            moved |= if s.send { advance_send(s, p, slot, ops, profs)? } else { advance_recv(s, p, slot, ops, profs)? };
+            moved |= advance(s, p, slot, ops, profs)?;
             if !s.done() && blocked.is_none() {
                 blocked = Some(k);
             }
@@ -371,8 +371,9 @@ fn finish_call(s: &mut Stream<'_>) {
     s.steps = None;
 }
 
-/// Sends as many slices of the stream's calls as the receiver has room for.
-fn advance_send<'p>(
+/// Moves the stream's calls in order: sends as many slices as the receiver has room for, or
+/// receives every slice that has arrived. Returns whether anything moved.
+fn advance<'p>(
     s: &mut Stream<'p>,
     p: &mut Peer,
     slot: usize,
@@ -382,46 +383,9 @@ fn advance_send<'p>(
     let mut moved = false;
     while next_call(s, profs) {
         let Some(i) = s.cur else { break };
-        let o = &ops[i];
-        let slice = crate::coll::slice_bytes(slot, o.call.dt);
-        if s.off == 0 && !s.by_ptr {
-            // Large ranges go by pointer where the receiver can read this rank's memory, as a
-            // plain send does.
-            s.by_ptr = o.bytes >= DIRECT_MIN && p.send.may_post_ptr();
-        }
-        while s.off < o.bytes {
-            if let Some(st) = s.steps.as_mut() {
-                st.send_peer_wait();
-            }
-            let Some(out) = p.send.try_acquire() else {
-                let n = p.send.peer_notice();
-                if n.state != state::OPEN {
-                    return Err(n.error(s.peer));
-                }
-                return Ok(moved);
-            };
-            let n = slice.min(o.bytes - s.off);
-            let src = (o.call.send + s.off) as *const u8;
-            if s.by_ptr {
-                p.send.post_ptr(src, n, &o.desc);
-            } else {
-                // SAFETY: the caller's buffer holds `bytes` readable bytes until the group has
-                // run; the acquired slot holds slot_size >= n bytes.
-                unsafe { std::ptr::copy_nonoverlapping(src, out, n) };
-                p.send.post(n, &o.desc);
-            }
-            if let Some(st) = s.steps.as_mut() {
-                st.send_posted(n, &p.send);
-            }
-            s.off += n;
-            moved = true;
-        }
-        // Pointers posted must be read before the caller may touch its buffer again.
-        if s.by_ptr && !p.send.try_drain() {
-            let n = p.send.peer_notice();
-            if n.state != state::OPEN {
-                return Err(n.error(s.peer));
-            }
+        let (o, slice) = (&ops[i], crate::coll::slice_bytes(slot, ops[i].call.dt));
+        let done = if s.send { send_call(s, p, o, slice, &mut moved)? } else { recv_call(s, p, o, slice, &mut moved)? };
+        if !done {
             return Ok(moved);
         }
         finish_call(s);
@@ -430,60 +394,84 @@ fn advance_send<'p>(
     Ok(moved)
 }
 
-/// Receives every slice that has arrived for the stream's calls.
-fn advance_recv<'p>(
-    s: &mut Stream<'p>,
-    p: &mut Peer,
-    slot: usize,
-    ops: &[Op],
-    profs: &'p [Option<OpProf<'p>>],
-) -> Result<bool> {
-    let mut moved = false;
-    while next_call(s, profs) {
-        let Some(i) = s.cur else { break };
-        let o = &ops[i];
-        let slice = crate::coll::slice_bytes(slot, o.call.dt);
-        while s.off < o.bytes {
-            if let Some(st) = s.steps.as_mut() {
-                st.recv_begin(&p.recv);
-            }
-            let Some(m) = p.recv.try_peek(s.peer)? else {
-                let n = p.recv.peer_notice();
-                if n.state != state::OPEN {
-                    return Err(n.error(s.peer));
-                }
-                return Ok(moved);
-            };
-            let n = slice.min(o.bytes - s.off);
-            if m.desc != o.desc {
-                return Err(Error::usage(format!(
-                    "operation mismatch: this rank runs {} but rank {} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
-                    o.desc,
-                    s.peer,
-                    m.desc
-                )));
-            }
-            if m.len != n {
-                return Err(Error::usage(format!(
-                    "operation mismatch: rank {} sent a {}-byte slice where this rank expected {n} bytes for {}",
-                    s.peer, m.len, o.desc
-                )));
-            }
-            if let Some(st) = s.steps.as_mut() {
-                st.recv_arrived(n);
-            }
-            fetch(p, s.peer, &m, (o.call.recv + s.off) as *mut u8, n)?;
-            p.recv.release();
-            if let Some(st) = s.steps.as_mut() {
-                st.recv_done();
-            }
-            s.off += n;
-            moved = true;
-        }
-        finish_call(s);
-        moved = true;
+/// A call that cannot move now: the peer's failure when `notice` shows one, else not done.
+fn stalled(notice: Notice, peer: usize) -> Result<bool> {
+    if notice.state != state::OPEN {
+        return Err(notice.error(peer));
     }
-    Ok(moved)
+    Ok(false)
+}
+
+/// Sends what the receiver has room for of call `o`, in slices of `slice` bytes; true when the
+/// call is done.
+fn send_call(s: &mut Stream<'_>, p: &mut Peer, o: &Op, slice: usize, moved: &mut bool) -> Result<bool> {
+    if s.off == 0 && !s.by_ptr {
+        // Large ranges go by pointer where the receiver can read this rank's memory, as a
+        // plain send does.
+        s.by_ptr = o.bytes >= DIRECT_MIN && p.send.may_post_ptr();
+    }
+    while s.off < o.bytes {
+        if let Some(st) = s.steps.as_mut() {
+            st.send_peer_wait();
+        }
+        let Some(out) = p.send.try_acquire() else { return stalled(p.send.peer_notice(), s.peer) };
+        let n = slice.min(o.bytes - s.off);
+        let src = (o.call.send + s.off) as *const u8;
+        if s.by_ptr {
+            p.send.post_ptr(src, n, &o.desc);
+        } else {
+            // SAFETY: the caller's buffer holds `bytes` readable bytes until the group has
+            // run; the acquired slot holds slot_size >= n bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src, out, n) };
+            p.send.post(n, &o.desc);
+        }
+        if let Some(st) = s.steps.as_mut() {
+            st.send_posted(n, &p.send);
+        }
+        s.off += n;
+        *moved = true;
+    }
+    // Pointers posted must be read before the caller may touch its buffer again.
+    if s.by_ptr && !p.send.try_drain() {
+        return stalled(p.send.peer_notice(), s.peer);
+    }
+    Ok(true)
+}
+
+/// Receives the slices of call `o` that have arrived; true when the call is done.
+fn recv_call(s: &mut Stream<'_>, p: &mut Peer, o: &Op, slice: usize, moved: &mut bool) -> Result<bool> {
+    while s.off < o.bytes {
+        if let Some(st) = s.steps.as_mut() {
+            st.recv_begin(&p.recv);
+        }
+        let Some(m) = p.recv.try_peek(s.peer)? else { return stalled(p.recv.peer_notice(), s.peer) };
+        let n = slice.min(o.bytes - s.off);
+        if m.desc != o.desc {
+            return Err(Error::usage(format!(
+                "operation mismatch: this rank runs {} but rank {} runs {}; every rank must call the same collectives in the same order with the same count, datatype, operator and root",
+                o.desc,
+                s.peer,
+                m.desc
+            )));
+        }
+        if m.len != n {
+            return Err(Error::usage(format!(
+                "operation mismatch: rank {} sent a {}-byte slice where this rank expected {n} bytes for {}",
+                s.peer, m.len, o.desc
+            )));
+        }
+        if let Some(st) = s.steps.as_mut() {
+            st.recv_arrived(n);
+        }
+        fetch(p, s.peer, &m, (o.call.recv + s.off) as *mut u8, n)?;
+        p.recv.release();
+        if let Some(st) = s.steps.as_mut() {
+            st.recv_done();
+        }
+        s.off += n;
+        *moved = true;
+    }
+    Ok(true)
 }
 
 /// Copies message `m` (`n` bytes) to `dst`: from the slot, or from the sender's memory for a

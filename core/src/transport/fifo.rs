@@ -465,26 +465,43 @@ impl SendFifo {
     /// Waits for the next slot to be free and returns its data area (`slot_size` bytes).
     pub(crate) fn acquire(&mut self, ends: &Ends<'_>, deadline: &Deadline) -> Result<*mut u8> {
         let i = self.head as usize % self.nslots;
-        let hdr = self.region.slot_hdr(i);
-        let h = self.region.header();
         if (self.head as usize) >= self.nslots {
             let want = self.head.wrapping_sub(self.nslots as u32).wrapping_add(1);
-            if hdr.ack.load(Ordering::Acquire) != want {
-                let peer = ends.peer;
-                ends.waits(SEND_PEER_WAIT);
-                wait::wait_until(
-                    wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
-                    &hdr.ack,
-                    &h.send_sleepers.0,
-                    &mut |slow| ends.check(|| h.receiver(), slow),
-                    deadline,
-                    self.patience,
-                    &|| format!("sending to rank {peer} (waiting for a free slot)"),
-                    ends.sleeper,
-                )?;
-            }
+            let peer = ends.peer;
+            let what = || format!("sending to rank {peer} (waiting for a free slot)");
+            self.wait_ack(i, want, ends, deadline, SEND_PEER_WAIT, &what)?;
         }
         Ok(self.region.slot_data(i))
+    }
+
+    /// Waits until slot `i` is acknowledged up to `want` (the receiver is done with it),
+    /// recording `state` as the rank's wait; `what` names the wait in a timeout.
+    fn wait_ack(
+        &self,
+        i: usize,
+        want: u32,
+        ends: &Ends<'_>,
+        deadline: &Deadline,
+        state: u32,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let hdr = self.region.slot_hdr(i);
+        if hdr.ack.load(Ordering::Acquire) == want {
+            return Ok(());
+        }
+        let h = self.region.header();
+        ends.waits(state);
+        // Driven like every other wait: a rank with tcp peers keeps their sockets moving.
+        wait::wait_until(
+            wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
+            &hdr.ack,
+            &h.send_sleepers.0,
+            &mut |slow| ends.check(|| h.receiver(), slow),
+            deadline,
+            self.patience,
+            what,
+            ends.sleeper,
+        )
     }
 
     /// Publishes the slot returned by the last `acquire` with `len` bytes of data.
@@ -521,24 +538,9 @@ impl SendFifo {
             return Ok(());
         }
         let i = (self.head.wrapping_sub(1)) as usize % self.nslots;
-        let hdr = self.region.slot_hdr(i);
-        let h = self.region.header();
-        let want = self.head;
         let peer = ends.peer;
-        if hdr.ack.load(Ordering::Acquire) != want {
-            ends.waits(SEND_WAIT);
-            // Driven like every other wait: a rank with tcp peers keeps their sockets moving.
-            wait::wait_until(
-                wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
-                &hdr.ack,
-                &h.send_sleepers.0,
-                &mut |slow| ends.check(|| h.receiver(), slow),
-                deadline,
-                self.patience,
-                &|| format!("waiting for rank {peer} to read this rank's buffer"),
-                ends.sleeper,
-            )?;
-        }
+        let what = || format!("waiting for rank {peer} to read this rank's buffer");
+        self.wait_ack(i, self.head, ends, deadline, SEND_WAIT, &what)?;
         self.ptr_outstanding = false;
         Ok(())
     }

@@ -1,6 +1,12 @@
 //! One operation as the pipeline carries it: what the API built from a checked call, what a
 //! group queues and what the executor runs. A value with the caller's buffer addresses, so it
 //! can wait in a group until `group_end` (the `_raw` calls' contract keeps the buffers alive).
+//! `check` validates a call against its collective's layout, for the host and device paths.
+
+mod check;
+
+#[cfg(feature = "cuda")]
+pub(crate) use check::{check_ptr, Touched};
 
 use crate::dtype::{DataType, RedOp};
 use crate::profile::op::OpDescr;
@@ -23,8 +29,9 @@ pub(crate) struct Op {
 }
 
 impl Op {
-    pub(crate) fn new(coll: CollType, count: usize, dt: DataType, send: *const u8, recv: *const u8) -> Op {
-        Op { coll, count, dt, op: None, root: None, peer: None, send: send as usize, recv: recv as usize }
+    /// `send` and `recv` are addresses, host or device (0: no buffer).
+    pub(crate) fn new(coll: CollType, count: usize, dt: DataType, send: usize, recv: usize) -> Op {
+        Op { coll, count, dt, op: None, root: None, peer: None, send, recv }
     }
 
     pub(crate) fn op(self, op: RedOp) -> Op {
