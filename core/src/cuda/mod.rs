@@ -34,7 +34,7 @@ pub use kernels::timer::ClockMap;
 pub use ops::P2p;
 pub use tune::DevAlgo;
 
-use crate::dtype::{DataType, RedOp};
+use crate::dtype::RedOp;
 use crate::error::Error;
 
 /// What a device reduction computes: one of occl's operators, or a pre-multiply sum (NCCL's
@@ -76,12 +76,6 @@ pub(crate) fn err(context: &'static str) -> impl FnOnce(kernels::Error) -> Error
         kernels::Error::InvalidArgument(m) => Error::arg(format!("{context}: {m}")),
         e => Error::sys(context, std::io::Error::other(e.to_string())),
     }
-}
-
-/// The kernels' element type for `dt`: the same vocabulary type (`occl-types`), so this is the
-/// identity; it stays beside [`kernel_op`], which does map.
-pub fn kernel_dtype(dt: DataType) -> kernels::DataType {
-    dt
 }
 
 /// The reduction `op` performs at every step; the average is a sum whose last step divides by

@@ -10,7 +10,7 @@ use super::kernels::cudarc::driver::sys as cudarc_sys;
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::p2p::{plan, Transfer};
 use super::tune::DevAlgo;
-use super::{kernel_dtype, kernel_op, DevOp, PreMul};
+use super::{kernel_op, DevOp, PreMul};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::op::{check_ptr, Op};
@@ -255,7 +255,7 @@ impl CudaComm {
         let launch = prof.as_ref().and_then(|p| p.start_launch(stream.cu_stream() as usize));
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
         // the timer slot is this launch's alone until its records are collected.
-        let r = unsafe { self.kernels.launch(stream, &a, kernel_dtype(dt), kernel_op(op), blocks) }
+        let r = unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks) }
             .map_err(err("launch a device collective"));
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
             w.launched(capturing(stream));
