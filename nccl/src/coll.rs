@@ -468,6 +468,49 @@ fn rooted(comm: &Comm, datatype: ncclDataType_t, root: i32, count: usize) -> Res
     Ok((count > 0).then_some(Rooted { dt, root, n, me, bytes }))
 }
 
+/// A gather (every rank's block into the root's `recv`, in rank order) or a scatter (block
+/// `i` of the root's `send` into rank `i`'s `recv`): point-to-point moves in one group, the
+/// root's own block copied.
+///
+/// # Safety
+/// NCCL's contract for `ncclGather`/`ncclScatter`.
+#[allow(clippy::too_many_arguments)] // NCCL's argument list and which of the two
+unsafe fn gather_or_scatter(
+    gather: bool,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: i32,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let name = if gather { "ncclGather" } else { "ncclScatter" };
+    guard(name, || unsafe {
+        call(name, comm, stream, &[sendbuff, recvbuff.cast_const()], None, move |c, path| {
+            let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
+                return Ok(());
+            };
+            let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
+            let e = Ends { c, path: &path, dt, count };
+            grouped(e.is_device(), || match (gather, me == root) {
+                (true, false) => e.send(send, root),
+                (false, false) => e.recv(recv, root),
+                (true, true) if recv.is_null() => Err(arg("recvbuff is NULL at the root")),
+                (false, true) if send.is_null() => Err(arg("sendbuff is NULL at the root")),
+                (true, true) => {
+                    e.own(send, recv.wrapping_add(me * bytes))?;
+                    (0..n).filter(|&r| r != me).try_for_each(|r| e.recv(recv.wrapping_add(r * bytes), r))
+                }
+                (false, true) => {
+                    e.own(send.wrapping_add(me * bytes), recv)?;
+                    (0..n).filter(|&r| r != me).try_for_each(|r| e.send(send.wrapping_add(r * bytes), r))
+                }
+            })
+        })
+    })
+}
+
 export! {
     /// Every rank's `count` elements into the root's `recvbuff`, in rank order.
     fn ncclGather / pncclGather(
@@ -479,25 +522,8 @@ export! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclGather", || unsafe {
-            call("ncclGather", comm, stream, &[sendbuff, recvbuff.cast_const()], None, move |c, path| {
-                let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
-                    return Ok(());
-                };
-                let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
-                let e = Ends { c, path: &path, dt, count };
-                grouped(e.is_device(), || {
-                    if me != root {
-                        return e.send(send, root);
-                    }
-                    if recv.is_null() {
-                        return Err(arg("recvbuff is NULL at the root"));
-                    }
-                    e.own(send, recv.wrapping_add(me * bytes))?;
-                    (0..n).filter(|&r| r != me).try_for_each(|r| e.recv(recv.wrapping_add(r * bytes), r))
-                })
-            })
-        })
+        // SAFETY: NCCL's contract, passed on.
+        unsafe { gather_or_scatter(true, sendbuff, recvbuff, count, datatype, root, comm, stream) }
     }
 }
 
@@ -512,25 +538,8 @@ export! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclScatter", || unsafe {
-            call("ncclScatter", comm, stream, &[sendbuff, recvbuff.cast_const()], None, move |c, path| {
-                let Some(Rooted { dt, root, n, me, bytes }) = rooted(c.comm()?, datatype, root, count)? else {
-                    return Ok(());
-                };
-                let (send, recv) = (sendbuff.cast::<u8>(), recvbuff.cast::<u8>());
-                let e = Ends { c, path: &path, dt, count };
-                grouped(e.is_device(), || {
-                    if me != root {
-                        return e.recv(recv, root);
-                    }
-                    if send.is_null() {
-                        return Err(arg("sendbuff is NULL at the root"));
-                    }
-                    e.own(send.wrapping_add(me * bytes), recv)?;
-                    (0..n).filter(|&r| r != me).try_for_each(|r| e.send(send.wrapping_add(r * bytes), r))
-                })
-            })
-        })
+        // SAFETY: NCCL's contract, passed on.
+        unsafe { gather_or_scatter(false, sendbuff, recvbuff, count, datatype, root, comm, stream) }
     }
 }
 

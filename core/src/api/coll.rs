@@ -8,86 +8,48 @@ use crate::launch;
 use crate::op::Op;
 use crate::record::CollType;
 
+/// The collectives of the raw interface: each takes NCCL's `send`, `recv`, `count` and `dt`,
+/// then its own arguments (`op`, `root`), which name the `Op` builder methods that record them.
+macro_rules! raw_collectives {
+    ($($(#[$attr:meta])* $name:ident => $coll:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        $(#[$attr])*
+        pub unsafe fn $name(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType $(, $arg: $ty)*) -> Result<()> {
+            let call = Op::new(CollType::$coll, count, dt, send as usize, recv as usize)$(.$arg($arg))*;
+            // SAFETY: the caller's promise.
+            unsafe { self.run_raw(call) }
+        }
+    )*};
+}
+
 /// The raw interface: NCCL's argument order, pointers and an element count. Each call becomes
 /// an `Op`, checked once against its collective's layout (`Op::check`, which the device calls
 /// share), that runs now or waits in the open group. The safe methods below check slice
 /// lengths and call these.
 impl Comm {
-    /// # Safety
-    /// `send` must be readable and `recv` writable for `count` elements of `dt`; they may be
-    /// the same pointer (in place) but must not otherwise overlap.
-    pub unsafe fn all_reduce_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dt: DataType,
-        op: RedOp,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run_raw(Op::new(CollType::AllReduce, count, dt, send as usize, recv as usize).op(op)) }
-    }
-
-    /// # Safety
-    /// At the root `send` is readable for `count` elements; `recv` is writable for `count`
-    /// elements on every rank (it may equal `send`).
-    pub unsafe fn broadcast_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dt: DataType,
-        root: usize,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run_raw(Op::new(CollType::Broadcast, count, dt, send as usize, recv as usize).root(root)) }
-    }
-
-    /// # Safety
-    /// `send` readable for `count` elements on every rank; at the root `recv` writable for
-    /// `count` elements (it may equal `send`); elsewhere `recv` is not touched.
-    pub unsafe fn reduce_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dt: DataType,
-        op: RedOp,
-        root: usize,
-    ) -> Result<()> {
-        let call = Op::new(CollType::Reduce, count, dt, send as usize, recv as usize).op(op).root(root);
-        // SAFETY: the caller's promise.
-        unsafe { self.run_raw(call) }
-    }
-
-    /// # Safety
-    /// `send` readable for `count` elements, `recv` writable for `nranks * count`; in place
-    /// when `send == recv + rank * count` elements.
-    pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run_raw(Op::new(CollType::AllGather, count, dt, send as usize, recv as usize)) }
-    }
-
-    /// # Safety
-    /// `send` readable for `nranks * count` elements, `recv` writable for `count`; in place when
-    /// `recv == send + rank * count` elements.
-    pub unsafe fn reduce_scatter_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dt: DataType,
-        op: RedOp,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run_raw(Op::new(CollType::ReduceScatter, count, dt, send as usize, recv as usize).op(op)) }
-    }
-
-    /// # Safety
-    /// `send` readable and `recv` writable for `nranks * count` elements; in place when equal.
-    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dt: DataType) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run_raw(Op::new(CollType::AllToAll, count, dt, send as usize, recv as usize)) }
+    raw_collectives! {
+        /// # Safety
+        /// `send` must be readable and `recv` writable for `count` elements of `dt`; they may be
+        /// the same pointer (in place) but must not otherwise overlap.
+        all_reduce_raw => AllReduce(op: RedOp);
+        /// # Safety
+        /// At the root `send` is readable for `count` elements; `recv` is writable for `count`
+        /// elements on every rank (it may equal `send`).
+        broadcast_raw => Broadcast(root: usize);
+        /// # Safety
+        /// `send` readable for `count` elements on every rank; at the root `recv` writable for
+        /// `count` elements (it may equal `send`); elsewhere `recv` is not touched.
+        reduce_raw => Reduce(op: RedOp, root: usize);
+        /// # Safety
+        /// `send` readable for `count` elements, `recv` writable for `nranks * count`; in place
+        /// when `send == recv + rank * count` elements.
+        all_gather_raw => AllGather();
+        /// # Safety
+        /// `send` readable for `nranks * count` elements, `recv` writable for `count`; in place when
+        /// `recv == send + rank * count` elements.
+        reduce_scatter_raw => ReduceScatter(op: RedOp);
+        /// # Safety
+        /// `send` readable and `recv` writable for `nranks * count` elements; in place when equal.
+        all_to_all_raw => AllToAll();
     }
 
     /// # Safety

@@ -86,10 +86,35 @@ fn set_op(a: &mut CollArgs, op: DevOp, nranks: usize) -> RedOp {
     }
 }
 
-/// A reduction's call: its host operator rides on the `Op` (what a staged call runs), the
-/// device operator beside it.
-fn reducing(coll: CollType, send: u64, recv: u64, count: usize, dt: DataType, op: DevOp) -> (Op, Option<DevOp>) {
-    (Op::new(coll, count, dt, send as usize, recv as usize).op(op.host_op()), Some(op))
+/// The collectives of the device interface: each takes the stream, NCCL's `send`, `recv`,
+/// `count` and `dt`, then `op` if it reduces (an operator or a pre-multiply sum) and its other
+/// arguments, which name the `Op` builder methods that record them.
+macro_rules! device_collectives {
+    ($($(#[$attr:meta])* $name:ident => $coll:ident $([$op:ident])? ($($arg:ident: $ty:ty),*);)*) => {$(
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)] // NCCL's argument list
+        pub unsafe fn $name(
+            &self,
+            stream: &CudaStream,
+            send: u64,
+            recv: u64,
+            count: usize,
+            dt: DataType,
+            $($op: impl Into<DevOp>,)?
+            $($arg: $ty),*
+        ) -> Result<()> {
+            // A reduction's host operator rides on the `Op` (what a staged call runs), the
+            // device operator beside it.
+            let op: Option<DevOp> = None$(.or(Some($op.into())))?;
+            let call = Op::new(CollType::$coll, count, dt, send as usize, recv as usize)$(.$arg($arg))*;
+            let call = match op {
+                Some(o) => call.op(o.host_op()),
+                None => call,
+            };
+            // SAFETY: the caller's promise.
+            unsafe { self.run(stream, call, op) }
+        }
+    )*};
 }
 
 impl CudaComm {
@@ -345,114 +370,41 @@ impl CudaComm {
         Ok(())
     }
 
-    /// All-reduce of `count` elements from `send` into `recv` (equal: in place). `op` is an
-    /// operator or a pre-multiply sum ([`DevOp`]).
-    ///
-    /// # Safety
-    /// `send` and `recv` are device addresses on this GPU of `count` elements each, live until
-    /// the stream has run the operation (so is a device scalar of `op`); every rank makes the
-    /// same call in the same order.
-    pub unsafe fn all_reduce_raw(
-        &self,
-        stream: &CudaStream,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-        op: impl Into<DevOp>,
-    ) -> Result<()> {
-        let (call, op) = reducing(CollType::AllReduce, send, recv, count, dt, op.into());
-        // SAFETY: the caller's promise.
-        unsafe { self.run(stream, call, op) }
-    }
-
-    /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
-    ///
-    /// # Safety
-    /// As [`CudaComm::all_reduce_raw`], with `send` of nranks × `count` elements.
-    pub unsafe fn reduce_scatter_raw(
-        &self,
-        stream: &CudaStream,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-        op: impl Into<DevOp>,
-    ) -> Result<()> {
-        let (call, op) = reducing(CollType::ReduceScatter, send, recv, count, dt, op.into());
-        // SAFETY: the caller's promise.
-        unsafe { self.run(stream, call, op) }
-    }
-
-    /// Reduce into `recv` on `root` (other ranks' `recv` is untouched).
-    ///
-    /// # Safety
-    /// As [`CudaComm::all_reduce_raw`].
-    #[allow(clippy::too_many_arguments)] // NCCL's argument list
-    pub unsafe fn reduce_raw(
-        &self,
-        stream: &CudaStream,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-        op: impl Into<DevOp>,
-        root: usize,
-    ) -> Result<()> {
-        let (call, op) = reducing(CollType::Reduce, send, recv, count, dt, op.into());
-        // SAFETY: the caller's promise.
-        unsafe { self.run(stream, call.root(root), op) }
-    }
-
-    /// All-gather: every rank's `count` elements into `recv` (nranks × `count`, in rank order).
-    ///
-    /// # Safety
-    /// As [`CudaComm::all_reduce_raw`], with `recv` of nranks × `count` elements.
-    pub unsafe fn all_gather_raw(
-        &self,
-        stream: &CudaStream,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run(stream, Op::new(CollType::AllGather, count, dt, send as usize, recv as usize), None) }
-    }
-
-    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
-    ///
-    /// # Safety
-    /// As [`CudaComm::all_reduce_raw`] (`send` is read on the root only).
-    pub unsafe fn broadcast_raw(
-        &self,
-        stream: &CudaStream,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-        root: usize,
-    ) -> Result<()> {
-        let call = Op::new(CollType::Broadcast, count, dt, send as usize, recv as usize).root(root);
-        // SAFETY: the caller's promise.
-        unsafe { self.run(stream, call, None) }
-    }
-
-    /// All-to-all: block p (`count` elements) of `send` goes to rank p, block q of `recv`
-    /// comes from rank q.
-    ///
-    /// # Safety
-    /// As [`CudaComm::all_reduce_raw`], with both buffers nranks × `count` elements.
-    pub unsafe fn all_to_all_raw(
-        &self,
-        stream: &CudaStream,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.run(stream, Op::new(CollType::AllToAll, count, dt, send as usize, recv as usize), None) }
+    device_collectives! {
+        /// All-reduce of `count` elements from `send` into `recv` (equal: in place). `op` is an
+        /// operator or a pre-multiply sum ([`DevOp`]).
+        ///
+        /// # Safety
+        /// `send` and `recv` are device addresses on this GPU of `count` elements each, live until
+        /// the stream has run the operation (so is a device scalar of `op`); every rank makes the
+        /// same call in the same order.
+        all_reduce_raw => AllReduce[op]();
+        /// Reduce-scatter: `send` holds nranks blocks of `count`, `recv` gets block `rank` reduced.
+        ///
+        /// # Safety
+        /// As [`CudaComm::all_reduce_raw`], with `send` of nranks × `count` elements.
+        reduce_scatter_raw => ReduceScatter[op]();
+        /// Reduce into `recv` on `root` (other ranks' `recv` is untouched).
+        ///
+        /// # Safety
+        /// As [`CudaComm::all_reduce_raw`].
+        reduce_raw => Reduce[op](root: usize);
+        /// All-gather: every rank's `count` elements into `recv` (nranks × `count`, in rank order).
+        ///
+        /// # Safety
+        /// As [`CudaComm::all_reduce_raw`], with `recv` of nranks × `count` elements.
+        all_gather_raw => AllGather();
+        /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
+        ///
+        /// # Safety
+        /// As [`CudaComm::all_reduce_raw`] (`send` is read on the root only).
+        broadcast_raw => Broadcast(root: usize);
+        /// All-to-all: block p (`count` elements) of `send` goes to rank p, block q of `recv`
+        /// comes from rank q.
+        ///
+        /// # Safety
+        /// As [`CudaComm::all_reduce_raw`], with both buffers nranks × `count` elements.
+        all_to_all_raw => AllToAll();
     }
 
     /// Sends `count` elements to `peer`, which makes the matching `recv_raw`.
