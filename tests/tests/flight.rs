@@ -22,6 +22,15 @@ fn dumps(dir: &Path) -> Vec<Value> {
     out
 }
 
+/// A 2-rank job running all-reduces in a loop with `vars` set, past its first operations.
+fn looping_job(vars: &[(&str, &str)]) -> Job {
+    let spawn = Spawn { env: env(vars), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+    let job = Job::spawn(worker(), &["loop".to_string()], 2, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    std::thread::sleep(Duration::from_millis(300));
+    job
+}
+
 #[test]
 fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
     let dir = scratch("flight-timeout");
@@ -52,19 +61,11 @@ fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
 fn sigusr1_dumps_a_running_job_without_stopping_it() {
     let dir = scratch("flight-usr1");
     let d = dir.to_string_lossy().to_string();
-    let spawn = Spawn {
-        env: env(&[
-            ("OCCL_FLIGHT_RECORDER_DIR", &d),
-            ("OCCL_FLIGHT_RECORDER_SIZE", "64"),
-            ("OCCL_FLIGHT_RECORDER_SIGNAL", "SIGUSR1"),
-        ]),
-        capture_stdout: true,
-        capture_stderr: true,
-        ..Spawn::default()
-    };
-    let job = Job::spawn(worker(), &["loop".to_string()], 2, &spawn).expect("start job");
-    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
-    std::thread::sleep(Duration::from_millis(300));
+    let job = looping_job(&[
+        ("OCCL_FLIGHT_RECORDER_DIR", &d),
+        ("OCCL_FLIGHT_RECORDER_SIZE", "64"),
+        ("OCCL_FLIGHT_RECORDER_SIGNAL", "SIGUSR1"),
+    ]);
     job.signal(1, libc::SIGUSR1).expect("signal rank 1");
     let t = Instant::now();
     let doc = loop {
@@ -185,15 +186,7 @@ fn a_sigusr1_dump_follows_no_planted_symlink() {
 #[test]
 fn the_ras_port_serves_the_flight_record_and_sigusr1_stays_the_applications() {
     let port = occl_tests::ras_client::free_port();
-    let spawn = Spawn {
-        env: env(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_FLIGHT_RECORDER_SIZE", "32")]),
-        capture_stdout: true,
-        capture_stderr: true,
-        ..Spawn::default()
-    };
-    let job = Job::spawn(worker(), &["loop".to_string()], 2, &spawn).expect("start job");
-    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
-    std::thread::sleep(Duration::from_millis(300));
+    let job = looping_job(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_FLIGHT_RECORDER_SIZE", "32")]);
     let pids: Vec<u64> = job.children.iter().map(|c| u64::from(c.id())).collect();
     let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder").unwrap_or_default();
     assert_eq!(code, 200, "{body}");
