@@ -49,6 +49,7 @@ mod id;
 mod init_timer;
 mod launch;
 mod lifecycle;
+pub mod log;
 mod op;
 mod profile;
 mod ras;

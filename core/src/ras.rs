@@ -90,6 +90,15 @@ pub(crate) fn server(config: &Config, secret: &[u8; 16]) -> Result<Option<&'stat
                         t.render_metrics(out);
                     }
                 }));
+                // `/api/v1/flight-recorder`: every live recorder of this process, read on request.
+                occl_ras::server::set_flight_provider(std::sync::Arc::new(|out: &mut String| {
+                    use std::fmt::Write as _;
+                    let _ = write!(out, "{{\"pid\":{},\"records\":[", std::process::id());
+                    for (i, r) in occl_telemetry::flight::live_recorders().iter().enumerate() {
+                        let _ = write!(out, "{}{}", if i == 0 { "" } else { "," }, r.to_json("http"));
+                    }
+                    out.push_str("]}");
+                }));
                 tracing::debug!(
                     "occl: RAS mesh on {}, client port {}",
                     s.mesh_addr(),

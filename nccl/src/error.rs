@@ -93,7 +93,8 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 /// `ncclGetLastError`, and a panic stops here as `ncclInternalError` (unwinding into C is
 /// undefined behaviour).
 pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
-    crate::debug::init();
+    // NCCL's default: no lines unless NCCL_DEBUG (or OCCL_DEBUG) asks.
+    occl::log::init(None);
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {

@@ -14,8 +14,7 @@
 //! lsa pointers and barriers, GIN) is offered on GPU communicators whose ranks share one host
 //! (`devapi`).
 //!
-//! Layers, bottom up: `abi` (C types and their conversions) → `debug` (`NCCL_DEBUG` logging)
-//! → `error` (result codes, the last error, the panic barrier) → `device` (is a pointer GPU
+//! Layers, bottom up: `abi` (C types and their conversions) → `error` (result codes, the last error, the panic barrier) → `device` (is a pointer GPU
 //! memory) → `gpu` (current device, streams, staging buffers) → `lsa` (the device API's
 //! layouts and shared device memory) → `handle` (the communicator behind `ncclComm_t`) →
 //! `setup` (the device API's collective setups) → `p2p` (staged device send/recv) →
@@ -49,7 +48,6 @@ macro_rules! export {
 
 pub mod abi;
 mod coll;
-pub mod debug;
 mod deferred;
 mod devapi;
 mod device;

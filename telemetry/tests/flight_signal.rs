@@ -93,6 +93,7 @@ fn sigusr1_dumps_live_recorders() {
         .args(["--exact", "flight_signal_child", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .env(DIR_ENV, &dir)
+        .env(occl_telemetry::flight::SIGNAL_ENV, "SIGUSR1")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -144,4 +145,18 @@ fn sigusr1_dumps_live_recorders() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 1, "only the dump, no temporary file: {left:?}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_dump_directory_alone_leaves_sigusr1_to_the_application() {
+    let dir = std::env::temp_dir().join(format!("occl-flight-nosig-{}", std::process::id()));
+    let config = flight::FlightConfig { capacity: 4, dir: Some(dir.clone()), signal: false };
+    assert_eq!(flight::install_config(&config).unwrap(), Some(dir));
+    // SAFETY: sigaction with a null new action only reads the current one into `old`.
+    let handler = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut old), 0);
+        old.sa_sigaction
+    };
+    assert_eq!(handler, libc::SIG_DFL, "SIGUSR1 keeps its default action");
 }

@@ -204,7 +204,7 @@ fn test_config(dir: &Path, ras_port: u16) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    assert_eq!(fors, 5, "every alert has a `for:`");
+    assert_eq!(fors, 6, "every alert has a `for:`");
     std::fs::write(dir.join("alerts.yml"), &files["alerts.yml"]).expect("write rules");
     std::fs::create_dir_all(dir.join("targets")).expect("targets dir");
     // The committed example's shape, pointing at this job.
@@ -350,11 +350,12 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
             rule_checks.insert(name.clone(), Check { what: format!("alerts.yml / {name}"), expr });
         }
     }
-    let alert_names = ["RankDead", "RankUnresponsive", "CollectiveStalled", "OpCountDivergence", "BusBandwidthDrop"];
+    let alert_names =
+        ["RankDead", "RankUnresponsive", "CollectiveStalled", "OpCountDivergence", "BusBandwidthDrop", "JobTargetDown"];
     for a in alert_names {
         assert!(rule_checks.contains_key(a), "Prometheus did not load alert {a}: {rules}\n{}", p.log());
     }
-    assert_eq!(rule_checks.len(), 7, "{rule_checks:?}");
+    assert_eq!(rule_checks.len(), 8, "{rule_checks:?}");
 
     // Which phase each query needs; the rest must have data in a healthy job.
     let phase_of = |key: &str| match key {
@@ -362,6 +363,8 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
         "BusBandwidthDrop" => "resumed",
         "RankUnresponsive" | "Absent ranks" | "Absent ranks by state" => "stopped",
         "RankDead" | "Failed operations by collective and error kind" => "killed",
+        // This job's survivors keep its port; tests/tests/alerts.rs ends a whole job.
+        "JobTargetDown" => "ended",
         _ => "healthy",
     };
     let mut by_phase: BTreeMap<&str, Vec<Check>> = BTreeMap::new();
@@ -471,6 +474,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     }
     let killed = by_phase.remove("killed").unwrap_or_default();
     ck.all_have_data("killed", &killed, Duration::from_secs(15));
+    by_phase.remove("ended");
     assert!(by_phase.is_empty(), "phases never run: {by_phase:?}");
 
     eprintln!("the whole check took {:?}", started.elapsed());

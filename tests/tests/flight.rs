@@ -22,6 +22,15 @@ fn dumps(dir: &Path) -> Vec<Value> {
     out
 }
 
+/// A 2-rank job running all-reduces in a loop with `vars` set, past its first operations.
+fn looping_job(vars: &[(&str, &str)]) -> Job {
+    let spawn = Spawn { env: env(vars), capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+    let job = Job::spawn(worker(), &["loop".to_string()], 2, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    std::thread::sleep(Duration::from_millis(300));
+    job
+}
+
 #[test]
 fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
     let dir = scratch("flight-timeout");
@@ -34,7 +43,8 @@ fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
     let waiting: Vec<&Value> = docs.iter().filter(|v| v["comm"]["rank"] != 1).collect();
     assert!(waiting.len() >= 2, "ranks 0 and 2 dumped: {docs:?}");
     for v in &waiting {
-        assert!(v["reason"] == "timeout" || v["reason"] == "error", "{}", v["reason"]);
+        let reason = v["reason"].as_str().unwrap_or_default();
+        assert!(reason.starts_with("timeout: ") || reason.starts_with("error: "), "{reason}");
         assert_eq!(v["comm"]["nranks"], 3);
         let last = v["entries"].as_array().and_then(|e| e.last()).expect("an entry");
         assert_eq!(last["op"], "AllReduce");
@@ -51,15 +61,11 @@ fn a_timeout_dumps_the_operation_each_rank_is_stuck_in() {
 fn sigusr1_dumps_a_running_job_without_stopping_it() {
     let dir = scratch("flight-usr1");
     let d = dir.to_string_lossy().to_string();
-    let spawn = Spawn {
-        env: env(&[("OCCL_FLIGHT_RECORDER_DIR", &d), ("OCCL_FLIGHT_RECORDER_SIZE", "64")]),
-        capture_stdout: true,
-        capture_stderr: true,
-        ..Spawn::default()
-    };
-    let job = Job::spawn(worker(), &["loop".to_string()], 2, &spawn).expect("start job");
-    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
-    std::thread::sleep(Duration::from_millis(300));
+    let job = looping_job(&[
+        ("OCCL_FLIGHT_RECORDER_DIR", &d),
+        ("OCCL_FLIGHT_RECORDER_SIZE", "64"),
+        ("OCCL_FLIGHT_RECORDER_SIGNAL", "SIGUSR1"),
+    ]);
     job.signal(1, libc::SIGUSR1).expect("signal rank 1");
     let t = Instant::now();
     let doc = loop {
@@ -115,7 +121,11 @@ fn a_sigusr1_dump_follows_no_planted_symlink() {
     let dir = scratch("flight-symlink");
     let d = dir.to_string_lossy().to_string();
     let spawn = Spawn {
-        env: env(&[("OCCL_FLIGHT_RECORDER_DIR", &d), ("OCCL_FLIGHT_RECORDER_SIZE", "16")]),
+        env: env(&[
+            ("OCCL_FLIGHT_RECORDER_DIR", &d),
+            ("OCCL_FLIGHT_RECORDER_SIZE", "16"),
+            ("OCCL_FLIGHT_RECORDER_SIGNAL", "SIGUSR1"),
+        ]),
         capture_stdout: true,
         capture_stderr: true,
         ..Spawn::default()
@@ -168,4 +178,36 @@ fn a_sigusr1_dump_follows_no_planted_symlink() {
     }
     let _ = job.wait(Duration::from_secs(30));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `GET /api/v1/flight-recorder` on the RAS port: the answering process's record, read without a signal or a dump
+/// directory; its operations have nanosecond times, so a sub-millisecond all-reduce has a duration. SIGUSR1 is not
+/// taken without `OCCL_FLIGHT_RECORDER_SIGNAL`: it ends the rank as the signal's default does.
+#[test]
+fn the_ras_port_serves_the_flight_record_and_sigusr1_stays_the_applications() {
+    let port = occl_tests::ras_client::free_port();
+    let job = looping_job(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_FLIGHT_RECORDER_SIZE", "32")]);
+    let pids: Vec<u64> = job.children.iter().map(|c| u64::from(c.id())).collect();
+    let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder").unwrap_or_default();
+    assert_eq!(code, 200, "{body}");
+    let doc: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert!(doc["pid"].as_u64().is_some_and(|p| pids.contains(&p)), "a process of the job answered: {doc}");
+    let records = doc["records"].as_array().expect("records");
+    assert_eq!(records.len(), 1, "one communicator rank in the process");
+    let rec = &records[0];
+    assert_eq!(rec["reason"], "http");
+    assert_eq!(rec["comm"]["nranks"], 2);
+    let entries = rec["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 32, "a full ring");
+    let done: Vec<u64> =
+        entries.iter().filter(|e| e["state"] == "completed").filter_map(|e| e["duration_ns"].as_u64()).collect();
+    assert!(done.len() >= 30, "{entries:?}");
+    assert!(done.iter().all(|d| *d > 0), "nanosecond times: no completed operation lasts 0 ns: {done:?}");
+    assert!(done.iter().any(|d| d % 1_000_000 != 0), "times finer than a millisecond: {done:?}");
+
+    // No dump directory and no OCCL_FLIGHT_RECORDER_SIGNAL: SIGUSR1 keeps its default action.
+    job.signal(1, libc::SIGUSR1).expect("signal rank 1");
+    let outs = job.wait(Duration::from_secs(30)).expect("job ends");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(outs[1].status.signal(), Some(libc::SIGUSR1), "rank 1 ended by SIGUSR1: {}", outs[1].output);
 }

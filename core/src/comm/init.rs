@@ -92,6 +92,7 @@ impl Comm {
     }
 
     fn init_ids(nranks: usize, ids: &[UniqueId], rank: usize, config: Config) -> Result<Comm> {
+        crate::log::init(Some(crate::log::DebugLevel::Warn));
         let mut timer = crate::init_timer::InitTimer::start();
         // The job's secret: every rank has every id, and the first one's secret keys the
         // transports, RAS and a later shrink.

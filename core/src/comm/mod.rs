@@ -273,8 +273,10 @@ impl Comm {
     pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
         self.record.failed(&e);
         self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
-        let reason = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
-        if let Some(Err(de)) = self.flight.dump(reason) {
+        // The reason names the failure (and so the dead or failing peer); the last entry is the
+        // operation.
+        let kind = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
+        if let Some(Err(de)) = self.flight.dump(&format!("{kind}: {e}")) {
             tracing::warn!("occl: writing the flight recorder dump failed: {de}");
         }
         // This rank's own state is its failure when it started here, else ABORTED (it failed

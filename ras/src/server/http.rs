@@ -1,6 +1,6 @@
 //! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text for this node's
-//! processes), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events) and
-//! `/healthz`.
+//! processes), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events),
+//! `/api/v1/flight-recorder` (this process's flight records, `flight`) and `/healthz`.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -41,6 +41,7 @@ pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream, seat: Seat) 
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/events", get(events))
+        .route("/api/v1/flight-recorder", get(super::flight::flight_recorder))
         .with_state(sh)
         .layer(axum::middleware::map_response(move |res: Response| close_after_bad(bad.clone(), res)))
         // While a request is served its connection is not evicted; between requests (keep-alive) it may be.

@@ -15,6 +15,7 @@ mod admission;
 mod client;
 mod config;
 mod conn;
+mod flight;
 mod http;
 mod metrics;
 mod report;
@@ -30,6 +31,7 @@ use crate::mesh::{GatherResult, MonitorEvent, PeerAddr, PeerTable};
 use crate::record::{CommId, CommRecord, ProcessRecords};
 
 pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR};
+pub use flight::{set_flight_provider, FlightProvider};
 
 /// Monotonic nanoseconds since the server started: the mesh's clock.
 #[derive(Clone, Copy, Debug)]

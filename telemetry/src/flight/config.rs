@@ -1,4 +1,4 @@
-//! `OCCL_FLIGHT_RECORDER_SIZE` and `OCCL_FLIGHT_RECORDER_DIR`.
+//! `OCCL_FLIGHT_RECORDER_SIZE`, `OCCL_FLIGHT_RECORDER_DIR` and `OCCL_FLIGHT_RECORDER_SIGNAL`.
 
 use super::ring::{FlightRecorder, DEFAULT_CAPACITY, MAX_CAPACITY};
 use std::ffi::OsString;
@@ -9,6 +9,9 @@ use std::path::PathBuf;
 pub const SIZE_ENV: &str = "OCCL_FLIGHT_RECORDER_SIZE";
 /// Directory the dumps go to (on timeout, on error, on SIGUSR1); unset: no dumps are written.
 pub const DIR_ENV: &str = "OCCL_FLIGHT_RECORDER_DIR";
+/// `SIGUSR1` (or `USR1`, `1`): SIGUSR1 dumps every live recorder into [`DIR_ENV`]. Unset or `0`:
+/// occl leaves SIGUSR1 to the application (Slurm and Lightning use it to requeue a job).
+pub const SIGNAL_ENV: &str = "OCCL_FLIGHT_RECORDER_SIGNAL";
 
 /// A flight-recorder variable with a value we refuse.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,11 +38,13 @@ pub struct FlightConfig {
     pub capacity: usize,
     /// Where dumps go; `None`: nowhere.
     pub dir: Option<PathBuf>,
+    /// Whether SIGUSR1 dumps (only with a `dir`).
+    pub signal: bool,
 }
 
 impl Default for FlightConfig {
     fn default() -> Self {
-        FlightConfig { capacity: DEFAULT_CAPACITY, dir: None }
+        FlightConfig { capacity: DEFAULT_CAPACITY, dir: None, signal: false }
     }
 }
 
@@ -85,7 +90,19 @@ impl FlightConfig {
             }
             Some(v) => Some(PathBuf::from(v)),
         };
-        Ok(FlightConfig { capacity, dir })
+        let signal = match get(SIGNAL_ENV) {
+            None => false,
+            Some(v) => match v.to_string_lossy().trim().to_ascii_uppercase().as_str() {
+                "" | "0" => false,
+                "1" | "USR1" | "SIGUSR1" => true,
+                _ => return Err(err(SIGNAL_ENV, &v, "expected SIGUSR1 (dump on SIGUSR1) or 0".to_owned())),
+            },
+        };
+        if signal && dir.is_none() {
+            let v = get(SIGNAL_ENV).unwrap_or_default();
+            return Err(err(SIGNAL_ENV, &v, format!("SIGUSR1 dumps need {DIR_ENV} to say where they go")));
+        }
+        Ok(FlightConfig { capacity, dir, signal })
     }
 }
 

@@ -1,7 +1,7 @@
 //! The flight recorder: the last N operations of each communicator rank (N =
 //! `OCCL_FLIGHT_RECORDER_SIZE`, default 2048), with sequence numbers, op, sizes, dtype, state
-//! and timestamps, dumped as JSON into `OCCL_FLIGHT_RECORDER_DIR` on a timeout, on an error and
-//! on SIGUSR1. It is what RAS and a person read to learn what a rank is stuck in.
+//! and timestamps, dumped as JSON into `OCCL_FLIGHT_RECORDER_DIR` on a timeout, on an error and,
+//! with `OCCL_FLIGHT_RECORDER_SIGNAL=SIGUSR1`, on SIGUSR1. It is what RAS and a person read to learn what a rank is stuck in.
 //!
 //! # Writing
 //! The communicator creates one [`FlightRecorder`] per rank and records each operation:
@@ -42,8 +42,8 @@
 //! # Dumping
 //! [`FlightRecorder::to_json`] builds the document below; [`FlightRecorder::dump_to_dir`] writes
 //! it atomically as `occl_flight_<comm hash hex>_r<rank>_<pid>.json`. [`install_from_env`] (or
-//! [`install`] with the directory of [`FlightConfig`]) sets the dump directory and starts a
-//! thread that dumps every live recorder on SIGUSR1; the communicator calls
+//! [`install_config`] with a [`FlightConfig`]) sets the dump directory and, when asked, starts a
+//! thread that dumps every live recorder on SIGUSR1 ([`install_signal`]); the communicator calls
 //! [`FlightRecorder::dump`] on a timeout (`"timeout"`) and on an error (`"error"` or the error
 //! text).
 //!
@@ -73,11 +73,11 @@ pub mod names;
 mod registry;
 pub mod ring;
 
-pub use config::{parse_capacity, FlightConfig, FlightEnvError, DIR_ENV, SIZE_ENV};
+pub use config::{parse_capacity, FlightConfig, FlightEnvError, DIR_ENV, SIGNAL_ENV, SIZE_ENV};
 pub use json::{entry_json, FORMAT, FORMAT_VERSION};
 pub use registry::{
-    dump_all, dump_all_to, dump_dir, install, install_config, install_from_env, live_recorders, InstallError,
-    SIGNAL_REASON,
+    dump_all, dump_all_to, dump_dir, install, install_config, install_from_env, install_signal, live_recorders,
+    InstallError, SIGNAL_REASON,
 };
 pub use ring::{
     Entry, FlightComm, FlightRecorder, OpInfo, OpState, RootOrPeer, Slot, DEFAULT_CAPACITY, MAX_CAPACITY, MAX_ERRORS,

@@ -1,4 +1,4 @@
-//! The process-wide list of live recorders, dumps of all of them, and the SIGUSR1 thread.
+//! The process-wide list of live recorders, dumps of all of them, and the opt-in SIGUSR1 thread.
 
 use super::config::{FlightConfig, FlightEnvError};
 use super::ring::FlightRecorder;
@@ -67,24 +67,32 @@ impl FlightRecorder {
     }
 }
 
-/// Makes `dir` the dump directory and starts, once per process, a thread that dumps every live
-/// recorder there (reason [`SIGNAL_REASON`]) each time the process gets SIGUSR1. Later calls
-/// change nothing and return the directory of the first. SIGUSR1 then no longer terminates the
-/// process; a handler installed before is still called (signal-hook chains them).
-pub fn install(dir: &Path) -> io::Result<PathBuf> {
+/// Makes `dir` the dump directory (the first call's directory stays; later calls return it).
+/// SIGUSR1 is left alone: [`install_signal`] takes it.
+pub fn install(dir: &Path) -> PathBuf {
     let mut installed = INSTALLED.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(d) = installed.as_ref() {
-        return Ok(d.clone());
+    installed.get_or_insert_with(|| dir.to_path_buf()).clone()
+}
+
+/// Starts, once per process, a thread that dumps every live recorder into [`dump_dir`] (reason
+/// [`SIGNAL_REASON`]) each time the process gets SIGUSR1. SIGUSR1 then no longer terminates the
+/// process; a handler installed before is still called (signal-hook chains them).
+pub fn install_signal() -> io::Result<()> {
+    static STARTED: Mutex<bool> = Mutex::new(false);
+    let mut started = STARTED.lock().unwrap_or_else(PoisonError::into_inner);
+    if *started {
+        return Ok(());
     }
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])?;
-    let d = dir.to_path_buf();
     std::thread::Builder::new().name("occl-flight-sigusr1".into()).spawn(move || {
         for _ in signals.forever() {
-            dump_all_to(&d, SIGNAL_REASON);
+            if let Some(d) = dump_dir() {
+                dump_all_to(&d, SIGNAL_REASON);
+            }
         }
     })?;
-    *installed = Some(dir.to_path_buf());
-    Ok(dir.to_path_buf())
+    *started = true;
+    Ok(())
 }
 
 /// [`install`] or [`FlightConfig::from_env`] failed.
@@ -112,14 +120,21 @@ impl std::error::Error for InstallError {
     }
 }
 
-/// [`install`] with the configured directory, if there is one; `Ok(None)` when no directory is
-/// configured (no dumps, SIGUSR1 untouched).
+/// [`install`] with the configured directory, if there is one, and [`install_signal`] when the
+/// configuration asks for it; `Ok(None)` when no directory is configured (no dumps, SIGUSR1
+/// untouched).
 pub fn install_config(config: &FlightConfig) -> io::Result<Option<PathBuf>> {
-    config.dir.as_deref().map(install).transpose()
+    let Some(dir) = config.dir.as_deref() else { return Ok(None) };
+    let dir = install(dir);
+    if config.signal {
+        install_signal()?;
+    }
+    Ok(Some(dir))
 }
 
 /// [`install_config`] with [`FlightConfig::from_env`]: if `OCCL_FLIGHT_RECORDER_DIR` is set,
-/// dumps go there and SIGUSR1 dumps every live recorder.
+/// dumps go there, and with `OCCL_FLIGHT_RECORDER_SIGNAL=SIGUSR1` SIGUSR1 dumps every live
+/// recorder.
 pub fn install_from_env() -> Result<Option<PathBuf>, InstallError> {
     let config = FlightConfig::from_env().map_err(InstallError::Env)?;
     install_config(&config).map_err(InstallError::Signal)

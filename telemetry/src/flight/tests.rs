@@ -206,10 +206,16 @@ fn lookup(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Opt
 #[test]
 fn env_parsing() {
     let c = FlightConfig::from_lookup(lookup(&[])).unwrap();
-    assert_eq!(c, FlightConfig { capacity: 2048, dir: None });
+    assert_eq!(c, FlightConfig { capacity: 2048, dir: None, signal: false });
     assert_eq!(c, FlightConfig::default());
     let c = FlightConfig::from_lookup(lookup(&[(SIZE_ENV, " 16 "), (DIR_ENV, "/tmp/fr")])).unwrap();
-    assert_eq!(c, FlightConfig { capacity: 16, dir: Some("/tmp/fr".into()) });
+    assert_eq!(c, FlightConfig { capacity: 16, dir: Some("/tmp/fr".into()), signal: false });
+    let c = FlightConfig::from_lookup(lookup(&[(DIR_ENV, "/tmp/fr"), (SIGNAL_ENV, "sigusr1")])).unwrap();
+    assert!(c.signal);
+    let e = FlightConfig::from_lookup(lookup(&[(SIGNAL_ENV, "SIGUSR1")])).unwrap_err();
+    assert!(e.to_string().contains("OCCL_FLIGHT_RECORDER_DIR"), "SIGUSR1 without a directory: {e}");
+    let e = FlightConfig::from_lookup(lookup(&[(DIR_ENV, "/tmp/fr"), (SIGNAL_ENV, "TERM")])).unwrap_err();
+    assert_eq!(e.var, SIGNAL_ENV);
     assert_eq!(FlightConfig::from_lookup(lookup(&[(SIZE_ENV, "0")])).unwrap().capacity, 0);
     assert_eq!(FlightConfig::from_lookup(lookup(&[(SIZE_ENV, "1048576")])).unwrap().capacity, MAX_CAPACITY);
     for bad in ["abc", "", "-1", "+5", "12k", "0x10", "1048577", "99999999999999999999999", "1e12", "NaN", "inf"] {

@@ -1,5 +1,5 @@
-//! NCCL's logging from the library: with `NCCL_DEBUG` set, occl's `tracing` events are written
-//! in NCCL's line shape, filtered by `NCCL_DEBUG_SUBSYS`, to stderr or `NCCL_DEBUG_FILE`.
+//! occl's logging when the program has none: `tracing` events written in NCCL's line shape,
+//! filtered by level and subsystem, to stderr or a file. The library and `libnccl.so` share it.
 //!
 //! ```text
 //! host:pid:tid [dev] NCCL INFO <message>
@@ -7,13 +7,18 @@
 //! host:pid:tid [dev] <seconds> <target>:<line> NCCL TRACE <message>
 //! ```
 //!
-//! `dev` is -1: host communicators have no CUDA device. Levels as NCCL's: `VERSION` (only the
-//! version line), `WARN` (warnings and errors), `INFO` (and informational lines), `TRACE` (and
-//! occl's debug and trace lines). Warnings pass whatever the subsystem mask, as in NCCL.
+//! Variables, the `OCCL_` name before the `NCCL_` one: `OCCL_DEBUG`/`NCCL_DEBUG` (`VERSION`: the
+//! version line only, `WARN`: warnings and errors, `INFO`: the version line, warnings and
+//! informational lines, `TRACE`
+//! (or `ABORT`): and occl's debug and trace lines), `OCCL_DEBUG_SUBSYS`/`NCCL_DEBUG_SUBSYS`
+//! (subsystems, mapped from `tracing` targets by [`subsystem_of`]), `OCCL_DEBUG_FILE`/
+//! `NCCL_DEBUG_FILE` (`%h` host, `%p` pid). `dev` is -1: host communicators have no CUDA device.
+//! Warnings pass whatever the subsystem mask, as in NCCL.
 //!
-//! Installed as the process's `tracing` subscriber on the first API call, only when
-//! `NCCL_DEBUG` is set and no subscriber is installed already (a Rust host that has its own
-//! keeps it).
+//! [`init`] installs it once per process, at the first communicator (or the first C API call),
+//! unless the program already set a `tracing` dispatcher: then occl's events go there. Its
+//! default level is the caller's: `WARN` for the Rust library (a misconfiguration is never
+//! silent), none for `libnccl.so` (as NCCL).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -23,7 +28,7 @@ use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
-/// NCCL's `NCCL_DEBUG` levels, ordered.
+/// `OCCL_DEBUG`'s levels (NCCL's `NCCL_DEBUG`), ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DebugLevel {
     Version,
@@ -33,7 +38,7 @@ pub enum DebugLevel {
 }
 
 impl DebugLevel {
-    /// `NCCL_DEBUG`'s value; `None` for unset, empty or `NONE` (NCCL's unknown values mean none too).
+    /// A level's name; `None` for `NONE` and any other value (NCCL's unknown values mean none).
     pub fn parse(v: &str) -> Option<DebugLevel> {
         match v.trim().to_ascii_uppercase().as_str() {
             "VERSION" => Some(DebugLevel::Version),
@@ -71,26 +76,25 @@ fn bit(name: &str) -> u64 {
     SUBSYSTEMS.iter().position(|s| !s.is_empty() && *s == name).map_or(0, |i| 1 << i)
 }
 
-/// `NCCL_DEBUG_SUBSYS`: names separated by commas, `ALL`, or a list after `^` to leave out.
+/// `OCCL_DEBUG_SUBSYS`: names separated by commas, `ALL`, or a list after `^` to leave out.
 /// Unset: NCCL's default, INIT, BOOTSTRAP and ENV.
 pub fn parse_subsys(v: Option<&str>) -> u64 {
+    subsys_and_unknown(v).0
+}
+
+/// [`parse_subsys`] and the names in the list that are no subsystem.
+fn subsys_and_unknown(v: Option<&str>) -> (u64, Vec<String>) {
     let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else {
-        return bit("INIT") | bit("BOOTSTRAP") | bit("ENV");
+        return (bit("INIT") | bit("BOOTSTRAP") | bit("ENV"), Vec::new());
     };
     let (invert, list) = match v.strip_prefix('^') {
         Some(rest) => (true, rest),
         None => (false, v),
     };
-    let mask = list
-        .split(',')
-        .map(|s| s.trim().to_ascii_uppercase())
-        .map(|s| if s == "ALL" { u64::MAX } else { bit(&s) })
-        .fold(0, |a, b| a | b);
-    if invert {
-        !mask
-    } else {
-        mask
-    }
+    let names: Vec<String> = list.split(',').map(|s| s.trim().to_ascii_uppercase()).collect();
+    let unknown = names.iter().filter(|s| *s != "ALL" && bit(s) == 0).cloned().collect();
+    let mask = names.iter().map(|s| if s == "ALL" { u64::MAX } else { bit(s) }).fold(0, |a, b| a | b);
+    (if invert { !mask } else { mask }, unknown)
 }
 
 /// The NCCL subsystem of an occl log line, from the module that logged it.
@@ -215,7 +219,7 @@ fn short_hostname() -> String {
     name.split('.').next().unwrap_or_default().to_string()
 }
 
-/// `NCCL_DEBUG_FILE` with NCCL's `%h` (host) and `%p` (pid) filled in.
+/// `OCCL_DEBUG_FILE` with NCCL's `%h` (host) and `%p` (pid) filled in.
 pub fn expand_file(pattern: &str, host: &str, pid: u32) -> String {
     let mut out = String::new();
     let mut chars = pattern.chars();
@@ -237,17 +241,77 @@ pub fn expand_file(pattern: &str, host: &str, pid: u32) -> String {
     out
 }
 
-/// Installs the NCCL-shaped logger once, if `NCCL_DEBUG` asks for one.
-pub fn init() {
+/// The logging variables as set: the name each came from and its value.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LogVars {
+    pub debug: Option<(&'static str, String)>,
+    pub subsys: Option<(&'static str, String)>,
+    pub file: Option<(&'static str, String)>,
+}
+
+impl LogVars {
+    /// The first of each `OCCL_`/`NCCL_` pair that `get` has.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> LogVars {
+        let first = |names: [&'static str; 2]| names.into_iter().find_map(|n| get(n).map(|v| (n, v)));
+        LogVars {
+            debug: first(["OCCL_DEBUG", "NCCL_DEBUG"]),
+            subsys: first(["OCCL_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS"]),
+            file: first(["OCCL_DEBUG_FILE", "NCCL_DEBUG_FILE"]),
+        }
+    }
+
+    /// The level (`default` when the variable is unset) and the warnings about values that
+    /// mean nothing (unknown subsystems; an unknown level, which logs nothing as in NCCL).
+    pub fn level(&self, default: Option<DebugLevel>) -> (Option<DebugLevel>, Vec<String>) {
+        let mut warnings = Vec::new();
+        let level = match &self.debug {
+            None => default,
+            Some((n, v)) => {
+                let l = DebugLevel::parse(v);
+                if l.is_none() && !v.trim().eq_ignore_ascii_case("NONE") && !v.trim().is_empty() {
+                    warnings.push(format!("{n}={v:?} is no level (VERSION, WARN, INFO, TRACE, NONE): logging is off"));
+                }
+                l
+            }
+        };
+        if let Some((n, v)) = &self.subsys {
+            let unknown = subsys_and_unknown(Some(v)).1;
+            if !unknown.is_empty() {
+                warnings.push(format!("{n}={v:?}: no subsystem named {}", unknown.join(", ")));
+            }
+        }
+        (level, warnings)
+    }
+}
+
+/// Installs the NCCL-shaped logger once per process, with `default` as the level when neither
+/// `OCCL_DEBUG` nor `NCCL_DEBUG` is set. Nothing is installed when the program has its own
+/// `tracing` dispatcher (occl's events, warnings about these variables included, go there) or
+/// when the level is none.
+pub fn init(default: Option<DebugLevel>) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let Some(level) = std::env::var("NCCL_DEBUG").ok().as_deref().and_then(DebugLevel::parse) else { return };
+        let vars = LogVars::from_lookup(|k| std::env::var(k).ok());
+        let (level, warnings) = vars.level(default);
+        if tracing::dispatcher::has_been_set() {
+            for w in &warnings {
+                tracing::warn!("occl: {w}");
+            }
+            return;
+        }
+        let Some(level) = level else {
+            // Logging is off; a variable that turned it off by mistake still says so once.
+            for w in &warnings {
+                eprintln!("occl: {w}");
+            }
+            return;
+        };
         let host = short_hostname();
         let pid = std::process::id();
         let mut out: Box<dyn Write + Send> = Box::new(std::io::stderr());
         let mut open_failed = None;
-        if let Ok(pattern) = std::env::var("NCCL_DEBUG_FILE") {
-            let path = expand_file(&pattern, &host, pid);
+        if let Some((name, pattern)) = &vars.file {
+            let path = expand_file(pattern, &host, pid);
             // Not through a symlink: jobs (often root) write these into shared directories.
             let opened = std::fs::OpenOptions::new()
                 .write(true)
@@ -258,12 +322,12 @@ pub fn init() {
                 .open(&path);
             match opened {
                 Ok(f) => out = Box::new(f),
-                Err(e) => open_failed = Some(format!("NCCL_DEBUG_FILE {path}: {e}; logging to stderr")),
+                Err(e) => open_failed = Some(format!("{name} {path}: {e}; logging to stderr")),
             }
         }
         let log = NcclLog {
             level,
-            mask: parse_subsys(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref()),
+            mask: parse_subsys(vars.subsys.as_ref().map(|(_, v)| v.as_str())),
             host,
             pid,
             start: Instant::now(),
@@ -276,12 +340,16 @@ pub fn init() {
             // SAFETY: as in on_event.
             unsafe { libc::syscall(libc::SYS_gettid) }
         );
-        log.write(&version);
-        if tracing_subscriber::registry().with(log).try_init().is_err() {
-            return; // the host program has its own subscriber: occl's lines go there
+        // As NCCL: the version line at VERSION and at INFO and above, not among warnings only.
+        if level != DebugLevel::Warn {
+            log.write(&version);
         }
-        if let Some(w) = open_failed {
-            tracing::warn!("{w}");
+        // The dispatcher alone: a `log` logger the program may have is left as it is.
+        if tracing::subscriber::set_global_default(tracing_subscriber::registry().with(log)).is_err() {
+            return; // set between the check and here: occl's lines go to that one
+        }
+        for w in open_failed.iter().chain(&warnings) {
+            tracing::warn!("occl: {w}");
         }
     });
 }
@@ -291,7 +359,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn levels_subsystems_and_file_names_as_ncclS() {
+    fn levels_subsystems_and_file_names_as_nccls() {
         assert_eq!(DebugLevel::parse("info"), Some(DebugLevel::Info));
         assert_eq!(DebugLevel::parse("WARN"), Some(DebugLevel::Warn));
         assert_eq!(DebugLevel::parse("TRACE"), Some(DebugLevel::Trace));
@@ -307,6 +375,21 @@ mod tests {
         assert_eq!(subsystem_of("occl::coll::tune"), "TUNING");
         assert_eq!(subsystem_of("occl::init_timer"), "INIT");
         assert_eq!(subsystem_of("occl_ras::mesh"), "RAS");
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            LogVars::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+        };
+        let v = vars(&[("NCCL_DEBUG", "INFO"), ("OCCL_DEBUG", "WARN"), ("NCCL_DEBUG_FILE", "/tmp/x")]);
+        assert_eq!(v.debug, Some(("OCCL_DEBUG", "WARN".into())));
+        assert_eq!(v.file, Some(("NCCL_DEBUG_FILE", "/tmp/x".into())));
+        assert_eq!(vars(&[]).level(Some(DebugLevel::Warn)), (Some(DebugLevel::Warn), vec![]));
+        assert_eq!(vars(&[]).level(None), (None, vec![]));
+        assert_eq!(vars(&[("OCCL_DEBUG", "none")]).level(Some(DebugLevel::Warn)), (None, vec![]));
+        let (l, w) = vars(&[("OCCL_DEBUG", "LOUD")]).level(Some(DebugLevel::Warn));
+        assert_eq!((l, w.len()), (None, 1));
+        assert!(w[0].contains("OCCL_DEBUG=\"LOUD\""), "{w:?}");
+        let (l, w) = vars(&[("NCCL_DEBUG_SUBSYS", "INIT,NETT")]).level(Some(DebugLevel::Info));
+        assert_eq!(l, Some(DebugLevel::Info));
+        assert!(w.len() == 1 && w[0].contains("NCCL_DEBUG_SUBSYS") && w[0].contains("NETT"), "{w:?}");
         assert_eq!(expand_file("/tmp/nccl.%h.%p.log%", "node1", 42), "/tmp/nccl.node1.42.log%");
         assert_eq!(
             format_line("node1", 42, 43, &Level::INFO, ("occl::comm", 7, 1.5), "Init done\n"),
