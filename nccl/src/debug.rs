@@ -270,11 +270,12 @@ pub fn init() {
             out: Mutex::new(out),
         };
         let version = format!(
-            "{}:{}:{} [-1] NCCL INFO NCCL version 2.28.9+occl (host buffers)\n",
+            "{}:{}:{} [-1] NCCL INFO NCCL version {}+occl (host buffers)\n",
             log.host,
             pid,
             // SAFETY: as in on_event.
-            unsafe { libc::syscall(libc::SYS_gettid) }
+            unsafe { libc::syscall(libc::SYS_gettid) },
+            occl_types::NCCL_VERSION,
         );
         log.write(&version);
         if tracing_subscriber::registry().with(log).try_init().is_err() {
