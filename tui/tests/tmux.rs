@@ -545,13 +545,24 @@ fn tui_in_tmux_shows_a_killed_rank_and_the_failed_operations() -> anyhow::Result
     })?;
     t.keys(&["j"])?;
 
-    // Resized to 80×24, everything still fits: the key line is on the last row.
+    // Resized to 80×24, everything still fits: the header names the target, the server, the report's time and the
+    // monitor stream, and the key line on the last row ends with its last key, both whole.
     t.cmd(&["resize-window", "-t", &session, "-x", "80", "-y", "24"])?;
     let small = t.wait("the 80x24 layout", Duration::from_secs(5), |s| {
         s.lines().count() >= 24
             && s.lines().nth(23).is_some_and(|l| l.contains("q quit"))
             && s.contains("Communicators (")
     })?;
+    let row = |y: usize| small.lines().nth(y).unwrap_or_default().trim_end().to_string();
+    let (head, keys) = (row(0), row(23));
+    let head_whole = head
+        .starts_with(&format!(" ncclras  127.0.0.1:{port} │ occl {} json │ ", env!("CARGO_PKG_VERSION")))
+        && head.ends_with(" │ monitor on")
+        && head.chars().count() <= 80;
+    anyhow::ensure!(head_whole, "the header is not whole at 80 columns: {head:?}\n{small}");
+    let keys_whole = keys == " q quit  tab panel  ↑↓ move  Enter drill  Esc back  / filter  j raw  r refresh"
+        && keys.chars().count() <= 80;
+    anyhow::ensure!(keys_whole, "the key line is not whole at 80 columns: {keys:?}\n{small}");
     save_screenshot("tui-80x24.txt", &small);
 
     // q leaves: exit code 0, and the terminal is back in canonical mode (raw mode was undone).
