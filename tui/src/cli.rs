@@ -96,12 +96,14 @@ pub fn usage(argv0: &str) -> String {
          Options:\n\
          \x20 -f, --format=FMT    Output format: text or json (text by default)\n\
          \x20 -h, --host=HOST     Host name or IP address of the RAS client socket of the\n\
-         \x20                     job to connect to (localhost by default)\n\
+         \x20                     job to connect to (by default the host of\n\
+         \x20                     OCCL_RAS_ADDR or NCCL_RAS_ADDR, else localhost)\n\
          \x20 -m, --monitor[=GROUPS] Monitor mode: continuously watch for peer changes.\n\
          \x20                     Optional GROUPS: lifecycle, trace, all, or\n\
          \x20                     combinations like lifecycle,trace (lifecycle by default)\n\
          \x20 -p, --port=PORT     TCP port of the RAS client socket of the job\n\
-         \x20                     ({DEFAULT_PORT} by default)\n\
+         \x20                     (by default the port of OCCL_RAS_ADDR or\n\
+         \x20                     NCCL_RAS_ADDR, else {DEFAULT_PORT})\n\
          \x20 -t, --timeout=SECS  Maximum time for the local process to wait for\n\
          \x20                     responses from other processes\n\
          \x20                     ({LEG_TIMEOUT_SECS} secs by default; 0 disables the timeout)\n\
