@@ -237,7 +237,12 @@ fn ranks(f: &mut Frame<'_>, area: Rect, app: &App) {
         })
         .collect();
     let filter = if app.filter.is_empty() { String::new() } else { format!(" filter \"{}\"", app.filter) };
-    let title = format!("Ranks of {} — {} behind, {} shown{filter}", comm_title(c), c.lagging(), list.len());
+    // The full hash where the border has room for it, else the short name (the title is never cut).
+    let title_with = |name: String| format!("Ranks of {name} — {} behind, {} shown{filter}", c.lagging(), list.len());
+    let title = match title_with(comm_title(c)) {
+        t if Span::raw(t.as_str()).width() + 2 <= usize::from(area.width) => t,
+        _ => title_with(comm_name(c)),
+    };
     let t = Table::new(
         rows,
         [
