@@ -334,11 +334,12 @@ pub fn init(default: Option<DebugLevel>) {
             out: Mutex::new(out),
         };
         let version = format!(
-            "{}:{}:{} [-1] NCCL INFO NCCL version 2.28.9+occl (host buffers)\n",
+            "{}:{}:{} [-1] NCCL INFO NCCL version {}+occl (host buffers)\n",
             log.host,
             pid,
             // SAFETY: as in on_event.
-            unsafe { libc::syscall(libc::SYS_gettid) }
+            unsafe { libc::syscall(libc::SYS_gettid) },
+            occl_types::NCCL_VERSION,
         );
         // As NCCL: the version line at VERSION and at INFO and above, not among warnings only.
         if level != DebugLevel::Warn {

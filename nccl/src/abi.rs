@@ -20,8 +20,8 @@ pub type ncclDataType_t = i32;
 pub type ncclRedOp_t = i32;
 pub const NUM_OPS: ncclRedOp_t = 5;
 
-/// 2.28.9 as NCCL codes versions from 2.9 on (major*10000 + minor*100 + patch).
-pub const VERSION_CODE: i32 = 22809;
+/// The release occl speaks as, in NCCL's integer coding (`include/nccl.h`'s `NCCL_VERSION_CODE`).
+pub const VERSION_CODE: i32 = occl_types::NCCL_VERSION_CODE;
 
 pub const UNIQUE_ID_BYTES: usize = 128;
 
@@ -190,6 +190,24 @@ pub fn blocking_env(v: Option<&str>, nonblocking: bool) -> bool {
 mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
+
+    /// `include/nccl.h` states the release that `occl_types::NCCL_VERSION` names.
+    #[test]
+    fn the_header_states_the_release_occl_speaks_as() {
+        let header = include_str!("../include/nccl.h");
+        let define = |name: &str| {
+            header.lines().find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some("#define") && w.next() == Some(name))
+                    .then(|| w.next().unwrap_or_default().to_string())
+            })
+        };
+        let release: Vec<String> = occl_types::NCCL_VERSION.split('.').map(str::to_string).collect();
+        let stated: Vec<String> =
+            ["NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"].iter().map(|n| define(n).unwrap_or_default()).collect();
+        assert_eq!(stated, release);
+        assert_eq!(define("NCCL_VERSION_CODE"), Some(VERSION_CODE.to_string()));
+    }
 
     #[test]
     fn config_layout_is_ncclConfig_v22800() {

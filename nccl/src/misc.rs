@@ -22,7 +22,7 @@ unsafe fn put<T>(what: &str, out: *mut T, v: T) -> Result<ncclResult_t> {
 }
 
 export! {
-    /// The NCCL version whose API this library implements (2.28.9 → 22809).
+    /// The NCCL version whose API this library implements (`occl_types::NCCL_VERSION_CODE`).
     fn ncclGetVersion / pncclGetVersion(version: *mut i32) -> ncclResult_t {
         // SAFETY: the caller's contract.
         guard("ncclGetVersion", || unsafe { put("version", version, VERSION_CODE) })

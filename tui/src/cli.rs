@@ -1,6 +1,9 @@
 //! NVIDIA's `ncclras` command line (getopt_long with `f:h:m::p:t:v`, `--help`, `--version`), plus occl's
 //! `--tui` and `--interval`. Parsed by hand so that `-mall`, `-m`, `--monitor=trace`, `-tx` and bundled short
 //! flags behave as getopt makes them behave.
+//!
+//! Where `-h`/`-p` are not given, the address is the one the job's servers listen on: `OCCL_RAS_ADDR`, else
+//! `NCCL_RAS_ADDR` (`host:port`, `[v6]:port`, a bare port or a bare host), else `localhost:28028`.
 
 use std::fmt;
 
@@ -93,12 +96,14 @@ pub fn usage(argv0: &str) -> String {
          Options:\n\
          \x20 -f, --format=FMT    Output format: text or json (text by default)\n\
          \x20 -h, --host=HOST     Host name or IP address of the RAS client socket of the\n\
-         \x20                     job to connect to (localhost by default)\n\
+         \x20                     job to connect to (by default the host of\n\
+         \x20                     OCCL_RAS_ADDR or NCCL_RAS_ADDR, else localhost)\n\
          \x20 -m, --monitor[=GROUPS] Monitor mode: continuously watch for peer changes.\n\
          \x20                     Optional GROUPS: lifecycle, trace, all, or\n\
          \x20                     combinations like lifecycle,trace (lifecycle by default)\n\
          \x20 -p, --port=PORT     TCP port of the RAS client socket of the job\n\
-         \x20                     ({DEFAULT_PORT} by default)\n\
+         \x20                     (by default the port of OCCL_RAS_ADDR or\n\
+         \x20                     NCCL_RAS_ADDR, else {DEFAULT_PORT})\n\
          \x20 -t, --timeout=SECS  Maximum time for the local process to wait for\n\
          \x20                     responses from other processes\n\
          \x20                     ({LEG_TIMEOUT_SECS} secs by default; 0 disables the timeout)\n\
@@ -144,9 +149,57 @@ fn set(o: &mut Options, opt: char, value: Option<String>) -> Result<(), UsageErr
     Ok(())
 }
 
-/// Parses `args` (without argv[0]). Non-option arguments are ignored, as NVIDIA's client ignores them.
-pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Parsed, UsageError> {
+/// The address variables the client reads, in the order it reads them (as the server does).
+pub const ADDR_VARS: [&str; 2] = ["OCCL_RAS_ADDR", "NCCL_RAS_ADDR"];
+
+/// Splits a RAS address as the server reads it: `host:port`, `[v6]:port`, a bare port (host left `None`) or a bare
+/// host, IPv6 without brackets included (port left `None`).
+fn split_addr(v: &str) -> Option<(Option<String>, Option<String>)> {
+    let v = v.trim();
+    if v.is_empty() {
+        return None;
+    }
+    if let Some(rest) = v.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        return match after.strip_prefix(':') {
+            Some(port) if !host.is_empty() && !port.is_empty() => Some((Some(host.into()), Some(port.into()))),
+            None if !host.is_empty() && after.is_empty() => Some((Some(host.into()), None)),
+            _ => None,
+        };
+    }
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some((None, Some(v.into())));
+    }
+    match v.split_once(':') {
+        Some((host, port)) if !port.contains(':') => {
+            (!host.is_empty() && !port.is_empty()).then(|| (Some(host.into()), Some(port.into())))
+        }
+        _ => Some((Some(v.into()), None)),
+    }
+}
+
+/// The defaults before the command line: [`ADDR_VARS`]' first set variable, read through `var`.
+fn env_defaults(var: &dyn Fn(&str) -> Option<String>) -> Result<Options, UsageError> {
     let mut o = Options::default();
+    let Some((name, value)) = ADDR_VARS.iter().find_map(|n| var(n).map(|v| (*n, v))) else { return Ok(o) };
+    let (host, port) =
+        split_addr(&value).ok_or_else(|| bad(format!("Invalid {name}: {value} (host:port, [addr]:port or port)")))?;
+    if let Some(h) = host {
+        o.host = h;
+    }
+    if let Some(p) = port {
+        o.port = p;
+    }
+    Ok(o)
+}
+
+/// Parses `args` (without argv[0]) over the defaults that `var` (the environment) gives. Non-option arguments are
+/// ignored, as NVIDIA's client ignores them.
+pub fn parse<I: IntoIterator<Item = String>>(
+    args: I,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<Parsed, UsageError> {
+    let mut o = env_defaults(var)?;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         if a == "--" {
@@ -217,7 +270,42 @@ mod tests {
     use super::*;
 
     fn run(args: &[&str]) -> Result<Parsed, UsageError> {
-        parse(args.iter().map(|s| s.to_string()))
+        parse(args.iter().map(|s| s.to_string()), &|_| None)
+    }
+
+    fn with_env(env: &[(&str, &str)], args: &[&str]) -> Result<Parsed, UsageError> {
+        let var = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        parse(args.iter().map(|s| s.to_string()), &var)
+    }
+
+    fn address(env: &[(&str, &str)], args: &[&str]) -> (String, String) {
+        match with_env(env, args) {
+            Ok(Parsed::Run(o)) => (o.host, o.port),
+            other => panic!("{env:?} {args:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_address_defaults_to_the_servers_variables() {
+        let at = |h: &str, p: &str| (h.to_string(), p.to_string());
+        assert_eq!(address(&[], &[]), at(DEFAULT_HOST, DEFAULT_PORT));
+        assert_eq!(address(&[("NCCL_RAS_ADDR", "node3:28030")], &[]), at("node3", "28030"));
+        assert_eq!(address(&[("OCCL_RAS_ADDR", "[::1]:28031"), ("NCCL_RAS_ADDR", "x:1")], &[]), at("::1", "28031"));
+        assert_eq!(address(&[("OCCL_RAS_ADDR", "28040")], &[]), at(DEFAULT_HOST, "28040"));
+        assert_eq!(address(&[("OCCL_RAS_ADDR", "10.0.0.7")], &[]), at("10.0.0.7", DEFAULT_PORT));
+        assert_eq!(address(&[("OCCL_RAS_ADDR", "fe80::1")], &[]), at("fe80::1", DEFAULT_PORT));
+        // The command line wins, flag by flag.
+        assert_eq!(address(&[("OCCL_RAS_ADDR", "node3:28030")], &["-p", "9"]), at("node3", "9"));
+        assert_eq!(address(&[("OCCL_RAS_ADDR", "node3:28030")], &["-h", "a"]), at("a", "28030"));
+        // An address from the environment is not the default: the failed-connect hint names NCCL_RAS_ADDR.
+        match with_env(&[("OCCL_RAS_ADDR", "28040")], &[]) {
+            Ok(Parsed::Run(o)) => assert!(!o.is_default_address()),
+            other => panic!("{other:?}"),
+        }
+        for v in ["", "host:", ":1", "[::1", "[]:1", "[::1]x"] {
+            let e = with_env(&[("OCCL_RAS_ADDR", v)], &[]).expect_err(v);
+            assert!(e.message.starts_with("Invalid OCCL_RAS_ADDR") && !e.show_usage, "{v:?}: {e:?}");
+        }
     }
 
     fn opts(args: &[&str]) -> Options {

@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 /// The protocol version this client speaks (`NCCL_RAS_CLIENT_PROTOCOL`).
-pub const CLIENT_PROTOCOL: u32 = 2;
+pub const CLIENT_PROTOCOL: u32 = occl_types::RAS_CLIENT_PROTOCOL;
 /// `RAS_COLLECTIVE_EXTRA_TIMEOUT_SEC`: slack on top of the leg timeout.
 const EXTRA_TIMEOUT_SECS: u64 = 5;
 /// The short timeout that weeds out processes that do not answer.

@@ -9,19 +9,16 @@ mod plain;
 
 use std::process::ExitCode;
 
-/// The NCCL client release whose command line and protocol this one follows.
-const NCCL_CLIENT_VERSION: &str = "2.29.2";
-
 fn main() -> ExitCode {
     let mut args = std::env::args();
     let argv0 = args.next().unwrap_or_else(|| "ncclras".into());
-    match cli::parse(args) {
+    match cli::parse(args, &|k| std::env::var(k).ok()) {
         Ok(cli::Parsed::Help) => {
             eprint!("{}", cli::usage(&argv0));
             ExitCode::SUCCESS
         }
         Ok(cli::Parsed::Version) => {
-            eprintln!("NCCL RAS client version {NCCL_CLIENT_VERSION} (occl {})", env!("CARGO_PKG_VERSION"));
+            eprintln!("NCCL RAS client version {} (occl {})", occl_types::NCCL_VERSION, env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
         Ok(cli::Parsed::Run(o)) if o.tui => ExitCode::from(app::run(&o)),

@@ -126,8 +126,15 @@ fn rank() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `ncclras args…` with `env` as its only RAS address variables (the test's own are not passed on).
+fn ncclras_env(args: &[&str], env: &[(&str, String)]) -> anyhow::Result<Output> {
+    let mut c = Command::new(NCCLRAS);
+    c.args(args).env_remove("OCCL_RAS_ADDR").env_remove("NCCL_RAS_ADDR").envs(env.iter().map(|(k, v)| (k, v)));
+    Ok(c.output()?)
+}
+
 fn ncclras(args: &[&str]) -> anyhow::Result<Output> {
-    Ok(Command::new(NCCLRAS).args(args).output()?)
+    ncclras_env(args, &[])
 }
 
 fn text(b: &[u8]) -> String {
@@ -245,6 +252,23 @@ fn plain_output_is_the_servers_bytes() -> anyhow::Result<()> {
         );
         anyhow::ensure!(out.stderr.is_empty(), "{args:?}: stderr {}", text(&out.stderr));
         anyhow::ensure!(got == sent, "{args:?}: sent {got:?}, want {sent:?}");
+    }
+    // Without -h/-p the address is the job's: OCCL_RAS_ADDR, else NCCL_RAS_ADDR.
+    for var in ["OCCL_RAS_ADDR", "NCCL_RAS_ADDR"] {
+        let r = replay(vec![Script::Report(NORMAL)])?;
+        let mut env = vec![(var, format!("127.0.0.1:{}", r.port))];
+        if var == "OCCL_RAS_ADDR" {
+            // OCCL_RAS_ADDR wins over NCCL_RAS_ADDR, as it does for the server.
+            env.push(("NCCL_RAS_ADDR", "127.0.0.1:1".into()));
+        }
+        let out = ncclras_env(&[], &env)?;
+        finish(r);
+        anyhow::ensure!(
+            out.status.code() == Some(0) && out.stdout == NORMAL.as_bytes(),
+            "{env:?}: exit {:?}, stderr {}",
+            out.status,
+            text(&out.stderr)
+        );
     }
     Ok(())
 }
@@ -545,13 +569,26 @@ fn tui_in_tmux_shows_a_killed_rank_and_the_failed_operations() -> anyhow::Result
     })?;
     t.keys(&["j"])?;
 
-    // Resized to 80×24, everything still fits: the key line is on the last row.
+    // Resized to 80×24, everything still fits: the header names the target, the server, the report's time and the
+    // monitor stream, and the key line on the last row ends with its last key, both whole.
     t.cmd(&["resize-window", "-t", &session, "-x", "80", "-y", "24"])?;
     let small = t.wait("the 80x24 layout", Duration::from_secs(5), |s| {
         s.lines().count() >= 24
             && s.lines().nth(23).is_some_and(|l| l.contains("q quit"))
             && s.contains("Communicators (")
     })?;
+    let row = |y: usize| small.lines().nth(y).unwrap_or_default().trim_end().to_string();
+    let (head, keys) = (row(0), row(23));
+    let head_whole = head
+        .starts_with(&format!(" ncclras  127.0.0.1:{port} │ occl {} json │ ", env!("CARGO_PKG_VERSION")))
+        && head.ends_with(" │ monitor on")
+        && head.chars().count() <= 80;
+    anyhow::ensure!(head_whole, "the header is not whole at 80 columns: {head:?}\n{small}");
+    let keys_whole = keys == " q quit  tab panel  ↑↓ move  Enter drill  Esc back  / filter  j raw  r refresh"
+        && keys.chars().count() <= 80;
+    anyhow::ensure!(keys_whole, "the key line is not whole at 80 columns: {keys:?}\n{small}");
+    // The ranks panel's title gives way to the short communicator name rather than lose its end.
+    anyhow::ensure!(small.contains("1 behind, 4 shown"), "the ranks panel's title is cut:\n{small}");
     save_screenshot("tui-80x24.txt", &small);
 
     // q leaves: exit code 0, and the terminal is back in canonical mode (raw mode was undone).

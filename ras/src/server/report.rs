@@ -8,7 +8,7 @@ use crate::report::{Report, VersionInfo};
 fn version() -> VersionInfo {
     VersionInfo {
         occl_version: env!("CARGO_PKG_VERSION").to_string(),
-        nccl_compat_version: "2.28.9".to_string(),
+        nccl_compat_version: occl_types::NCCL_VERSION.to_string(),
         cuda_compiled: None,
         cuda_runtime: 0,
         cuda_driver: 0,

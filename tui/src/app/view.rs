@@ -1,7 +1,8 @@
 //! Drawing the live view: header, summary, communicators, the selected communicator's ranks (laggards first, with
 //! launched/completed bars), dead and unresponsive processes, failed and stuck operations, the event log and a key
 //! line.
-//! Everything fits 80×24; larger terminals get more rows.
+//! Everything fits 80×24; larger terminals get more rows. The header and the key line are built of parts that
+//! are left out whole, least needed first, where a terminal is too narrow for them all: a line is never cut.
 
 use super::state::{App, Panel};
 use crate::model::{CommView, FailedView, RankView, StuckView};
@@ -109,27 +110,48 @@ pub fn render(f: &mut Frame<'_>, app: &App) {
     keys(f, rows[3], app);
 }
 
+/// A part of a one-line bar and how much it is needed: 0 always shows; among the rest, the highest is left out
+/// first while the line is wider than the terminal.
+type Part<'a> = (u8, Span<'a>);
+
+/// The parts that fit `width`, in their given order: optional ones are left out whole, highest number first.
+fn fit_line(mut parts: Vec<Part<'_>>, width: u16) -> Line<'_> {
+    let width = usize::from(width);
+    while parts.iter().map(|(_, s)| s.width()).sum::<usize>() > width {
+        let Some(drop) = parts.iter().enumerate().filter(|(_, (p, _))| *p > 0).max_by_key(|(i, (p, _))| (*p, *i))
+        else {
+            break;
+        };
+        let i = drop.0;
+        parts.remove(i);
+    }
+    Line::from(parts.into_iter().map(|(_, s)| s).collect::<Vec<_>>())
+}
+
 fn header(f: &mut Frame<'_>, area: Rect, app: &App) {
-    let mut spans =
-        vec![Span::styled(" ncclras ", BOLD.fg(Color::Black).bg(Color::Cyan)), Span::raw(format!(" {} ", app.target))];
+    let mut parts: Vec<Part<'_>> = vec![
+        (0, Span::styled(" ncclras ", BOLD.fg(Color::Black).bg(Color::Cyan))),
+        (0, Span::raw(format!(" {} ", app.target))),
+    ];
     match &app.snap {
         Some(s) => {
             let src = match s.source {
                 crate::model::Source::Json => "json",
                 crate::model::Source::Text => "text",
             };
-            spans.push(Span::raw(format!("│ {} {src} │ {}", s.server, app.updated)));
+            parts.push((0, Span::raw(format!("│ {} {src} │ {}", s.server, app.updated))));
             if let Some(g) = s.gather_secs {
-                spans.push(Span::raw(format!(" ({g:.3}s)")));
+                parts.push((3, Span::raw(format!(" ({g:.3}s)"))));
             }
         }
-        None => spans.push(Span::styled("│ waiting for the first report…", DIM)),
+        None => parts.push((0, Span::styled("│ waiting for the first report…", DIM))),
     }
-    spans.push(Span::raw(format!(" │ {}s │ monitor {}", app.interval, app.monitor)));
+    parts.push((4, Span::raw(format!(" │ every {}s", app.interval))));
+    parts.push((2, Span::raw(format!(" │ monitor {}", app.monitor))));
     if app.stale.is_some() {
-        spans.push(Span::styled(" │ STALE", RED.add_modifier(Modifier::BOLD)));
+        parts.push((0, Span::styled(" │ STALE", RED.add_modifier(Modifier::BOLD))));
     }
-    f.render_widget(Paragraph::new(Line::from(spans)), area);
+    f.render_widget(Paragraph::new(fit_line(parts, area.width)), area);
 }
 
 fn summary(f: &mut Frame<'_>, area: Rect, app: &App) {
@@ -215,7 +237,12 @@ fn ranks(f: &mut Frame<'_>, area: Rect, app: &App) {
         })
         .collect();
     let filter = if app.filter.is_empty() { String::new() } else { format!(" filter \"{}\"", app.filter) };
-    let title = format!("Ranks of {} — {} behind, {} shown{filter}", comm_title(c), c.lagging(), list.len());
+    // The full hash where the border has room for it, else the short name (the title is never cut).
+    let title_with = |name: String| format!("Ranks of {name} — {} behind, {} shown{filter}", c.lagging(), list.len());
+    let title = match title_with(comm_title(c)) {
+        t if Span::raw(t.as_str()).width() + 2 <= usize::from(area.width) => t,
+        _ => title_with(comm_name(c)),
+    };
     let t = Table::new(
         rows,
         [
@@ -341,17 +368,20 @@ fn raw(f: &mut Frame<'_>, area: Rect, app: &App) {
     );
 }
 
+/// The key line: every key at 80 columns; narrower, the keys from the end are left out.
+const KEYS: [&str; 8] = ["q quit", "tab panel", "↑↓ move", "Enter drill", "Esc back", "/ filter", "j raw", "r refresh"];
+
 fn keys(f: &mut Frame<'_>, area: Rect, app: &App) {
-    let line = if app.editing_filter {
-        Line::from(vec![
-            Span::styled(" filter ranks: ", BOLD),
-            Span::raw(format!("{}▏", app.filter)),
-            Span::styled("  (rank numbers or text; Enter keeps, Esc clears)", DIM),
-        ])
+    let parts: Vec<Part<'_>> = if app.editing_filter {
+        vec![
+            (0, Span::styled(" filter ranks: ", BOLD)),
+            (0, Span::raw(format!("{}▏", app.filter))),
+            (1, Span::styled("  (rank numbers or text; Enter keeps, Esc clears)", DIM)),
+        ]
     } else {
-        Line::styled(" q quit  tab/←→ panel  ↑↓ move  Enter drill  Esc back  / filter  j raw  r refresh", DIM)
+        (0u8..).zip(KEYS).map(|(i, k)| (i, Span::styled(format!(" {k} "), DIM))).collect()
     };
-    f.render_widget(Paragraph::new(line), area);
+    f.render_widget(Paragraph::new(fit_line(parts, area.width)), area);
 }
 
 #[cfg(test)]
@@ -381,5 +411,44 @@ mod tests {
         for (w, h) in [(1, 1), (10, 5), (20, 12), (200, 60)] {
             screen(&app, w, h);
         }
+    }
+
+    /// Row `y` of the screen without its trailing blanks.
+    fn row(out: &str, y: usize) -> String {
+        out.lines().nth(y).unwrap_or_default().trim_end().to_string()
+    }
+
+    #[test]
+    fn header_and_key_line_are_whole_at_80x24_and_lose_whole_parts_when_narrower() {
+        let mut app = App::new("127.0.0.1:41234".into(), 0.5);
+        let s = parse(include_str!("../../../ras/proto/tests/fixtures/A_kill_plus66_status.txt")).expect("parses");
+        app.apply(Msg::Snapshot(Box::new(s)), "05:00:00");
+        app.apply(Msg::Monitor("on".into()), "05:00:00");
+        let out = screen(&app, 80, 24);
+        let head = row(&out, 0);
+        assert!(head.starts_with(" ncclras  127.0.0.1:41234 │ NCCL 2.28.9 text │ 05:00:00"), "{out}");
+        assert!(head.ends_with(" │ monitor on"), "{out}");
+        let keys = row(&out, 23);
+        assert_eq!(keys, format!(" {}", KEYS.join("  ")), "{out}");
+
+        // A long monitor state and a stale report at 80: STALE stays, the optional parts go whole.
+        app.apply(Msg::Monitor("unsupported by this server".into()), "05:00:01");
+        app.apply(Msg::FetchFailed("Connection refused".into()), "05:00:02");
+        let head = row(&screen(&app, 80, 24), 0);
+        assert!(head.ends_with("05:00:00 │ STALE"), "{head}");
+
+        // Narrower: the key line ends in a whole key, never a cut one.
+        for w in [40u16, 52, 64, 79] {
+            let keys = row(&screen(&app, w, 24), 23);
+            assert!(
+                KEYS.iter().any(|k| keys.ends_with(k)) && Span::raw(keys.as_str()).width() <= usize::from(w),
+                "{w}: {keys:?}"
+            );
+        }
+        app.editing_filter = true;
+        app.filter = "DEAD".into();
+        let keys = row(&screen(&app, 80, 24), 23);
+        assert!(keys.ends_with("Enter keeps, Esc clears)"), "{keys}");
+        assert_eq!(row(&screen(&app, 40, 24), 23), " filter ranks: DEAD▏");
     }
 }

@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 pub use command::{parse, ClientError, Command, EventGroups, Format, Timeout};
 
 /// The client protocol version this server speaks; NCCL has sent 2 since RAS appeared in 2.24.
-pub const SERVER_PROTOCOL_VERSION: u32 = 2;
+pub const SERVER_PROTOCOL_VERSION: u32 = occl_types::RAS_CLIENT_PROTOCOL;
 
 /// NCCL's per-client receive buffer: a line, LF included, must fit in 1024 bytes, so its text (CR included) is at
 /// most 1023 bytes. A buffer that fills with no LF ends the session.
