@@ -65,23 +65,29 @@ impl Op {
     /// Checks the call as rank `rank` of `nranks` makes it: root and peer in range, sizes
     /// within the address space, every buffer this rank touches non-null and aligned to its
     /// element, and send and recv apart unless in place as the collective allows.
+    ///
+    /// Every call passes through here, so the checks are plain arithmetic and each error is
+    /// built out of line, only when a check fails.
     pub(crate) fn check(&self, rank: usize, nranks: usize) -> Result<Touched> {
-        if let Some(root) = self.root {
-            check_root(root, nranks)?;
+        if let Some(root) = self.root.filter(|&r| r >= nranks) {
+            return Err(root_error(root, nranks));
         }
-        if let Some(peer) = self.peer {
-            check_peer(peer, nranks)?;
+        if let Some(peer) = self.peer.filter(|&p| p >= nranks) {
+            return Err(peer_error(peer, nranks));
         }
         let l = layout(self.coll);
-        let block = bytes_of(self.count, 1, self.dt)?;
+        let block = bytes_of(self.count, 1, self.dt).ok_or_else(|| overflow_error(self.count, 1, self.dt))?;
         let at_root = self.root == Some(rank);
         let bytes = |e: Extent| match e {
-            Extent::Unused => Ok(0),
-            Extent::AtRoot if !at_root => Ok(0),
-            Extent::Block | Extent::AtRoot => Ok(block),
+            Extent::Unused => Some(0),
+            Extent::AtRoot if !at_root => Some(0),
+            Extent::Block | Extent::AtRoot => Some(block),
             Extent::PerRank => bytes_of(self.count, nranks, self.dt),
         };
-        let t = Touched { send: bytes(l.send)?, recv: bytes(l.recv)? };
+        let (Some(send), Some(recv)) = (bytes(l.send), bytes(l.recv)) else {
+            return Err(overflow_error(self.count, nranks, self.dt));
+        };
+        let t = Touched { send, recv };
         check_ptr("send", self.send, t.send, self.dt)?;
         check_ptr("recv", self.recv, t.recv, self.dt)?;
         let own = rank.wrapping_mul(block);
@@ -91,58 +97,68 @@ impl Op {
             InPlace::RecvIsOwnBlock => self.recv == self.send.wrapping_add(own),
         };
         if !in_place && overlaps(self.send, t.send, self.recv, t.recv) {
-            let name = self.coll.name();
-            return Err(Error::arg(match l.in_place {
-                InPlace::Same => format!("{name}: send and recv buffers overlap without being the same (in place)"),
-                InPlace::SendIsOwnBlock => format!(
-                    "{name}: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)"
-                ),
-                InPlace::RecvIsOwnBlock => format!(
-                    "{name}: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)"
-                ),
-            }));
+            return Err(overlap_error(self.coll, l.in_place));
         }
         Ok(t)
     }
 }
 
-/// A root is one of the ranks.
-fn check_root(root: usize, nranks: usize) -> Result<()> {
-    if root >= nranks {
-        return Err(Error::arg(format!("root {root} is out of range for nranks={nranks} (ranks are 0..{nranks})")));
-    }
-    Ok(())
+#[cold]
+fn root_error(root: usize, nranks: usize) -> Error {
+    Error::arg(format!("root {root} is out of range for nranks={nranks} (ranks are 0..{nranks})"))
 }
 
 /// A peer is one of the ranks (whether it may be this rank is the caller's rule).
-fn check_peer(peer: usize, nranks: usize) -> Result<()> {
-    if peer >= nranks {
-        return Err(Error::arg(format!("peer {peer} is out of range for nranks={nranks}")));
-    }
-    Ok(())
+#[cold]
+fn peer_error(peer: usize, nranks: usize) -> Error {
+    Error::arg(format!("peer {peer} is out of range for nranks={nranks}"))
 }
 
-/// Bytes of `blocks` blocks of `count` elements of `dt`, within the address space.
-fn bytes_of(count: usize, blocks: usize, dt: DataType) -> Result<usize> {
-    count.checked_mul(blocks).and_then(|c| c.checked_mul(dt.size())).filter(|b| *b <= isize::MAX as usize).ok_or_else(
-        || {
-            Error::arg(format!(
-                "count {count} × {blocks} block(s) × {} bytes of {dt} overflows the address space",
-                dt.size()
-            ))
-        },
-    )
+#[cold]
+fn overflow_error(count: usize, blocks: usize, dt: DataType) -> Error {
+    Error::arg(format!("count {count} × {blocks} block(s) × {} bytes of {dt} overflows the address space", dt.size()))
+}
+
+#[cold]
+fn overlap_error(coll: CollType, in_place: InPlace) -> Error {
+    let name = coll.name();
+    Error::arg(match in_place {
+        InPlace::Same => format!("{name}: send and recv buffers overlap without being the same (in place)"),
+        InPlace::SendIsOwnBlock => {
+            format!(
+                "{name}: send overlaps recv without being this rank's block of it (in place: send = recv + rank*count)"
+            )
+        }
+        InPlace::RecvIsOwnBlock => {
+            format!(
+                "{name}: recv overlaps send without being this rank's block of it (in place: recv = send + rank*count)"
+            )
+        }
+    })
+}
+
+/// Bytes of `blocks` blocks of `count` elements of `dt`, if within the address space.
+#[inline]
+fn bytes_of(count: usize, blocks: usize, dt: DataType) -> Option<usize> {
+    count.checked_mul(blocks).and_then(|c| c.checked_mul(dt.size())).filter(|b| *b <= isize::MAX as usize)
 }
 
 /// A buffer of `bytes` at address `p` (host or device) is non-null and aligned to `dt`.
+#[inline]
 pub(crate) fn check_ptr(what: &str, p: usize, bytes: usize, dt: DataType) -> Result<()> {
-    if bytes > 0 && p == 0 {
-        return Err(Error::arg(format!("{what} buffer is null")));
-    }
-    if bytes > 0 && !p.is_multiple_of(dt.size()) {
-        return Err(Error::arg(format!("{what} buffer {p:#x} is not aligned to the {}-byte {dt} element", dt.size())));
+    if bytes > 0 && (p == 0 || !p.is_multiple_of(dt.size())) {
+        return Err(ptr_error(what, p, dt));
     }
     Ok(())
+}
+
+#[cold]
+fn ptr_error(what: &str, p: usize, dt: DataType) -> Error {
+    if p == 0 {
+        Error::arg(format!("{what} buffer is null"))
+    } else {
+        Error::arg(format!("{what} buffer {p:#x} is not aligned to the {}-byte {dt} element", dt.size()))
+    }
 }
 
 /// Ranges [a, a+la) and [b, b+lb) share memory.
