@@ -49,6 +49,7 @@ mod id;
 mod init_timer;
 mod launch;
 mod lifecycle;
+mod netif;
 mod op;
 mod profile;
 mod ras;

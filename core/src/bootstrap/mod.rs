@@ -164,7 +164,7 @@ fn await_parent(stream: &mut TcpStream, rank: usize, timeout: Duration) -> Resul
     let mut r = Reader::new(&frame);
     let parent = match r.u8()? {
         wire::PARENT => r.str()?,
-        wire::ERROR => return Err(Error::usage(format!("bootstrap root refused rank {rank}: {}", r.str()?))),
+        wire::ERROR => return Err(Error::usage(format!("the bootstrap root stopped rank {rank}: {}", r.str()?))),
         t => return Err(Error::internal(format!("bootstrap: unexpected frame type {t} from the root"))),
     };
     r.finish()?;
