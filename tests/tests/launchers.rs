@@ -3,6 +3,7 @@
 
 mod common;
 
+use occl_tests::launch::{Job, Spawn};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -153,4 +154,65 @@ fn missing_launcher_environment_is_a_clear_error() {
         .expect("run");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("ERR kind=InvalidArgument") && out.contains("unique id"), "{out}");
+}
+
+/// torchrun's variables for rank `r` of `world` ranks at the root `127.0.0.1:port`.
+fn torchrun(r: usize, world: usize, port: u16) -> Vec<(String, String)> {
+    kv(&[
+        ("RANK", r.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", "size-test".into()),
+    ])
+}
+
+/// One rank started with another WORLD_SIZE: every rank fails within seconds (OCCL_TIMEOUT
+/// is the default 600 s), each naming the rank, its WORLD_SIZE and the root's.
+#[test]
+fn a_wrong_world_size_on_one_rank_fails_every_rank_naming_both_sizes() {
+    let port = free_port_pair();
+    for wrong in [8, 3] {
+        let launcher = (0..4).map(|r| torchrun(r, if r == 2 { wrong } else { 4 }, port)).collect();
+        let spawn = Spawn { capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+        let args: Vec<String> = ["matrix", "colls=all_reduce;counts=1"].iter().map(|s| s.to_string()).collect();
+        let start = Instant::now();
+        let job = Job::start(common::worker(), &args, launcher, &spawn).expect("start");
+        let outs = job.wait(Duration::from_secs(60)).expect("every rank exits (none waits out OCCL_TIMEOUT)");
+        let took = start.elapsed();
+        let want = format!("rank 2 says WORLD_SIZE={wrong}, the root has WORLD_SIZE=4");
+        for o in &outs {
+            assert!(!o.status.success(), "rank {} of a job with two sizes succeeded:\n{}", o.rank, o.output);
+            let (kind, _, line) = common::err_of(o).unwrap_or_else(|| panic!("rank {}: no ERR:\n{}", o.rank, o.output));
+            assert_eq!(kind, "InvalidUsage", "rank {}: {line}", o.rank);
+            assert!(line.contains(&want), "rank {}: {line}", o.rank);
+        }
+        assert!(took < Duration::from_secs(15), "the job took {took:?} to fail");
+        eprintln!("WORLD_SIZE={wrong} on rank 2 of 4: every rank failed in {took:?}");
+    }
+}
+
+/// Half of a launcher's pair names the other half.
+#[test]
+fn a_rank_without_a_size_names_the_missing_variable() {
+    for (set, value, missing) in [("RANK", "1", "WORLD_SIZE"), ("WORLD_SIZE", "4", "RANK")] {
+        let o = Command::new(common::worker())
+            .args(["matrix", ""])
+            .env_remove("OCCL_RANK")
+            .env_remove("OCCL_NRANKS")
+            .env_remove("OCCL_UNIQUE_ID")
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .env(set, value)
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", "29500")
+            .output()
+            .expect("run");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(!o.status.success(), "{out}");
+        assert!(
+            out.contains("ERR kind=InvalidUsage") && out.contains(&format!("{set} is set but {missing} is not")),
+            "{out}"
+        );
+    }
 }
