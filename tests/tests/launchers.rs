@@ -125,23 +125,31 @@ fn ranks_with_different_job_secrets_do_not_form_a_job() {
     assert!(!outs[0].status.success(), "rank 0 cannot complete a job without rank 1");
 }
 
+/// The worker with no launcher's variables at all.
+fn without_launcher() -> Command {
+    let mut c = Command::new(common::worker());
+    c.args(["matrix", ""]);
+    for v in [
+        "OCCL_RANK",
+        "OCCL_NRANKS",
+        "OCCL_UNIQUE_ID",
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
 #[test]
 fn missing_launcher_environment_is_a_clear_error() {
-    let o = Command::new(common::worker())
-        .args(["matrix", ""])
-        .env_remove("OCCL_RANK")
-        .env_remove("OCCL_NRANKS")
-        .env_remove("OCCL_UNIQUE_ID")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .env_remove("OMPI_COMM_WORLD_SIZE")
-        .env_remove("PMI_RANK")
-        .env_remove("PMI_SIZE")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_NTASKS")
-        .output()
-        .expect("run");
+    let o = without_launcher().output().expect("run");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(!o.status.success());
     assert!(out.contains("ERR kind=InvalidUsage") && out.contains("OCCL_RANK"), "{out}");
@@ -196,13 +204,7 @@ fn a_wrong_world_size_on_one_rank_fails_every_rank_naming_both_sizes() {
 #[test]
 fn a_rank_without_a_size_names_the_missing_variable() {
     for (set, value, missing) in [("RANK", "1", "WORLD_SIZE"), ("WORLD_SIZE", "4", "RANK")] {
-        let o = Command::new(common::worker())
-            .args(["matrix", ""])
-            .env_remove("OCCL_RANK")
-            .env_remove("OCCL_NRANKS")
-            .env_remove("OCCL_UNIQUE_ID")
-            .env_remove("RANK")
-            .env_remove("WORLD_SIZE")
+        let o = without_launcher()
             .env(set, value)
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", "29500")

@@ -58,49 +58,41 @@ fn assert_ran_over_tcp_between_nodes(outs: &[RankOutput], what: &str) {
     }
 }
 
-/// A tag for this test's namespaces and interfaces (names stay within 15 bytes).
-fn tag(case: u32) -> u32 {
-    (std::process::id() % 10_000) * 10 + case
+/// Two empty nodes for test `case` (its number tags the namespaces and interfaces, whose names stay within 15
+/// bytes), with the tag and a subnet number; `None` after saying SKIPPED when namespaces cannot be made here.
+fn nodes(test: &str, case: u32) -> Option<(Netns, u32, u32)> {
+    if common::netns::unusable(test).is_some() {
+        return None;
+    }
+    let t = (std::process::id() % 10_000) * 10 + case;
+    Some((Netns::pair("omn", t).expect("namespaces"), t, 10 + t % 200))
+}
+
+/// Every collective over one link between the nodes, whose ends have the addresses `addr(net, 1)` (node A,
+/// where the root is) and `addr(net, 2)`, of prefix length `len`.
+fn over_one_link(test: &str, case: u32, addr: fn(u32, u8) -> String, len: u8) {
+    let Some((ns, t, net)) = nodes(test, case) else { return };
+    let end = |host: u8| format!("{}/{len}", addr(net, host));
+    ns.link((&format!("mna{t}"), &end(1)), (&format!("mnb{t}"), &end(2))).expect("link");
+    let outs = torchrun_job(&ns, &addr(net, 1), &[], EVERY_COLLECTIVE);
+    assert_ran_over_tcp_between_nodes(&outs, test);
 }
 
 #[test]
 fn two_nodes_over_ipv4_from_torchrun_variables() {
-    if common::netns::unusable("two_nodes_over_ipv4_from_torchrun_variables").is_some() {
-        return;
-    }
-    let t = tag(1);
-    let ns = Netns::pair("omn", t).expect("namespaces");
-    let net = 10 + t % 200;
-    ns.link((&format!("mna{t}"), &format!("10.79.{net}.1/24")), (&format!("mnb{t}"), &format!("10.79.{net}.2/24")))
-        .expect("link");
-    let outs = torchrun_job(&ns, &format!("10.79.{net}.1"), &[], EVERY_COLLECTIVE);
-    assert_ran_over_tcp_between_nodes(&outs, "IPv4");
+    over_one_link("two_nodes_over_ipv4_from_torchrun_variables", 1, |net, host| format!("10.79.{net}.{host}"), 24);
 }
 
 #[test]
 fn two_nodes_over_ipv6_only_from_torchrun_variables() {
-    if common::netns::unusable("two_nodes_over_ipv6_only_from_torchrun_variables").is_some() {
-        return;
-    }
-    let t = tag(2);
-    let ns = Netns::pair("omn", t).expect("namespaces");
-    let net = 10 + t % 200;
-    ns.link((&format!("mna{t}"), &format!("fd79:{net}::1/64")), (&format!("mnb{t}"), &format!("fd79:{net}::2/64")))
-        .expect("link");
-    let outs = torchrun_job(&ns, &format!("fd79:{net}::1"), &[], EVERY_COLLECTIVE);
-    assert_ran_over_tcp_between_nodes(&outs, "IPv6");
+    over_one_link("two_nodes_over_ipv6_only_from_torchrun_variables", 2, |net, host| format!("fd79:{net}::{host}"), 64);
 }
 
 /// Two links between the nodes; the root is on the first, which the route to it would choose.
 /// `NCCL_SOCKET_IFNAME=^mn,lo` (all but the first link and loopback) puts the job's traffic on the second.
 #[test]
 fn nccl_socket_ifname_chooses_among_two_interfaces() {
-    if common::netns::unusable("nccl_socket_ifname_chooses_among_two_interfaces").is_some() {
-        return;
-    }
-    let t = tag(3);
-    let ns = Netns::pair("omn", t).expect("namespaces");
-    let net = 10 + t % 200;
+    let Some((ns, t, net)) = nodes("nccl_socket_ifname_chooses_among_two_interfaces", 3) else { return };
     let (first_b, second_b) = (format!("mnb{t}"), format!("mxb{t}"));
     ns.link((&format!("mna{t}"), &format!("10.79.{net}.1/24")), (&first_b, &format!("10.79.{net}.2/24")))
         .expect("first link");
