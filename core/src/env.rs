@@ -6,7 +6,8 @@ use crate::error::{Error, Result};
 use crate::id::UniqueId;
 use siphasher::sip128::{Hasher128, SipHasher24};
 use std::hash::Hasher;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
 
 pub(crate) struct Launch {
     pub rank: usize,
@@ -79,9 +80,6 @@ pub(crate) fn detect(config: &Config) -> Result<Launch> {
     if !(1..=crate::config::MAX_NRANKS).contains(&nranks) {
         return Err(Error::arg(format!("{sv}={nranks}: expected between 1 and {} ranks", crate::config::MAX_NRANKS)));
     }
-    if rank >= nranks {
-        return Err(Error::arg(format!("{rv}={rank} is out of range for {sv}={nranks}")));
-    }
     let all_local = match l.local_size {
         Some(v) => num(v)? == Some(nranks),
         None => false,
@@ -98,6 +96,10 @@ pub(crate) fn detect(config: &Config) -> Result<Launch> {
              rank) or MASTER_ADDR and MASTER_PORT"
         )));
     };
+    if rank >= nranks {
+        let here = Error::arg(format!("{rv}={rank} is out of range for {sv}={nranks}"));
+        return Err(tell_root(&ids, rank, nranks, config).unwrap_or(here));
+    }
     tracing::debug!(
         "occl: joining as rank {rank} of {nranks} ({rv}/{sv}{}), {} root(s), first {:?}",
         if all_local { ", all on this host" } else { "" },
@@ -154,4 +156,20 @@ fn root_at_master(
     };
     let root = if rank == 0 { Some(root::spawn(sa, secret, Some(expect), config.timeout)?.1) } else { None };
     Ok((UniqueId::at(sa, secret), root))
+}
+
+/// A rank whose own variables are inconsistent still joins the root, so that the ranks waiting
+/// there learn at once that the job cannot form; the root's answer, which names the rank and
+/// both sizes, is this rank's error too. `None` when the root could not be told.
+fn tell_root(ids: &[UniqueId], rank: usize, nranks: usize, config: &Config) -> Option<Error> {
+    let first = ids.first()?;
+    let any = match first.addr() {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let limit = config.timeout.min(Duration::from_secs(30));
+    match crate::bootstrap::Client::join_any(ids, rank, nranks, any, limit) {
+        Err(e) if e.kind() == crate::ErrorKind::InvalidUsage => Some(e),
+        _ => None,
+    }
 }

@@ -176,27 +176,33 @@ fn torchrun(r: usize, world: usize, port: u16) -> Vec<(String, String)> {
 }
 
 /// One rank started with another WORLD_SIZE: every rank fails within seconds (OCCL_TIMEOUT
-/// is the default 600 s), each naming the rank, its WORLD_SIZE and the root's.
+/// is the default 600 s), each naming a rank, its WORLD_SIZE and the root's.
 #[test]
 fn a_wrong_world_size_on_one_rank_fails_every_rank_naming_both_sizes() {
     let port = free_port_pair();
-    for wrong in [8, 3] {
-        let launcher = (0..4).map(|r| torchrun(r, if r == 2 { wrong } else { 4 }, port)).collect();
+    for (odd, wrong, want) in [
+        (2, 8, "rank 2 says WORLD_SIZE=8, the root has WORLD_SIZE=4"),
+        (2, 3, "rank 2 says WORLD_SIZE=3, the root has WORLD_SIZE=4"),
+        // Rank 2 is out of its own range, and still tells the root.
+        (2, 2, "rank 2 says WORLD_SIZE=2, the root has WORLD_SIZE=4"),
+        // The root's own rank is the odd one: whichever rank joins first is named.
+        (0, 2, " says WORLD_SIZE=4, the root has WORLD_SIZE=2"),
+    ] {
+        let launcher = (0..4).map(|r| torchrun(r, if r == odd { wrong } else { 4 }, port)).collect();
         let spawn = Spawn { capture_stdout: true, capture_stderr: true, ..Spawn::default() };
         let args: Vec<String> = ["matrix", "colls=all_reduce;counts=1"].iter().map(|s| s.to_string()).collect();
         let start = Instant::now();
         let job = Job::start(common::worker(), &args, launcher, &spawn).expect("start");
         let outs = job.wait(Duration::from_secs(60)).expect("every rank exits (none waits out OCCL_TIMEOUT)");
         let took = start.elapsed();
-        let want = format!("rank 2 says WORLD_SIZE={wrong}, the root has WORLD_SIZE=4");
         for o in &outs {
             assert!(!o.status.success(), "rank {} of a job with two sizes succeeded:\n{}", o.rank, o.output);
             let (kind, _, line) = common::err_of(o).unwrap_or_else(|| panic!("rank {}: no ERR:\n{}", o.rank, o.output));
             assert_eq!(kind, "InvalidUsage", "rank {}: {line}", o.rank);
-            assert!(line.contains(&want), "rank {}: {line}", o.rank);
+            assert!(line.contains(want), "rank {}: {line}", o.rank);
         }
         assert!(took < Duration::from_secs(15), "the job took {took:?} to fail");
-        eprintln!("WORLD_SIZE={wrong} on rank 2 of 4: every rank failed in {took:?}");
+        eprintln!("WORLD_SIZE={wrong} on rank {odd} of 4: every rank failed in {took:?}");
     }
 }
 

@@ -191,7 +191,8 @@ impl Client {
         timeout: Duration,
     ) -> Result<Client> {
         let m = ids.len();
-        let k = tier::id_of(rank, m, nranks);
+        // A rank out of range (one that joins only to tell the root so) goes to the last root.
+        let k = tier::id_of(rank, m, nranks).min(m.saturating_sub(1));
         let id = ids.get(k).ok_or_else(|| Error::arg("no unique id for this rank"))?;
         let listener = TcpListener::bind((bind, 0))
             .map_err(|e| Error::sys(format!("bootstrap: bind a tree listener on {bind}"), e))?;

@@ -38,6 +38,10 @@ impl UniqueId {
 /// starter gives a bound.
 const TELL_LIMIT: Duration = Duration::from_secs(120);
 
+/// How long a failed job's root waits for ranks that only a disagreeing size counts (rank 3
+/// of a job the root says has 2): they come at once if they exist.
+const OTHER_SIZE_GRACE: Duration = Duration::from_secs(3);
+
 /// What the rank that starts a root knows of the job: its size, and the variable that set it
 /// (`WORLD_SIZE`), so that a rank that disagrees is told in those words.
 #[derive(Debug, Clone, Copy)]
@@ -230,7 +234,8 @@ impl Job {
             )));
         }
         if j.rank >= self.nranks {
-            return Some(Refusal::One(format!("rank {} is out of range for nranks={}", j.rank, self.nranks)));
+            // Some rank of the job's range will never come.
+            return Some(Refusal::Fatal(format!("rank {} is out of range for {var}={}", j.rank, self.nranks)));
         }
         if j.rank < self.lo || j.rank >= self.hi {
             return Some(Refusal::One(format!(
@@ -284,7 +289,8 @@ impl Root {
     }
 
     /// The job cannot form: tells the ranks that joined, the one that disagreed, and every rank
-    /// still to come (until each rank of `share` heard, or `tell_for` passed), then fails.
+    /// still to come (until each rank of `share` heard, and for `OTHER_SIZE_GRACE` each of the
+    /// larger size a join claimed; at most `tell_for`), then fails.
     fn fail_job(
         &self,
         listener: &TcpListener,
@@ -297,26 +303,32 @@ impl Root {
         self.watch.telling(true);
         tracing::warn!("bootstrap root: the job cannot form: {why}");
         let mut told = vec![false; share.len()];
-        let tell = |told: &mut [bool], rank: usize, s: TcpStream| {
+        let tell = |told: &mut Vec<bool>, rank: usize, nranks: usize, s: TcpStream| {
+            let end = nranks.clamp(share.end, crate::config::MAX_NRANKS.max(share.end));
+            told.resize(told.len().max(end - share.start), false);
             if let Some(t) = rank.checked_sub(share.start).and_then(|i| told.get_mut(i)) {
                 *t = true;
             }
             reject(s, &why);
         };
         for (rank, s) in joined {
-            tell(&mut told, rank, s);
+            tell(&mut told, rank, share.end, s);
         }
-        tell(&mut told, culprit.rank, culprit.stream);
+        tell(&mut told, culprit.rank, culprit.nranks, culprit.stream);
+        let grace = Instant::now() + OTHER_SIZE_GRACE;
         let end = Instant::now() + self.tell_for;
         let end = self.deadline.map_or(end, |d| d.min(end));
         while Instant::now() < end {
             let mut wait = if self.accept_pending(listener, tx) { Duration::ZERO } else { Duration::from_millis(1) };
             while let Ok(a) = rx.recv_timeout(std::mem::take(&mut wait)) {
                 if let Arrival::Rank(j) = a {
-                    tell(&mut told, j.rank, j.stream);
+                    tell(&mut told, j.rank, j.nranks, j.stream);
                 }
             }
-            if told.iter().all(|t| *t) {
+            // The root's own share must hear; ranks that only another size counts may not
+            // exist, and are waited for a moment only.
+            let share_told = told[..share.len()].iter().all(|t| *t);
+            if share_told && (told.iter().all(|t| *t) || Instant::now() >= grace) {
                 break;
             }
         }
