@@ -50,6 +50,7 @@ mod init_timer;
 mod launch;
 mod lifecycle;
 pub mod log;
+mod netif;
 mod op;
 mod profile;
 mod ras;

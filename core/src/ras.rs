@@ -74,8 +74,9 @@ pub(crate) fn server(config: &Config, secret: &[u8; 16]) -> Result<Option<&'stat
     if let Some(s) = SERVER.get() {
         return Ok(s.as_ref());
     }
-    let cfg =
-        RasConfig::from_vars(|k| std::env::var(k).ok(), config.listen_addr).map_err(|e| Error::arg(e.to_string()))?;
+    // The mesh binds the rank's address, which init has chosen by now.
+    let mesh_ip = config.listen_addr.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let cfg = RasConfig::from_vars(|k| std::env::var(k).ok(), mesh_ip).map_err(|e| Error::arg(e.to_string()))?;
     let s = SERVER.get_or_init(|| {
         if !cfg.enabled {
             tracing::debug!("occl: RAS is off (OCCL_RAS_ENABLE=0)");

@@ -98,7 +98,7 @@ export! {
             if uniqueId.is_null() {
                 return Err(arg("uniqueId is NULL"));
             }
-            let id = UniqueId::new_on(Config::from_env()?.listen_addr)?;
+            let id = UniqueId::new_for(&Config::from_env()?)?;
             // SAFETY: non-NULL, and the caller's ncclUniqueId is writable.
             unsafe { uniqueId.write(ncclUniqueId::from_occl(&id)?) };
             Ok(ncclSuccess)

@@ -1,5 +1,6 @@
 //! Starts an N-rank job on this host: N child processes of a given program, each with
-//! `OCCL_RANK`, `OCCL_NRANKS` and `OCCL_UNIQUE_ID` set (the root is served by this process).
+//! `OCCL_RANK`, `OCCL_NRANKS` and `OCCL_UNIQUE_ID` set (the root is served by this process), or
+//! with a launcher's variables as torchrun would set them (`Job::start`).
 
 use std::io::Read;
 use std::path::Path;
@@ -39,15 +40,34 @@ impl Job {
             Some(ip) => occl::UniqueId::new_on(ip)?,
             None => occl::UniqueId::new()?,
         };
-        let mut children = Vec::with_capacity(nranks);
-        for r in 0..nranks {
+        let launcher = (0..nranks)
+            .map(|r| {
+                [("OCCL_RANK", r.to_string()), ("OCCL_NRANKS", nranks.to_string()), ("OCCL_UNIQUE_ID", id.to_string())]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect()
+            })
+            .collect();
+        Job::start(program, args, launcher, opts)
+    }
+
+    /// Starts one copy of `program args…` per entry of `launcher`, each with that entry's
+    /// variables (a launcher's: torchrun's `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, …) and none of
+    /// occl's own launcher variables from this process; then `opts.env` and `opts.rank_env`.
+    pub fn start(
+        program: &Path,
+        args: &[String],
+        launcher: Vec<Vec<(String, String)>>,
+        opts: &Spawn,
+    ) -> anyhow::Result<Job> {
+        let mut children = Vec::with_capacity(launcher.len());
+        for (r, vars) in launcher.into_iter().enumerate() {
             let mut cmd = Command::new(program);
-            cmd.args(args)
-                .env("OCCL_RANK", r.to_string())
-                .env("OCCL_NRANKS", nranks.to_string())
-                .env("OCCL_UNIQUE_ID", id.to_string())
-                .stdin(Stdio::null());
-            for (k, v) in &opts.env {
+            cmd.args(args).stdin(Stdio::null());
+            for k in ["OCCL_RANK", "OCCL_NRANKS", "OCCL_UNIQUE_ID"] {
+                cmd.env_remove(k);
+            }
+            for (k, v) in vars.iter().chain(&opts.env) {
                 cmd.env(k, v);
             }
             if let Some(extra) = opts.rank_env.get(r) {

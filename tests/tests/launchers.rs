@@ -3,6 +3,7 @@
 
 mod common;
 
+use occl_tests::launch::{Job, Spawn};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -124,23 +125,31 @@ fn ranks_with_different_job_secrets_do_not_form_a_job() {
     assert!(!outs[0].status.success(), "rank 0 cannot complete a job without rank 1");
 }
 
+/// The worker with no launcher's variables at all.
+fn without_launcher() -> Command {
+    let mut c = Command::new(common::worker());
+    c.args(["matrix", ""]);
+    for v in [
+        "OCCL_RANK",
+        "OCCL_NRANKS",
+        "OCCL_UNIQUE_ID",
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
 #[test]
 fn missing_launcher_environment_is_a_clear_error() {
-    let o = Command::new(common::worker())
-        .args(["matrix", ""])
-        .env_remove("OCCL_RANK")
-        .env_remove("OCCL_NRANKS")
-        .env_remove("OCCL_UNIQUE_ID")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .env_remove("OMPI_COMM_WORLD_SIZE")
-        .env_remove("PMI_RANK")
-        .env_remove("PMI_SIZE")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_NTASKS")
-        .output()
-        .expect("run");
+    let o = without_launcher().output().expect("run");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(!o.status.success());
     assert!(out.contains("ERR kind=InvalidUsage") && out.contains("OCCL_RANK"), "{out}");
@@ -153,4 +162,65 @@ fn missing_launcher_environment_is_a_clear_error() {
         .expect("run");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("ERR kind=InvalidArgument") && out.contains("unique id"), "{out}");
+}
+
+/// torchrun's variables for rank `r` of `world` ranks at the root `127.0.0.1:port`.
+fn torchrun(r: usize, world: usize, port: u16) -> Vec<(String, String)> {
+    kv(&[
+        ("RANK", r.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", "size-test".into()),
+    ])
+}
+
+/// One rank started with another WORLD_SIZE: every rank fails within seconds (OCCL_TIMEOUT
+/// is the default 600 s), each naming a rank, its WORLD_SIZE and the root's.
+#[test]
+fn a_wrong_world_size_on_one_rank_fails_every_rank_naming_both_sizes() {
+    let port = free_port_pair();
+    for (odd, wrong, want) in [
+        (2, 8, "rank 2 says WORLD_SIZE=8, the root has WORLD_SIZE=4"),
+        (2, 3, "rank 2 says WORLD_SIZE=3, the root has WORLD_SIZE=4"),
+        // Rank 2 is out of its own range, and still tells the root.
+        (2, 2, "rank 2 says WORLD_SIZE=2, the root has WORLD_SIZE=4"),
+        // The root's own rank is the odd one: whichever rank joins first is named.
+        (0, 2, " says WORLD_SIZE=4, the root has WORLD_SIZE=2"),
+    ] {
+        let launcher = (0..4).map(|r| torchrun(r, if r == odd { wrong } else { 4 }, port)).collect();
+        let spawn = Spawn { capture_stdout: true, capture_stderr: true, ..Spawn::default() };
+        let args: Vec<String> = ["matrix", "colls=all_reduce;counts=1"].iter().map(|s| s.to_string()).collect();
+        let start = Instant::now();
+        let job = Job::start(common::worker(), &args, launcher, &spawn).expect("start");
+        let outs = job.wait(Duration::from_secs(60)).expect("every rank exits (none waits out OCCL_TIMEOUT)");
+        let took = start.elapsed();
+        for o in &outs {
+            assert!(!o.status.success(), "rank {} of a job with two sizes succeeded:\n{}", o.rank, o.output);
+            let (kind, _, line) = common::err_of(o).unwrap_or_else(|| panic!("rank {}: no ERR:\n{}", o.rank, o.output));
+            assert_eq!(kind, "InvalidUsage", "rank {}: {line}", o.rank);
+            assert!(line.contains(want), "rank {}: {line}", o.rank);
+        }
+        assert!(took < Duration::from_secs(15), "the job took {took:?} to fail");
+        eprintln!("WORLD_SIZE={wrong} on rank {odd} of 4: every rank failed in {took:?}");
+    }
+}
+
+/// Half of a launcher's pair names the other half.
+#[test]
+fn a_rank_without_a_size_names_the_missing_variable() {
+    for (set, value, missing) in [("RANK", "1", "WORLD_SIZE"), ("WORLD_SIZE", "4", "RANK")] {
+        let o = without_launcher()
+            .env(set, value)
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", "29500")
+            .output()
+            .expect("run");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(!o.status.success(), "{out}");
+        assert!(
+            out.contains("ERR kind=InvalidUsage") && out.contains(&format!("{set} is set but {missing} is not")),
+            "{out}"
+        );
+    }
 }

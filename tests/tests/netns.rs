@@ -4,73 +4,13 @@
 
 mod common;
 
+use common::netns::{in_netns, Netns};
 use common::{env, worker};
 use occl_tests::launch::{Job, Spawn};
 use occl_tests::ras_client::free_port;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Netns {
-    a: String,
-    b: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-impl Netns {
-    /// nsA (10.77.x.1) and nsB (10.77.x.2) joined by veth, loopback up in both.
-    fn create(tag: u32) -> Result<Netns, String> {
-        let n = Netns { a: format!("occlA{tag}"), b: format!("occlB{tag}") };
-        let (va, vb) = (format!("oca{tag}"), format!("ocb{tag}"));
-        let net = 10 + tag % 200;
-        ip(&["netns", "add", &n.a])?;
-        ip(&["netns", "add", &n.b])?;
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", &n.a])?;
-        ip(&["link", "set", &vb, "netns", &n.b])?;
-        for (ns, dev, host) in [(&n.a, &va, 1), (&n.b, &vb, 2)] {
-            ip(&["-n", ns, "addr", "add", &format!("10.77.{net}.{host}/24"), "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-
-    fn cut(&self, tag: u32) -> Result<(), String> {
-        ip(&["-n", &self.a, "link", "set", &format!("oca{tag}"), "down"])
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
-
-/// Runs `f` on a thread inside namespace `ns` (sockets it creates live there; processes it starts start there).
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("open netns");
-            // SAFETY: setns on a valid namespace fd affects only this thread.
-            let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns {ns}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("netns thread")
-    })
-}
 
 fn status_in(ns: &str, port: u16) -> String {
     in_netns(ns, || {
@@ -85,9 +25,7 @@ fn status_in(ns: &str, port: u16) -> String {
 
 #[test]
 fn a_cut_link_leaves_the_far_nodes_processes_reported() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
-        eprintln!("SKIPPED a_cut_link_leaves_the_far_nodes_processes_reported: needs root and iproute2 (ip netns)");
+    if common::netns::unusable("a_cut_link_leaves_the_far_nodes_processes_reported").is_some() {
         return;
     }
     let tag = std::process::id() % 100_000;

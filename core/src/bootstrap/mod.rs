@@ -164,7 +164,7 @@ fn await_parent(stream: &mut TcpStream, rank: usize, timeout: Duration) -> Resul
     let mut r = Reader::new(&frame);
     let parent = match r.u8()? {
         wire::PARENT => r.str()?,
-        wire::ERROR => return Err(Error::usage(format!("bootstrap root refused rank {rank}: {}", r.str()?))),
+        wire::ERROR => return Err(Error::usage(format!("the bootstrap root stopped rank {rank}: {}", r.str()?))),
         t => return Err(Error::internal(format!("bootstrap: unexpected frame type {t} from the root"))),
     };
     r.finish()?;
@@ -191,7 +191,8 @@ impl Client {
         timeout: Duration,
     ) -> Result<Client> {
         let m = ids.len();
-        let k = tier::id_of(rank, m, nranks);
+        // A rank out of range (one that joins only to tell the root so) goes to the last root.
+        let k = tier::id_of(rank, m, nranks).min(m.saturating_sub(1));
         let id = ids.get(k).ok_or_else(|| Error::arg("no unique id for this rank"))?;
         let listener = TcpListener::bind((bind, 0))
             .map_err(|e| Error::sys(format!("bootstrap: bind a tree listener on {bind}"), e))?;

@@ -15,7 +15,7 @@ use crate::transport;
 use occl_ras_proto::mesh::PeerAddr;
 use occl_ras_proto::record::{CommId, RankInfo};
 use occl_telemetry::flight::{FlightComm, FlightRecorder};
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
 
@@ -91,7 +91,7 @@ impl Comm {
         Comm::init_ids(nranks, ids, rank, config)
     }
 
-    fn init_ids(nranks: usize, ids: &[UniqueId], rank: usize, config: Config) -> Result<Comm> {
+    fn init_ids(nranks: usize, ids: &[UniqueId], rank: usize, mut config: Config) -> Result<Comm> {
         crate::log::init(Some(crate::log::DebugLevel::Warn));
         let mut timer = crate::init_timer::InitTimer::start();
         // The job's secret: every rank has every id, and the first one's secret keys the
@@ -104,14 +104,18 @@ impl Comm {
         }
         // Before the bootstrap, so that a forced ib that cannot work fails on every rank at once.
         let ib = transport::ib::probe(&config)?;
-        let listener = TcpListener::bind((config.listen_addr, 0))
-            .map_err(|e| Error::sys(format!("bind a transport listener on {}", config.listen_addr), e))?;
+        // Every listener of the rank binds one address, which the communicator keeps (a split's
+        // root listens there too).
+        let bind = crate::netif::listen_ip(config.listen_addr, config.socket_ifname.as_deref(), id.addr)?;
+        config.listen_addr = Some(bind);
+        let listener =
+            TcpListener::bind((bind, 0)).map_err(|e| Error::sys(format!("bind a transport listener on {bind}"), e))?;
         // Every lower tcp peer dials at once (and a shrink's ranks join here).
         bootstrap::root::deepen_backlog(&listener);
         // Kept open after the transports connect: a shrink's new root listens on it.
         let kept_listener = listener.try_clone().ok();
         let listen = listener.local_addr().map_err(|e| Error::sys("transport listener address", e))?;
-        let mut boot = bootstrap::Client::join_any(ids, rank, nranks, config.listen_addr, config.timeout)?;
+        let mut boot = bootstrap::Client::join_any(ids, rank, nranks, bind, config.timeout)?;
         let ras = crate::ras::server(&config, &id.secret)?;
         timer.lap(crate::init_timer::Phase::Bootstrap);
         let (cpus, cpu_quota) = crate::topo::cores::this_process();
@@ -275,7 +279,9 @@ impl Comm {
     pub fn init_all_scalable(nranks: usize, nids: usize, config: Config) -> Result<Vec<Comm>> {
         check_nranks(nranks)?;
         config.check()?;
-        let ids = (0..nids).map(|_| UniqueId::new_on(config.listen_addr)).collect::<Result<Vec<_>>>()?;
+        // Threads of one process: loopback, unless OCCL_SOCKET_ADDR says otherwise.
+        let ip = config.listen_addr.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let ids = (0..nids).map(|_| UniqueId::new_on(ip)).collect::<Result<Vec<_>>>()?;
         let ids = Arc::new(ids);
         let handles: Vec<_> = (0..nranks)
             .map(|r| {
@@ -311,10 +317,24 @@ impl Comm {
     /// or torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`, Open MPI's
     /// `OMPI_COMM_WORLD_RANK`/`_SIZE` or Slurm's `SLURM_PROCID`/`SLURM_NTASKS` (the last two
     /// with `OCCL_UNIQUE_ID` or `MASTER_ADDR`/`MASTER_PORT` for the root).
+    /// Without `OCCL_SOCKET_ADDR`, a job whose launcher says all its ranks run on this host
+    /// (torchrun's `LOCAL_WORLD_SIZE`, Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`) binds loopback;
+    /// any other binds the interface that reaches the root (`OCCL_SOCKET_IFNAME` to choose).
     pub fn from_env() -> Result<Comm> {
-        let config = Config::from_env()?;
+        let mut config = Config::from_env()?;
         let launch = crate::env::detect(&config)?;
-        Comm::init_rank_scalable(launch.nranks, &launch.ids, launch.rank, config)
+        if launch.all_local && config.listen_addr.is_none() {
+            config.listen_addr = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        let timeout = config.timeout;
+        let comm = Comm::init_rank_scalable(launch.nranks, &launch.ids, launch.rank, config);
+        if comm.is_err() {
+            // A root this process serves may be telling the other ranks why the job failed.
+            if let Some(root) = &launch.root {
+                root.linger(timeout);
+            }
+        }
+        comm
     }
 }
 

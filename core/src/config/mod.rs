@@ -67,8 +67,15 @@ pub struct Config {
     pub tcp_slot_size: usize,
     /// Slots per FIFO (`OCCL_FIFO_SLOTS`), like NCCL_STEPS.
     pub fifo_slots: usize,
-    /// The address this rank's listener binds (`OCCL_SOCKET_ADDR`); loopback by default.
-    pub listen_addr: std::net::IpAddr,
+    /// The address this rank's listeners (transport, bootstrap, RAS mesh) bind and advertise
+    /// (`OCCL_SOCKET_ADDR`). `None`: chosen at init (`netif`): loopback when the bootstrap root
+    /// is on loopback, else an interface `socket_ifname` allows or, without it, the one whose
+    /// route reaches the root. A communicator's own `Config` holds the address it chose.
+    pub listen_addr: Option<std::net::IpAddr>,
+    /// The interfaces the listeners may use when `listen_addr` is unset (`OCCL_SOCKET_IFNAME`,
+    /// also `NCCL_SOCKET_IFNAME`), in NCCL's syntax: `eth,ib` (name prefixes), `^docker,lo`
+    /// (all but), `=eth0` (exact names), `^=docker0`. Checked at parse time.
+    pub socket_ifname: Option<String>,
     /// Single-copy transfers between processes of a host (`OCCL_SHM_DIRECT=0` turns them off):
     /// large messages are read straight from the sender's buffer with `process_vm_readv`
     /// instead of passing through the shared-memory FIFO.
@@ -127,7 +134,8 @@ impl Default for Config {
             shm_slot_size: 256 << 10,
             tcp_slot_size: 128 << 10,
             fifo_slots: 8,
-            listen_addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            listen_addr: None,
+            socket_ifname: None,
             host_id: None,
             flight: occl_telemetry::FlightConfig::default(),
             shm_direct: true,
@@ -264,7 +272,11 @@ impl Config {
             c.reg_threads = Some(t);
         }
         if let Some((n, v)) = var(&["OCCL_SOCKET_ADDR"]) {
-            c.listen_addr = parse(&n, &v, "an IP address")?;
+            c.listen_addr = Some(parse(&n, &v, "an IP address")?);
+        }
+        if let Some((n, v)) = var(&crate::netif::IFNAME_VARS) {
+            crate::netif::IfFilter::parse(&n, &v)?;
+            c.socket_ifname = Some(v);
         }
         for (names, field) in [
             (&["OCCL_SHM_DIRECT"][..], &mut c.shm_direct),
@@ -332,6 +344,9 @@ impl Config {
         };
         if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
             return bad("timeout", "TIMEOUT", format!("{TIMEOUT_RANGE}, not {:?}", self.timeout));
+        }
+        if let Some(t) = &self.socket_ifname {
+            crate::netif::IfFilter::parse("Config::socket_ifname (OCCL_SOCKET_IFNAME)", t)?;
         }
         if !NSOCKS.contains(&self.nsocks) {
             return bad("nsocks", "NSOCKS", format!("between 1 and {}, not {}", NSOCKS.end(), self.nsocks));
@@ -446,6 +461,24 @@ mod tests {
         assert!(e.to_string().contains("OCCL_TIMEOUT"), "{e}");
         let e = crate::Comm::init_rank(usize::MAX, &id, 0, Config::default()).expect_err("nranks");
         assert!(e.to_string().contains("1048576"), "{e}");
+    }
+
+    #[test]
+    fn socket_variables_are_checked_at_parse_time() {
+        assert_eq!(Config::default().listen_addr, None);
+        let c = with(&[("OCCL_SOCKET_ADDR", "fd00::1"), ("NCCL_SOCKET_IFNAME", "^docker,lo")]).expect("parse");
+        assert_eq!(c.listen_addr, Some("fd00::1".parse().expect("ip")));
+        assert_eq!(c.socket_ifname.as_deref(), Some("^docker,lo"));
+        let c = with(&[("OCCL_SOCKET_IFNAME", "=eth0"), ("NCCL_SOCKET_IFNAME", "ib")]).expect("parse");
+        assert_eq!(c.socket_ifname.as_deref(), Some("=eth0"), "OCCL_ wins over NCCL_");
+        for (var, v) in [("NCCL_SOCKET_IFNAME", "^"), ("OCCL_SOCKET_IFNAME", "eth0,=lo"), ("OCCL_SOCKET_ADDR", "eth0")]
+        {
+            let e = with(&[(var, v)]).expect_err(v);
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument, "{var}={v}: {e}");
+            assert!(e.to_string().contains(var), "{var}={v}: {e}");
+        }
+        let e = Config { socket_ifname: Some("=".into()), ..Config::default() }.check().expect_err("empty filter");
+        assert!(e.to_string().contains("socket_ifname"), "{e}");
     }
 
     #[test]

@@ -60,7 +60,9 @@ impl Comm {
             members.sort_unstable();
             let leader = members.first().map(|m| m.1);
             let mine = if color != OCCL_SPLIT_NOCOLOR && leader == Some(me) {
-                match UniqueId::new_on(config.listen_addr) {
+                // The new root listens where this communicator's ranks do, unless `config` says.
+                let ip = config.listen_addr.or(self.config.listen_addr).unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+                match UniqueId::new_on(ip) {
                     Ok(id) => id.to_string().into_bytes(),
                     Err(e) => {
                         let _ = boot.all_gather(&[&[FAILED], e.to_string().as_bytes()].concat());

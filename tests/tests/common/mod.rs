@@ -63,4 +63,5 @@ pub fn shm_files_of(pids: &[u32]) -> Vec<String> {
         .collect()
 }
 
+pub mod netns;
 pub mod prometheus;
