@@ -24,6 +24,8 @@ const MAX_EARLY: usize = 1024;
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub cfg: RasConfig,
+    /// The job's name: the `job` label, and what clients pick a job of the node by.
+    pub job: Arc<str>,
     pub secret: [u8; 16],
     pub records: Arc<ProcessRecords>,
     pub events: broadcast::Sender<Event>,

@@ -114,14 +114,14 @@ fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
 async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
     let b = scrape_budget(&q, &headers);
     let (g, node) = tokio::join!(gather(&sh, b), node_metrics(&sh, b.min(PEER_METRICS_TIMEOUT)));
-    // The node as RAS reports name it: this process's own entry of the gather, else its mesh address.
-    let my_host = g
+    // The node as RAS reports name it (an address): this process's own entry of the gather, else its mesh address.
+    let my_addr = g
         .as_ref()
         .ok()
         .and_then(|g| g.result.statuses.first().map(|s| s.host.clone()))
         .unwrap_or_else(|| sh.mesh_addr.ip().to_string());
     let ras = match &g {
-        Ok(g) => prometheus(g, &my_host),
+        Ok(g) => prometheus(g, &my_addr, &sh.cfg.host_name),
         Err(e) => {
             tracing::debug!("occl-ras: /metrics without RAS's view: {e}");
             String::new()
@@ -131,8 +131,14 @@ async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: Hea
         Ok(n) => n,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     };
-    let mut parts = vec![Part { text: &ras, pid: None, host: None }];
-    parts.extend(node.parts.iter().map(|(pid, text)| Part { text, pid: Some(*pid), host: Some(&my_host) }));
+    let job = Some(&*sh.job);
+    let mut parts = vec![Part { text: &ras, job, pid: None, host: None }];
+    parts.extend(node.parts.iter().map(|(pid, text)| Part {
+        text,
+        job,
+        pid: Some(*pid),
+        host: Some(&sh.cfg.host_name),
+    }));
     let merged = merge(&parts);
     if merged.dropped > 0 {
         tracing::debug!("occl-ras: /metrics dropped {} malformed or duplicate lines", merged.dropped);

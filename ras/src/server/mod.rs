@@ -29,7 +29,7 @@ use crate::analysis::KnownComm;
 use crate::mesh::{GatherResult, MonitorEvent, PeerAddr, PeerTable};
 use crate::record::{CommId, CommRecord, ProcessRecords};
 
-pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR};
+pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR, JOB_VARS};
 
 /// Monotonic nanoseconds since the server started: the mesh's clock.
 #[derive(Clone, Copy, Debug)]
@@ -124,8 +124,10 @@ impl RasServer {
         let records = Arc::new(ProcessRecords::new());
         let (cmds, rx) = mpsc::unbounded_channel();
         let (events, _) = broadcast::channel(1024);
+        let job: Arc<str> = cfg.job.clone().unwrap_or_else(|| crate::mesh::job_name(&secret)).into();
         let shared = actor::Shared {
             cfg,
+            job,
             secret,
             records: records.clone(),
             events: events.clone(),
