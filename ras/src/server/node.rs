@@ -1,7 +1,8 @@
 //! The node's client port among jobs. One process of the node owns the port: the first to bind it (SO_REUSEADDR
 //! only, so that a second bind fails instead of sharing it and letting the kernel hand each connection to a random
 //! job). Every process also listens on a Unix socket, `<pid>-<n>.sock`, in a directory only its user can open
-//! (`$XDG_RUNTIME_DIR/occl-ras/<port>`, else `/tmp/occl-ras-<uid>/<port>`, mode 0700, checked). The owner answers for
+//! (`$XDG_RUNTIME_DIR/occl-ras/<port>` when that directory exists, else `/tmp/occl-ras-<uid>/<port>`, mode 0700,
+//! checked). The owner answers for
 //! its own job and asks one process of each other job through these sockets ([`Ask`]); the processes that do not own
 //! the port try it every second, so when the owner exits another takes it over.
 //!
@@ -40,7 +41,8 @@ pub(crate) struct NodeDir {
 /// parent) is another user's or open to others.
 pub(crate) fn open(port: u16) -> std::io::Result<NodeDir> {
     let uid = std::fs::metadata("/proc/self")?.uid();
-    let base = match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_absolute()) {
+    let run = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_absolute() && p.is_dir());
+    let base = match run {
         Some(run) => run.join("occl-ras"),
         None => PathBuf::from(format!("/tmp/occl-ras-{uid}")),
     };
@@ -73,9 +75,10 @@ impl NodeDir {
         Ok(l)
     }
 
-    /// Removes this process's socket.
+    /// Removes this process's socket, and the port's directory if no other is left in it.
     pub(crate) fn unlink(&self) {
         let _ = std::fs::remove_file(&self.me);
+        let _ = std::fs::remove_dir(&self.dir);
     }
 
     /// The other processes' sockets, by name.
