@@ -27,6 +27,8 @@ use crate::client::{parse_job, EventGroups, Format};
 
 /// The longest an ask waits to connect and for its answer to begin, and between its lines.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a process may take to say who it is (one that is stopped is skipped after this).
+const WHO_TIMEOUT: Duration = Duration::from_millis(250);
 /// The longest line an ask sends.
 const MAX_ASK_LINE: usize = 256;
 
@@ -92,17 +94,26 @@ impl NodeDir {
         v
     }
 
-    /// Every other process's answer to `WHO`: (owns the port, job, socket). A socket nobody listens on any more is
-    /// removed.
-    pub(crate) fn who(&self) -> Vec<(bool, String, PathBuf)> {
+    /// Every other process's answer to `WHO`: (owns the port, job, socket), until `stop` says enough. A socket
+    /// nobody listens on any more is removed; a process that does not answer within [`WHO_TIMEOUT`] (stopped, say)
+    /// is skipped.
+    fn who_until(&self, mut stop: impl FnMut(bool, &str) -> bool) -> Vec<(bool, String, PathBuf)> {
         let mut out = Vec::new();
         for p in self.others() {
-            match ask(&p, &Ask::Who) {
+            let answer = connect(&p, &Ask::Who, WHO_TIMEOUT).and_then(|mut s| {
+                let mut text = String::new();
+                s.read_to_string(&mut text).map(|_| text)
+            });
+            match answer {
                 Ok(text) => {
                     let mut it = text.split_whitespace();
                     let owner = it.next() == Some("1");
                     if let Some(job) = it.next().and_then(|j| parse_job(j).ok()) {
+                        let done = stop(owner, &job);
                         out.push((owner, job, p));
+                        if done {
+                            break;
+                        }
                     }
                 }
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound) => {
@@ -114,12 +125,17 @@ impl NodeDir {
         out
     }
 
+    /// Every other process's answer to `WHO`.
+    pub(crate) fn who(&self) -> Vec<(bool, String, PathBuf)> {
+        self.who_until(|_, _| false)
+    }
+
     /// Whether another process of the node says it owns the port, asked for up to `wait` (one that has just bound
     /// it binds its socket a moment later).
     pub(crate) fn owner_elsewhere(&self, wait: Duration) -> bool {
         let t = Instant::now();
         loop {
-            if self.who().iter().any(|(owner, _, _)| *owner) {
+            if self.who_until(|owner, _| owner).iter().any(|(owner, _, _)| *owner) {
                 return true;
             }
             if t.elapsed() >= wait {
