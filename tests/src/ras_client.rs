@@ -31,3 +31,33 @@ pub fn http_get(port: u16, path: &str, limit: Duration) -> std::io::Result<(u16,
     let body = raw.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
     Ok((code, body))
 }
+
+/// A `/metrics` body with every `job="…"` label taken out, so that a test can look a series up by its other labels.
+pub fn without_job(body: &str) -> String {
+    let mut out = String::with_capacity(body.len());
+    for line in body.lines() {
+        match line.find("job=\"") {
+            Some(i) if !line.starts_with('#') => {
+                let end = line[i + 5..].find('"').map_or(line.len(), |e| i + 5 + e + 1);
+                let (head, tail) = (&line[..i], &line[end..]);
+                // `{job="x",a="b"}`, `{a="b",job="x"}` or `{job="x"}`.
+                let tail = tail.strip_prefix(',').unwrap_or(tail);
+                let head = if tail.starts_with('}') { head.strip_suffix(',').unwrap_or(head) } else { head };
+                let joined = format!("{head}{tail}");
+                out.push_str(&joined.replace("{}", ""));
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_job_label_comes_out_wherever_it_is() {
+        let body = "# TYPE x gauge\nx{job=\"a\",s=\"1\"} 2\nx{s=\"1\",job=\"a\"} 3\nx{job=\"a\"} 4\nx 5\n";
+        assert_eq!(super::without_job(body), "# TYPE x gauge\nx{s=\"1\"} 2\nx{s=\"1\"} 3\nx 4\nx 5\n");
+    }
+}

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 const RANKS: usize = 4;
 const BOARDS: [&str; 2] = ["occl-overview.json", "occl-hang-triage.json"];
-/// The `job` label the test's targets file gives the job.
+/// The job's name: its `OCCL_JOB_ID`, and the `job` label the test's targets file gives its target.
 const JOB: &str = "occl-dashboards-test";
 /// The rank that stops calling collectives (hung), the one stopped with SIGSTOP, the one killed.
 const HUNG: usize = 1;
@@ -325,6 +325,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     let spawn = Spawn {
         env: env(&[
             ("OCCL_RAS_ADDR", &addr),
+            ("OCCL_JOB_ID", JOB),
             ("OCCL_METRICS", "1"),
             ("OCCL_TIMEOUT", "60"),
             ("OCCL_TEST_PAUSE_DIR", &pause_dir.display().to_string()),
@@ -404,8 +405,8 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
         }
         ck.vars.insert(name, values);
     }
-    assert_eq!(ck.vars.get("job"), Some(&vec![JOB.to_string()]), "the targets file's job label names the job");
-    assert_eq!(ck.vars.get("host"), Some(&vec!["127.0.0.1".to_string()]), "RAS's host label");
+    assert_eq!(ck.vars.get("job"), Some(&vec![JOB.to_string()]), "the job's own label names the job");
+    assert_eq!(ck.vars.get("host"), Some(&vec![host_name()]), "RAS's host label: the host name");
     assert_eq!(ck.vars.get("rank").map(Vec::len), Some(RANKS), "{:?}", ck.vars);
     let healthy = by_phase.remove("healthy").unwrap_or_default();
     ck.all_have_data("healthy", &healthy, Duration::from_secs(30));
@@ -454,7 +455,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     ck.fires(
         "stopped",
         "RankUnresponsive",
-        &[("rank", STOPPED.to_string()), ("pid", stopped_pid), ("host", "127.0.0.1".into())],
+        &[("rank", STOPPED.to_string()), ("pid", stopped_pid), ("host", host_name())],
         Duration::from_secs(25),
     );
     let stopped = by_phase.remove("stopped").unwrap_or_default();
@@ -468,7 +469,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     let killed_pid = job.children[KILLED].id().to_string();
     job.signal(KILLED, libc::SIGKILL).expect("kill");
     let bound = Duration::from_secs(SCRAPE_S + TEST_FOR.trim_end_matches('s').parse::<u64>().unwrap_or(0) + 10);
-    let want = [("rank", KILLED.to_string()), ("pid", killed_pid), ("host", "127.0.0.1".into()), ("job", JOB.into())];
+    let want = [("rank", KILLED.to_string()), ("pid", killed_pid), ("host", host_name()), ("job", JOB.into())];
     if let Some(after) = ck.fires("killed", "RankDead", &want, bound) {
         eprintln!("RankDead fired {after:?} after SIGKILL (bound {bound:?})");
     }
@@ -487,4 +488,9 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
         failures.join("\n"),
         p.log()
     );
+}
+
+/// This machine's host name, as the `host` label has it.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }

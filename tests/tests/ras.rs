@@ -6,7 +6,7 @@ mod common;
 
 use common::{env, worker};
 use occl_tests::launch::{Job, Spawn};
-use occl_tests::ras_client::{free_port, http_get, ncclras};
+use occl_tests::ras_client::{free_port, http_get, ncclras, without_job};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -32,9 +32,10 @@ fn start_with(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)], o
     job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
     // Ranks report READY before their RAS links are all up; a gather then would miss some. Wait until every
     // process answers (in practice a few ms).
+    let job_id = extra.iter().find(|(k, _)| *k == "OCCL_JOB_ID").map(|(_, v)| *v);
     let t = Instant::now();
     loop {
-        let body = scrape(port);
+        let body = scrape_job(port, job_id, 2.0);
         if metric(&body, "occl_ras_peers{state=\"alive\"}") == Some(nranks as f64)
             && metric(&body, "occl_ras_peers{state=\"missing\"}") == Some(0.0)
         {
@@ -59,10 +60,15 @@ fn scrape(port: u16) -> String {
 
 /// As `scrape`, with a gather budget of `secs` (a gather waits that long for a silent process).
 fn scrape_within(port: u16, secs: f64) -> String {
+    scrape_job(port, None, secs)
+}
+
+/// As `scrape_within`, of one job of the node (`None`: all of them), without the `job` labels.
+fn scrape_job(port: u16, job: Option<&str>, secs: f64) -> String {
     for _ in 0..20 {
-        let path = format!("/metrics?timeout={secs}");
+        let path = format!("/metrics?timeout={secs}{}", job.map_or(String::new(), |j| format!("&job={j}")));
         if let Ok((200, body)) = http_get(port, &path, Duration::from_secs_f64(secs + 1.0)) {
-            return body;
+            return without_job(&body);
         }
     }
     panic!("no /metrics answer on port {port}");
@@ -371,5 +377,105 @@ fn a_megabyte_of_garbage_lines_gets_a_few_errors_then_a_close() {
     let last = answer.rsplit("HTTP/1.1 ").next().unwrap_or_default();
     assert!(last.contains("connection: close") && last.contains("bad requests on this connection"), "{answer}");
     assert!(closed < Duration::from_secs(2), "closed after {closed:?}");
+    drop(job);
+}
+
+/// The columns of a text report's only communicator row.
+fn row(text: &str) -> Vec<String> {
+    let row = text.lines().find(|l| l.trim_start().starts_with("0 ")).unwrap_or_default();
+    row.split_whitespace().map(str::to_string).collect()
+}
+
+/// This machine's host name, as the `host` label has it.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// Issue 27, item 2: two jobs on one node share its RAS port. Every answer is the job the client picked (`JOB`,
+/// `?job=`) or every job's, never a random one's; `/metrics` has both jobs' series apart by `job`; when the job
+/// that owns the port ends, the other takes it over.
+#[test]
+fn two_jobs_on_one_port_are_each_answered_and_kept_apart() {
+    let port = free_port();
+    let a = start(2, &["idle"], port, &[("OCCL_JOB_ID", "job-a")]);
+    let b = start(3, &["idle"], port, &[("OCCL_JOB_ID", "job-b")]);
+    let t = Duration::from_secs(10);
+    for i in 0..10 {
+        for (job, n) in [("job-a", "2"), ("job-b", "3")] {
+            let text = ncclras(port, &format!("CLIENT PROTOCOL 2\nJOB {job}\nSTATUS\n"), t).expect("status");
+            assert!(text.starts_with("SERVER PROTOCOL 2\nOK\n"), "{text}");
+            assert_eq!(row(&text), ["0", "1", "1", n, n, n, "RUNNING", "OK"], "request {i} for {job}:\n{text}");
+        }
+        // Without a pick: both reports, by job name.
+        let text = ncclras(port, "STATUS\n", t).expect("status of the node");
+        let (first, second) =
+            text.split_once("Job job-b (2 of 2 jobs on this node").unwrap_or_else(|| panic!("{text}"));
+        assert!(first.starts_with("Job job-a (1 of 2 jobs on this node"), "{text}");
+        assert_eq!(row(first), ["0", "1", "1", "2", "2", "2", "RUNNING", "OK"], "{text}");
+        assert_eq!(row(second), ["0", "1", "1", "3", "3", "3", "RUNNING", "OK"], "{text}");
+        // /metrics: both jobs, every sample labelled with its job.
+        let (code, body) = http_get(port, "/metrics", t).expect("metrics");
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("occl_ras_peers{job=\"job-a\",state=\"alive\"} 2\n"), "{body}");
+        assert!(body.contains("occl_ras_peers{job=\"job-b\",state=\"alive\"} 3\n"), "{body}");
+        let unlabelled: Vec<&str> = body.lines().filter(|l| !l.starts_with('#') && !l.contains("job=\"job-")).collect();
+        assert!(unlabelled.is_empty(), "series without a job: {unlabelled:?}");
+        let host = format!("host=\"{}\"", host_name());
+        assert!(
+            body.lines().any(|l| l.starts_with("occl_operations_launched_total{job=\"job-b\"") && l.contains(&host)),
+            "the host label is the host name: {body}"
+        );
+    }
+    let (code, body) = http_get(port, "/metrics?job=job-b", t).expect("one job's metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("job=\"job-b\"") && !body.contains("job=\"job-a\""), "{body}");
+    let (code, body) = http_get(port, "/api/v1/status?job=job-a", t).expect("one job's status");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["communicators"][0]["size"], 2, "{v:#}");
+    let (code, body) = http_get(port, "/api/v1/status", t).expect("every job's status");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["jobs"]["job-b"]["communicators"][0]["size"], 3, "{v:#}");
+    assert_eq!(v["jobs"]["job-a"]["communicators"][0]["size"], 2, "{v:#}");
+    // A job the node does not run.
+    let text = ncclras(port, "JOB job-c\nSTATUS\n", t).expect("unknown job");
+    assert_eq!(text, "OK\nERROR: No job job-c on this node (its jobs: job-a, job-b)\n");
+    assert_eq!(http_get(port, "/metrics?job=job-c", t).expect("unknown job").0, 404);
+
+    // Job A started first and owns the port; when it ends, job B takes the port over.
+    drop(a);
+    let since = Instant::now();
+    loop {
+        if let Ok(text) = ncclras(port, "STATUS\n", Duration::from_secs(5)) {
+            if row(&text) == ["0", "1", "1", "3", "3", "3", "RUNNING", "OK"] && !text.contains("job-a") {
+                break;
+            }
+        }
+        assert!(since.elapsed() < Duration::from_secs(10), "job B never took the port over");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("job B answered on the port {:?} after job A ended", since.elapsed());
+    let body = scrape_job(port, Some("job-b"), 2.0);
+    assert_eq!(metric(&body, "occl_ras_peers{state=\"alive\"}"), Some(3.0), "{body}");
+    drop(b);
+}
+
+/// Issue 27, item 5: a healthy job looping all-reduces, asked 20 times, is never a MISMATCH (a rank that has
+/// launched the next operation is ahead, not apart).
+#[test]
+fn a_healthy_looping_job_never_reads_mismatch() {
+    let port = free_port();
+    let job = start(2, &["loop"], port, &[]);
+    for i in 0..20 {
+        let text = ncclras(port, "STATUS\n", Duration::from_secs(10)).expect("status");
+        assert!(text.contains("Communicators"), "{text}");
+        assert!(!text.contains("MISMATCH"), "status {i} of a healthy job:\n{text}");
+        let body = scrape(port);
+        let flagged: Vec<&str> =
+            body.lines().filter(|l| l.starts_with("occl_ras_comm_mismatch") && !l.ends_with(" 0")).collect();
+        assert!(flagged.is_empty(), "scrape {i} of a healthy job: {flagged:?}");
+        assert!(body.lines().any(|l| l.starts_with("occl_ras_comm_mismatch")), "{body}");
+    }
     drop(job);
 }

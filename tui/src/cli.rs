@@ -42,6 +42,8 @@ pub struct Options {
     pub tui: bool,
     /// `--interval`: seconds between refreshes of the live view.
     pub interval: f64,
+    /// `--job`: which of the jobs sharing the node's port to ask (`None`: the server answers for all of them).
+    pub job: Option<String>,
 }
 
 impl Default for Options {
@@ -55,6 +57,7 @@ impl Default for Options {
             monitor: None,
             tui: false,
             interval: 2.0,
+            job: None,
         }
     }
 }
@@ -111,6 +114,8 @@ pub fn usage(argv0: &str) -> String {
          \x20     --tui           Live terminal view: communicators, lagging ranks, dead\n\
          \x20                     processes, stuck operations and events (q quits)\n\
          \x20     --interval=SECS Seconds between refreshes of the live view (2 by default)\n\
+         \x20     --job=ID        The job to ask, when several jobs share the node's port\n\
+         \x20                     (OCCL_JOB_ID, SLURM_JOB_ID or TORCHELASTIC_RUN_ID; every job by default)\n\
          \x20     --help          Print this help and exit\n\
          \x20     --version       Print the version number and exit\n"
     )
@@ -138,6 +143,12 @@ fn set(o: &mut Options, opt: char, value: Option<String>) -> Result<(), UsageErr
         'h' => o.host = v,
         'p' => o.port = v,
         't' => o.timeout = Some(v.parse::<u64>().map_err(|_| bad(format!("Invalid timeout: {v}")))?),
+        'j' => {
+            if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(bad(format!("Invalid job: {v} (a job id without spaces)")));
+            }
+            o.job = Some(v);
+        }
         'i' => {
             o.interval = match v.parse::<f64>() {
                 Ok(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => s,
@@ -230,6 +241,7 @@ pub fn parse<I: IntoIterator<Item = String>>(
                 "port" => 'p',
                 "timeout" => 't',
                 "interval" => 'i',
+                "job" => 'j',
                 _ => return Err(with_usage(format!("unrecognized option '--{name}'"))),
             };
             let value = match inline {
@@ -329,6 +341,9 @@ mod tests {
         // `-m all`: getopt's optional argument is attached or absent; `all` is a stray word.
         assert_eq!(opts(&["-m", "all"]).monitor, Some(None));
         assert!(opts(&["-vm"]).verbose);
+        assert_eq!(opts(&["--job", "4242"]).job.as_deref(), Some("4242"));
+        assert_eq!(opts(&["--job=run-1"]).job.as_deref(), Some("run-1"));
+        assert!(run(&["--job="]).is_err() && run(&["--job", "a b"]).is_err());
         let o = opts(&["--tui", "--interval", "0.5"]);
         assert!(o.tui && o.interval == 0.5);
         assert!(!o.is_default_address() || o.host == DEFAULT_HOST);

@@ -1,5 +1,6 @@
 //! Connecting to a RAS client port as NVIDIA's `ncclras` does: resolve (any family), connect each address with a
-//! 1 s send/receive timeout, `CLIENT PROTOCOL 2` handshake, optional `TIMEOUT n`, then a read timeout that covers
+//! 1 s send/receive timeout, `CLIENT PROTOCOL 2` handshake, optional `TIMEOUT n` and (occl's, `--job`) `JOB <id>`,
+//! then a read timeout that covers
 //! the server's gather. A timeout during connect or handshake means that process is not answering: say so and
 //! connect again (with SO_REUSEPORT the kernel may hand the next connection to another process of the job).
 //!
@@ -158,6 +159,14 @@ fn attempt(o: &Options, diag: &mut dyn FnMut(String)) -> Attempt {
         }
         if !reply.eq_ignore_ascii_case("OK\n") {
             diag(format!("Unexpected response from NCCL: {reply}"));
+            return Attempt::Failed;
+        }
+    }
+    if let Some(job) = &o.job {
+        step!(s.write_all(format!("JOB {job}\n").as_bytes()), "write to socket");
+        let reply = step!(read_reply(&mut s), "read socket");
+        if !reply.eq_ignore_ascii_case("OK\n") {
+            diag(format!("The server does not take --job (it is not occl, or older): {}", reply.trim_end()));
             return Attempt::Failed;
         }
     }

@@ -7,7 +7,7 @@
 
 use occl::{Comm, RedOp};
 use occl_tests::launch::{Job, Spawn};
-use occl_tests::ras_client::{free_port, http_get};
+use occl_tests::ras_client::{free_port, http_get, without_job};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, ExitCode, Output};
@@ -416,6 +416,7 @@ fn two_thousand_idle_connections_leave_room_for_ncclras_and_a_scrape() -> anyhow
     let t = Instant::now();
     loop {
         let body = http_get(port, "/metrics?timeout=2", Duration::from_secs(5)).map(|r| r.1).unwrap_or_default();
+        let body = without_job(&body);
         if body.lines().any(|l| l == "occl_ras_peers{state=\"alive\"} 2") {
             break;
         }

@@ -1,17 +1,18 @@
 //! Merging Prometheus text expositions (format 0.0.4) from several processes into one scrape: one `# HELP` and one
 //! `# TYPE` per family, every sample of a family together, and each process's samples labelled with its `pid` so
-//! that series of different processes never collide (and with the node's `host`, so that a job's series name the node
-//! as RAS reports do). The texts come from other processes over the mesh, so every
-//! line is checked: a sample line that does not parse, belongs to no declared family, contradicts a family's type
+//! that series of different processes never collide, with the node's `host` name, and with the `job` (several jobs'
+//! processes may share a node and its port). The texts come from other processes over the mesh, so every line is
+//! checked: a sample line that does not parse, belongs to no declared family, contradicts a family's type
 //! or repeats a series is dropped and counted, never passed on to break the scrape.
 
 use std::collections::{HashMap, HashSet};
 
-/// One process's text, and the pid and host to label its samples with (`None`: leave them as they are; a sample
-/// that already has the label keeps its own).
-#[derive(Clone, Copy, Debug)]
+/// One process's text, and the job, pid and host to label its samples with (`None`: leave them as they are; a
+/// sample that already has the label keeps its own).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Part<'a> {
     pub text: &'a str,
+    pub job: Option<&'a str>,
     pub pid: Option<u32>,
     pub host: Option<&'a str>,
 }
@@ -212,7 +213,10 @@ pub fn merge(parts: &[Part<'_>]) -> Merged {
                 let mut out = String::with_capacity(line.len() + 16);
                 out.push_str(s.name);
                 let has = |name: &str| s.labels.iter().any(|(k, _)| *k == name);
-                let mut added: Vec<(&str, String)> = Vec::with_capacity(2);
+                let mut added: Vec<(&str, String)> = Vec::with_capacity(3);
+                if let Some(j) = part.job.filter(|_| !has("job")) {
+                    added.push(("job", escape_label(j)));
+                }
                 if let Some(p) = part.pid.filter(|_| !has("pid")) {
                     added.push(("pid", p.to_string()));
                 }
@@ -273,11 +277,16 @@ pub fn fuzz_exposition_bytes(data: &[u8]) {
         .enumerate()
         .map(|(i, t)| {
             let odd = i % 2 == 1;
-            Part { text: t, pid: odd.then_some(4_000_000_000 + i as u32), host: odd.then_some("10.0.0.1\"\\") }
+            Part {
+                text: t,
+                pid: odd.then_some(4_000_000_000 + i as u32),
+                host: odd.then_some("10.0.0.1\"\\"),
+                job: None,
+            }
         })
         .collect();
     let m = merge(&parts);
-    let again = merge(&[Part { text: &m.text, pid: None, host: None }]);
+    let again = merge(&[Part { text: &m.text, pid: None, host: None, job: None }]);
     assert_eq!(again.dropped, 0, "the merge's own output re-reads without loss:\n{}", m.text);
     assert_eq!(again.text, m.text, "merging is idempotent");
     let lines: usize = texts.iter().map(|t| t.lines().count()).sum();
@@ -306,9 +315,9 @@ occl_d_seconds_count{rank=\"0\"} 2
         let b = A.replace("rank=\\\"0\\\"", "rank=\\\"1\\\"").replace("rank=\"0\"", "rank=\"1\"");
         let ras = "# HELP occl_ras_peers Peers.\n# TYPE occl_ras_peers gauge\noccl_ras_peers{state=\"alive\"} 2\n";
         let m = merge(&[
-            Part { text: ras, pid: None, host: None },
-            Part { text: A, pid: Some(10), host: None },
-            Part { text: &b, pid: Some(11), host: None },
+            Part { text: ras, pid: None, host: None, job: None },
+            Part { text: A, pid: Some(10), host: None, job: None },
+            Part { text: &b, pid: Some(11), host: None, job: None },
         ]);
         assert_eq!(m.dropped, 0, "{}", m.text);
         assert_eq!(m.text.matches("# TYPE occl_x_total counter").count(), 1);
@@ -324,20 +333,36 @@ occl_d_seconds_count{rank=\"0\"} 2
     }
 
     #[test]
+    fn every_series_gets_the_job_first_unless_it_has_one() {
+        let own = "# TYPE occl_y gauge\noccl_y{job=\"theirs\",rank=\"2\"} 1\n";
+        let m = merge(&[
+            Part { text: A, pid: Some(10), host: Some("node7"), job: Some("j1") },
+            Part { text: own, pid: None, host: None, job: Some("j\"1") },
+        ]);
+        assert!(
+            m.text.contains("occl_x_total{job=\"j1\",pid=\"10\",host=\"node7\",comm=\"ab\",rank=\"0\"} 3\n"),
+            "{}",
+            m.text
+        );
+        assert!(m.text.contains("occl_y{job=\"theirs\",rank=\"2\"} 1\n"), "{}", m.text);
+        assert_eq!(m.dropped, 0);
+    }
+
+    #[test]
     fn processes_series_get_the_host_after_the_pid_unless_they_have_one() {
         let own = "# TYPE occl_y gauge\noccl_y{host=\"mine\",rank=\"2\"} 1\n";
         let m = merge(&[
-            Part { text: A, pid: Some(10), host: Some("10.1.2.3") },
-            Part { text: own, pid: Some(11), host: Some("a\"b\\c") },
+            Part { text: A, pid: Some(10), host: Some("10.1.2.3"), job: None },
+            Part { text: own, pid: Some(11), host: Some("a\"b\\c"), job: None },
         ]);
         assert_eq!(m.dropped, 0, "{}", m.text);
         assert!(m.text.contains("occl_x_total{pid=\"10\",host=\"10.1.2.3\",comm=\"ab\",rank=\"0\"} 3\n"), "{}", m.text);
         assert!(m.text.contains("occl_d_seconds_sum{pid=\"10\",host=\"10.1.2.3\",rank=\"0\"} 1.5\n"), "{}", m.text);
         assert!(m.text.contains("occl_y{pid=\"11\",host=\"mine\",rank=\"2\"} 1\n"), "{}", m.text);
         // An odd host is escaped, and the result reads back unchanged.
-        let m = merge(&[Part { text: A, pid: None, host: Some("a\"b\\c") }]);
+        let m = merge(&[Part { text: A, pid: None, host: Some("a\"b\\c"), job: None }]);
         assert!(m.text.contains("occl_x_total{host=\"a\\\"b\\\\c\",comm=\"ab\",rank=\"0\"} 3\n"), "{}", m.text);
-        assert_eq!(merge(&[Part { text: &m.text, pid: None, host: None }]).text, m.text);
+        assert_eq!(merge(&[Part { text: &m.text, pid: None, host: None, job: None }]).text, m.text);
     }
 
     #[test]
@@ -360,7 +385,7 @@ occl_x_total{a=\"7\"} 1
 occl_h 1
 occl_h_count 1
 ";
-        let m = merge(&[Part { text: bad, pid: None, host: None }]);
+        let m = merge(&[Part { text: bad, pid: None, host: None, job: None }]);
         assert_eq!(
             m.text,
             "# TYPE occl_x_total counter\noccl_x_total{a=\"1\"} 1\noccl_x_total{a=\"6\"} 7 1700000000000\n\
@@ -369,7 +394,10 @@ occl_h_count 1
         assert_eq!(m.dropped, 10);
         // A family declared with another type by a later process keeps the first type; the later samples go.
         let g = "# TYPE occl_x_total gauge\noccl_x_total{a=\"9\"} 1\n";
-        let m = merge(&[Part { text: A, pid: Some(1), host: None }, Part { text: g, pid: Some(2), host: None }]);
+        let m = merge(&[
+            Part { text: A, pid: Some(1), host: None, job: None },
+            Part { text: g, pid: Some(2), host: None, job: None },
+        ]);
         assert_eq!(m.dropped, 1);
         assert!(!m.text.contains("a=\"9\""));
     }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,12 +11,26 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::conn::{self, ConnHandle};
+use super::node::NodeDir;
 use super::{client, unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics, RasConfig};
 use crate::analysis::{KnownComm, KnownRank};
 use crate::mesh::{Action, ConnId, Mesh, MetricsResult, PeerAddr, PeerId, PeerTable};
 use crate::record::CommId;
 use crate::record::ProcessRecords;
 use crate::wire::Msg;
+
+/// How often a process that does not own the client port tries to take it.
+const TAKE_OVER_EVERY: Duration = Duration::from_secs(1);
+
+/// The client side's sockets, as `RasServer::start` bound them.
+pub(crate) struct Client {
+    /// The client port, when this process owns it.
+    pub port: Option<std::net::TcpListener>,
+    /// This process's socket in the node's directory.
+    pub node: Option<std::os::unix::net::UnixListener>,
+    /// Whether to keep trying the port (another process of the node holds it).
+    pub take_over: bool,
+}
 
 /// Connections held while this process has no mesh yet (more are refused).
 const MAX_EARLY: usize = 1024;
@@ -24,6 +39,12 @@ const MAX_EARLY: usize = 1024;
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub cfg: RasConfig,
+    /// This process's place among the node's jobs (`None`: the port is not shared, or the directory is unusable).
+    pub node: Option<NodeDir>,
+    /// Whether this process holds the client port now.
+    pub owner: Arc<AtomicBool>,
+    /// The job's name: the `job` label, and what clients pick a job of the node by.
+    pub job: Arc<str>,
     pub secret: [u8; 16],
     pub records: Arc<ProcessRecords>,
     pub events: broadcast::Sender<Event>,
@@ -63,7 +84,7 @@ pub(crate) async fn run(
     sh: Shared,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     mesh_listener: std::net::TcpListener,
-    client_listener: Option<std::net::TcpListener>,
+    client: Client,
 ) {
     let clock = Clock(std::time::Instant::now());
     let (inputs, mut rx) = mpsc::unbounded_channel::<Input>();
@@ -88,8 +109,30 @@ pub(crate) async fn run(
         }
         Err(e) => tracing::warn!("occl-ras: mesh listener unusable: {e}; peers cannot reach this process"),
     }
-    if let Some(l) = client_listener {
-        client::serve(sh.clone(), l);
+    if let Some(l) = client.node {
+        super::node::serve(sh.clone(), l);
+    }
+    match client.port {
+        Some(l) => {
+            sh.owner.store(true, Ordering::Relaxed);
+            client::serve(sh.clone(), l);
+        }
+        None if client.take_over => {
+            // Another process of the node owns the port: take it over once it is free.
+            let sh = sh.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(TAKE_OVER_EVERY).await;
+                    if let Ok(l) = client::bind(sh.cfg.client_addr) {
+                        tracing::debug!("occl-ras: this process now owns the client port {}", sh.cfg.client_addr);
+                        sh.owner.store(true, Ordering::Relaxed);
+                        client::serve(sh, l);
+                        return;
+                    }
+                }
+            });
+        }
+        None => {}
     }
     let mut st = State {
         sh,

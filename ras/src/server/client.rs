@@ -1,6 +1,6 @@
-//! The client port: one listening socket per process with SO_REUSEPORT (so every process of the node listens on the
-//! same port, as NCCL's do), connections told apart by their first bytes: HTTP goes to axum, anything else is NCCL's
-//! text protocol driven through [`ClientSession`].
+//! The client port: one listening socket, held by one process of the node (see `node`: the others answer through
+//! it), connections told apart by their first bytes: HTTP goes to axum, anything else is NCCL's text protocol driven
+//! through [`ClientSession`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -28,11 +28,11 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often, at most, a full client table is reported in the log.
 const PRESSURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Binds `addr` with SO_REUSEADDR and SO_REUSEPORT, as NCCL does, so all processes of a job on a node share it.
-pub(crate) fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// Binds `addr` with SO_REUSEADDR (a port whose owner just exited is free again at once) but not SO_REUSEPORT: a
+/// port that is taken stays the owner's, so the kernel never hands a client to a random job of the node.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
     s.bind(&addr.into())?;
     s.listen(BACKLOG)?;
     s.set_nonblocking(true)?;
@@ -258,7 +258,7 @@ pub(crate) fn budget(sh: &Shared, t: Timeout) -> Duration {
 }
 
 /// Writes `bytes` within [`WRITE_TIMEOUT`]; `false` if the client is gone or stopped reading.
-async fn write_within(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
+pub(crate) async fn write_within(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
     matches!(tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(bytes)).await, Ok(Ok(())))
 }
 
@@ -289,7 +289,11 @@ async fn ncclras(sh: Shared, mut stream: TcpStream, seat: Seat) {
                 }
                 Action::Status { verbose, format, timeout } => {
                     seat.busy();
-                    let text = super::metrics::report_text(&sh, budget(&sh, timeout), verbose, format).await;
+                    let text =
+                        match super::jobs::status(&sh, budget(&sh, timeout), verbose, format, session.job()).await {
+                            super::jobs::Reply::Ok(t) | super::jobs::Reply::Failed(t) => t,
+                            super::jobs::Reply::Unknown(e) => format!("ERROR: {e}\n"),
+                        };
                     if write_within(&mut stream, text.as_bytes()).await {
                         let _ = stream.shutdown().await;
                     }
@@ -301,7 +305,7 @@ async fn ncclras(sh: Shared, mut stream: TcpStream, seat: Seat) {
                         let _ = write_within(&mut stream, b"ERROR: Too many monitor clients on this process\n").await;
                         return;
                     }
-                    monitor(&sh, &mut stream, groups, format).await;
+                    super::jobs::monitor(&sh, &mut stream, groups, format, session.job()).await;
                     return;
                 }
                 Action::Close => {
@@ -309,31 +313,6 @@ async fn ncclras(sh: Shared, mut stream: TcpStream, seat: Seat) {
                     return;
                 }
             }
-        }
-    }
-}
-
-/// Streams monitor events until the client goes away.
-async fn monitor(sh: &Shared, stream: &mut TcpStream, groups: EventGroups, format: Format) {
-    let mut rx = sh.events.subscribe();
-    let mut sink = [0u8; 256];
-    loop {
-        tokio::select! {
-            ev = rx.recv() => match ev {
-                Ok(e) => {
-                    if let Some(line) = event_line(&e, groups, format) {
-                        if !write_within(stream, line.as_bytes()).await {
-                            return;
-                        }
-                    }
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(_) => return,
-            },
-            r = stream.read(&mut sink) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            },
         }
     }
 }

@@ -17,6 +17,12 @@ pub struct RasConfig {
     pub enabled: bool,
     /// The client port: `OCCL_RAS_ADDR`, else `NCCL_RAS_ADDR`, else `127.0.0.1:28028`.
     pub client_addr: SocketAddr,
+    /// The job's name, the first of `OCCL_JOB_ID`, `SLURM_JOB_ID`, `TORCHELASTIC_RUN_ID` that is set; without one the
+    /// server names the job from its secret ([`crate::mesh::job_name`]). Labels every series (`job`) and tells the
+    /// jobs that share the node's port apart.
+    pub job: Option<String>,
+    /// This node's host name (the `host` label, as OTLP's `host.name` and the trace files' names have it).
+    pub host_name: String,
     /// Where the mesh listener binds (the transport's address; loopback by default).
     pub mesh_ip: IpAddr,
     /// Mesh timers (`OCCL_RAS_TIMEOUT_FACTOR`, `OCCL_RAS_DEAD_TIMEOUT`).
@@ -55,11 +61,14 @@ impl RasConfig {
             None => DEFAULT_CLIENT_ADDR,
             Some((n, v)) => resolve(&v).map_err(|reason| RasConfigError::Bad { var: n, value: v.clone(), reason })?,
         };
+        let job = JOB_VARS.into_iter().find_map(|n| var(n).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()));
         let mesh = MeshConfig::from_vars(&var)?;
         let factor = mesh.keepalive.as_secs_f64().max(1.0);
         Ok(RasConfig {
             enabled,
             client_addr,
+            job,
+            host_name: host_name(),
             mesh_ip,
             mesh,
             default_budget: Duration::from_secs_f64(5.0 * factor),
@@ -67,6 +76,19 @@ impl RasConfig {
             client_request_timeout: Duration::from_secs(5),
         })
     }
+}
+
+/// Where the job's name comes from, first set first.
+pub const JOB_VARS: [&str; 3] = ["OCCL_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"];
+
+/// The kernel's host name, else `$HOSTNAME`, else "localhost".
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "localhost".into())
 }
 
 /// The client-connection bound for a process allowed `fds` open files (`None`: unknown).
@@ -129,6 +151,20 @@ mod tests {
         assert!(e.contains("OCCL_RAS_ENABLE"), "{e}");
         let e = cfg(&[("OCCL_RAS_ADDR", "no-such-host.invalid:x")]).expect_err("bad addr").to_string();
         assert!(e.contains("OCCL_RAS_ADDR"), "{e}");
+    }
+
+    #[test]
+    fn the_job_is_the_first_launcher_name_set() {
+        assert_eq!(cfg(&[]).expect("none").job, None);
+        let c = cfg(&[("TORCHELASTIC_RUN_ID", "run"), ("SLURM_JOB_ID", "77")]).expect("slurm first");
+        assert_eq!(c.job.as_deref(), Some("77"));
+        let c = cfg(&[("TORCHELASTIC_RUN_ID", "run"), ("OCCL_JOB_ID", " j1 "), ("SLURM_JOB_ID", "")]).expect("occl");
+        assert_eq!(c.job.as_deref(), Some("j1"));
+        assert_eq!(
+            cfg(&[("SLURM_JOB_ID", ""), ("TORCHELASTIC_RUN_ID", "run")]).expect("empty").job.as_deref(),
+            Some("run")
+        );
+        assert!(!cfg(&[]).expect("host").host_name.is_empty());
     }
 
     #[test]

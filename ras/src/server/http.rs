@@ -1,6 +1,7 @@
 //! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text for this node's
 //! processes), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events),
-//! `/api/v1/flight-recorder` (this process's flight records, `flight`) and `/healthz`.
+//! `/api/v1/flight-recorder` (this process's flight records, `flight`) and `/healthz`. With several jobs on the
+//! node, `?job=` picks one for `/metrics` and `/api/v1/status` (see `jobs`); the events are the port owner's job's.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -20,7 +21,9 @@ use tokio::net::TcpStream;
 
 use super::actor::Shared;
 use super::client::{event_line, gather, node_metrics, Seat};
+use super::jobs::{self, Reply};
 use super::metrics::{node_metrics_gauges, prometheus};
+use super::node::other_jobs;
 use super::report::build_report;
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::exposition::{merge, Part};
@@ -92,6 +95,8 @@ async fn close_after_bad(bad: Arc<AtomicU32>, res: Response) -> Response {
 struct Budget {
     /// Seconds.
     timeout: Option<f64>,
+    /// One of the node's jobs (default: all of them).
+    job: Option<String>,
 }
 
 fn budget(q: &Budget) -> Duration {
@@ -110,43 +115,62 @@ fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
         .map_or(HTTP_BUDGET, |t| Duration::from_secs_f64((t * 0.8).min(600.0)))
 }
 
-/// `/metrics`: RAS's view of the job (from a status gather) and the metrics of every process of this node (fetched
-/// over the mesh at the same time), merged into one exposition; each process's series carry its `pid`.
+/// `/metrics`: every job's of the node, or `?job=`'s (see [`job_metrics`]).
 async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
     let b = scrape_budget(&q, &headers);
-    let (g, node) = tokio::join!(gather(&sh, b), node_metrics(&sh, b.min(PEER_METRICS_TIMEOUT)));
-    // The node as RAS reports name it: this process's own entry of the gather, else its mesh address.
-    let my_host = g
+    match jobs::metrics(&sh, b, q.job.as_deref()).await {
+        Reply::Ok(body) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response(),
+        Reply::Unknown(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+        Reply::Failed(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+/// This process's job on `/metrics`: RAS's view of the job (from a status gather) and the metrics of every process of
+/// this node (fetched over the mesh at the same time), merged into one exposition; each process's series carry its
+/// `pid` and the node's `host`, and every series the job's name (`job`).
+pub(crate) async fn job_metrics(sh: &Shared, b: Duration) -> Result<String, String> {
+    let (g, node) = tokio::join!(gather(sh, b), node_metrics(sh, b.min(PEER_METRICS_TIMEOUT)));
+    // The node as RAS reports name it (an address): this process's own entry of the gather, else its mesh address.
+    let my_addr = g
         .as_ref()
         .ok()
         .and_then(|g| g.result.statuses.first().map(|s| s.host.clone()))
         .unwrap_or_else(|| sh.mesh_addr.ip().to_string());
     let ras = match &g {
-        Ok(g) => prometheus(g, &my_host),
+        Ok(g) => prometheus(g, &my_addr, &sh.cfg.host_name),
         Err(e) => {
             tracing::debug!("occl-ras: /metrics without RAS's view: {e}");
             String::new()
         }
     };
-    let node = match node {
-        Ok(n) => n,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
-    };
-    let mut parts = vec![Part { text: &ras, pid: None, host: None }];
-    parts.extend(node.parts.iter().map(|(pid, text)| Part { text, pid: Some(*pid), host: Some(&my_host) }));
+    let node = node?;
+    let mut parts = vec![Part { text: &ras, ..Part::default() }];
+    let host = Some(sh.cfg.host_name.as_str());
+    parts.extend(node.parts.iter().map(|(pid, text)| Part { text, pid: Some(*pid), host, job: None }));
     let merged = merge(&parts);
     if merged.dropped > 0 {
         tracing::debug!("occl-ras: /metrics dropped {} malformed or duplicate lines", merged.dropped);
     }
     let mut body = merged.text;
     node_metrics_gauges(&mut body, &node, merged.dropped);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    // Every series, RAS's own and the scrape's account of it included, names the job.
+    Ok(merge(&[Part { text: &body, job: Some(&sh.job), ..Part::default() }]).text)
 }
 
+/// `/api/v1/status`: the JSON report of `?job=`, or of the node's only job, or `{"jobs": {name: report}}`.
 async fn status(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
-    match gather(&sh, budget(&q)).await {
-        Ok(g) => ([(header::CONTENT_TYPE, "application/json")], render_json(&build_report(&g, true))).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    if q.job.is_none() && other_jobs(&sh).await.is_empty() {
+        return match gather(&sh, budget(&q)).await {
+            Ok(g) => {
+                ([(header::CONTENT_TYPE, "application/json")], render_json(&build_report(&g, true))).into_response()
+            }
+            Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        };
+    }
+    match jobs::status(&sh, budget(&q), true, Format::Json, q.job.as_deref()).await {
+        Reply::Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Reply::Unknown(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+        Reply::Failed(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }
 }
 

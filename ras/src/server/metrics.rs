@@ -2,8 +2,10 @@
 //! monitor events' names and wording.
 //!
 //! **RAS's series on `/metrics`**, beside every local process's own (`occl-telemetry`'s table in
-//! `telemetry/src/prometheus/mod.rs`, each sample labelled here with the process's `pid` and the node's `host`, the
-//! IP address reports print). Job-wide series are the answering process's view of the whole job, so every node of a
+//! `telemetry/src/prometheus/mod.rs`, each sample labelled here with the process's `pid` and the node's `host` name).
+//! Every series has the `job` label (the first of `OCCL_JOB_ID`, `SLURM_JOB_ID`, `TORCHELASTIC_RUN_ID`, else a name
+//! the job's processes derive alike), and `host` is the host name of a rank on this node; a rank on another node is
+//! named by the address reports print for it. Job-wide series are the answering process's view of the whole job, so every node of a
 //! job writes them: aggregate them with `max`, never `sum`. `dashboards/` builds its boards and alerts on these.
 //!
 //! | Metric | Type | Labels | What |
@@ -47,7 +49,7 @@ pub(crate) async fn report_text(sh: &Shared, budget: Duration, verbose: bool, fo
 
 /// Prometheus text exposition (version 0.0.4) for the processes of this node, from a gather: per-rank operation
 /// counters and the age of the operation in flight, and RAS's own view (peers by state, gather time).
-pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
+pub(crate) fn prometheus(g: &Gathered, my_addr: &str, host_name: &str) -> String {
     let mut o = String::new();
     let r = &g.result;
     let help = |o: &mut String, name: &str, kind: &str, text: &str| {
@@ -102,9 +104,10 @@ pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
         let _ = writeln!(o, "occl_ras_comm_mismatch{{comm=\"{comm:016x}\"}} {}", u8::from(mismatched.contains(&comm)));
     }
 
-    missing_ranks(&mut o, g, &report);
+    missing_ranks(&mut o, g, &report, my_addr, host_name);
 
-    let local: Vec<_> = r.statuses.iter().filter(|s| s.host == my_host).collect();
+    let local: Vec<_> = r.statuses.iter().filter(|s| s.host == my_addr).collect();
+    let host = escape_label(host_name);
     type Counter = fn(&crate::record::RankRecord, CollType) -> u64;
     let counters: [(&str, &str, Counter); 2] = [
         ("occl_operations_launched_total", "Operations started, per communicator rank and type.", |r, c| r.launched(c)),
@@ -113,7 +116,6 @@ pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
     for (name, text, value) in counters {
         help(&mut o, name, "counter", text);
         for s in &local {
-            let host = escape_label(&s.host);
             for rec in &s.records {
                 for c in CollType::ALL {
                     let (comm, rank, pid) = (rec.info.comm.hash, rec.info.rank, rec.info.pid);
@@ -134,7 +136,6 @@ pub(crate) fn prometheus(g: &Gathered, my_host: &str) -> String {
         "How long the operation a rank is running now has run (0 when idle).",
     );
     for s in &local {
-        let host = escape_label(&s.host);
         for rec in &s.records {
             let age = rec.live.in_flight.as_ref().map_or(0.0, |f| f.waited_ns(g.unix_ns) as f64 / 1e9);
             let _ = writeln!(
@@ -156,7 +157,7 @@ pub(crate) const MAX_MISSING_RANKS: usize = 1024;
 /// it ran and why it is absent, so that an alert can say which rank on which node to look at. Only absent ranks have
 /// a series (a healthy job writes none); a rank that answered without the communicator (NCCL's NOCOMM) is a status
 /// mismatch, not an absence, and is left to `occl_ras_comm_mismatch`.
-fn missing_ranks(o: &mut String, g: &Gathered, report: &crate::report::Report) {
+fn missing_ranks(o: &mut String, g: &Gathered, report: &crate::report::Report, my_addr: &str, host_name: &str) {
     let silent: std::collections::BTreeSet<(&str, u32)> =
         g.result.unresponsive.iter().filter_map(|id| g.table.get(*id)).map(|p| (p.host.as_str(), p.pid)).collect();
     let _ = writeln!(
@@ -179,7 +180,7 @@ fn missing_ranks(o: &mut String, g: &Gathered, report: &crate::report::Report) {
             "occl_ras_rank_missing{{comm=\"{comm:016x}\",rank=\"{}\",pid=\"{}\",host=\"{}\",state=\"{state}\"}} 1",
             m.rank,
             m.pid,
-            escape_label(&m.host)
+            escape_label(if m.host == my_addr { host_name } else { &m.host })
         );
     }
 }
@@ -255,6 +256,7 @@ mod tests {
     use crate::wire::ProcessStatus;
 
     const HOST: &str = "192.0.2.7";
+    const NAME: &str = "node7";
     const NOW: u64 = 1_800_000_000_000_000_000;
     const COMM: CommId = CommId { hash: 0xab, root_host_hash: 1, root_pid_hash: 2 };
 
@@ -330,29 +332,32 @@ mod tests {
     #[test]
     fn absent_ranks_are_named_with_their_node_pid_and_why() {
         // Process 2 is dead, 3 silent, 1 just has not answered in time.
-        let text = prometheus(&gathered(&[0], &[2], &[3]), HOST);
+        let text = prometheus(&gathered(&[0], &[2], &[3]), HOST, NAME);
         let c = "comm=\"00000000000000ab\"";
         assert_eq!(
             samples(&text, "occl_ras_rank_missing"),
             [
-                format!("occl_ras_rank_missing{{{c},rank=\"1\",pid=\"101\",host=\"{HOST}\",state=\"missing\"}} 1"),
-                format!("occl_ras_rank_missing{{{c},rank=\"2\",pid=\"102\",host=\"{HOST}\",state=\"dead\"}} 1"),
-                format!("occl_ras_rank_missing{{{c},rank=\"3\",pid=\"103\",host=\"{HOST}\",state=\"unresponsive\"}} 1"),
+                format!("occl_ras_rank_missing{{{c},rank=\"1\",pid=\"101\",host=\"{NAME}\",state=\"missing\"}} 1"),
+                format!("occl_ras_rank_missing{{{c},rank=\"2\",pid=\"102\",host=\"{NAME}\",state=\"dead\"}} 1"),
+                format!("occl_ras_rank_missing{{{c},rank=\"3\",pid=\"103\",host=\"{NAME}\",state=\"unresponsive\"}} 1"),
             ],
             "{text}"
         );
+        // Seen from another node, the ranks are named by the address reports print for them.
+        let text = prometheus(&gathered(&[0], &[2], &[3]), "198.51.100.1", NAME);
+        assert!(text.contains(&format!("rank=\"2\",pid=\"102\",host=\"{HOST}\",state=\"dead\"")), "{text}");
         assert!(text.contains("occl_ras_peers{state=\"dead\"} 1\n"), "{text}");
         // A healthy job writes the family's header and no series.
-        let text = prometheus(&gathered(&[0, 1, 2, 3], &[], &[]), HOST);
+        let text = prometheus(&gathered(&[0, 1, 2, 3], &[], &[]), HOST, NAME);
         assert!(text.contains("# TYPE occl_ras_rank_missing gauge\n"), "{text}");
         assert!(samples(&text, "occl_ras_rank_missing").is_empty(), "{text}");
     }
 
     #[test]
     fn per_rank_series_carry_the_node() {
-        let text = prometheus(&gathered(&[0, 1], &[], &[]), HOST);
+        let text = prometheus(&gathered(&[0, 1], &[], &[]), HOST, NAME);
         let c = "comm=\"00000000000000ab\"";
-        let h = format!("host=\"{HOST}\"");
+        let h = format!("host=\"{NAME}\"");
         assert!(text.contains(&format!(
             "occl_operations_launched_total{{{c},rank=\"1\",pid=\"101\",{h},op=\"AllReduce\"}} 5\n"
         )));
@@ -364,10 +369,13 @@ mod tests {
         assert!(text
             .contains(&format!("occl_operation_in_flight_age_seconds{{{c},rank=\"1\",pid=\"101\",{h}}} 0.000000\n")));
         // Only this node's processes: another host's records are not this scrape's to write.
-        assert!(samples(&prometheus(&gathered(&[0, 1], &[], &[]), "198.51.100.1"), "occl_operations_launched_total")
-            .is_empty());
+        assert!(samples(
+            &prometheus(&gathered(&[0, 1], &[], &[]), "198.51.100.1", NAME),
+            "occl_operations_launched_total"
+        )
+        .is_empty());
         // promtool-valid exposition: the merge reads it back without dropping a line.
-        let m = crate::exposition::merge(&[crate::exposition::Part { text: &text, pid: None, host: None }]);
+        let m = crate::exposition::merge(&[crate::exposition::Part { text: &text, ..Default::default() }]);
         assert_eq!(m.dropped, 0, "{text}");
     }
 

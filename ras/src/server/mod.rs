@@ -2,9 +2,9 @@
 //! sockets and serves the client port. Everything here is I/O plumbing; decisions live in `mesh`, `client`,
 //! `analysis` and `report`.
 //!
-//! - [`RasServer::start`] binds the mesh listener (an ephemeral port on the transport address) and the client port
-//!   (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`, SO_REUSEPORT so every process of the node listens)
-//!   before it returns, then runs the thread.
+//! - [`RasServer::start`] binds the mesh listener (an ephemeral port on the transport address), the client port
+//!   (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`) if no other process of the node owns it, and its
+//!   socket among the node's jobs ([`node`]) before it returns, then runs the thread.
 //! - [`RasServer::join`] gives it the job's processes (from a communicator's bootstrap) and its rank records.
 //! - The client port tells `ncclras` and HTTP apart by the first bytes of a connection ([`client`]): NCCL's text
 //!   protocol through [`crate::client::ClientSession`], or HTTP (`/metrics`, `/api/v1/status`, `/api/v1/events`,
@@ -17,7 +17,9 @@ mod config;
 mod conn;
 mod flight;
 mod http;
+mod jobs;
 mod metrics;
+mod node;
 mod report;
 
 use std::net::SocketAddr;
@@ -30,7 +32,7 @@ use crate::analysis::KnownComm;
 use crate::mesh::{GatherResult, MonitorEvent, PeerAddr, PeerTable};
 use crate::record::{CommId, CommRecord, ProcessRecords};
 
-pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR};
+pub use config::{RasConfig, RasConfigError, DEFAULT_CLIENT_ADDR, JOB_VARS};
 pub use flight::{set_flight_provider, FlightProvider};
 
 /// Monotonic nanoseconds since the server started: the mesh's clock.
@@ -97,28 +99,56 @@ pub struct RasServer {
     records: Arc<ProcessRecords>,
     mesh_addr: SocketAddr,
     client_addr: Option<SocketAddr>,
+    node: Option<node::NodeDir>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RasServer {
-    /// Binds the sockets and starts the RAS thread. The client port is optional: if it cannot be bound (another job
-    /// holds it without SO_REUSEPORT, say) RAS still runs the mesh, and a warning says what is lost.
+    /// Binds the sockets and starts the RAS thread. The client port is optional: another occl process of the node
+    /// may own it (this one answers through it, and takes it over when it is free), and if another program holds it
+    /// RAS still runs the mesh, and a warning says what is lost.
     pub fn start(cfg: RasConfig, secret: [u8; 16]) -> std::io::Result<RasServer> {
         let mesh_listener = std::net::TcpListener::bind(SocketAddr::new(cfg.mesh_ip, 0))?;
         mesh_listener.set_nonblocking(true)?;
         let mesh_addr = mesh_listener.local_addr()?;
-        let client_listener = match client::bind_reuseport(cfg.client_addr) {
+        // Port 0 is a port of this server's own: nothing to share.
+        let node = (cfg.client_addr.port() != 0).then(|| node::open(cfg.client_addr.port())).and_then(|r| {
+            r.map_err(|e| {
+                tracing::warn!(
+                    "occl-ras: no private directory for the jobs sharing the client port {} ({e}); if another \
+                         job of this node owns the port, ncclras and /metrics there cannot reach this one",
+                    cfg.client_addr
+                )
+            })
+            .ok()
+        });
+        let node_listener = node.as_ref().and_then(|d| {
+            d.bind().map_err(|e| tracing::warn!("occl-ras: cannot listen among the node's jobs: {e}")).ok()
+        });
+        let node = node.filter(|_| node_listener.is_some());
+        let mut take_over = false;
+        let client_listener = match client::bind(cfg.client_addr) {
             Ok(l) => Some(l),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && node.as_ref().is_some_and(|d| d.owner_elsewhere(Duration::from_millis(500))) =>
+            {
+                tracing::debug!("occl-ras: another process of this node owns the client port {}", cfg.client_addr);
+                take_over = true;
+                None
+            }
             Err(e) => {
                 // A warning, not a note: whoever watches this node (ncclras, a Prometheus scrape, a /healthz probe)
                 // would otherwise see this process vanish, or reach another program, with nothing in the log.
                 tracing::warn!(
                     "occl-ras: cannot listen on the RAS client address {} (OCCL_RAS_ADDR / NCCL_RAS_ADDR): {e}; \
-                     ncclras, /metrics and /healthz cannot reach this process there (another program holds the port \
-                     without SO_REUSEPORT, or the address is not local). The job runs on, and RAS still reports this \
-                     process through the ports of the job's other processes; set OCCL_RAS_ADDR to a free port",
+                     ncclras, /metrics and /healthz cannot reach this process there (another program holds the port, \
+                     or the address is not local). The job runs on, RAS still reports this process through the ports \
+                     of the job's other processes, and it takes the port once it is free; set OCCL_RAS_ADDR to a \
+                     free port",
                     cfg.client_addr
                 );
+                take_over = e.kind() == std::io::ErrorKind::AddrInUse && node.is_some();
                 None
             }
         };
@@ -126,8 +156,12 @@ impl RasServer {
         let records = Arc::new(ProcessRecords::new());
         let (cmds, rx) = mpsc::unbounded_channel();
         let (events, _) = broadcast::channel(1024);
+        let job: Arc<str> = cfg.job.clone().unwrap_or_else(|| crate::mesh::job_name(&secret)).into();
         let shared = actor::Shared {
             cfg,
+            node: node.clone(),
+            owner: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            job,
             secret,
             records: records.clone(),
             events: events.clone(),
@@ -142,9 +176,10 @@ impl RasServer {
                     return;
                 }
             };
-            rt.block_on(actor::run(shared, rx, mesh_listener, client_listener));
+            let client = actor::Client { port: client_listener, node: node_listener, take_over };
+            rt.block_on(actor::run(shared, rx, mesh_listener, client));
         })?;
-        Ok(RasServer { cmds, events, records, mesh_addr, client_addr, thread: Some(thread) })
+        Ok(RasServer { cmds, events, records, mesh_addr, client_addr, node, thread: Some(thread) })
     }
 
     /// The mesh listener's address: what this process advertises to its peers.
@@ -209,6 +244,9 @@ impl Drop for RasServer {
         let _ = self.cmds.send(Cmd::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(d) = &self.node {
+            d.unlink();
         }
     }
 }

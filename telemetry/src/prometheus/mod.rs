@@ -9,7 +9,8 @@
 //! [`Exporter::new`] and pass it to [`crate::spans::Telemetry::new`] (then register that
 //! collector and serve its `render_metrics` yourself). Under occl, RAS serves the global
 //! collector's metrics of every process of the node on its port (`OCCL_RAS_ADDR`, default
-//! 28028) at `/metrics`, labelled with each process's `pid` and the node's `host`, beside RAS's
+//! 28028) at `/metrics`, labelled with each process's `pid`, the node's `host` name and the
+//! `job` (`OCCL_JOB_ID`, `SLURM_JOB_ID` or `TORCHELASTIC_RUN_ID`), beside RAS's
 //! own series (their table is in `ras/src/server/metrics.rs`). Off by default because its cost is
 //! not negligible for tiny messages: every operation's events go through the span collector
 //! (measured with `occl-perf --events-ab R --events-sink prometheus`; README, "Prometheus

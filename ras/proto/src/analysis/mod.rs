@@ -8,11 +8,14 @@
 //! - `gathered`: the gather indexed per communicator: who answered, where each absent rank lives and why it is
 //!   absent, and the raw [`CommData`](crate::report::CommData) the JSON dump prints.
 //! - `summary`: the job summary from the peer table.
+//! - `counts`: which launch counters stay apart, once operations just launched and records read a moment apart are
+//!   allowed for.
 //! - `verdicts`: per-communicator status and error bits, NCCL's grouping into table rows, the Errors and Warnings
 //!   entries.
 //! - `groups`: ranks or processes sharing a value, and NCCL's rule for when their members are listed.
 //! - `stuck`: operations in flight for too long, lagging ranks first; failed ones, the earliest first.
 
+mod counts;
 mod gathered;
 mod groups;
 mod stuck;
@@ -47,11 +50,12 @@ pub struct KnownComm {
     pub members: Vec<KnownRank>,
 }
 
-/// When an operation in flight counts as stuck.
+/// When an operation in flight counts as stuck, and as launched when launch counts are compared (MISMATCH).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StuckPolicy {
     /// An operation is listed once it has waited this long. Ranks disagreeing on counts is not enough by itself:
     /// under load they always do for a moment (capture `A_status_normal.txt`), so that alone would list healthy jobs.
+    /// Younger operations are in flight: a rank that has just launched the next operation is ahead, not apart.
     pub min_wait_ns: u64,
 }
 
@@ -82,7 +86,7 @@ pub struct AnalysisInput<'a> {
 /// Analyses a gather into the report both renderers print.
 pub fn analyze(input: &AnalysisInput<'_>) -> Report {
     let gathered = gathered::Gathered::new(input.gather, input.peers, input.known);
-    let judged = verdicts::judge(&gathered);
+    let judged = verdicts::judge(&gathered, input.now_ns, input.stuck.min_wait_ns);
     let g = input.gather;
     Report {
         version: input.version.clone(),

@@ -45,6 +45,11 @@ fn counts(c: [u64; 5]) -> LiveSnapshot {
     LiveSnapshot { launched, completed: launched, init_state: 0, ..LiveSnapshot::default() }
 }
 
+/// As [`counts`], with no completions: what NCCL's own records, which carry launch counters only, tell.
+fn launched_only(c: [u64; 5]) -> LiveSnapshot {
+    LiveSnapshot { completed: [0; CollType::COUNT], ..counts(c) }
+}
+
 /// A rank record living in `table`'s process `peer`, on its first GPU.
 fn rec(table: &PeerTable, peer: u32, id: CommId, size: u32, rank: u32, live: LiveSnapshot) -> RankRecord {
     let p = table.get(PeerId(peer)).unwrap();
@@ -129,12 +134,12 @@ fn simple(gather: &GatherResult, peers: &PeerTable, known: &[KnownComm]) -> Repo
 }
 
 /// The A captures' job while a benchmark runs: ranks 0 and 1 (pids 734, 735) with these AllReduce counts, each with
-/// an operation that started 200 µs ago (a busy job, not a stuck one).
+/// an operation that started 200 µs ago (a busy job, not a stuck one). NCCL's records say nothing of completions,
+/// so nothing proves that the counts, two apart, are only read a moment apart: NCCL's MISMATCH stands.
 fn a_running(ar0: u64, ar1: u64) -> (PeerTable, GatherResult, Vec<KnownComm>) {
     let t = one_node(2, 734);
     let busy = |ar: u64| {
-        let mut l = counts([4732, 0, 1032, 990, ar]);
-        l.completed[CollType::AllReduce as usize] = ar - 1;
+        let mut l = launched_only([4732, 0, 1032, 990, ar]);
         l.in_flight = Some(InFlight {
             seq: 1,
             coll: CollType::AllReduce,
@@ -181,7 +186,7 @@ fn two_comm_skew_matches_capture() {
     let records = |peer: u32, ar: u64| {
         vec![
             rec(&t, peer, even, 2, peer, counts([1, 0, 2, 0, 7])),
-            rec(&t, peer, skewed, 2, peer, counts([0, 0, 0, 0, ar])),
+            rec(&t, peer, skewed, 2, peer, launched_only([0, 0, 0, 0, ar])),
         ]
     };
     let g = gather(vec![answer(&t, 0, records(0, 20003)), answer(&t, 1, records(1, 20002))], &[], &[]);
@@ -736,4 +741,106 @@ fn every_status_and_the_error_order() {
     assert!(r.errors.is_empty() && r.warnings.is_empty());
     assert!(!matches!(r.errors.first(), Some(ErrorEntry::Dead { .. })));
     assert!(!matches!(r.warnings.first(), Some(WarningEntry::Timeout { .. })));
+}
+
+/// A two-rank communicator in which rank 1 has `l1` and rank 0 `l0`, judged at `now`.
+fn two_ranks_at(l0: LiveSnapshot, l1: LiveSnapshot, now: u64) -> Report {
+    let t = one_node(2, 100);
+    let id = comm(0x2a);
+    let g = gather(
+        vec![answer(&t, 0, vec![rec(&t, 0, id, 2, 0, l0)]), answer(&t, 1, vec![rec(&t, 1, id, 2, 1, l1)])],
+        &[],
+        &[],
+    );
+    let version = version();
+    analyze(&AnalysisInput {
+        gather: &g,
+        peers: &t,
+        known: &[],
+        version: &version,
+        now_ns: now,
+        timestamp: "",
+        verbose: false,
+        stuck: StuckPolicy::default(),
+    })
+}
+
+fn mismatched(r: &Report) -> bool {
+    r.warnings.iter().any(|w| matches!(w, WarningEntry::CommMismatch { .. }))
+}
+
+/// `done` all-reduces completed, and the next one launched at `start` and in flight.
+fn next_in_flight(done: u64, start: u64) -> LiveSnapshot {
+    let mut l = counts([0, 0, 0, 0, done]);
+    l.launched[CollType::AllReduce as usize] = done + 1;
+    l.in_flight = Some(InFlight {
+        seq: done + 1,
+        coll: CollType::AllReduce,
+        coll_seq: done + 1,
+        bytes: 8,
+        start_ns: start,
+        peer: Some(0),
+        step_state: Some(step_state::RECV_WAIT),
+    });
+    l
+}
+
+#[test]
+fn a_rank_that_launched_the_next_operation_is_ahead_until_the_grace_period_ends() {
+    let grace = StuckPolicy::default().min_wait_ns;
+    let start = NOW;
+    // Rank 1 has launched all-reduce 8; rank 0 finished 7 and has not launched 8 yet.
+    for now in [start, start + grace / 2, start + grace - 1] {
+        let r = two_ranks_at(counts([0, 0, 0, 0, 7]), next_in_flight(7, start), now);
+        assert!(!mismatched(&r), "at +{} ns: {:?}", now - start, r.warnings);
+        assert!(!r.groups[0].errors.mismatch);
+    }
+    // Rank 1 still waits in 8 once the grace period is over and rank 0 never launched it: apart, and stuck.
+    let r = two_ranks_at(counts([0, 0, 0, 0, 7]), next_in_flight(7, start), start + grace);
+    assert!(mismatched(&r) && r.groups[0].errors.mismatch, "{:?}", r.warnings);
+    assert_eq!(r.stuck.len(), 1);
+    let text = render_text(&r);
+    assert!(text.contains("Communicator ranks have different AllReduce operation counts"), "{text}");
+}
+
+#[test]
+fn records_read_a_moment_apart_are_not_a_mismatch() {
+    // Rank 0's record was read between all-reduces 7 and 8; rank 1's a moment later, after 8 completed and 9
+    // started: rank 1 could only finish 8 because rank 0 launched it.
+    let r = two_ranks_at(counts([0, 0, 0, 0, 7]), next_in_flight(8, NOW), NOW);
+    assert!(!mismatched(&r), "{:?}", r.warnings);
+    // A broadcast's root can finish before the others start, so that proof holds only for collectives in which
+    // every rank needs every other's data: a root one broadcast ahead and idle is apart.
+    let r = two_ranks_at(counts([3, 0, 0, 0, 7]), counts([4, 0, 0, 0, 7]), NOW);
+    assert!(mismatched(&r), "{:?}", r.warnings);
+    // Ranks that stopped with different counts are apart at once, whatever the clock says: rank 1 launched two
+    // all-reduces more than rank 0 and finished neither.
+    let mut ahead = counts([0, 0, 0, 0, 9]);
+    ahead.completed[CollType::AllReduce as usize] = 7;
+    for now in [0, NOW, NOW + 100 * SEC] {
+        let r = two_ranks_at(counts([0, 0, 0, 0, 7]), ahead.clone(), now);
+        assert!(mismatched(&r), "{:?}", r.warnings);
+    }
+}
+
+#[test]
+fn a_healthy_loop_read_at_any_moment_never_mismatches() {
+    // Two ranks looping all-reduces of 50 µs, rank 1 starting each 20 µs after rank 0, records read 30 µs apart
+    // at a moment that sweeps across whole operations on the virtual clock.
+    let (op, lag, skew) = (50_000u64, 20_000u64, 30_000u64);
+    let live = |t: u64, offset: u64| {
+        let t = t - offset;
+        let done = t / op;
+        let into = t % op;
+        if into < op - 5_000 {
+            next_in_flight(done, NOW - 10 * SEC + offset + done * op)
+        } else {
+            counts([0, 0, 0, 0, done + 1])
+        }
+    };
+    for step in 0..500u64 {
+        let t = 10 * SEC + step * 1_100;
+        let r = two_ranks_at(live(t, 0), live(t + skew, lag), NOW);
+        assert!(!mismatched(&r), "at step {step}: {:?}", r.warnings);
+    }
 }

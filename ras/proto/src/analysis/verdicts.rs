@@ -4,6 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::counts;
 use super::gathered::{Absent, CommView, Gathered};
 use super::groups::{by_frequency, count, host_order, listed, rank_groups};
 use crate::mesh::PeerId;
@@ -47,6 +48,8 @@ pub(super) struct Verdict<'g, 'a> {
     nocomm: Vec<&'g Absent>,
     /// Absent ranks whose process did not answer (INCOMPLETE).
     incomplete: Vec<&'g Absent>,
+    /// Counted collectives whose launch counts stay apart (see `counts`).
+    apart: Vec<CollType>,
 }
 
 impl Verdict<'_, '_> {
@@ -61,7 +64,7 @@ impl Verdict<'_, '_> {
     }
 }
 
-fn judge_one<'g, 'a>(g: &Gathered<'a>, view: &'g CommView<'a>) -> Verdict<'g, 'a> {
+fn judge_one<'g, 'a>(g: &Gathered<'a>, view: &'g CommView<'a>, now_ns: u64, grace_ns: u64) -> Verdict<'g, 'a> {
     let everyone = g.everyone_answered();
     let (nocomm, incomplete): (Vec<&Absent>, Vec<&Absent>) = view.absent.iter().partition(|a| everyone || a.answered);
 
@@ -69,9 +72,7 @@ fn judge_one<'g, 'a>(g: &Gathered<'a>, view: &'g CommView<'a>) -> Verdict<'g, 'a
     if !nocomm.is_empty() {
         statuses.insert(CommStatus::NoComm);
     }
-    let counts_differ = view.ranks.split_first().is_some_and(|(first, rest)| {
-        CollType::NCCL_COUNTED.iter().any(|&c| rest.iter().any(|r| r.record.launched(c) != first.record.launched(c)))
-    });
+    let apart = counts::apart(view, now_ns, grace_ns);
     let error = view
         .ranks
         .iter()
@@ -91,20 +92,22 @@ fn judge_one<'g, 'a>(g: &Gathered<'a>, view: &'g CommView<'a>) -> Verdict<'g, 'a
         errors: ErrorSet {
             incomplete: !incomplete.is_empty(),
             error,
-            mismatch: !nocomm.is_empty() || counts_differ || statuses.len() > 1,
+            mismatch: !nocomm.is_empty() || !apart.is_empty() || statuses.len() > 1,
         },
         statuses,
         nodes: count(per_node.len()),
         ranks_per_node,
         nocomm,
         incomplete,
+        apart,
     }
 }
 
-/// Judges every communicator and orders them as NCCL's table: largest first (size, then nodes), then by status and
-/// errors, worst first; consecutive communicators alike in all four form a group, numbered in `comm`.
-pub(super) fn judge<'g, 'a>(g: &'g Gathered<'a>) -> Vec<Verdict<'g, 'a>> {
-    let mut v: Vec<Verdict> = g.comms.iter().map(|c| judge_one(g, c)).collect();
+/// Judges every communicator at `now_ns` and orders them as NCCL's table: largest first (size, then nodes), then by
+/// status and errors, worst first; consecutive communicators alike in all four form a group, numbered in `comm`. An
+/// operation in flight for less than `grace_ns` does not count as launched when counts are compared.
+pub(super) fn judge<'g, 'a>(g: &'g Gathered<'a>, now_ns: u64, grace_ns: u64) -> Vec<Verdict<'g, 'a>> {
+    let mut v: Vec<Verdict> = g.comms.iter().map(|c| judge_one(g, c, now_ns, grace_ns)).collect();
     // Stable, so communicators alike in every key stay in commId order.
     v.sort_by_key(|x| {
         let (size, nodes, status, errors) = x.group_key();
@@ -263,17 +266,15 @@ pub(super) fn warnings(leg_timeouts: u32, judged: &[Verdict], verbose: bool) -> 
         } else {
             Vec::new()
         };
-        let counts = CollType::NCCL_COUNTED
+        let counts = v
+            .apart
             .iter()
-            .filter_map(|&c| {
-                let first = v.view.ranks.first()?.record.launched(c);
-                v.view.ranks.iter().any(|r| r.record.launched(c) != first).then(|| {
-                    let values = v.view.ranks.iter().map(|r| (r.record.launched(c), r.rank_ref()));
-                    OpCountMismatch {
-                        collective: c.name().to_string(),
-                        groups: rank_groups(by_frequency(values), verbose, total),
-                    }
-                })
+            .map(|&c| {
+                let values = v.view.ranks.iter().map(|r| (r.record.launched(c), r.rank_ref()));
+                OpCountMismatch {
+                    collective: c.name().to_string(),
+                    groups: rank_groups(by_frequency(values), verbose, total),
+                }
             })
             .collect();
         out.push(WarningEntry::CommMismatch { comm: v.comm, status, counts });

@@ -59,7 +59,13 @@ pub enum Command {
     Status { verbose: bool },
     /// `MONITOR [groups]`.
     Monitor(EventGroups),
+    /// occl's `JOB <name>`: the job of the node whose report or events this connection wants, when several jobs
+    /// share the node's port (`ncclras --job`).
+    Job(String),
 }
+
+/// The longest job name `JOB` takes.
+pub const MAX_JOB_NAME: usize = 128;
 
 /// Why a line got an `ERROR: ...` reply. `Display` is the text after `ERROR: `; the variants carry the failing input.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -79,6 +85,10 @@ pub enum ClientError {
     /// Not in the reference (occl's wording): `SET FORMAT` with no argument.
     #[error("Missing format")]
     MissingFormat,
+    /// Not in the reference (occl's wording): `JOB` without a name, or one that is not printable ASCII without
+    /// spaces, or longer than [`MAX_JOB_NAME`].
+    #[error("Invalid job name '{0}'")]
+    InvalidJob(String),
     /// Reference §1.2: `ERROR: Invalid event group '<tok>'`. An empty item (`MONITOR trace,,all`) is quoted as `''`.
     #[error("Invalid event group '{0}'")]
     InvalidEventGroup(String),
@@ -127,6 +137,9 @@ pub fn parse(line: &str) -> Result<Option<Command>, ClientError> {
     if let Some(arg) = keyword(t, "MONITOR") {
         return parse_groups(arg).map(|g| Some(Command::Monitor(g)));
     }
+    if let Some(arg) = keyword(t, "JOB") {
+        return parse_job(arg).map(|j| Some(Command::Job(j)));
+    }
     Err(unknown())
 }
 
@@ -157,6 +170,15 @@ fn parse_timeout(arg: &str) -> Result<Timeout, ClientError> {
         Some(0) => Ok(Timeout::Disabled),
         Some(n) => Ok(Timeout::Seconds(n)),
         None => Err(ClientError::InvalidTimeout(arg.to_owned())),
+    }
+}
+
+/// A job name: 1 to [`MAX_JOB_NAME`] printable ASCII characters, no spaces (launchers' job ids are).
+pub fn parse_job(arg: &str) -> Result<String, ClientError> {
+    if !arg.is_empty() && arg.len() <= MAX_JOB_NAME && arg.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(arg.to_owned())
+    } else {
+        Err(ClientError::InvalidJob(arg.chars().take(MAX_JOB_NAME).collect()))
     }
 }
 

@@ -6,7 +6,8 @@
 //! case. The `CLIENT PROTOCOL` handshake is optional — a bare `STATUS` gets the report — and any client version is
 //! answered with `SERVER PROTOCOL 2`. `STATUS` / `VERBOSE STATUS` end the command phase: the report follows and the
 //! connection closes. `MONITOR` ends it too: `OK`, then an event stream until either side closes. Errors leave the
-//! connection open, except an over-long line and a bad line after [`MAX_BAD_LINES`] of them.
+//! connection open, except an over-long line and a bad line after [`MAX_BAD_LINES`] of them. occl adds `JOB <name>`
+//! (answered `OK`): which of the jobs sharing the node's port the `STATUS` or `MONITOR` that follows is about.
 //!
 //! Memory is bounded: at most [`MAX_LINE_BYTES`] of a partial line, at most about [`MAX_PENDING_REPLY_BYTES`] of
 //! replies not yet polled, and nothing at all once the command phase is over (later input is discarded).
@@ -17,7 +18,7 @@ mod tests;
 
 use std::collections::VecDeque;
 
-pub use command::{parse, ClientError, Command, EventGroups, Format, Timeout};
+pub use command::{parse, parse_job, ClientError, Command, EventGroups, Format, Timeout, MAX_JOB_NAME};
 
 /// The client protocol version this server speaks; NCCL has sent 2 since RAS appeared in 2.24.
 pub const SERVER_PROTOCOL_VERSION: u32 = occl_types::RAS_CLIENT_PROTOCOL;
@@ -77,6 +78,7 @@ pub struct ClientSession {
     client_version: Option<u32>,
     format: Format,
     timeout: Timeout,
+    job: Option<String>,
 }
 
 impl ClientSession {
@@ -94,6 +96,7 @@ impl ClientSession {
             client_version: None,
             format: Format::default(),
             timeout: Timeout::default(),
+            job: None,
         }
     }
 
@@ -115,6 +118,11 @@ impl ClientSession {
     /// The format set by `SET FORMAT` (text by default).
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// The job set by `JOB` (none: the node's jobs, all of them where the answer can hold them).
+    pub fn job(&self) -> Option<&str> {
+        self.job.as_deref()
     }
 
     /// The gather timeout set by `TIMEOUT`.
@@ -194,6 +202,10 @@ impl ClientSession {
             }
             Ok(Some(Command::SetFormat(format))) => {
                 self.format = format;
+                self.reply("OK\n".to_owned());
+            }
+            Ok(Some(Command::Job(job))) => {
+                self.job = Some(job);
                 self.reply("OK\n".to_owned());
             }
             Ok(Some(Command::Status { verbose })) => {

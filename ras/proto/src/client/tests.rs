@@ -308,3 +308,27 @@ fn random_bytes_never_panic_and_stay_bounded() {
         "ok {ok}, status {status}, closed {closed}, cut off {cut_off}"
     );
 }
+
+#[test]
+fn job_picks_one_of_the_nodes_jobs() {
+    let mut s = ClientSession::new(0);
+    assert_eq!(s.job(), None);
+    assert_eq!(run(&mut s, b"JOB 4242\n"), [reply("OK")]);
+    assert_eq!(s.job(), Some("4242"));
+    assert_eq!(run(&mut s, b"job  run-7:b\n"), [reply("OK")], "a later JOB replaces it; keywords in any case");
+    assert_eq!(s.job(), Some("run-7:b"));
+    assert_eq!(
+        run(&mut s, b"JOB\nJOB a b\n"),
+        [reply("ERROR: Invalid job name ''"), reply("ERROR: Invalid job name 'a b'")]
+    );
+    assert_eq!(s.job(), Some("run-7:b"));
+    let long = format!("JOB {}\n", "x".repeat(MAX_JOB_NAME + 1));
+    assert!(
+        matches!(&run(&mut s, long.as_bytes())[..], [Action::Reply(r)] if r.starts_with("ERROR: Invalid job name"))
+    );
+    assert_eq!(
+        run(&mut s, b"STATUS\n"),
+        [Action::Status { verbose: false, format: Format::Text, timeout: Timeout::Default }]
+    );
+    assert_eq!(s.job(), Some("run-7:b"));
+}

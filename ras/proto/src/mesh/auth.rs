@@ -39,6 +39,14 @@ pub(crate) fn proof(secret: &[u8; 16], role: Role, t: &Transcript) -> [u8; 16] {
     h.finish128().as_bytes()
 }
 
+/// A name for the job when the launcher gives none, equal on every process that holds `secret` and saying nothing
+/// of it (SipHash-2-4 keyed with the secret over a label of its own): 16 hex digits.
+pub fn job_name(secret: &[u8; 16]) -> String {
+    let mut h = SipHasher24::new_with_key(secret);
+    h.write(b"occl-ras job name");
+    format!("{:016x}", h.finish128().h1)
+}
+
 /// Compares without an early exit, so timing says nothing about how much of a forged proof was right.
 pub(crate) fn ct_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

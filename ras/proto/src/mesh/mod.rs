@@ -54,6 +54,7 @@ use crate::record::ProcessRecords;
 use crate::wire::{Msg, ProcessStatus};
 
 pub use crate::wire::{PeerId, RequestId};
+pub use auth::job_name;
 #[cfg(any(test, feature = "test-support"))]
 pub use fuzz::fuzz_mesh_bytes;
 pub use gather::{MAX_BUDGET, MAX_GATHERS};
