@@ -226,14 +226,18 @@ fn many_clients_and_a_silent_one_do_not_stop_the_job() {
     let silent = std::net::TcpStream::connect(("127.0.0.1", port)).expect("silent client");
     let launched = |body: &str| metric(body, "occl_operations_launched_total{comm=").unwrap_or(0.0);
     let before = scrape(port);
+    // The port's owner serves every client of the node and holds at most three quarters of its
+    // table (256 by default) from one address: 150 at once from loopback, all answered.
+    const CLIENTS: usize = 150;
     let reports: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..200)
+        let hs: Vec<_> = (0..CLIENTS)
             .map(|_| sc.spawn(move || ncclras(port, "STATUS\n", Duration::from_secs(30)).unwrap_or_default()))
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or_default()).collect()
     });
     let complete = reports.iter().filter(|r| r.contains("Warnings\n========")).count();
-    assert_eq!(complete, 200, "every client got a whole report");
+    let partial = reports.iter().find(|r| !r.contains("Warnings\n========"));
+    assert_eq!(complete, CLIENTS, "every client got a whole report; one got:\n{}", partial.map_or("", |r| r.as_str()));
     // Malformed bytes and an over-long line get an error or a close, never a stall.
     let junk = ncclras(port, &"x".repeat(5000), Duration::from_secs(5)).unwrap_or_default();
     assert!(junk.len() < 5000, "{junk}");
