@@ -188,9 +188,18 @@ fn the_ras_port_serves_the_flight_record_and_sigusr1_stays_the_applications() {
     let port = occl_tests::ras_client::free_port();
     let job = looping_job(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_FLIGHT_RECORDER_SIZE", "32")]);
     let pids: Vec<u64> = job.children.iter().map(|c| u64::from(c.id())).collect();
-    let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder").unwrap_or_default();
-    assert_eq!(code, 200, "{body}");
-    let doc: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    // The job loops from its start; read until its ring of 32 has filled (bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let doc: Value = loop {
+        let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder").unwrap_or_default();
+        assert_eq!(code, 200, "{body}");
+        let doc: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        let filled = doc["records"][0]["entries"].as_array().is_some_and(|e| e.len() == 32);
+        if filled || std::time::Instant::now() > deadline {
+            break doc;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(doc["pid"].as_u64().is_some_and(|p| pids.contains(&p)), "a process of the job answered: {doc}");
     let records = doc["records"].as_array().expect("records");
     assert_eq!(records.len(), 1, "one communicator rank in the process");
