@@ -94,6 +94,9 @@ impl Comm {
     fn init_ids(nranks: usize, ids: &[UniqueId], rank: usize, mut config: Config) -> Result<Comm> {
         crate::log::init(Some(crate::log::DebugLevel::Warn));
         let mut timer = crate::init_timer::InitTimer::start();
+        // The span clock measures its TSC rate over its first milliseconds; start it now, so that
+        // the bootstrap's time covers them and the first operation reads the calibrated clock.
+        let _ = crate::record::now_ns();
         // The job's secret: every rank has every id, and the first one's secret keys the
         // transports, RAS and a later shrink.
         let id = &ids[0];

@@ -76,8 +76,9 @@ mod tsc {
 
     /// Cycles after an anchor at which a reader re-anchors (2^25: 8–17 ms at 2–4 GHz).
     const REANCHOR: u64 = 1 << 25;
-    /// The baseline a rate is first measured over.
-    const MIN_BASELINE_NS: u64 = 20_000_000;
+    /// The baseline a rate is first measured over: a sample's error (tens of cycles) over 2 ms
+    /// puts the first rate within ~2e-5, some 200 ns over one re-anchor interval.
+    const MIN_BASELINE_NS: u64 = 2_000_000;
     /// A sample whose two TSC reads are further apart (preempted between them) is discarded.
     const MAX_SAMPLE_CYCLES: u64 = 20_000;
 
@@ -173,6 +174,14 @@ mod tsc {
         #[cold]
         fn slow(&self, at: Instant) -> u64 {
             let exact = || at.elapsed().as_nanos() as u64;
+            if self.rate.load(Relaxed) == 0 {
+                // Until the first baseline is long enough the reading is `Instant` itself: one read,
+                // not a sample's three (a short-lived process spends its whole life here).
+                let ns = exact();
+                if ns.saturating_sub(self.first.1) < MIN_BASELINE_NS {
+                    return ns;
+                }
+            }
             let (Some((t, ns)), Some((s, bt, bn, rate))) = (sample(at), self.params()) else { return exact() };
             if t < bt {
                 // This core's counter reads behind the anchor (by a few cycles): no bound to keep.
