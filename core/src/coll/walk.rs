@@ -247,7 +247,9 @@ impl<'r, 'c> Pipe<'r, 'c> {
     }
 
     /// Waits until the send neighbour has read every pointer the schedule posted (`Prims::finish`).
-    pub(crate) fn drain(mut self) -> Result<()> {
+    /// By reference: the executor holds the primitives inline, and moving it costs a copy of
+    /// them per operation.
+    pub(crate) fn drain(&mut self) -> Result<()> {
         self.peers.prims.as_mut().map_or(Ok(()), Prims::finish)
     }
 }
@@ -266,12 +268,12 @@ impl Peers for Held<'_, '_> {
 
     fn link(&mut self, link: Link) -> Result<()> {
         let ctx = self.ctx.take().ok_or_else(|| Error::internal("a pipelined schedule linked twice"))?;
-        let mut p = ctx.prims(link.to, link.from)?;
+        // Built in its slot: the primitives are large, and each move is a copy.
+        let p = self.prims.insert(ctx.prims(link.to, link.from)?);
         p.stream = link.stream;
         if link.direct {
             p.allow_direct();
         }
-        self.prims = Some(p);
         self.link = Some(link);
         Ok(())
     }
