@@ -31,6 +31,7 @@ pub mod model;
 mod record;
 mod resolve;
 mod resource;
+mod tls;
 mod transport;
 mod worker;
 
@@ -46,6 +47,17 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 use worker::Shared;
+
+/// Why an exporter did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The endpoint, its TLS certificates or the runtime cannot be used (the message says what
+    /// to set).
+    #[error("{0}")]
+    Client(String),
+    #[error("cannot start the export thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
 
 /// Longest a finalize (or an explicit flush) waits for the export thread.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(5);
@@ -97,8 +109,9 @@ impl OtlpExporter {
         }
     }
 
-    /// Starts the export thread.
-    pub fn new(cfg: OtlpConfig) -> std::io::Result<Arc<OtlpExporter>> {
+    /// Makes the client (TLS roots included) and starts the export thread.
+    pub fn new(cfg: OtlpConfig) -> Result<Arc<OtlpExporter>, StartError> {
+        let client = transport::Client::new(&cfg).map_err(StartError::Client)?;
         let interest = OtlpExporter::interest_of(&cfg);
         let (tx, rx) = sync_channel(cfg.max_queue.max(1));
         let sh = Arc::new(Shared::default());
@@ -116,7 +129,7 @@ impl OtlpExporter {
             sh: sh.clone(),
             live_comms: AtomicUsize::new(0),
         };
-        let t = std::thread::Builder::new().name("occl-otlp".into()).spawn(move || worker::run(cfg, rx, sh))?;
+        let t = std::thread::Builder::new().name("occl-otlp".into()).spawn(move || worker::run(cfg, client, rx, sh))?;
         let _ = e.sh.thread.set(t.thread().clone());
         Ok(Arc::new(e))
     }
@@ -128,13 +141,13 @@ impl OtlpExporter {
             Ok(Some(cfg)) => match OtlpExporter::new(cfg) {
                 Ok(e) => Some(e),
                 Err(err) => {
-                    tracing::warn!("occl otlp: cannot start the export thread: {err}");
+                    tracing::error!("occl otlp: {err}; OpenTelemetry export is off");
                     None
                 }
             },
             Ok(None) => None,
             Err(err) => {
-                tracing::warn!("occl otlp: {err}; OpenTelemetry export is off");
+                tracing::error!("occl otlp: {err}; OpenTelemetry export is off");
                 None
             }
         }
