@@ -21,14 +21,20 @@ pub use occl_events::{activation, event, fanout, files, mask, profiler, sink};
 
 pub mod exporters;
 pub mod flight;
+pub mod ids;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
+#[cfg(feature = "otel")]
+pub mod otel;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod prometheus;
+pub mod semconv;
 pub mod spans;
 #[cfg(feature = "trace")]
 pub mod trace;
+#[cfg(feature = "tracing-spans")]
+pub mod tracing_spans;
 
 pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, RootOrPeer};
 pub use nccl::plugin_from_env;

@@ -25,7 +25,7 @@
 
 pub mod config;
 mod encode;
-pub mod ids;
+pub use crate::ids;
 mod json;
 pub mod model;
 mod record;
