@@ -1,5 +1,9 @@
 //! OpenTelemetry exporter: occl's spans as OTLP traces, over HTTP (`http/protobuf`, `http/json`)
-//! or gRPC, configured by the standard `OTEL_*` variables ([`config`]).
+//! or gRPC, configured by the standard `OTEL_*` variables ([`config`]); TLS (rustls, ring) for an
+//! `https://` endpoint with the CA file of `OTEL_EXPORTER_OTLP_CERTIFICATE` or the public roots,
+//! gzip with `OTEL_EXPORTER_OTLP_COMPRESSION=gzip`. A configuration it cannot use (a CA file it
+//! cannot read, an unknown compression or protocol) is logged as an error saying what to set,
+//! and the exporter stays off.
 //!
 //! **What is exported.** GroupApi → CollApi/P2pApi → Coll/P2p → ProxyOp, the legacy Group (as a
 //! child of its GroupApi, in the same trace), KernelCh and KernelLaunch; ProxySteps as child
@@ -9,7 +13,7 @@
 //! Every state change is a span event. ProxyCtrl (process-wide progress-thread activity, no
 //! trace to belong to) and NetPlugin (socket requests under a step) are left to the metrics and
 //! trace-file exporters.
-//! Names and attributes: [`model`]. Status ERROR marks a ProxyOp that finished fewer steps than
+//! Names and attributes: [`crate::semconv`], the OTLP form: [`model`]. Status ERROR marks a ProxyOp that finished fewer steps than
 //! planned (with step sampling on), and under occl its Coll/P2p (which stops after its
 //! ProxyOps; under NCCL the Coll stops first and only the ProxyOp says so).
 //!
