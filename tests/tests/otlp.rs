@@ -41,8 +41,12 @@ fn serve_in_background<F: std::future::Future<Output = ()> + Send + 'static>(f: 
     });
 }
 
-/// OTLP/HTTP receiver (hyper, HTTP/1.1): decodes protobuf or JSON by content type.
-fn http_receiver() -> (SocketAddr, Shared) {
+/// A receiver on a loopback port: `conn` serves each accepted connection, with the store.
+fn receiver<F, Fut>(conn: F) -> (SocketAddr, Shared)
+where
+    F: Fn(tokio::net::TcpStream, Shared) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.set_nonblocking(true).expect("nonblocking");
     let addr = l.local_addr().expect("addr");
@@ -52,52 +56,54 @@ fn http_receiver() -> (SocketAddr, Shared) {
         let l = tokio::net::TcpListener::from_std(l).expect("listener");
         loop {
             let Ok((c, _)) = l.accept().await else { continue };
-            let st = st.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let st = st.clone();
-                    async move {
-                        use http_body_util::BodyExt;
-                        let ct = header(req.headers(), "content-type");
-                        let tag = header(req.headers(), "x-occl-test");
-                        let path = req.uri().path().to_string();
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                        let decoded: Result<ExportTraceServiceRequest, String> = match ct.as_str() {
-                            "application/x-protobuf" => prost::Message::decode(body).map_err(|e| e.to_string()),
-                            "application/json" => serde_json::from_slice(&body).map_err(|e| e.to_string()),
-                            other => Err(format!("content type {other:?}")),
-                        };
-                        let mut g = st.lock().expect("store");
-                        if path != "/v1/traces" {
-                            g.errors.push(format!("POST to {path}"));
-                        }
-                        let reply = match decoded {
-                            Ok(r) => {
-                                g.requests.push((ct.clone(), tag, r));
-                                if ct == "application/json" {
-                                    b"{}".to_vec()
-                                } else {
-                                    prost::Message::encode_to_vec(&ExportTraceServiceResponse::default())
-                                }
-                            }
-                            Err(e) => {
-                                g.errors.push(e);
-                                Vec::new()
-                            }
-                        };
-                        let resp = hyper::Response::builder()
-                            .header("content-type", ct)
-                            .body(http_body_util::Full::new(bytes::Bytes::from(reply)));
-                        resp.map_err(|e| e.to_string())
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(c), svc)
-                    .await;
-            });
+            tokio::spawn(conn(c, st.clone()));
         }
     });
     (addr, store)
+}
+
+/// OTLP/HTTP receiver (hyper, HTTP/1.1): decodes protobuf or JSON by content type.
+fn http_receiver() -> (SocketAddr, Shared) {
+    receiver(|c, st| async move {
+        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let st = st.clone();
+            async move {
+                use http_body_util::BodyExt;
+                let ct = header(req.headers(), "content-type");
+                let tag = header(req.headers(), "x-occl-test");
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let decoded: Result<ExportTraceServiceRequest, String> = match ct.as_str() {
+                    "application/x-protobuf" => prost::Message::decode(body).map_err(|e| e.to_string()),
+                    "application/json" => serde_json::from_slice(&body).map_err(|e| e.to_string()),
+                    other => Err(format!("content type {other:?}")),
+                };
+                let mut g = st.lock().expect("store");
+                if path != "/v1/traces" {
+                    g.errors.push(format!("POST to {path}"));
+                }
+                let reply = match decoded {
+                    Ok(r) => {
+                        g.requests.push((ct.clone(), tag, r));
+                        if ct == "application/json" {
+                            b"{}".to_vec()
+                        } else {
+                            prost::Message::encode_to_vec(&ExportTraceServiceResponse::default())
+                        }
+                    }
+                    Err(e) => {
+                        g.errors.push(e);
+                        Vec::new()
+                    }
+                };
+                let resp = hyper::Response::builder()
+                    .header("content-type", ct)
+                    .body(http_body_util::Full::new(bytes::Bytes::from(reply)));
+                resp.map_err(|e| e.to_string())
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(c), svc).await;
+    })
 }
 
 /// OTLP/gRPC receiver: tonic's server with `TraceService/Export` decoded by tonic-prost.
@@ -524,40 +530,30 @@ fn test_pki(dir: &std::path::Path) -> (std::path::PathBuf, tokio_rustls::TlsAcce
 /// A collector over TLS (hyper, HTTP/1.1 for OTLP/HTTP and HTTP/2 for gRPC by ALPN) that takes
 /// only gzip-compressed requests, decompresses and decodes them with `opentelemetry-proto`'s types.
 fn tls_gzip_receiver(acceptor: tokio_rustls::TlsAcceptor) -> (SocketAddr, Shared) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.set_nonblocking(true).expect("nonblocking");
-    let addr = l.local_addr().expect("addr");
-    let store = Shared::default();
-    let st = store.clone();
-    serve_in_background(move || async move {
-        let l = tokio::net::TcpListener::from_std(l).expect("listener");
-        loop {
-            let Ok((c, _)) = l.accept().await else { continue };
-            let (st, acceptor) = (st.clone(), acceptor.clone());
-            tokio::spawn(async move {
-                let tls = match acceptor.accept(c).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        st.lock().expect("store").errors.push(format!("TLS accept: {e}"));
-                        return;
-                    }
-                };
-                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let st = st.clone();
-                    async move { Ok::<_, std::convert::Infallible>(tls_gzip_answer(&st, req).await) }
-                });
-                let io = hyper_util::rt::TokioIo::new(tls);
-                if h2 {
-                    let b = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
-                    let _ = b.serve_connection(io, svc).await;
-                } else {
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+    receiver(move |c, st| {
+        let acceptor = acceptor.clone();
+        async move {
+            let tls = match acceptor.accept(c).await {
+                Ok(t) => t,
+                Err(e) => {
+                    st.lock().expect("store").errors.push(format!("TLS accept: {e}"));
+                    return;
                 }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let st = st.clone();
+                async move { Ok::<_, std::convert::Infallible>(tls_gzip_answer(&st, req).await) }
             });
+            let io = hyper_util::rt::TokioIo::new(tls);
+            if h2 {
+                let b = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                let _ = b.serve_connection(io, svc).await;
+            } else {
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+            }
         }
-    });
-    (addr, store)
+    })
 }
 
 fn gunzip(b: &[u8]) -> Result<Vec<u8>, String> {
