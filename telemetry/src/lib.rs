@@ -28,6 +28,8 @@ pub use occl_events::{activation, event, fanout, files, mask, profiler, sink};
 
 pub mod exporters;
 pub mod flight;
+#[cfg(any(feature = "otel", feature = "tracing-spans"))]
+mod held;
 pub mod ids;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;

@@ -23,6 +23,7 @@
 //! so communicators created afterwards report to it.
 
 use crate::event::{EventDescr, EventType};
+use crate::held::{key, Held, Key};
 use crate::ids::{self, CommKey};
 use crate::mask::EventMask;
 use crate::semconv::{self, Attr, Val};
@@ -41,14 +42,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// (under NCCL's order a ProxyOp starts after its Coll stopped).
 pub const RECENT_CAP: usize = 4096;
 
-/// An event of one communicator rank of this process (the communicator's address is unique
-/// while it lives).
-type Key = (usize, u64);
-
-fn key(comm: &Arc<CommMeta>, id: u64) -> Key {
-    (Arc::as_ptr(comm) as usize, id)
-}
-
 #[derive(Default)]
 struct Recent {
     map: HashMap<Key, SpanContext>,
@@ -60,7 +53,7 @@ pub struct OtelExporter {
     tracer: BoxedTracer,
     /// The parent of operations called without an active span: `TRACEPARENT`, else none.
     env_parent: Option<Context>,
-    open: Mutex<HashMap<Key, BoxedSpan>>,
+    open: Held<BoxedSpan>,
     recent: Mutex<Recent>,
 }
 
@@ -132,12 +125,7 @@ fn occl_trace(ev: &Started<'_>) -> Option<[u8; 16]> {
 impl OtelExporter {
     /// An exporter that starts its spans with `tracer`.
     pub fn new(tracer: BoxedTracer) -> OtelExporter {
-        OtelExporter {
-            tracer,
-            env_parent: env_parent(),
-            open: Mutex::new(HashMap::new()),
-            recent: Mutex::new(Recent::default()),
-        }
+        OtelExporter { tracer, env_parent: env_parent(), open: Held::default(), recent: Mutex::new(Recent::default()) }
     }
 
     /// An exporter with the tracer (scope `occl`) of the global provider as it is now.
@@ -158,7 +146,7 @@ impl OtelExporter {
 
     /// Spans started and not yet ended.
     pub fn open_spans(&self) -> usize {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.open.count()
     }
 
     /// The parent of an operation: the caller's active span, else `TRACEPARENT`, else none.
@@ -172,8 +160,8 @@ impl OtelExporter {
 
     /// The span context of a started or recently ended operation.
     fn op_context(&self, k: Key) -> Option<SpanContext> {
-        if let Some(s) = self.open.lock().unwrap_or_else(PoisonError::into_inner).get(&k) {
-            return Some(s.span_context().clone());
+        if let Some(cx) = self.open.with(k, |s| s.span_context().clone()) {
+            return Some(cx);
         }
         self.recent.lock().unwrap_or_else(PoisonError::into_inner).map.get(&k).cloned()
     }
@@ -239,12 +227,12 @@ impl Exporter for OtelExporter {
             .with_attributes(attrs)
             .with_links(links)
             .start_with_context(&self.tracer, &parent);
-        self.open.lock().unwrap_or_else(PoisonError::into_inner).insert(key(ev.comm, ev.id.get()), span);
+        self.open.insert(key(ev.comm, ev.id.get()), span);
     }
 
     fn span(&self, s: &Span<'_>) {
         let k = key(s.comm, s.id.get());
-        let Some(mut span) = self.open.lock().unwrap_or_else(PoisonError::into_inner).remove(&k) else { return };
+        let Some(mut span) = self.open.remove(k) else { return };
         for e in semconv::events(s.event_type(), s.states) {
             span.add_event_with_timestamp(e.name, time(e.t_ns), e.attrs.into_iter().map(kv).collect());
         }
@@ -256,18 +244,13 @@ impl Exporter for OtelExporter {
 
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {
         // Spans of a communicator destroyed mid-operation end now; its address may be reused.
-        let me = Arc::as_ptr(comm) as usize;
-        let left: Vec<BoxedSpan> = {
-            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            let keys: Vec<Key> = open.keys().filter(|k| k.0 == me).copied().collect();
-            keys.into_iter().filter_map(|k| open.remove(&k)).collect()
-        };
-        for mut s in left {
+        for mut s in self.open.take_comm(comm) {
             s.set_status(opentelemetry::trace::Status::error(
                 "the communicator was destroyed before the operation ended",
             ));
             s.end();
         }
+        let me = Arc::as_ptr(comm) as usize;
         let mut r = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         r.map.retain(|k, _| k.0 != me);
         r.order.retain(|k| k.0 != me);

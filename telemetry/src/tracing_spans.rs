@@ -15,25 +15,17 @@
 //! callsite check and nothing more.
 
 use crate::event::{EventDescr, EventType};
+use crate::held::{key, Held};
 use crate::mask::EventMask;
 use crate::semconv::datatype_size;
 use crate::spans::{CommMeta, Exporter, Span, Started, Telemetry};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use tracing::field::Empty;
-
-/// An event of one communicator rank of this process (the communicator's address is unique
-/// while it lives).
-type Key = (usize, u64);
-
-fn key(comm: &Arc<CommMeta>, id: u64) -> Key {
-    (Arc::as_ptr(comm) as usize, id)
-}
 
 /// The `tracing` exporter (an [`Exporter`] for [`crate::spans::Telemetry`]).
 #[derive(Default)]
 pub struct TracingSpans {
-    open: Mutex<HashMap<Key, tracing::Span>>,
+    open: Held<tracing::Span>,
 }
 
 /// A span named `op`: a callsite per collective, since a `tracing` span's name is static.
@@ -76,7 +68,7 @@ impl TracingSpans {
 
     /// Operations started and not yet stopped (with a span some subscriber enabled).
     pub fn open_spans(&self) -> usize {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.open.count()
     }
 }
 
@@ -108,25 +100,18 @@ impl Exporter for TracingSpans {
             _ => return,
         };
         if !span.is_disabled() {
-            self.open.lock().unwrap_or_else(PoisonError::into_inner).insert(key(ev.comm, ev.id.get()), span);
+            self.open.insert(key(ev.comm, ev.id.get()), span);
         }
     }
 
     fn span(&self, s: &Span<'_>) {
         // Dropping the last handle closes the span.
-        let span = self.open.lock().unwrap_or_else(PoisonError::into_inner).remove(&key(s.comm, s.id.get()));
-        drop(span);
+        drop(self.open.remove(key(s.comm, s.id.get())));
     }
 
     fn comm_finalize(&self, comm: &Arc<CommMeta>) {
         // Spans of a communicator destroyed mid-operation close now; its address may be reused.
-        let me = Arc::as_ptr(comm) as usize;
-        let left: Vec<tracing::Span> = {
-            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            let keys: Vec<Key> = open.keys().filter(|k| k.0 == me).copied().collect();
-            keys.into_iter().filter_map(|k| open.remove(&k)).collect()
-        };
-        drop(left);
+        drop(self.open.take_comm(comm));
     }
 }
 
