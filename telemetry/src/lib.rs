@@ -11,7 +11,14 @@
 //! - [`spans`]: the span collector ([`spans::Telemetry`], a [`Profiler`]) that turns events into
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
-//! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, standard `OTEL_*` variables).
+//! - [`ids`]: occl's deterministic trace and span ids (one trace per collective on all ranks).
+//! - [`semconv`]: how a span reads in OpenTelemetry and `tracing` (names, attributes, events).
+//! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, TLS for `https://`, gzip,
+//!   standard `OTEL_*` variables), for programs without an OpenTelemetry SDK.
+//! - `otel` (feature `otel`): occl's operations as spans of the application's own
+//!   OpenTelemetry tracer, children of the caller's context.
+//! - `tracing_spans` (feature `tracing-spans`): occl's operations as `tracing` spans under the
+//!   caller's current span.
 //! - [`trace`]: the HTA trace exporter ([`trace::TraceExporter`], `OCCL_TRACE_DIR`), one
 //!   Kineto/Chrome-trace JSON per rank, and `ProfilerStep#N` marks ([`trace::profiler_step`]).
 #![deny(unsafe_code)]
@@ -21,14 +28,22 @@ pub use occl_events::{activation, event, fanout, files, mask, profiler, sink};
 
 pub mod exporters;
 pub mod flight;
+#[cfg(any(feature = "otel", feature = "tracing-spans"))]
+mod held;
+pub mod ids;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
+#[cfg(feature = "otel")]
+pub mod otel;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod prometheus;
+pub mod semconv;
 pub mod spans;
 #[cfg(feature = "trace")]
 pub mod trace;
+#[cfg(feature = "tracing-spans")]
+pub mod tracing_spans;
 
 pub use flight::{FlightComm, FlightConfig, FlightRecorder, OpInfo, OpState, RootOrPeer};
 pub use nccl::plugin_from_env;

@@ -5,7 +5,9 @@
 //! ProxyStep, the legacy Group under its GroupApi), every attribute equal to what the job ran,
 //! one trace per collective across both ranks, the resource attributes, the request headers.
 //! And: a collector that is down or never answers leaves the job finishing normally, with the
-//! dropped spans counted.
+//! dropped spans counted. Over TLS (a CA and certificate made here with `rcgen`, the CA handed
+//! through `OTEL_EXPORTER_OTLP_CERTIFICATE`) with gzip, OTLP/HTTP and gRPC arrive whole; a bad CA
+//! file or an unknown compression is a logged error that says what to set, never a failure.
 
 mod common;
 
@@ -39,8 +41,12 @@ fn serve_in_background<F: std::future::Future<Output = ()> + Send + 'static>(f: 
     });
 }
 
-/// OTLP/HTTP receiver (hyper, HTTP/1.1): decodes protobuf or JSON by content type.
-fn http_receiver() -> (SocketAddr, Shared) {
+/// A receiver on a loopback port: `conn` serves each accepted connection, with the store.
+fn receiver<F, Fut>(conn: F) -> (SocketAddr, Shared)
+where
+    F: Fn(tokio::net::TcpStream, Shared) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.set_nonblocking(true).expect("nonblocking");
     let addr = l.local_addr().expect("addr");
@@ -50,52 +56,54 @@ fn http_receiver() -> (SocketAddr, Shared) {
         let l = tokio::net::TcpListener::from_std(l).expect("listener");
         loop {
             let Ok((c, _)) = l.accept().await else { continue };
-            let st = st.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let st = st.clone();
-                    async move {
-                        use http_body_util::BodyExt;
-                        let ct = header(req.headers(), "content-type");
-                        let tag = header(req.headers(), "x-occl-test");
-                        let path = req.uri().path().to_string();
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                        let decoded: Result<ExportTraceServiceRequest, String> = match ct.as_str() {
-                            "application/x-protobuf" => prost::Message::decode(body).map_err(|e| e.to_string()),
-                            "application/json" => serde_json::from_slice(&body).map_err(|e| e.to_string()),
-                            other => Err(format!("content type {other:?}")),
-                        };
-                        let mut g = st.lock().expect("store");
-                        if path != "/v1/traces" {
-                            g.errors.push(format!("POST to {path}"));
-                        }
-                        let reply = match decoded {
-                            Ok(r) => {
-                                g.requests.push((ct.clone(), tag, r));
-                                if ct == "application/json" {
-                                    b"{}".to_vec()
-                                } else {
-                                    prost::Message::encode_to_vec(&ExportTraceServiceResponse::default())
-                                }
-                            }
-                            Err(e) => {
-                                g.errors.push(e);
-                                Vec::new()
-                            }
-                        };
-                        let resp = hyper::Response::builder()
-                            .header("content-type", ct)
-                            .body(http_body_util::Full::new(bytes::Bytes::from(reply)));
-                        resp.map_err(|e| e.to_string())
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(c), svc)
-                    .await;
-            });
+            tokio::spawn(conn(c, st.clone()));
         }
     });
     (addr, store)
+}
+
+/// OTLP/HTTP receiver (hyper, HTTP/1.1): decodes protobuf or JSON by content type.
+fn http_receiver() -> (SocketAddr, Shared) {
+    receiver(|c, st| async move {
+        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let st = st.clone();
+            async move {
+                use http_body_util::BodyExt;
+                let ct = header(req.headers(), "content-type");
+                let tag = header(req.headers(), "x-occl-test");
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let decoded: Result<ExportTraceServiceRequest, String> = match ct.as_str() {
+                    "application/x-protobuf" => prost::Message::decode(body).map_err(|e| e.to_string()),
+                    "application/json" => serde_json::from_slice(&body).map_err(|e| e.to_string()),
+                    other => Err(format!("content type {other:?}")),
+                };
+                let mut g = st.lock().expect("store");
+                if path != "/v1/traces" {
+                    g.errors.push(format!("POST to {path}"));
+                }
+                let reply = match decoded {
+                    Ok(r) => {
+                        g.requests.push((ct.clone(), tag, r));
+                        if ct == "application/json" {
+                            b"{}".to_vec()
+                        } else {
+                            prost::Message::encode_to_vec(&ExportTraceServiceResponse::default())
+                        }
+                    }
+                    Err(e) => {
+                        g.errors.push(e);
+                        Vec::new()
+                    }
+                };
+                let resp = hyper::Response::builder()
+                    .header("content-type", ct)
+                    .body(http_body_util::Full::new(bytes::Bytes::from(reply)));
+                resp.map_err(|e| e.to_string())
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(c), svc).await;
+    })
 }
 
 /// OTLP/gRPC receiver: tonic's server with `TraceService/Export` decoded by tonic-prost.
@@ -235,10 +243,10 @@ fn run_exporting(protocol: &str, endpoint: &str, extra: &[(&str, &str)]) -> Vec<
 }
 
 /// The whole check of one protocol's export.
-fn check_export(protocol: &str, addr: SocketAddr, store: &Shared, extra: &[(&str, &str)]) {
+fn check_export(protocol: &str, endpoint: &str, store: &Shared, extra: &[(&str, &str)]) {
     let mut vars = vec![("OCCL_OTEL_STEP_SAMPLING", "1")];
     vars.extend_from_slice(extra);
-    let outs = run_exporting(protocol, &format!("http://{addr}"), &vars);
+    let outs = run_exporting(protocol, endpoint, &vars);
     assert_all_ok(&outs, "otlp job");
     for o in &outs {
         assert!(o.output.contains("0 dropped"), "rank {}: finalize line:\n{}", o.rank, o.output);
@@ -391,26 +399,31 @@ fn check_spans(spans: &[S], outs: &[RankOutput]) {
 #[test]
 fn http_protobuf_export_has_the_whole_tree() {
     let (addr, store) = http_receiver();
-    check_export("http/protobuf", addr, &store, &[]);
+    check_export("http/protobuf", &format!("http://{addr}"), &store, &[]);
 }
 
 #[test]
 fn http_json_export_has_the_whole_tree() {
     let (addr, store) = http_receiver();
-    check_export("http/json", addr, &store, &[]);
+    check_export("http/json", &format!("http://{addr}"), &store, &[]);
 }
 
 #[test]
 fn grpc_export_has_the_whole_tree() {
     let (addr, store) = grpc_receiver();
-    check_export("grpc", addr, &store, &[]);
+    check_export("grpc", &format!("http://{addr}"), &store, &[]);
 }
 
 #[test]
 fn grpc_export_of_a_tcp_job_has_the_whole_tree() {
     // Small slots: many steps per ProxyOp, some of them ended by the socket writer.
     let (addr, store) = grpc_receiver();
-    check_export("grpc", addr, &store, &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "65536")]);
+    check_export(
+        "grpc",
+        &format!("http://{addr}"),
+        &store,
+        &[("OCCL_TRANSPORT", "tcp"), ("OCCL_TCP_SLOT_SIZE", "65536")],
+    );
 }
 
 /// `dropped N (Q queue full, E export failed)` from a rank's finalize line.
@@ -484,4 +497,181 @@ fn a_collector_that_never_answers_neither_blocks_collectives_nor_the_exit() {
     // Finalize waits at most the export timeout (3 s) for the flush.
     assert!(took < Duration::from_secs(15), "the job took {took:?}");
     assert!(!held.lock().expect("held").is_empty(), "the exporter did connect");
+}
+
+/// A CA and a `localhost` certificate it signed, made here; the CA's PEM is written to a file for
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+fn test_pki(dir: &std::path::Path) -> (std::path::PathBuf, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "occl test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let leaf_key = KeyPair::generate().expect("leaf key");
+    let leaf = CertificateParams::new(vec!["localhost".to_string()])
+        .expect("leaf params")
+        .signed_by(&leaf_key, &Issuer::new(ca_params, ca_key))
+        .expect("leaf certificate");
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("write CA");
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key)
+        .expect("server certificate");
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (ca_file, tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+/// A collector over TLS (hyper, HTTP/1.1 for OTLP/HTTP and HTTP/2 for gRPC by ALPN) that takes
+/// only gzip-compressed requests, decompresses and decodes them with `opentelemetry-proto`'s types.
+fn tls_gzip_receiver(acceptor: tokio_rustls::TlsAcceptor) -> (SocketAddr, Shared) {
+    receiver(move |c, st| {
+        let acceptor = acceptor.clone();
+        async move {
+            let tls = match acceptor.accept(c).await {
+                Ok(t) => t,
+                Err(e) => {
+                    st.lock().expect("store").errors.push(format!("TLS accept: {e}"));
+                    return;
+                }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let st = st.clone();
+                async move { Ok::<_, std::convert::Infallible>(tls_gzip_answer(&st, req).await) }
+            });
+            let io = hyper_util::rt::TokioIo::new(tls);
+            if h2 {
+                let b = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                let _ = b.serve_connection(io, svc).await;
+            } else {
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+            }
+        }
+    })
+}
+
+fn gunzip(b: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(b).read_to_end(&mut out).map_err(|e| format!("gunzip: {e}"))?;
+    Ok(out)
+}
+
+/// One request of [`tls_gzip_receiver`]: OTLP/HTTP protobuf with `Content-Encoding: gzip`, or a
+/// gRPC message with `grpc-encoding: gzip` and its compressed flag set.
+async fn tls_gzip_answer(
+    st: &Shared,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+    use http_body_util::BodyExt;
+    let ct = header(req.headers(), "content-type");
+    let tag = header(req.headers(), "x-occl-test");
+    let grpc = ct == "application/grpc";
+    let encoding = header(req.headers(), if grpc { "grpc-encoding" } else { "content-encoding" });
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let message = if grpc {
+        match body.len().checked_sub(5) {
+            Some(n) if body[0] == 1 && u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize == n => {
+                gunzip(&body[5..])
+            }
+            _ => Err(format!("gRPC frame not compressed or malformed: {:?}", &body[..body.len().min(5)])),
+        }
+    } else {
+        gunzip(&body)
+    };
+    let decoded = message
+        .and_then(|m| <ExportTraceServiceRequest as prost::Message>::decode(m.as_slice()).map_err(|e| e.to_string()));
+    let mut g = st.lock().expect("store");
+    if encoding != "gzip" {
+        g.errors.push(format!("encoding header {encoding:?}"));
+    }
+    match decoded {
+        Ok(r) => g.requests.push((ct.clone(), tag, r)),
+        Err(e) => g.errors.push(e),
+    }
+    drop(g);
+    let reply = prost::Message::encode_to_vec(&ExportTraceServiceResponse::default());
+    let b = hyper::Response::builder().header("content-type", ct.as_str());
+    let resp = if grpc {
+        // Trailers-Only: the status in the headers, no message.
+        b.header("grpc-status", "0").body(http_body_util::Full::new(bytes::Bytes::new()))
+    } else {
+        b.body(http_body_util::Full::new(bytes::Bytes::from(reply)))
+    };
+    resp.expect("response")
+}
+
+fn tls_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("occl-otlp-tls-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn check_tls_gzip_export(protocol: &str) {
+    let dir = tls_dir(&protocol.replace('/', "-"));
+    let (ca, acceptor) = test_pki(&dir);
+    let (addr, store) = tls_gzip_receiver(acceptor);
+    let ca = ca.to_string_lossy().into_owned();
+    let endpoint = format!("https://localhost:{}", addr.port());
+    check_export(
+        protocol,
+        &endpoint,
+        &store,
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca), ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn http_protobuf_export_over_tls_with_gzip_has_the_whole_tree() {
+    check_tls_gzip_export("http/protobuf");
+}
+
+#[test]
+fn grpc_export_over_tls_with_gzip_has_the_whole_tree() {
+    check_tls_gzip_export("grpc");
+}
+
+/// A CA file that does not exist, and one that is not PEM: the exporter stays off with an error
+/// that names the variable and says what to set; the job runs normally.
+#[test]
+fn a_bad_certificate_file_is_a_clear_error_and_no_failure() {
+    let dir = tls_dir("bad");
+    let junk = dir.join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").expect("write");
+    let missing = dir.join("missing.pem");
+    for (file, why) in [(&missing, "No such file"), (&junk, "no PEM certificate")] {
+        let f = file.to_string_lossy().into_owned();
+        let outs = run_exporting(
+            "http/protobuf",
+            "https://localhost:1",
+            &[("OTEL_EXPORTER_OTLP_CERTIFICATE", &f), ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+        );
+        assert_all_ok(&outs, "job with a bad CA file");
+        for o in &outs {
+            let line = o.output.lines().find(|l| l.contains("OTEL_EXPORTER_OTLP_CERTIFICATE=")).unwrap_or_else(|| {
+                panic!("rank {}: no error naming the variable:\n{}", o.rank, o.output);
+            });
+            assert!(line.contains("ERROR") && line.contains(why), "{line}");
+            assert!(line.contains("set OTEL_EXPORTER_OTLP_CERTIFICATE to") && line.contains("export is off"), "{line}");
+        }
+    }
+    let outs = run_exporting("grpc", "https://localhost:1", &[("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")]);
+    assert_all_ok(&outs, "job with an unknown compression");
+    for o in &outs {
+        assert!(
+            o.output
+                .contains("OTEL_EXPORTER_OTLP_COMPRESSION=\"zstd\" is not gzip or none; OpenTelemetry export is off"),
+            "rank {}:\n{}",
+            o.rank,
+            o.output
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -3,6 +3,7 @@
 //!
 //! Read through a lookup function so tests pass a map instead of the process environment.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The wire format and transport of an export.
@@ -12,8 +13,24 @@ pub enum Protocol {
     HttpProtobuf,
     /// `http/json`: the same request as OTLP/JSON.
     HttpJson,
-    /// `grpc`: `TraceService/Export` over HTTP/2 without TLS.
+    /// `grpc`: `TraceService/Export` over HTTP/2 (TLS for an `https://` endpoint).
     Grpc,
+}
+
+/// How request bodies are compressed (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    /// `Content-Encoding: gzip` over HTTP; `grpc-encoding: gzip` and compressed messages over gRPC.
+    Gzip,
+}
+
+/// The PEM file of CA certificates that a TLS collector's certificate must chain to, and the
+/// variable that named it (for messages).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaFile {
+    pub var: &'static str,
+    pub path: PathBuf,
 }
 
 impl Protocol {
@@ -40,7 +57,7 @@ impl Protocol {
 pub enum ConfigError {
     #[error("OTLP protocol {0:?} is not one of grpc, http/protobuf, http/json")]
     Protocol(String),
-    #[error("OTLP endpoint {0:?} is not an http:// URL (https needs TLS, which occl's exporter does not have)")]
+    #[error("OTLP endpoint {0:?} is not an http:// or https:// URL")]
     Endpoint(String),
     #[error("{var}={value:?} is not {what}")]
     Value { var: &'static str, value: String, what: &'static str },
@@ -50,8 +67,13 @@ pub enum ConfigError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct OtlpConfig {
     pub protocol: Protocol,
-    /// Where requests go: the full URL for HTTP (path included), scheme://host:port for gRPC.
+    /// Where requests go: the full URL for HTTP (path included), scheme://host:port for gRPC;
+    /// `https://` is TLS.
     pub endpoint: String,
+    /// The CA certificates of a TLS collector (`OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`, else
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`); without one, the Mozilla roots of `webpki-roots`.
+    pub certificate: Option<CaFile>,
+    pub compression: Compression,
     /// Extra request headers (`OTEL_EXPORTER_OTLP_HEADERS`, then the traces-only ones).
     pub headers: Vec<(String, String)>,
     /// Bound on one export request, connection included.
@@ -86,6 +108,8 @@ impl Default for OtlpConfig {
         OtlpConfig {
             protocol: Protocol::HttpProtobuf,
             endpoint: "http://localhost:4318/v1/traces".into(),
+            certificate: None,
+            compression: Compression::None,
             headers: Vec::new(),
             timeout: Duration::from_secs(10),
             max_queue: 2048,
@@ -178,9 +202,31 @@ impl OtlpConfig {
             (Protocol::Grpc, None, None) => "http://localhost:4317".into(),
             (_, None, None) => "http://localhost:4318/v1/traces".into(),
         };
-        if !endpoint.starts_with("http://") {
+        let tls = endpoint.starts_with("https://");
+        if !tls && !endpoint.starts_with("http://") {
             return Err(ConfigError::Endpoint(endpoint));
         }
+        let certificate = ["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"]
+            .into_iter()
+            .find_map(|var| get(var).map(|p| CaFile { var, path: PathBuf::from(p.trim()) }));
+        if let (Some(c), false) = (&certificate, tls) {
+            tracing::warn!(
+                "occl otlp: {}={} is not used: the endpoint {endpoint} is not https://",
+                c.var,
+                c.path.display()
+            );
+        }
+        let compression = match ["OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"]
+            .into_iter()
+            .find_map(|var| get(var).map(|v| (var, v)))
+        {
+            None => Compression::None,
+            Some((var, v)) => match v.trim() {
+                "gzip" => Compression::Gzip,
+                "none" => Compression::None,
+                _ => return Err(ConfigError::Value { var, value: v, what: "gzip or none" }),
+            },
+        };
         let mut headers = get("OTEL_EXPORTER_OTLP_HEADERS").map(|h| parse_pairs(&h)).unwrap_or_default();
         for (k, v) in get("OTEL_EXPORTER_OTLP_TRACES_HEADERS").map(|h| parse_pairs(&h)).unwrap_or_default() {
             headers.retain(|(hk, _)| !hk.eq_ignore_ascii_case(&k));
@@ -232,15 +278,11 @@ impl OtlpConfig {
         let rank = ["OCCL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
             .iter()
             .find_map(|k| get(k).and_then(|v| v.trim().parse::<i64>().ok()));
-        if get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
-            .or_else(|| get("OTEL_EXPORTER_OTLP_COMPRESSION"))
-            .is_some_and(|c| c.trim() != "none")
-        {
-            tracing::warn!("occl otlp: OTEL_EXPORTER_OTLP_COMPRESSION is not supported; sending uncompressed");
-        }
         Ok(Some(OtlpConfig {
             protocol,
             endpoint,
+            certificate,
+            compression,
             headers,
             timeout,
             max_queue,
@@ -310,7 +352,26 @@ mod tests {
             cfg(&[("OCCL_OTEL", "1"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")]),
             Err(ConfigError::Protocol("thrift".into()))
         );
-        assert!(matches!(cfg(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]), Err(ConfigError::Endpoint(_))));
+        assert!(matches!(cfg(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:4318")]), Err(ConfigError::Endpoint(_))));
+        assert_eq!(base("https://c:4318"), "https://c:4318/v1/traces");
+    }
+
+    #[test]
+    fn tls_certificates_and_compression() {
+        let c = on(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"), ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/a.pem")]);
+        assert_eq!(c.certificate, Some(CaFile { var: "OTEL_EXPORTER_OTLP_CERTIFICATE", path: "/a.pem".into() }));
+        assert_eq!(c.compression, Compression::None);
+        let c = on(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/a.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/t.pem"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+        ]);
+        assert_eq!(c.certificate.map(|c| c.var), Some("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"));
+        assert_eq!(c.compression, Compression::Gzip);
+        let e = cfg(&[("OCCL_OTEL", "1"), ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")]).expect_err("unknown");
+        assert_eq!(e.to_string(), "OTEL_EXPORTER_OTLP_COMPRESSION=\"zstd\" is not gzip or none");
     }
 
     #[test]

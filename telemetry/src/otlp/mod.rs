@@ -1,5 +1,9 @@
 //! OpenTelemetry exporter: occl's spans as OTLP traces, over HTTP (`http/protobuf`, `http/json`)
-//! or gRPC, configured by the standard `OTEL_*` variables ([`config`]).
+//! or gRPC, configured by the standard `OTEL_*` variables ([`config`]); TLS (rustls, ring) for an
+//! `https://` endpoint with the CA file of `OTEL_EXPORTER_OTLP_CERTIFICATE` or the public roots,
+//! gzip with `OTEL_EXPORTER_OTLP_COMPRESSION=gzip`. A configuration it cannot use (a CA file it
+//! cannot read, an unknown compression or protocol) is logged as an error saying what to set,
+//! and the exporter stays off.
 //!
 //! **What is exported.** GroupApi → CollApi/P2pApi → Coll/P2p → ProxyOp, the legacy Group (as a
 //! child of its GroupApi, in the same trace), KernelCh and KernelLaunch; ProxySteps as child
@@ -9,7 +13,7 @@
 //! Every state change is a span event. ProxyCtrl (process-wide progress-thread activity, no
 //! trace to belong to) and NetPlugin (socket requests under a step) are left to the metrics and
 //! trace-file exporters.
-//! Names and attributes: [`model`]. Status ERROR marks a ProxyOp that finished fewer steps than
+//! Names and attributes: [`crate::semconv`], the OTLP form: [`model`]. Status ERROR marks a ProxyOp that finished fewer steps than
 //! planned (with step sampling on), and under occl its Coll/P2p (which stops after its
 //! ProxyOps; under NCCL the Coll stops first and only the ProxyOp says so).
 //!
@@ -25,12 +29,13 @@
 
 pub mod config;
 mod encode;
-pub mod ids;
+pub use crate::ids;
 mod json;
 pub mod model;
 mod record;
 mod resolve;
 mod resource;
+mod tls;
 mod transport;
 mod worker;
 
@@ -46,6 +51,17 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 use worker::Shared;
+
+/// Why an exporter did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The endpoint, its TLS certificates or the runtime cannot be used (the message says what
+    /// to set).
+    #[error("{0}")]
+    Client(String),
+    #[error("cannot start the export thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
 
 /// Longest a finalize (or an explicit flush) waits for the export thread.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(5);
@@ -97,8 +113,9 @@ impl OtlpExporter {
         }
     }
 
-    /// Starts the export thread.
-    pub fn new(cfg: OtlpConfig) -> std::io::Result<Arc<OtlpExporter>> {
+    /// Makes the client (TLS roots included) and starts the export thread.
+    pub fn new(cfg: OtlpConfig) -> Result<Arc<OtlpExporter>, StartError> {
+        let client = transport::Client::new(&cfg).map_err(StartError::Client)?;
         let interest = OtlpExporter::interest_of(&cfg);
         let (tx, rx) = sync_channel(cfg.max_queue.max(1));
         let sh = Arc::new(Shared::default());
@@ -116,7 +133,7 @@ impl OtlpExporter {
             sh: sh.clone(),
             live_comms: AtomicUsize::new(0),
         };
-        let t = std::thread::Builder::new().name("occl-otlp".into()).spawn(move || worker::run(cfg, rx, sh))?;
+        let t = std::thread::Builder::new().name("occl-otlp".into()).spawn(move || worker::run(cfg, client, rx, sh))?;
         let _ = e.sh.thread.set(t.thread().clone());
         Ok(Arc::new(e))
     }
@@ -128,13 +145,13 @@ impl OtlpExporter {
             Ok(Some(cfg)) => match OtlpExporter::new(cfg) {
                 Ok(e) => Some(e),
                 Err(err) => {
-                    tracing::warn!("occl otlp: cannot start the export thread: {err}");
+                    tracing::error!("occl otlp: {err}; OpenTelemetry export is off");
                     None
                 }
             },
             Ok(None) => None,
             Err(err) => {
-                tracing::warn!("occl otlp: {err}; OpenTelemetry export is off");
+                tracing::error!("occl otlp: {err}; OpenTelemetry export is off");
                 None
             }
         }

@@ -1,12 +1,16 @@
 //! One export request over the wire: OTLP/HTTP (HTTP/1.1 POST, keep-alive) or OTLP/gRPC
-//! (`TraceService/Export` over HTTP/2 cleartext), on a current-thread runtime owned by the export
-//! thread. Every attempt is bounded by a deadline; a connection that failed is dropped and made
-//! again on the next attempt.
+//! (`TraceService/Export` over HTTP/2), over TLS for an `https://` endpoint ([`super::tls`]),
+//! gzip-compressed when configured, on a current-thread runtime owned by the export thread. Every
+//! attempt is bounded by a deadline; a connection that failed is dropped and made again on the
+//! next attempt.
 
-use super::config::{OtlpConfig, Protocol};
+use super::config::{Compression, OtlpConfig, Protocol};
+use super::tls::Tls;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
+use hyper::header::{
+    HeaderMap, HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT,
+};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::time::Duration;
@@ -46,6 +50,9 @@ impl Conn {
 
 struct Target {
     protocol: Protocol,
+    compression: Compression,
+    /// TLS for an `https://` endpoint.
+    tls: Option<Tls>,
     /// `host:port` to connect to.
     addr: String,
     /// The request's URI: origin-form for HTTP/1.1, absolute for HTTP/2.
@@ -65,10 +72,18 @@ impl Client {
     pub fn new(cfg: &OtlpConfig) -> Result<Client, String> {
         let url: Uri = cfg.endpoint.parse().map_err(|e| format!("endpoint {:?}: {e}", cfg.endpoint))?;
         let auth = url.authority().ok_or_else(|| format!("endpoint {:?} has no host", cfg.endpoint))?;
-        let addr = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
+        let https = url.scheme_str() == Some("https");
+        let addr = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(if https { 443 } else { 80 }));
         let host = HeaderValue::from_str(auth.as_str()).map_err(|e| format!("endpoint host: {e}"))?;
+        let tls = if https {
+            Some(Tls::new(auth.host(), cfg.certificate.as_ref(), cfg.protocol == Protocol::Grpc)?)
+        } else {
+            None
+        };
         let uri = match cfg.protocol {
-            Protocol::Grpc => format!("http://{}{GRPC_PATH}", auth.as_str()).parse(),
+            Protocol::Grpc => {
+                format!("{}://{}{GRPC_PATH}", if https { "https" } else { "http" }, auth.as_str()).parse()
+            }
             _ => url.path_and_query().map_or("/", |p| p.as_str()).parse(),
         }
         .map_err(|e| format!("endpoint {:?}: {e}", cfg.endpoint))?;
@@ -91,17 +106,26 @@ impl Client {
         if cfg.protocol == Protocol::Grpc {
             headers.insert(HeaderName::from_static("te"), HeaderValue::from_static("trailers"));
         }
+        if cfg.compression == Compression::Gzip {
+            let (k, v) = match cfg.protocol {
+                Protocol::Grpc => (HeaderName::from_static("grpc-encoding"), HeaderValue::from_static("gzip")),
+                _ => (CONTENT_ENCODING, HeaderValue::from_static("gzip")),
+            };
+            headers.insert(k, v);
+        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
             .build()
             .map_err(|e| format!("runtime: {e}"))?;
-        Ok(Client { rt, target: Target { protocol: cfg.protocol, addr, uri, host, headers }, conn: None })
+        let target = Target { protocol: cfg.protocol, compression: cfg.compression, tls, addr, uri, host, headers };
+        Ok(Client { rt, target, conn: None })
     }
 
-    /// Sends one request body (already encoded for the protocol; gRPC framing is added here),
-    /// giving up after `limit`.
+    /// Sends one request body (already encoded for the protocol; compression and gRPC framing
+    /// are added here), giving up after `limit`.
     pub fn send(&mut self, body: Vec<u8>, limit: Duration) -> Result<(), Failure> {
+        let body = self.target.wire_body(body)?;
         let Client { rt, target, conn } = self;
         let res = rt.block_on(async {
             let go = async {
@@ -129,10 +153,55 @@ impl Client {
     }
 }
 
+impl Target {
+    /// The body as it goes on the wire: compressed if configured, and for gRPC one
+    /// length-prefixed message (compressed flag, big-endian length).
+    fn wire_body(&self, body: Vec<u8>) -> Result<Bytes, Failure> {
+        let body = match self.compression {
+            Compression::Gzip => gzip(&body).map_err(|e| fail(false, format!("gzip: {e}")))?,
+            Compression::None => body,
+        };
+        Ok(Bytes::from(match self.protocol {
+            Protocol::Grpc => {
+                let len = u32::try_from(body.len()).map_err(|_| fail(false, "a gRPC message over 4 GiB"))?;
+                let mut framed = Vec::with_capacity(body.len() + 5);
+                framed.push(u8::from(self.compression == Compression::Gzip));
+                framed.extend_from_slice(&len.to_be_bytes());
+                framed.extend_from_slice(&body);
+                framed
+            }
+            _ => body,
+        }))
+    }
+}
+
+fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut z = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 4 + 64), flate2::Compression::fast());
+    z.write_all(body)?;
+    z.finish()
+}
+
 async fn connect(t: &Target) -> Result<Conn, Failure> {
     let tcp = TcpStream::connect(&t.addr).await.map_err(|e| fail(true, format!("connect {}: {e}", t.addr)))?;
     let _ = tcp.set_nodelay(true);
-    let io = TokioIo::new(tcp);
+    match &t.tls {
+        None => handshake(t, TokioIo::new(tcp)).await,
+        Some(tls) => {
+            // A certificate the configured roots do not accept will not be accepted on a retry.
+            let io = tls.connector.connect(tls.server_name.clone(), tcp).await.map_err(|e| {
+                let retry = e.kind() != std::io::ErrorKind::InvalidData;
+                fail(retry, format!("TLS with {}: {e} (OTEL_EXPORTER_OTLP_CERTIFICATE names the CA to trust)", t.addr))
+            })?;
+            handshake(t, TokioIo::new(io)).await
+        }
+    }
+}
+
+async fn handshake<I>(t: &Target, io: I) -> Result<Conn, Failure>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let hs = |e: hyper::Error| fail(true, format!("handshake with {}: {e}", t.addr));
     Ok(match t.protocol {
         Protocol::Grpc => {
@@ -148,20 +217,8 @@ async fn connect(t: &Target) -> Result<Conn, Failure> {
     })
 }
 
-fn request(t: &Target, body: Vec<u8>) -> Result<Request<Full<Bytes>>, Failure> {
-    let body = match t.protocol {
-        // Length-prefixed message: compressed flag 0, big-endian length.
-        Protocol::Grpc => {
-            let mut framed = Vec::with_capacity(body.len() + 5);
-            framed.push(0);
-            framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            framed.extend_from_slice(&body);
-            framed
-        }
-        _ => body,
-    };
-    let mut req =
-        Request::post(t.uri.clone()).body(Full::new(Bytes::from(body))).map_err(|e| fail(false, e.to_string()))?;
+fn request(t: &Target, body: Bytes) -> Result<Request<Full<Bytes>>, Failure> {
+    let mut req = Request::post(t.uri.clone()).body(Full::new(body)).map_err(|e| fail(false, e.to_string()))?;
     *req.headers_mut() = t.headers.clone();
     if t.protocol != Protocol::Grpc {
         req.headers_mut().insert(HOST, t.host.clone());
@@ -169,7 +226,7 @@ fn request(t: &Target, body: Vec<u8>) -> Result<Request<Full<Bytes>>, Failure> {
     Ok(req)
 }
 
-async fn attempt(conn: &mut Option<Conn>, t: &Target, body: Vec<u8>) -> Result<(), Failure> {
+async fn attempt(conn: &mut Option<Conn>, t: &Target, body: Bytes) -> Result<(), Failure> {
     if conn.as_ref().is_none_or(Conn::is_closed) {
         *conn = Some(connect(t).await?);
     }

@@ -91,7 +91,7 @@ impl Shared {
 struct Worker {
     cfg: OtlpConfig,
     sh: std::sync::Arc<Shared>,
-    client: Option<Client>,
+    client: Client,
     track_steps: bool,
     host: String,
     resources: HashMap<i64, Resource>,
@@ -101,14 +101,7 @@ struct Worker {
 }
 
 /// The thread's body; returns when every sender is gone (after a last flush).
-pub fn run(cfg: OtlpConfig, rx: Receiver<Rec>, sh: std::sync::Arc<Shared>) {
-    let client = match Client::new(&cfg) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!("occl otlp: cannot export ({e}); spans are counted as dropped");
-            None
-        }
-    };
+pub fn run(cfg: OtlpConfig, client: Client, rx: Receiver<Rec>, sh: std::sync::Arc<Shared>) {
     let track_steps = cfg.step_sampling > 0.0;
     let mut resolver = Resolver::new(HOLD, cfg.max_queue, track_steps);
     let mut w = Worker {
@@ -200,10 +193,7 @@ impl Worker {
         let n = spans.len() as u64;
         let body = self.encode(&spans);
         let stats = &self.sh.stats;
-        let Some(client) = self.client.as_mut() else {
-            stats.dropped_export_failed.fetch_add(n, Relaxed);
-            return;
-        };
+        let client = &mut self.client;
         let deadline = Instant::now() + self.cfg.timeout;
         let attempts = if self.degraded { 1 } else { ATTEMPTS };
         let mut backoff = FIRST_BACKOFF;

@@ -3,7 +3,7 @@
 
 use super::intern::intern_field;
 use super::open::{OpenTable, RootRing, Start};
-use super::{clock, CommMeta, Exporter, Span, StateMark, MAX_PAYLOAD};
+use super::{clock, CommMeta, Exporter, Span, Started, StateMark, MAX_PAYLOAD};
 use crate::event::{EventDescr, EventId, EventType, OpTotals, StateArgs, StepTotals};
 use crate::mask::EventMask;
 use crate::profiler::{CommInfo, Profiler};
@@ -52,7 +52,8 @@ impl Telemetry {
         if !exporters.iter().all(|(i, _)| EventMask(*i).wants_op_totals()) {
             mask = EventMask(mask.0 & !EventMask::OP_TOTALS.0);
         }
-        Arc::new(CommSpans { comm, exporters, mask, open: OpenTable::default(), roots: RootRing::default() })
+        let starters = exporters.iter().filter(|(_, e)| e.wants_starts()).cloned().collect();
+        Arc::new(CommSpans { comm, exporters, starters, mask, open: OpenTable::default(), roots: RootRing::default() })
     }
 }
 
@@ -78,6 +79,8 @@ pub struct CommSpans {
     comm: Arc<CommMeta>,
     /// Each exporter with its interest bits.
     exporters: Vec<(u64, Arc<dyn Exporter>)>,
+    /// Those of them that hear starts ([`Exporter::wants_starts`]).
+    starters: Vec<(u64, Arc<dyn Exporter>)>,
     mask: EventMask,
     open: OpenTable,
     /// Trace root of each event that may still get children (kept a while after its stop).
@@ -236,6 +239,12 @@ impl CommSpans {
         }
         let start_ns = at.unwrap_or_else(clock::unix_nanos);
         let (descr, payload) = own(ev);
+        let bit = descr.event_type().bit();
+        for (interest, e) in &self.starters {
+            if interest & bit != 0 {
+                e.start(&Started { comm: &self.comm, id, parent, root, start_ns, descr: &descr });
+            }
+        }
         self.open.start(id, Start { light: false, parent, root, start_ns, descr, payload });
     }
 

@@ -11,6 +11,9 @@
 //! never keep their own per-event tables. The same collector runs inside occl and inside
 //! `libnccl-profiler-occl.so`, so both feed identical exporters.
 //!
+//! An exporter that asks ([`Exporter::wants_starts`]) also hears each start, on the thread that
+//! started the event: the OpenTelemetry and `tracing` bridges capture the caller's context there.
+//!
 //! Exporters run on the emitting thread, inside a collective: they must not block (aggregate into
 //! atomics, or push into a bounded queue that a thread of their own drains, and count drops).
 
@@ -51,6 +54,19 @@ pub struct StateMark {
     /// The state's number, where it has one: bytes (`trans_size`) for ProxyOp and ProxyStep,
     /// appended ops for ProxyCtrl's AppendEnd, the GPU stop time for KernelCh; else 0.
     pub value: u64,
+}
+
+/// A started event, as [`Exporter::start`] hears it.
+#[derive(Clone, Copy, Debug)]
+pub struct Started<'a> {
+    pub comm: &'a Arc<CommMeta>,
+    pub id: EventId,
+    pub parent: Option<EventId>,
+    /// The outermost ancestor (see [`Span::root`]).
+    pub root: EventId,
+    /// ns since the Unix epoch.
+    pub start_ns: u64,
+    pub descr: &'a EventDescr<'static>,
 }
 
 /// A finished event.
@@ -143,6 +159,19 @@ pub trait Exporter: Send + Sync + 'static {
     fn keeps_step(&self, id: EventId) -> bool {
         let _ = id;
         true
+    }
+
+    /// Whether this exporter wants [`Exporter::start`] calls; asked once, when a communicator
+    /// starts (a collector none of whose exporters wants them pays nothing at a start).
+    fn wants_starts(&self) -> bool {
+        false
+    }
+
+    /// An event of a type in `interest()` started, on the thread that started it (under occl,
+    /// the thread that called the operation): where an exporter captures the caller's context.
+    /// Runs on the emitting thread: must not block.
+    fn start(&self, ev: &Started<'_>) {
+        let _ = ev;
     }
 
     /// An event of a type in `interest()` finished. Runs on the emitting thread: must not block.

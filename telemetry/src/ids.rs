@@ -31,7 +31,7 @@ fn name_hash(s: &str) -> u64 {
 /// created twice.
 pub fn salt() -> u64 {
     static SALT: OnceLock<u64> = OnceLock::new();
-    *SALT.get_or_init(|| mix(crate::spans::unix_nanos() ^ (u64::from(std::process::id()) << 32)))
+    *SALT.get_or_init(|| mix(occl_events::clock::unix_nanos() ^ (u64::from(std::process::id()) << 32)))
 }
 
 /// A communicator rank within a process.
