@@ -43,3 +43,12 @@ pub fn global() -> Option<&'static Arc<Telemetry>> {
         })
         .as_ref()
 }
+
+/// A collector for an application's `prometheus-client` registry with the metrics of the
+/// process's collector ([`global`]) at each scrape. It turns the Prometheus exporter on
+/// ([`crate::prometheus::enable`]): call it before the first communicator is created.
+#[cfg(feature = "prometheus-client")]
+pub fn collector() -> crate::metrics::client::Collector {
+    crate::prometheus::enable();
+    crate::metrics::client::Collector::new(Arc::new(|| global().map(|t| t.metrics()).unwrap_or_default()))
+}

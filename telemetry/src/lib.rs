@@ -11,6 +11,9 @@
 //! - [`spans`]: the span collector ([`spans::Telemetry`], a [`Profiler`]) that turns events into
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
+//! - [`metrics`]: a snapshot model of metrics (families, samples, histograms) that every
+//!   exposition is written from: Prometheus text 0.0.4, OpenMetrics 1.0, a `prometheus-client`
+//!   collector (feature `prometheus-client`), OTLP metrics.
 //! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, standard `OTEL_*` variables).
 //! - [`trace`]: the HTA trace exporter ([`trace::TraceExporter`], `OCCL_TRACE_DIR`), one
 //!   Kineto/Chrome-trace JSON per rank, and `ProfilerStep#N` marks ([`trace::profiler_step`]).
@@ -21,6 +24,7 @@ pub use occl_events::{activation, event, fanout, files, mask, profiler, sink};
 
 pub mod exporters;
 pub mod flight;
+pub mod metrics;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
 #[cfg(feature = "otlp")]

@@ -21,7 +21,7 @@
 //! queue drops the span and counts it. A thread of its own batches, encodes and sends, with
 //! bounded retries. At the last communicator's finalize the exporter flushes, waiting at most
 //! [`FLUSH_WAIT`] (or the export timeout if shorter), then logs what it exported and dropped;
-//! `render_metrics` shows the same counters.
+//! its metrics (`occl_otlp_*`) show the same counters.
 
 pub mod config;
 mod encode;
@@ -38,9 +38,9 @@ pub use config::{ConfigError, OtlpConfig, Protocol};
 
 use crate::event::{EventId, EventType};
 use crate::mask::EventMask;
+use crate::metrics::{Descr, Family, Kind, Unit, Value};
 use crate::spans::{CommMeta, Exporter, Span};
 use record::Rec;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -215,23 +215,31 @@ impl Exporter for OtlpExporter {
         }
     }
 
-    fn render_metrics(&self, out: &mut String) {
+    fn metrics(&self, out: &mut Vec<Family>) {
         let s = self.stats();
-        let _ = write!(
-            out,
-            "# HELP occl_otlp_spans_exported_total Spans the OTLP exporter delivered to the collector.\n\
-             # TYPE occl_otlp_spans_exported_total counter\n\
-             occl_otlp_spans_exported_total {}\n\
-             # HELP occl_otlp_spans_dropped_total Spans the OTLP exporter dropped: queue_full (export thread or collector too slow), export_failed (collector refused or unreachable).\n\
-             # TYPE occl_otlp_spans_dropped_total counter\n\
-             occl_otlp_spans_dropped_total{{reason=\"queue_full\"}} {}\n\
-             occl_otlp_spans_dropped_total{{reason=\"export_failed\"}} {}\n\
-             # HELP occl_otlp_export_requests_total OTLP export requests by result (each retry counts).\n\
-             # TYPE occl_otlp_export_requests_total counter\n\
-             occl_otlp_export_requests_total{{result=\"ok\"}} {}\n\
-             occl_otlp_export_requests_total{{result=\"error\"}} {}\n",
-            s.exported, s.dropped_queue_full, s.dropped_export_failed, s.requests_ok, s.requests_failed
-        );
+        let counter = |name, help, samples: &[(&'static str, &str, u64)]| {
+            let mut f = Family::new(Descr::new(name, Kind::Counter, Unit::None, help));
+            for &(k, v, n) in samples {
+                let labels = if k.is_empty() { vec![] } else { vec![(k, v.to_string())] };
+                f.push(labels, Value::Int(n));
+            }
+            f
+        };
+        out.push(counter(
+            "occl_otlp_spans_exported_total",
+            "Spans the OTLP exporter delivered to the collector.",
+            &[("", "", s.exported)],
+        ));
+        out.push(counter(
+            "occl_otlp_spans_dropped_total",
+            "Spans the OTLP exporter dropped: queue_full (export thread or collector too slow), export_failed (collector refused or unreachable).",
+            &[("reason", "queue_full", s.dropped_queue_full), ("reason", "export_failed", s.dropped_export_failed)],
+        ));
+        out.push(counter(
+            "occl_otlp_export_requests_total",
+            "OTLP export requests by result (each retry counts).",
+            &[("result", "ok", s.requests_ok), ("result", "error", s.requests_failed)],
+        ));
     }
 
     fn flush(&self) {

@@ -74,13 +74,14 @@
 mod comm;
 mod hist;
 mod pending;
-mod render;
+mod snapshot;
 mod table;
 #[cfg(test)]
 mod tests;
 
 use crate::event::{EventDescr, EventType, OpTotals, StepTotals};
 use crate::mask::EventMask;
+use crate::metrics::Family;
 use crate::sink::Note;
 use crate::spans::{self, CommMeta, Span};
 use comm::{elem_size, CommStats, Kind, Lost, OpKey, LOST_REASONS};
@@ -255,12 +256,12 @@ impl spans::Exporter for Exporter {
         }
     }
 
-    fn render_metrics(&self, out: &mut String) {
+    fn metrics(&self, out: &mut Vec<Family>) {
         let before = spans::unix_nanos().saturating_sub(IDLE_NS);
         let comms: Vec<&CommStats> = self.comms.iter().map(|(_, c)| c).collect();
         for c in &comms {
             c.finish_idle(before);
         }
-        render::render(out, &comms, &self.lost);
+        snapshot::build(out, &comms, &self.lost);
     }
 }
