@@ -1,7 +1,8 @@
 //! occl's metrics in an application's own `prometheus-client` registry: the application registers
 //! a counter of its own and occl's collector, runs real collectives (two ranks on threads, shm),
 //! and the registry's OpenMetrics encoding has both, with the job's exact counts and bytes. A
-//! binary of its own: the collector reads the process's collector, built once.
+//! binary of its own: the collector reads the process's collector, built once. The same collector's
+//! own OpenMetrics text is checked against OpenMetrics' rules.
 
 use occl::{Comm, RedOp};
 use prometheus_client::encoding::text::encode;
@@ -64,6 +65,13 @@ fn an_application_registry_encodes_its_own_metrics_and_occls() {
     assert!(text.contains("# TYPE occl_collective_bytes counter\n# UNIT occl_collective_bytes bytes\n"), "{text}");
     assert!(text.contains("# TYPE occl_collective_duration_seconds histogram\n"), "{text}");
     assert!(text.contains("# UNIT occl_collective_duration_seconds seconds\n"), "{text}");
+    // The process's collector writes the same snapshot as OpenMetrics itself, by OpenMetrics' rules, with the
+    // same values.
+    let om = occl::telemetry::exporters::global().expect("metrics on").render_openmetrics();
+    occl_tests::openmetrics::check(&om).map_err(|e| format!("{e}\n{om}")).expect("OpenMetrics");
+    assert!(om.contains("# TYPE occl_collective_bytes counter\n# UNIT occl_collective_bytes bytes\n"), "{om}");
+    let ar0 = format!("comm=\"{comm}\",rank=\"0\",op=\"AllReduce\",algo=");
+    assert_eq!(sum_of(&om, "occl_collective_bytes_total", &[&ar0]), 12000.0, "{om}");
     for c in comms {
         let _ = c.destroy();
     }
