@@ -1,5 +1,6 @@
 //! OpenTelemetry exporter: occl's spans as OTLP traces, over HTTP (`http/protobuf`, `http/json`)
-//! or gRPC, configured by the standard `OTEL_*` variables ([`config`]).
+//! or gRPC, configured by the standard `OTEL_*` variables ([`config`]); occl's metrics as OTLP
+//! metrics by an exporter of their own ([`metrics`], `OTEL_METRICS_EXPORTER=otlp`).
 //!
 //! **What is exported.** GroupApi → CollApi/P2pApi → Coll/P2p → ProxyOp, the legacy Group (as a
 //! child of its GroupApi, in the same trace), KernelCh and KernelLaunch; ProxySteps as child
@@ -27,6 +28,7 @@ pub mod config;
 mod encode;
 pub mod ids;
 mod json;
+pub mod metrics;
 pub mod model;
 mod record;
 mod resolve;

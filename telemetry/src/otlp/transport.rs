@@ -14,6 +14,8 @@ use tokio::net::TcpStream;
 
 /// gRPC method of a trace export.
 pub const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+/// gRPC method of a metrics export.
+pub const GRPC_METRICS_PATH: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
 /// Bytes of a response read at most (OTLP responses are a few bytes; an error page is cut).
 const MAX_RESPONSE: usize = 64 * 1024;
 
@@ -63,12 +65,18 @@ pub struct Client {
 
 impl Client {
     pub fn new(cfg: &OtlpConfig) -> Result<Client, String> {
+        Client::for_signal(cfg, GRPC_PATH)
+    }
+
+    /// The client of a signal whose gRPC method is `grpc_path` (over HTTP, `cfg.endpoint` is the
+    /// signal's whole URL).
+    pub fn for_signal(cfg: &OtlpConfig, grpc_path: &str) -> Result<Client, String> {
         let url: Uri = cfg.endpoint.parse().map_err(|e| format!("endpoint {:?}: {e}", cfg.endpoint))?;
         let auth = url.authority().ok_or_else(|| format!("endpoint {:?} has no host", cfg.endpoint))?;
         let addr = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
         let host = HeaderValue::from_str(auth.as_str()).map_err(|e| format!("endpoint host: {e}"))?;
         let uri = match cfg.protocol {
-            Protocol::Grpc => format!("http://{}{GRPC_PATH}", auth.as_str()).parse(),
+            Protocol::Grpc => format!("http://{}{grpc_path}", auth.as_str()).parse(),
             _ => url.path_and_query().map_or("/", |p| p.as_str()).parse(),
         }
         .map_err(|e| format!("endpoint {:?}: {e}", cfg.endpoint))?;

@@ -77,11 +77,11 @@ impl Shared {
         true
     }
 
-    fn flush_requested(&self) -> u64 {
+    pub(super) fn flush_requested(&self) -> u64 {
         self.flush.lock().unwrap_or_else(PoisonError::into_inner).0
     }
 
-    fn flush_done(&self, ticket: u64) {
+    pub(super) fn flush_done(&self, ticket: u64) {
         let mut g = self.flush.lock().unwrap_or_else(PoisonError::into_inner);
         g.1 = g.1.max(ticket);
         self.flushed.notify_all();
