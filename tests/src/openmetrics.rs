@@ -41,8 +41,11 @@ fn number(s: &str) -> Option<f64> {
     }
 }
 
-/// `name{labels} value [timestamp]`: the name, the label pairs (values as written) and the value.
-fn sample(line: &str) -> Result<(&str, Vec<(&str, &str)>, f64), String> {
+/// A sample line read: its name, label pairs (values as written) and value.
+type Parsed<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+
+/// `name{labels} value [timestamp]`.
+fn sample(line: &str) -> Result<Parsed<'_>, String> {
     let end = line.find(['{', ' ']).ok_or("no value")?;
     let name = &line[..end];
     if !is_name(name) {
