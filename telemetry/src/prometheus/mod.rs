@@ -16,6 +16,15 @@
 //! (measured with `occl-perf --events-ab R --events-sink prometheus`; README, "Prometheus
 //! metrics").
 //!
+//! **Expositions.** [`spans::Exporter::metrics`] reads every counter once into a snapshot
+//! ([`crate::metrics`]; `snapshot.rs` names each family's type and unit) that every format is
+//! written from: Prometheus text 0.0.4 (`render_metrics`, what RAS's processes send each other),
+//! OpenMetrics 1.0 ([`crate::spans::Telemetry::render_openmetrics`]; RAS's `/metrics` converts the
+//! node's merged scrape when the request's `Accept` prefers it, see `occl_ras_proto::openmetrics`),
+//! a `prometheus-client` registry ([`crate::metrics::client`], feature `prometheus-client`) and
+//! OTLP metrics (`crate::otlp::metrics`, `OTEL_METRICS_EXPORTER=otlp`, which turns this exporter
+//! on too).
+//!
 //! **Labels.** Every series of a communicator rank has `comm` (the communicator's 64-bit hash in
 //! hex, equal on all ranks), `comm_name` (only when the application named it) and `rank`. Ops,
 //! algorithms, protocols and datatypes are NCCL's spellings (`AllReduce`, `RING`, `SIMPLE`,
