@@ -96,6 +96,19 @@ impl Pb {
         }
     }
 
+    /// `Resource { attributes = 1 }`.
+    pub(crate) fn resource(&mut self, field: u32, res: &Resource) {
+        self.nested(field, |p| p.attrs(1, &res.attrs));
+    }
+
+    /// `InstrumentationScope { name = 1; version = 2 }`: occl's.
+    pub(crate) fn scope(&mut self, field: u32, version: &str) {
+        self.nested(field, |p| {
+            p.string(1, "occl");
+            p.string(2, version);
+        });
+    }
+
     /// `Span` (trace.proto).
     fn span(&mut self, s: &OutSpan) {
         self.bytes(1, &s.trace);
@@ -133,18 +146,11 @@ pub fn request(groups: &[(&Resource, Vec<&OutSpan>)], scope_version: &str) -> Ve
     for (res, spans) in groups {
         // ExportTraceServiceRequest.resource_spans = 1.
         p.nested(1, |p| {
-            // ResourceSpans.resource = 1: Resource.attributes = 1.
-            p.nested(1, |p| {
-                for (k, v) in &res.attrs {
-                    p.key_value(1, k, v);
-                }
-            });
-            // ResourceSpans.scope_spans = 2: scope = 1 (name, version), spans = 2.
+            // ResourceSpans.resource = 1.
+            p.resource(1, res);
+            // ResourceSpans.scope_spans = 2: scope = 1, spans = 2.
             p.nested(2, |p| {
-                p.nested(1, |p| {
-                    p.string(1, "occl");
-                    p.string(2, scope_version);
-                });
+                p.scope(1, scope_version);
                 for s in spans {
                     p.nested(2, |p| p.span(s));
                 }

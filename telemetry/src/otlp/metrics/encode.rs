@@ -43,18 +43,11 @@ pub fn request(families: &[Family], resource: &Resource, scope_version: &str, st
     let mut p = Pb { buf: Vec::with_capacity(4096) };
     // ExportMetricsServiceRequest.resource_metrics = 1.
     p.nested(1, |p| {
-        // ResourceMetrics.resource = 1: Resource.attributes = 1.
-        p.nested(1, |p| {
-            for (k, v) in &resource.attrs {
-                p.key_value(1, k, v);
-            }
-        });
-        // ResourceMetrics.scope_metrics = 2: scope = 1 (name, version), metrics = 2.
+        // ResourceMetrics.resource = 1.
+        p.resource(1, resource);
+        // ResourceMetrics.scope_metrics = 2: scope = 1, metrics = 2.
         p.nested(2, |p| {
-            p.nested(1, |p| {
-                p.string(1, "occl");
-                p.string(2, scope_version);
-            });
+            p.scope(1, scope_version);
             for f in families.iter().filter(|f| !f.samples.is_empty()) {
                 p.nested(2, |p| metric(p, f, start_ns, now_ns));
             }

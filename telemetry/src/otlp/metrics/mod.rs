@@ -18,7 +18,7 @@ pub use config::MetricsConfig;
 
 use super::resource::{self, Resource};
 use super::transport::{Client, GRPC_METRICS_PATH};
-use super::worker::Shared;
+use super::worker::{send_retrying, Shared};
 use super::FLUSH_WAIT;
 use crate::mask::EventMask;
 use crate::metrics::Family;
@@ -200,37 +200,12 @@ fn run(cfg: MetricsConfig, source: Source, inner: &Inner) {
 
 /// One export, retried while the failure is retryable and the timeout allows.
 fn export(client: Option<&mut Client>, body: Vec<u8>, cfg: &MetricsConfig, sh: &Shared) -> Result<(), String> {
-    let stats = &sh.stats;
-    let Some(client) = client else {
-        stats.dropped_export_failed.fetch_add(1, Relaxed);
-        return Err("no client".into());
+    let r = match client {
+        Some(c) => send_retrying(c, &body, cfg.otlp.timeout, ATTEMPTS, &sh.stats),
+        None => Err("no client".into()),
     };
-    let deadline = Instant::now() + cfg.otlp.timeout;
-    let mut backoff = Duration::from_millis(100);
-    let mut last = String::new();
-    for i in 1..=ATTEMPTS {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match client.send(body.clone(), left) {
-            Ok(()) => {
-                stats.requests_ok.fetch_add(1, Relaxed);
-                return Ok(());
-            }
-            Err(f) => {
-                stats.requests_failed.fetch_add(1, Relaxed);
-                last = f.msg;
-                if !f.retryable || i == ATTEMPTS {
-                    break;
-                }
-                std::thread::sleep(
-                    f.retry_after.unwrap_or(backoff).min(deadline.saturating_duration_since(Instant::now())),
-                );
-                backoff = backoff.saturating_mul(2);
-            }
-        }
+    if r.is_err() {
+        sh.stats.dropped_export_failed.fetch_add(1, Relaxed);
     }
-    stats.dropped_export_failed.fetch_add(1, Relaxed);
-    Err(last)
+    r
 }
