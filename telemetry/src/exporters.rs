@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 /// The exporters that the process environment enables, in a fixed order.
 /// OTLP metrics (`OTEL_METRICS_EXPORTER=otlp`) export the Prometheus exporter's series: they turn
-/// it on when `OCCL_METRICS` does not, and come last, so that a communicator's finalize reaches
+/// it on unless `OCCL_METRICS=0`, and come last, so that a communicator's finalize reaches
 /// the counters before the export it triggers.
 pub fn from_env() -> Vec<Arc<dyn Exporter>> {
     let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
@@ -17,8 +17,14 @@ pub fn from_env() -> Vec<Arc<dyn Exporter>> {
     #[cfg(feature = "otlp")]
     let otlp_metrics = crate::otlp::metrics::MetricsConfig::from_env();
     #[cfg(feature = "otlp")]
-    let prom =
-        prom.or_else(|| matches!(otlp_metrics, Ok(Some(_))).then(|| Arc::new(crate::prometheus::Exporter::new())));
+    let prom = prom.or_else(|| {
+        let off = std::env::var(crate::prometheus::ENV).is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off"));
+        let wanted = matches!(otlp_metrics, Ok(Some(_)));
+        if wanted && off {
+            tracing::warn!("occl telemetry: OTEL_METRICS_EXPORTER=otlp, but OCCL_METRICS=0 turns the counters off");
+        }
+        (wanted && !off).then(|| Arc::new(crate::prometheus::Exporter::new()))
+    });
     v.extend(prom.clone().map(|p| p as Arc<dyn Exporter>));
     #[cfg(feature = "otlp")]
     v.extend(crate::otlp::OtlpExporter::from_env());

@@ -23,7 +23,7 @@
 //! node's merged scrape when the request's `Accept` prefers it, see `occl_ras_proto::openmetrics`),
 //! a `prometheus-client` registry ([`crate::metrics::client`], feature `prometheus-client`) and
 //! OTLP metrics (`crate::otlp::metrics`, `OTEL_METRICS_EXPORTER=otlp`, which turns this exporter
-//! on too).
+//! on too, unless `OCCL_METRICS=0`).
 //!
 //! **Labels.** Every series of a communicator rank has `comm` (the communicator's 64-bit hash in
 //! hex, equal on all ranks), `comm_name` (only when the application named it) and `rank`. Ops,

@@ -5,8 +5,8 @@
 //! `OTEL_METRICS_EXPORTER=otlp` and the metrics signal's `OTEL_EXPORTER_OTLP_METRICS_*` variables
 //! ([`config`]). Counters are cumulative monotonic sums from the moment the exporter started,
 //! histograms explicit-bucket histograms ([`encode`]). The series come from a [`Source`] (the
-//! process's Prometheus exporter, which `OTEL_METRICS_EXPORTER=otlp` turns on when
-//! `OCCL_METRICS` does not: `crate::exporters`).
+//! process's Prometheus exporter, which `OTEL_METRICS_EXPORTER=otlp` turns on unless
+//! `OCCL_METRICS=0`: `crate::exporters`).
 //!
 //! It takes no spans: its interest is only [`EventMask::OP_TOTALS`], so the Prometheus exporter
 //! beside it still gets whole-operation sums, and the operation path pays nothing for it.
