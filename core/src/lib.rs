@@ -65,6 +65,11 @@ mod wait;
 /// register profilers and attach sinks without naming a second crate.
 pub use occl_telemetry as telemetry;
 
+/// A collector of occl's metrics for an application's own `prometheus-client` registry
+/// (`registry.register_collector(Box::new(occl::metrics_collector()))`), feature
+/// `prometheus-client`; call it before the first communicator is created.
+#[cfg(feature = "prometheus-client")]
+pub use occl_telemetry::exporters::collector as metrics_collector;
 /// Marks training step `n` in the HTA trace files (`OCCL_TRACE_DIR`) until the guard drops:
 /// `let _step = occl::profiler_step(n);` (PyTorch's `ProfilerStep#N`). `step_begin`/`step_end`
 /// are in [`telemetry::trace`].

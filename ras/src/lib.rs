@@ -12,7 +12,7 @@
 //!   newcomer pushes out an idle one, so a flood of silent connections never keeps `ncclras` or a scrape out.
 #![forbid(unsafe_code)]
 
-pub use occl_ras_proto::{analysis, client, exposition, mesh, record, report, wire};
+pub use occl_ras_proto::{analysis, client, exposition, mesh, openmetrics, record, report, wire};
 pub use occl_ras_proto::{analyze, AnalysisInput, KnownComm, KnownRank, StuckPolicy};
 
 #[cfg(feature = "server")]

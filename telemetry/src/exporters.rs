@@ -7,13 +7,41 @@ use crate::Profiler;
 use std::sync::{Arc, OnceLock};
 
 /// The exporters that the process environment enables, in a fixed order.
+/// OTLP metrics (`OTEL_METRICS_EXPORTER=otlp`) export the Prometheus exporter's series: they turn
+/// it on unless `OCCL_METRICS=0`, and come last, so that a communicator's finalize reaches
+/// the counters before the export it triggers.
 pub fn from_env() -> Vec<Arc<dyn Exporter>> {
     let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
-    v.extend(crate::prometheus::from_env());
+    let prom =
+        crate::prometheus::enabled(|k| std::env::var(k).ok()).then(|| Arc::new(crate::prometheus::Exporter::new()));
+    #[cfg(feature = "otlp")]
+    let otlp_metrics = crate::otlp::metrics::MetricsConfig::from_env();
+    #[cfg(feature = "otlp")]
+    let prom = prom.or_else(|| {
+        let off = std::env::var(crate::prometheus::ENV).is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off"));
+        let wanted = matches!(otlp_metrics, Ok(Some(_)));
+        if wanted && off {
+            tracing::warn!("occl telemetry: OTEL_METRICS_EXPORTER=otlp, but OCCL_METRICS=0 turns the counters off");
+        }
+        (wanted && !off).then(|| Arc::new(crate::prometheus::Exporter::new()))
+    });
+    v.extend(prom.clone().map(|p| p as Arc<dyn Exporter>));
     #[cfg(feature = "otlp")]
     v.extend(crate::otlp::OtlpExporter::from_env());
     #[cfg(feature = "trace")]
     v.extend(crate::trace::TraceExporter::from_env().map(|e| Arc::new(e) as Arc<dyn Exporter>));
+    #[cfg(feature = "otlp")]
+    if let Some(p) = prom {
+        let source: crate::otlp::metrics::Source = Arc::new(move || {
+            let mut f = Vec::new();
+            p.metrics(&mut f);
+            f
+        });
+        v.extend(
+            crate::otlp::metrics::OtlpMetricsExporter::from_config(otlp_metrics, source)
+                .map(|e| e as Arc<dyn Exporter>),
+        );
+    }
     v
 }
 
@@ -42,4 +70,13 @@ pub fn global() -> Option<&'static Arc<Telemetry>> {
             Some(Arc::new(Telemetry::new(ex)))
         })
         .as_ref()
+}
+
+/// A collector for an application's `prometheus-client` registry with the metrics of the
+/// process's collector ([`global`]) at each scrape. It turns the Prometheus exporter on
+/// ([`crate::prometheus::enable`]): call it before the first communicator is created.
+#[cfg(feature = "prometheus-client")]
+pub fn collector() -> crate::metrics::client::Collector {
+    crate::prometheus::enable();
+    crate::metrics::client::Collector::new(Arc::new(|| global().map(|t| t.metrics()).unwrap_or_default()))
 }

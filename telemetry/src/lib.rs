@@ -11,6 +11,9 @@
 //! - [`spans`]: the span collector ([`spans::Telemetry`], a [`Profiler`]) that turns events into
 //!   finished spans for the exporters (Prometheus, OpenTelemetry, HTA trace files); the same
 //!   collector runs in `libnccl-profiler-occl.so`.
+//! - [`metrics`]: a snapshot model of metrics (families, samples, histograms) that every
+//!   exposition is written from: Prometheus text 0.0.4, OpenMetrics 1.0, a `prometheus-client`
+//!   collector (feature `prometheus-client`), OTLP metrics.
 //! - [`ids`]: occl's deterministic trace and span ids (one trace per collective on all ranks).
 //! - [`semconv`]: how a span reads in OpenTelemetry and `tracing` (names, attributes, events).
 //! - [`otlp`]: the OpenTelemetry exporter (OTLP over HTTP or gRPC, TLS for `https://`, gzip,
@@ -31,6 +34,7 @@ pub mod flight;
 #[cfg(any(feature = "otel", feature = "tracing-spans"))]
 mod held;
 pub mod ids;
+pub mod metrics;
 #[allow(unsafe_code)] // dlopen, the C function tables and their descriptors
 pub mod nccl;
 #[cfg(feature = "otel")]

@@ -8,6 +8,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod logging;
 pub mod matrix;
+pub mod openmetrics;
 pub mod otlp_ops;
 pub mod otlp_sink;
 pub mod pattern;

@@ -3,12 +3,15 @@
 //! them. Also `promtool check metrics` on a real scrape, and scrapes on fresh connections (which the kernel hands to
 //! any of the four processes sharing the port) all answer for the whole node.
 //!
+//! Prometheus asks for OpenMetrics (its `Accept` header prefers it) and gets it: the units it learns, and the same
+//! scrape checked against OpenMetrics' rules; a plain request gets text 0.0.4.
+//!
 //! Needs `prometheus` and `promtool` on PATH (scripts/test.sh installs Debian's package). Without them the test says
 //! it was skipped; under CI (`CI` set) it fails instead.
 
 mod common;
 
-use common::prometheus::{get, one_target_config, tool, Prometheus};
+use common::prometheus::{get, get_with, one_target_config, tool, Prometheus};
 use common::{env, scratch, worker};
 use occl::{Comm, RedOp};
 use occl_telemetry::spans::{CommMeta, Exporter as _, Telemetry};
@@ -136,6 +139,33 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
     assert_eq!(tr.len(), RANKS, "{tr:?}");
     assert_eq!(tr, steps, "transport bytes vs step bytes");
     assert!(tr.iter().all(|(_, v)| *v >= 2.0 * 1048576.0), "{tr:?}");
+
+    // Prometheus asks for OpenMetrics and gets it: the families' units (only OpenMetrics has them) are in its
+    // metadata, and the same scrape with its Accept header is OpenMetrics by an independent check.
+    let t = Instant::now();
+    let meta = loop {
+        let m = p.metadata();
+        if m.contains_key("occl_collective_bytes") || t.elapsed() > Duration::from_secs(10) {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let unit = |name: &str| meta.get(name).cloned().unwrap_or_default();
+    assert_eq!(unit("occl_collective_bytes"), ("counter".into(), "bytes".into()), "{meta:?}");
+    assert_eq!(unit("occl_collective_duration_seconds"), ("histogram".into(), "seconds".into()), "{meta:?}");
+    assert_eq!(unit("occl_operations_launched"), ("counter".into(), String::new()), "RAS's own: {meta:?}");
+    let prometheus_accept = "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                             version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n";
+    let (code, head, om) = get_with(port, "/metrics", prometheus_accept).unwrap_or_default();
+    assert_eq!(code, 200, "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+    occl_tests::openmetrics::check(&om).map_err(|e| format!("{e}\n{om}")).expect("OpenMetrics");
+    assert!(om.contains("# TYPE occl_collective_operations counter\n"), "{om}");
+    assert!(om.contains("# TYPE occl_ras_peers gauge\n"), "{om}");
+    // Plain requests and curl still get text 0.0.4.
+    let (_, head, text) = get_with(port, "/metrics", "Accept: */*\r\n").unwrap_or_default();
+    assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
+    assert!(!text.contains("# EOF") && text.contains("# TYPE occl_collective_operations_total counter\n"));
 
     // Several scrapes later every series is still there in every scrape (none flips in and out).
     std::thread::sleep(Duration::from_secs(3));

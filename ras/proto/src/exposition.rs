@@ -64,14 +64,14 @@ fn is_value(s: &str) -> bool {
 
 /// A parsed sample line: its metric name, label pairs (value as written, escapes kept) and the rest (value and
 /// optional timestamp).
-struct Sample<'a> {
-    name: &'a str,
-    labels: Vec<(&'a str, &'a str)>,
-    rest: &'a str,
+pub(crate) struct Sample<'a> {
+    pub name: &'a str,
+    pub labels: Vec<(&'a str, &'a str)>,
+    pub rest: &'a str,
 }
 
 /// Parses `name{l="v",...} value [timestamp]`, or `None`.
-fn sample(line: &str) -> Option<Sample<'_>> {
+pub(crate) fn sample(line: &str) -> Option<Sample<'_>> {
     let end = line.find(['{', ' ']).unwrap_or(line.len());
     let name = &line[..end];
     if !is_name(name) {

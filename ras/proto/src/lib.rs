@@ -22,7 +22,8 @@
 //!   fetched from every process of the host with one deadline. Tested on a
 //!   simulated network of up to 1,024 processes on a virtual clock.
 //! - [`exposition`]: merging the Prometheus texts of a node's processes into one scrape (one HELP/TYPE per family,
-//!   a `pid` label per process, every line from a peer checked).
+//!   a `pid` label per process, every line from a peer checked); [`openmetrics`]: the same scrape as OpenMetrics 1.0
+//!   for a client whose `Accept` header prefers it.
 //! - Fuzz entries for every decoder of untrusted bytes, `fuzz_client_bytes`, `fuzz_wire_bytes`,
 //!   `mesh::fuzz_mesh_bytes` and `fuzz_exposition_bytes`, which the cargo-fuzz crate in `ras/proto/fuzz/` runs (feature
 //!   `test-support`; not in the library otherwise).
@@ -32,6 +33,7 @@ pub mod analysis;
 pub mod client;
 pub mod exposition;
 pub mod mesh;
+pub mod openmetrics;
 pub mod record;
 pub mod report;
 pub mod wire;

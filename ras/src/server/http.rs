@@ -1,5 +1,5 @@
-//! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text for this node's
-//! processes), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events),
+//! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text 0.0.4 for this node's
+//! processes, or OpenMetrics 1.0 when the request's `Accept` prefers it, as Prometheus's does), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events),
 //! `/api/v1/flight-recorder` (this process's flight records, `flight`) and `/healthz`. With several jobs on the
 //! node, `?job=` picks one for `/metrics` and `/api/v1/status` (see `jobs`); the events are the port owner's job's.
 
@@ -27,6 +27,7 @@ use super::node::other_jobs;
 use super::report::build_report;
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::exposition::{merge, Part};
+use crate::openmetrics::{self, negotiate, Exposition};
 use crate::report::render_json;
 
 /// Scrapes and status requests gather with this budget unless `?timeout=` (or, for a scrape, Prometheus's
@@ -119,7 +120,15 @@ fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
 async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
     let b = scrape_budget(&q, &headers);
     match jobs::metrics(&sh, b, q.job.as_deref()).await {
-        Reply::Ok(body) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response(),
+        Reply::Ok(body) => {
+            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            let format = negotiate(accept);
+            let body = match format {
+                Exposition::Text => body,
+                Exposition::OpenMetrics => openmetrics::from_text(&body),
+            };
+            ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
+        }
         Reply::Unknown(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
         Reply::Failed(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }

@@ -6,9 +6,9 @@
 use super::model::{Attr, OutSpan, Val};
 use super::resource::Resource;
 
-const VARINT: u32 = 0;
-const FIXED64: u32 = 1;
-const LEN: u32 = 2;
+pub(crate) const VARINT: u32 = 0;
+pub(crate) const FIXED64: u32 = 1;
+pub(crate) const LEN: u32 = 2;
 
 /// Protobuf writer with length-prefixed nesting.
 #[derive(Default)]
@@ -28,42 +28,42 @@ fn varint_into(mut v: u64, out: &mut [u8; 10]) -> usize {
 }
 
 impl Pb {
-    fn varint(&mut self, v: u64) {
+    pub(crate) fn varint(&mut self, v: u64) {
         let mut b = [0u8; 10];
         let n = varint_into(v, &mut b);
         self.buf.extend_from_slice(&b[..n]);
     }
 
-    fn tag(&mut self, field: u32, wire: u32) {
+    pub(crate) fn tag(&mut self, field: u32, wire: u32) {
         self.varint(u64::from(field << 3 | wire));
     }
 
-    fn bytes(&mut self, field: u32, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, field: u32, b: &[u8]) {
         self.tag(field, LEN);
         self.varint(b.len() as u64);
         self.buf.extend_from_slice(b);
     }
 
-    fn string(&mut self, field: u32, s: &str) {
+    pub(crate) fn string(&mut self, field: u32, s: &str) {
         if !s.is_empty() {
             self.bytes(field, s.as_bytes());
         }
     }
 
-    fn uint(&mut self, field: u32, v: u64) {
+    pub(crate) fn uint(&mut self, field: u32, v: u64) {
         if v != 0 {
             self.tag(field, VARINT);
             self.varint(v);
         }
     }
 
-    fn fixed64(&mut self, field: u32, v: u64) {
+    pub(crate) fn fixed64(&mut self, field: u32, v: u64) {
         self.tag(field, FIXED64);
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
 
     /// A nested message: written in place, then its length inserted before it.
-    fn nested(&mut self, field: u32, f: impl FnOnce(&mut Pb)) {
+    pub(crate) fn nested(&mut self, field: u32, f: impl FnOnce(&mut Pb)) {
         self.tag(field, LEN);
         let start = self.buf.len();
         f(self);
@@ -73,7 +73,7 @@ impl Pb {
     }
 
     /// `KeyValue { key = 1; AnyValue value = 2 }`, `AnyValue { string 1; bool 2; int64 3 }`.
-    fn key_value(&mut self, field: u32, key: &str, v: &Val) {
+    pub(crate) fn key_value(&mut self, field: u32, key: &str, v: &Val) {
         self.nested(field, |p| {
             p.string(1, key);
             p.nested(2, |p| match v {
@@ -90,10 +90,23 @@ impl Pb {
         });
     }
 
-    fn attrs(&mut self, field: u32, attrs: &[Attr]) {
+    pub(crate) fn attrs(&mut self, field: u32, attrs: &[Attr]) {
         for (k, v) in attrs {
             self.key_value(field, k, v);
         }
+    }
+
+    /// `Resource { attributes = 1 }`.
+    pub(crate) fn resource(&mut self, field: u32, res: &Resource) {
+        self.nested(field, |p| p.attrs(1, &res.attrs));
+    }
+
+    /// `InstrumentationScope { name = 1; version = 2 }`: occl's.
+    pub(crate) fn scope(&mut self, field: u32, version: &str) {
+        self.nested(field, |p| {
+            p.string(1, "occl");
+            p.string(2, version);
+        });
     }
 
     /// `Span` (trace.proto).
@@ -133,18 +146,11 @@ pub fn request(groups: &[(&Resource, Vec<&OutSpan>)], scope_version: &str) -> Ve
     for (res, spans) in groups {
         // ExportTraceServiceRequest.resource_spans = 1.
         p.nested(1, |p| {
-            // ResourceSpans.resource = 1: Resource.attributes = 1.
-            p.nested(1, |p| {
-                for (k, v) in &res.attrs {
-                    p.key_value(1, k, v);
-                }
-            });
-            // ResourceSpans.scope_spans = 2: scope = 1 (name, version), spans = 2.
+            // ResourceSpans.resource = 1.
+            p.resource(1, res);
+            // ResourceSpans.scope_spans = 2: scope = 1, spans = 2.
             p.nested(2, |p| {
-                p.nested(1, |p| {
-                    p.string(1, "occl");
-                    p.string(2, scope_version);
-                });
+                p.scope(1, scope_version);
                 for s in spans {
                     p.nested(2, |p| p.span(s));
                 }

@@ -4,6 +4,8 @@
 //! gzip with `OTEL_EXPORTER_OTLP_COMPRESSION=gzip`. A configuration it cannot use (a CA file it
 //! cannot read, an unknown compression or protocol) is logged as an error saying what to set,
 //! and the exporter stays off.
+//! occl's metrics go as OTLP metrics by an exporter of their own ([`metrics`],
+//! `OTEL_METRICS_EXPORTER=otlp`), over the same transport.
 //!
 //! **What is exported.** GroupApi → CollApi/P2pApi → Coll/P2p → ProxyOp, the legacy Group (as a
 //! child of its GroupApi, in the same trace), KernelCh and KernelLaunch; ProxySteps as child
@@ -25,12 +27,13 @@
 //! queue drops the span and counts it. A thread of its own batches, encodes and sends, with
 //! bounded retries. At the last communicator's finalize the exporter flushes, waiting at most
 //! [`FLUSH_WAIT`] (or the export timeout if shorter), then logs what it exported and dropped;
-//! `render_metrics` shows the same counters.
+//! its metrics (`occl_otlp_*`) show the same counters.
 
 pub mod config;
 mod encode;
 pub use crate::ids;
 mod json;
+pub mod metrics;
 pub mod model;
 mod record;
 mod resolve;
@@ -43,9 +46,9 @@ pub use config::{ConfigError, OtlpConfig, Protocol};
 
 use crate::event::{EventId, EventType};
 use crate::mask::EventMask;
+use crate::metrics::{Descr, Family, Kind, Unit, Value};
 use crate::spans::{CommMeta, Exporter, Span};
 use record::Rec;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -232,23 +235,31 @@ impl Exporter for OtlpExporter {
         }
     }
 
-    fn render_metrics(&self, out: &mut String) {
+    fn metrics(&self, out: &mut Vec<Family>) {
         let s = self.stats();
-        let _ = write!(
-            out,
-            "# HELP occl_otlp_spans_exported_total Spans the OTLP exporter delivered to the collector.\n\
-             # TYPE occl_otlp_spans_exported_total counter\n\
-             occl_otlp_spans_exported_total {}\n\
-             # HELP occl_otlp_spans_dropped_total Spans the OTLP exporter dropped: queue_full (export thread or collector too slow), export_failed (collector refused or unreachable).\n\
-             # TYPE occl_otlp_spans_dropped_total counter\n\
-             occl_otlp_spans_dropped_total{{reason=\"queue_full\"}} {}\n\
-             occl_otlp_spans_dropped_total{{reason=\"export_failed\"}} {}\n\
-             # HELP occl_otlp_export_requests_total OTLP export requests by result (each retry counts).\n\
-             # TYPE occl_otlp_export_requests_total counter\n\
-             occl_otlp_export_requests_total{{result=\"ok\"}} {}\n\
-             occl_otlp_export_requests_total{{result=\"error\"}} {}\n",
-            s.exported, s.dropped_queue_full, s.dropped_export_failed, s.requests_ok, s.requests_failed
-        );
+        let counter = |name, help, samples: &[(&'static str, &str, u64)]| {
+            let mut f = Family::new(Descr::new(name, Kind::Counter, Unit::None, help));
+            for &(k, v, n) in samples {
+                let labels = if k.is_empty() { vec![] } else { vec![(k, v.to_string())] };
+                f.push(labels, Value::Int(n));
+            }
+            f
+        };
+        out.push(counter(
+            "occl_otlp_spans_exported_total",
+            "Spans the OTLP exporter delivered to the collector.",
+            &[("", "", s.exported)],
+        ));
+        out.push(counter(
+            "occl_otlp_spans_dropped_total",
+            "Spans the OTLP exporter dropped: queue_full (export thread or collector too slow), export_failed (collector refused or unreachable).",
+            &[("reason", "queue_full", s.dropped_queue_full), ("reason", "export_failed", s.dropped_export_failed)],
+        ));
+        out.push(counter(
+            "occl_otlp_export_requests_total",
+            "OTLP export requests by result (each retry counts).",
+            &[("result", "ok", s.requests_ok), ("result", "error", s.requests_failed)],
+        ));
     }
 
     fn flush(&self) {

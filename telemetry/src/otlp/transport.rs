@@ -18,6 +18,8 @@ use tokio::net::TcpStream;
 
 /// gRPC method of a trace export.
 pub const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+/// gRPC method of a metrics export.
+pub const GRPC_METRICS_PATH: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
 /// Bytes of a response read at most (OTLP responses are a few bytes; an error page is cut).
 const MAX_RESPONSE: usize = 64 * 1024;
 
@@ -70,6 +72,12 @@ pub struct Client {
 
 impl Client {
     pub fn new(cfg: &OtlpConfig) -> Result<Client, String> {
+        Client::for_signal(cfg, GRPC_PATH)
+    }
+
+    /// The client of a signal whose gRPC method is `grpc_path` (over HTTP, `cfg.endpoint` is the
+    /// signal's whole URL).
+    pub fn for_signal(cfg: &OtlpConfig, grpc_path: &str) -> Result<Client, String> {
         let url: Uri = cfg.endpoint.parse().map_err(|e| format!("endpoint {:?}: {e}", cfg.endpoint))?;
         let auth = url.authority().ok_or_else(|| format!("endpoint {:?} has no host", cfg.endpoint))?;
         let https = url.scheme_str() == Some("https");
@@ -82,7 +90,7 @@ impl Client {
         };
         let uri = match cfg.protocol {
             Protocol::Grpc => {
-                format!("{}://{}{GRPC_PATH}", if https { "https" } else { "http" }, auth.as_str()).parse()
+                format!("{}://{}{grpc_path}", if https { "https" } else { "http" }, auth.as_str()).parse()
             }
             _ => url.path_and_query().map_or("/", |p| p.as_str()).parse(),
         }

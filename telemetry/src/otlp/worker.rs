@@ -77,11 +77,11 @@ impl Shared {
         true
     }
 
-    fn flush_requested(&self) -> u64 {
+    pub(super) fn flush_requested(&self) -> u64 {
         self.flush.lock().unwrap_or_else(PoisonError::into_inner).0
     }
 
-    fn flush_done(&self, ticket: u64) {
+    pub(super) fn flush_done(&self, ticket: u64) {
         let mut g = self.flush.lock().unwrap_or_else(PoisonError::into_inner);
         g.1 = g.1.max(ticket);
         self.flushed.notify_all();
@@ -194,38 +194,18 @@ impl Worker {
         let body = self.encode(&spans);
         let stats = &self.sh.stats;
         let client = &mut self.client;
-        let deadline = Instant::now() + self.cfg.timeout;
         let attempts = if self.degraded { 1 } else { ATTEMPTS };
-        let mut backoff = FIRST_BACKOFF;
-        let mut last = String::new();
-        for i in 1..=attempts {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match client.send(body.clone(), left) {
-                Ok(()) => {
-                    stats.requests_ok.fetch_add(1, Relaxed);
-                    stats.exported.fetch_add(n, Relaxed);
-                    if self.degraded {
-                        tracing::info!("occl otlp: the collector at {} accepts spans again", self.cfg.endpoint);
-                    }
-                    self.degraded = false;
-                    return;
+        let last = match send_retrying(client, &body, self.cfg.timeout, attempts, stats) {
+            Ok(()) => {
+                stats.exported.fetch_add(n, Relaxed);
+                if self.degraded {
+                    tracing::info!("occl otlp: the collector at {} accepts spans again", self.cfg.endpoint);
                 }
-                Err(f) => {
-                    stats.requests_failed.fetch_add(1, Relaxed);
-                    last = f.msg;
-                    if !f.retryable || i == attempts {
-                        break;
-                    }
-                    let pause =
-                        f.retry_after.unwrap_or(backoff).min(deadline.saturating_duration_since(Instant::now()));
-                    std::thread::sleep(pause);
-                    backoff = backoff.saturating_mul(2);
-                }
+                self.degraded = false;
+                return;
             }
-        }
+            Err(last) => last,
+        };
         stats.dropped_export_failed.fetch_add(n, Relaxed);
         self.degraded = true;
         if self.last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
@@ -233,4 +213,43 @@ impl Worker {
             tracing::warn!("occl otlp: export to {} failed ({last}); {n} spans dropped", self.cfg.endpoint);
         }
     }
+}
+
+/// Sends `body`, trying again after a retryable failure (honouring `Retry-After`, else with a
+/// doubling backoff from [`FIRST_BACKOFF`]) up to `attempts` times within `timeout`; every
+/// attempt counts in `stats`' requests. The last failure's message if none succeeded.
+pub(super) fn send_retrying(
+    client: &mut Client,
+    body: &[u8],
+    timeout: Duration,
+    attempts: u32,
+    stats: &Stats,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = FIRST_BACKOFF;
+    let mut last = format!("no attempt within {timeout:?}");
+    for i in 1..=attempts {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match client.send(body.to_vec(), left) {
+            Ok(()) => {
+                stats.requests_ok.fetch_add(1, Relaxed);
+                return Ok(());
+            }
+            Err(f) => {
+                stats.requests_failed.fetch_add(1, Relaxed);
+                last = f.msg;
+                if !f.retryable || i == attempts {
+                    break;
+                }
+                std::thread::sleep(
+                    f.retry_after.unwrap_or(backoff).min(deadline.saturating_duration_since(Instant::now())),
+                );
+                backoff = backoff.saturating_mul(2);
+            }
+        }
+    }
+    Err(last)
 }

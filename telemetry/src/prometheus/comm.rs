@@ -2,7 +2,7 @@
 //! update is a relaxed atomic add on a series that, after its first sight, is found without a
 //! lock.
 
-use super::hist::{Histogram, DURATION_NS, SIZE_BYTES};
+use super::hist::{Histogram, Snapshot, DURATION_NS, SIZE_BYTES};
 use super::pending::{Done, Pending};
 use super::table::Table;
 use crate::event::StepTotals;
@@ -90,6 +90,24 @@ impl OpSeries {
     fn complete(&self, duration_ns: u64, bus: u64) {
         self.duration.observe(duration_ns);
         self.bus_bytes.fetch_add(bus, Relaxed);
+    }
+
+    /// Operations counted and their bytes.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        self.size.totals()
+    }
+
+    pub(crate) fn size_snapshot(&self) -> Snapshot<'static> {
+        self.size.snapshot()
+    }
+
+    /// Durations in ns.
+    pub(crate) fn duration_snapshot(&self) -> Snapshot<'static> {
+        self.duration.snapshot()
+    }
+
+    pub(crate) fn bus_bytes(&self) -> u64 {
+        self.bus_bytes.load(Relaxed)
     }
 }
 
@@ -205,6 +223,31 @@ impl CommStats {
             pending: Pending::new(),
             last_child_parent: AtomicU64::new(0),
         }
+    }
+
+    /// The operation series of `kind`, with their labels.
+    pub(crate) fn op_series(&self, kind: Kind) -> impl Iterator<Item = (OpKey, &OpSeries)> {
+        self.ops[kind as usize].iter().map(|(k, s)| (*k, s))
+    }
+
+    /// Proxy steps completed, by direction (send, recv).
+    pub(crate) fn steps_done(&self) -> &[AtomicU64; 2] {
+        &self.steps
+    }
+
+    /// Bytes proxy steps moved, by direction.
+    pub(crate) fn step_bytes(&self) -> &[AtomicU64; 2] {
+        &self.step_bytes
+    }
+
+    /// ns proxy steps spent in each of [`STEP_STATES`].
+    pub(crate) fn step_wait_ns(&self) -> &[AtomicU64; STEP_STATES.len()] {
+        &self.step_wait_ns
+    }
+
+    /// Bytes of socket requests, by direction.
+    pub(crate) fn socket_bytes(&self) -> &[AtomicU64; 2] {
+        &self.socket_bytes
     }
 
     /// A Coll or P2p span: counted at once; its duration now if its children ran inside it,

@@ -16,6 +16,15 @@
 //! (measured with `occl-perf --events-ab R --events-sink prometheus`; README, "Prometheus
 //! metrics").
 //!
+//! **Expositions.** [`spans::Exporter::metrics`] reads every counter once into a snapshot
+//! ([`crate::metrics`]; `snapshot.rs` names each family's type and unit) that every format is
+//! written from: Prometheus text 0.0.4 (`render_metrics`, what RAS's processes send each other),
+//! OpenMetrics 1.0 ([`crate::spans::Telemetry::render_openmetrics`]; RAS's `/metrics` converts the
+//! node's merged scrape when the request's `Accept` prefers it, see `occl_ras_proto::openmetrics`),
+//! a `prometheus-client` registry ([`crate::metrics::client`], feature `prometheus-client`) and
+//! OTLP metrics (`crate::otlp::metrics`, `OTEL_METRICS_EXPORTER=otlp`, which turns this exporter
+//! on too, unless `OCCL_METRICS=0`).
+//!
 //! **Labels.** Every series of a communicator rank has `comm` (the communicator's 64-bit hash in
 //! hex, equal on all ranks), `comm_name` (only when the application named it) and `rank`. Ops,
 //! algorithms, protocols and datatypes are NCCL's spellings (`AllReduce`, `RING`, `SIMPLE`,
@@ -74,13 +83,14 @@
 mod comm;
 mod hist;
 mod pending;
-mod render;
+mod snapshot;
 mod table;
 #[cfg(test)]
 mod tests;
 
 use crate::event::{EventDescr, EventType, OpTotals, StepTotals};
 use crate::mask::EventMask;
+use crate::metrics::Family;
 use crate::sink::Note;
 use crate::spans::{self, CommMeta, Span};
 use comm::{elem_size, CommStats, Kind, Lost, OpKey, LOST_REASONS};
@@ -255,12 +265,12 @@ impl spans::Exporter for Exporter {
         }
     }
 
-    fn render_metrics(&self, out: &mut String) {
+    fn metrics(&self, out: &mut Vec<Family>) {
         let before = spans::unix_nanos().saturating_sub(IDLE_NS);
         let comms: Vec<&CommStats> = self.comms.iter().map(|(_, c)| c).collect();
         for c in &comms {
             c.finish_idle(before);
         }
-        render::render(out, &comms, &self.lost);
+        snapshot::build(out, &comms, &self.lost);
     }
 }

@@ -267,11 +267,17 @@ fn series_beyond_the_limit_are_counted_as_dropped_not_made() {
 #[test]
 fn every_family_is_in_the_docs_table_and_has_help() {
     let docs = include_str!("mod.rs");
-    for f in render::families() {
-        assert!(docs.contains(&format!("| `{}` | {} |", f.name, f.kind)), "{} missing from the table", f.name);
+    for f in snapshot::families() {
+        let kind = f.kind.name();
+        assert!(docs.contains(&format!("| `{}` | {kind} |", f.name)), "{} missing from the table", f.name);
         assert!(f.help.len() > 20 && !f.help.contains('\n'), "{}", f.name);
         assert!(f.name.starts_with("occl_"));
-        assert_eq!(f.kind == "counter", f.name.ends_with("_total"), "{}", f.name);
+        assert_eq!(kind == "counter", f.name.ends_with("_total"), "{}", f.name);
+        // The unit is the name's suffix (before `_total`), as OpenMetrics requires.
+        let unit = f.unit.name();
+        assert_eq!(!unit.is_empty(), f.family_name().ends_with(&format!("_{unit}")), "{}", f.name);
+        let suffixed = f.family_name().ends_with("_seconds") || f.family_name().ends_with("_bytes");
+        assert_eq!(suffixed, !unit.is_empty(), "{}: a unit suffix without its unit", f.name);
     }
 }
 

@@ -32,6 +32,20 @@ impl Telemetry {
         }
     }
 
+    /// Every exporter's metrics, as a snapshot.
+    pub fn metrics(&self) -> Vec<crate::metrics::Family> {
+        let mut v = Vec::new();
+        for e in &self.exporters {
+            e.metrics(&mut v);
+        }
+        v
+    }
+
+    /// Every exporter's metrics as one OpenMetrics 1.0 exposition (with its `# EOF`).
+    pub fn render_openmetrics(&self) -> String {
+        crate::metrics::text::openmetrics(&self.metrics())
+    }
+
     /// Flushes every exporter.
     pub fn flush(&self) {
         for e in &self.exporters {

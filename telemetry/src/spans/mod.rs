@@ -202,10 +202,18 @@ pub trait Exporter: Send + Sync + 'static {
         let _ = comm;
     }
 
-    /// Appends this exporter's metrics in Prometheus text exposition format, if it has any
-    /// (served by the RAS HTTP endpoint or the plugin's own port).
-    fn render_metrics(&self, out: &mut String) {
+    /// Appends this exporter's metrics as a snapshot, if it has any: what every exposition of
+    /// them is written from (Prometheus text, OpenMetrics, a `prometheus-client` registry, OTLP).
+    fn metrics(&self, out: &mut Vec<crate::metrics::Family>) {
         let _ = out;
+    }
+
+    /// Appends this exporter's metrics in Prometheus text exposition format 0.0.4 (served by the
+    /// RAS HTTP endpoint or the plugin's own port): [`Exporter::metrics`], written out.
+    fn render_metrics(&self, out: &mut String) {
+        let mut f = Vec::new();
+        self.metrics(&mut f);
+        crate::metrics::text::write(out, &f, crate::metrics::text::Format::Text);
     }
 
     /// Writes out what is buffered (process exit, an explicit flush); may block briefly.

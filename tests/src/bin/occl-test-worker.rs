@@ -413,8 +413,13 @@ fn main() -> ExitCode {
             if let Err(e) = run() {
                 return report(&e);
             }
-            println!("READY rank={r} pid={}", std::process::id());
-            std::thread::sleep(Duration::from_secs(3600));
+            // `metrics then-exit`: the communicator is destroyed and the process ends (tests/tests/otlp_metrics.rs).
+            if args.get(1).map(String::as_str) == Some("then-exit") {
+                println!("OK rank={r} metrics");
+            } else {
+                println!("READY rank={r} pid={}", std::process::id());
+                std::thread::sleep(Duration::from_secs(3600));
+            }
         }
         // A live job for the dashboards test (tests/tests/dashboards.rs): rounds of collectives at a few sizes and a
         // send/recv ring, 20 a second, until killed. While the file `$OCCL_TEST_PAUSE_DIR/pause-<rank>` exists the

@@ -124,6 +124,25 @@ impl Prometheus {
             .collect())
     }
 
+    /// `/api/v1/metadata`: each metric family's type and unit as the server learnt them from its scrapes (a unit
+    /// comes only from OpenMetrics' `# UNIT`).
+    pub fn metadata(&self) -> BTreeMap<String, (String, String)> {
+        let (_, body) = get(self.port, "/api/v1/metadata").unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["data"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter_map(|(name, m)| {
+                        let m = m.as_array()?.first()?;
+                        let s = |k: &str| m[k].as_str().unwrap_or("").to_string();
+                        Some((name.clone(), (s("type"), s("unit"))))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// `/api/v1/alerts`: each active alert's name, state (`pending`, `firing`) and labels.
     pub fn alerts(&self) -> Vec<(String, String, BTreeMap<String, String>)> {
         let (_, body) = get(self.port, "/api/v1/alerts").unwrap_or_default();
@@ -157,16 +176,23 @@ pub fn percent(s: &str) -> String {
 
 /// `GET path` on a fresh connection; the status and the body (de-chunked).
 pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    get_with(port, path, "").map(|(code, _, body)| (code, body))
+}
+
+/// `GET path` with `headers` (each line ending in `\r\n`) on a fresh connection; the status, the response head
+/// and the body (de-chunked).
+pub fn get_with(port: u16, path: &str, headers: &str) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n").ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let head_text = head.to_string();
     if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Some((code, body.to_string()));
+        return Some((code, head_text, body.to_string()));
     }
     let mut out = String::new();
     let mut rest = body;
@@ -178,5 +204,5 @@ pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
         out.push_str(tail.get(..n)?);
         rest = tail.get(n + 2..)?;
     }
-    Some((code, out))
+    Some((code, head_text, out))
 }
