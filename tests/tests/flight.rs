@@ -220,3 +220,94 @@ fn the_ras_port_serves_the_flight_record_and_sigusr1_stays_the_applications() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(outs[1].status.signal(), Some(libc::SIGUSR1), "rank 1 ended by SIGUSR1: {}", outs[1].output);
 }
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// The directory that holds PyTorch's `torch/distributed/flight_recorder` package (from PyPI's torch 2.11.0
+/// wheel, which `scripts/test.sh` unpacks into `target/torch-fr` and names in `OCCL_TORCHFR_PATH`), if any.
+fn torch_analyzer() -> Option<std::path::PathBuf> {
+    let candidates = std::env::var_os("OCCL_TORCHFR_PATH")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/torch-fr")]);
+    candidates.into_iter().find(|d| d.join("torch/distributed/flight_recorder/fr_trace.py").is_file())
+}
+
+/// `torchfrtrace DIR`: PyTorch's own analyzer (`torch.distributed.flight_recorder.fr_trace:main`, the console
+/// script's target), run from the unpacked package; its stdout and stderr together.
+fn torchfrtrace(pkg: &Path, dir: &Path) -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; from torch.distributed.flight_recorder.fr_trace import main; sys.exit(main())"])
+        .arg(dir)
+        .env("PYTHONPATH", pkg)
+        .output()
+        .expect("run python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "torchfrtrace failed ({}):\n{text}", out.status);
+    text
+}
+
+/// Waits (bounded) until `dir` holds `name`.
+fn wait_for_file(dir: &Path, name: &str, within: Duration) {
+    let t = Instant::now();
+    while !dir.join(name).is_file() {
+        let have: Vec<_> =
+            std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        assert!(t.elapsed() < within, "{name} not in {} within {within:?}: {have:?}", dir.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A hung 3-rank job: rank 1 stops after 5 all-reduces, ranks 0 and 2 wait in the 6th, time out and dump; rank
+/// 1 dumps on request (SIGUSR1). PyTorch's Flight Recorder analyzer, run for real on the directory, reads the
+/// three ranks' PyTorch-layout dumps and names rank 1 as the one missing from collective 6.
+#[test]
+fn torchfrtrace_names_the_rank_missing_from_a_collective() {
+    let Some(pkg) = torch_analyzer() else {
+        let why = "PyTorch's flight_recorder package is not unpacked (scripts/test.sh fetches torch 2.11.0 from PyPI \
+                   into target/torch-fr; the download failed or the script was not run)";
+        assert!(!ci(), "{why}");
+        println!("SKIPPED torchfrtrace_names_the_rank_missing_from_a_collective: {why}");
+        return;
+    };
+    let dir = scratch("flight-torch");
+    let d = dir.to_string_lossy().to_string();
+    let spawn = Spawn {
+        env: env(&[
+            ("OCCL_TIMEOUT", "2"),
+            ("OCCL_FLIGHT_RECORDER_DIR", &d),
+            ("OCCL_FLIGHT_RECORDER_SIGNAL", "SIGUSR1"),
+        ]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    let job = Job::spawn(worker(), &["hang".to_string(), "1".to_string()], 3, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(30)).expect("ranks ready");
+    // The communicator's hash names the files; the failing ranks' JSON dumps carry it.
+    let t = Instant::now();
+    let hash = loop {
+        if let Some(h) = dumps(&dir).iter().find_map(|v| v["comm"]["hash"].as_str().map(str::to_owned)) {
+            break h;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no rank dumped within 30 s of the hang");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for r in [0, 2] {
+        wait_for_file(&dir, &format!("occl_fr_{hash}_rank_{r}"), Duration::from_secs(30));
+    }
+    job.signal(1, libc::SIGUSR1).expect("signal rank 1");
+    wait_for_file(&dir, &format!("occl_fr_{hash}_rank_1"), Duration::from_secs(10));
+    job.signal(1, libc::SIGKILL).expect("end rank 1");
+    let _ = job.wait(Duration::from_secs(30));
+
+    let out = torchfrtrace(&pkg, &dir);
+    println!("{out}");
+    assert!(out.contains("Not all ranks joining collective, sequence number: 6"), "{out}");
+    assert!(out.contains("missing ranks: {1}"), "{out}");
+    assert!(out.contains("collective: nccl:all_reduce"), "{out}");
+    assert!(out.contains(&format!("group info: {hash}")), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
