@@ -180,39 +180,63 @@ fn a_sigusr1_dump_follows_no_planted_symlink() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `GET /api/v1/flight-recorder` on the RAS port: the answering process's record, read without a signal or a dump
-/// directory; its operations have nanosecond times, so a sub-millisecond all-reduce has a duration. SIGUSR1 is not
-/// taken without `OCCL_FLIGHT_RECORDER_SIGNAL`: it ends the rank as the signal's default does.
+/// `GET /api/v1/flight-recorder` on the RAS port: the record of every rank of the node, each in its own process
+/// (the port's owner asks the other over its node socket), read without a signal or a dump directory; `?job=` picks
+/// the job. Operations have nanosecond times, so a sub-millisecond all-reduce has a duration. SIGUSR1 is not taken
+/// without `OCCL_FLIGHT_RECORDER_SIGNAL`: it ends the rank as the signal's default does.
 #[test]
-fn the_ras_port_serves_the_flight_record_and_sigusr1_stays_the_applications() {
+fn the_ras_port_serves_every_local_ranks_flight_record_and_sigusr1_stays_the_applications() {
     let port = occl_tests::ras_client::free_port();
-    let job = looping_job(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_FLIGHT_RECORDER_SIZE", "32")]);
-    let pids: Vec<u64> = job.children.iter().map(|c| u64::from(c.id())).collect();
-    // The job loops from its start; read until its ring of 32 has filled (bounded).
+    let job = looping_job(&[
+        ("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")),
+        ("OCCL_FLIGHT_RECORDER_SIZE", "32"),
+        ("OCCL_JOB_ID", "fr-node"),
+    ]);
+    let mut pids: Vec<u64> = job.children.iter().map(|c| u64::from(c.id())).collect();
+    pids.sort_unstable();
+    // The job loops from its start; read until both rings of 32 have filled (bounded).
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let doc: Value = loop {
-        let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder").unwrap_or_default();
+        let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder?job=fr-node").unwrap_or_default();
         assert_eq!(code, 200, "{body}");
         let doc: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        let filled = doc["records"][0]["entries"].as_array().is_some_and(|e| e.len() == 32);
+        let procs = doc["processes"].as_array().cloned().unwrap_or_default();
+        let filled = procs.len() == 2
+            && procs.iter().all(|p| p["records"][0]["entries"].as_array().is_some_and(|e| e.len() == 32));
         if filled || std::time::Instant::now() > deadline {
             break doc;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(doc["pid"].as_u64().is_some_and(|p| pids.contains(&p)), "a process of the job answered: {doc}");
-    let records = doc["records"].as_array().expect("records");
-    assert_eq!(records.len(), 1, "one communicator rank in the process");
-    let rec = &records[0];
-    assert_eq!(rec["reason"], "http");
-    assert_eq!(rec["comm"]["nranks"], 2);
-    let entries = rec["entries"].as_array().expect("entries");
-    assert_eq!(entries.len(), 32, "a full ring");
-    let done: Vec<u64> =
-        entries.iter().filter(|e| e["state"] == "completed").filter_map(|e| e["duration_ns"].as_u64()).collect();
-    assert!(done.len() >= 30, "{entries:?}");
-    assert!(done.iter().all(|d| *d > 0), "nanosecond times: no completed operation lasts 0 ns: {done:?}");
-    assert!(done.iter().any(|d| d % 1_000_000 != 0), "times finer than a millisecond: {done:?}");
+    let procs = doc["processes"].as_array().expect("processes");
+    let got: Vec<u64> = procs.iter().filter_map(|p| p["pid"].as_u64()).collect();
+    assert_eq!(got, pids, "both processes of the job, by pid: {doc}");
+    let mut ranks = Vec::new();
+    for p in procs {
+        assert_eq!(p["job"], "fr-node");
+        let records = p["records"].as_array().unwrap_or_else(|| panic!("records: {p}"));
+        assert_eq!(records.len(), 1, "one communicator rank in each process");
+        let rec = &records[0];
+        assert_eq!((&rec["reason"], &rec["pid"]), (&Value::from("http"), &p["pid"]));
+        assert_eq!(rec["comm"]["nranks"], 2);
+        ranks.push(rec["comm"]["rank"].as_u64().expect("rank"));
+        let entries = rec["entries"].as_array().expect("entries");
+        assert_eq!(entries.len(), 32, "a full ring");
+        let done: Vec<u64> =
+            entries.iter().filter(|e| e["state"] == "completed").filter_map(|e| e["duration_ns"].as_u64()).collect();
+        assert!(done.len() >= 30, "{entries:?}");
+        assert!(done.iter().all(|d| *d > 0), "nanosecond times: no completed operation lasts 0 ns: {done:?}");
+        assert!(done.iter().any(|d| d % 1_000_000 != 0), "times finer than a millisecond: {done:?}");
+    }
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1], "every local rank's record");
+    let (code, all) = common::prometheus::get(port, "/api/v1/flight-recorder").unwrap_or_default();
+    assert_eq!(code, 200, "{all}");
+    let all: Value = serde_json::from_str(&all).expect("JSON");
+    assert_eq!(all["processes"].as_array().map(Vec::len), Some(2), "without ?job=, every job's: {all}");
+    let (code, body) = common::prometheus::get(port, "/api/v1/flight-recorder?job=nope").unwrap_or_default();
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("No job nope") && body.contains("fr-node"), "{body}");
 
     // No dump directory and no OCCL_FLIGHT_RECORDER_SIGNAL: SIGUSR1 keeps its default action.
     job.signal(1, libc::SIGUSR1).expect("signal rank 1");

@@ -1,7 +1,8 @@
 //! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text for this node's
 //! processes), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events),
-//! `/api/v1/flight-recorder` (this process's flight records, `flight`) and `/healthz`. With several jobs on the
-//! node, `?job=` picks one for `/metrics` and `/api/v1/status` (see `jobs`); the events are the port owner's job's.
+//! `/api/v1/flight-recorder` (the flight records of every process of the node, `flight`) and `/healthz`. With
+//! several jobs on the node, `?job=` picks one for `/metrics`, `/api/v1/status` and `/api/v1/flight-recorder` (see
+//! `jobs`); the events are the port owner's job's.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
