@@ -119,8 +119,15 @@ fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
 /// `/metrics`: every job's of the node, or `?job=`'s (see [`job_metrics`]).
 async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
     let b = scrape_budget(&q, &headers);
+    let ended = sh.ending.is_ended();
     match jobs::metrics(&sh, b, q.job.as_deref()).await {
-        Reply::Ok(body) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response(),
+        Reply::Ok(body) => {
+            // Prometheus's scrapes (which say their timeout) are what the alert rules read; a person's curl is not.
+            if headers.contains_key("x-prometheus-scrape-timeout-seconds") {
+                sh.ending.scraped(ended);
+            }
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+        }
         Reply::Unknown(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
         Reply::Failed(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
@@ -154,6 +161,7 @@ pub(crate) async fn job_metrics(sh: &Shared, b: Duration) -> Result<String, Stri
     }
     let mut body = merged.text;
     node_metrics_gauges(&mut body, &node, merged.dropped);
+    sh.ending.render(&mut body);
     // Every series, RAS's own and the scrape's account of it included, names the job.
     Ok(merge(&[Part { text: &body, job: Some(&sh.job), ..Part::default() }]).text)
 }
