@@ -7,6 +7,7 @@ mod common;
 use common::{env, run_job, scratch, worker};
 use occl_tests::launch::{Job, Spawn};
 use serde_json::Value;
+use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -245,6 +246,56 @@ fn the_ras_port_serves_every_local_ranks_flight_record_and_sigusr1_stays_the_app
     assert_eq!(outs[1].status.signal(), Some(libc::SIGUSR1), "rank 1 ended by SIGUSR1: {}", outs[1].output);
 }
 
+/// Two jobs share the node's RAS port: the flight-recorder route lists all four ranks' processes by job, and
+/// `?job=` gives one job's two, whichever process owns the port.
+#[test]
+fn two_jobs_on_one_port_each_get_their_own_flight_records() {
+    let port = occl_tests::ras_client::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let a = looping_job(&[("OCCL_RAS_ADDR", &addr), ("OCCL_FLIGHT_RECORDER_SIZE", "8"), ("OCCL_JOB_ID", "fr-a")]);
+    let b = looping_job(&[("OCCL_RAS_ADDR", &addr), ("OCCL_FLIGHT_RECORDER_SIZE", "8"), ("OCCL_JOB_ID", "fr-b")]);
+    let pids = |j: &Job| {
+        let mut v: Vec<u64> = j.children.iter().map(|c| u64::from(c.id())).collect();
+        v.sort_unstable();
+        v
+    };
+    let get = |path: &str| -> Value {
+        let (code, body) = common::prometheus::get(port, path).unwrap_or_default();
+        assert_eq!(code, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    };
+    let by_job = |doc: &Value, job: &str| -> Vec<u64> {
+        let procs = doc["processes"].as_array().cloned().unwrap_or_default();
+        procs.iter().filter(|p| p["job"] == job).filter_map(|p| p["pid"].as_u64()).collect()
+    };
+    // Both jobs' processes register with the port's owner as they start (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let all = loop {
+        let all = get("/api/v1/flight-recorder");
+        if (by_job(&all, "fr-a").len(), by_job(&all, "fr-b").len()) == (2, 2) || Instant::now() > deadline {
+            break all;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!((by_job(&all, "fr-a"), by_job(&all, "fr-b")), (pids(&a), pids(&b)), "every process by job: {all}");
+    for p in all["processes"].as_array().expect("processes") {
+        let rec = &p["records"][0];
+        assert_eq!((&rec["pid"], &rec["comm"]["nranks"]), (&p["pid"], &Value::from(2)), "{p}");
+    }
+    for (job, want) in [("fr-a", pids(&a)), ("fr-b", pids(&b))] {
+        let one = get(&format!("/api/v1/flight-recorder?job={job}"));
+        let procs = one["processes"].as_array().expect("processes");
+        assert!(procs.iter().all(|p| p["job"] == job), "?job={job} gives that job only: {one}");
+        assert_eq!(by_job(&one, job), want);
+    }
+    for j in [a, b] {
+        for r in 0..2 {
+            j.signal(r, libc::SIGKILL).expect("kill");
+        }
+        let _ = j.wait(Duration::from_secs(30));
+    }
+}
+
 fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
@@ -293,7 +344,8 @@ fn torchfrtrace_names_the_rank_missing_from_a_collective() {
         let why = "PyTorch's flight_recorder package is not unpacked (scripts/test.sh fetches torch 2.11.0 from PyPI \
                    into target/torch-fr; the download failed or the script was not run)";
         assert!(!ci(), "{why}");
-        println!("SKIPPED torchfrtrace_names_the_rank_missing_from_a_collective: {why}");
+        // Straight to the stream, past the test harness's capture: a skip must be seen.
+        let _ = writeln!(std::io::stderr(), "SKIPPED torchfrtrace_names_the_rank_missing_from_a_collective: {why}");
         return;
     };
     let dir = scratch("flight-torch");
