@@ -217,8 +217,8 @@ impl FlightRecorder {
 
     /// Writes the dump into `dir` (created if missing) as [`FlightRecorder::file_name`] (JSON)
     /// and [`FlightRecorder::torch_file_name`] (PyTorch's layout, for `torchfrtrace`), replacing
-    /// this rank's earlier dump; returns the JSON file's path. Each file appears whole or not at
-    /// all, and is created so that nothing planted in a shared `dir` redirects it
+    /// this rank's earlier dump; returns the JSON file's path, written last. Each file appears
+    /// whole or not at all, and is created so that nothing planted in a shared `dir` redirects it
     /// ([`crate::files`]).
     pub fn dump_to_dir(&self, dir: &Path, reason: &str) -> io::Result<PathBuf> {
         let path = dir.join(self.file_name());
@@ -226,8 +226,9 @@ impl FlightRecorder {
         fs::create_dir_all(dir).map_err(named)?;
         // write_atomic's errors already name the path.
         let dumped = |e: io::Error| io::Error::new(e.kind(), format!("flight recorder dump: {e}"));
-        files::write_atomic(&path, |f| self.write_json(f, reason)).map_err(dumped)?;
+        // The JSON file last: once it is there, so is the PyTorch file of the same dump.
         files::write_atomic(&dir.join(self.torch_file_name()), |f| self.write_torch_pickle(f)).map_err(dumped)?;
+        files::write_atomic(&path, |f| self.write_json(f, reason)).map_err(dumped)?;
         Ok(path)
     }
 }
