@@ -84,6 +84,27 @@ if ! hta_have; then
 fi
 export OCCL_HTA_PYTHON="$hta_venv/bin/python"
 
+# PyTorch's Flight Recorder analyzer (`torchfrtrace`) from PyPI's torch 2.11.0 wheel, for the flight
+# test (tests/tests/flight.rs). The package is pure Python and imports nothing else of torch (its
+# parents load as namespace packages without their __init__), so only it is unpacked, from the
+# smallest wheel (macOS arm64, ~80 MB against ~900 MB for Linux x86_64; the same Python files),
+# fetched by pip without dependencies. If it cannot be fetched, that test says SKIPPED (fails under CI).
+torchfr_dir="$PWD/target/torch-fr"
+if [ ! -e "$torchfr_dir/torch/distributed/flight_recorder/fr_trace.py" ] && command -v python3 >/dev/null 2>&1; then
+    echo "== fetching PyTorch 2.11.0's Flight Recorder analyzer into $torchfr_dir"
+    rm -rf "$torchfr_dir" && mkdir -p "$torchfr_dir/wheel"
+    if python3 -m pip download -q --no-deps --only-binary=:all: --platform macosx_11_0_arm64 --python-version 3.12 \
+        --dest "$torchfr_dir/wheel" torch==2.11.0; then
+        python3 -c 'import glob, sys, zipfile
+z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/wheel/torch-2.11.0-*.whl")[0])
+z.extractall(sys.argv[1], [n for n in z.namelist() if n.startswith("torch/distributed/flight_recorder/")])' "$torchfr_dir"
+    else
+        echo "scripts/test.sh: could not fetch torch 2.11.0 from PyPI; the torchfrtrace test will say SKIPPED" >&2
+    fi
+    rm -rf "$torchfr_dir/wheel"
+fi
+export OCCL_TORCHFR_PATH="$torchfr_dir"
+
 # Segments of jobs killed during setup fill /dev/shm and starve everything after (pip itself can
 # be killed for memory); show its use up front so such a run explains itself.
 echo "== /dev/shm: $(df -h /dev/shm 2>/dev/null | awk 'NR==2 {print $3 " used of " $2}')"

@@ -68,6 +68,21 @@ pub(crate) fn server(_config: &Config, _secret: &[u8; 16]) -> Result<Option<&'st
         .as_ref())
 }
 
+/// At exit: unless a communicator of this process failed, the job ended here; the client port's owner waits,
+/// bounded, for Prometheus to scrape that once more, so that the alert rules read a normal end, not a crash
+/// (occl-ras's `ending`).
+#[cfg(feature = "ras")]
+extern "C" fn wait_for_last_scrape() {
+    let waited = std::panic::catch_unwind(|| match SERVER.get() {
+        Some(Some(s)) => s.exit_wait(),
+        _ => Duration::ZERO,
+    });
+    match waited {
+        Ok(w) if !w.is_zero() => tracing::debug!("occl: waited {w:?} at exit for Prometheus to see the job end"),
+        _ => {}
+    }
+}
+
 #[cfg(feature = "ras")]
 pub(crate) fn server(config: &Config, secret: &[u8; 16]) -> Result<Option<&'static RasServer>> {
     use crate::error::Error;
@@ -100,6 +115,10 @@ pub(crate) fn server(config: &Config, secret: &[u8; 16]) -> Result<Option<&'stat
                     }
                     out.push_str("]}");
                 }));
+                // SAFETY: registers a plain `extern "C" fn` that takes no arguments and does not unwind.
+                if unsafe { libc::atexit(wait_for_last_scrape) } != 0 {
+                    tracing::debug!("occl: cannot register the RAS exit handler; a normal end may read as a crash");
+                }
                 tracing::debug!(
                     "occl: RAS mesh on {}, client port {}",
                     s.mesh_addr(),

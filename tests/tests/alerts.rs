@@ -2,7 +2,7 @@
 //! committed alert rules (`for:` scaled to seconds); one rank is killed, the other fails on it and exits, the port
 //! closes. `JobTargetDown` must fire within scrape interval + its `for` + 10 s, naming the job and the node, and the
 //! surviving rank's flight record must be in `OCCL_FLIGHT_RECORDER_DIR` with the reason, the dead peer and the
-//! operation.
+//! operation. A job that ends normally closes its port too, and must not fire it.
 //!
 //! `prometheus` is required (scripts/test.sh installs Debian's package): without it the test prints SKIPPED (and
 //! fails under CI).
@@ -18,11 +18,16 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const JOB: &str = "occl-alerts-test";
+const JOB_CLEAN: &str = "occl-alerts-clean";
 const SCRAPE_S: u64 = 1;
 const FOR_S: u64 = 2;
 
 /// The committed rules with every `for:` at [`FOR_S`], and a config that scrapes the job every second.
 fn config(dir: &Path, port: u16) -> String {
+    config_for(dir, port, JOB)
+}
+
+fn config_for(dir: &Path, port: u16, job: &str) -> String {
     let rules =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/prometheus/alerts.yml"))
             .expect("alerts.yml");
@@ -38,7 +43,7 @@ fn config(dir: &Path, port: u16) -> String {
         "global:\n  scrape_interval: {SCRAPE_S}s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
          rule_files:\n  - alerts.yml\n\
          scrape_configs:\n  - job_name: occl\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n        \
-         labels:\n          job: {JOB}\n"
+         labels:\n          job: {job}\n"
     )
 }
 
@@ -103,5 +108,55 @@ fn a_job_whose_ranks_all_exit_after_a_crash_fires_job_target_down() {
     assert!(reason.starts_with("error: ") && reason.contains("rank 0"), "the reason names the dead peer: {reason}");
     let last = r1["entries"].as_array().and_then(|e| e.last()).expect("an entry");
     assert_eq!((last["op"].as_str(), last["state"].as_str()), (Some("AllReduce"), Some("failed")), "{last}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job that ends normally (its communicators destroyed, its processes exit 0) closes its port as a crash does, but
+/// its last scrape said `occl_ras_job_running` 0 (the port's owner waited at exit for it): `JobTargetDown` stays
+/// quiet past the bound within which a crash fires it.
+#[test]
+fn a_job_that_ends_normally_does_not_fire_job_target_down() {
+    let Some(prometheus) = tool("prometheus") else { return };
+    let dir = scratch("alerts-clean");
+    let port = free_port();
+    let p = Prometheus::start(&prometheus, &config_for(&dir, port, JOB_CLEAN), &dir);
+    let spawn = Spawn {
+        env: env(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_RAS_EXIT_WAIT", "10")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    // Prometheus runs (it has tried the target) before the job starts, so that the job is scraped while it runs.
+    let t = Instant::now();
+    while p.query(&format!("up{{job=\"{JOB_CLEAN}\"}}")).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "Prometheus never tried the target: {}", p.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let job = Job::spawn(worker(), &["for_ms".to_string(), "6000".to_string()], 2, &spawn).expect("start job");
+    let t = Instant::now();
+    while p.query(&format!("occl_ras_job_running{{job=\"{JOB_CLEAN}\"}} == 1")).is_empty() {
+        let seen = p.query(&format!("{{job=\"{JOB_CLEAN}\"}}"));
+        assert!(t.elapsed() < Duration::from_secs(30), "the running job was never scraped: {seen:?} {}", p.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let outs = job.wait(Duration::from_secs(60)).expect("the job ends");
+    let ended = Instant::now();
+    for o in &outs {
+        assert!(o.status.success() && o.output.contains("OK rank="), "rank {} ended normally:\n{}", o.rank, o.output);
+    }
+    let last = format!("last_over_time(occl_ras_job_running{{job=\"{JOB_CLEAN}\"}}[1h])");
+    let t = Instant::now();
+    while p.query(&format!("up{{job=\"{JOB_CLEAN}\"}} == 0")).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the port did not close: {}", p.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let values: Vec<f64> = p.query(&last).into_iter().map(|(_, v)| v).collect();
+    assert_eq!(values, [0.0], "the last scrape of a normal end says the job no longer runs");
+    let bound = Duration::from_secs(SCRAPE_S + FOR_S + 10);
+    while ended.elapsed() < bound {
+        let fired: Vec<_> = p.alerts().into_iter().filter(|(n, ..)| n == "JobTargetDown").collect();
+        assert!(fired.is_empty(), "JobTargetDown after a normal end: {fired:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -50,6 +50,8 @@ pub(crate) struct Shared {
     pub events: broadcast::Sender<Event>,
     pub cmds: mpsc::UnboundedSender<Cmd>,
     pub mesh_addr: SocketAddr,
+    /// Whether the job has ended here without a failure (`occl_ras_job_running`).
+    pub ending: Arc<super::ending::Ending>,
 }
 
 /// What the connection tasks tell the mesh task.

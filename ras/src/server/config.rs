@@ -35,6 +35,9 @@ pub struct RasConfig {
     /// A client connection must complete each request (an `ncclras` command line, an HTTP request head) within this
     /// long, the first one counted from the connection; one that sends nothing, or trickles bytes, is closed.
     pub client_request_timeout: Duration,
+    /// `OCCL_RAS_EXIT_WAIT` (seconds, default 30, 0: never): the longest a process that owns the client port and
+    /// ends without a failure waits at exit for one more scrape (see `server::ending`).
+    pub exit_wait: Duration,
 }
 
 #[derive(Debug, Error)]
@@ -64,6 +67,16 @@ impl RasConfig {
         let job = JOB_VARS.into_iter().find_map(|n| var(n).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()));
         let mesh = MeshConfig::from_vars(&var)?;
         let factor = mesh.keepalive.as_secs_f64().max(1.0);
+        let exit_wait = match var(EXIT_WAIT_VAR) {
+            None => DEFAULT_EXIT_WAIT,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(s) if s <= 3600 => Duration::from_secs(s),
+                _ => {
+                    let reason = "a number of seconds, 0 to 3600 (0: never wait)".into();
+                    return Err(RasConfigError::Bad { var: EXIT_WAIT_VAR, value: v, reason });
+                }
+            },
+        };
         Ok(RasConfig {
             enabled,
             client_addr,
@@ -74,9 +87,14 @@ impl RasConfig {
             default_budget: Duration::from_secs_f64(5.0 * factor),
             max_clients: max_clients(open_files_limit()),
             client_request_timeout: Duration::from_secs(5),
+            exit_wait,
         })
     }
 }
+
+/// How long a cleanly ending port owner may wait at exit for its last scrape.
+pub const EXIT_WAIT_VAR: &str = "OCCL_RAS_EXIT_WAIT";
+const DEFAULT_EXIT_WAIT: Duration = Duration::from_secs(30);
 
 /// Where the job's name comes from, first set first.
 pub const JOB_VARS: [&str; 3] = ["OCCL_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"];

@@ -1,7 +1,8 @@
 //! HTTP on the client port (axum over one accepted connection): `/metrics` (Prometheus text 0.0.4 for this node's
-//! processes, or OpenMetrics 1.0 when the request's `Accept` prefers it, as Prometheus's does), `/api/v1/status` (the JSON report), `/api/v1/events` (monitor events as server-sent events),
-//! `/api/v1/flight-recorder` (this process's flight records, `flight`) and `/healthz`. With several jobs on the
-//! node, `?job=` picks one for `/metrics` and `/api/v1/status` (see `jobs`); the events are the port owner's job's.
+//! processes, or OpenMetrics 1.0 when the request's `Accept` prefers it, as Prometheus's does), `/api/v1/status` (the
+//! JSON report), `/api/v1/events` (monitor events as server-sent events), `/api/v1/flight-recorder` (the flight
+//! records of every process of the node, `flight`) and `/healthz`. With several jobs on the node, `?job=` picks one
+//! for `/metrics`, `/api/v1/status` and `/api/v1/flight-recorder` (see `jobs`); the events are the port owner's job's.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -119,8 +120,13 @@ fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
 /// `/metrics`: every job's of the node, or `?job=`'s (see [`job_metrics`]).
 async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
     let b = scrape_budget(&q, &headers);
+    let ended = sh.ending.is_ended();
     match jobs::metrics(&sh, b, q.job.as_deref()).await {
         Reply::Ok(body) => {
+            // Prometheus's scrapes (which say their timeout) are what the alert rules read; a person's curl is not.
+            if headers.contains_key("x-prometheus-scrape-timeout-seconds") {
+                sh.ending.scraped(ended);
+            }
             let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
             let format = negotiate(accept);
             let body = match format {
@@ -162,6 +168,7 @@ pub(crate) async fn job_metrics(sh: &Shared, b: Duration) -> Result<String, Stri
     }
     let mut body = merged.text;
     node_metrics_gauges(&mut body, &node, merged.dropped);
+    sh.ending.render(&mut body);
     // Every series, RAS's own and the scrape's account of it included, names the job.
     Ok(merge(&[Part { text: &body, job: Some(&sh.job), ..Part::default() }]).text)
 }

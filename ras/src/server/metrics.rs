@@ -19,6 +19,7 @@
 //! | `occl_operation_in_flight_age_seconds` | gauge | comm, rank, pid, host | this node's ranks: how long the running operation has run (0 when idle) |
 //! | `occl_ras_node_metrics_processes` | gauge | result (answered, timeout, dead) | this node's processes by whether this scrape got their metrics |
 //! | `occl_ras_node_metrics_dropped_lines` | gauge | | their lines this scrape dropped as malformed or duplicate |
+//! | `occl_ras_job_running` | gauge | | 1 while the job runs in the answering process, 0 once it ends there without a failed communicator (`ending`): its last value tells a crash from a normal end |
 
 use std::fmt::Write as _;
 use std::time::Duration;

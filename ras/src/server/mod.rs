@@ -15,6 +15,7 @@ mod admission;
 mod client;
 mod config;
 mod conn;
+mod ending;
 mod flight;
 mod http;
 mod jobs;
@@ -100,6 +101,9 @@ pub struct RasServer {
     mesh_addr: SocketAddr,
     client_addr: Option<SocketAddr>,
     node: Option<node::NodeDir>,
+    owner: Arc<std::sync::atomic::AtomicBool>,
+    ending: Arc<ending::Ending>,
+    exit_wait: Duration,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -157,16 +161,20 @@ impl RasServer {
         let (cmds, rx) = mpsc::unbounded_channel();
         let (events, _) = broadcast::channel(1024);
         let job: Arc<str> = cfg.job.clone().unwrap_or_else(|| crate::mesh::job_name(&secret)).into();
+        let owner = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ending = Arc::new(ending::Ending::default());
+        let exit_wait = cfg.exit_wait;
         let shared = actor::Shared {
             cfg,
             node: node.clone(),
-            owner: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            owner: owner.clone(),
             job,
             secret,
             records: records.clone(),
             events: events.clone(),
             cmds: cmds.clone(),
             mesh_addr,
+            ending: ending.clone(),
         };
         let thread = std::thread::Builder::new().name("occl-ras".into()).spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -179,7 +187,18 @@ impl RasServer {
             let client = actor::Client { port: client_listener, node: node_listener, take_over };
             rt.block_on(actor::run(shared, rx, mesh_listener, client));
         })?;
-        Ok(RasServer { cmds, events, records, mesh_addr, client_addr, node, thread: Some(thread) })
+        Ok(RasServer {
+            cmds,
+            events,
+            records,
+            mesh_addr,
+            client_addr,
+            node,
+            owner,
+            ending,
+            exit_wait,
+            thread: Some(thread),
+        })
     }
 
     /// The mesh listener's address: what this process advertises to its peers.
@@ -220,6 +239,7 @@ impl RasServer {
     /// Says goodbye to the peers (they record that this process left, instead of losing it) and forgets the
     /// table; waits at most `limit` for the goodbyes to be written. Call when the last communicator goes away.
     pub fn leave(&self, limit: Duration) {
+        self.ending.left(&self.records);
         let (tx, rx) = oneshot::channel();
         if self.cmds.send(Cmd::Leave { done: tx }).is_ok() {
             let t = Instant::now();
@@ -231,6 +251,14 @@ impl RasServer {
                 }
             }
         }
+    }
+
+    /// Call at process exit (an `atexit` handler): unless a communicator of this process failed, the job has ended
+    /// here, and a process that owns the client port and has been scraped waits, at most `OCCL_RAS_EXIT_WAIT`, for
+    /// a scrape to see `occl_ras_job_running` at 0 (see `ending`). Returns how long it waited.
+    pub fn exit_wait(&self) -> Duration {
+        let owner = self.owner.load(std::sync::atomic::Ordering::SeqCst);
+        self.ending.exit(&self.records, owner, self.exit_wait)
     }
 
     /// Monitor events as they happen.

@@ -3,7 +3,8 @@
 //! job). Every process also listens on a Unix socket, `<pid>-<n>.sock`, in a directory only its user can open
 //! (`$XDG_RUNTIME_DIR/occl-ras/<port>` when that directory exists, else `/tmp/occl-ras-<uid>/<port>`, mode 0700,
 //! checked). The owner answers for
-//! its own job and asks one process of each other job through these sockets ([`Ask`]); the processes that do not own
+//! its own job and asks one process of each other job through these sockets ([`Ask`]), or every process for what
+//! each holds alone (its flight records); the processes that do not own
 //! the port try it every second, so when the owner exits another takes it over.
 //!
 //! What the port answers, with several jobs on the node: `JOB <name>` (`ncclras --job`, `?job=` on HTTP) picks one;
@@ -157,6 +158,8 @@ pub(crate) enum Ask {
     Metrics { budget_ms: u64 },
     /// Its job's monitor events, as `MONITOR` streams them.
     Monitor { groups: EventGroups, format: Format },
+    /// Its flight records (`/api/v1/flight-recorder` of that process alone).
+    Flight,
 }
 
 fn format_name(f: Format) -> &'static str {
@@ -177,6 +180,7 @@ impl Ask {
             Ask::Monitor { groups, format } => {
                 format!("MONITOR {} {} {}\n", u8::from(groups.lifecycle), u8::from(groups.trace), format_name(*format))
             }
+            Ask::Flight => "FLIGHT\n".into(),
         }
     }
 
@@ -194,6 +198,7 @@ impl Ask {
         };
         match w.as_slice() {
             ["WHO"] => Some(Ask::Who),
+            ["FLIGHT"] => Some(Ask::Flight),
             ["STATUS", v, f, ms] => {
                 Some(Ask::Status { verbose: flag(v)?, format: format(f)?, budget_ms: ms.parse().ok()? })
             }
@@ -238,6 +243,13 @@ pub(crate) async fn other_jobs(sh: &Shared) -> BTreeMap<String, PathBuf> {
         }
     }
     jobs
+}
+
+/// Every other process of the node, with its job and socket (`WHO`), off the runtime's thread.
+pub(crate) async fn other_processes(sh: &Shared) -> Vec<(String, PathBuf)> {
+    let Some(dir) = sh.node.clone() else { return Vec::new() };
+    let who = tokio::task::spawn_blocking(move || dir.who()).await.unwrap_or_default();
+    who.into_iter().map(|(_, job, path)| (job, path)).collect()
 }
 
 /// [`ask`] off the runtime's thread.
@@ -300,6 +312,7 @@ async fn answer(sh: Shared, stream: tokio::net::UnixStream) {
         Ask::Metrics { budget_ms } => {
             super::http::job_metrics(&sh, Duration::from_millis(budget_ms)).await.unwrap_or_default()
         }
+        Ask::Flight => super::flight::render().await.unwrap_or_default(),
         Ask::Monitor { groups, format } => {
             let mut rx = sh.events.subscribe();
             loop {
@@ -334,11 +347,12 @@ mod tests {
             Ask::Metrics { budget_ms: 1500 },
             Ask::Monitor { groups: EventGroups::ALL, format: Format::Text },
             Ask::Monitor { groups: EventGroups::DEFAULT, format: Format::Json },
+            Ask::Flight,
         ];
         for a in asks {
             assert_eq!(Ask::parse(&a.line()), Some(a.clone()), "{}", a.line());
         }
-        for bad in ["", "WHO x", "STATUS 2 text 1", "METRICS -1", "MONITOR 1 1 xml", "STATUS 1 text"] {
+        for bad in ["", "WHO x", "FLIGHT 1", "STATUS 2 text 1", "METRICS -1", "MONITOR 1 1 xml", "STATUS 1 text"] {
             assert_eq!(Ask::parse(bad), None, "{bad:?}");
         }
     }

@@ -215,16 +215,20 @@ impl FlightRecorder {
         format!("occl_flight_{:016x}_r{}_{}.json", c.comm_hash, c.rank, c.pid)
     }
 
-    /// Writes the dump into `dir` (created if missing) as [`FlightRecorder::file_name`],
-    /// replacing an earlier dump of this rank. The file appears whole or not at all, and is
-    /// created so that nothing planted in a shared `dir` redirects it ([`crate::files`]).
+    /// Writes the dump into `dir` (created if missing) as [`FlightRecorder::file_name`] (JSON)
+    /// and [`FlightRecorder::torch_file_name`] (PyTorch's layout, for `torchfrtrace`), replacing
+    /// this rank's earlier dump; returns the JSON file's path, written last. Each file appears
+    /// whole or not at all, and is created so that nothing planted in a shared `dir` redirects it
+    /// ([`crate::files`]).
     pub fn dump_to_dir(&self, dir: &Path, reason: &str) -> io::Result<PathBuf> {
         let path = dir.join(self.file_name());
         let named = |e: io::Error| io::Error::new(e.kind(), format!("flight recorder dump to {}: {e}", path.display()));
         fs::create_dir_all(dir).map_err(named)?;
-        files::write_atomic(&path, |f| self.write_json(f, reason)).map_err(|e| {
-            // write_atomic's error already names the path.
-            io::Error::new(e.kind(), format!("flight recorder dump: {e}"))
-        })
+        // write_atomic's errors already name the path.
+        let dumped = |e: io::Error| io::Error::new(e.kind(), format!("flight recorder dump: {e}"));
+        // The JSON file last: once it is there, so is the PyTorch file of the same dump.
+        files::write_atomic(&dir.join(self.torch_file_name()), |f| self.write_torch_pickle(f)).map_err(dumped)?;
+        files::write_atomic(&path, |f| self.write_json(f, reason)).map_err(dumped)?;
+        Ok(path)
     }
 }

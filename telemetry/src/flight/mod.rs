@@ -41,7 +41,10 @@
 //!
 //! # Dumping
 //! [`FlightRecorder::to_json`] builds the document below; [`FlightRecorder::dump_to_dir`] writes
-//! it atomically as `occl_flight_<comm hash hex>_r<rank>_<pid>.json`. [`install_from_env`] (or
+//! it atomically as `occl_flight_<comm hash hex>_r<rank>_<pid>.json`, and beside it the same
+//! operations in PyTorch's Flight Recorder layout, `occl_fr_<comm hash hex>_rank_<rank>`, a
+//! pickle that PyTorch's analyzer (`torchfrtrace DIR`) reads across ranks ([`torch`], written
+//! by our own encoder, [`pickle`]). [`install_from_env`] (or
 //! [`install_config`] with a [`FlightConfig`]) sets the dump directory and, when asked, starts a
 //! thread that dumps every live recorder on SIGUSR1 ([`install_signal`]); the communicator calls
 //! [`FlightRecorder::dump`] on a timeout (`"timeout"`) and on an error (`"error"` or the error
@@ -70,8 +73,10 @@
 mod config;
 mod json;
 pub mod names;
+pub mod pickle;
 mod registry;
 pub mod ring;
+pub mod torch;
 
 pub use config::{parse_capacity, FlightConfig, FlightEnvError, DIR_ENV, SIGNAL_ENV, SIZE_ENV};
 pub use json::{entry_json, FORMAT, FORMAT_VERSION};
@@ -83,6 +88,7 @@ pub use ring::{
     Entry, FlightComm, FlightRecorder, OpInfo, OpState, RootOrPeer, Slot, DEFAULT_CAPACITY, MAX_CAPACITY, MAX_ERRORS,
     MAX_REASON_BYTES,
 };
+pub use torch::TORCH_FORMAT_VERSION;
 
 #[cfg(test)]
 mod tests;

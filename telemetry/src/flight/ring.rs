@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// Default number of operations kept per communicator (`OCCL_FLIGHT_RECORDER_SIZE`).
 pub const DEFAULT_CAPACITY: usize = 2048;
-/// Largest capacity accepted (96 MiB of slots).
+/// Largest capacity accepted (128 MiB of slots).
 pub const MAX_CAPACITY: usize = 1 << 20;
 /// Failure reasons and dump reasons are cut to this many bytes (at a character boundary).
 pub const MAX_REASON_BYTES: usize = 512;
@@ -149,6 +149,11 @@ pub struct Entry {
     pub t_started_ns: Option<u64>,
     /// When it completed or failed (see `state`).
     pub t_ended_ns: Option<u64>,
+    /// Collectives (not send/recv) this recorder had enqueued up to and including this one
+    /// (PyTorch's `collective_seq_id`: equal on every rank for the same collective).
+    pub collective_seq_id: u64,
+    /// Sends and receives it had enqueued up to and including this one (`p2p_seq_id`).
+    pub p2p_seq_id: u64,
     /// The failure reason, while the recorder still holds it (the last [`MAX_ERRORS`]).
     pub error: Option<String>,
 }
@@ -168,8 +173,8 @@ const HAS_START: u64 = 1 << 18;
 const IS_ROOT: u64 = 1 << 19;
 const IS_PEER: u64 = 1 << 20;
 
-/// One ring slot; 96 bytes, aligned so that it spans two cache lines.
-#[repr(align(32))]
+/// One ring slot: 112 bytes of fields in 128, aligned so that it fills two cache lines.
+#[repr(align(64))]
 #[derive(Default)]
 struct Rec {
     /// Seqlock: 0 never written, odd while being written.
@@ -185,6 +190,9 @@ struct Rec {
     t_enqueued: AtomicU64,
     t_started: AtomicU64,
     t_ended: AtomicU64,
+    /// Collectives and sends/receives enqueued so far, this one included.
+    colls: AtomicU64,
+    p2ps: AtomicU64,
 }
 
 /// A plain copy of a slot.
@@ -201,6 +209,8 @@ struct Raw {
     t_enqueued: u64,
     t_started: u64,
     t_ended: u64,
+    colls: u64,
+    p2ps: u64,
 }
 
 impl Rec {
@@ -240,6 +250,8 @@ impl Rec {
                 t_enqueued: self.t_enqueued.load(Relaxed),
                 t_started: self.t_started.load(Relaxed),
                 t_ended: self.t_ended.load(Relaxed),
+                colls: self.colls.load(Relaxed),
+                p2ps: self.p2ps.load(Relaxed),
             };
             fence(Acquire);
             if self.version.load(Relaxed) == v1 {
@@ -259,6 +271,9 @@ pub struct FlightRecorder {
     next_record: AtomicU64,
     /// The slot of the next record; writer only.
     next_index: AtomicUsize,
+    /// Collectives and sends/receives enqueued so far; writer only.
+    colls: AtomicU64,
+    p2ps: AtomicU64,
     /// (record id, reason) of recent failures, oldest first.
     errors: Mutex<VecDeque<(u64, String)>>,
 }
@@ -298,6 +313,8 @@ impl FlightRecorder {
             slots,
             next_record: AtomicU64::new(0),
             next_index: AtomicUsize::new(0),
+            colls: AtomicU64::new(0),
+            p2ps: AtomicU64::new(0),
             errors: Mutex::new(VecDeque::new()),
         });
         if capacity > 0 {
@@ -341,10 +358,18 @@ impl FlightRecorder {
             | u64::from(op.redop.map_or(NONE, names::intern)) << 32
             | u64::from(names::intern(op.algo)) << 48;
         let mut meta = u64::from(names::intern(op.proto)) | (OpState::Enqueued as u64) << STATE_SHIFT;
+        let (mut colls, mut p2ps) = (self.colls.load(Relaxed), self.p2ps.load(Relaxed));
         match op.root_or_peer {
             Some(RootOrPeer::Root(r)) => meta |= IS_ROOT | u64::from(r) << 32,
             Some(RootOrPeer::Peer(p)) => meta |= IS_PEER | u64::from(p) << 32,
             None => {}
+        }
+        if meta & IS_PEER != 0 {
+            p2ps += 1;
+            self.p2ps.store(p2ps, Relaxed);
+        } else {
+            colls += 1;
+            self.colls.store(colls, Relaxed);
         }
         let v = r.open();
         r.record.store(record, Relaxed);
@@ -358,6 +383,8 @@ impl FlightRecorder {
         r.t_enqueued.store(t_ns, Relaxed);
         r.t_started.store(0, Relaxed);
         r.t_ended.store(0, Relaxed);
+        r.colls.store(colls, Relaxed);
+        r.p2ps.store(p2ps, Relaxed);
         r.close(v);
         let next = index + 1;
         self.next_index.store(if next == self.slots.len() { 0 } else { next }, Relaxed);
@@ -453,6 +480,8 @@ impl FlightRecorder {
             t_enqueued_ns: raw.t_enqueued,
             t_started_ns: (raw.meta & HAS_START != 0).then_some(raw.t_started),
             t_ended_ns: (!state.in_flight()).then_some(raw.t_ended),
+            collective_seq_id: raw.colls,
+            p2p_seq_id: raw.p2ps,
             error,
         }
     }

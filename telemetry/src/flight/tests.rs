@@ -362,7 +362,8 @@ fn dump_to_dir_writes_parseable_json_atomically() {
     stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0);
     let names: Vec<_> = std::fs::read_dir(dir.join("sub")).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+    assert_eq!(names.len(), 2, "the JSON and the PyTorch dump, no temporary file left: {names:?}");
+    assert!(names.contains(&r.torch_file_name().into()), "{names:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -556,4 +557,35 @@ fn bench_record() {
         d.completed(s, i + 2);
     }
     eprintln!("disabled: {:.2} ns per op", t.elapsed().as_nanos() as f64 / n as f64);
+}
+
+/// The PyTorch-layout dump: per-kind sequence numbers (a send does not move the collective
+/// count), the analyzer's operation names and sizes, and a pickle that holds them.
+#[test]
+fn torch_dump_numbers_collectives_and_sends_apart() {
+    let r = FlightRecorder::new(comm(1), 8);
+    let a = r.enqueue(&op(1), 1_000);
+    r.started(a, 1_100);
+    r.completed(a, 1_600);
+    let mut p = op(2);
+    p.op = "Send";
+    p.redop = None;
+    p.in_bytes = 12;
+    p.out_bytes = 0;
+    p.root_or_peer = Some(RootOrPeer::Peer(0));
+    r.completed(r.enqueue(&p, 2_000), 2_100);
+    let c = r.enqueue(&op(3), 3_000);
+    r.failed(c, 3_500, "peer 0 died");
+    let s = r.snapshot();
+    let seqs: Vec<(u64, u64)> = s.iter().map(|e| (e.collective_seq_id, e.p2p_seq_id)).collect();
+    assert_eq!(seqs, [(1, 0), (1, 1), (2, 1)]);
+    let mut out = Vec::new();
+    r.write_torch_pickle(&mut out).unwrap();
+    assert_eq!(&out[..2], b"\x80\x02");
+    assert_eq!(out.last(), Some(&b'.'));
+    let has = |needle: &str| out.windows(needle.len()).any(|w| w == needle.as_bytes());
+    for needle in ["nccl:all_reduce", "nccl:send 1->0", "0123456789abcdef", "[0, 1, 2, 3, 4, 5, 6, 7]", "peer 0 died"] {
+        assert!(has(needle), "{needle} in the pickle");
+    }
+    assert_eq!(r.torch_file_name(), "occl_fr_0123456789abcdef_rank_1");
 }

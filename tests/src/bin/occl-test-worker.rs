@@ -195,6 +195,28 @@ fn main() -> ExitCode {
                 }
             }
         }
+        // All-reduces for `args[1]` ms, then a normal end (the communicator is destroyed, the process exits 0).
+        "for_ms" => {
+            let ms: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+            let buf = vec![1.0f32; 4096];
+            let mut out = vec![0f32; 4096];
+            println!("READY rank={r} pid={}", std::process::id());
+            let t = std::time::Instant::now();
+            loop {
+                if let Err(e) = comm.all_reduce(&buf, &mut out, RedOp::Sum) {
+                    return report(&e);
+                }
+                // Rank 0's clock decides, so that every rank stops after the same operation.
+                let mut done = [f32::from(u8::from(r == 0 && t.elapsed() >= Duration::from_millis(ms)))];
+                if let Err(e) = comm.all_reduce_in_place(&mut done, RedOp::Sum) {
+                    return report(&e);
+                }
+                if done[0] > 0.0 {
+                    break;
+                }
+            }
+            println!("OK rank={r}");
+        }
         // Registered vs unregistered collectives (args[1]: host|vec buffers, args[2]:
         // shared|inactive windows expected).
         "register" => {
