@@ -273,6 +273,9 @@ impl Comm {
     pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
         self.record.failed(&e);
         self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
+        if let Some(m) = &self.prof.metrics {
+            m.failed(nccl_func(coll), e.kind().name());
+        }
         // The reason names the failure (and so the dead or failing peer); the last entry is the
         // operation.
         let kind = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };

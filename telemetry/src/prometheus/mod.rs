@@ -72,6 +72,7 @@
 //! meaningful (every series is a per-process counter).
 
 mod comm;
+mod direct;
 mod hist;
 mod pending;
 mod render;
@@ -87,7 +88,10 @@ use comm::{elem_size, CommStats, Kind, Lost, OpKey, LOST_REASONS};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use table::Table;
+
+pub use direct::{Moved, OpLabels, OpSlot, RankMetrics, DTYPES, OPS};
 
 /// The series an operation's Coll or P2p descriptor counts in, and its bytes (count × element
 /// size, as the series count them).
@@ -110,7 +114,7 @@ fn op_key(d: &EventDescr<'static>) -> Option<(Kind, OpKey, u64)> {
     }
 }
 
-/// The environment variable that turns the exporter on (`1`, `true`, `on`) or off.
+/// The environment variable that turns the exporter off (`0`, `false`, `off`) or on.
 pub const ENV: &str = "OCCL_METRICS";
 
 /// Communicator ranks one exporter keeps counters for (they stay after a communicator is
@@ -123,32 +127,39 @@ const IDLE_NS: u64 = 1_000_000_000;
 
 static ENABLED_BY_API: AtomicBool = AtomicBool::new(false);
 
-/// Turns the exporter on for the process's collector, as `OCCL_METRICS=1` does. Call it before
-/// the first communicator is created: the collector is built once, at that moment.
+/// Turns the process's exporter on even where `OCCL_METRICS` says off. Call it before the first
+/// communicator is created: the exporter is made once, at that moment.
 pub fn enable() {
     ENABLED_BY_API.store(true, Relaxed);
 }
 
-/// Whether the exporter is on: [`enable`] was called, or `OCCL_METRICS` (read through `var`)
-/// says so. A value that is neither on nor off is logged and counts as off.
+/// Whether the process's exporter is on: unless `OCCL_METRICS` (read through `var`) says off,
+/// or [`enable`] was called. A value that is neither on nor off is logged and leaves it on.
 pub fn enabled(var: impl Fn(&str) -> Option<String>) -> bool {
     if ENABLED_BY_API.load(Relaxed) {
         return true;
     }
     match var(ENV).as_deref().map(str::trim) {
-        None | Some("") => false,
-        Some("1" | "true" | "on") => true,
+        None | Some("" | "1" | "true" | "on") => true,
         Some("0" | "false" | "off") => false,
         Some(other) => {
-            tracing::warn!("occl telemetry: {ENV}={other:?} is not 0 or 1; Prometheus metrics stay off");
-            false
+            tracing::warn!("occl telemetry: {ENV}={other:?} is not 0 or 1; Prometheus metrics stay on");
+            true
         }
     }
 }
 
-/// The exporter, if [`enabled`] by the process environment (the collector's list of exporters).
+/// The process's exporter, made on first use if [`enabled`] by the environment: the one the
+/// process's collector ([`crate::exporters::global`]) renders and feeds from spans, and whose
+/// [`Exporter::rank`] the core bumps directly.
+pub fn process() -> Option<&'static Arc<Exporter>> {
+    static PROCESS: OnceLock<Option<Arc<Exporter>>> = OnceLock::new();
+    PROCESS.get_or_init(|| enabled(|k| std::env::var(k).ok()).then(|| Arc::new(Exporter::new()))).as_ref()
+}
+
+/// The process's exporter ([`process`]) as one of the collector's exporters.
 pub fn from_env() -> Option<Arc<dyn spans::Exporter>> {
-    enabled(|k| std::env::var(k).ok()).then(|| Arc::new(Exporter::new()) as Arc<dyn spans::Exporter>)
+    process().map(|e| Arc::clone(e) as Arc<dyn spans::Exporter>)
 }
 
 /// The Prometheus exporter: a [`spans::Exporter`] that aggregates spans into metrics and renders
@@ -212,6 +223,10 @@ impl spans::Exporter for Exporter {
 
     fn comm_init(&self, comm: &Arc<CommMeta>) {
         let _ = self.comm(comm);
+    }
+
+    fn takes(&self, comm: &CommMeta) -> bool {
+        !self.comms.get(&(comm.hash, comm.rank)).is_some_and(|c| c.direct.load(Relaxed))
     }
 
     fn span(&self, s: &Span<'_>) {
