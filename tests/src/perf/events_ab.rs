@@ -114,7 +114,7 @@ enum Kind {
     /// One collector sink kept open across batches; the file is written at the end.
     Trace(Arc<dyn Sink>, Arc<TraceExporter>, PathBuf),
     /// No sink: the "off" batches run on this communicator (the job's ranks without metrics).
-    Split(Comm),
+    Split(Box<Comm>),
 }
 
 /// The B side, and what to report and clean up after the run.
@@ -156,7 +156,11 @@ impl BSide {
                 let off = comm
                     .split_with(0, comm.rank() as i32, config)?
                     .ok_or_else(|| anyhow::anyhow!("the split without metrics gave no communicator"))?;
-                ("Prometheus metrics, direct route (off: a split without metrics)".into(), Kind::Split(off), None)
+                (
+                    "Prometheus metrics, direct route (off: a split without metrics)".into(),
+                    Kind::Split(Box::new(off)),
+                    None,
+                )
             }
             AbSink::PrometheusSpans => (
                 "the Prometheus exporter (span collector)".into(),
