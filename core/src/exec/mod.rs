@@ -274,7 +274,7 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
         };
         m.op(slot, labels, (count * dt.size()) as u64, t1.saturating_sub(t0));
         if let Some(t) = &tally {
-            m.moved("shm", &t.moved());
+            m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
         }
     }
     match res {

@@ -169,7 +169,7 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
             m.op(OpSlot { op: coll as u8, dtype: dt as u8, choice: 0 }, labels, o.bytes as u64, t1.saturating_sub(t0));
         }
         if let Some(t) = &tally {
-            m.moved("shm", &t.moved());
+            m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
         }
     }
     match res {

@@ -122,6 +122,7 @@ impl RankMetrics<'_> {
         bump(&series.bus_bytes, bus.apply(bytes));
     }
 
+    #[inline]
     fn series(&self, e: u64) -> Option<&OpSeries> {
         let kind = if (e >> 8) & 1 == Kind::P2p as u64 { Kind::P2p } else { Kind::Coll };
         self.stats.ops[kind as usize].at((e >> 9) as usize - 1)
@@ -153,34 +154,37 @@ impl RankMetrics<'_> {
 
     /// Steps and bytes an operation moved over `transport` (`shm`, `tcp`): the proxy step and
     /// transport series, as the span route counts them from step sums and transport notes.
+    #[inline]
     pub fn moved(&self, transport: &'static str, m: &Moved) {
         let s = self.stats;
-        for d in 0..2 {
-            if m.steps[d] != 0 {
-                bump(&s.steps[d], m.steps[d]);
-            }
-            if m.bytes[d] != 0 {
-                bump(&s.step_bytes[d], m.bytes[d]);
-            }
-        }
-        if m.bytes == [0, 0] {
+        let [send, recv] = m.bytes;
+        bump(&s.steps[0], m.steps[0]);
+        bump(&s.steps[1], m.steps[1]);
+        if send | recv == 0 {
             return;
         }
-        let cached = self.transport.get().filter(|(t, _)| *t == transport).and_then(|(_, i)| s.transport_bytes.at(*i));
-        let counters = match cached {
-            Some(c) => c,
-            None => match s.transport_bytes.get_or_insert_with(transport, Default::default) {
-                Some((i, c)) => {
-                    let _ = self.transport.set((transport, i));
-                    c
-                }
-                None => return self.ex.lose(Lost::SeriesLimit),
-            },
-        };
-        for (c, b) in counters.iter().zip(m.bytes) {
-            if b != 0 {
-                bump(c, b);
+        bump(&s.step_bytes[0], send);
+        bump(&s.step_bytes[1], recv);
+        // The transport of the first call, recognised by its name's address first.
+        let cached = self.transport.get().filter(|(t, _)| std::ptr::eq(*t, transport) || *t == transport);
+        match cached.and_then(|(_, i)| s.transport_bytes.at(*i)) {
+            Some([a, b]) => {
+                bump(a, send);
+                bump(b, recv);
             }
+            None => self.transport_slow(transport, send, recv),
+        }
+    }
+
+    #[cold]
+    fn transport_slow(&self, transport: &'static str, send: u64, recv: u64) {
+        match self.stats.transport_bytes.get_or_insert_with(transport, Default::default) {
+            Some((i, [a, b])) => {
+                let _ = self.transport.set((transport, i));
+                bump(a, send);
+                bump(b, recv);
+            }
+            None => self.ex.lose(Lost::SeriesLimit),
         }
     }
 

@@ -90,10 +90,11 @@ impl<const N: usize> Histogram<N> {
     }
 
     /// [`Histogram::observe`] for a histogram only one thread writes (a direct series, see
-    /// `direct.rs`): a load and a store per counter, no locked add.
+    /// `direct.rs`): a load and a store per counter, no locked add. The bucket is found from the
+    /// bottom: a small operation's size and time are in the first few.
     #[inline]
     pub(crate) fn observe_owned(&self, v: u64) {
-        let i = self.bounds.partition_point(|&b| b < v);
+        let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(N);
         bump(self.counts.get(i).unwrap_or(&self.over), 1);
         bump(&self.sum, v);
     }
