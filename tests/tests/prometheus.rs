@@ -147,19 +147,24 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
 
 /// The core tells the exporter what no event carries: a failed operation's error kind (here the mismatch of two ranks
 /// calling different sizes) and the bytes each transport moved. In process, two ranks on two threads.
+/// Attaches collector `t`'s sink to each of two ranks.
+fn attach(comms: &[Comm], t: &Telemetry) -> Vec<occl_telemetry::SinkHandle> {
+    comms
+        .iter()
+        .map(|c| {
+            let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
+            c.attach_sink(t.comm_sink(meta)).expect("attach")
+        })
+        .collect()
+}
+
 #[test]
 fn the_core_reports_errors_by_kind_and_bytes_by_transport() {
     let comms = Comm::init_all(2).expect("two ranks");
     let prom = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
     let how = std::sync::Arc::new(HowOpsArrive::default());
     let t = Telemetry::new(vec![prom.clone(), how.clone()]);
-    let handles: Vec<_> = comms
-        .iter()
-        .map(|c| {
-            let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
-            c.attach_sink(t.comm_sink(meta)).expect("attach")
-        })
-        .collect();
+    let handles = attach(&comms, &t);
     std::thread::scope(|s| {
         for c in &comms {
             s.spawn(move || {
@@ -444,13 +449,7 @@ fn the_direct_route_counts_what_the_span_route_counts() {
     assert!(comms.iter().all(Comm::direct_metrics), "thread ranks over shm take the direct route");
     let by_spans = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
     let t = Telemetry::new(vec![by_spans.clone()]);
-    let handles: Vec<_> = comms
-        .iter()
-        .map(|c| {
-            let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
-            c.attach_sink(t.comm_sink(meta)).expect("attach")
-        })
-        .collect();
+    let handles = attach(&comms, &t);
     std::thread::scope(|s| {
         for c in &comms {
             s.spawn(move || {

@@ -16,6 +16,11 @@ fn meta(name: Option<&str>, rank: i32) -> CommMeta {
 }
 
 fn coll(func: &str, count: usize) -> EventDescr<'_> {
+    coll_by(func, "RING", count)
+}
+
+/// A Coll descriptor of algorithm `algo`.
+fn coll_by<'a>(func: &'a str, algo: &'a str, count: usize) -> EventDescr<'a> {
     EventDescr::Coll {
         rank: 0,
         seq_number: 1,
@@ -27,7 +32,7 @@ fn coll(func: &str, count: usize) -> EventDescr<'_> {
         datatype: "ncclFloat32",
         n_channels: 1,
         n_warps: 0,
-        algo: "RING",
+        algo,
         proto: "SIMPLE",
         parent_group: None,
     }
@@ -419,36 +424,7 @@ fn the_direct_route_renders_what_the_span_route_renders() {
     ];
     for (n, op, algo, count, dur) in ops {
         let bytes = count as u64 * 4;
-        let descr = match coll(op, count) {
-            EventDescr::Coll {
-                rank,
-                seq_number,
-                send_buff,
-                recv_buff,
-                root,
-                datatype,
-                n_channels,
-                n_warps,
-                proto,
-                parent_group,
-                ..
-            } => EventDescr::Coll {
-                rank,
-                seq_number,
-                func: op,
-                send_buff,
-                recv_buff,
-                count,
-                root,
-                datatype,
-                n_channels,
-                n_warps,
-                algo,
-                proto,
-                parent_group,
-            },
-            other => other,
-        };
+        let descr = coll_by(op, algo, count);
         let steps = [
             StepTotals { send: true, steps: 2, bytes, ..Default::default() },
             StepTotals { steps: 3, bytes, ..Default::default() },
