@@ -466,3 +466,25 @@ fn the_direct_route_renders_what_the_span_route_renders() {
     assert!(spans::Exporter::takes(&direct, &m));
     assert_eq!(render(&direct), b);
 }
+
+/// The cost of the direct route for one small operation (an 8 B all-reduce's series and its two
+/// steps); run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn cost_of_one_direct_operation() {
+    let e = Exporter::new();
+    let r = e.rank(&meta(None, 0)).expect("room");
+    let labels = || OpLabels { p2p: false, op: "AllReduce", algo: "ONE_SHOT", proto: "LL", dtype: "ncclFloat32" };
+    let moved = Moved { steps: [1, 1], bytes: [8, 8] };
+    let n = 20_000_000u64;
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        r.op(OpSlot { op: 2, dtype: 7, choice: 9 }, labels, std::hint::black_box(8), 250 + (i & 63));
+        r.moved("shm", std::hint::black_box(&moved));
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!("direct route: {ns:.1} ns per operation");
+    assert!(render(&e).contains(&format!(
+        "op=\"AllReduce\",algo=\"ONE_SHOT\",proto=\"LL\",dtype=\"ncclFloat32\",size_class=\"0-4KiB\"}} {n}"
+    )));
+}
