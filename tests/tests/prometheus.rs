@@ -177,19 +177,24 @@ fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
 
 /// The core tells the exporter what no event carries: a failed operation's error kind (here the mismatch of two ranks
 /// calling different sizes) and the bytes each transport moved. In process, two ranks on two threads.
+/// Attaches collector `t`'s sink to each of two ranks.
+fn attach(comms: &[Comm], t: &Telemetry) -> Vec<occl_telemetry::SinkHandle> {
+    comms
+        .iter()
+        .map(|c| {
+            let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
+            c.attach_sink(t.comm_sink(meta)).expect("attach")
+        })
+        .collect()
+}
+
 #[test]
 fn the_core_reports_errors_by_kind_and_bytes_by_transport() {
     let comms = Comm::init_all(2).expect("two ranks");
     let prom = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
     let how = std::sync::Arc::new(HowOpsArrive::default());
     let t = Telemetry::new(vec![prom.clone(), how.clone()]);
-    let handles: Vec<_> = comms
-        .iter()
-        .map(|c| {
-            let meta = CommMeta { name: None, hash: c.id(), rank: c.rank() as i32, nranks: 2, n_nodes: 1 };
-            c.attach_sink(t.comm_sink(meta)).expect("attach")
-        })
-        .collect();
+    let handles = attach(&comms, &t);
     std::thread::scope(|s| {
         for c in &comms {
             s.spawn(move || {
@@ -392,5 +397,139 @@ fn step_sums_count_what_step_events_count_over_shm_and_tcp() {
             occl::TransportKind::Tcp => assert_eq!((step_events > 0, sum_calls), (true, 0), "tcp steps stay events"),
             _ => assert_eq!((step_events, sum_calls > 0), (0, true), "shm steps are summed"),
         }
+    }
+}
+
+/// Scrapes the RAS port until every rank of the job has answered (`occl_ras_node_metrics_processes`), and returns that
+/// scrape without the job label.
+fn scrape_whole_node(port: u16, ranks: usize) -> String {
+    let t = Instant::now();
+    loop {
+        let (code, body) = get(port, "/metrics").unwrap_or_default();
+        let body = occl_tests::ras_client::without_job(&body);
+        if code == 200 && body.contains(&format!("occl_ras_node_metrics_processes{{result=\"answered\"}} {ranks}")) {
+            return body;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no scrape with all {ranks} processes (HTTP {code}):\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The sum of the samples of `series` (a name and the start of its labels) on `rank`.
+fn sum_of(text: &str, series: &str, rank: usize) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(series) && l.contains(&format!("rank=\"{rank}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Metrics are on without `OCCL_METRICS`: a live 4-rank job (every peer over shm: the direct route) serves every rank's
+/// exact operation counts, bytes and timings; `OCCL_METRICS=0` turns them off (RAS's own series stay).
+#[test]
+fn metrics_are_on_by_default_and_off_with_zero() {
+    // Empty is "unset" (the default) in case this test's own environment sets the variable.
+    for (value, on) in [("", true), ("0", false)] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let spawn = Spawn {
+            env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_METRICS", value)]),
+            capture_stdout: true,
+            capture_stderr: true,
+            ..Spawn::default()
+        };
+        let job = Job::spawn(worker(), &["metrics".to_string()], RANKS, &spawn).expect("start job");
+        job.wait_for_all("READY", Duration::from_secs(60)).expect("ranks ran the workload");
+        let body = scrape_whole_node(port, RANKS);
+        assert!(body.contains("occl_ras_"), "OCCL_METRICS={value:?}: RAS's own series are served:\n{body}");
+        if !on {
+            assert!(!body.contains("occl_communicator_info"), "OCCL_METRICS=0 serves no occl series:\n{body}");
+            assert!(!body.contains("occl_collective_"), "OCCL_METRICS=0 serves no occl series:\n{body}");
+            continue;
+        }
+        for ((fam, rank, op), (n, b)) in expected() {
+            let of_op = |metric: &str| -> f64 {
+                body.lines()
+                    .filter(|l| l.starts_with(&format!("occl_{fam}_{metric}{{")))
+                    .filter(|l| l.contains(&format!("rank=\"{rank}\"")) && l.contains(&format!("op=\"{op}\"")))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            };
+            assert_eq!((of_op("operations_total"), of_op("bytes_total")), (n, b), "{fam} rank {rank} {op}:\n{body}");
+        }
+        for r in 0..RANKS {
+            let timed = sum_of(&body, "occl_collective_duration_seconds_count{", r);
+            assert_eq!(timed, 14.0, "rank {r}: every collective is timed:\n{body}");
+            let moved = sum_of(&body, "occl_transport_bytes_total{", r);
+            assert!(moved >= 2.0 * 1048576.0, "rank {r} moved {moved} bytes:\n{body}");
+        }
+        drop(job);
+    }
+}
+
+/// The route a rank takes changes nothing a scrape shows: on two thread ranks whose series the core bumps directly,
+/// an exporter attached beside them through the span collector counts the same operations, bytes, bus bytes, size
+/// histograms, proxy steps and transport bytes, grouped sends and receives included (only times differ).
+#[test]
+fn the_direct_route_counts_what_the_span_route_counts() {
+    let Some(process) = occl_telemetry::prometheus::process() else {
+        let _ = writeln!(std::io::stderr(), "SKIPPED direct-route test: OCCL_METRICS turns metrics off here");
+        return;
+    };
+    let comms = Comm::init_all(2).expect("two ranks");
+    assert!(comms.iter().all(Comm::direct_metrics), "thread ranks over shm take the direct route");
+    let by_spans = std::sync::Arc::new(occl_telemetry::prometheus::Exporter::new());
+    let t = Telemetry::new(vec![by_spans.clone()]);
+    let handles = attach(&comms, &t);
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                for n in [2usize, 1000, 300_000, 2, 70_000] {
+                    let (a, mut b) = (vec![1.0f32; n], vec![0f32; n]);
+                    c.all_reduce(&a, &mut b, RedOp::Sum).expect("all-reduce");
+                }
+                let (a, mut b) = (vec![3i32; 500], vec![0i32; 1000]);
+                c.all_gather(&a, &mut b).expect("all-gather");
+                let mut x = vec![0f64; 40_000];
+                c.broadcast_in_place(&mut x, 1).expect("broadcast");
+                let peer = 1 - c.rank();
+                let (p, mut q) = (vec![7u8; 5000], vec![0u8; 5000]);
+                if c.rank() == 0 {
+                    c.send(&p, peer).expect("send");
+                } else {
+                    c.recv(&mut q, peer).expect("recv");
+                }
+                // A group of a send and a receive each way.
+                occl::group(|g| {
+                    g.send(c, &p, peer)?;
+                    g.recv(c, &mut q, peer)
+                })
+                .expect("group");
+            });
+        }
+    });
+    for (c, h) in comms.iter().zip(handles) {
+        c.detach_sink(h);
+    }
+    let (mut direct, mut spans) = (String::new(), String::new());
+    occl_telemetry::spans::Exporter::render_metrics(&**process, &mut direct);
+    by_spans.render_metrics(&mut spans);
+    let comm = format!("comm=\"{:016x}\"", comms[0].id());
+    // Times are each route's own clock readings; step waits are not measured on the direct route.
+    let timeless = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains(&comm))
+            .filter(|l| !l.contains("_duration_seconds") && !l.starts_with("occl_proxy_step_wait_seconds_total"))
+            .map(str::to_string)
+            .collect()
+    };
+    let (d, s) = (timeless(&direct), timeless(&spans));
+    assert!(d.iter().any(|l| l.starts_with("occl_p2p_operations_total")), "{direct}");
+    assert!(d.iter().any(|l| l.starts_with("occl_proxy_steps_total")), "{direct}");
+    assert_eq!(d, s, "direct route vs span route");
+    let timed =
+        |text: &str| text.lines().filter(|l| l.contains(&comm) && l.contains("_duration_seconds_count")).count();
+    assert_eq!(timed(&direct), timed(&spans), "the same duration series");
+    for c in comms {
+        let _ = c.destroy();
     }
 }

@@ -117,7 +117,7 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
     if bytes == 0 {
         return Ok(()); // as the schedule: no pieces, no messages
     }
-    let (deadline, desc, dt, op, prof) = (ctx.deadline, ctx.desc, ctx.dt, ctx.op, ctx.prof);
+    let (deadline, desc, dt, op, prof, tally) = (ctx.deadline, ctx.desc, ctx.dt, ctx.op, ctx.prof, ctx.tally);
     // LL: start the cache misses of every line this call writes at once (see `ll_prepare`): the
     // store that publishes a step waits for its lines to be owned. Not for a Simple slot, whose
     // first line the receiver polls: fetching it for writing early made 64 B 10% slower.
@@ -150,6 +150,9 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
         if let Some(st) = steps.as_mut() {
             st.send_posted(bytes, fifo);
         }
+        if let Some(t) = tally {
+            t.sent(bytes);
+        }
     }
     for k in 1..n {
         ctx.peer((r + k) % n)?.0.recv.prepare(ll, bytes);
@@ -178,6 +181,9 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             if let Some(st) = steps.as_mut() {
                 st.recv_arrived(bytes);
             }
+            if let Some(t) = tally {
+                t.arrived(bytes);
+            }
             m.data
         };
         // SAFETY: `input` holds `bytes` bytes: the caller's input, or the peer's message, which
@@ -199,6 +205,9 @@ pub(crate) fn all_reduce_one_step(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut
             ctx.peer(j)?.0.recv.release_as(ll);
             if let Some(st) = steps.as_mut() {
                 st.recv_done();
+            }
+            if let Some(t) = tally {
+                t.released();
             }
         }
     }

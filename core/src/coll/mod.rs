@@ -20,7 +20,7 @@ pub(crate) mod walk;
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, ErrorKind, Result};
-use crate::profile::OpProf;
+use crate::profile::{OpProf, Tally};
 use crate::record::{CollType, OpRecord};
 use crate::transport::fifo::{ll, Desc, Ends};
 use crate::transport::Peer;
@@ -55,6 +55,8 @@ pub(crate) struct Ctx<'a> {
     pub staging: &'a mut Vec<u64>,
     /// The operation's profiler events, when a sink wants any.
     pub prof: Option<&'a OpProf<'a>>,
+    /// What the primitives move, for the direct metrics route (`crate::profile`).
+    pub tally: Option<&'a Tally>,
     /// The rank record (what a blocked wait waits on).
     pub record: &'a crate::record::OpRecord,
     /// Every peer's FIFO ends, for waits to notice a failure elsewhere in the communicator.
@@ -213,6 +215,7 @@ impl<'a> Ctx<'a> {
             direct: false,
             stream: false,
             steps: if steps { self.prof.and_then(|p| p.steps(to, from)) } else { None },
+            tally: if steps { self.tally } else { None },
         })
     }
 }

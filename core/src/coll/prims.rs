@@ -16,7 +16,7 @@
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
-use crate::profile::Steps;
+use crate::profile::{Steps, Tally};
 use crate::reduce;
 use crate::transport::fifo::{Desc, Direct, Ends, Msg, RecvFifo, SendFifo};
 use crate::transport::shm;
@@ -57,6 +57,8 @@ pub(crate) struct Prims<'a> {
     pub stream: bool,
     /// ProxyStep events, when a sink wants them.
     pub steps: Option<Steps<'a>>,
+    /// The same slices counted for the direct metrics route.
+    pub tally: Option<&'a Tally>,
 }
 
 /// Ranges at least this large go by pointer where the receiver can read them: below it, the
@@ -111,6 +113,9 @@ impl<'a> Prims<'a> {
         if let (Some(st), Some(s)) = (self.steps.as_mut(), self.send.as_ref()) {
             st.send_posted(len, s.fifo);
         }
+        if let Some(t) = self.tally {
+            t.sent(len);
+        }
         Ok(())
     }
 
@@ -135,6 +140,9 @@ impl<'a> Prims<'a> {
         if let Some(st) = self.steps.as_mut() {
             st.recv_arrived(len);
         }
+        if let Some(t) = self.tally {
+            t.arrived(len);
+        }
         Ok(m)
     }
 
@@ -144,6 +152,9 @@ impl<'a> Prims<'a> {
         }
         if let Some(st) = self.steps.as_mut() {
             st.recv_done();
+        }
+        if let Some(t) = self.tally {
+            t.released();
         }
     }
 
@@ -221,6 +232,9 @@ impl<'a> Prims<'a> {
         }
         if let (Some(st), Some(s)) = (self.steps.as_mut(), self.send.as_ref()) {
             st.send_posted(n, s.fifo);
+        }
+        if let Some(t) = self.tally {
+            t.sent(n);
         }
         Ok(())
     }

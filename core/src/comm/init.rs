@@ -157,20 +157,22 @@ impl Comm {
         let mut hosts: Vec<&str> = me_tab.iter().map(|p| p.host_id.as_str()).collect();
         hosts.sort_unstable();
         hosts.dedup();
-        let prof = Profiling::init(
-            &occl_events::CommInfo {
-                comm_name: None,
-                comm_hash: comm_id,
-                n_nodes: hosts.len() as i32,
-                nranks: nranks as i32,
-                rank: rank as i32,
-            },
-            &config.profilers,
-        );
+        let info = occl_events::CommInfo {
+            comm_name: None,
+            comm_hash: comm_id,
+            n_nodes: hosts.len() as i32,
+            nranks: nranks as i32,
+            rank: rank as i32,
+        };
+        let mut prof = Profiling::new();
         let net_prof = transport::tcp::NetProf { fanout: prof.fanout.clone(), rank: rank as i32 };
         let transport::Connected { peers, net, slot, lazy } =
             transport::connect_all(&config, rank, &me_tab, &id.secret, listener, Some(net_prof))?;
         timer.lap(crate::init_timer::Phase::Connect);
+        // The metrics route depends on the transports (`profile`): sinks are made once they are
+        // known, before the first operation.
+        let all_shm = lazy.kinds().iter().all(|k| matches!(k, None | Some(TransportKind::Shm)));
+        prof.attach_profilers(&info, &config.profilers, all_shm);
         // This host's ranks and the cores they share: the tuner's link and the registered path's
         // helper threads.
         let host_share = bootstrap::host_share(&table, rank);

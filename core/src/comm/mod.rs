@@ -101,6 +101,13 @@ impl Comm {
         self.comm_id
     }
 
+    /// Whether occl's core bumps this rank's Prometheus series itself (the direct route: the
+    /// process's exporter on, every peer over shm, the process's profilers); otherwise, with
+    /// metrics on, they come from its events through the span collector.
+    pub fn direct_metrics(&self) -> bool {
+        self.prof.metrics.is_some()
+    }
+
     /// The ranks this rank has a connection to, in ascending order. tcp peers connect at init;
     /// shm peers on their first operation together (`OCCL_RUNTIME_CONNECT=0`: at init). Does
     /// not wait for an operation in flight.
@@ -273,6 +280,9 @@ impl Comm {
     pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
         self.record.failed(&e);
         self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
+        if let Some(m) = &self.prof.metrics {
+            m.failed(nccl_func(coll), e.kind().name());
+        }
         // The reason names the failure (and so the dead or failing peer); the last entry is the
         // operation.
         let kind = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };

@@ -16,12 +16,13 @@ use crate::comm::Comm;
 use crate::dtype::RedOp;
 use crate::error::Result;
 use crate::op::{nccl_func, Op, NO_OP, NO_ROOT};
-use crate::profile::{op::OpDescr, OpProf};
+use crate::profile::{op::OpDescr, OpProf, Tally};
 use crate::record::{self, CollType};
 use crate::register::{InPlace, Plan};
 use crate::transport::fifo::Desc;
 use crate::wait::{Deadline, Drive};
 use occl_telemetry::flight::{OpInfo, RootOrPeer};
+use occl_telemetry::prometheus::{OpLabels, OpSlot};
 
 /// Runs `o` on `comm` now (the caller's thread, no group open or the group being run).
 pub(crate) fn run(comm: &Comm, o: &Op) -> Result<()> {
@@ -190,7 +191,7 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
             root: root.unwrap_or(0) as i32,
             peer: p2p_peer.map_or(-1, |p| p as i32),
             datatype: dt.nccl_name(),
-            algo: if registered { crate::register::ALGO } else { algo.nccl_name() },
+            algo: algo_name_nccl(registered, algo),
             proto: choice.proto.nccl_name(),
             chunk_size: geo.0,
             n_channels: 1,
@@ -222,6 +223,8 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
         },
         |p| inner.kind_name(p),
     );
+    // The direct metrics route (`profile`): what the primitives move, counted without the clock.
+    let tally = comm.prof.metrics.as_ref().map(|_| Tally::default());
     let res = match executor {
         Executor::Registered(plan) => plan.run(&reg_env(comm), coll, count, dt, op.unwrap_or(RedOp::Sum)),
         Executor::Fifos => {
@@ -240,6 +243,7 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
                 staging: &mut inner.staging,
                 drive: inner.net.as_ref().map(|n| n as &dyn Drive),
                 prof: prof.as_ref(),
+                tally: tally.as_ref(),
                 record: &comm.record,
                 members: Some(&comm.ends),
                 order,
@@ -256,16 +260,47 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
     if let Some(p) = prof {
         p.end();
     }
+    let t1 = record::now_ns();
+    if let Some(m) = &comm.prof.metrics {
+        // Failed operations count too, as their spans do.
+        let p2p = matches!(coll, CollType::Send | CollType::Recv);
+        let slot = OpSlot { op: coll as u8, dtype: dt as u8, choice: choice_number(registered, algo, choice.proto) };
+        let labels = || OpLabels {
+            p2p,
+            op: nccl_func(coll),
+            algo: algo_name_nccl(registered, algo),
+            proto: choice.proto.nccl_name(),
+            dtype: dt.nccl_name(),
+        };
+        m.op(slot, labels, (count * dt.size()) as u64, t1.saturating_sub(t0));
+        if let Some(t) = &tally {
+            m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
+        }
+    }
     match res {
         Ok(()) => {
             comm.record.complete(coll);
-            comm.flight.completed(flight, record::now_ns());
+            comm.flight.completed(flight, t1);
             Ok(())
         }
         Err(e) => {
             let e = if registered { e } else { comm.reg.explain(e) };
-            comm.flight.failed(flight, record::now_ns(), &e.to_string());
+            comm.flight.failed(flight, t1, &e.to_string());
             Err(comm.poison(&mut g, coll, e))
         }
     }
+}
+
+/// The algorithm as profiler events and metrics name it (NCCL's spelling).
+fn algo_name_nccl(registered: bool, algo: Algo) -> &'static str {
+    if registered {
+        crate::register::ALGO
+    } else {
+        algo.nccl_name()
+    }
+}
+
+/// A number per (executor, algorithm, protocol), for the direct metrics' slots.
+fn choice_number(registered: bool, algo: Algo, proto: crate::coll::plan::Proto) -> u8 {
+    u8::from(registered) << 7 | (algo as u8) << 2 | proto as u8
 }

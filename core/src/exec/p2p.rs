@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::op::{nccl_func, Op as Call, NO_OP, NO_ROOT};
 use crate::profile::group::GroupProf;
 use crate::profile::op::OpDescr;
-use crate::profile::{Leg, OpProf, Steps};
+use crate::profile::{Leg, OpProf, Steps, Tally};
 use crate::record::{self, CollType};
 use crate::transport::fifo::nonblocking::alive;
 use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice};
@@ -24,6 +24,7 @@ use crate::wait::{self, Deadline, Drive};
 use occl_events::event::ProxyStepState;
 use occl_events::EventId;
 use occl_telemetry::flight::{OpInfo, RootOrPeer, Slot};
+use occl_telemetry::prometheus::{OpLabels, OpSlot};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -64,6 +65,8 @@ struct Stream<'p> {
     /// consumed before it is done.
     by_ptr: bool,
     steps: Option<Steps<'p>>,
+    /// The launch's slices, for the direct metrics route (`crate::profile`).
+    tally: Option<&'p Tally>,
     liveness: Liveness,
 }
 
@@ -147,7 +150,8 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
             )
         })
         .collect();
-    let res = self_copies(comm.rank(), &ops).and_then(|()| progress(comm, inner, &ops, &profs));
+    let tally = comm.prof.metrics.as_ref().map(|_| Tally::default());
+    let res = self_copies(comm.rank(), &ops).and_then(|()| progress(comm, inner, &ops, &profs, tally.as_ref()));
     let res = res.and_then(|()| match &inner.net {
         // Sends still in tcp FIFOs must reach their sockets before the launch returns.
         Some(n) => n.flush(&comm.abort, &Deadline::after(comm.config.timeout)),
@@ -157,6 +161,17 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
         p.end();
     }
     let t1 = record::now_ns();
+    if let Some(m) = &comm.prof.metrics {
+        // Each call is timed over the launch, as its span is; failed ones count too.
+        for o in &ops {
+            let (coll, dt) = (o.call.coll, o.call.dt);
+            let labels = || OpLabels { p2p: true, op: nccl_func(coll), algo: "", proto: "", dtype: dt.nccl_name() };
+            m.op(OpSlot { op: coll as u8, dtype: dt as u8, choice: 0 }, labels, o.bytes as u64, t1.saturating_sub(t0));
+        }
+        if let Some(t) = &tally {
+            m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
+        }
+    }
     match res {
         Ok(()) => {
             for o in &ops {
@@ -203,7 +218,13 @@ fn self_copies(me: usize, ops: &[Op]) -> Result<()> {
 }
 
 /// Moves every stream until all calls are done.
-fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<OpProf<'p>>]) -> Result<()> {
+fn progress<'p>(
+    comm: &Comm,
+    inner: &mut Inner,
+    ops: &[Op],
+    profs: &'p [Option<OpProf<'p>>],
+    tally: Option<&'p Tally>,
+) -> Result<()> {
     let me = comm.rank();
     let mut streams: Vec<Stream<'p>> = Vec::new();
     for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.peer != me) {
@@ -222,6 +243,7 @@ fn progress<'p>(comm: &Comm, inner: &mut Inner, ops: &[Op], profs: &'p [Option<O
                     off: 0,
                     by_ptr: false,
                     steps: None,
+                    tally,
                     liveness,
                 });
                 let n = streams.len();
@@ -428,6 +450,9 @@ fn send_call(s: &mut Stream<'_>, p: &mut Peer, o: &Op, slice: usize, moved: &mut
         if let Some(st) = s.steps.as_mut() {
             st.send_posted(n, &p.send);
         }
+        if let Some(t) = s.tally {
+            t.sent(n);
+        }
         s.off += n;
         *moved = true;
     }
@@ -463,10 +488,16 @@ fn recv_call(s: &mut Stream<'_>, p: &mut Peer, o: &Op, slice: usize, moved: &mut
         if let Some(st) = s.steps.as_mut() {
             st.recv_arrived(n);
         }
+        if let Some(t) = s.tally {
+            t.arrived(n);
+        }
         fetch(p, s.peer, &m, (o.call.recv + s.off) as *mut u8, n)?;
         p.recv.release();
         if let Some(st) = s.steps.as_mut() {
             st.recv_done();
+        }
+        if let Some(t) = s.tally {
+            t.released();
         }
         s.off += n;
         *moved = true;

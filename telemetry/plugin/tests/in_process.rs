@@ -89,6 +89,8 @@ fn lock() -> MutexGuard<'static, ()> {
     static L: Mutex<()> = Mutex::new(());
     let g = L.lock().unwrap_or_else(PoisonError::into_inner);
     std::env::set_var("OCCL_METRICS_ADDR", "off");
+    // No exporter from the environment (Prometheus is on unless turned off): tests install theirs.
+    std::env::set_var("OCCL_METRICS", "0");
     g
 }
 

@@ -8,7 +8,7 @@ use super::table::Table;
 use crate::event::StepTotals;
 use crate::sink::Note;
 use crate::spans::{CommMeta, Span};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Series of one kind a communicator rank may have (op × algo × proto × dtype combinations).
 pub(crate) const MAX_SERIES: usize = 256;
@@ -71,7 +71,9 @@ pub(crate) fn size_class(bytes: u64) -> &'static str {
 }
 
 /// Counters of one (op, algo, proto, dtype) of a communicator rank. Its operation and byte
-/// totals are the size histogram's count and sum (two fewer atomic adds per operation).
+/// totals are the size histogram's count and sum (two fewer atomic adds per operation). Aligned
+/// to a cache line: the series of two ranks never share one.
+#[repr(align(64))]
 pub(crate) struct OpSeries {
     pub bus_bytes: AtomicU64,
     pub size: Histogram<{ SIZE_BYTES.len() }>,
@@ -79,7 +81,7 @@ pub(crate) struct OpSeries {
 }
 
 impl OpSeries {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         OpSeries {
             bus_bytes: AtomicU64::new(0),
             size: Histogram::new(&SIZE_BYTES),
@@ -151,7 +153,8 @@ pub(crate) enum Lost {
 
 pub(crate) const LOST_REASONS: [&str; 2] = ["series_limit", "comm_limit"];
 
-/// One communicator rank's counters.
+/// One communicator rank's counters (cache-line aligned, as [`OpSeries`]).
+#[repr(align(64))]
 pub(crate) struct CommStats {
     pub hash: u64,
     pub rank: i32,
@@ -171,6 +174,9 @@ pub(crate) struct CommStats {
     /// The parent of the ProxyOp or KernelCh that stopped last: equal to an operation's id at its
     /// stop when its children ran inside it (occl), so its own span is its whole duration.
     last_child_parent: AtomicU64,
+    /// The core bumps this rank's series directly (`direct.rs`): the exporter takes no spans of
+    /// it. Set while a [`super::RankMetrics`] of it lives.
+    pub direct: AtomicBool,
 }
 
 fn counters<const N: usize>() -> [AtomicU64; N] {
@@ -194,14 +200,35 @@ pub(crate) fn elem_size(dtype: &str) -> u64 {
 /// AllReduce: S = bytes, 2(n-1)/n. AllGather, ReduceScatter, AlltoAll, Gather, Scatter:
 /// S = bytes × n, (n-1)/n. Broadcast, Reduce, Send, Recv: 1.
 pub(crate) fn bus_bytes(op: &str, bytes: u64, nranks: i32) -> u64 {
-    let n = u128::from(nranks.max(1) as u32);
-    let b = u128::from(bytes);
-    let bus = match op {
-        "AllReduce" => b * 2 * (n - 1) / n,
-        "AllGather" | "ReduceScatter" | "AlltoAll" | "Gather" | "Scatter" => b * (n - 1),
-        _ => b,
-    };
-    u64::try_from(bus).unwrap_or(u64::MAX)
+    bus_factor(op, nranks).apply(bytes)
+}
+
+/// nccl-tests' bus factor of an op on a communicator (see [`bus_bytes`]): bytes × `mul` / `div`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BusFactor {
+    mul: u64,
+    div: u64,
+}
+
+pub(crate) fn bus_factor(op: &str, nranks: i32) -> BusFactor {
+    let n = u64::from(nranks.max(1).unsigned_abs());
+    match op {
+        "AllReduce" => BusFactor { mul: 2 * (n - 1), div: n },
+        "AllGather" | "ReduceScatter" | "AlltoAll" | "Gather" | "Scatter" => BusFactor { mul: n - 1, div: 1 },
+        _ => BusFactor { mul: 1, div: 1 },
+    }
+}
+
+impl BusFactor {
+    /// `bytes` × the factor, rounded down; saturating.
+    #[inline]
+    pub(crate) fn apply(self, bytes: u64) -> u64 {
+        match bytes.checked_mul(self.mul) {
+            Some(x) if self.div == 1 => x,
+            Some(x) => x / self.div,
+            None => u64::try_from(u128::from(bytes) * u128::from(self.mul) / u128::from(self.div)).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 impl CommStats {
@@ -222,6 +249,7 @@ impl CommStats {
             hints: std::array::from_fn(|_| AtomicUsize::new(0)),
             pending: Pending::new(),
             last_child_parent: AtomicU64::new(0),
+            direct: AtomicBool::new(false),
         }
     }
 

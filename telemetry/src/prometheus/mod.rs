@@ -1,20 +1,39 @@
-//! Prometheus metrics from finished spans: counters and histograms in base units (seconds,
-//! bytes), kept on atomics. The span path takes no lock: a series is found in a lock-free table
-//! and updated with relaxed adds; only the first sight of a series (a new communicator, op,
-//! algorithm, protocol or datatype) takes a mutex to create it.
+//! Prometheus metrics: counters and histograms in base units (seconds, bytes), kept on atomics,
+//! fed two ways (below). Neither takes a lock on an operation's path: a series is found without
+//! one and updated with relaxed atomics; only the first sight of a series (a new communicator,
+//! op, algorithm, protocol or datatype) takes a mutex to create it.
 //!
-//! **Enabling.** `OCCL_METRICS=1` (or `true`/`on`) adds this exporter to the process's collector
-//! ([`crate::exporters::global`]); `0` turns it off; unset means off. [`enable`], called
-//! before the first communicator is created, does the same from code; or build one with
-//! [`Exporter::new`] and pass it to [`crate::spans::Telemetry::new`] (then register that
-//! collector and serve its `render_metrics` yourself). Under occl, RAS serves the global
-//! collector's metrics of every process of the node on its port (`OCCL_RAS_ADDR`, default
-//! 28028) at `/metrics`, labelled with each process's `pid`, the node's `host` name and the
-//! `job` (`OCCL_JOB_ID`, `SLURM_JOB_ID` or `TORCHELASTIC_RUN_ID`), beside RAS's
-//! own series (their table is in `ras/src/server/metrics.rs`). Off by default because its cost is
-//! not negligible for tiny messages: every operation's events go through the span collector
-//! (measured with `occl-perf --events-ab R --events-sink prometheus`; README, "Prometheus
-//! metrics").
+//! **Enabling.** On by default: the process's exporter ([`process`]) is made when the first
+//! communicator is; `OCCL_METRICS=0` (or `false`/`off`) turns it off, and [`enable`], called
+//! before the first communicator is created, turns it on whatever the variable says. Under occl,
+//! RAS serves it with the rest of the process's collector ([`crate::exporters::global`]) for every
+//! process of the node on its port (`OCCL_RAS_ADDR`, default 28028) at `/metrics`, labelled with
+//! each process's `pid`, the node's `host` name and the `job` (`OCCL_JOB_ID`, `SLURM_JOB_ID` or
+//! `TORCHELASTIC_RUN_ID`), beside RAS's own series (their table is in
+//! `ras/src/server/metrics.rs`). An exporter of one's own: [`Exporter::new`], passed to
+//! [`crate::spans::Telemetry::new`] (then register that collector and serve its
+//! `render_metrics` yourself).
+//!
+//! **Two routes, one set of series.** Which one a communicator rank takes is decided when its
+//! sinks are made (occl's `profile` module):
+//!
+//! | Case | Route |
+//! |---|---|
+//! | every peer over shm (threads of one process too), the process's profilers | direct: occl's core bumps a [`RankMetrics`] at each operation's end (`direct.rs`) |
+//! | single calls, grouped calls, send/recv, failures on such a rank | direct |
+//! | a peer over tcp or ib | spans: every operation's events through the span collector |
+//! | a device communicator (`CudaComm`; KernelCh times) | spans (its rank leaves the direct route when it is made) |
+//! | profilers handed in (`Config::profilers`), an exporter of one's own | spans |
+//! | NCCL with `libnccl-profiler-occl.so` (the plugin) | spans (NCCL's events; ProxyOp and KernelCh children) |
+//!
+//! On the direct route the core finds the series through a small array of the rank's (op,
+//! datatype, size class) without hashing, adds with a relaxed load and store into cache lines
+//! only that rank's thread writes, and takes its times from the clock readings its rank record
+//! already makes; it counts steps and bytes as the primitives move them, without a clock read.
+//! So it measures no proxy-step wait times: `occl_proxy_step_wait_seconds_total` stays 0 for
+//! such a rank (the span route reads the clock at each step's state change for them). Every
+//! other series has the same value either way (`tests/tests/prometheus.rs` checks it), and an
+//! exporter declines the spans of a rank it is fed directly ([`spans::Exporter::takes`]).
 //!
 //! **Expositions.** [`spans::Exporter::metrics`] reads every counter once into a snapshot
 //! ([`crate::metrics`]; `snapshot.rs` names each family's type and unit) that every format is
@@ -66,11 +85,11 @@
 //! been idle for a second, or when the communicator is finalized. Intra-node NCCL work without
 //! ProxyOps is timed by its KernelCh events when those are enabled, else by its host enqueue.
 //!
-//! **Operation sums.** The exporter also takes [`EventMask::OP_TOTALS`]: while it is the only
-//! consumer of a communicator's events (no OTLP, trace file, plugin or attached sink beside it),
-//! occl's core hands each single shm/threads call as one [`OpTotals`] instead of its ~18
-//! callbacks; tcp legs and grouped calls still come as events. The series are the same either way
-//! (`tests/tests/prometheus.rs`).
+//! **Operation sums** (the span route). The exporter also takes [`EventMask::OP_TOTALS`]: while it
+//! is the only consumer of a communicator's events (no OTLP, trace file, plugin or attached sink
+//! beside it), occl's core hands each single shm/threads call as one [`OpTotals`] instead of its
+//! ~18 callbacks; tcp legs and grouped calls still come as events. The series are the same either
+//! way (`tests/tests/prometheus.rs`).
 //!
 //! Step wait counts a step's time from each state mark to the next (the last one to the step's
 //! stop). The exporter asks for step sums ([`EventMask::STEP_TOTALS`]), not ProxySteps: occl's
@@ -81,6 +100,7 @@
 //! meaningful (every series is a per-process counter).
 
 mod comm;
+mod direct;
 mod hist;
 mod pending;
 mod snapshot;
@@ -97,7 +117,10 @@ use comm::{elem_size, CommStats, Kind, Lost, OpKey, LOST_REASONS};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use table::Table;
+
+pub use direct::{Moved, OpLabels, OpSlot, RankMetrics, DTYPES, OPS};
 
 /// The series an operation's Coll or P2p descriptor counts in, and its bytes (count × element
 /// size, as the series count them).
@@ -120,7 +143,7 @@ fn op_key(d: &EventDescr<'static>) -> Option<(Kind, OpKey, u64)> {
     }
 }
 
-/// The environment variable that turns the exporter on (`1`, `true`, `on`) or off.
+/// The environment variable that turns the exporter off (`0`, `false`, `off`) or on.
 pub const ENV: &str = "OCCL_METRICS";
 
 /// Communicator ranks one exporter keeps counters for (they stay after a communicator is
@@ -133,32 +156,39 @@ const IDLE_NS: u64 = 1_000_000_000;
 
 static ENABLED_BY_API: AtomicBool = AtomicBool::new(false);
 
-/// Turns the exporter on for the process's collector, as `OCCL_METRICS=1` does. Call it before
-/// the first communicator is created: the collector is built once, at that moment.
+/// Turns the process's exporter on even where `OCCL_METRICS` says off. Call it before the first
+/// communicator is created: the exporter is made once, at that moment.
 pub fn enable() {
     ENABLED_BY_API.store(true, Relaxed);
 }
 
-/// Whether the exporter is on: [`enable`] was called, or `OCCL_METRICS` (read through `var`)
-/// says so. A value that is neither on nor off is logged and counts as off.
+/// Whether the process's exporter is on: unless `OCCL_METRICS` (read through `var`) says off,
+/// or [`enable`] was called. A value that is neither on nor off is logged and leaves it on.
 pub fn enabled(var: impl Fn(&str) -> Option<String>) -> bool {
     if ENABLED_BY_API.load(Relaxed) {
         return true;
     }
     match var(ENV).as_deref().map(str::trim) {
-        None | Some("") => false,
-        Some("1" | "true" | "on") => true,
+        None | Some("" | "1" | "true" | "on") => true,
         Some("0" | "false" | "off") => false,
         Some(other) => {
-            tracing::warn!("occl telemetry: {ENV}={other:?} is not 0 or 1; Prometheus metrics stay off");
-            false
+            tracing::warn!("occl telemetry: {ENV}={other:?} is not 0 or 1; Prometheus metrics stay on");
+            true
         }
     }
 }
 
-/// The exporter, if [`enabled`] by the process environment (the collector's list of exporters).
+/// The process's exporter, made on first use if [`enabled`] by the environment: the one the
+/// process's collector ([`crate::exporters::global`]) renders and feeds from spans, and whose
+/// [`Exporter::rank`] the core bumps directly.
+pub fn process() -> Option<&'static Arc<Exporter>> {
+    static PROCESS: OnceLock<Option<Arc<Exporter>>> = OnceLock::new();
+    PROCESS.get_or_init(|| enabled(|k| std::env::var(k).ok()).then(|| Arc::new(Exporter::new()))).as_ref()
+}
+
+/// The process's exporter ([`process`]) as one of the collector's exporters.
 pub fn from_env() -> Option<Arc<dyn spans::Exporter>> {
-    enabled(|k| std::env::var(k).ok()).then(|| Arc::new(Exporter::new()) as Arc<dyn spans::Exporter>)
+    process().map(|e| Arc::clone(e) as Arc<dyn spans::Exporter>)
 }
 
 /// The Prometheus exporter: a [`spans::Exporter`] that aggregates spans into metrics and renders
@@ -222,6 +252,10 @@ impl spans::Exporter for Exporter {
 
     fn comm_init(&self, comm: &Arc<CommMeta>) {
         let _ = self.comm(comm);
+    }
+
+    fn takes(&self, comm: &CommMeta) -> bool {
+        !self.comms.get(&(comm.hash, comm.rank)).is_some_and(|c| c.direct.load(Relaxed))
     }
 
     fn span(&self, s: &Span<'_>) {

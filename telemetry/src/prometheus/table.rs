@@ -97,6 +97,7 @@ impl<K: Copy + Eq + Hash, V> Table<K, V> {
     }
 
     /// The value in slot `i` (as returned by `get_or_insert_with`).
+    #[inline]
     pub(crate) fn at(&self, i: usize) -> Option<&V> {
         self.slots.get(i).and_then(OnceLock::get).map(|e| &e.1)
     }

@@ -16,6 +16,11 @@ fn meta(name: Option<&str>, rank: i32) -> CommMeta {
 }
 
 fn coll(func: &str, count: usize) -> EventDescr<'_> {
+    coll_by(func, "RING", count)
+}
+
+/// A Coll descriptor of algorithm `algo`.
+fn coll_by<'a>(func: &'a str, algo: &'a str, count: usize) -> EventDescr<'a> {
     EventDescr::Coll {
         rank: 0,
         seq_number: 1,
@@ -27,7 +32,7 @@ fn coll(func: &str, count: usize) -> EventDescr<'_> {
         datatype: "ncclFloat32",
         n_channels: 1,
         n_warps: 0,
-        algo: "RING",
+        algo,
         proto: "SIMPLE",
         parent_group: None,
     }
@@ -285,7 +290,9 @@ fn every_family_is_in_the_docs_table_and_has_help() {
 fn the_switch() {
     let v = |x: &'static str| move |_: &str| Some(x.to_string());
     assert!(enabled(v("1")) && enabled(v("on")) && enabled(v(" true ")));
-    assert!(!enabled(v("0")) && !enabled(v("maybe")) && !enabled(|_| None));
+    assert!(!enabled(v("0")) && !enabled(v("off")) && !enabled(v(" false ")));
+    // On by default: unset, empty or unreadable leaves it on.
+    assert!(enabled(|_| None) && enabled(v("")) && enabled(v("maybe")));
 }
 
 /// The cost of one small collective's span tree (occl's order: 8 spans, 26 events), through the
@@ -394,4 +401,96 @@ fn a_gpu_operation_is_timed_by_its_kernel_channels_device_times() {
     assert_eq!(value(&text, &format!("occl_collective_duration_seconds_count{{{l}}}")), Some(1.0), "{text}");
     let sum = value(&text, &format!("occl_collective_duration_seconds_sum{{{l}}}")).expect("sum");
     assert!((sum - 0.006).abs() < 1e-6, "from the Coll's start to the last channel's device stop: {sum}");
+}
+
+/// The direct route (the core bumping a rank's series) renders exactly what the span route
+/// renders for the same operations: series, labels and values. A direct rank's spans are
+/// declined, and a rank has one direct route at a time.
+#[test]
+fn the_direct_route_renders_what_the_span_route_renders() {
+    let (by_spans, direct) = (Exporter::new(), Exporter::new());
+    let m = Arc::new(meta(Some("tp"), 1));
+    spans::Exporter::comm_init(&by_spans, &m);
+    assert!(spans::Exporter::takes(&direct, &m));
+    let r = direct.rank(&m).expect("room");
+    assert!(!spans::Exporter::takes(&direct, &m), "a direct rank's spans are declined");
+    assert!(direct.rank(&m).is_none(), "one direct route per rank");
+    // (op number, op, algo, count of f32, duration): algorithms alternating within one size
+    // class, and every size class.
+    let ops: [(u8, &'static str, &'static str, usize, u64); 9] = [
+        (2, "AllReduce", "RING", 2, 700),
+        (2, "AllReduce", "TREE", 3, 1_800),
+        (2, "AllReduce", "RING", 2, 2_600),
+        (2, "AllReduce", "RING", 5_000, 40_000),
+        (2, "AllReduce", "RING", 300_000, 900_000),
+        (2, "AllReduce", "RING", 80_000_000, 3_000_000_000),
+        (3, "AllGather", "RING", 10, 1_000),
+        (4, "ReduceScatter", "RING", 10, 1_000),
+        (1, "Broadcast", "TREE", 100, 20_000_000),
+    ];
+    for (n, op, algo, count, dur) in ops {
+        let bytes = count as u64 * 4;
+        let descr = coll_by(op, algo, count);
+        let steps = [
+            StepTotals { send: true, steps: 2, bytes, ..Default::default() },
+            StepTotals { steps: 3, bytes, ..Default::default() },
+        ];
+        let moved = [("shm", true, bytes), ("shm", false, bytes)];
+        let t = OpTotals { descr, start_ns: 1_000, end_ns: 1_000 + dur, steps, transport_bytes: &moved };
+        spans::Exporter::op_totals(&by_spans, &m, &t);
+        let labels = || OpLabels { p2p: false, op, algo, proto: "SIMPLE", dtype: "ncclFloat32" };
+        r.op(OpSlot { op: n, dtype: 7, choice: u8::from(algo == "TREE") }, labels, bytes, dur);
+        r.moved("shm", &Moved { steps: [2, 3], bytes: [bytes, bytes] });
+    }
+    // Point-to-point, and a datatype number beyond the slot array (counted the slow way).
+    for (dtype, n) in [("ncclFloat32", 7u8), ("ncclInt8", 200)] {
+        let descr = EventDescr::P2p {
+            rank: 1,
+            func: "Send",
+            buff: 0,
+            datatype: dtype,
+            count: 300,
+            peer: 0,
+            n_channels: 1,
+            parent_group: None,
+        };
+        let bytes = 300 * elem_size(dtype);
+        let t = OpTotals { descr, start_ns: 5, end_ns: 905, steps: Default::default(), transport_bytes: &[] };
+        spans::Exporter::op_totals(&by_spans, &m, &t);
+        let labels = || OpLabels { p2p: true, op: "Send", algo: "x", proto: "y", dtype };
+        r.op(OpSlot { op: 6, dtype: n, choice: 0 }, labels, bytes, 900);
+    }
+    spans::Exporter::note(&by_spans, &m, &Note::OpFailed { func: "AllReduce", kind: "InvalidUsage" });
+    r.failed("AllReduce", "InvalidUsage");
+    let (a, b) = (render(&by_spans), render(&direct));
+    let only = |x: &str, y: &str| x.lines().filter(|l| !y.lines().any(|m| m == *l)).collect::<Vec<_>>().join("\n");
+    assert!(a == b, "span route only:\n{}\ndirect route only:\n{}", only(&a, &b), only(&b, &a));
+    check_exposition(&b).expect("valid exposition");
+    assert!(b.contains("size_class=\"256MiB+\""), "{b}");
+    // Dropped, the rank goes back to the span route with its counts.
+    drop(r);
+    assert!(spans::Exporter::takes(&direct, &m));
+    assert_eq!(render(&direct), b);
+}
+
+/// The cost of the direct route for one small operation (an 8 B all-reduce's series and its two
+/// steps); run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn cost_of_one_direct_operation() {
+    let e = Exporter::new();
+    let r = e.rank(&meta(None, 0)).expect("room");
+    let labels = || OpLabels { p2p: false, op: "AllReduce", algo: "ONE_SHOT", proto: "LL", dtype: "ncclFloat32" };
+    let moved = Moved { steps: [1, 1], bytes: [8, 8] };
+    let n = 20_000_000u64;
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        r.op(OpSlot { op: 2, dtype: 7, choice: 9 }, labels, std::hint::black_box(8), 250 + (i & 63));
+        r.moved("shm", std::hint::black_box(&moved));
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!("direct route: {ns:.1} ns per operation");
+    assert!(render(&e).contains(&format!(
+        "op=\"AllReduce\",algo=\"ONE_SHOT\",proto=\"LL\",dtype=\"ncclFloat32\",size_class=\"0-4KiB\"}} {n}"
+    )));
 }

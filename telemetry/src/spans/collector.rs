@@ -57,7 +57,7 @@ impl Telemetry {
     pub fn comm_sink(&self, comm: CommMeta) -> Arc<CommSpans> {
         let comm = Arc::new(comm);
         let exporters: Vec<(u64, Arc<dyn Exporter>)> =
-            self.exporters.iter().map(|e| (e.interest().0, e.clone())).collect();
+            self.exporters.iter().filter(|e| e.takes(&comm)).map(|e| (e.interest().0, e.clone())).collect();
         for (_, e) in &exporters {
             e.comm_init(&comm);
         }
@@ -76,6 +76,7 @@ impl Profiler for Telemetry {
         "occl-telemetry"
     }
 
+    /// Declines (`None`) a communicator that none of its exporters takes ([`Exporter::takes`]).
     fn init(&self, c: &CommInfo<'_>) -> Option<Arc<dyn Sink>> {
         let meta = CommMeta {
             name: c.comm_name.map(str::to_owned),
@@ -84,6 +85,9 @@ impl Profiler for Telemetry {
             nranks: c.nranks,
             n_nodes: c.n_nodes,
         };
+        if !self.exporters.is_empty() && !self.exporters.iter().any(|e| e.takes(&meta)) {
+            return None;
+        }
         Some(self.comm_sink(meta))
     }
 }

@@ -148,6 +148,14 @@ pub trait Exporter: Send + Sync + 'static {
     /// The event types this exporter wants spans of; asked once, when a communicator starts.
     fn interest(&self) -> EventMask;
 
+    /// Whether this exporter takes communicator `comm`'s spans at all (asked once, when it
+    /// starts). One that is fed another way (the Prometheus exporter for a rank whose series
+    /// occl's core bumps directly) declines, and gets no callback of it.
+    fn takes(&self, comm: &CommMeta) -> bool {
+        let _ = comm;
+        true
+    }
+
     /// A communicator was created (NCCL's `init`).
     fn comm_init(&self, comm: &Arc<CommMeta>) {
         let _ = comm;

@@ -225,6 +225,11 @@ impl<'a> Bench<'a> {
         }
     }
 
+    /// The same benchmark on `comm` (a communicator of the same ranks), on buffers of its own.
+    pub fn on<'c>(&self, comm: &'c Comm) -> Bench<'c> {
+        Bench::new(comm, self.coll, self.dt, self.op, self.root, self.cap)
+    }
+
     /// `warmup` untimed calls, a barrier, then `iters` calls timed as one batch: this rank's
     /// seconds per call.
     pub fn time(&mut self, layout: Layout, inplace: bool, warmup: usize, iters: usize) -> occl::Result<f64> {

@@ -6,7 +6,11 @@
 //!   slice): the cost of emission itself;
 //! - `collector`: the span collector handing every span to an exporter that drops it: what each
 //!   exporter pays before its own work;
-//! - `prometheus`: the collector feeding the Prometheus exporter, as `OCCL_METRICS=1` runs it;
+//! - `prometheus`: Prometheus metrics as occl runs them by default: the job's communicator with the
+//!   core bumping its series directly (the direct route, every peer over shm) against a
+//!   communicator split off it without them (no profilers): the same ranks and transports;
+//! - `prometheus-spans`: the collector feeding the Prometheus exporter: the route a communicator
+//!   with tcp peers takes;
 //! - `otlp[:F]`: the collector feeding the OTLP exporter, ProxySteps sampled at F (default the
 //!   exporter's), exporting over HTTP to a loopback sink each rank starts (a local collector
 //!   agent's place): the whole cost of OpenTelemetry export, its thread included;
@@ -35,7 +39,10 @@ use std::sync::Arc;
 pub enum AbSink {
     Counter,
     Collector,
+    /// The direct route: the job's communicator against a split without metrics.
     Prometheus,
+    /// The Prometheus exporter behind the span collector.
+    PrometheusSpans,
     /// The OTLP exporter with this ProxyStep sampling fraction (`None`: its default).
     Otlp(Option<f64>),
     Trace,
@@ -48,6 +55,7 @@ impl std::str::FromStr for AbSink {
             None if s == "counter" => Ok(AbSink::Counter),
             None if s == "collector" => Ok(AbSink::Collector),
             None if s == "prometheus" => Ok(AbSink::Prometheus),
+            None if s == "prometheus-spans" => Ok(AbSink::PrometheusSpans),
             None if s == "otlp" => Ok(AbSink::Otlp(None)),
             None if s == "trace" => Ok(AbSink::Trace),
             Some(("otlp", f)) => match f.parse::<f64>() {
@@ -55,7 +63,7 @@ impl std::str::FromStr for AbSink {
                 _ => Err(format!("'{f}' is not a sampling fraction between 0 and 1")),
             },
             _ => Err(format!(
-                "'{s}' is not a sink: expected counter, collector, prometheus, otlp, otlp:FRACTION or trace"
+                "'{s}' is not a sink: expected counter, collector, prometheus, prometheus-spans, otlp, otlp:FRACTION or trace"
             )),
         }
     }
@@ -105,6 +113,8 @@ enum Kind {
     Collector(Telemetry),
     /// One collector sink kept open across batches; the file is written at the end.
     Trace(Arc<dyn Sink>, Arc<TraceExporter>, PathBuf),
+    /// No sink: the "off" batches run on this communicator (the job's ranks without metrics).
+    Split(Box<Comm>),
 }
 
 /// The B side, and what to report and clean up after the run.
@@ -136,7 +146,23 @@ impl BSide {
                 collector(Arc::new(Null(EventMask::ALL))),
                 None,
             ),
-            AbSink::Prometheus => (
+            AbSink::Prometheus => {
+                if !comm.direct_metrics() {
+                    anyhow::bail!(
+                        "--events-sink prometheus: this communicator has no direct metrics (OCCL_METRICS=0, or a peer not over shm); prometheus-spans measures the span route"
+                    );
+                }
+                let config = occl::Config { profilers: occl::Profilers::Given(Vec::new()), ..comm.config().clone() };
+                let off = comm
+                    .split_with(0, comm.rank() as i32, config)?
+                    .ok_or_else(|| anyhow::anyhow!("the split without metrics gave no communicator"))?;
+                (
+                    "Prometheus metrics, direct route (off: a split without metrics)".into(),
+                    Kind::Split(Box::new(off)),
+                    None,
+                )
+            }
+            AbSink::PrometheusSpans => (
                 "the Prometheus exporter (span collector)".into(),
                 collector(Arc::new(occl_telemetry::prometheus::Exporter::new())),
                 None,
@@ -174,14 +200,17 @@ impl BSide {
             Kind::Counter(c) => c.interest(),
             Kind::Collector(t) => EventMask(t.exporters().iter().fold(0, |m, e| m | e.interest().0)),
             Kind::Trace(s, _, _) => s.interest(),
+            Kind::Split(_) => EventMask::NONE,
         }
     }
 
-    fn sink(&self) -> Arc<dyn Sink> {
+    /// The sink of the "on" batches (none for a split: they run on the job's communicator).
+    fn sink(&self) -> Option<Arc<dyn Sink>> {
         match &self.kind {
-            Kind::Counter(c) => c.clone(),
-            Kind::Collector(t) => t.comm_sink(self.meta.clone()),
-            Kind::Trace(s, _, _) => s.clone(),
+            Kind::Counter(c) => Some(c.clone()),
+            Kind::Collector(t) => Some(t.comm_sink(self.meta.clone())),
+            Kind::Trace(s, _, _) => Some(s.clone()),
+            Kind::Split(_) => None,
         }
     }
 
@@ -198,6 +227,10 @@ impl BSide {
                 s.dropped_queue_full,
                 s.dropped_export_failed
             )?;
+        }
+        if let Kind::Split(c) = self.kind {
+            c.destroy()?;
+            return Ok(());
         }
         if let Kind::Trace(_, ex, dir) = self.kind {
             for p in ex.write_all() {
@@ -243,6 +276,10 @@ pub fn run(
             "size(B)", "off(us)", "on(us)", "overhead", "events/op", "ns/event"
         )?;
     }
+    let mut off_bench = match &b.kind {
+        Kind::Split(c) => Some(bench.on(c)),
+        _ => None,
+    };
     // Counts the callbacks of the types the B sink wants (ancestors included, as emitted).
     let counter = Arc::new(Counter::default());
     counter.mask.store(b.interest().with_ancestors().0, Relaxed);
@@ -260,8 +297,14 @@ pub fn run(
             // or the second batch of a round (drift, the attach) weighs on both sides alike.
             let mut pair = [0.0; 2];
             for with in if round % 2 == 0 { [false, true] } else { [true, false] } {
-                let h = if with { Some(comm.attach_sink(b.sink())?) } else { None };
-                let t = bench.time(layout, false, warmup, iters)?;
+                let h = match b.sink() {
+                    Some(s) if with => Some(comm.attach_sink(s)?),
+                    _ => None,
+                };
+                let t = match (&mut off_bench, with) {
+                    (Some(o), false) => o.time(layout, false, warmup, iters)?,
+                    _ => bench.time(layout, false, warmup, iters)?,
+                };
                 if let Some(h) = h {
                     comm.detach_sink(h);
                 }
@@ -289,5 +332,6 @@ pub fn run(
             out.flush()?;
         }
     }
+    drop(off_bench);
     b.finish(lead, out)
 }
