@@ -7,24 +7,20 @@ use crate::Profiler;
 use std::sync::{Arc, OnceLock};
 
 /// The exporters that the process environment enables, in a fixed order.
-/// OTLP metrics (`OTEL_METRICS_EXPORTER=otlp`) export the Prometheus exporter's series: they turn
-/// it on unless `OCCL_METRICS=0`, and come last, so that a communicator's finalize reaches
+/// OTLP metrics (`OTEL_METRICS_EXPORTER=otlp`) export the Prometheus exporter's series (on unless
+/// `OCCL_METRICS=0`), and come last, so that a communicator's finalize reaches
 /// the counters before the export it triggers.
 pub fn from_env() -> Vec<Arc<dyn Exporter>> {
     let mut v: Vec<Arc<dyn Exporter>> = Vec::new();
-    let prom =
-        crate::prometheus::enabled(|k| std::env::var(k).ok()).then(|| Arc::new(crate::prometheus::Exporter::new()));
+    // The one exporter the core also bumps directly (`prometheus::process`), so both routes and
+    // every exposition count in the same series.
+    let prom = crate::prometheus::process().cloned();
     #[cfg(feature = "otlp")]
     let otlp_metrics = crate::otlp::metrics::MetricsConfig::from_env();
     #[cfg(feature = "otlp")]
-    let prom = prom.or_else(|| {
-        let off = std::env::var(crate::prometheus::ENV).is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off"));
-        let wanted = matches!(otlp_metrics, Ok(Some(_)));
-        if wanted && off {
-            tracing::warn!("occl telemetry: OTEL_METRICS_EXPORTER=otlp, but OCCL_METRICS=0 turns the counters off");
-        }
-        (wanted && !off).then(|| Arc::new(crate::prometheus::Exporter::new()))
-    });
+    if prom.is_none() && matches!(otlp_metrics, Ok(Some(_))) {
+        tracing::warn!("occl telemetry: OTEL_METRICS_EXPORTER=otlp, but OCCL_METRICS=0 turns the counters off");
+    }
     v.extend(prom.clone().map(|p| p as Arc<dyn Exporter>));
     #[cfg(feature = "otlp")]
     v.extend(crate::otlp::OtlpExporter::from_env());
