@@ -8,6 +8,7 @@
 
 use crate::backend::{self, Backend};
 use crate::comms;
+use crate::labels::Labels;
 use crate::metrics::{self, MetricsServer, Render};
 use crate::nccl_log;
 use crate::stats::{self, Reason};
@@ -193,6 +194,7 @@ fn closed() {
 }
 
 /// Starts the `/metrics` server where the environment says; a failure is logged, never fatal.
+/// Every series it serves carries this process's [`Labels`].
 fn serve(render: Render) -> Option<MetricsServer> {
     let addr = match metrics::addr_from_env() {
         Ok(Some(a)) => a,
@@ -202,10 +204,11 @@ fn serve(render: Render) -> Option<MetricsServer> {
             return None;
         }
     };
+    let labels = Labels::from_env();
     let text: Render = Arc::new(move || {
         let mut s = render();
         stats::render(&mut s);
-        s
+        labels.apply(&s)
     });
     match MetricsServer::start(addr, text) {
         Ok(s) => {
