@@ -322,6 +322,17 @@ impl Checker<'_> {
     }
 }
 
+/// Fails with every recorded failure and Prometheus's log, if there are any.
+fn no_failures(failures: &[String], p: &Prometheus) {
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}\n--- prometheus log:\n{}",
+        failures.len(),
+        failures.join("\n"),
+        p.log()
+    );
+}
+
 /// Waits until `q` returns something for which `ok` holds.
 fn wait_for(p: &Prometheus, q: &str, limit: Duration, ok: impl Fn(&[Sample]) -> bool) -> Result<Vec<Sample>, String> {
     let t = Instant::now();
@@ -492,13 +503,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     eprintln!("the whole check took {:?}", started.elapsed());
     let failures = std::mem::take(&mut ck.failures);
     drop(job);
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}\n--- prometheus log:\n{}",
-        failures.len(),
-        failures.join("\n"),
-        p.log()
-    );
+    no_failures(&failures, &p);
 }
 
 /// This machine's host name, as the `host` label has it.
@@ -666,11 +671,5 @@ fn a_job_on_nccls_profiler_plugin_fills_the_board_variables_and_main_panels() {
     }
     let failures = std::mem::take(&mut ck.failures);
     drop(children);
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}\n--- prometheus log:\n{}",
-        failures.len(),
-        failures.join("\n"),
-        p.log()
-    );
+    no_failures(&failures, &p);
 }
