@@ -515,9 +515,9 @@ fn host_name() -> String {
 const PLUGIN_JOB: &str = "occl-dashboards-plugin-test";
 /// Processes of the plugin job on this host (launcher local ranks 0 and 1: the plugin's port + local rank).
 const PLUGIN_PROCESSES: u16 = 2;
-/// The overview's panels a job on NCCL's profiler plugin fills: every one built on the exporter's series (the
-/// others are RAS's, occl's transport notes, or failure-only).
-const PLUGIN_PANELS: [&str; 14] = [
+/// The panels a job on NCCL's profiler plugin fills: the overview's built on the exporter's series (the others are
+/// RAS's, occl's transport notes, or failure-only) and the hang-triage board's in-flight ages.
+const PLUGIN_PANELS: [&str; 17] = [
     "Ranks reporting",
     "Collectives per second",
     "Bus bandwidth",
@@ -532,6 +532,9 @@ const PLUGIN_PANELS: [&str; 14] = [
     "Mean collective time per rank",
     "Share of time in collectives per rank",
     "Bus bandwidth per rank",
+    "Oldest operation in flight",
+    "Oldest in-flight operation age per rank",
+    "Longest-running operations now",
 ];
 
 /// The plugin cargo built beside this test (`target/<profile>/deps`, as a dependency of this crate).
@@ -650,10 +653,9 @@ fn a_job_on_nccls_profiler_plugin_fills_the_board_variables_and_main_panels() {
     assert_eq!(pids, want, "a pid label per process");
 
     ck.fill_variables("plugin", &board(BOARDS[0]));
-    let overview = format!("{} / ", BOARDS[0]);
     let main: Vec<Check> = panel_checks()
         .into_iter()
-        .filter(|(title, c)| PLUGIN_PANELS.contains(&title.as_str()) && c.what.starts_with(&overview))
+        .filter(|(title, _)| PLUGIN_PANELS.contains(&title.as_str()))
         .map(|(_, c)| c)
         .collect();
     let all = panel_checks();
@@ -668,6 +670,11 @@ fn a_job_on_nccls_profiler_plugin_fills_the_board_variables_and_main_panels() {
         wait_for(&p, &substitute(rate, &ck.vars), Duration::from_secs(10), |v| v.iter().any(|(_, x)| *x > 0.0))
     {
         ck.failures.push(format!("plugin: collectives per second: {e}"));
+    }
+    // One in-flight series per communicator rank of each process.
+    let ages = p.query(&format!("occl_operation_in_flight_age_seconds{{job=\"{PLUGIN_JOB}\"}}"));
+    if ages.len() != 2 * usize::from(PLUGIN_PROCESSES) || ages.iter().any(|(_, a)| !(0.0..5.0).contains(a)) {
+        ck.failures.push(format!("plugin: in-flight ages: {ages:?}"));
     }
     let failures = std::mem::take(&mut ck.failures);
     drop(children);

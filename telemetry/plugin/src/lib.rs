@@ -31,6 +31,7 @@ pub mod abi;
 mod backend;
 mod comms;
 mod hooks;
+mod inflight;
 pub mod labels;
 pub mod metrics;
 #[allow(unsafe_code)] // calls NCCL's C-variadic logger
