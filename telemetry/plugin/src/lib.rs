@@ -16,7 +16,8 @@
 //! - `/metrics` is served on a port of its own ([`metrics`]: `OCCL_METRICS_ADDR`, default
 //!   `127.0.0.1:9464` plus the launcher's local rank; `off` disables it) while any communicator
 //!   lives; the last `finalize` stops it and flushes the exporters. Its series carry `job`,
-//!   `host` and `pid` ([`labels`]) besides `comm` and `rank`, as RAS's do for a job on occl.
+//!   `host` and `pid` ([`labels`]) besides `comm` and `rank`, as RAS's do for a job on occl; the
+//!   plugin adds each communicator rank's `occl_operation_in_flight_age_seconds` (`inflight`).
 //!
 //! Load it with `NCCL_PROFILER_PLUGIN=/abs/path/libnccl_profiler_occl.so` (NCCL 2.23–2.30 except
 //! 2.27.3), or copy it to `libnccl-profiler-occl.so` on `LD_LIBRARY_PATH` and set
