@@ -179,8 +179,9 @@ fn substitute(expr: &str, vars: &BTreeMap<String, Vec<String>>) -> String {
     e
 }
 
-/// The test's copies of the committed config and rules, scaled per [`TEST_SCALE`], and a targets file for the job.
-fn test_config(dir: &Path, ras_port: u16) -> String {
+/// The test's copies of the committed config and rules, scaled per [`TEST_SCALE`], and a targets file naming `job`'s
+/// `ports` on loopback.
+fn test_config(dir: &Path, ports: &[u16], job: &str) -> String {
     let src = dashboards_dir().join("prometheus");
     let mut files: BTreeMap<&str, String> = BTreeMap::new();
     for f in ["prometheus.yml", "alerts.yml"] {
@@ -212,7 +213,10 @@ fn test_config(dir: &Path, ras_port: u16) -> String {
     assert!(example.contains("    job: "), "the example targets file labels its job");
     std::fs::write(
         dir.join("targets/test-job.yml"),
-        format!("- targets:\n    - 127.0.0.1:{ras_port}\n  labels:\n    job: {JOB}\n"),
+        format!(
+            "- targets:\n{}  labels:\n    job: {job}\n",
+            ports.iter().map(|p| format!("    - 127.0.0.1:{p}\n")).collect::<String>()
+        ),
     )
     .expect("write targets");
     files["prometheus.yml"].clone()
@@ -226,6 +230,30 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
+    /// Evaluates `b`'s template variables in order (each one's values fill the later ones' queries) into `vars`;
+    /// records a variable without values.
+    fn fill_variables(&mut self, phase: &str, b: &Value) {
+        self.vars.clear();
+        for var in b["templating"]["list"].as_array().into_iter().flatten() {
+            let Some((sel, label)) = variable_query(var) else { continue };
+            let name = var["name"].as_str().unwrap_or("").to_string();
+            let q = substitute(&format!("group by ({label}) ({sel})"), &self.vars);
+            let values: Vec<String> = self
+                .p
+                .query(&q)
+                .into_iter()
+                .filter_map(|(l, _)| l.get(&label).cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            eprintln!("{phase}: {} variable {name} = {values:?}", b["title"]);
+            if values.is_empty() {
+                self.failures.push(format!("{phase}: {}: template variable {name} has no values: {q}", b["title"]));
+            }
+            self.vars.insert(name, values);
+        }
+    }
+
     fn eval(&self, c: &Check) -> Result<Vec<Sample>, String> {
         self.p.try_query(&substitute(&c.expr, &self.vars))
     }
@@ -294,6 +322,17 @@ impl Checker<'_> {
     }
 }
 
+/// Fails with every recorded failure and Prometheus's log, if there are any.
+fn no_failures(failures: &[String], p: &Prometheus) {
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}\n--- prometheus log:\n{}",
+        failures.len(),
+        failures.join("\n"),
+        p.log()
+    );
+}
+
 /// Waits until `q` returns something for which `ok` holds.
 fn wait_for(p: &Prometheus, q: &str, limit: Duration, ok: impl Fn(&[Sample]) -> bool) -> Result<Vec<Sample>, String> {
     let t = Instant::now();
@@ -338,7 +377,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     let job = Job::spawn(worker(), &["dashboards".to_string()], RANKS, &spawn).expect("start job");
     job.wait_for_all("READY", Duration::from_secs(60)).expect("ranks run");
 
-    let config = test_config(&dir, port);
+    let config = test_config(&dir, &[port], JOB);
     let p = Prometheus::start(&prometheus, &config, &dir);
     // The rules as Prometheus loaded them: every alert and recording rule is a check.
     let (_, rules) = common::prometheus::get(p.port, "/api/v1/rules").unwrap_or_default();
@@ -387,24 +426,7 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
         v.iter().all(|(_, n)| *n >= 6.0) && !v.is_empty()
     })
     .unwrap_or_else(|e| panic!("scrapes: {e}\n{}", p.log()));
-    let b = board(BOARDS[0]);
-    for var in b["templating"]["list"].as_array().into_iter().flatten() {
-        let Some((sel, label)) = variable_query(var) else { continue };
-        let name = var["name"].as_str().unwrap_or("").to_string();
-        let q = substitute(&format!("group by ({label}) ({sel})"), &ck.vars);
-        let values: Vec<String> = p
-            .query(&q)
-            .into_iter()
-            .filter_map(|(l, _)| l.get(&label).cloned())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        eprintln!("variable {name} = {values:?}");
-        if values.is_empty() {
-            ck.failures.push(format!("healthy: template variable {name} has no values: {q}"));
-        }
-        ck.vars.insert(name, values);
-    }
+    ck.fill_variables("healthy", &board(BOARDS[0]));
     assert_eq!(ck.vars.get("job"), Some(&vec![JOB.to_string()]), "the job's own label names the job");
     assert_eq!(ck.vars.get("host"), Some(&vec![host_name()]), "RAS's host label: the host name");
     assert_eq!(ck.vars.get("rank").map(Vec::len), Some(RANKS), "{:?}", ck.vars);
@@ -481,16 +503,180 @@ fn every_panel_and_rule_has_data_from_a_live_job_and_the_alerts_fire_in_their_ph
     eprintln!("the whole check took {:?}", started.elapsed());
     let failures = std::mem::take(&mut ck.failures);
     drop(job);
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}\n--- prometheus log:\n{}",
-        failures.len(),
-        failures.join("\n"),
-        p.log()
-    );
+    no_failures(&failures, &p);
 }
 
 /// This machine's host name, as the `host` label has it.
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// The job on NCCL's route: the plugin's name for its `OCCL_JOB_ID`.
+const PLUGIN_JOB: &str = "occl-dashboards-plugin-test";
+/// Processes of the plugin job on this host (launcher local ranks 0 and 1: the plugin's port + local rank).
+const PLUGIN_PROCESSES: u16 = 2;
+/// The panels a job on NCCL's profiler plugin fills: the overview's built on the exporter's series (the others are
+/// RAS's, occl's transport notes, or failure-only) and the hang-triage board's in-flight ages.
+const PLUGIN_PANELS: [&str; 17] = [
+    "Ranks reporting",
+    "Collectives per second",
+    "Bus bandwidth",
+    "Failed operations (time range)",
+    "Bus bandwidth by collective and size class",
+    "Latency p50 and p99 by collective and size class",
+    "Message sizes",
+    "Average message size by collective",
+    "Operations per second by collective",
+    "Point-to-point latency p99",
+    "Proxy step wait time by state",
+    "Mean collective time per rank",
+    "Share of time in collectives per rank",
+    "Bus bandwidth per rank",
+    "Oldest operation in flight",
+    "Oldest in-flight operation age per rank",
+    "Longest-running operations now",
+];
+
+/// The plugin cargo built beside this test (`target/<profile>/deps`, as a dependency of this crate).
+fn plugin_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let lib = exe.parent().expect("deps dir").join("libnccl_profiler_occl.so");
+    assert!(lib.is_file(), "{} is missing: cargo builds it with occl-tests' tests", lib.display());
+    lib
+}
+
+/// The plugin's NCCL-shaped C host (telemetry/plugin/tests/host/host.c) for profiler API v6, built in `dir`.
+fn nccl_host(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../telemetry/plugin/tests/host/host.c");
+    let out = dir.join("nccl_host_v6");
+    let res = Command::new("cc")
+        .args(["-O1", "-std=c11", "-Wall", "-Wextra", "-Werror", "-DHOST_API=6", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-ldl", "-lpthread"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `cc` ({e}); install gcc (scripts/test.sh does)"));
+    assert!(res.status.success(), "building the host:\n{}", String::from_utf8_lossy(&res.stderr));
+    out
+}
+
+/// A loopback port `p` such that `p .. p + n` are all free now.
+fn free_ports(n: u16) -> u16 {
+    (0..100)
+        .find_map(|_| {
+            let p = free_port();
+            let held: Vec<_> =
+                (1..n).filter_map(|i| std::net::TcpListener::bind(("127.0.0.1", p.checked_add(i)?)).ok()).collect();
+            (held.len() == usize::from(n) - 1).then_some(p)
+        })
+        .expect("a run of free ports")
+}
+
+/// Child processes killed (and reaped) when the test ends, passed or not.
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn a_job_on_nccls_profiler_plugin_fills_the_board_variables_and_main_panels() {
+    let prometheus = required("prometheus");
+    let dir = scratch("dashboards-plugin");
+    std::fs::copy(plugin_library(), dir.join("libnccl-profiler-occl.so")).expect("copy the plugin");
+    let host = nccl_host(&dir);
+    let base = free_ports(PLUGIN_PROCESSES);
+    // Two processes of one job on this host, as a launcher starts them: each loads the plugin by NCCL's name for it,
+    // with Prometheus metrics on, and serves /metrics on the default address's scheme, port + local rank. Each emits
+    // NCCL's events of two communicators from its application, proxy, network and proxy-control threads, a round of
+    // 16 iterations every 200 ms.
+    let mut children = Children(Vec::new());
+    for r in 0..PLUGIN_PROCESSES {
+        let mut c = Command::new(&host);
+        c.arg("libnccl-profiler-occl.so").arg("run").current_dir(&dir).env("LD_LIBRARY_PATH", &dir);
+        for k in ["OCCL_PROFILER_TEST_SPANS", "OCCL_PROFILER_TEST_MASK", "HOST_PAUSE", "HOST_METRICS_PORT"]
+            .into_iter()
+            .chain(["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "OTEL_EXPORTER_OTLP_ENDPOINT", "OCCL_TRACE_FILE"])
+        {
+            c.env_remove(k);
+        }
+        c.envs([
+            ("OCCL_METRICS", "1".to_string()),
+            ("OCCL_METRICS_ADDR", format!("127.0.0.1:{base}")),
+            ("LOCAL_RANK", r.to_string()),
+            ("OCCL_JOB_ID", PLUGIN_JOB.to_string()),
+            ("HOST_ROUNDS", "1000".to_string()),
+            ("HOST_ROUND_MS", "200".to_string()),
+        ]);
+        c.stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("host-{r}.err"))).expect("log"));
+        children.0.push(c.spawn().expect("start the host"));
+    }
+    let ports: Vec<u16> = (0..PLUGIN_PROCESSES).map(|r| base + r).collect();
+    let t = Instant::now();
+    for &port in &ports {
+        loop {
+            let body = common::prometheus::get(port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+            if body.contains("occl_communicator_info{") {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "no /metrics on port {port}:\n{body}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    let config = test_config(&dir, &ports, PLUGIN_JOB);
+    let p = Prometheus::start(&prometheus, &config, &dir);
+    wait_for(&p, "count_over_time(occl_collective_operations_total[10s])", Duration::from_secs(30), |v| {
+        v.iter().all(|(_, n)| *n >= 6.0) && !v.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("scrapes: {e}\n{}", p.log()));
+
+    let mut ck = Checker { p: &p, vars: BTreeMap::new(), failures: Vec::new() };
+    for name in BOARDS {
+        ck.fill_variables("plugin", &board(name));
+        let v = |n: &str| ck.vars.get(n).cloned().unwrap_or_default();
+        assert_eq!(v("job"), [PLUGIN_JOB], "{name}: the job's own label names the job");
+        assert_eq!(v("host"), [host_name()], "{name}: the plugin's host label: the host name");
+        assert_eq!(v("comm"), ["0000000000001000", "0000000000001001"], "{name}: the host's two communicators");
+        assert_eq!(v("rank"), ["0", "1"], "{name}");
+    }
+    // Every series carries the label set of a job on occl, from both processes.
+    let pids: BTreeSet<String> =
+        p.query("occl_communicator_info").into_iter().filter_map(|(l, _)| l.get("pid").cloned()).collect();
+    let want: BTreeSet<String> = children.0.iter().map(|c| c.id().to_string()).collect();
+    assert_eq!(pids, want, "a pid label per process");
+
+    ck.fill_variables("plugin", &board(BOARDS[0]));
+    let main: Vec<Check> = panel_checks()
+        .into_iter()
+        .filter(|(title, _)| PLUGIN_PANELS.contains(&title.as_str()))
+        .map(|(_, c)| c)
+        .collect();
+    let all = panel_checks();
+    let titles: BTreeSet<&str> = all.iter().map(|(t, _)| t.as_str()).collect();
+    for t in PLUGIN_PANELS {
+        assert!(titles.contains(t), "no panel titled {t:?} any more: update PLUGIN_PANELS");
+    }
+    ck.all_have_data("plugin", &main, Duration::from_secs(30));
+    // Not only present: the job is running collectives.
+    let rate = &main.iter().find(|c| c.what.contains("/ Collectives per second /")).expect("panel").expr;
+    if let Err(e) =
+        wait_for(&p, &substitute(rate, &ck.vars), Duration::from_secs(10), |v| v.iter().any(|(_, x)| *x > 0.0))
+    {
+        ck.failures.push(format!("plugin: collectives per second: {e}"));
+    }
+    // One in-flight series per communicator rank of each process.
+    let ages = p.query(&format!("occl_operation_in_flight_age_seconds{{job=\"{PLUGIN_JOB}\"}}"));
+    if ages.len() != 2 * usize::from(PLUGIN_PROCESSES) || ages.iter().any(|(_, a)| !(0.0..5.0).contains(a)) {
+        ck.failures.push(format!("plugin: in-flight ages: {ages:?}"));
+    }
+    let failures = std::mem::take(&mut ck.failures);
+    drop(children);
+    no_failures(&failures, &p);
 }

@@ -12,6 +12,7 @@
 //! and `finalize`; a sink is called under the read lock, so once `remove` returns no event
 //! reaches it.
 
+use crate::inflight::InFlight;
 use occl_telemetry::nccl::ApiVersion;
 use occl_telemetry::{EventId, EventMask, Sink};
 use std::num::NonZeroU64;
@@ -34,6 +35,11 @@ pub struct Comm {
     pub sink: Arc<dyn Sink>,
     /// What the sink wants, in the version's types (asked once, at init).
     pub interest: EventMask,
+    /// NCCL's communicator hash and this rank (v1–v3 give neither: 0).
+    pub hash: u64,
+    pub rank: i32,
+    /// Its operations in flight.
+    pub flight: InFlight,
     next: AtomicU64,
 }
 
@@ -81,7 +87,7 @@ fn lookup(table: &[Slot], value: usize) -> Option<&Comm> {
 }
 
 /// Registers a communicator; `None` when [`MAX_COMMS`] are live.
-pub fn add(version: ApiVersion, sink: Arc<dyn Sink>, interest: EventMask) -> Option<Arc<Comm>> {
+pub fn add(version: ApiVersion, sink: Arc<dyn Sink>, interest: EventMask, hash: u64, rank: i32) -> Option<Arc<Comm>> {
     let mut t = TABLE.write().unwrap_or_else(PoisonError::into_inner);
     let slot = match t.iter().position(|s| s.comm.is_none()) {
         Some(i) => i,
@@ -95,7 +101,16 @@ pub fn add(version: ApiVersion, sink: Arc<dyn Sink>, interest: EventMask) -> Opt
     // Never 0, so a key (and a context) is never 0 either.
     s.generation = s.generation.wrapping_add(1).max(1);
     let key = (slot as u64) << 8 | u64::from(s.generation);
-    let comm = Arc::new(Comm { key, version, sink, interest, next: AtomicU64::new(1) });
+    let comm = Arc::new(Comm {
+        key,
+        version,
+        sink,
+        interest,
+        hash,
+        rank,
+        flight: InFlight::default(),
+        next: AtomicU64::new(1),
+    });
     s.comm = Some(comm.clone());
     Some(comm)
 }
@@ -135,6 +150,13 @@ pub fn interest() -> EventMask {
     read().iter().filter_map(|s| s.comm.as_ref()).fold(EventMask::NONE, |m, c| m | c.interest)
 }
 
+/// Runs `f` on every live communicator.
+pub fn each(mut f: impl FnMut(&Comm)) {
+    for c in read().iter().filter_map(|s| s.comm.as_deref()) {
+        f(c);
+    }
+}
+
 /// Live communicators per API version, newest first (versions without any omitted).
 pub fn census() -> Vec<(ApiVersion, usize)> {
     let t = read();
@@ -158,8 +180,8 @@ mod tests {
 
     #[test]
     fn handles_name_their_communicator_and_nothing_else() {
-        let a = add(ApiVersion::V5, Arc::new(Quiet), EventMask(2)).expect("room");
-        let b = add(ApiVersion::V5, Arc::new(Quiet), EventMask(4)).expect("room");
+        let a = add(ApiVersion::V5, Arc::new(Quiet), EventMask(2), 1, 0).expect("room");
+        let b = add(ApiVersion::V5, Arc::new(Quiet), EventMask(4), 1, 1).expect("room");
         assert_ne!(a.context(), 0);
         let (ha, hb) = (a.issue(), b.issue());
         assert_ne!(ha, hb);
@@ -177,7 +199,7 @@ mod tests {
         assert!(remove(ctx).is_none());
         assert_eq!(with(stale.get() as usize, |_| ()), None, "finalized");
         // The slot is reused with a new generation: old values still find nothing.
-        let c = add(ApiVersion::V4, Arc::new(Quiet), EventMask(1)).expect("room");
+        let c = add(ApiVersion::V4, Arc::new(Quiet), EventMask(1), 2, 0).expect("room");
         assert_ne!(c.context(), ctx);
         assert_eq!(with(stale.get() as usize, |_| ()), None);
         assert!(remove(b.context()).is_some() && remove(c.context()).is_some());

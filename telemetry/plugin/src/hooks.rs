@@ -8,6 +8,7 @@
 
 use crate::backend::{self, Backend};
 use crate::comms;
+use crate::labels::Labels;
 use crate::metrics::{self, MetricsServer, Render};
 use crate::nccl_log;
 use crate::stats::{self, Reason};
@@ -16,6 +17,7 @@ use occl_telemetry::nccl::ApiVersion;
 use occl_telemetry::{CommInfo, EventDescr, EventId, EventMask, StateArgs};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// What `init` gives back to NCCL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +55,7 @@ pub fn init(version: ApiVersion, info: &CommInfo<'_>) -> Init {
     };
     // NCCL sends every step: a sink that wants step sums gets them as ProxySteps.
     let interest = sink.interest().steps_as_events() & known;
-    let Some(comm) = comms::add(version, sink.clone(), interest) else {
+    let Some(comm) = comms::add(version, sink.clone(), interest, info.comm_hash, info.rank) else {
         sink.finalize();
         nccl_log::warn_once(
             &FULL,
@@ -100,6 +102,13 @@ pub fn start<'a>(
             }
         }
         let id = c.issue();
+        match (&d.descr, d.parent) {
+            (EventDescr::Coll { .. } | EventDescr::P2p { .. }, _) => c.flight.op_started(id.get(), Instant::now()),
+            (EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. }, Some(p)) => {
+                c.flight.child_started(id.get(), p.get())
+            }
+            _ => {}
+        }
         c.sink.start(id, d.parent, &d.descr);
         id.get() as usize
     });
@@ -135,7 +144,12 @@ pub fn stop(handle: usize) {
     if handle == 0 {
         return;
     }
-    let known = comms::with(handle, |c| c.own(handle).map(|id| c.sink.stop(id)));
+    let known = comms::with(handle, |c| {
+        c.own(handle).map(|id| {
+            c.sink.stop(id);
+            c.flight.stopped(id.get());
+        })
+    });
     if known.flatten().is_none() {
         stats::count(Reason::UnknownHandle);
     }
@@ -193,6 +207,7 @@ fn closed() {
 }
 
 /// Starts the `/metrics` server where the environment says; a failure is logged, never fatal.
+/// Every series it serves carries this process's [`Labels`].
 fn serve(render: Render) -> Option<MetricsServer> {
     let addr = match metrics::addr_from_env() {
         Ok(Some(a)) => a,
@@ -202,10 +217,11 @@ fn serve(render: Render) -> Option<MetricsServer> {
             return None;
         }
     };
+    let labels = Labels::from_env();
     let text: Render = Arc::new(move || {
         let mut s = render();
         stats::render(&mut s);
-        s
+        labels.apply(&s)
     });
     match MetricsServer::start(addr, text) {
         Ok(s) => {

@@ -15,7 +15,9 @@
 //!   communicator its sink. Rust hosts that link the rlib can [`install`] another one (tests do).
 //! - `/metrics` is served on a port of its own ([`metrics`]: `OCCL_METRICS_ADDR`, default
 //!   `127.0.0.1:9464` plus the launcher's local rank; `off` disables it) while any communicator
-//!   lives; the last `finalize` stops it and flushes the exporters.
+//!   lives; the last `finalize` stops it and flushes the exporters. Its series carry `job`,
+//!   `host` and `pid` ([`labels`]) besides `comm` and `rank`, as RAS's do for a job on occl; the
+//!   plugin adds each communicator rank's `occl_operation_in_flight_age_seconds` (`inflight`).
 //!
 //! Load it with `NCCL_PROFILER_PLUGIN=/abs/path/libnccl_profiler_occl.so` (NCCL 2.23–2.30 except
 //! 2.27.3), or copy it to `libnccl-profiler-occl.so` on `LD_LIBRARY_PATH` and set
@@ -30,6 +32,8 @@ pub mod abi;
 mod backend;
 mod comms;
 mod hooks;
+mod inflight;
+pub mod labels;
 pub mod metrics;
 #[allow(unsafe_code)] // calls NCCL's C-variadic logger
 mod nccl_log;

@@ -1,9 +1,11 @@
 //! The plugin's own counters (what NCCL passed that could not be used) and its metrics: the
-//! lines `/metrics` serves after the exporters' (Prometheus text format, base units).
+//! lines `/metrics` serves after the exporters' (Prometheus text format, base units), with each
+//! communicator rank's `occl_operation_in_flight_age_seconds` ([`crate::inflight`]).
 
 use crate::comms;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 /// Why a call was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,4 +61,18 @@ pub fn render(out: &mut String) {
     for (v, n) in comms::census() {
         let _ = writeln!(out, "occl_profiler_plugin_communicators{{api=\"{v}\"}} {n}");
     }
+    out.push_str(
+        "# HELP occl_operation_in_flight_age_seconds How long the oldest operation in flight (its Coll or P2p, or a \
+         ProxyOp or KernelCh of it, open) has run (0 when idle).\n\
+         # TYPE occl_operation_in_flight_age_seconds gauge\n",
+    );
+    let now = Instant::now();
+    comms::each(|c| {
+        let age = c.flight.oldest_age_s(now);
+        let _ = writeln!(
+            out,
+            "occl_operation_in_flight_age_seconds{{comm=\"{:016x}\",rank=\"{}\"}} {age:.6}",
+            c.hash, c.rank
+        );
+    });
 }

@@ -367,6 +367,11 @@ fn metrics_are_served_while_communicators_live() {
         assert_eq!(sample(body, &format!("occl_profiler_plugin_communicators{{api=\"v{v}\"}}")), Some(2.0), "{body}");
         assert_eq!(sample(body, "occl_profiler_plugin_dropped_total{reason=\"bad_descriptor\"}"), Some(0.0));
         assert!(http_get(port, "/other").starts_with("HTTP/1.1 404"));
+        // Every series carries the process's labels, as RAS gives a job on occl.
+        let own = format!("pid=\"{}\",host=\"", child.id());
+        for l in body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            assert!(l.contains(&own), "v{v}: a series without the process labels: {l}");
+        }
         child.stdin.take().expect("stdin").write_all(b"go\n").expect("resume host");
         let out = child.wait_with_output().expect("host");
         let mut rest = String::new();

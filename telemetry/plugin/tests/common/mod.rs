@@ -53,9 +53,31 @@ pub fn http_get(port: u16, path: &str) -> String {
     s
 }
 
-/// The value of a sample line `name{labels} value` in Prometheus text.
+/// The labels `/metrics` adds to every series of the process (`nccl_profiler_occl::labels`).
+pub const PROCESS_LABELS: [&str; 3] = ["job", "pid", "host"];
+
+/// The value of the sample `name{labels}` in Prometheus text, whatever [`PROCESS_LABELS`] the
+/// line has besides (label values here hold no comma).
 pub fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        let (head, value) = l.rsplit_once(' ')?;
+        (without_process_labels(head) == series).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
+/// `name{labels}` less [`PROCESS_LABELS`].
+pub fn without_process_labels(head: &str) -> String {
+    let Some((name, labels)) = head.split_once('{') else { return head.to_owned() };
+    let kept: Vec<&str> = labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter(|kv| !PROCESS_LABELS.iter().any(|k| kv.starts_with(&format!("{k}=\""))))
+        .collect();
+    if kept.iter().all(|kv| kv.is_empty()) {
+        name.to_owned()
+    } else {
+        format!("{name}{{{}}}", kept.join(","))
+    }
 }
 
 /// One finished span of the test span log.

@@ -11,7 +11,9 @@
  *   host <library> reload    init/events/finalize, dlclose, and the same again
  *
  * Environment: HOST_PAUSE=1 (run) prints "PAUSED" before finalize and waits for a line on stdin;
- * HOST_METRICS_PORT=<port> (run) says after finalize whether that port still accepts.
+ * HOST_METRICS_PORT=<port> (run) says after finalize whether that port still accepts;
+ * HOST_ROUNDS=<n> (run) emits the iterations n times (default 1), HOST_ROUND_MS=<ms> apart, for a
+ * scraper watching a running job (each round's threads end when their iterations are through).
  * Output: key=value lines on stdout, NCCL logger calls on stderr as "NCCL-LOG <level> <text>".
  * Exit status 0 unless the host saw something wrong (it says what). */
 #define _GNU_SOURCE
@@ -738,15 +740,20 @@ static void run(void) {
         q_init(&cms[c].to_proxy);
         q_init(&cms[c].to_net);
     }
-    pthread_t th[NCOMMS][4];
-    for (int c = 0; c < NCOMMS; c++) {
-        pthread_create(&th[c][0], NULL, app_thread, &cms[c]);
-        pthread_create(&th[c][1], NULL, proxy_thread, &cms[c]);
-        pthread_create(&th[c][2], NULL, net_thread, &cms[c]);
-        pthread_create(&th[c][3], NULL, ctrl_thread, &cms[c]);
+    const char *rounds_env = getenv("HOST_ROUNDS"), *gap_env = getenv("HOST_ROUND_MS");
+    int rounds = rounds_env ? atoi(rounds_env) : 1, gap_ms = gap_env ? atoi(gap_env) : 0;
+    for (int r = 0; r < rounds; r++) {
+        if (r > 0 && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
+        pthread_t th[NCOMMS][4];
+        for (int c = 0; c < NCOMMS; c++) {
+            pthread_create(&th[c][0], NULL, app_thread, &cms[c]);
+            pthread_create(&th[c][1], NULL, proxy_thread, &cms[c]);
+            pthread_create(&th[c][2], NULL, net_thread, &cms[c]);
+            pthread_create(&th[c][3], NULL, ctrl_thread, &cms[c]);
+        }
+        for (int c = 0; c < NCOMMS; c++)
+            for (int t = 0; t < 4; t++) pthread_join(th[c][t], NULL);
     }
-    for (int c = 0; c < NCOMMS; c++)
-        for (int t = 0; t < 4; t++) pthread_join(th[c][t], NULL);
     qsort(handles, (size_t)nhandles, sizeof handles[0], cmp);
     int dup = 0;
     for (int i = 1; i < nhandles; i++) dup += handles[i] == handles[i - 1];
