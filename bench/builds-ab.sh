@@ -4,6 +4,7 @@
 # the table is the median over rounds. A refactor's "speed does not move" is read here.
 #   bench/builds-ab.sh DIR NAME...   runs DIR/occl-perf-NAME for each NAME (the first is the base)
 #   RANKS="2 4" COLLS="all_reduce sendrecv all_gather" ROUNDS=12 ITERS=1000 OUT=dir
+#   ENV_<NAME>="VAR=VALUE ..." runs build NAME with those variables (e.g. ENV_off="OCCL_METRICS=0").
 # ITERS matters: a process's first milliseconds run before the span clock has calibrated.
 set -euo pipefail
 dir=$1; shift
@@ -15,7 +16,8 @@ for ranks in ${RANKS:-2 4}; do
     k=$((round % ${#vs[@]})); order=("${vs[@]:k}" "${vs[@]:0:k}")
     for v in "${order[@]}"; do
       for coll in ${COLLS:-all_reduce sendrecv all_gather}; do
-        "$dir/occl-perf-$v" "$coll" -b 8 -e 4096 -f 8 -c 0 -n "${ITERS:-1000}" --ranks "$ranks" --bind \
+        envs=ENV_$v
+        env ${!envs:-} "$dir/occl-perf-$v" "$coll" -b 8 -e 4096 -f 8 -c 0 -n "${ITERS:-1000}" --ranks "$ranks" --bind \
           --batches 5 --json 2>/dev/null | sed "s/^/$v $coll$ranks $round /" >> "$out/builds-ab.txt"
       done
     done
