@@ -21,11 +21,7 @@ cd "$ROOT"
 ROUNDS=${ROUNDS:-3}
 RANKS=${RANKS:-"2 4"}
 TRANSPORTS=${TRANSPORTS:-"shm tcp"}
-# The anchors sit beside the checkout (../shared), or two levels up from a worktree.
-if [[ -z ${MPI_COLL_SRC:-} ]]; then
-  MPI_COLL_SRC=../shared/anchors/mpi_coll.c
-  [[ -f $MPI_COLL_SRC ]] || MPI_COLL_SRC=../../shared/anchors/mpi_coll.c
-fi
+MPI_COLL_SRC=${MPI_COLL_SRC:-bench/anchors/mpi_coll.c}
 MPI_MIN_SEC=${MPI_MIN_SEC:-0.3}
 PIN=${PIN:-}
 pin=()

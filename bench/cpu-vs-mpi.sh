@@ -11,7 +11,7 @@
 # Environment:
 #   ROUNDS=3                 rounds per transport (each round: every occl case, then one mpi run)
 #   TRANSPORTS="shm tcp"     which transports to compare
-#   MPI_COLL_SRC=../shared/anchors/mpi_coll.c   the anchor's source (relative to the repo root)
+#   MPI_COLL_SRC=bench/anchors/mpi_coll.c   the anchor's source (relative to the repo root)
 #   MPI_MIN_SEC=0.3          mpi_coll's minimum timed seconds per (op, size)
 #   RUN_TIMEOUT=600          seconds before one occl-perf or mpirun run counts as hung
 #   OUT_JSON=path            also write the final table there, one JSON object per line
@@ -27,7 +27,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 ROUNDS=${ROUNDS:-3}
 TRANSPORTS=${TRANSPORTS:-"shm tcp"}
-MPI_COLL_SRC=${MPI_COLL_SRC:-../shared/anchors/mpi_coll.c}
+MPI_COLL_SRC=${MPI_COLL_SRC:-bench/anchors/mpi_coll.c}
 MPI_MIN_SEC=${MPI_MIN_SEC:-0.3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 NP=2

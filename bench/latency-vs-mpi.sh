@@ -5,7 +5,7 @@
 #
 #   MPI_SMALL_BIN=path/to/mpi_coll bash bench/latency-vs-mpi.sh PERF...
 #
-# mpi_coll is ../shared/anchors/mpi_coll.c built with its SIZES set to {8, 64, 1024}
+# mpi_coll is bench/anchors/mpi_coll.c built with its SIZES set to {8, 64, 1024}
 # (bench/baselines/latency-vs-mpi.md, with the current figures). Environment: ROUNDS=3, RANKS="2 4", PIN=2-9 (taskset
 # list for both tools). Prints one line per round, rank count and tool: µs at 8 B, 64 B, 1 KiB.
 set -euo pipefail

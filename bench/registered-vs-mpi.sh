@@ -14,7 +14,7 @@
 # pins each rank to one CPU, where no helper starts. Open MPI runs as mpirun places it.
 #
 # Environment: ROUNDS=5, RANKS="2 4", PIN=cpu list for taskset (both tools), MPI_MIN_SEC=0.3,
-# KEEP=dir (keep the raw JSON lines). mpi_coll is /work/shared/anchors/mpi_coll.c built with
+# KEEP=dir (keep the raw JSON lines). mpi_coll is bench/anchors/mpi_coll.c built with
 # mpicc, its SIZES set to {1 << 20, 4 << 20, 16 << 20, 64 << 20} (bench/baselines/registered-vs-mpi.md).
 set -euo pipefail
 say() { printf '%s\n' "$*" >&2; }

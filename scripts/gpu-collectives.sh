@@ -20,7 +20,7 @@ build)
     CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build -p occl-tests --features cuda --release --bin occl-gpu || exit 1
     strip -o "$dir/occl-gpu" target/release/occl-gpu
     cp scripts/gpu-collectives.sh "$dir/"
-    [ -e ../shared/anchors/nccl_bench.py ] && cp ../shared/anchors/nccl_bench.py "$dir/"
+    [ -e bench/anchors/nccl_bench.py ] && cp bench/anchors/nccl_bench.py "$dir/"
     ls -la "$dir"
     ;;
 run)
