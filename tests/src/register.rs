@@ -208,7 +208,14 @@ pub fn all(comm: &Comm, host: bool, shared: bool, helpers: Option<usize>) -> Out
         // The largest sizes split (a rank's range of at least 2 MiB), so active windows start
         // every helper asked for, and inactive ones none.
         let want = if shared { want } else { 0 };
-        let got = helper_threads(comm.rank());
+        // A thread takes its name once it first runs: a helper that got no part yet may not
+        // have, on a loaded machine. Give the names a bounded while to appear.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = helper_threads(comm.rank());
+        while got != want && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            got = helper_threads(comm.rank());
+        }
         if got != want {
             wrong.push(format!("rank {}: {got} registered-collective helper threads, expected {want}", comm.rank()));
         }
