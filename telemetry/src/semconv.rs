@@ -36,45 +36,12 @@ fn a(k: &'static str, v: Val) -> Attr {
 
 /// Bytes of one element of an NCCL datatype; 0 when unknown.
 pub fn datatype_size(dt: &str) -> u64 {
-    match dt {
-        "ncclInt8" | "ncclUint8" | "ncclFloat8e4m3" | "ncclFloat8e5m2" => 1,
-        "ncclFloat16" | "ncclBfloat16" => 2,
-        "ncclInt32" | "ncclUint32" | "ncclFloat32" => 4,
-        "ncclInt64" | "ncclUint64" | "ncclFloat64" => 8,
-        _ => 0,
-    }
+    occl_types::DataType::from_nccl_name(dt).map_or(0, |d| d.size() as u64)
 }
 
-/// NCCL's name of a state number (reference §5).
+/// NCCL's name of a state number (`Unknown` for one NCCL does not define).
 pub fn state_name(state: u32) -> &'static str {
-    match state {
-        0 => "SendPosted",
-        1 => "SendRemFifoWait",
-        2 => "SendTransmitted",
-        3 => "SendDone",
-        4 => "RecvPosted",
-        5 => "RecvReceived",
-        6 => "RecvTransmitted",
-        7 => "RecvDone",
-        8 => "SendGPUWait",
-        9 => "SendWait",
-        10 => "RecvWait",
-        11 => "RecvFlushWait",
-        12 => "RecvGPUWait",
-        13 => "Idle",
-        14 => "Active",
-        15 => "Sleep",
-        16 => "Wakeup",
-        17 => "Append",
-        18 => "AppendEnd",
-        19 => "InProgress",
-        20 => "SendPeerWait",
-        21 => "NetPluginUpdate",
-        22 => "KernelChStop",
-        23 => "GroupStartApiStop",
-        24 => "GroupEndApiStart",
-        _ => "Unknown",
-    }
+    crate::event::state_name(state).unwrap_or("Unknown")
 }
 
 /// A ProxyStep's direction from its first state (sends start in SendGPUWait, receives in RecvWait).

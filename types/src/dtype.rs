@@ -118,6 +118,11 @@ impl DataType {
     pub fn from_u8(v: u8) -> Option<DataType> {
         DataType::ALL.get(usize::from(v)).copied()
     }
+
+    /// The type NCCL names `name` (`ncclFloat32`, as [`DataType::nccl_name`] writes it).
+    pub fn from_nccl_name(name: &str) -> Option<DataType> {
+        DataType::ALL.into_iter().find(|d| d.nccl_name() == name)
+    }
 }
 
 impl fmt::Display for DataType {
@@ -165,11 +170,13 @@ mod tests {
             assert_eq!(DataType::from_u8(i as u8), Some(*dt));
             assert_eq!(dt.name().parse::<DataType>(), Ok(*dt));
             assert_eq!(dt.short_name().parse::<DataType>(), Ok(*dt));
+            assert_eq!(DataType::from_nccl_name(dt.nccl_name()), Some(*dt));
             assert!(dt.size().is_power_of_two());
             assert!(!dt.is_fp8() || (dt.is_float() && dt.size() == 1));
         }
         assert_eq!(DataType::from_u8(12), None);
         assert_eq!(DataType::Bf16.nccl_name(), "ncclBfloat16");
         assert!("f128".parse::<DataType>().is_err());
+        assert_eq!(DataType::from_nccl_name("float"), None);
     }
 }

@@ -254,6 +254,39 @@ pub enum ProxyStepState {
     SendPeerWait = 20,
 }
 
+/// NCCL's name of a state number (ProxyOp, ProxyStep, ProxyCtrl and KernelCh states, and the
+/// group API marks; reference §5); `None` for a number NCCL does not define.
+pub fn state_name(state: u32) -> Option<&'static str> {
+    const NAMES: [&str; 25] = [
+        "SendPosted",
+        "SendRemFifoWait",
+        "SendTransmitted",
+        "SendDone",
+        "RecvPosted",
+        "RecvReceived",
+        "RecvTransmitted",
+        "RecvDone",
+        "SendGPUWait",
+        "SendWait",
+        "RecvWait",
+        "RecvFlushWait",
+        "RecvGPUWait",
+        "Idle",
+        "Active",
+        "Sleep",
+        "Wakeup",
+        "Append",
+        "AppendEnd",
+        "InProgress",
+        "SendPeerWait",
+        "NetPluginUpdate",
+        "KernelChStop",
+        "GroupStartApiStop",
+        "GroupEndApiStart",
+    ];
+    NAMES.get(state as usize).copied()
+}
+
 /// One whole operation summed by its emitter, for sinks that ask for
 /// [`crate::EventMask::OP_TOTALS`] (`Sink::op_totals`): what its Coll or P2p, ProxyOps, steps
 /// and transport notes would have told a metrics sink, in one call. A 1 MiB all-reduce's events

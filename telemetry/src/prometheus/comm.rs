@@ -185,13 +185,7 @@ fn counters<const N: usize>() -> [AtomicU64; N] {
 
 /// NCCL's element size for a datatype name (0 when unknown: its bytes are not counted).
 pub(crate) fn elem_size(dtype: &str) -> u64 {
-    match dtype {
-        "ncclInt8" | "ncclUint8" | "ncclFloat8e4m3" | "ncclFloat8e5m2" => 1,
-        "ncclFloat16" | "ncclBfloat16" => 2,
-        "ncclInt32" | "ncclUint32" | "ncclFloat32" => 4,
-        "ncclInt64" | "ncclUint64" | "ncclFloat64" => 8,
-        _ => 0,
-    }
+    occl_types::DataType::from_nccl_name(dtype).map_or(0, |d| d.size() as u64)
 }
 
 /// Bytes over the "bus" for one rank's part in an operation of `bytes` (count × element size, as

@@ -87,26 +87,7 @@ pub(crate) fn api_name(func: &str) -> String {
 
 /// NCCL's name of a ProxyOp or ProxyStep state number, for row arguments.
 pub(crate) fn state_name(state: u32) -> &'static str {
-    match state {
-        0 => "SendPosted",
-        1 => "SendRemFifoWait",
-        2 => "SendTransmitted",
-        3 => "SendDone",
-        4 => "RecvPosted",
-        5 => "RecvReceived",
-        6 => "RecvTransmitted",
-        7 => "RecvDone",
-        8 => "SendGPUWait",
-        9 => "SendWait",
-        10 => "RecvWait",
-        11 => "RecvFlushWait",
-        12 => "RecvGPUWait",
-        19 => "InProgress",
-        20 => "SendPeerWait",
-        21 => "NetPluginUpdate",
-        22 => "KernelChStop",
-        _ => "Other",
-    }
+    crate::event::state_name(state).unwrap_or("Other")
 }
 
 #[cfg(test)]
