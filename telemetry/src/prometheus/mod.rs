@@ -186,11 +186,6 @@ pub fn process() -> Option<&'static Arc<Exporter>> {
     PROCESS.get_or_init(|| enabled(|k| std::env::var(k).ok()).then(|| Arc::new(Exporter::new()))).as_ref()
 }
 
-/// The process's exporter ([`process`]) as one of the collector's exporters.
-pub fn from_env() -> Option<Arc<dyn spans::Exporter>> {
-    process().map(|e| Arc::clone(e) as Arc<dyn spans::Exporter>)
-}
-
 /// The Prometheus exporter: a [`spans::Exporter`] that aggregates spans into metrics and renders
 /// them in text exposition format.
 pub struct Exporter {
