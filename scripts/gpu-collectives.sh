@@ -4,7 +4,8 @@
 #                                          it, stripped, with this script and nccl_bench.py into DIR
 #   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all;
 #                                          N ranks share the GPUs there are, round-robin), also
-#                                          as thread ranks and staged across N host ids, the
+#                                          as thread ranks, staged across N host ids and on the
+#                                          copy engines (NCCL_CTA_POLICY=2), the
 #                                          KernelCh event check (occl-gpu events), then occl's and
 #                                          NCCL's benchmarks side by side (JSON lines under $OUT)
 #   DIR/gpu-collectives.sh run N check|bench   only one half (each fits a 10-minute device call)
@@ -40,6 +41,8 @@ run)
     echo "== correctness: $n thread ranks of one process (CudaComm::init_all), and staged as if on $n hosts"
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --threads "$n" --big 64M 2>&1 | tee "$OUT/check-threads.txt" | tail -4
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" --hosts "$n" --big 64M 2>&1 | tee "$OUT/check-staged.txt" | tail -4
+    echo "== correctness on the copy engines (NCCL_CTA_POLICY=2: all-gather, all-to-all, broadcast)"
+    NCCL_CTA_POLICY=2 timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check-ce.txt" | tail -4
     echo "== KernelCh events"
     timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events.txt" | tail -3
     fi

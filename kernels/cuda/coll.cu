@@ -43,7 +43,7 @@ struct CollArgs {
     unsigned mode, rank, nranks, root;  // root: the peer of send/recv
     unsigned div, nslots;
     unsigned pre;  // the pre-multiply sum's scalar: 0 none, 1 its bits in `scalar`, 2 its address
-    unsigned pad1;
+    unsigned nch;  // channels of this launch (lanes past it idle)
     u64 timers;  // host-mapped (start, stop) records of this launch, one per block; 0: untimed
     u64 scalar;
 };
@@ -75,7 +75,22 @@ DEV Ctrl* ctrl(const CollArgs& a, unsigned owner, unsigned b, unsigned q) {
     return (Ctrl*)(a.regions[owner] + a.ctrl_off + ((u64)b * a.nranks + q) * OCCL_CTRL);
 }
 
-// The per-block channel state, in shared memory for the kernel's duration.
+// A thread block runs blockDim.x / OCCL_LANE channels side by side ("lanes"), each with its own
+// threads, named barrier and channel state: while one lane waits on a flag or for its stores to
+// land, the other copies, so an SM keeps two channels' traffic in flight and a collective reaches
+// the link's bandwidth on half as many SMs (the SMs a model's kernels can keep). Every channel
+// runs the same chunk loop whichever block holds it: lanes change nothing the peer sees.
+#define OCCL_LANE 512
+#define OCCL_LANES_MAX 2
+
+DEV unsigned lane() { return threadIdx.x / OCCL_LANE; }
+// This thread's index within its lane.
+DEV unsigned lt() { return threadIdx.x % OCCL_LANE; }
+DEV unsigned chan_id() { return blockIdx.x * (blockDim.x / OCCL_LANE) + lane(); }
+// __syncthreads for the lane's threads only (barrier 0 stays the block's).
+DEV void lane_sync() { asm volatile("bar.sync %0, %1;" ::"r"(lane() + 1), "n"(OCCL_LANE) : "memory"); }
+
+// The per-channel state, in shared memory for the kernel's duration.
 struct Chan {
     u64 sent[OCCL_MAXR];
     u64 recvd[OCCL_MAXR];
@@ -103,18 +118,18 @@ DEV void wait_ge(const CollArgs& a, Chan& c, const u64* p, u64 want) {
 
 // Thread q waits for peer q: a free slot towards it (send) and/or a chunk from it (recv).
 DEV void wait_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
-    const unsigned t = threadIdx.x;
+    const unsigned t = lt();
     if (t < a.nranks && !c.failed) {
         if ((send >> t) & 1) wait_ge(a, c, &ctrl(a, a.rank, b, t)->tail, c.sent[t] + 1 > a.nslots ? c.sent[t] + 1 - a.nslots : 0);
         if ((recv >> t) & 1) wait_ge(a, c, &ctrl(a, a.rank, b, t)->head, c.recvd[t] + 1);
     }
-    __syncthreads();
+    lane_sync();
 }
 
-// After the block's writes to peers' slots (send) and reads of its own (recv): publish them.
+// After the lane's writes to peers' slots (send) and reads of its own (recv): publish them.
 DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
-    __syncthreads();
-    const unsigned t = threadIdx.x;
+    lane_sync();
+    const unsigned t = lt();
     if (t < a.nranks) {
         if ((send >> t) & 1) {
             c.sent[t]++;
@@ -125,7 +140,7 @@ DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsig
             st_release(&ctrl(a, t, b, a.rank)->tail, c.recvd[t]);
         }
     }
-    __syncthreads();
+    lane_sync();
 }
 
 DEV unsigned char* send_slot(const CollArgs& a, const Chan& c, unsigned b, unsigned p) {
@@ -165,7 +180,7 @@ template <class E, class O, bool PRE>
 static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, const typename E::S* const* src, int ns, u64 n, unsigned div, const Pre<E> pre) {
     typedef typename E::S S;
     enum { EPP = 16 / sizeof(S) };
-    const u64 t = threadIdx.x, st = blockDim.x;
+    const u64 t = lt(), st = OCCL_LANE;
     u64 al = 0;
 #pragma unroll
     for (int k = 0; k < OCCL_MAXR + 1; k++) {
@@ -242,8 +257,8 @@ static __device__ __noinline__ void copy_packs(uint4* const* dst, const uint4* s
     uint4* d[ND];
 #pragma unroll
     for (int k = 0; k < ND; k++) d[k] = dst[k];
-    const u64 st = blockDim.x;
-    u64 i = threadIdx.x;
+    const u64 st = OCCL_LANE;
+    u64 i = lt();
     for (; i + (OCCL_CCU - 1) * st < nv; i += OCCL_CCU * st) {
         uint4 x[OCCL_CCU];
 #pragma unroll
@@ -344,7 +359,7 @@ template <class E, class O, bool PRE>
 DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename E::S* fin, bool forward,
                              typename E::W ps) {
     typedef typename E::S S;
-    const unsigned b = blockIdx.x, r = a.rank, n = a.nranks;
+    const unsigned b = chan_id(), r = a.rank, n = a.nranks;
     const u64 sh = a.stride;
     const S* in = (const S*)a.in;
     const unsigned nx = (r + 1) % n, pv = (r + n - 1) % n, tx = 1u << nx, rx = 1u << pv;
@@ -381,7 +396,7 @@ DEV void ring_reduce_scatter(const CollArgs& a, Chan& c, u64 o, u64 m, typename 
 template <class E, class O, bool PRE>
 DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
     typedef typename E::S S;
-    const unsigned b = blockIdx.x, nb = gridDim.x, r = a.rank, n = a.nranks;
+    const unsigned b = chan_id(), nb = a.nch, r = a.rank, n = a.nranks;
     const unsigned all = ((1u << n) - 1) & ~(1u << r);
     const u64 es = sizeof(S), chunk = a.slot_bytes / es, unit = 16 / es;
     const S* in = (const S*)a.in;
@@ -498,7 +513,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
 
 // Collectives that only move bytes (count and stride in bytes).
 DEV void copy_modes(const CollArgs& a, Chan& c) {
-    const unsigned b = blockIdx.x, nb = gridDim.x, r = a.rank, n = a.nranks;
+    const unsigned b = chan_id(), nb = a.nch, r = a.rank, n = a.nranks;
     const unsigned all = ((1u << n) - 1) & ~(1u << r);
     const u64 chunk = a.slot_bytes;
     const unsigned char* in = (const unsigned char*)a.in;
@@ -610,13 +625,13 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
     const P2pConn& cn = g.conns[k];
     const unsigned p = cn.peer, nb = cn.blocks, bit = 1u << p;
     const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
-    if (threadIdx.x == 0) {
+    if (lt() == 0) {
         c.failed = 0;
         const Ctrl* x = ctrl(a, a.rank, b, p);
         if (cn.send) c.sent[p] = x->sent;
         else c.recvd[p] = x->recvd;
     }
-    __syncthreads();
+    lane_sync();
     for (unsigned i = cn.first; i < cn.first + cn.nops; i++) {
         unsigned char* buf = (unsigned char*)g.ops[i].buf;
         u64 lo, hi;
@@ -629,8 +644,8 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
             post_peers(a, c, b, tx, rx);
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    lane_sync();
+    if (lt() == 0) {
         Ctrl* x = ctrl(a, a.rank, b, p);
         if (cn.send) x->sent = c.sent[p];
         else x->recvd = c.recvd[p];
@@ -639,21 +654,21 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
 
 // Loads this block's sequence numbers, runs the mode, stores them back for the next call.
 DEV void chan_open(const CollArgs& a, Chan& c) {
-    const unsigned t = threadIdx.x;
+    const unsigned t = lt();
     if (t == 0) c.failed = 0;
     if (t < a.nranks) {
-        const Ctrl* k = ctrl(a, a.rank, blockIdx.x, t);
+        const Ctrl* k = ctrl(a, a.rank, chan_id(), t);
         c.sent[t] = k->sent;
         c.recvd[t] = k->recvd;
     }
-    __syncthreads();
+    lane_sync();
 }
 
 DEV void chan_close(const CollArgs& a, Chan& c) {
-    __syncthreads();
-    const unsigned t = threadIdx.x;
+    lane_sync();
+    const unsigned t = lt();
     if (t < a.nranks) {
-        Ctrl* k = ctrl(a, a.rank, blockIdx.x, t);
+        Ctrl* k = ctrl(a, a.rank, chan_id(), t);
         k->sent = c.sent[t];
         k->recvd = c.recvd[t];
     }
@@ -664,9 +679,9 @@ DEV void chan_close(const CollArgs& a, Chan& c) {
 // branch is uniform (a kernel argument): an untimed launch only tests it.
 DEV void chan_time(const CollArgs& a, u64 t0) {
     if (!a.timers) return;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u64* r = (u64*)a.timers + 2 * (u64)blockIdx.x;
+    lane_sync();
+    if (lt() == 0) {
+        u64* r = (u64*)a.timers + 2 * (u64)chan_id();
         r[0] = t0;
         const u64 t1 = globaltimer();
         st_release(&r[1], t1 ? t1 : 1);
@@ -674,8 +689,11 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
 }
 
 #define OCCL_COLL_KERNEL(T, E, OPN, O, PRE, PS)                                                     \
-    extern "C" __global__ void __launch_bounds__(512) occl_coll_##T##_##OPN(const CollArgs a) {     \
-        __shared__ Chan c;                                                                          \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
+        occl_coll_##T##_##OPN(const CollArgs a) {                                                   \
+        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
+        Chan& c = cs[lane()];                                                                       \
+        if (chan_id() >= a.nch) return;                                                             \
         const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
         reduce_modes<E, O, PRE>(a, c, PS);                                                          \
@@ -703,15 +721,18 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
 }
 
 #define OCCL_COLL_COPY                                                                              \
-    extern "C" __global__ void __launch_bounds__(512) occl_coll_copy(const CollArgs a) {            \
-        __shared__ Chan c;                                                                          \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
+        occl_coll_copy(const CollArgs a) {                                                          \
+        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
+        Chan& c = cs[lane()];                                                                       \
+        if (chan_id() >= a.nch) return;                                                             \
         const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
         copy_modes(a, c);                                                                           \
         chan_close(a, c);                                                                           \
         chan_time(a, t0);                                                                           \
     }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(512) occl_p2p_group(const P2pArgs g) {            \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE) occl_p2p_group(const P2pArgs g) {       \
         __shared__ Chan c;                                                                          \
         p2p_group(g, c);                                                                            \
     }

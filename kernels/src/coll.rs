@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 /// Ranks one region can serve (`OCCL_MAXR` in the source).
 pub const MAX_RANKS: usize = 8;
+/// Channels one thread block of a collective can run (`OCCL_LANES_MAX`).
+pub const MAX_LANES: u32 = 2;
 /// Bytes of one channel's control block per peer (`OCCL_CTRL`).
 const CTRL_BYTES: u64 = 256;
 /// The region starts with its error word (a timeout, or the host's abort).
@@ -151,7 +153,8 @@ pub struct CollArgs {
     /// A pre-multiply sum's scalar: 0 none, 1 its bits in `scalar`, 2 its device address there
     /// (set through [`CollArgs::premul`]).
     pub pre: u32,
-    pub pad: u32,
+    /// Channels of this launch; set by [`CollKernels::launch`].
+    pub nch: u32,
     /// Device address of this launch's slot of a [`crate::timer::TimerRing`] (one record per
     /// block); 0: the kernel writes no timestamps.
     pub timers: u64,
@@ -364,34 +367,46 @@ impl CollKernels {
         Ok((probe, map))
     }
 
-    /// Enqueues one collective kernel of `blocks` blocks on `stream`.
+    /// Enqueues one collective kernel of `channels` channels on `stream`, `lanes` (1 or 2) of
+    /// them per thread block: two lanes keep two channels in flight on one SM
+    /// (`cuda/coll.cu`), so the launch takes half as many SMs for the same channels.
     ///
     /// # Safety
     /// `args` names live device memory: input and output valid for what `mode` reads and writes,
     /// and regions laid out as `args` says and mapped in this context; every rank launches the
-    /// matching call with the same grid, in the same order on its channels.
+    /// matching call with the same channels, in the same order on its channels.
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,
         args: &CollArgs,
         dt: DataType,
         op: RedOp,
-        blocks: u32,
+        channels: u32,
+        lanes: u32,
     ) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
         }
-        if blocks == 0 {
-            return Err(Error::InvalidArgument("a collective launch of 0 blocks".into()));
+        if channels == 0 {
+            return Err(Error::InvalidArgument("a collective launch of 0 channels".into()));
+        }
+        if !(1..=MAX_LANES).contains(&lanes) {
+            return Err(Error::InvalidArgument(format!("{lanes} lanes per block; 1 to {MAX_LANES}")));
         }
         let mode =
             Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
         let i = func_index(mode, args, dt, op)?;
         let prog = self.program(mode.reduces().then_some(dt))?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
+        let args = CollArgs { nch: channels, ..*args };
+        let lanes = lanes.min(channels);
         let mut l = stream.launch_builder(&f.f);
-        l.arg(args);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        l.arg(&args);
+        let cfg = LaunchConfig {
+            grid_dim: (channels.div_ceil(lanes), 1, 1),
+            block_dim: (THREADS * lanes, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
         Ok(())

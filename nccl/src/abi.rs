@@ -107,14 +107,25 @@ pub struct ncclConfig_t {
     pub nvlinkCentricSched: i32,
 }
 
-/// What occl takes from an `ncclConfig_t`. The CTA, channel, collnet and NVLS fields tune
-/// NCCL's GPU kernels and mean nothing to host collectives; they are read by no one.
+/// What occl takes from an `ncclConfig_t`. The channel, collnet and NVLS fields tune NCCL's
+/// own kernels and are read by no one; the CTA fields bound a device communicator's SMs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Options {
     /// `blocking = 0`: init returns `ncclInProgress` and completes in the background.
     pub nonblocking: bool,
     /// `commName`, for logs.
     pub name: Option<String>,
+    /// `minCTAs`, `maxCTAs`, `CTAPolicy` where the program set them (they override
+    /// `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS`, `NCCL_CTA_POLICY`).
+    pub cta: CtaFields,
+}
+
+/// The CTA fields of an `ncclConfig_t` that are not `NCCL_CONFIG_UNDEF_INT`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtaFields {
+    pub min: Option<u32>,
+    pub max: Option<u32>,
+    pub policy: Option<i32>,
 }
 
 impl Options {
@@ -172,7 +183,24 @@ impl Options {
         } else {
             None
         };
-        Ok(Options { nonblocking, name })
+        let cta_count = |name: &str, offset: usize| -> Result<Option<u32>> {
+            if !has(offset, 4) {
+                return Ok(None);
+            }
+            match read_i32(offset) {
+                UNDEF_INT => Ok(None),
+                v => u32::try_from(v).map(Some).map_err(|_| {
+                    Error::InvalidArgument(format!("ncclConfig_t.{name} is {v}; a count of CTAs is 0 or more"))
+                }),
+            }
+        };
+        let at = std::mem::offset_of!(ncclConfig_t, CTAPolicy);
+        let cta = CtaFields {
+            min: cta_count("minCTAs", std::mem::offset_of!(ncclConfig_t, minCTAs))?,
+            max: cta_count("maxCTAs", std::mem::offset_of!(ncclConfig_t, maxCTAs))?,
+            policy: if has(at, 4) { Some(read_i32(at)).filter(|&v| v != UNDEF_INT) } else { None },
+        };
+        Ok(Options { nonblocking, name, cta })
     }
 }
 
@@ -242,6 +270,48 @@ mod tests {
         assert_eq!(builtin_op(3), Some(RedOp::Min));
         assert_eq!(builtin_op(4), Some(RedOp::Avg));
         assert_eq!(builtin_op(5), None);
+    }
+
+    /// `NCCL_CONFIG_INITIALIZER`: every field undefined.
+    fn initializer() -> ncclConfig_t {
+        ncclConfig_t {
+            size: size_of::<ncclConfig_t>(),
+            magic: CONFIG_MAGIC,
+            version: VERSION_CODE as u32,
+            blocking: UNDEF_INT,
+            cgaClusterSize: UNDEF_INT,
+            minCTAs: UNDEF_INT,
+            maxCTAs: UNDEF_INT,
+            netName: std::ptr::null(),
+            splitShare: UNDEF_INT,
+            trafficClass: UNDEF_INT,
+            commName: std::ptr::null(),
+            collnetEnable: UNDEF_INT,
+            CTAPolicy: UNDEF_INT,
+            shrinkShare: UNDEF_INT,
+            nvlsCTAs: UNDEF_INT,
+            nChannelsPerNetPeer: UNDEF_INT,
+            nvlinkCentricSched: UNDEF_INT,
+        }
+    }
+
+    #[test]
+    fn cta_fields_are_read_where_set_and_within_size() {
+        let mut c = initializer();
+        // SAFETY: a whole ncclConfig_t of its size.
+        let read = |c: &ncclConfig_t| unsafe { Options::read_struct(c) };
+        assert_eq!(read(&c).unwrap().cta, CtaFields::default());
+        c.minCTAs = 4;
+        c.maxCTAs = 16;
+        c.CTAPolicy = 1;
+        assert_eq!(read(&c).unwrap().cta, CtaFields { min: Some(4), max: Some(16), policy: Some(1) });
+        // A 2.19-sized struct (48 bytes) has minCTAs and maxCTAs but no CTAPolicy.
+        c.size = 48;
+        assert_eq!(read(&c).unwrap().cta, CtaFields { min: Some(4), max: Some(16), policy: None });
+        c.size = size_of::<ncclConfig_t>();
+        c.maxCTAs = -3;
+        let e = read(&c).unwrap_err().to_string();
+        assert!(e.contains("ncclConfig_t.maxCTAs is -3"), "{e}");
     }
 
     #[test]

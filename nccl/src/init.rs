@@ -6,7 +6,7 @@ use crate::error::{arg, guard, Result};
 use crate::gpu::{self, DevComm};
 use crate::group;
 use crate::handle::{ncclComm_t, Made, NcclComm};
-use occl::cuda::CudaComm;
+use occl::cuda::{CtaPolicy, CudaComm, DeviceSettings};
 use occl::{Comm, Config, Error, ShrinkMode, UniqueId};
 use std::sync::mpsc;
 
@@ -41,10 +41,18 @@ unsafe fn put(out: *mut ncclComm_t, v: ncclComm_t) -> Result<()> {
 
 /// Puts a created host communicator on `device` (the device current at init; `None`: a
 /// host-only process): a collective call, every rank makes it.
-fn made(comm: Comm, device: Option<usize>) -> Result<Made> {
+fn made(comm: Comm, device: Option<usize>, cta: CtaFields) -> Result<Made> {
     let Some(d) = device else { return Ok(Made::Host(Box::new(comm))) };
     let _restore = gpu::Restore::new();
-    Ok(Made::Device(Box::new(DevComm::new(CudaComm::new(comm, d)?)?)))
+    let s = DeviceSettings::from_env()?;
+    let mut b = s.budget;
+    b.min_ctas = cta.min.unwrap_or(b.min_ctas);
+    b.max_ctas = cta.max.unwrap_or(b.max_ctas);
+    if let Some(p) = cta.policy {
+        b.policy = CtaPolicy::from_nccl(p)?;
+    }
+    let s = s.with_budget(b)?;
+    Ok(Made::Device(Box::new(DevComm::new(CudaComm::with_settings(comm, d, s)?)?)))
 }
 
 /// The device a communicator made from `parent` lives on: the parent's.
@@ -124,8 +132,9 @@ unsafe fn init_rank(
     let cfg = Config::from_env()?;
     // NCCL's rule: the communicator lives on the device current when init is called.
     let dev = gpu::current_device();
+    let cta = opts.cta;
     // SAFETY: the caller's contract.
-    unsafe { create(comm, opts, move || made(Comm::init_rank(n, &id, r, cfg)?, dev)) }
+    unsafe { create(comm, opts, move || made(Comm::init_rank(n, &id, r, cfg)?, dev, cta)) }
 }
 
 export! {
@@ -178,8 +187,9 @@ export! {
             let ids = ids.iter().map(ncclUniqueId::to_occl).collect::<Result<Vec<_>>>()?;
             let cfg = Config::from_env()?;
             let dev = gpu::current_device();
+            let cta = opts.cta;
             // SAFETY: the caller's contract.
-            unsafe { create(newcomm, opts, move || made(Comm::init_rank_scalable(n, &ids, r, cfg)?, dev)) }
+            unsafe { create(newcomm, opts, move || made(Comm::init_rank_scalable(n, &ids, r, cfg)?, dev, cta)) }
         })
     }
 }
@@ -242,7 +252,7 @@ export! {
             let dev = device_of(&parent)?;
             let split = parent.comm()?.split(color, key).inspect_err(|e| parent.note("ncclCommSplit", e))?;
             if let Some(c) = split {
-                let c = made(c, dev).inspect_err(|e| parent.note("ncclCommSplit", e))?;
+                let c = made(c, dev, opts.cta).inspect_err(|e| parent.note("ncclCommSplit", e))?;
                 // SAFETY: as above.
                 unsafe { put(newcomm, NcclComm::into_raw(NcclComm::ready(c, opts)))? };
             }
@@ -286,7 +296,7 @@ export! {
             unsafe { put(newcomm, std::ptr::null_mut())? };
             let dev = device_of(&parent)?;
             let c = parent.comm()?.shrink(&exclude, mode).inspect_err(|e| parent.note("ncclCommShrink", e))?;
-            let c = made(c, dev).inspect_err(|e| parent.note("ncclCommShrink", e))?;
+            let c = made(c, dev, opts.cta).inspect_err(|e| parent.note("ncclCommShrink", e))?;
             // SAFETY: as above.
             unsafe { put(newcomm, NcclComm::into_raw(NcclComm::ready(c, opts)))? };
             Ok(ncclSuccess)

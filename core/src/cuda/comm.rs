@@ -4,9 +4,11 @@
 //! process, by address for a rank of this process (`CudaComm::init_all`). When a peer is on
 //! another host there is nothing to map: every call is staged through host memory (`staged`).
 
+use super::budget::{Channels, CtaBudget};
+use super::ce::CeArea;
 use super::err;
 use super::events::{DevEvents, RING_SLOTS};
-use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_RANKS};
+use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
 use super::kernels::timer::{ClockMap, TimerRing};
@@ -23,27 +25,30 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// The shape of the shared region (`OCCL_CUDA_CHANNELS`, `OCCL_CUDA_SLOTS`,
-/// `OCCL_CUDA_SLOT_SIZE`); every rank must use the same.
+/// `OCCL_CUDA_SLOT_SIZE`) and the CTA budget (`budget.rs`), which every rank must share, and the
+/// channels per thread block (`OCCL_CUDA_LANES`), which each rank picks for itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceSettings {
-    /// Thread blocks (channels) a large operation spreads over.
+    /// The most channels an operation spreads over (the budget picks how many per call).
     pub channels: u32,
     /// Buffers per channel and peer.
     pub slots: u32,
     pub slot_bytes: u64,
+    /// Channels per thread block: 1 or 2.
+    pub lanes: u32,
+    pub budget: CtaBudget,
 }
 
 impl Default for DeviceSettings {
-    /// 128 channels. On 2×H100 (NV18) 32 left every large collective behind NCCL 2.28; 64 put
-    /// most at 1.01-1.31× (bench/baselines/gpu-collectives.md), but on 2×H200 broadcast
-    /// stayed at 0.96× and on 4×H200 all-reduce, reduce-scatter and all-gather at 0.84-0.98×;
-    /// 128 put all of them level or ahead (bench/baselines/gpu-collectives.md). One SM runs
-    /// one channel, so a large collective occupies nearly every SM while it runs: a job that
-    /// overlaps communication with compute may want fewer (the aims are measured at 128).
-    /// The shared region grows with it: channels × ranks × slots × slot bytes, 128 MiB per
-    /// rank of the communicator.
+    /// At most 128 channels, two per thread block. 128 one-lane channels put every large
+    /// collective level with or ahead of NCCL 2.28 on 2 and 4 H100/H200s
+    /// (bench/baselines/gpu-collectives.md) but held nearly every SM; two lanes per block do
+    /// the same channels on half the SMs at 0.95-1.0× of that bandwidth from 256 MiB, and
+    /// `budget.rs` takes fewer below (bench/baselines/gpu-overlap.md). The shared region grows
+    /// with the channels: channels × ranks × slots × slot bytes, 128 MiB per rank of the
+    /// communicator.
     fn default() -> Self {
-        DeviceSettings { channels: 128, slots: 4, slot_bytes: 256 << 10 }
+        DeviceSettings { channels: 128, slots: 4, slot_bytes: 256 << 10, lanes: 2, budget: CtaBudget::default() }
     }
 }
 
@@ -65,7 +70,18 @@ impl DeviceSettings {
         if let Some(v) = num("OCCL_CUDA_SLOT_SIZE")? {
             s.slot_bytes = v;
         }
+        if let Some(v) = num("OCCL_CUDA_LANES")? {
+            s.lanes = u32::try_from(v).ok().filter(|l| (1..=MAX_LANES).contains(l)).ok_or_else(|| {
+                Error::arg(format!("OCCL_CUDA_LANES={v}: a thread block runs 1 to {MAX_LANES} channels"))
+            })?;
+        }
+        s.budget = CtaBudget::from_env()?;
         Ok(s)
+    }
+
+    /// These settings with `budget` (an `ncclConfig_t`'s CTA fields) instead of the environment's.
+    pub fn with_budget(self, budget: CtaBudget) -> Result<DeviceSettings> {
+        Ok(DeviceSettings { budget: budget.checked()?, ..self })
     }
 }
 
@@ -89,6 +105,10 @@ pub struct CudaComm {
     pub(crate) layout: Layout,
     pub(crate) regions: [u64; MAX_RANKS],
     pub(crate) tuner: DevTuner,
+    /// How many channels (and SMs) each call takes.
+    pub(crate) channels: Channels,
+    /// The copy-engine area of every rank's region (`ce.rs`).
+    pub(crate) ce: CeArea,
     pub(crate) timeout_ns: u64,
     /// A per-communicator override of the tuner (0: none, else 1 + the `DevAlgo::ALL` index).
     pub(crate) forced: std::sync::atomic::AtomicU8,
@@ -140,11 +160,13 @@ impl Drop for CudaComm {
     }
 }
 
-/// What ranks swap: the IPC handle, a set-up flag, the settings they must share (bytes
-/// 68..88), then the process id, the device and the region's address, which a rank of the same
-/// process uses instead of the handle (IPC cannot open this process's own allocations).
-const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8;
+/// What ranks swap: the IPC handle, a set-up flag, the region's shape (bytes 68..88), then the
+/// process id, the device and the region's address, which a rank of the same process uses
+/// instead of the handle (IPC cannot open this process's own allocations), then the CTA budget.
+/// The shape and the budget must be equal on every rank.
+const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12;
 const SETTINGS: std::ops::Range<usize> = 68..88;
+const BUDGET: std::ops::Range<usize> = 104..116;
 
 impl CudaComm {
     /// `Comm::init_rank` on device `device` (NCCL's cudaSetDevice + ncclCommInitRank).
@@ -194,7 +216,8 @@ impl CudaComm {
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
             let k = CollKernels::load(&ctx).map_err(err("load the collective kernels"))?;
-            let bytes = usize::try_from(layout.bytes()).map_err(|_| Error::arg("region too large"))?;
+            let bytes =
+                usize::try_from(CeArea::after(layout.bytes(), n).end()).map_err(|_| Error::arg("region too large"))?;
             let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
             Ok((ctx, k, r, h))
@@ -212,6 +235,7 @@ impl CudaComm {
         if let Ok((_, _, r, _)) = &local {
             mine[96..104].copy_from_slice(&r.ptr().to_le_bytes());
         }
+        mine[BUDGET].copy_from_slice(&s.budget.encode());
         let all = comm.boot_all_gather(&mine)?;
         let (ctx, kernels, region, _) = local?;
         for (r, rec) in all.iter().enumerate() {
@@ -225,6 +249,12 @@ impl CudaComm {
                 return Err(Error::usage(format!(
                     "rank {r} uses other device settings (OCCL_CUDA_CHANNELS, OCCL_CUDA_SLOTS, OCCL_CUDA_SLOT_SIZE \
                      must be the same on every rank)"
+                )));
+            }
+            if rec[BUDGET] != mine[BUDGET] {
+                return Err(Error::usage(format!(
+                    "rank {r} has another CTA budget (minCTAs, maxCTAs and CTAPolicy of ncclConfig_t, or \
+                     NCCL_MIN_CTAS, NCCL_MAX_CTAS, NCCL_CTA_POLICY, must be the same on every rank)"
                 )));
             }
         }
@@ -259,17 +289,13 @@ impl CudaComm {
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
         let events = kernel_events(&ctx, &kernels, s.channels);
         let region = Arc::new(region);
+        let ce = CeArea::after(layout.bytes(), n);
         let watch = if staged.is_some() {
             None
         } else {
             let peers: Vec<_> = comm.table.iter().map(|p| (p.rank, p.pid)).collect();
             let r = region.clone();
-            Watch::start(
-                comm.rank(),
-                &peers,
-                comm.config().timeout,
-                Box::new(move || r.write_u64(ERROR_WORD, 1).map_err(err("write the device error word"))),
-            )
+            Watch::start(comm.rank(), &peers, comm.config().timeout, Box::new(move || abort(&r, ce)))
         };
         tracing::debug!(
             "occl: rank {} on GPU {device}: {} to {} peers, {} MiB region",
@@ -285,6 +311,8 @@ impl CudaComm {
             layout,
             regions,
             tuner,
+            channels: Channels { region: s.channels, lanes: s.lanes, budget: s.budget },
+            ce,
             timeout_ns,
             forced: Default::default(),
             staged,
@@ -376,8 +404,18 @@ impl CudaComm {
         self.region.ptr() + ERROR_WORD as u64
     }
 
-    /// Makes every kernel of this rank that waits on a peer give up (and mark the error word).
+    /// Makes every kernel of this rank that waits on a peer give up (and mark the error word),
+    /// and releases every copy-engine wait.
     pub fn abort_device(&self) -> Result<()> {
-        self.region.write_u64(ERROR_WORD, 1).map_err(err("write the device error word"))
+        abort(&self.region, self.ce)
     }
+}
+
+/// Sets the error word and writes every copy-engine word past any wait on it.
+fn abort(region: &DeviceRegion, ce: CeArea) -> Result<()> {
+    region.write_u64(ERROR_WORD, 1).map_err(err("write the device error word"))?;
+    for (at, v) in ce.release_all() {
+        region.write_u64(at, v).map_err(err("release the copy-engine waits"))?;
+    }
+    Ok(())
 }

@@ -21,6 +21,8 @@
 
 pub use occl_kernels as kernels;
 
+mod budget;
+mod ce;
 mod comm;
 mod events;
 mod ops;
@@ -28,6 +30,7 @@ mod staged;
 pub(crate) mod tune;
 mod watch;
 
+pub use budget::{CtaBudget, CtaPolicy, EFFICIENT_SMS};
 pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::coll::PreMul;
 pub use kernels::timer::ClockMap;

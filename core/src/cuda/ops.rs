@@ -3,6 +3,8 @@
 //! kernel on the caller's stream. Buffers are device addresses of this communicator's GPU
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
+use super::budget::CtaPolicy;
+use super::ce::{self, Flows};
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
@@ -60,9 +62,6 @@ fn algo_name(mode: Mode) -> &'static str {
 
 /// Device functions with a sequence number of their own.
 pub(crate) const FUNCS: usize = 8;
-
-/// Bytes of a block's share below which fewer blocks are used: one block for small messages.
-const MIN_BLOCK_BYTES: u64 = 32 << 10;
 
 /// Whether `stream` is capturing a CUDA graph (an error reads as not capturing: the launch
 /// then fails or runs on its own).
@@ -138,10 +137,14 @@ impl CudaComm {
         }
     }
 
-    /// Blocks for a share of `bytes`: every rank computes the same from the same call.
-    fn blocks(&self, bytes: u64) -> u32 {
-        let want = bytes.div_ceil(MIN_BLOCK_BYTES).max(1);
-        u32::try_from(want.min(u64::from(self.layout.channels))).unwrap_or(1)
+    /// Channels for a call whose per-rank share is `bytes`: every rank picks the same.
+    pub fn channels_for(&self, bytes: u64) -> u32 {
+        self.channels.pick(bytes)
+    }
+
+    /// SMs (thread blocks) a call whose per-rank share is `bytes` takes.
+    pub fn sms_for(&self, bytes: u64) -> u32 {
+        self.channels.sms(self.channels.pick(bytes))
     }
 
     fn check_stream(&self, stream: &CudaStream) -> Result<()> {
@@ -187,9 +190,49 @@ impl CudaComm {
             // Collectives that only move data move bytes.
             None => (DataType::U8, RedOp::Sum),
         };
-        let blocks = self.blocks((call.count * call.dt.size()) as u64);
+        let flows = self.ce_flows(&call, &a);
+        let blocks = if flows.is_some() { 0 } else { self.channels_for((call.count * call.dt.size()) as u64) };
         // SAFETY: the caller's promise.
-        unsafe { self.go(stream, a, kop, blocks, &call) }
+        unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
+    }
+
+    /// The copies of a call that runs on the copy engines: under `CTAPolicy` zero, an
+    /// all-gather, all-to-all or direct broadcast (`a`: its kernel arguments, whose addresses
+    /// and byte counts it takes).
+    fn ce_flows(&self, call: &Op, a: &CollArgs) -> Option<Flows> {
+        if self.channels.budget.policy != CtaPolicy::Zero || self.nranks() < 2 {
+            return None;
+        }
+        let (r, n, bytes) = (self.rank(), self.nranks(), a.count);
+        let peers = || (1..n).map(move |k| (r + k) % n);
+        let at = |base: u64, q: usize| base + q as u64 * a.stride;
+        Some(match call.coll {
+            CollType::AllGather => Flows {
+                bytes,
+                sends: peers().map(|p| (p, a.input)).collect(),
+                recvs: peers().map(|q| (q, at(a.output, q))).collect(),
+                local: Some((at(a.output, r), a.input)),
+            },
+            CollType::AllToAll => Flows {
+                bytes,
+                sends: peers().map(|p| (p, at(a.input, p))).collect(),
+                recvs: peers().map(|q| (q, at(a.output, q))).collect(),
+                local: Some((at(a.output, r), at(a.input, r))),
+            },
+            CollType::Broadcast => {
+                let root = a.root as usize;
+                match r == root {
+                    true => Flows {
+                        bytes,
+                        sends: peers().map(|p| (p, a.input)).collect(),
+                        recvs: Vec::new(),
+                        local: Some((a.output, a.input)),
+                    },
+                    false => Flows { bytes, sends: Vec::new(), recvs: vec![(root, a.output)], local: None },
+                }
+            }
+            _ => return None,
+        })
     }
 
     /// The kernel's arguments for `call`: its mode (the tuner's choice), the addresses it
@@ -241,6 +284,7 @@ impl CudaComm {
         mut a: CollArgs,
         (dt, op): (DataType, RedOp),
         blocks: u32,
+        flows: Option<&Flows>,
         call: &Op,
     ) -> Result<()> {
         self.check_stream(stream)?;
@@ -260,15 +304,15 @@ impl CudaComm {
             root: call.root.unwrap_or(0) as i32,
             peer: call.peer.map_or(-1, |p| p as i32),
             datatype: call.dt.nccl_name(),
-            algo: algo_name(mode),
+            algo: if flows.is_some() { "CE" } else { algo_name(mode) },
             proto: "SIMPLE",
-            chunk_size: self.layout.slot_bytes as usize,
+            chunk_size: if flows.is_some() { ce::SLOT_BYTES } else { self.layout.slot_bytes } as usize,
             n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
         });
         let parent = prof.as_ref().filter(|p| p.mask().contains(EventType::KernelCh)).and_then(OpProf::coll_id);
         // A captured launch replays without the host: it gets no slot (see events.rs).
         let slot = match (&self.events, parent) {
-            (Some(ev), Some(_)) if !capturing(stream) => {
+            (Some(ev), Some(_)) if flows.is_none() && !capturing(stream) => {
                 ev.recalibrate_if_due();
                 ev.reserve(blocks)
             }
@@ -280,8 +324,16 @@ impl CudaComm {
         let launch = prof.as_ref().and_then(|p| p.start_launch(stream.cu_stream() as usize));
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
         // the timer slot is this launch's alone until its records are collected.
-        let r = unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks) }
-            .map_err(err("launch a device collective"));
+        let r = match flows {
+            // SAFETY: as for the kernel; the flows' addresses are the call's.
+            Some(f) => self
+                .ctx
+                .bind_to_thread()
+                .map_err(|e| Error::sys("cuCtxSetCurrent", std::io::Error::other(format!("{e:?}"))))
+                .and_then(|()| unsafe { ce::enqueue(stream.cu_stream(), &self.regions, self.rank(), self.ce, f) }),
+            None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks, self.channels.lanes) }
+                .map_err(err("launch a device collective")),
+        };
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
             w.launched(capturing(stream));
         }
@@ -486,7 +538,8 @@ impl CudaComm {
             )));
         }
         let base = self.args(Mode::Send, 0, 0, 0, 0, 0);
-        let planned = plan(base, &transfers, self.layout.channels).map_err(err("group sends and receives"))?;
+        let planned =
+            plan(base, &transfers, self.channels.one_lane_ceiling()).map_err(err("group sends and receives"))?;
         if !from_me.is_empty() {
             self.ctx
                 .bind_to_thread()

@@ -588,6 +588,8 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 }
                 Ok(())
             };
+            // The per-rank share the device path picks its channels by (all-to-all: per peer).
+            let share = if coll == "all_to_all" { ibytes / n } else { count * es } as u64;
             let iters = if size <= 16 << 20 { iters_arg } else { (iters_arg / 10).max(5) };
             for _ in 0..10 {
                 go()?;
@@ -636,7 +638,8 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                     serde_json::json!({"collective": coll, "nranks": n, "size_bytes": nbytes, "dtype": dname,
                         "time_us": (t * 1000.0).round() / 1000.0, "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
                         "busbw_gbps": (algbw * factor * 1000.0).round() / 1000.0, "graph": graph,
-                        "library": "occl", "algorithm": algo_name})
+                        "library": "occl", "algorithm": algo_name,
+                        "channels": cc.channels_for(share), "sms": cc.sms_for(share)})
                 );
             }
         }

@@ -1,0 +1,129 @@
+"""Collectives beside a model's matrix multiplies, one process per GPU through torch.distributed.
+
+Each rank runs a bf16 GEMM stream (8192^3, back to back) and, on another stream of the same
+process, a collective stream (all-reduce, all-gather, reduce-scatter, all-to-all: COLLS) started together with it.
+Printed per (collective, size), as one JSON line from rank 0: the GEMM's TFLOP/s alone, the
+share of it lost beside the collective (the median of REPS rounds, default 5, after one that sizes the collective stream; each against the
+GEMM alone in the same round, and their range), and the collective's bus bandwidth alone and
+beside the GEMM.
+
+The script is library-blind: `bench/gpu-overlap.sh` runs it once on NVIDIA's libnccl.so.2 and once
+with occl's preloaded, in one command, and puts the two side by side.
+
+    python3 bench/gpu-overlap.py NRANKS [SIZE_MiB ...]     (LIB=occl|nccl names the rows)
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+M = 8192
+GEMMS = 50
+
+
+def gemm_flops():
+    return 2 * M**3 * GEMMS
+
+
+def timed(stream, fn, k):
+    """Runs fn k times on stream between two events; returns the events."""
+    with torch.cuda.stream(stream):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(k):
+            fn()
+        e1.record()
+    return e0, e1
+
+
+def rank_main(rank, n, sizes, port, lib):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=n, device_id=torch.device("cuda", rank))
+    a = torch.randn(M, M, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    gemm_stream, coll_stream = torch.cuda.Stream(), torch.cuda.Stream()
+    mm = lambda: torch.mm(a, b)
+    for _ in range(3):
+        mm()
+    torch.cuda.synchronize()
+
+    def gemm_alone():
+        e0, e1 = timed(gemm_stream, mm, GEMMS)
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1)
+
+    tflops = lambda ms: gemm_flops() / (ms / 1e3) / 1e12
+    for coll in os.environ.get("COLLS", "all_reduce,all_gather,reduce_scatter").split(","):
+        for mib in sizes:
+            nel = mib * 2**20 // 2
+            x = torch.ones(nel, device="cuda", dtype=torch.bfloat16)
+            outs = {"all_gather": nel * n, "all_to_all": nel}
+            out = torch.empty(outs.get(coll, nel // n), device="cuda", dtype=torch.bfloat16)
+
+            def op():
+                if coll == "all_reduce":
+                    dist.all_reduce(x)
+                elif coll == "all_gather":
+                    dist.all_gather_into_tensor(out, x)
+                elif coll == "all_to_all":
+                    dist.all_to_all_single(out, x)
+                else:
+                    dist.reduce_scatter_tensor(out, x)
+
+            for _ in range(3):
+                timed(coll_stream, op, 1)
+            torch.cuda.synchronize()
+            c0, c1 = timed(coll_stream, op, 20)
+            torch.cuda.synchronize()
+            t_alone = c0.elapsed_time(c1) / 20
+            # Enough collectives to span the GEMMs, launched first so both streams start together;
+            # every rank must issue the same number, so the ranks agree on the largest. The first
+            # round's results are dropped: it only finds the count.
+            k = torch.tensor([max(5, int(2 * gemm_alone() / t_alone) + 1)], device="cuda")
+            dist.all_reduce(k, op=dist.ReduceOp.MAX)
+            k = int(k.item())
+            # REPS rounds of (GEMMs alone, GEMMs beside the collectives): the GPU's clocks and
+            # the other rank's timing move from round to round, so each loss is taken against
+            # the GEMMs' rate of its own round and the median is reported.
+            losses, both, alone = [], [], []
+            for _ in range(1 + int(os.environ.get("REPS", "5"))):
+                a_ms = gemm_alone()
+                dist.barrier()
+                c0, c1 = timed(coll_stream, op, k)
+                e0, e1 = timed(gemm_stream, mm, GEMMS)
+                torch.cuda.synchronize()
+                w_ms = e0.elapsed_time(e1)
+                losses.append(1 - a_ms / w_ms)
+                both.append(c0.elapsed_time(c1) / k)
+                alone.append(tflops(a_ms))
+                # Next round: as many collectives as fit the GEMMs at the rate seen beside them,
+                # so that both streams end together and neither runs alone for long.
+                kt = torch.tensor([max(5, int(w_ms / both[-1]) + 1)], device="cuda")
+                dist.all_reduce(kt, op=dist.ReduceOp.MAX)
+                k = int(kt.item())
+            losses, both, alone = losses[1:], both[1:], alone[1:]
+            med = lambda v: sorted(v)[len(v) // 2]
+            size = nel * 2 * (n if coll == "all_gather" else 1)
+            factor = 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
+            bus = lambda ms: size / (ms / 1e3) / 1e9 * factor
+            if rank == 0:
+                print(json.dumps(dict(lib=lib, collective=coll, nranks=n, size_mib=mib,
+                                      gemm_tflops_alone=round(med(alone), 1),
+                                      gemm_loss=round(med(losses), 4),
+                                      gemm_loss_range=[round(min(losses), 4), round(max(losses), 4)],
+                                      busbw_alone=round(bus(t_alone), 1), busbw_with=round(bus(med(both)), 1))),
+                      flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    n = int(sys.argv[1])
+    sizes = [int(s) for s in sys.argv[2:]] or [64, 256, 1024]
+    port = 29500 + os.getpid() % 1000
+    mp.spawn(rank_main, args=(n, sizes, port, os.environ.get("LIB", "nccl")), nprocs=n)

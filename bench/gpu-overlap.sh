@@ -1,0 +1,40 @@
+#!/bin/bash
+# occl against NVIDIA's NCCL with a model's matrix multiplies beside each collective, side by side
+# in one command: bench/gpu-overlap.py run once on NVIDIA's libnccl.so.2 and once per occl
+# configuration with occl's libnccl.so.2 preloaded into the same PyTorch (results:
+# bench/baselines/gpu-overlap.md).
+#
+#   bash bench/gpu-overlap.sh LIBDIR [NRANKS...]      LIBDIR holds occl's libnccl.so.2
+#   SIZES="64 256"  COLLS=all_reduce,all_gather,reduce_scatter
+#   OCCL_CONFIGS="default;NCCL_CTA_POLICY=1;OCCL_CUDA_CHANNELS=32"   occl's rows, ';' between
+#                                  rows, each row's variables separated by spaces
+#
+# NVIDIA's rows name the channel count NCCL chose (its NCCL_DEBUG=INFO line). Needs 2+ GPUs,
+# PyTorch, and NVLink multicast off (set here, as the shared machines require).
+set -u
+lib=${1:?usage: gpu-overlap.sh LIBDIR [NRANKS...]}
+shift
+here=$(cd "$(dirname "$0")" && pwd)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OCCL_KERNEL_CACHE_DIR=${OCCL_KERNEL_CACHE_DIR:-/tmp/occl-kernel-cache}
+nv=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.1[0-9]*' 2>/dev/null | grep -v builtins | head -1)
+out=$(mktemp -d)
+for n in ${@:-2}; do
+  gpus=$(seq -s, 0 $((n - 1)))
+  echo "# $n GPUs: NVIDIA's NCCL"
+  CUDA_VISIBLE_DEVICES=$gpus NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LIB=nccl timeout "${RUN_TIMEOUT:-300}" \
+    python3 "$here/gpu-overlap.py" "$n" ${SIZES:-64 256} > "$out/nccl-$n.txt" 2>&1
+  echo "# nccl channels: $(grep -ohE '[0-9]+ coll channels' "$out/nccl-$n.txt" | sort | uniq -c | tr '\n' ' ')"
+  grep '^{' "$out/nccl-$n.txt" || tail -20 "$out/nccl-$n.txt"
+  IFS=';' read -ra configs <<< "${OCCL_CONFIGS:-default}"
+  for i in "${!configs[@]}"; do
+    c=${configs[$i]}
+    vars=${c/default/}
+    echo "# $n GPUs: occl ($c)"
+    env $vars CUDA_VISIBLE_DEVICES=$gpus LIB="occl $c" LD_PRELOAD="$lib/libnccl.so.2" \
+      LD_LIBRARY_PATH="$lib${nv:+:$(dirname "$nv")}" timeout "${RUN_TIMEOUT:-300}" \
+      python3 "$here/gpu-overlap.py" "$n" ${SIZES:-64 256} > "$out/occl-$i-$n.txt" 2>&1
+    grep '^{' "$out/occl-$i-$n.txt" || tail -20 "$out/occl-$i-$n.txt"
+  done
+done
+rm -rf "$out"
