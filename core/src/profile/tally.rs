@@ -1,14 +1,19 @@
 //! What an operation moved, for the direct metrics route (`super` module docs): the primitives
-//! add each slice they post or receive, as `Steps` would sum it, without reading the clock.
+//! add each slice they post or receive, as `Steps` would sum it, without reading the clock; the
+//! transport adds the time of each wait that blocked (`fifo::Timed`), by step state.
 
+use crate::transport::fifo::Waited;
+use occl_events::StepTotals;
 use occl_telemetry::prometheus::Moved;
 use std::cell::Cell;
 
-/// Steps and bytes of one operation (or one group launch) by direction: `[send, recv]`.
+/// Steps and bytes of one operation (or one group launch) by direction (`[send, recv]`), and the
+/// ns its waits blocked, by state (`StepTotals::STATES`).
 #[derive(Default)]
 pub(crate) struct Tally {
     steps: [Cell<u64>; 2],
     bytes: [Cell<u64>; 2],
+    wait_ns: [Cell<u64>; StepTotals::STATES.len()],
 }
 
 fn add(c: &Cell<u64>, v: u64) {
@@ -36,6 +41,67 @@ impl Tally {
     }
 
     pub(crate) fn moved(&self) -> Moved {
-        Moved { steps: [self.steps[0].get(), self.steps[1].get()], bytes: [self.bytes[0].get(), self.bytes[1].get()] }
+        Moved {
+            steps: [self.steps[0].get(), self.steps[1].get()],
+            bytes: [self.bytes[0].get(), self.bytes[1].get()],
+            wait_ns: std::array::from_fn(|i| self.wait_ns[i].get()),
+        }
+    }
+}
+
+/// A wait in `state` (NCCL's ProxyStep number) blocked for `ns`; a state that is not one of
+/// `StepTotals::STATES` counts nowhere.
+impl Waited for Tally {
+    fn waited(&self, state: u32, ns: u64) {
+        if let Some(c) = StepTotals::STATES.iter().position(|s| *s as u32 == state).and_then(|i| self.wait_ns.get(i)) {
+            c.set(c.get().saturating_add(ns));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use occl_events::event::ProxyStepState;
+
+    #[test]
+    fn waits_add_up_by_state_beside_steps_and_bytes() {
+        let t = Tally::default();
+        t.sent(8);
+        t.arrived(8);
+        t.released();
+        t.waited(ProxyStepState::RecvWait as u32, 1_000);
+        t.waited(ProxyStepState::RecvWait as u32, 234);
+        t.waited(ProxyStepState::SendPeerWait as u32, 50);
+        t.waited(ProxyStepState::SendWait as u32, 7);
+        let m = t.moved();
+        assert_eq!((m.steps, m.bytes), ([1, 1], [8, 8]));
+        let at = |s: ProxyStepState| m.wait_ns[StepTotals::index(s)];
+        assert_eq!(at(ProxyStepState::RecvWait), 1_234);
+        assert_eq!(at(ProxyStepState::SendPeerWait), 50);
+        assert_eq!(at(ProxyStepState::SendWait), 7);
+        assert_eq!(m.wait_ns.iter().sum::<u64>(), 1_291, "no other state: {:?}", m.wait_ns);
+    }
+
+    #[test]
+    fn unknown_states_count_nowhere_and_sums_saturate() {
+        let t = Tally::default();
+        t.waited(9999, 5);
+        assert_eq!(t.moved().wait_ns, [0; 6]);
+        t.waited(ProxyStepState::RecvWait as u32, u64::MAX);
+        t.waited(ProxyStepState::RecvWait as u32, 1);
+        assert_eq!(t.moved().wait_ns[StepTotals::index(ProxyStepState::RecvWait)], u64::MAX);
+    }
+
+    #[test]
+    fn a_timed_wait_adds_its_time_when_it_ends() {
+        let t = Tally::default();
+        {
+            let _w = crate::transport::fifo::Timed::start(Some(&t), ProxyStepState::RecvWait as u32);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let ns = t.moved().wait_ns[StepTotals::index(ProxyStepState::RecvWait)];
+        assert!((20_000_000..2_000_000_000).contains(&ns), "{ns} ns");
+        assert!(crate::transport::fifo::Timed::start(None, 10).is_none(), "no observer, no clock");
     }
 }

@@ -363,6 +363,36 @@ pub(crate) trait Waiting {
     fn waiting_on(&self, peer: usize, state: u32);
 }
 
+/// Told how long a wait that blocked took, in which state (NCCL's ProxyStep numbers): the
+/// operation's step wait times where no step marks read the clock (the direct metrics route).
+pub(crate) trait Waited {
+    fn waited(&self, state: u32, ns: u64);
+}
+
+/// A wait that blocked, timed for a [`Waited`]: made where the wait's first readiness check
+/// failed, it reads the clock then, and adds the time to `to` when dropped (the wait ended, or
+/// failed). A wait that succeeds at once makes none, so it reads no clock.
+pub(crate) struct Timed<'a> {
+    to: &'a dyn Waited,
+    state: u32,
+    since: std::time::Instant,
+}
+
+impl<'a> Timed<'a> {
+    /// Starts timing a wait in `state` when there is a `to`.
+    #[cold]
+    pub(crate) fn start(to: Option<&'a dyn Waited>, state: u32) -> Option<Timed<'a>> {
+        to.map(|to| Timed { to, state, since: std::time::Instant::now() })
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        let ns = self.since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.to.waited(self.state, ns);
+    }
+}
+
 /// Checks shared by both ends: our own abort flag, the other side's state, its pid.
 pub(crate) struct Ends<'a> {
     pub peer: usize,
@@ -375,6 +405,9 @@ pub(crate) struct Ends<'a> {
     pub sleeper: Option<&'a dyn wait::Sleeper>,
     /// Told on which peer and in which step state a wait blocks (the rank record, for RAS).
     pub record: Option<&'a dyn Waiting>,
+    /// Told how long each wait that blocked took (the operation's tally, on the direct
+    /// metrics route).
+    pub waited: Option<&'a dyn Waited>,
     /// The communicator's other peers: a wait that has blocked for a while also fails when
     /// one of them failed (the operation cannot complete; see `peers`).
     pub members: Option<&'a super::peers::PeerTable>,
@@ -387,6 +420,11 @@ impl Ends<'_> {
         if let Some(r) = self.record {
             r.waiting_on(self.peer, state);
         }
+    }
+
+    /// Starts timing a wait in `state` whose first check failed (see [`Timed`]).
+    fn timed(&self, state: u32) -> Option<Timed<'_>> {
+        Timed::start(self.waited, state)
     }
 }
 
@@ -491,6 +529,7 @@ impl SendFifo {
         }
         let h = self.region.header();
         ends.waits(state);
+        let _timed = ends.timed(state);
         // Driven like every other wait: a rank with tcp peers keeps their sockets moving.
         wait::wait_until(
             wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
@@ -680,6 +719,7 @@ impl RecvFifo {
             let h = self.region.header();
             let peer = ends.peer;
             ends.waits(RECV_WAIT);
+            let _timed = ends.timed(RECV_WAIT);
             let mut check = |slow: bool| -> Result<()> {
                 // Data published before the sender went away is still delivered.
                 if hdr.seq.load(Ordering::Acquire) == want {

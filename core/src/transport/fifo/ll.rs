@@ -181,6 +181,7 @@ impl SendFifo {
         let h = self.region.header();
         let peer = ends.peer;
         ends.waits(super::SEND_PEER_WAIT);
+        let _timed = ends.timed(super::SEND_PEER_WAIT);
         wait::wait_until(
             wait::driven(ends.drive, done),
             &lh.acked.0,
@@ -267,11 +268,15 @@ impl RecvFifo {
         let l = &self.region.ll_lines(slot)[i];
         // Oversubscribed, one look before `wait_until` yields (see `Patience::Share`).
         let spins = if self.patience == wait::Patience::Share { 1 } else { LINE_SPINS };
-        for _ in 0..spins {
+        let mut _timed = None;
+        for k in 0..spins {
             // Acquire pairs with the length line's Release (see `ll_post_from`).
             let v = l.load(Ordering::Acquire);
             if (v >> 32) as u32 == f {
                 return Ok(v as u32);
+            }
+            if k == 0 {
+                _timed = ends.timed(super::RECV_WAIT);
             }
             std::hint::spin_loop();
         }
@@ -406,7 +411,16 @@ mod tests {
     }
 
     fn ends(abort: &AtomicBool) -> Ends<'_> {
-        Ends { peer: 1, liveness: Liveness::Local, abort, drive: None, sleeper: None, record: None, members: None }
+        Ends {
+            peer: 1,
+            liveness: Liveness::Local,
+            abort,
+            drive: None,
+            sleeper: None,
+            record: None,
+            waited: None,
+            members: None,
+        }
     }
 
     /// Steps of every length, across the flag renewal, arrive whole and in order from a
