@@ -170,6 +170,9 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
         }
         if let Some(t) = &tally {
             m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
+            if let Some(w) = t.waits() {
+                m.waited(&w);
+            }
         }
     }
     match res {

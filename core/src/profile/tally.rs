@@ -13,6 +13,8 @@ use std::cell::Cell;
 pub(crate) struct Tally {
     steps: [Cell<u64>; 2],
     bytes: [Cell<u64>; 2],
+    /// Set by the first wait that blocked: an operation without one reads nothing more.
+    blocked: Cell<bool>,
     wait_ns: [Cell<u64>; StepTotals::STATES.len()],
 }
 
@@ -41,11 +43,13 @@ impl Tally {
     }
 
     pub(crate) fn moved(&self) -> Moved {
-        Moved {
-            steps: [self.steps[0].get(), self.steps[1].get()],
-            bytes: [self.bytes[0].get(), self.bytes[1].get()],
-            wait_ns: std::array::from_fn(|i| self.wait_ns[i].get()),
-        }
+        Moved { steps: [self.steps[0].get(), self.steps[1].get()], bytes: [self.bytes[0].get(), self.bytes[1].get()] }
+    }
+
+    /// The ns its waits blocked, by state, if any wait blocked.
+    #[inline]
+    pub(crate) fn waits(&self) -> Option<[u64; StepTotals::STATES.len()]> {
+        self.blocked.get().then(|| std::array::from_fn(|i| self.wait_ns[i].get()))
     }
 }
 
@@ -53,6 +57,7 @@ impl Tally {
 /// `StepTotals::STATES` counts nowhere.
 impl Waited for Tally {
     fn waited(&self, state: u32, ns: u64) {
+        self.blocked.set(true);
         if let Some(c) = StepTotals::STATES.iter().position(|s| *s as u32 == state).and_then(|i| self.wait_ns.get(i)) {
             c.set(c.get().saturating_add(ns));
         }
@@ -74,23 +79,25 @@ mod tests {
         t.waited(ProxyStepState::RecvWait as u32, 234);
         t.waited(ProxyStepState::SendPeerWait as u32, 50);
         t.waited(ProxyStepState::SendWait as u32, 7);
+        assert!(Tally::default().waits().is_none(), "no wait blocked, nothing to add");
         let m = t.moved();
         assert_eq!((m.steps, m.bytes), ([1, 1], [8, 8]));
-        let at = |s: ProxyStepState| m.wait_ns[StepTotals::index(s)];
+        let w = t.waits().expect("waits blocked");
+        let at = |s: ProxyStepState| w[StepTotals::index(s)];
         assert_eq!(at(ProxyStepState::RecvWait), 1_234);
         assert_eq!(at(ProxyStepState::SendPeerWait), 50);
         assert_eq!(at(ProxyStepState::SendWait), 7);
-        assert_eq!(m.wait_ns.iter().sum::<u64>(), 1_291, "no other state: {:?}", m.wait_ns);
+        assert_eq!(w.iter().sum::<u64>(), 1_291, "no other state: {w:?}");
     }
 
     #[test]
     fn unknown_states_count_nowhere_and_sums_saturate() {
         let t = Tally::default();
         t.waited(9999, 5);
-        assert_eq!(t.moved().wait_ns, [0; 6]);
+        assert_eq!(t.waits(), Some([0; 6]));
         t.waited(ProxyStepState::RecvWait as u32, u64::MAX);
         t.waited(ProxyStepState::RecvWait as u32, 1);
-        assert_eq!(t.moved().wait_ns[StepTotals::index(ProxyStepState::RecvWait)], u64::MAX);
+        assert_eq!(t.waits().map(|w| w[StepTotals::index(ProxyStepState::RecvWait)]), Some(u64::MAX));
     }
 
     #[test]
@@ -100,7 +107,7 @@ mod tests {
             let _w = crate::transport::fifo::Timed::start(Some(&t), ProxyStepState::RecvWait as u32);
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let ns = t.moved().wait_ns[StepTotals::index(ProxyStepState::RecvWait)];
+        let ns = t.waits().map_or(0, |w| w[StepTotals::index(ProxyStepState::RecvWait)]);
         assert!((20_000_000..2_000_000_000).contains(&ns), "{ns} ns");
         assert!(crate::transport::fifo::Timed::start(None, 10).is_none(), "no observer, no clock");
     }

@@ -371,25 +371,26 @@ pub(crate) trait Waited {
 
 /// A wait that blocked, timed for a [`Waited`]: made where the wait's first readiness check
 /// failed, it reads the clock then, and adds the time to `to` when dropped (the wait ended, or
-/// failed). A wait that succeeds at once makes none, so it reads no clock.
+/// failed). A wait that succeeds at once makes none, so it reads no clock. The clock is the span
+/// route's (`occl_events::unix_nanos`: the TSC where the kernel keeps time with it, some 8 ns a
+/// read), so both routes time waits alike.
 pub(crate) struct Timed<'a> {
     to: &'a dyn Waited,
     state: u32,
-    since: std::time::Instant,
+    since_ns: u64,
 }
 
 impl<'a> Timed<'a> {
     /// Starts timing a wait in `state` when there is a `to`.
-    #[cold]
+    #[inline]
     pub(crate) fn start(to: Option<&'a dyn Waited>, state: u32) -> Option<Timed<'a>> {
-        to.map(|to| Timed { to, state, since: std::time::Instant::now() })
+        to.map(|to| Timed { to, state, since_ns: occl_events::unix_nanos() })
     }
 }
 
 impl Drop for Timed<'_> {
     fn drop(&mut self) {
-        let ns = self.since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
-        self.to.waited(self.state, ns);
+        self.to.waited(self.state, occl_events::unix_nanos().saturating_sub(self.since_ns));
     }
 }
 
@@ -527,6 +528,22 @@ impl SendFifo {
         if hdr.ack.load(Ordering::Acquire) == want {
             return Ok(());
         }
+        self.wait_acked(hdr, want, ends, deadline, state, what)
+    }
+
+    /// `wait_ack` once its first look found the slot still in use: out of line, so that the
+    /// look that finds it free stays small.
+    #[cold]
+    #[inline(never)]
+    fn wait_acked(
+        &self,
+        hdr: &SlotHdr,
+        want: u32,
+        ends: &Ends<'_>,
+        deadline: &Deadline,
+        state: u32,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
         let h = self.region.header();
         ends.waits(state);
         let _timed = ends.timed(state);
@@ -716,29 +733,7 @@ impl RecvFifo {
         let hdr = self.region.slot_hdr(i);
         let want = self.tail.wrapping_add(1);
         if hdr.seq.load(Ordering::Acquire) != want {
-            let h = self.region.header();
-            let peer = ends.peer;
-            ends.waits(RECV_WAIT);
-            let _timed = ends.timed(RECV_WAIT);
-            let mut check = |slow: bool| -> Result<()> {
-                // Data published before the sender went away is still delivered.
-                if hdr.seq.load(Ordering::Acquire) == want {
-                    return Ok(());
-                }
-                self.ll_instead(peer)?;
-                ends.check(|| h.sender(), slow)
-            };
-            let check: Check<'_> = &mut check;
-            wait::wait_until(
-                wait::driven(ends.drive, || hdr.seq.load(Ordering::Acquire) == want),
-                &hdr.seq,
-                &h.recv_sleepers.0,
-                check,
-                deadline,
-                self.patience,
-                &|| format!("receiving from rank {peer}"),
-                ends.sleeper,
-            )?;
+            self.wait_published(hdr, want, ends, deadline)?;
         }
         let raw = hdr.len;
         let len = (raw & !PTR_FLAG) as usize;
@@ -754,6 +749,36 @@ impl RecvFifo {
             )));
         }
         Ok(Msg { data: self.region.slot_data(i), len, desc: hdr.desc, remote: None })
+    }
+
+    /// Waits until `hdr`'s slot is published as message `want` (`peek`'s first look found it
+    /// was not): out of line, so that the look that finds it stays small.
+    #[cold]
+    #[inline(never)]
+    fn wait_published(&self, hdr: &SlotHdr, want: u32, ends: &Ends<'_>, deadline: &Deadline) -> Result<()> {
+        let h = self.region.header();
+        let peer = ends.peer;
+        ends.waits(RECV_WAIT);
+        let _timed = ends.timed(RECV_WAIT);
+        let mut check = |slow: bool| -> Result<()> {
+            // Data published before the sender went away is still delivered.
+            if hdr.seq.load(Ordering::Acquire) == want {
+                return Ok(());
+            }
+            self.ll_instead(peer)?;
+            ends.check(|| h.sender(), slow)
+        };
+        let check: Check<'_> = &mut check;
+        wait::wait_until(
+            wait::driven(ends.drive, || hdr.seq.load(Ordering::Acquire) == want),
+            &hdr.seq,
+            &h.recv_sleepers.0,
+            check,
+            deadline,
+            self.patience,
+            &|| format!("receiving from rank {peer}"),
+            ends.sleeper,
+        )
     }
 
     /// Publishes the ProxyStep that waits for the next message (for the socket reader).

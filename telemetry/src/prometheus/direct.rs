@@ -49,13 +49,11 @@ pub struct OpLabels {
     pub dtype: &'static str,
 }
 
-/// Steps and bytes one operation moved, by direction (`[send, recv]`), over one transport, and
-/// the ns its waits on peers blocked, by step state (in [`StepTotals::STATES`] order).
+/// Steps and bytes one operation moved, by direction (`[send, recv]`), over one transport.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Moved {
     pub steps: [u64; 2],
     pub bytes: [u64; 2],
-    pub wait_ns: [u64; StepTotals::STATES.len()],
 }
 
 /// The `size_class` index of `bytes` (see [`SIZE_CLASSES`]): classes are ×16 apart from 4 KiB,
@@ -155,15 +153,11 @@ impl RankMetrics<'_> {
         Some((series, factor))
     }
 
-    /// Steps, bytes and step waits of an operation over `transport` (`shm`, `tcp`): the proxy
-    /// step and transport series, as the span route counts them from step sums and transport
-    /// notes.
+    /// Steps and bytes an operation moved over `transport` (`shm`, `tcp`): the proxy step and
+    /// transport series, as the span route counts them from step sums and transport notes.
     #[inline]
     pub fn moved(&self, transport: &'static str, m: &Moved) {
         let s = self.stats;
-        if m.wait_ns != [0; StepTotals::STATES.len()] {
-            self.waited(&m.wait_ns);
-        }
         let [send, recv] = m.bytes;
         bump(&s.steps[0], m.steps[0]);
         bump(&s.steps[1], m.steps[1]);
@@ -183,9 +177,11 @@ impl RankMetrics<'_> {
         }
     }
 
-    /// An operation's waits blocked (only then is the clock read, so most operations have none).
+    /// The time an operation's steps waited on peers, in ns by state (in [`StepTotals::STATES`]
+    /// order): `occl_proxy_step_wait_seconds_total`. Only waits that blocked are timed, so an
+    /// operation that never blocked has nothing to add and need not call this.
     #[cold]
-    fn waited(&self, wait_ns: &[u64; StepTotals::STATES.len()]) {
+    pub fn waited(&self, wait_ns: &[u64; StepTotals::STATES.len()]) {
         for (c, &ns) in self.stats.step_wait_ns.iter().zip(wait_ns) {
             if ns != 0 {
                 bump(c, ns);

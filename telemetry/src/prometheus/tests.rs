@@ -446,7 +446,10 @@ fn the_direct_route_renders_what_the_span_route_renders() {
         spans::Exporter::op_totals(&by_spans, &m, &t);
         let labels = || OpLabels { p2p: false, op, algo, proto: "SIMPLE", dtype: "ncclFloat32" };
         r.op(OpSlot { op: n, dtype: 7, choice: u8::from(algo == "TREE") }, labels, bytes, dur);
-        r.moved("shm", &Moved { steps: [2, 3], bytes: [bytes, bytes], wait_ns });
+        r.moved("shm", &Moved { steps: [2, 3], bytes: [bytes, bytes] });
+        if wait_ns != [0; 6] {
+            r.waited(&wait_ns);
+        }
     }
     // Point-to-point, and a datatype number beyond the slot array (counted the slow way).
     for (dtype, n) in [("ncclFloat32", 7u8), ("ncclInt8", 200)] {
@@ -496,7 +499,7 @@ fn cost_of_one_direct_operation() {
     let e = Exporter::new();
     let r = e.rank(&meta(None, 0)).expect("room");
     let labels = || OpLabels { p2p: false, op: "AllReduce", algo: "ONE_SHOT", proto: "LL", dtype: "ncclFloat32" };
-    let moved = Moved { steps: [1, 1], bytes: [8, 8], ..Moved::default() };
+    let moved = Moved { steps: [1, 1], bytes: [8, 8] };
     let n = 20_000_000u64;
     let t = std::time::Instant::now();
     for i in 0..n {
