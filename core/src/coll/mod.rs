@@ -136,7 +136,7 @@ impl<'a> Ctx<'a> {
             drive: self.drive,
             sleeper: self.prof.and_then(|p| p.sleeper()),
             record: Some(self.record),
-            waited: self.tally.map(|t| t as &dyn crate::transport::fifo::Waited),
+            waited: self.tally.map(Tally::wait_sums),
             members: self.members,
         }
     }

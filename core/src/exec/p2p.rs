@@ -18,7 +18,7 @@ use crate::profile::op::OpDescr;
 use crate::profile::{Leg, OpProf, Steps, Tally};
 use crate::record::{self, CollType};
 use crate::transport::fifo::nonblocking::alive;
-use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice, Timed, Waited};
+use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice, Timed};
 use crate::transport::{shm, Peer};
 use crate::wait::{self, Deadline, Drive};
 use occl_events::event::ProxyStepState;
@@ -267,7 +267,7 @@ fn progress<'p>(
     // The direct metrics route's step waits: from the first round that moves nothing to the
     // next that moves something, in the state of the stream the launch waits on (the clock is
     // read only then).
-    let waited = tally.map(|t| t as &dyn Waited);
+    let waited = tally.map(Tally::wait_sums);
     let mut timed: Option<Timed<'_>> = None;
     loop {
         let mut moved = match &inner.net {

@@ -2,20 +2,18 @@
 //! add each slice they post or receive, as `Steps` would sum it, without reading the clock; the
 //! transport adds the time of each wait that blocked (`fifo::Timed`), by step state.
 
-use crate::transport::fifo::Waited;
+use crate::transport::fifo::WaitSums;
 use occl_events::StepTotals;
 use occl_telemetry::prometheus::Moved;
 use std::cell::Cell;
 
 /// Steps and bytes of one operation (or one group launch) by direction (`[send, recv]`), and the
-/// ns its waits blocked, by state (`StepTotals::STATES`).
+/// ns its waits blocked, by state.
 #[derive(Default)]
 pub(crate) struct Tally {
     steps: [Cell<u64>; 2],
     bytes: [Cell<u64>; 2],
-    /// Set by the first wait that blocked: an operation without one reads nothing more.
-    blocked: Cell<bool>,
-    wait_ns: [Cell<u64>; StepTotals::STATES.len()],
+    waits: WaitSums,
 }
 
 fn add(c: &Cell<u64>, v: u64) {
@@ -46,27 +44,23 @@ impl Tally {
         Moved { steps: [self.steps[0].get(), self.steps[1].get()], bytes: [self.bytes[0].get(), self.bytes[1].get()] }
     }
 
-    /// The ns its waits blocked, by state, if any wait blocked.
+    /// Where the operation's waits add the time they blocked (`fifo::Ends::waited`).
+    #[inline]
+    pub(crate) fn wait_sums(&self) -> &WaitSums {
+        &self.waits
+    }
+
+    /// The ns its waits blocked, by state (`StepTotals::STATES`), if any wait blocked.
     #[inline]
     pub(crate) fn waits(&self) -> Option<[u64; StepTotals::STATES.len()]> {
-        self.blocked.get().then(|| std::array::from_fn(|i| self.wait_ns[i].get()))
-    }
-}
-
-/// A wait in `state` (NCCL's ProxyStep number) blocked for `ns`; a state that is not one of
-/// `StepTotals::STATES` counts nowhere.
-impl Waited for Tally {
-    fn waited(&self, state: u32, ns: u64) {
-        self.blocked.set(true);
-        if let Some(c) = StepTotals::STATES.iter().position(|s| *s as u32 == state).and_then(|i| self.wait_ns.get(i)) {
-            c.set(c.get().saturating_add(ns));
-        }
+        self.waits.get()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::fifo::Timed;
     use occl_events::event::ProxyStepState;
 
     #[test]
@@ -75,11 +69,12 @@ mod tests {
         t.sent(8);
         t.arrived(8);
         t.released();
-        t.waited(ProxyStepState::RecvWait as u32, 1_000);
-        t.waited(ProxyStepState::RecvWait as u32, 234);
-        t.waited(ProxyStepState::SendPeerWait as u32, 50);
-        t.waited(ProxyStepState::SendWait as u32, 7);
-        assert!(Tally::default().waits().is_none(), "no wait blocked, nothing to add");
+        assert!(t.waits().is_none(), "no wait blocked, nothing to add");
+        let w = t.wait_sums();
+        w.add(ProxyStepState::RecvWait as u32, 1_000);
+        w.add(ProxyStepState::RecvWait as u32, 234);
+        w.add(ProxyStepState::SendPeerWait as u32, 50);
+        w.add(ProxyStepState::SendWait as u32, 7);
         let m = t.moved();
         assert_eq!((m.steps, m.bytes), ([1, 1], [8, 8]));
         let w = t.waits().expect("waits blocked");
@@ -93,10 +88,10 @@ mod tests {
     #[test]
     fn unknown_states_count_nowhere_and_sums_saturate() {
         let t = Tally::default();
-        t.waited(9999, 5);
+        t.wait_sums().add(9999, 5);
         assert_eq!(t.waits(), Some([0; 6]));
-        t.waited(ProxyStepState::RecvWait as u32, u64::MAX);
-        t.waited(ProxyStepState::RecvWait as u32, 1);
+        t.wait_sums().add(ProxyStepState::RecvWait as u32, u64::MAX);
+        t.wait_sums().add(ProxyStepState::RecvWait as u32, 1);
         assert_eq!(t.waits().map(|w| w[StepTotals::index(ProxyStepState::RecvWait)]), Some(u64::MAX));
     }
 
@@ -104,11 +99,11 @@ mod tests {
     fn a_timed_wait_adds_its_time_when_it_ends() {
         let t = Tally::default();
         {
-            let _w = crate::transport::fifo::Timed::start(Some(&t), ProxyStepState::RecvWait as u32);
+            let _w = Timed::start(Some(t.wait_sums()), ProxyStepState::RecvWait as u32);
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let ns = t.waits().map_or(0, |w| w[StepTotals::index(ProxyStepState::RecvWait)]);
         assert!((20_000_000..2_000_000_000).contains(&ns), "{ns} ns");
-        assert!(crate::transport::fifo::Timed::start(None, 10).is_none(), "no observer, no clock");
+        assert!(Timed::start(None, 10).is_none(), "no tally, no clock");
     }
 }

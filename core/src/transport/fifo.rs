@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 use crate::record::CollType;
 use crate::wait::{self, Check, Deadline, Patience};
 use occl_events::files::{read_to_string_capped, MAX_SYSTEM_FILE};
+use occl_events::StepTotals;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -363,19 +365,39 @@ pub(crate) trait Waiting {
     fn waiting_on(&self, peer: usize, state: u32);
 }
 
-/// Told how long a wait that blocked took, in which state (NCCL's ProxyStep numbers): the
-/// operation's step wait times where no step marks read the clock (the direct metrics route).
-pub(crate) trait Waited {
-    fn waited(&self, state: u32, ns: u64);
+/// The time an operation's waits blocked, by step state (`StepTotals::STATES` order): the
+/// direct metrics route's step waits, where no step marks read the clock. [`Timed`] adds to it.
+#[derive(Default)]
+pub(crate) struct WaitSums {
+    /// Set by the first wait that blocked: an operation without one reads nothing more.
+    blocked: Cell<bool>,
+    ns: [Cell<u64>; StepTotals::STATES.len()],
 }
 
-/// A wait that blocked, timed for a [`Waited`]: made where the wait's first readiness check
-/// failed, it reads the clock then, and adds the time to `to` when dropped (the wait ended, or
-/// failed). A wait that succeeds at once makes none, so it reads no clock. The clock is the span
-/// route's (`occl_events::unix_nanos`: the TSC where the kernel keeps time with it, some 8 ns a
-/// read), so both routes time waits alike.
+impl WaitSums {
+    /// A wait in `state` (NCCL's ProxyStep number) blocked for `ns`; a state that is not one of
+    /// `StepTotals::STATES` counts nowhere.
+    pub(crate) fn add(&self, state: u32, ns: u64) {
+        self.blocked.set(true);
+        if let Some(c) = StepTotals::STATES.iter().position(|s| *s as u32 == state).and_then(|i| self.ns.get(i)) {
+            c.set(c.get().saturating_add(ns));
+        }
+    }
+
+    /// The ns waits blocked, by state, if any wait blocked.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<[u64; StepTotals::STATES.len()]> {
+        self.blocked.get().then(|| std::array::from_fn(|i| self.ns[i].get()))
+    }
+}
+
+/// A wait that blocked, timed into a [`WaitSums`]: made where the wait's first readiness check
+/// failed, it reads the clock then, and adds the time when dropped (the wait ended, or failed).
+/// A wait that succeeds at once makes none, so it reads no clock. The clock is the span route's
+/// (`occl_events::unix_nanos`: the TSC where the kernel keeps time with it, some 8 ns a read),
+/// so both routes time waits alike.
 pub(crate) struct Timed<'a> {
-    to: &'a dyn Waited,
+    to: &'a WaitSums,
     state: u32,
     since_ns: u64,
 }
@@ -383,14 +405,14 @@ pub(crate) struct Timed<'a> {
 impl<'a> Timed<'a> {
     /// Starts timing a wait in `state` when there is a `to`.
     #[inline]
-    pub(crate) fn start(to: Option<&'a dyn Waited>, state: u32) -> Option<Timed<'a>> {
+    pub(crate) fn start(to: Option<&'a WaitSums>, state: u32) -> Option<Timed<'a>> {
         to.map(|to| Timed { to, state, since_ns: occl_events::unix_nanos() })
     }
 }
 
 impl Drop for Timed<'_> {
     fn drop(&mut self) {
-        self.to.waited(self.state, occl_events::unix_nanos().saturating_sub(self.since_ns));
+        self.to.add(self.state, occl_events::unix_nanos().saturating_sub(self.since_ns));
     }
 }
 
@@ -406,9 +428,9 @@ pub(crate) struct Ends<'a> {
     pub sleeper: Option<&'a dyn wait::Sleeper>,
     /// Told on which peer and in which step state a wait blocks (the rank record, for RAS).
     pub record: Option<&'a dyn Waiting>,
-    /// Told how long each wait that blocked took (the operation's tally, on the direct
+    /// Where each wait that blocked adds its time (the operation's tally, on the direct
     /// metrics route).
-    pub waited: Option<&'a dyn Waited>,
+    pub waited: Option<&'a WaitSums>,
     /// The communicator's other peers: a wait that has blocked for a while also fails when
     /// one of them failed (the operation cannot complete; see `peers`).
     pub members: Option<&'a super::peers::PeerTable>,
@@ -561,6 +583,7 @@ impl SendFifo {
     }
 
     /// Publishes the slot returned by the last `acquire` with `len` bytes of data.
+    #[inline]
     pub(crate) fn post(&mut self, len: usize, desc: &Desc) {
         let i = self.head as usize % self.nslots;
         let h = self.region.header();
@@ -656,6 +679,7 @@ fn prefetch_slot(r: &Region, i: usize, bytes: usize) {
 impl RecvFifo {
     /// Hints that the next message, of `bytes`, will be read soon (see `prefetch`), as an LL
     /// step (`ll`) or a Simple slot.
+    #[inline]
     pub(crate) fn prepare(&self, ll: bool, bytes: usize) {
         if ll {
             self.ll_prepare(bytes);
