@@ -528,16 +528,27 @@ impl SendFifo {
         let i = self.head as usize % self.nslots;
         if (self.head as usize) >= self.nslots {
             let want = self.head.wrapping_sub(self.nslots as u32).wrapping_add(1);
-            let peer = ends.peer;
-            let what = || format!("sending to rank {peer} (waiting for a free slot)");
-            self.wait_ack(i, want, ends, deadline, SEND_PEER_WAIT, &what)?;
+            if !self.acked(i, want) {
+                let peer = ends.peer;
+                let what = || format!("sending to rank {peer} (waiting for a free slot)");
+                self.wait_acked(i, want, ends, deadline, SEND_PEER_WAIT, &what)?;
+            }
         }
         Ok(self.region.slot_data(i))
     }
 
-    /// Waits until slot `i` is acknowledged up to `want` (the receiver is done with it),
-    /// recording `state` as the rank's wait; `what` names the wait in a timeout.
-    fn wait_ack(
+    /// Whether slot `i` is acknowledged up to `want` (the receiver is done with it).
+    #[inline]
+    fn acked(&self, i: usize, want: u32) -> bool {
+        self.region.slot_hdr(i).ack.load(Ordering::Acquire) == want
+    }
+
+    /// Waits until slot `i` is acknowledged up to `want`, once a first look (`acked`) found it
+    /// was not, recording `state` as the rank's wait; `what` names the wait in a timeout. Out of
+    /// line, so that the look that finds it done stays small.
+    #[cold]
+    #[inline(never)]
+    fn wait_acked(
         &self,
         i: usize,
         want: u32,
@@ -547,25 +558,6 @@ impl SendFifo {
         what: &dyn Fn() -> String,
     ) -> Result<()> {
         let hdr = self.region.slot_hdr(i);
-        if hdr.ack.load(Ordering::Acquire) == want {
-            return Ok(());
-        }
-        self.wait_acked(hdr, want, ends, deadline, state, what)
-    }
-
-    /// `wait_ack` once its first look found the slot still in use: out of line, so that the
-    /// look that finds it free stays small.
-    #[cold]
-    #[inline(never)]
-    fn wait_acked(
-        &self,
-        hdr: &SlotHdr,
-        want: u32,
-        ends: &Ends<'_>,
-        deadline: &Deadline,
-        state: u32,
-        what: &dyn Fn() -> String,
-    ) -> Result<()> {
         let h = self.region.header();
         ends.waits(state);
         let _timed = ends.timed(state);
@@ -617,9 +609,11 @@ impl SendFifo {
             return Ok(());
         }
         let i = (self.head.wrapping_sub(1)) as usize % self.nslots;
-        let peer = ends.peer;
-        let what = || format!("waiting for rank {peer} to read this rank's buffer");
-        self.wait_ack(i, self.head, ends, deadline, SEND_WAIT, &what)?;
+        if !self.acked(i, self.head) {
+            let peer = ends.peer;
+            let what = || format!("waiting for rank {peer} to read this rank's buffer");
+            self.wait_acked(i, self.head, ends, deadline, SEND_WAIT, &what)?;
+        }
         self.ptr_outstanding = false;
         Ok(())
     }
