@@ -415,10 +415,12 @@ fn scrape_whole_node(port: u16, ranks: usize) -> String {
     }
 }
 
-/// The sum of the samples of `series` (a name and the start of its labels) on `rank`.
-fn sum_of(text: &str, series: &str, rank: usize) -> f64 {
+/// The sum of the samples of `series` (a name and the start of its labels) on `rank` whose `state` label is `state`
+/// (any state: "").
+fn sum_of(text: &str, series: &str, rank: usize, state: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(series) && l.contains(&format!("rank=\"{rank}\"")))
+        .filter(|l| state.is_empty() || l.contains(&format!("state=\"{state}\"")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -457,13 +459,39 @@ fn metrics_are_on_by_default_and_off_with_zero() {
             assert_eq!((of_op("operations_total"), of_op("bytes_total")), (n, b), "{fam} rank {rank} {op}:\n{body}");
         }
         for r in 0..RANKS {
-            let timed = sum_of(&body, "occl_collective_duration_seconds_count{", r);
+            let timed = sum_of(&body, "occl_collective_duration_seconds_count{", r, "");
             assert_eq!(timed, 14.0, "rank {r}: every collective is timed:\n{body}");
-            let moved = sum_of(&body, "occl_transport_bytes_total{", r);
+            let moved = sum_of(&body, "occl_transport_bytes_total{", r, "");
             assert!(moved >= 2.0 * 1048576.0, "rank {r} moved {moved} bytes:\n{body}");
         }
         drop(job);
     }
+}
+
+/// Step waits on the direct route (every peer over shm): in a live 2-rank job whose rank 1 enters an all-reduce and
+/// then a grouped send/receive 200 ms late each time, rank 0's scrape shows it waited for data (RecvWait) about that
+/// long, twice; the late rank, whose data was always there, waited far less.
+#[test]
+fn the_direct_route_times_the_waits_of_a_rank_whose_peer_is_late() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let spawn = Spawn {
+        env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_METRICS", "")]),
+        capture_stdout: true,
+        capture_stderr: true,
+        ..Spawn::default()
+    };
+    let job = Job::spawn(worker(), &["metrics-late".to_string(), "200".to_string()], 2, &spawn).expect("start job");
+    job.wait_for_all("READY", Duration::from_secs(60)).expect("ranks ran the workload");
+    let body = scrape_whole_node(port, 2);
+    let wait = |rank: usize, state: &str| sum_of(&body, "occl_proxy_step_wait_seconds_total{", rank, state);
+    let (early, late) = (wait(0, "RecvWait"), wait(1, "RecvWait"));
+    // Two waits of close to 200 ms each (less only by how much later than rank 1's sleep rank 0 entered: ranks leave
+    // init within microseconds of each other; one wait alone measured 0.199 s here).
+    assert!(early >= 0.35, "rank 0 waited {early} s for data:\n{body}");
+    assert!(late < 0.1 && late < early / 4.0, "rank 1 waited {late} s for data (rank 0: {early} s):\n{body}");
+    // Steps were counted as usual beside the waits.
+    assert!(sum_of(&body, "occl_proxy_steps_total{", 0, "") >= 4.0, "{body}");
 }
 
 /// The route a rank takes changes nothing a scrape shows: on two thread ranks whose series the core bumps directly,
@@ -483,6 +511,10 @@ fn the_direct_route_counts_what_the_span_route_counts() {
     std::thread::scope(|s| {
         for c in &comms {
             s.spawn(move || {
+                // Rank 0 waits for rank 1's data in the first all-reduce (step waits on both routes).
+                if c.rank() == 1 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 for n in [2usize, 1000, 300_000, 2, 70_000] {
                     let (a, mut b) = (vec![1.0f32; n], vec![0f32; n]);
                     c.all_reduce(&a, &mut b, RedOp::Sum).expect("all-reduce");
@@ -514,11 +546,13 @@ fn the_direct_route_counts_what_the_span_route_counts() {
     occl_telemetry::spans::Exporter::render_metrics(&**process, &mut direct);
     by_spans.render_metrics(&mut spans);
     let comm = format!("comm=\"{:016x}\"", comms[0].id());
-    // Times are each route's own clock readings; step waits are not measured on the direct route.
+    // Times are each route's own clock readings: durations, and step waits (the span route times each step from mark
+    // to mark, the direct route only the waits that blocked).
+    let waits = "occl_proxy_step_wait_seconds_total";
     let timeless = |text: &str| -> Vec<String> {
         text.lines()
             .filter(|l| l.contains(&comm))
-            .filter(|l| !l.contains("_duration_seconds") && !l.starts_with("occl_proxy_step_wait_seconds_total"))
+            .filter(|l| !l.contains("_duration_seconds") && !l.starts_with(waits))
             .map(str::to_string)
             .collect()
     };
@@ -526,6 +560,19 @@ fn the_direct_route_counts_what_the_span_route_counts() {
     assert!(d.iter().any(|l| l.starts_with("occl_p2p_operations_total")), "{direct}");
     assert!(d.iter().any(|l| l.starts_with("occl_proxy_steps_total")), "{direct}");
     assert_eq!(d, s, "direct route vs span route");
+    // The same step wait series on both, and the forced wait on both: rank 0 waited at least 50 ms for data.
+    let series = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains(&comm) && l.starts_with(waits))
+            .filter_map(|l| Some(l.rsplit_once(' ')?.0.to_string()))
+            .collect()
+    };
+    assert_eq!(series(&direct), series(&spans), "the same step wait series");
+    let of_comm = |text: &str| text.lines().filter(|l| l.contains(&comm)).collect::<Vec<_>>().join("\n");
+    for (route, text) in [("direct", &direct), ("span", &spans)] {
+        let recv_wait = sum_of(&of_comm(text), waits, 0, "RecvWait");
+        assert!(recv_wait >= 0.045, "{route} route: rank 0 waited {recv_wait} s for data:\n{text}");
+    }
     let timed =
         |text: &str| text.lines().filter(|l| l.contains(&comm) && l.contains("_duration_seconds_count")).count();
     assert_eq!(timed(&direct), timed(&spans), "the same duration series");

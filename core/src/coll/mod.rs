@@ -136,6 +136,7 @@ impl<'a> Ctx<'a> {
             drive: self.drive,
             sleeper: self.prof.and_then(|p| p.sleeper()),
             record: Some(self.record),
+            waited: self.tally.map(Tally::wait_sums),
             members: self.members,
         }
     }
@@ -168,7 +169,11 @@ impl<'a> Ctx<'a> {
             crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
         }
         let (slice, ll) = (self.slice(), self.proto == Proto::Ll);
-        let base = self.ends(0, crate::transport::fifo::Liveness::Local);
+        let mut base = self.ends(0, crate::transport::fifo::Liveness::Local);
+        if !steps {
+            // Not the operation's steps: their waits are no step's either.
+            base.waited = None;
+        }
         let ends = |peer, liveness| Ends { peer, liveness, ..base };
         let (send, recv) = match (to, from) {
             (Some(a), Some(b)) if a == b => {

@@ -67,6 +67,7 @@ pub(crate) const DIRECT_MIN: usize = 128 << 10;
 
 /// Checks that slice `m` from `peer` belongs to the operation `expect` and holds the `len` bytes
 /// this rank's schedule takes next.
+#[inline]
 pub(crate) fn check_incoming(m: &Msg, expect: &Desc, len: usize, peer: usize) -> Result<()> {
     if m.desc != *expect {
         return Err(Error::usage(format!(

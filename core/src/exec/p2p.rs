@@ -18,7 +18,7 @@ use crate::profile::op::OpDescr;
 use crate::profile::{Leg, OpProf, Steps, Tally};
 use crate::record::{self, CollType};
 use crate::transport::fifo::nonblocking::alive;
-use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice};
+use crate::transport::fifo::{state, Desc, Direct, Liveness, Msg, Notice, Timed};
 use crate::transport::{shm, Peer};
 use crate::wait::{self, Deadline, Drive};
 use occl_events::event::ProxyStepState;
@@ -170,6 +170,9 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
         }
         if let Some(t) = &tally {
             m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
+            if let Some(w) = t.waits() {
+                m.waited(&w);
+            }
         }
     }
     match res {
@@ -261,6 +264,11 @@ fn progress<'p>(
     let mut idle_since = None::<Instant>;
     let mut last_liveness = Instant::now();
     let mut idle = 0u32;
+    // The direct metrics route's step waits: from the first round that moves nothing to the
+    // next that moves something, in the state of the stream the launch waits on (the clock is
+    // read only then).
+    let waited = tally.map(Tally::wait_sums);
+    let mut timed: Option<Timed<'_>> = None;
     loop {
         let mut moved = match &inner.net {
             Some(n) => n.progress(),
@@ -274,12 +282,18 @@ fn progress<'p>(
                 blocked = Some(k);
             }
         }
+        if moved {
+            timed = None;
+        }
         let Some(b) = blocked else { return Ok(()) };
         if moved {
             idle = 0;
             last_moved = None;
             idle_since = None;
             continue;
+        }
+        if timed.is_none() {
+            timed = Timed::start(waited, wait_state(&streams[b], ops) as u32);
         }
         if comm.abort.load(Ordering::Relaxed) {
             return Err(Error::usage("the communicator was aborted"));
@@ -326,12 +340,10 @@ fn progress<'p>(
     }
 }
 
-/// Sleeps until stream `s`'s FIFO may have moved (or a short slice passes): in poll(2) on the
-/// sockets for a tcp peer (this thread fills its FIFOs itself), on the FIFO's futex otherwise.
-fn block(comm: &Comm, inner: &mut Inner, s: &Stream<'_>, profs: &[Option<OpProf<'_>>], ops: &[Op]) -> Result<()> {
-    let sleeper = s.cur.and_then(|i| profs[i].as_ref()).and_then(|p| p.sleeper());
-    let token = sleeper.map(|z| z.sleep());
-    let st = if s.send {
+/// What stream `s` waits for when it cannot move: a free slot, the receiver reading its
+/// pointed-to buffer, or data.
+fn wait_state(s: &Stream<'_>, ops: &[Op]) -> ProxyStepState {
+    if s.send {
         if s.by_ptr && s.cur.is_some_and(|i| s.off >= ops[i].bytes) {
             ProxyStepState::SendWait
         } else {
@@ -339,7 +351,15 @@ fn block(comm: &Comm, inner: &mut Inner, s: &Stream<'_>, profs: &[Option<OpProf<
         }
     } else {
         ProxyStepState::RecvWait
-    };
+    }
+}
+
+/// Sleeps until stream `s`'s FIFO may have moved (or a short slice passes): in poll(2) on the
+/// sockets for a tcp peer (this thread fills its FIFOs itself), on the FIFO's futex otherwise.
+fn block(comm: &Comm, inner: &mut Inner, s: &Stream<'_>, profs: &[Option<OpProf<'_>>], ops: &[Op]) -> Result<()> {
+    let sleeper = s.cur.and_then(|i| profs[i].as_ref()).and_then(|p| p.sleeper());
+    let token = sleeper.map(|z| z.sleep());
+    let st = wait_state(s, ops);
     comm.record.waiting_on(s.peer, st as u32);
     let tcp = inner.net.is_some();
     let p = peer_mut(&mut inner.peers, s.peer)?;

@@ -15,7 +15,10 @@
 //!   end times the rank record and flight recorder already take, and the steps and bytes the
 //!   primitives counted in a `Tally` (`tally.rs`: plain adds, no clock). Grouped calls,
 //!   send/recv and failures too. The exporter declines the rank's spans, so no event is made for
-//!   it. Step wait times need a clock read per step state and are not measured on this route.
+//!   it. Step wait times are those of the waits that blocked: the transport reads the clock only
+//!   once a wait's first look fails and adds the time to the tally by state
+//!   (`transport::fifo::Timed`; the group launch's progress loop likewise, from its first round
+//!   that moves nothing).
 //! - **spans** (a peer over tcp or ib, profilers handed in, a device communicator): the
 //!   exporter is one of the collector's and counts from events, as `occl_telemetry::prometheus`
 //!   describes (step waits, socket bytes, KernelCh times included).

@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 use crate::record::CollType;
 use crate::wait::{self, Check, Deadline, Patience};
 use occl_events::files::{read_to_string_capped, MAX_SYSTEM_FILE};
+use occl_events::StepTotals;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -363,6 +365,57 @@ pub(crate) trait Waiting {
     fn waiting_on(&self, peer: usize, state: u32);
 }
 
+/// The time an operation's waits blocked, by step state (`StepTotals::STATES` order): the
+/// direct metrics route's step waits, where no step marks read the clock. [`Timed`] adds to it.
+#[derive(Default)]
+pub(crate) struct WaitSums {
+    /// Set by the first wait that blocked: an operation without one reads nothing more.
+    blocked: Cell<bool>,
+    ns: [Cell<u64>; StepTotals::STATES.len()],
+}
+
+impl WaitSums {
+    /// A wait in `state` (NCCL's ProxyStep number) blocked for `ns`; a state that is not one of
+    /// `StepTotals::STATES` counts nowhere.
+    pub(crate) fn add(&self, state: u32, ns: u64) {
+        self.blocked.set(true);
+        if let Some(c) = StepTotals::STATES.iter().position(|s| *s as u32 == state).and_then(|i| self.ns.get(i)) {
+            c.set(c.get().saturating_add(ns));
+        }
+    }
+
+    /// The ns waits blocked, by state, if any wait blocked.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<[u64; StepTotals::STATES.len()]> {
+        self.blocked.get().then(|| std::array::from_fn(|i| self.ns[i].get()))
+    }
+}
+
+/// A wait that blocked, timed into a [`WaitSums`]: made where the wait's first readiness check
+/// failed, it reads the clock then, and adds the time when dropped (the wait ended, or failed).
+/// A wait that succeeds at once makes none, so it reads no clock. The clock is the span route's
+/// (`occl_events::unix_nanos`: the TSC where the kernel keeps time with it, some 8 ns a read),
+/// so both routes time waits alike.
+pub(crate) struct Timed<'a> {
+    to: &'a WaitSums,
+    state: u32,
+    since_ns: u64,
+}
+
+impl<'a> Timed<'a> {
+    /// Starts timing a wait in `state` when there is a `to`.
+    #[inline]
+    pub(crate) fn start(to: Option<&'a WaitSums>, state: u32) -> Option<Timed<'a>> {
+        to.map(|to| Timed { to, state, since_ns: occl_events::unix_nanos() })
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.to.add(self.state, occl_events::unix_nanos().saturating_sub(self.since_ns));
+    }
+}
+
 /// Checks shared by both ends: our own abort flag, the other side's state, its pid.
 pub(crate) struct Ends<'a> {
     pub peer: usize,
@@ -375,6 +428,9 @@ pub(crate) struct Ends<'a> {
     pub sleeper: Option<&'a dyn wait::Sleeper>,
     /// Told on which peer and in which step state a wait blocks (the rank record, for RAS).
     pub record: Option<&'a dyn Waiting>,
+    /// Where each wait that blocked adds its time (the operation's tally, on the direct
+    /// metrics route).
+    pub waited: Option<&'a WaitSums>,
     /// The communicator's other peers: a wait that has blocked for a while also fails when
     /// one of them failed (the operation cannot complete; see `peers`).
     pub members: Option<&'a super::peers::PeerTable>,
@@ -387,6 +443,11 @@ impl Ends<'_> {
         if let Some(r) = self.record {
             r.waiting_on(self.peer, state);
         }
+    }
+
+    /// Starts timing a wait in `state` whose first check failed (see [`Timed`]).
+    fn timed(&self, state: u32) -> Option<Timed<'_>> {
+        Timed::start(self.waited, state)
     }
 }
 
@@ -467,16 +528,27 @@ impl SendFifo {
         let i = self.head as usize % self.nslots;
         if (self.head as usize) >= self.nslots {
             let want = self.head.wrapping_sub(self.nslots as u32).wrapping_add(1);
-            let peer = ends.peer;
-            let what = || format!("sending to rank {peer} (waiting for a free slot)");
-            self.wait_ack(i, want, ends, deadline, SEND_PEER_WAIT, &what)?;
+            if !self.acked(i, want) {
+                let peer = ends.peer;
+                let what = || format!("sending to rank {peer} (waiting for a free slot)");
+                self.wait_acked(i, want, ends, deadline, SEND_PEER_WAIT, &what)?;
+            }
         }
         Ok(self.region.slot_data(i))
     }
 
-    /// Waits until slot `i` is acknowledged up to `want` (the receiver is done with it),
-    /// recording `state` as the rank's wait; `what` names the wait in a timeout.
-    fn wait_ack(
+    /// Whether slot `i` is acknowledged up to `want` (the receiver is done with it).
+    #[inline]
+    fn acked(&self, i: usize, want: u32) -> bool {
+        self.region.slot_hdr(i).ack.load(Ordering::Acquire) == want
+    }
+
+    /// Waits until slot `i` is acknowledged up to `want`, once a first look (`acked`) found it
+    /// was not, recording `state` as the rank's wait; `what` names the wait in a timeout. Out of
+    /// line, so that the look that finds it done stays small.
+    #[cold]
+    #[inline(never)]
+    fn wait_acked(
         &self,
         i: usize,
         want: u32,
@@ -486,11 +558,9 @@ impl SendFifo {
         what: &dyn Fn() -> String,
     ) -> Result<()> {
         let hdr = self.region.slot_hdr(i);
-        if hdr.ack.load(Ordering::Acquire) == want {
-            return Ok(());
-        }
         let h = self.region.header();
         ends.waits(state);
+        let _timed = ends.timed(state);
         // Driven like every other wait: a rank with tcp peers keeps their sockets moving.
         wait::wait_until(
             wait::driven(ends.drive, || hdr.ack.load(Ordering::Acquire) == want),
@@ -505,6 +575,7 @@ impl SendFifo {
     }
 
     /// Publishes the slot returned by the last `acquire` with `len` bytes of data.
+    #[inline]
     pub(crate) fn post(&mut self, len: usize, desc: &Desc) {
         let i = self.head as usize % self.nslots;
         let h = self.region.header();
@@ -538,9 +609,11 @@ impl SendFifo {
             return Ok(());
         }
         let i = (self.head.wrapping_sub(1)) as usize % self.nslots;
-        let peer = ends.peer;
-        let what = || format!("waiting for rank {peer} to read this rank's buffer");
-        self.wait_ack(i, self.head, ends, deadline, SEND_WAIT, &what)?;
+        if !self.acked(i, self.head) {
+            let peer = ends.peer;
+            let what = || format!("waiting for rank {peer} to read this rank's buffer");
+            self.wait_acked(i, self.head, ends, deadline, SEND_WAIT, &what)?;
+        }
         self.ptr_outstanding = false;
         Ok(())
     }
@@ -600,6 +673,7 @@ fn prefetch_slot(r: &Region, i: usize, bytes: usize) {
 impl RecvFifo {
     /// Hints that the next message, of `bytes`, will be read soon (see `prefetch`), as an LL
     /// step (`ll`) or a Simple slot.
+    #[inline]
     pub(crate) fn prepare(&self, ll: bool, bytes: usize) {
         if ll {
             self.ll_prepare(bytes);
@@ -677,28 +751,7 @@ impl RecvFifo {
         let hdr = self.region.slot_hdr(i);
         let want = self.tail.wrapping_add(1);
         if hdr.seq.load(Ordering::Acquire) != want {
-            let h = self.region.header();
-            let peer = ends.peer;
-            ends.waits(RECV_WAIT);
-            let mut check = |slow: bool| -> Result<()> {
-                // Data published before the sender went away is still delivered.
-                if hdr.seq.load(Ordering::Acquire) == want {
-                    return Ok(());
-                }
-                self.ll_instead(peer)?;
-                ends.check(|| h.sender(), slow)
-            };
-            let check: Check<'_> = &mut check;
-            wait::wait_until(
-                wait::driven(ends.drive, || hdr.seq.load(Ordering::Acquire) == want),
-                &hdr.seq,
-                &h.recv_sleepers.0,
-                check,
-                deadline,
-                self.patience,
-                &|| format!("receiving from rank {peer}"),
-                ends.sleeper,
-            )?;
+            self.wait_published(hdr, want, ends, deadline)?;
         }
         let raw = hdr.len;
         let len = (raw & !PTR_FLAG) as usize;
@@ -714,6 +767,36 @@ impl RecvFifo {
             )));
         }
         Ok(Msg { data: self.region.slot_data(i), len, desc: hdr.desc, remote: None })
+    }
+
+    /// Waits until `hdr`'s slot is published as message `want` (`peek`'s first look found it
+    /// was not): out of line, so that the look that finds it stays small.
+    #[cold]
+    #[inline(never)]
+    fn wait_published(&self, hdr: &SlotHdr, want: u32, ends: &Ends<'_>, deadline: &Deadline) -> Result<()> {
+        let h = self.region.header();
+        let peer = ends.peer;
+        ends.waits(RECV_WAIT);
+        let _timed = ends.timed(RECV_WAIT);
+        let mut check = |slow: bool| -> Result<()> {
+            // Data published before the sender went away is still delivered.
+            if hdr.seq.load(Ordering::Acquire) == want {
+                return Ok(());
+            }
+            self.ll_instead(peer)?;
+            ends.check(|| h.sender(), slow)
+        };
+        let check: Check<'_> = &mut check;
+        wait::wait_until(
+            wait::driven(ends.drive, || hdr.seq.load(Ordering::Acquire) == want),
+            &hdr.seq,
+            &h.recv_sleepers.0,
+            check,
+            deadline,
+            self.patience,
+            &|| format!("receiving from rank {peer}"),
+            ends.sleeper,
+        )
     }
 
     /// Publishes the ProxyStep that waits for the next message (for the socket reader).

@@ -13,6 +13,7 @@
 use super::comm::{bus_factor, BusFactor, CommStats, Kind, Lost, OpKey, OpSeries, SIZE_CLASSES};
 use super::hist::bump;
 use super::Exporter;
+use crate::event::StepTotals;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
@@ -173,6 +174,18 @@ impl RankMetrics<'_> {
                 bump(b, recv);
             }
             None => self.transport_slow(transport, send, recv),
+        }
+    }
+
+    /// The time an operation's steps waited on peers, in ns by state (in [`StepTotals::STATES`]
+    /// order): `occl_proxy_step_wait_seconds_total`. Only waits that blocked are timed, so an
+    /// operation that never blocked has nothing to add and need not call this.
+    #[cold]
+    pub fn waited(&self, wait_ns: &[u64; StepTotals::STATES.len()]) {
+        for (c, &ns) in self.stats.step_wait_ns.iter().zip(wait_ns) {
+            if ns != 0 {
+                bump(c, ns);
+            }
         }
     }
 

@@ -30,10 +30,18 @@
 //! datatype, size class) without hashing, adds with a relaxed load and store into cache lines
 //! only that rank's thread writes, and takes its times from the clock readings its rank record
 //! already makes; it counts steps and bytes as the primitives move them, without a clock read.
-//! So it measures no proxy-step wait times: `occl_proxy_step_wait_seconds_total` stays 0 for
-//! such a rank (the span route reads the clock at each step's state change for them). Every
-//! other series has the same value either way (`tests/tests/prometheus.rs` checks it), and an
-//! exporter declines the spans of a rank it is fed directly ([`spans::Exporter::takes`]).
+//! Step waits it times only where a rank waits on a peer: a wait whose first look finds its slot
+//! or data not ready reads the clock (the span route's, `occl_events::clock`) then and when it ends,
+//! and the operation adds those times by state at its end ([`RankMetrics::waited`]); a wait
+//! that is ready at once reads no clock. So on this route `occl_proxy_step_wait_seconds_total`
+//! holds the time ranks blocked: `RecvWait` (data from the peer), `SendPeerWait` (a free slot,
+//! the receiver's credit) and `SendWait` (the receiver reading a pointed-to buffer), the states
+//! the rank record names for RAS; `SendGPUWait`, `RecvFlushWait` and `RecvGPUWait` stay 0. The
+//! span route reads the clock at every step's state change and counts each step from mark to
+//! mark, so its waits also hold the rank's own work between marks (copying a slice in, reducing
+//! one): the two routes agree on where a rank blocked, not to the nanosecond. Every other series
+//! has the same value either way (`tests/tests/prometheus.rs` checks both), and an exporter
+//! declines the spans of a rank it is fed directly ([`spans::Exporter::takes`]).
 //!
 //! **Expositions.** [`spans::Exporter::metrics`] reads every counter once into a snapshot
 //! ([`crate::metrics`]; `snapshot.rs` names each family's type and unit) that every format is
@@ -66,7 +74,7 @@
 //! | `occl_p2p_duration_seconds` | histogram | op, dtype, size_class | start to end |
 //! | `occl_proxy_steps_total` | counter | direction | ProxyStep spans (slices on the wire or through shm) |
 //! | `occl_proxy_step_bytes_total` | counter | direction | `transSize` at SendWait / RecvFlushWait |
-//! | `occl_proxy_step_wait_seconds_total` | counter | state | time steps spent in SendGPUWait, SendPeerWait, SendWait, RecvWait, RecvFlushWait, RecvGPUWait |
+//! | `occl_proxy_step_wait_seconds_total` | counter | state | time steps spent in SendGPUWait, SendPeerWait, SendWait, RecvWait, RecvFlushWait, RecvGPUWait (direct route: only the waits on a peer that blocked, see above) |
 //! | `occl_net_socket_bytes_total` | counter | direction | bytes of socket requests (NetPlugin events, net type SOCK) |
 //! | `occl_transport_bytes_total` | counter | transport, direction | bytes per transport (`shm`, `tcp`), reported by occl's core ([`crate::Note`]) |
 //! | `occl_operation_errors_total` | counter | op, kind | failed operations by error kind, reported by occl's core |

@@ -431,9 +431,15 @@ fn the_direct_route_renders_what_the_span_route_renders() {
     for (n, op, algo, count, dur) in ops {
         let bytes = count as u64 * 4;
         let descr = coll_by(op, algo, count);
+        // Waits on peers: a free slot on the send side, data on the receive side (none for
+        // some operations).
+        let (peer_wait, data_wait) = if count % 2 == 0 { (dur / 10, dur / 5) } else { (0, 0) };
+        let mut wait_ns = [0; 6];
+        wait_ns[StepTotals::index(ProxyStepState::SendPeerWait)] = peer_wait;
+        wait_ns[StepTotals::index(ProxyStepState::RecvWait)] = data_wait;
         let steps = [
-            StepTotals { send: true, steps: 2, bytes, ..Default::default() },
-            StepTotals { steps: 3, bytes, ..Default::default() },
+            StepTotals { send: true, steps: 2, bytes, wait_ns: [0, peer_wait, 0, 0, 0, 0] },
+            StepTotals { steps: 3, bytes, wait_ns: [0, 0, 0, data_wait, 0, 0], ..Default::default() },
         ];
         let moved = [("shm", true, bytes), ("shm", false, bytes)];
         let t = OpTotals { descr, start_ns: 1_000, end_ns: 1_000 + dur, steps, transport_bytes: &moved };
@@ -441,6 +447,9 @@ fn the_direct_route_renders_what_the_span_route_renders() {
         let labels = || OpLabels { p2p: false, op, algo, proto: "SIMPLE", dtype: "ncclFloat32" };
         r.op(OpSlot { op: n, dtype: 7, choice: u8::from(algo == "TREE") }, labels, bytes, dur);
         r.moved("shm", &Moved { steps: [2, 3], bytes: [bytes, bytes] });
+        if wait_ns != [0; 6] {
+            r.waited(&wait_ns);
+        }
     }
     // Point-to-point, and a datatype number beyond the slot array (counted the slow way).
     for (dtype, n) in [("ncclFloat32", 7u8), ("ncclInt8", 200)] {
@@ -467,6 +476,15 @@ fn the_direct_route_renders_what_the_span_route_renders() {
     assert!(a == b, "span route only:\n{}\ndirect route only:\n{}", only(&a, &b), only(&b, &a));
     check_exposition(&b).expect("valid exposition");
     assert!(b.contains("size_class=\"256MiB+\""), "{b}");
+    let waited = |state: &str| {
+        b.lines()
+            .filter(|l| {
+                l.starts_with("occl_proxy_step_wait_seconds_total{") && l.contains(&format!("state=\"{state}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(waited("RecvWait") > 0.6 && waited("SendPeerWait") > 0.3, "{b}");
     // Dropped, the rank goes back to the span route with its counts.
     drop(r);
     assert!(spans::Exporter::takes(&direct, &m));

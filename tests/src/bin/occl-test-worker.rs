@@ -443,6 +443,37 @@ fn main() -> ExitCode {
                 std::thread::sleep(Duration::from_secs(3600));
             }
         }
+        // Rank 1 enters its collectives `args[1]` ms late (default 200), twice: an all-reduce of 2 f32 and an
+        // all-gather of 1000 f32 per rank, then a group of a send and a receive between ranks 0 and 1. The others
+        // wait for it in both (tests/tests/prometheus.rs reads their step waits); then idle until killed.
+        "metrics-late" => {
+            let late = Duration::from_millis(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(200));
+            let run = || -> occl::Result<()> {
+                if r == 1 {
+                    std::thread::sleep(late);
+                }
+                let (a, mut b) = (vec![1.0f32; 2], vec![0f32; 2]);
+                comm.all_reduce(&a, &mut b, RedOp::Sum)?;
+                let (a, mut b) = (vec![1.0f32; 1000], vec![0f32; 1000 * comm.nranks()]);
+                comm.all_gather(&a, &mut b)?;
+                if r < 2 {
+                    if r == 1 {
+                        std::thread::sleep(late);
+                    }
+                    let (p, mut q) = (vec![7u8; 3000], vec![0u8; 3000]);
+                    occl::group(|g| {
+                        g.send(&comm, &p, 1 - r)?;
+                        g.recv(&comm, &mut q, 1 - r)
+                    })?;
+                }
+                Ok(())
+            };
+            if let Err(e) = run() {
+                return report(&e);
+            }
+            println!("READY rank={r} pid={}", std::process::id());
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         // A live job for the dashboards test (tests/tests/dashboards.rs): rounds of collectives at a few sizes and a
         // send/recv ring, 20 a second, until killed. While the file `$OCCL_TEST_PAUSE_DIR/pause-<rank>` exists the
         // rank stops calling collectives (a hung job: its RAS still answers). After an error (a peer was killed) it

@@ -181,6 +181,7 @@ impl SendFifo {
         let h = self.region.header();
         let peer = ends.peer;
         ends.waits(super::SEND_PEER_WAIT);
+        let _timed = ends.timed(super::SEND_PEER_WAIT);
         wait::wait_until(
             wait::driven(ends.drive, done),
             &lh.acked.0,
@@ -263,17 +264,32 @@ impl RecvFifo {
     }
 
     /// Waits for line `i` of step slot `slot` to carry flag `f` and returns its data.
+    #[inline]
     fn ll_line(&self, slot: usize, i: usize, f: u32, ends: &Ends<'_>, deadline: &Deadline) -> Result<u32> {
         let l = &self.region.ll_lines(slot)[i];
-        // Oversubscribed, one look before `wait_until` yields (see `Patience::Share`).
+        // Acquire pairs with the length line's Release (see `ll_post_from`).
+        let v = l.load(Ordering::Acquire);
+        if (v >> 32) as u32 == f {
+            return Ok(v as u32);
+        }
+        self.ll_line_wait(l, f, ends, deadline)
+    }
+
+    /// `ll_line` once its first look found the line not there yet: spins on it a while, then
+    /// waits. Out of line, so that the look that finds it stays small.
+    #[cold]
+    #[inline(never)]
+    fn ll_line_wait(&self, l: &AtomicU64, f: u32, ends: &Ends<'_>, deadline: &Deadline) -> Result<u32> {
+        let _timed = ends.timed(super::RECV_WAIT);
+        // Oversubscribed, one look (the caller's) before `wait_until` yields (see
+        // `Patience::Share`).
         let spins = if self.patience == wait::Patience::Share { 1 } else { LINE_SPINS };
-        for _ in 0..spins {
-            // Acquire pairs with the length line's Release (see `ll_post_from`).
+        for _ in 1..spins {
+            std::hint::spin_loop();
             let v = l.load(Ordering::Acquire);
             if (v >> 32) as u32 == f {
                 return Ok(v as u32);
             }
-            std::hint::spin_loop();
         }
         let lh = self.region.ll_header();
         let h = self.region.header();
@@ -406,7 +422,16 @@ mod tests {
     }
 
     fn ends(abort: &AtomicBool) -> Ends<'_> {
-        Ends { peer: 1, liveness: Liveness::Local, abort, drive: None, sleeper: None, record: None, members: None }
+        Ends {
+            peer: 1,
+            liveness: Liveness::Local,
+            abort,
+            drive: None,
+            sleeper: None,
+            record: None,
+            waited: None,
+            members: None,
+        }
     }
 
     /// Steps of every length, across the flag renewal, arrive whole and in order from a
