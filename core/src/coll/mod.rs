@@ -159,21 +159,13 @@ impl<'a> Ctx<'a> {
         to: Option<usize>,
         from: Option<usize>,
     ) -> Result<&'x mut Prims<'s>> {
-        self.prims_in(slot, to, from, true)
+        self.prims_for(slot, to, from, true)
     }
 
-    /// As `prims`, for messages that carry no data (`rooted`'s descriptors): not the
-    /// operation's steps, so the profiler does not see them.
-    fn control<'s, 'x>(
-        &'s mut self,
-        slot: &'x mut Option<Prims<'s>>,
-        to: Option<usize>,
-        from: Option<usize>,
-    ) -> Result<&'x mut Prims<'s>> {
-        self.prims_in(slot, to, from, false)
-    }
-
-    fn prims_in<'s, 'x>(
+    /// As `prims`; `steps` says whether they move the operation's data (its steps, which the
+    /// profiler and the metrics see) or only messages that carry no data (`rooted`'s
+    /// descriptors).
+    fn prims_for<'s, 'x>(
         &'s mut self,
         slot: &'x mut Option<Prims<'s>>,
         to: Option<usize>,
@@ -314,7 +306,7 @@ fn rooted(ctx: &mut Ctx<'_>, s: &Shape, run: impl FnOnce(&mut Ctx<'_>) -> Result
     let both = [next, prev];
     let neighbours = if next == prev { &both[..1] } else { &both[..] };
     for &p in neighbours {
-        ctx.control(&mut None, Some(p), None)?.announce()?;
+        ctx.prims_for(&mut None, Some(p), None, false)?.announce()?;
     }
     // Over tcp the descriptors go out now: a rank that fails (on a neighbour's descriptor, say)
     // sends no more data after it, and its neighbours must still see what it ran. This fails
@@ -328,11 +320,11 @@ fn rooted(ctx: &mut Ctx<'_>, s: &Shape, run: impl FnOnce(&mut Ctx<'_>) -> Result
     let take = |ctx: &mut Ctx<'_>| -> Result<()> {
         let mut failed = None;
         for &p in neighbours {
-            let got = ctx.control(&mut None, None, Some(p)).and_then(|c| c.expect_announce());
+            let got = ctx.prims_for(&mut None, None, Some(p), false).and_then(|c| c.expect_announce());
             let got = match got {
                 Err(e) if e.kind() != ErrorKind::InvalidUsage => {
                     match ctx
-                        .control(&mut None, None, Some(p))
+                        .prims_for(&mut None, None, Some(p), false)
                         .and_then(|c| c.only_this_peer(ANNOUNCE_GRACE).expect_announce())
                     {
                         Err(m) if m.kind() == ErrorKind::InvalidUsage => Err(m),

@@ -368,11 +368,17 @@ impl Registry {
             .map(|i| (i, p - g.windows[i].base))
     }
 
+    /// Whether this rank has registered windows (`plan` can find one), at one load: an
+    /// operation that has none skips `plan`.
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        self.ctrl.get().is_some()
+    }
+
     /// The plan of a registered operation when `send` and `recv` both lie in active windows
     /// (`None`: the normal path). `layout`: where an in-place call's buffers lie, whose offsets
     /// differ per rank. `call`: the arguments every rank must pass alike, hashed only once the
-    /// windows apply (an unregistered call pays one load, inline).
-    #[inline]
+    /// windows apply (an unregistered call pays one load).
     pub(crate) fn plan(
         &self,
         me: usize,
@@ -384,18 +390,6 @@ impl Registry {
         if send.1 == 0 || recv.1 == 0 || self.ctrl.get().is_none() {
             return Ok(None);
         }
-        self.plan_in_windows(me, send, recv, layout, call)
-    }
-
-    /// `plan` once this rank has registered windows.
-    fn plan_in_windows(
-        &self,
-        me: usize,
-        send: (usize, usize),
-        recv: (usize, usize),
-        layout: InPlace,
-        call: &[u64],
-    ) -> Result<Option<Plan<'_>>> {
         let g = lock(&self.inner);
         let (Some((sw, so)), Some((rw, ro))) =
             (Self::window_of(&g, send.0, send.1), Self::window_of(&g, recv.0, recv.1))
