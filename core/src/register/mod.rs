@@ -368,8 +368,8 @@ impl Registry {
             .map(|i| (i, p - g.windows[i].base))
     }
 
-    /// Whether this rank has registered windows (`plan` can find one), at one load: an
-    /// operation that has none skips `plan`.
+    /// Whether this rank has ever registered a window (its control segment exists), at one
+    /// load: without one `plan` finds nothing, and an operation skips it.
     #[inline]
     pub(crate) fn any(&self) -> bool {
         self.ctrl.get().is_some()
