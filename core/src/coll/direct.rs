@@ -39,7 +39,8 @@ pub(crate) fn all_to_all(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, bloc
     let piece = ctx.chunk();
     for k in 1..n {
         let (to, from) = ((r + k) % n, (r + n - k) % n);
-        let mut p = ctx.prims(Some(to), Some(from))?;
+        let mut slot = None;
+        let p = ctx.prims(&mut slot, Some(to), Some(from))?;
         p.allow_direct();
         let mut off = 0;
         while off < block {
@@ -235,7 +236,8 @@ pub(crate) fn send(ctx: &mut Ctx<'_>, buf: *const u8, bytes: usize, peer: usize)
     if bytes == 0 {
         return Ok(());
     }
-    let mut p = ctx.prims(Some(peer), None)?;
+    let mut slot = None;
+    let p = ctx.prims(&mut slot, Some(peer), None)?;
     p.allow_direct();
     p.send(buf, bytes)?;
     p.finish()
@@ -245,5 +247,5 @@ pub(crate) fn recv(ctx: &mut Ctx<'_>, buf: *mut u8, bytes: usize, peer: usize) -
     if bytes == 0 {
         return Ok(());
     }
-    ctx.prims(None, Some(peer))?.recv(buf, bytes)
+    ctx.prims(&mut None, None, Some(peer))?.recv(buf, bytes)
 }

@@ -152,18 +152,27 @@ impl<'a> Ctx<'a> {
     }
 
     /// Primitives that send to `to` and receive from `from` (either may be absent), given as
-    /// positions when the operation runs in ring order.
-    pub(crate) fn prims(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
-        self.prims_for(to, from, true)
+    /// positions when the operation runs in ring order, built in `slot`: they are large, and
+    /// building them where they stay saves a copy per operation.
+    pub(crate) fn prims<'s, 'x>(
+        &'s mut self,
+        slot: &'x mut Option<Prims<'s>>,
+        to: Option<usize>,
+        from: Option<usize>,
+    ) -> Result<&'x mut Prims<'s>> {
+        self.prims_for(slot, to, from, true)
     }
 
-    /// As `prims`, for messages that carry no data (`rooted`'s descriptors): not the
-    /// operation's steps, so the profiler does not see them.
-    fn control(&mut self, to: Option<usize>, from: Option<usize>) -> Result<Prims<'_>> {
-        self.prims_for(to, from, false)
-    }
-
-    fn prims_for(&mut self, to: Option<usize>, from: Option<usize>, steps: bool) -> Result<Prims<'_>> {
+    /// As `prims`; `steps` says whether they move the operation's data (its steps, which the
+    /// profiler and the metrics see) or only messages that carry no data (`rooted`'s
+    /// descriptors).
+    fn prims_for<'s, 'x>(
+        &'s mut self,
+        slot: &'x mut Option<Prims<'s>>,
+        to: Option<usize>,
+        from: Option<usize>,
+        steps: bool,
+    ) -> Result<&'x mut Prims<'s>> {
         let (to, from) = (to.map(|p| self.real(p)), from.map(|p| self.real(p)));
         for p in [to, from].into_iter().flatten() {
             crate::transport::connect::ensure(self.peers, p, self.lazy, self.members)?;
@@ -206,7 +215,7 @@ impl<'a> Ctx<'a> {
             }
             (None, None) => (None, None),
         };
-        Ok(Prims {
+        Ok(slot.insert(Prims {
             send,
             recv,
             deadline: self.deadline,
@@ -221,7 +230,7 @@ impl<'a> Ctx<'a> {
             stream: false,
             steps: if steps { self.prof.and_then(|p| p.steps(to, from)) } else { None },
             tally: if steps { self.tally } else { None },
-        })
+        }))
     }
 }
 
@@ -302,7 +311,7 @@ fn rooted(ctx: &mut Ctx<'_>, s: &Shape, run: impl FnOnce(&mut Ctx<'_>) -> Result
     let both = [next, prev];
     let neighbours = if next == prev { &both[..1] } else { &both[..] };
     for &p in neighbours {
-        ctx.control(Some(p), None)?.announce()?;
+        ctx.prims_for(&mut None, Some(p), None, false)?.announce()?;
     }
     // Over tcp the descriptors go out now: a rank that fails (on a neighbour's descriptor, say)
     // sends no more data after it, and its neighbours must still see what it ran. This fails
@@ -316,12 +325,12 @@ fn rooted(ctx: &mut Ctx<'_>, s: &Shape, run: impl FnOnce(&mut Ctx<'_>) -> Result
     let take = |ctx: &mut Ctx<'_>| -> Result<()> {
         let mut failed = None;
         for &p in neighbours {
-            let got = ctx.control(None, Some(p)).and_then(|mut c| c.expect_announce());
+            let got = ctx.prims_for(&mut None, None, Some(p), false).and_then(|c| c.expect_announce());
             let got = match got {
                 Err(e) if e.kind() != ErrorKind::InvalidUsage => {
                     match ctx
-                        .control(None, Some(p))
-                        .and_then(|mut c| c.only_this_peer(ANNOUNCE_GRACE).expect_announce())
+                        .prims_for(&mut None, None, Some(p), false)
+                        .and_then(|c| c.only_this_peer(ANNOUNCE_GRACE).expect_announce())
                     {
                         Err(m) if m.kind() == ErrorKind::InvalidUsage => Err(m),
                         _ => Err(e),

@@ -147,6 +147,7 @@ impl<'a> Prims<'a> {
         Ok(m)
     }
 
+    #[inline]
     fn release(&mut self) {
         if let Some(r) = self.recv.as_mut() {
             r.fifo.release_as(self.ll);

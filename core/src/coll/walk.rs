@@ -102,18 +102,14 @@ struct Local {
 }
 
 impl Local {
+    #[inline]
     fn ptr(&self, s: Span) -> Result<*mut u8> {
         let base = match s.buf {
             Buf::Send => self.send as *mut u8,
             Buf::Recv => self.recv,
             Buf::Scratch => {
                 if s.off + s.len > self.scratch_len {
-                    return Err(Error::internal(format!(
-                        "schedule used scratch bytes {}..{} of {}",
-                        s.off,
-                        s.off + s.len,
-                        self.scratch_len
-                    )));
+                    return Err(past_scratch(s, self.scratch_len));
                 }
                 self.scratch
             }
@@ -123,6 +119,7 @@ impl Local {
         Ok(unsafe { base.add(s.off) })
     }
 
+    #[inline]
     fn copy(&self, src: Span, dst: Span) -> Result<()> {
         let (s, d) = (self.ptr(src)?, self.ptr(dst)?);
         // SAFETY: both spans are valid for len bytes; schedules copy only between identical or
@@ -158,6 +155,11 @@ impl Local {
     fn in_place(&self) -> bool {
         std::ptr::eq(self.send, self.recv)
     }
+}
+
+#[cold]
+fn past_scratch(s: Span, scratch_len: usize) -> Error {
+    Error::internal(format!("schedule used scratch bytes {}..{} of {scratch_len}", s.off, s.off + s.len))
 }
 
 /// The executors that move data: each primitive runs on FIFOs, which `P` hands out.
@@ -198,7 +200,7 @@ impl<'r, 'c> Run<'r, 'c> {
 
 impl Peers for Each<'_, '_> {
     fn with(&mut self, to: Option<usize>, from: Option<usize>, f: impl FnOnce(&mut Prims) -> Result<()>) -> Result<()> {
-        f(&mut self.0.prims(to, from)?)
+        f(self.0.prims(&mut None, to, from)?)
     }
 
     fn link(&mut self, _: Link) -> Result<()> {
@@ -228,6 +230,11 @@ pub(crate) struct Held<'r, 'c> {
     link: Option<Link>,
 }
 
+#[cold]
+fn outside_link(to: Option<usize>, from: Option<usize>, link: Option<Link>) -> Error {
+    Error::internal(format!("a pipelined schedule used peers {to:?}/{from:?} outside its link {link:?}"))
+}
+
 /// An executor on the neighbours its schedule links (ring, chain).
 pub(crate) type Pipe<'r, 'c> = Fifos<Held<'r, 'c>>;
 
@@ -255,21 +262,19 @@ impl<'r, 'c> Pipe<'r, 'c> {
 }
 
 impl Peers for Held<'_, '_> {
+    #[inline]
     fn with(&mut self, to: Option<usize>, from: Option<usize>, f: impl FnOnce(&mut Prims) -> Result<()>) -> Result<()> {
         let linked = |want: Option<usize>, have: Option<usize>| want.is_none() || want == have;
         match (self.prims.as_mut(), self.link) {
             (Some(p), Some(l)) if linked(to, l.to) && linked(from, l.from) => f(p),
-            _ => Err(Error::internal(format!(
-                "a pipelined schedule used peers {to:?}/{from:?} outside its link {:?}",
-                self.link
-            ))),
+            _ => Err(outside_link(to, from, self.link)),
         }
     }
 
+    #[inline]
     fn link(&mut self, link: Link) -> Result<()> {
         let ctx = self.ctx.take().ok_or_else(|| Error::internal("a pipelined schedule linked twice"))?;
-        // Built in its slot: the primitives are large, and each move is a copy.
-        let p = self.prims.insert(ctx.prims(link.to, link.from)?);
+        let p = ctx.prims(&mut self.prims, link.to, link.from)?;
         p.stream = link.stream;
         if link.direct {
             p.allow_direct();
@@ -282,11 +287,13 @@ impl Peers for Held<'_, '_> {
 }
 
 impl<P: Peers> Exec for Fifos<P> {
+    #[inline]
     fn send(&mut self, to: usize, src: Span) -> Result<()> {
         let p = self.bufs.ptr(src)?;
         self.peers.with(Some(to), None, |x| x.send(p, src.len))
     }
 
+    #[inline]
     fn recv(&mut self, from: usize, dst: Span) -> Result<()> {
         let p = self.bufs.ptr(dst)?;
         self.peers.with(None, Some(from), |x| x.recv(p, dst.len))
@@ -312,6 +319,7 @@ impl<P: Peers> Exec for Fifos<P> {
         self.peers.with(Some(to), Some(from), |x| x.recv_copy_send(p, dst.len))
     }
 
+    #[inline]
     fn copy(&mut self, src: Span, dst: Span) -> Result<()> {
         self.bufs.copy(src, dst)
     }
@@ -332,6 +340,7 @@ impl<P: Peers> Exec for Fifos<P> {
         self.bufs.in_place()
     }
 
+    #[inline]
     fn link(&mut self, link: Link) -> Result<()> {
         self.peers.link(link)
     }

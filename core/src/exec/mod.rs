@@ -68,6 +68,9 @@ fn on_fifos(c: &mut Ctx<'_>, o: &Op, algo: Algo) -> Result<()> {
 /// The registered path of an all-reduce, all-gather or reduce-scatter whose send and recv
 /// buffers lie in active windows; `None` for the normal path.
 fn registered<'c>(comm: &'c Comm, o: &Op, block: usize, total: usize) -> Result<Option<Plan<'c>>> {
+    if !comm.reg.any() {
+        return Ok(None);
+    }
     let (send, recv, rank) = (o.send, o.recv, comm.rank());
     // What every rank's registered call must agree on (all-gather has no operator).
     let desc = [o.coll as u64, o.count as u64, o.dt as u64, o.op.unwrap_or(RedOp::Sum) as u64];

@@ -368,6 +368,13 @@ impl Registry {
             .map(|i| (i, p - g.windows[i].base))
     }
 
+    /// Whether this rank has ever registered a window (its control segment exists), at one
+    /// load: without one `plan` finds nothing, and an operation skips it.
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        self.ctrl.get().is_some()
+    }
+
     /// The plan of a registered operation when `send` and `recv` both lie in active windows
     /// (`None`: the normal path). `layout`: where an in-place call's buffers lie, whose offsets
     /// differ per rank. `call`: the arguments every rank must pass alike, hashed only once the
