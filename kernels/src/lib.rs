@@ -30,6 +30,7 @@ mod error;
 pub mod ipc;
 mod kernels;
 mod launch;
+pub mod memops;
 pub mod nvrtc;
 pub mod p2p;
 #[cfg(any(test, feature = "test-support"))]

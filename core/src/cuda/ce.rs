@@ -21,8 +21,8 @@
 //! watcher, which writes every word far ahead ([`CeArea::release_all`]) beside the error word.
 
 use super::kernels::coll::MAX_RANKS;
-use super::kernels::cudarc::driver::sys as cu;
-use crate::error::{Error, Result};
+use super::kernels::memops::StreamOps;
+use super::kernels::Result;
 
 /// Slots per sender in a receiver's area.
 pub(crate) const SLOTS: u64 = 2;
@@ -84,74 +84,50 @@ pub(crate) struct Flows {
     pub local: Option<(u64, u64)>,
 }
 
-/// Enqueues `f` on `stream` for rank `me` whose peers' regions are mapped at `regions`.
+/// Enqueues `f` on `ops`' stream for rank `me` whose peers' regions are mapped at `regions`.
 ///
 /// # Safety
 /// The addresses in `f` are device memory of this context valid for `bytes` until the stream
 /// has run the call; `regions` are the communicator's mapped regions, each with `area`.
 pub(crate) unsafe fn enqueue(
-    stream: cu::CUstream,
+    ops: &StreamOps<'_>,
     regions: &[u64; MAX_RANKS],
     me: usize,
     area: CeArea,
     f: &Flows,
 ) -> Result<()> {
-    let check = |what: &'static str, r: cu::CUresult| {
-        if r == cu::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::sys(what, std::io::Error::other(format!("{r:?}"))))
-        }
-    };
-    // SAFETY (the three closures): the caller's promise about the addresses and the stream.
-    let copy = |dst: u64, src: u64, n: u64| {
-        check("cuMemcpyDtoDAsync (copy-engine collective)", unsafe {
-            cu::cuMemcpyDtoDAsync_v2(dst, src, n as usize, stream)
-        })
-    };
-    let wait = |addr: u64, v: u64| {
-        check("cuStreamWaitValue64 (copy-engine collective)", unsafe {
-            cu::cuStreamWaitValue64_v2(stream, addr, v, cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32)
-        })
-    };
-    let write = |addr: u64, v: u64| {
-        check("cuStreamWriteValue64 (copy-engine collective)", unsafe {
-            cu::cuStreamWriteValue64_v2(
-                stream,
-                addr,
-                v,
-                cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-            )
-        })
-    };
     let mine = regions[me];
-    if let Some((dst, src)) = f.local {
-        if dst != src && f.bytes > 0 {
-            copy(dst, src, f.bytes)?;
-        }
-    }
-    let chunks = f.bytes.div_ceil(SLOT_BYTES);
-    for i in 0..chunks {
-        let (o, n) = (i * SLOT_BYTES, SLOT_BYTES.min(f.bytes - i * SLOT_BYTES));
-        for &(p, src) in &f.sends {
-            if i >= SLOTS {
-                wait(mine + area.tail(p), i + 1 - SLOTS)?;
+    // SAFETY (every operation below): the caller's promise about `f`'s addresses; the words and
+    // slots lie inside the regions, each `area.end()` bytes long.
+    unsafe {
+        if let Some((dst, src)) = f.local {
+            if dst != src && f.bytes > 0 {
+                ops.copy(dst, src, f.bytes)?;
             }
-            copy(regions[p] + area.slot(me, i), src + o, n)?;
-            write(regions[p] + area.head(me), i + 1)?;
         }
-        for &(q, dst) in &f.recvs {
-            wait(mine + area.head(q), i + 1)?;
-            copy(dst + o, mine + area.slot(q, i), n)?;
-            if i + 1 == chunks {
-                write(mine + area.head(q), 0)?;
+        let chunks = f.bytes.div_ceil(SLOT_BYTES);
+        for i in 0..chunks {
+            let (o, n) = (i * SLOT_BYTES, SLOT_BYTES.min(f.bytes - i * SLOT_BYTES));
+            for &(p, src) in &f.sends {
+                if i >= SLOTS {
+                    ops.wait_ge(mine + area.tail(p), i + 1 - SLOTS)?;
+                }
+                ops.copy(regions[p] + area.slot(me, i), src + o, n)?;
+                ops.write(regions[p] + area.head(me), i + 1)?;
             }
-            write(regions[q] + area.tail(me), i + 1)?;
+            for &(q, dst) in &f.recvs {
+                ops.wait_ge(mine + area.head(q), i + 1)?;
+                ops.copy(dst + o, mine + area.slot(q, i), n)?;
+                if i + 1 == chunks {
+                    ops.write(mine + area.head(q), 0)?;
+                }
+                ops.write(regions[q] + area.tail(me), i + 1)?;
+            }
         }
-    }
-    for &(p, _) in &f.sends {
-        wait(mine + area.tail(p), chunks)?;
-        write(mine + area.tail(p), 0)?;
+        for &(p, _) in &f.sends {
+            ops.wait_ge(mine + area.tail(p), chunks)?;
+            ops.write(mine + area.tail(p), 0)?;
+        }
     }
     Ok(())
 }

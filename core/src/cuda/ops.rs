@@ -8,8 +8,8 @@ use super::ce::{self, Flows};
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
-use super::kernels::cudarc::driver::sys as cudarc_sys;
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
+use super::kernels::memops::StreamOps;
 use super::kernels::p2p::{plan, Transfer};
 use super::tune::DevAlgo;
 use super::{kernel_op, DevOp, PreMul};
@@ -326,11 +326,9 @@ impl CudaComm {
         // the timer slot is this launch's alone until its records are collected.
         let r = match flows {
             // SAFETY: as for the kernel; the flows' addresses are the call's.
-            Some(f) => self
-                .ctx
-                .bind_to_thread()
-                .map_err(|e| Error::sys("cuCtxSetCurrent", std::io::Error::other(format!("{e:?}"))))
-                .and_then(|()| unsafe { ce::enqueue(stream.cu_stream(), &self.regions, self.rank(), self.ce, f) }),
+            Some(f) => StreamOps::new(stream)
+                .and_then(|ops| unsafe { ce::enqueue(&ops, &self.regions, self.rank(), self.ce, f) })
+                .map_err(err("enqueue a copy-engine collective")),
             None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks, self.channels.lanes) }
                 .map_err(err("launch a device collective")),
         };
@@ -541,21 +539,13 @@ impl CudaComm {
         let planned =
             plan(base, &transfers, self.channels.one_lane_ceiling()).map_err(err("group sends and receives"))?;
         if !from_me.is_empty() {
-            self.ctx
-                .bind_to_thread()
-                .map_err(|e| Error::sys("cuCtxSetCurrent", std::io::Error::other(format!("{e:?}"))))?;
-        }
-        for ((dst, bytes), (src, _)) in to_me.iter().zip(&from_me) {
-            if *bytes == 0 || dst == src {
-                continue;
-            }
-            // SAFETY: both are device buffers of `bytes` (the caller's promise), on this stream.
-            let r = unsafe { cudarc_sys::cuMemcpyDtoDAsync_v2(*dst, *src, *bytes as usize, stream.cu_stream()) };
-            if r != cudarc_sys::CUresult::CUDA_SUCCESS {
-                return Err(Error::sys(
-                    "cuMemcpyDtoDAsync (a send to this rank)",
-                    std::io::Error::other(format!("{r:?}")),
-                ));
+            let ops = StreamOps::new(stream).map_err(err("a send to this rank"))?;
+            for ((dst, bytes), (src, _)) in to_me.iter().zip(&from_me) {
+                if *bytes == 0 || dst == src {
+                    continue;
+                }
+                // SAFETY: both are device buffers of `bytes` (the caller's promise), on this stream.
+                unsafe { ops.copy(*dst, *src, *bytes) }.map_err(err("a send to this rank"))?;
             }
         }
         let Some((args, blocks)) = planned else { return Ok(()) };
