@@ -277,10 +277,7 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
         };
         m.op(slot, labels, (count * dt.size()) as u64, t1.saturating_sub(t0));
         if let Some(t) = &tally {
-            m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
-            if let Some(w) = t.waits() {
-                m.waited(&w);
-            }
+            t.report(m);
         }
     }
     match res {

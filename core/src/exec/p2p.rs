@@ -169,10 +169,7 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
             m.op(OpSlot { op: coll as u8, dtype: dt as u8, choice: 0 }, labels, o.bytes as u64, t1.saturating_sub(t0));
         }
         if let Some(t) = &tally {
-            m.moved(crate::config::TransportKind::Shm.name(), &t.moved());
-            if let Some(w) = t.waits() {
-                m.waited(&w);
-            }
+            t.report(m);
         }
     }
     match res {

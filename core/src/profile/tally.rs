@@ -4,7 +4,7 @@
 
 use crate::transport::fifo::WaitSums;
 use occl_events::StepTotals;
-use occl_telemetry::prometheus::Moved;
+use occl_telemetry::prometheus::{Moved, RankMetrics};
 use std::cell::Cell;
 
 /// Steps and bytes of one operation (or one group launch) by direction (`[send, recv]`), and the
@@ -42,6 +42,15 @@ impl Tally {
 
     pub(crate) fn moved(&self) -> Moved {
         Moved { steps: [self.steps[0].get(), self.steps[1].get()], bytes: [self.bytes[0].get(), self.bytes[1].get()] }
+    }
+
+    /// Adds what the operation moved over shm and the time its waits blocked to `m`.
+    #[inline]
+    pub(crate) fn report(&self, m: &RankMetrics<'_>) {
+        m.moved(crate::config::TransportKind::Shm.name(), &self.moved());
+        if let Some(w) = self.waits() {
+            m.waited(&w);
+        }
     }
 
     /// Where the operation's waits add the time they blocked (`fifo::Ends::waited`).
