@@ -172,7 +172,7 @@ impl Comm {
         // The metrics route depends on the transports (`profile`): sinks are made once they are
         // known, before the first operation.
         let all_shm = lazy.kinds().iter().all(|k| matches!(k, None | Some(TransportKind::Shm)));
-        prof.attach_profilers(&info, &config.profilers, all_shm);
+        let metrics = prof.attach_profilers(&info, &config.profilers, all_shm);
         // This host's ranks and the cores they share: the tuner's link and the registered path's
         // helper threads.
         let host_share = bootstrap::host_share(&table, rank);
@@ -265,6 +265,7 @@ impl Comm {
                 staging: Vec::new(),
                 net,
                 lazy: Some(lazy),
+                metrics,
             }),
         })
     }

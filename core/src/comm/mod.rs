@@ -78,6 +78,9 @@ pub(crate) struct Inner {
     pub(crate) staging: Vec<u64>,
     /// Connects shm peers on first use (`None` once the communicator is shut down).
     pub(crate) lazy: Option<transport::connect::Lazy>,
+    /// This rank's Prometheus series on the direct route (`profile`), bumped by the thread that
+    /// runs an operation.
+    pub(crate) metrics: Option<occl_telemetry::prometheus::RankMetrics<'static>>,
 }
 
 impl Inner {
@@ -105,7 +108,15 @@ impl Comm {
     /// process's exporter on, every peer over shm, the process's profilers); otherwise, with
     /// metrics on, they come from its events through the span collector.
     pub fn direct_metrics(&self) -> bool {
-        self.prof.metrics.is_some()
+        self.inner.lock().is_ok_and(|g| g.metrics.is_some())
+    }
+
+    /// Moves this rank's metrics to the span route (`Profiling::metrics_to_spans`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn metrics_to_spans(&mut self) {
+        if let Ok(inner) = self.inner.get_mut() {
+            self.prof.metrics_to_spans(&mut inner.metrics);
+        }
     }
 
     /// The ranks this rank has a connection to, in ascending order. tcp peers connect at init;
@@ -280,7 +291,7 @@ impl Comm {
     pub(crate) fn poison(&self, g: &mut Inner, coll: CollType, e: Error) -> Error {
         self.record.failed(&e);
         self.prof.fanout.note(&Note::OpFailed { func: nccl_func(coll), kind: e.kind().name() });
-        if let Some(m) = &self.prof.metrics {
+        if let Some(m) = &g.metrics {
             m.failed(nccl_func(coll), e.kind().name());
         }
         // The reason names the failure (and so the dead or failing peer); the last entry is the

@@ -208,7 +208,7 @@ impl CudaComm {
 
     pub fn with_settings(mut comm: Comm, device: usize, s: DeviceSettings) -> Result<CudaComm> {
         // Device operations are timed by their kernels' events: the span route (`profile`).
-        comm.prof.metrics_to_spans();
+        comm.metrics_to_spans();
         let n = comm.nranks();
         let layout = Layout { nranks: n as u32, channels: s.channels, slots: s.slots, slot_bytes: s.slot_bytes };
         layout.validate().map_err(err("device communicator"))?;

@@ -227,7 +227,7 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
         |p| inner.kind_name(p),
     );
     // The direct metrics route (`profile`): what the primitives move, counted without the clock.
-    let tally = comm.prof.metrics.as_ref().map(|_| Tally::default());
+    let tally = inner.metrics.as_ref().map(|_| Tally::default());
     let res = match executor {
         Executor::Registered(plan) => plan.run(&reg_env(comm), coll, count, dt, op.unwrap_or(RedOp::Sum)),
         Executor::Fifos => {
@@ -264,7 +264,7 @@ fn stamp(comm: &Comm, o: &Op, bytes: usize, choice: Choice, executor: &Executor<
         p.end();
     }
     let t1 = record::now_ns();
-    if let Some(m) = &comm.prof.metrics {
+    if let Some(m) = &mut inner.metrics {
         // Failed operations count too, as their spans do.
         let p2p = matches!(coll, CollType::Send | CollType::Recv);
         let slot = OpSlot { op: coll as u8, dtype: dt as u8, choice: choice_number(registered, algo, choice.proto) };

@@ -150,7 +150,7 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
             )
         })
         .collect();
-    let tally = comm.prof.metrics.as_ref().map(|_| Tally::default());
+    let tally = inner.metrics.as_ref().map(|_| Tally::default());
     let res = self_copies(comm.rank(), &ops).and_then(|()| progress(comm, inner, &ops, &profs, tally.as_ref()));
     let res = res.and_then(|()| match &inner.net {
         // Sends still in tcp FIFOs must reach their sockets before the launch returns.
@@ -161,7 +161,7 @@ pub(super) fn run(comm: &Comm, prof: &GroupProf, tasks: &[(Call, Option<EventId>
         p.end();
     }
     let t1 = record::now_ns();
-    if let Some(m) = &comm.prof.metrics {
+    if let Some(m) = &mut inner.metrics {
         // Each call is timed over the launch, as its span is; failed ones count too.
         for o in &ops {
             let (coll, dt) = (o.call.coll, o.call.dt);

@@ -10,7 +10,8 @@
 //! Prometheus metrics take one of two routes per communicator rank, chosen when its sinks are
 //! made (`Profiling::attach_profilers`):
 //! - **direct** (every peer over shm, the process's profilers, the process's exporter on): the
-//!   rank holds a `RankMetrics` of the process's exporter and the executor bumps it at each
+//!   rank holds a `RankMetrics` of the process's exporter in the state its operation lock
+//!   guards (`comm::Inner`), and the executor bumps it at each
 //!   operation's end (`exec`): op, algorithm, protocol and datatype series with the start and
 //!   end times the rank record and flight recorder already take, and the steps and bytes the
 //!   primitives counted in a `Tally` (`tally.rs`: plain adds, no clock). Grouped calls,
@@ -41,9 +42,8 @@ pub(crate) struct Profiling {
     pub fanout: Arc<Fanout>,
     /// Sinks attached here, finalized when the communicator goes away.
     sinks: Mutex<Vec<(SinkHandle, Arc<dyn Sink>)>>,
-    /// The process's Prometheus series of this rank, on the direct route (see the module docs),
-    /// and the rank as the exporter knows it.
-    pub metrics: Option<RankMetrics<'static>>,
+    /// The rank as the exporter knows it, while its metrics take the direct route (see the
+    /// module docs; the `RankMetrics` itself lives in `comm::Inner`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     meta: Option<CommMeta>,
 }
@@ -54,17 +54,23 @@ impl Profiling {
         if let Err(e) = occl_events::activation::init_from_env() {
             tracing::warn!("occl: {e}; the profiler activation mask stays as it was");
         }
-        Profiling { fanout: Arc::new(Fanout::new()), sinks: Mutex::new(Vec::new()), metrics: None, meta: None }
+        Profiling { fanout: Arc::new(Fanout::new()), sinks: Mutex::new(Vec::new()), meta: None }
     }
 
     /// Chooses the rank's metrics route (direct when `all_shm` and the process's profilers are
-    /// used), then asks each of `profilers` for this communicator's sink. A profiler that
-    /// declines (`None`) is simply not attached.
-    pub(crate) fn attach_profilers(&mut self, info: &CommInfo<'_>, profilers: &Profilers, all_shm: bool) {
+    /// used: the `RankMetrics` returned), then asks each of `profilers` for this communicator's
+    /// sink. A profiler that declines (`None`) is simply not attached.
+    pub(crate) fn attach_profilers(
+        &mut self,
+        info: &CommInfo<'_>,
+        profilers: &Profilers,
+        all_shm: bool,
+    ) -> Option<RankMetrics<'static>> {
+        let mut metrics = None;
         if all_shm && matches!(profilers, Profilers::Process) {
             let m = meta(info);
-            self.metrics = occl_telemetry::prometheus::process().and_then(|e| e.rank(&m));
-            self.meta = self.metrics.is_some().then_some(m);
+            metrics = occl_telemetry::prometheus::process().and_then(|e| e.rank(&m));
+            self.meta = metrics.is_some().then_some(m);
         }
         let p = &*self;
         let profilers: Vec<Arc<dyn Profiler>> = match profilers {
@@ -81,13 +87,15 @@ impl Profiling {
                 None => tracing::debug!("occl: profiler {} declined comm {:016x}", prof.name(), info.comm_hash),
             }
         }
+        metrics
     }
 
-    /// Moves this rank's metrics from the direct route to the span route (a device communicator:
-    /// its operations are timed by their kernels' events). The series keep their counts.
+    /// Moves this rank's metrics from the direct route (`direct`, taken) to the span route (a
+    /// device communicator: its operations are timed by their kernels' events). The series keep
+    /// their counts.
     #[cfg(feature = "cuda")]
-    pub(crate) fn metrics_to_spans(&mut self) {
-        let (Some(_), Some(m)) = (self.metrics.take(), self.meta.take()) else { return };
+    pub(crate) fn metrics_to_spans(&mut self, direct: &mut Option<RankMetrics<'static>>) {
+        let (Some(_), Some(m)) = (direct.take(), self.meta.take()) else { return };
         let Some(e) = occl_telemetry::prometheus::process() else { return };
         let t = occl_telemetry::spans::Telemetry::new(vec![Arc::clone(e) as Arc<dyn occl_telemetry::spans::Exporter>]);
         let hash = m.hash;

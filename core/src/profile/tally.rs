@@ -46,7 +46,7 @@ impl Tally {
 
     /// Adds what the operation moved over shm and the time its waits blocked to `m`.
     #[inline]
-    pub(crate) fn report(&self, m: &RankMetrics<'_>) {
+    pub(crate) fn report(&self, m: &mut RankMetrics<'_>) {
         m.moved(crate::config::TransportKind::Shm.name(), &self.moved());
         if let Some(w) = self.waits() {
             m.waited(&w);

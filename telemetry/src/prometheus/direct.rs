@@ -1,21 +1,20 @@
 //! The direct route: the core bumps a communicator rank's series itself at the end of each
 //! operation, with no event, span or table lookup by hash in between.
 //!
-//! A [`RankMetrics`] belongs to one communicator rank and is written only by the thread that
-//! runs that rank's operations (the core holds the communicator's operation lock), so every
-//! update is a relaxed load and store ([`bump`]) into cache lines of that rank's own
-//! [`CommStats`] and [`OpSeries`]. An operation's series is found through a small array indexed
-//! by (op, datatype, size class), numbers the caller gives ([`OpSlot`]): each entry holds the
-//! series' place in the rank's table and the caller's algorithm/protocol number; a miss (the
-//! first operation of a kind, or another algorithm or protocol than the entry's last) names the
-//! labels and finds or makes the series in the table once.
+//! A [`RankMetrics`] belongs to one communicator rank and lives in the state the core holds
+//! under the communicator's operation lock, so its caches are plain fields behind `&mut self`
+//! and every series update is a relaxed load and store ([`bump`]) into cache lines of that
+//! rank's own [`CommStats`] and [`OpSeries`]. An operation's series is found through a small
+//! array indexed by (op, datatype, size class), numbers the caller gives ([`OpSlot`]): each
+//! entry holds the series itself, its bus factor and the caller's algorithm/protocol number; a
+//! miss (the first operation of a kind, or another algorithm or protocol than the entry's last)
+//! names the labels and finds or makes the series in the table once.
 
 use super::comm::{bus_factor, BusFactor, CommStats, Kind, Lost, OpKey, OpSeries, SIZE_CLASSES};
 use super::hist::bump;
 use super::Exporter;
 use crate::event::StepTotals;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::OnceLock;
 
 /// Op numbers (`OpSlot::op`) the slot array tells apart: NCCL's `ncclFunc_t` numbers are below.
 pub const OPS: usize = 16;
@@ -67,21 +66,23 @@ fn class_of(bytes: u64) -> usize {
     ((log2 - 12) / 4 + 1).min(CLASSES - 1)
 }
 
-/// One slot: 0 when empty, else `(table index + 1) << 9 | kind << 8 | choice`.
-fn pack(idx: usize, kind: Kind, choice: u8) -> u64 {
-    ((idx as u64 + 1) << 9) | (kind as u64) << 8 | u64::from(choice)
-}
-
 /// One communicator rank's series, bumped by the core (see the module docs). Dropping it hands
 /// the rank back to the span route (its counts stay).
 pub struct RankMetrics<'e> {
     ex: &'e Exporter,
     stats: &'e CommStats,
-    slots: Box<[AtomicU64]>,
-    /// The bus factor of each op number, set on its first miss.
-    bus: [OnceLock<BusFactor>; OPS],
-    /// The transport last counted and its entry in the rank's table.
-    transport: OnceLock<(&'static str, usize)>,
+    /// By (op, datatype, size class): the series counted there last.
+    slots: Box<[Option<Hit<'e>>]>,
+    /// The transport counted last and its byte counters.
+    transport: Option<(&'static str, &'e [AtomicU64; 2])>,
+}
+
+/// A slot's series, for operations of the caller's `choice`.
+#[derive(Clone, Copy)]
+struct Hit<'e> {
+    series: &'e OpSeries,
+    bus: BusFactor,
+    choice: u8,
 }
 
 impl Exporter {
@@ -94,69 +95,47 @@ impl Exporter {
         if stats.direct.swap(true, Relaxed) {
             return None;
         }
-        Some(RankMetrics {
-            ex: self,
-            stats,
-            slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            bus: std::array::from_fn(|_| OnceLock::new()),
-            transport: OnceLock::new(),
-        })
+        Some(RankMetrics { ex: self, stats, slots: vec![None; SLOTS].into_boxed_slice(), transport: None })
     }
 }
 
-impl RankMetrics<'_> {
+impl<'e> RankMetrics<'e> {
     /// One operation that ended (failed ones too): `bytes` as its descriptor counts them (count ×
     /// element size), `duration_ns` from its start to its end.
     #[inline]
-    pub fn op(&self, slot: OpSlot, labels: impl FnOnce() -> OpLabels, bytes: u64, duration_ns: u64) {
+    pub fn op(&mut self, slot: OpSlot, labels: impl FnOnce() -> OpLabels, bytes: u64, duration_ns: u64) {
         let class = class_of(bytes);
         let (op, dtype) = (usize::from(slot.op), usize::from(slot.dtype));
-        let entry = (op < OPS && dtype < DTYPES).then(|| &self.slots[(op * DTYPES + dtype) * CLASSES + class]);
-        let hit = entry
-            .map(|e| e.load(Relaxed))
-            .filter(|e| e >> 9 != 0 && e & 0xff == u64::from(slot.choice))
-            .and_then(|e| self.series(e))
-            .zip(self.bus.get(op).and_then(OnceLock::get).copied());
-        let Some((series, bus)) = hit.or_else(|| self.miss(entry, slot, labels(), class)) else { return };
-        series.size.observe_owned(bytes);
-        series.duration.observe_owned(duration_ns);
-        bump(&series.bus_bytes, bus.apply(bytes));
+        let at = (op < OPS && dtype < DTYPES).then_some((op * DTYPES + dtype) * CLASSES + class);
+        let cached = at.and_then(|i| self.slots.get(i).copied().flatten()).filter(|h| h.choice == slot.choice);
+        let Some(hit) = cached.or_else(|| self.miss(at, slot.choice, labels(), class)) else { return };
+        hit.series.size.observe_owned(bytes);
+        hit.series.duration.observe_owned(duration_ns);
+        bump(&hit.series.bus_bytes, hit.bus.apply(bytes));
     }
 
-    #[inline]
-    fn series(&self, e: u64) -> Option<&OpSeries> {
-        let kind = if (e >> 8) & 1 == Kind::P2p as u64 { Kind::P2p } else { Kind::Coll };
-        self.stats.ops[kind as usize].at((e >> 9) as usize - 1)
-    }
-
-    /// Finds or makes the series of `l` in size class `class` and keeps it in `entry`.
+    /// Finds or makes the series of `l` in size class `class` and keeps it in slot `at`.
     #[cold]
-    fn miss(
-        &self,
-        entry: Option<&AtomicU64>,
-        slot: OpSlot,
-        l: OpLabels,
-        class: usize,
-    ) -> Option<(&OpSeries, BusFactor)> {
+    fn miss(&mut self, at: Option<usize>, choice: u8, l: OpLabels, class: usize) -> Option<Hit<'e>> {
         let kind = if l.p2p { Kind::P2p } else { Kind::Coll };
         let (algo, proto) = if l.p2p { ("", "") } else { (l.algo, l.proto) };
         let key = OpKey { op: l.op, algo, proto, dtype: l.dtype, size_class: SIZE_CLASSES[class].1 };
-        let Some((idx, series)) = self.stats.ops[kind as usize].get_or_insert_with(key, OpSeries::new) else {
+        let stats: &'e CommStats = self.stats;
+        let Some((_, series)) = stats.ops[kind as usize].get_or_insert_with(key, OpSeries::new) else {
             self.ex.lose(Lost::SeriesLimit);
             return None;
         };
-        let factor = bus_factor(l.op, self.stats.nranks);
-        if let (Some(e), Some(b)) = (entry, self.bus.get(usize::from(slot.op))) {
-            b.get_or_init(|| factor);
-            e.store(pack(idx, kind, slot.choice), Relaxed);
+        let hit = Hit { series, bus: bus_factor(l.op, stats.nranks), choice };
+        if let Some(s) = at.and_then(|i| self.slots.get_mut(i)) {
+            *s = Some(hit);
         }
-        Some((series, factor))
+        Some(hit)
     }
 
     /// Steps and bytes an operation moved over `transport` (`shm`, `tcp`): the proxy step and
     /// transport series, as the span route counts them from step sums and transport notes.
     #[inline]
-    pub fn moved(&self, transport: &'static str, m: &Moved) {
+    pub fn moved(&mut self, transport: &'static str, m: &Moved) {
         let s = self.stats;
         let [send, recv] = m.bytes;
         bump(&s.steps[0], m.steps[0]);
@@ -166,10 +145,9 @@ impl RankMetrics<'_> {
         }
         bump(&s.step_bytes[0], send);
         bump(&s.step_bytes[1], recv);
-        // The transport of the first call, recognised by its name's address first.
-        let cached = self.transport.get().filter(|(t, _)| std::ptr::eq(*t, transport) || *t == transport);
-        match cached.and_then(|(_, i)| s.transport_bytes.at(*i)) {
-            Some([a, b]) => {
+        // The transport of the last call, recognised by its name's address first.
+        match self.transport.filter(|(t, _)| std::ptr::eq(*t, transport) || *t == transport) {
+            Some((_, [a, b])) => {
                 bump(a, send);
                 bump(b, recv);
             }
@@ -190,12 +168,13 @@ impl RankMetrics<'_> {
     }
 
     #[cold]
-    fn transport_slow(&self, transport: &'static str, send: u64, recv: u64) {
-        match self.stats.transport_bytes.get_or_insert_with(transport, Default::default) {
-            Some((i, [a, b])) => {
-                let _ = self.transport.set((transport, i));
-                bump(a, send);
-                bump(b, recv);
+    fn transport_slow(&mut self, transport: &'static str, send: u64, recv: u64) {
+        let stats: &'e CommStats = self.stats;
+        match stats.transport_bytes.get_or_insert_with(transport, Default::default) {
+            Some((_, c)) => {
+                self.transport = Some((transport, c));
+                bump(&c[0], send);
+                bump(&c[1], recv);
             }
             None => self.ex.lose(Lost::SeriesLimit),
         }

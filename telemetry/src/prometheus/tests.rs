@@ -412,7 +412,7 @@ fn the_direct_route_renders_what_the_span_route_renders() {
     let m = Arc::new(meta(Some("tp"), 1));
     spans::Exporter::comm_init(&by_spans, &m);
     assert!(spans::Exporter::takes(&direct, &m));
-    let r = direct.rank(&m).expect("room");
+    let mut r = direct.rank(&m).expect("room");
     assert!(!spans::Exporter::takes(&direct, &m), "a direct rank's spans are declined");
     assert!(direct.rank(&m).is_none(), "one direct route per rank");
     // (op number, op, algo, count of f32, duration): algorithms alternating within one size
@@ -497,7 +497,7 @@ fn the_direct_route_renders_what_the_span_route_renders() {
 #[ignore]
 fn cost_of_one_direct_operation() {
     let e = Exporter::new();
-    let r = e.rank(&meta(None, 0)).expect("room");
+    let mut r = e.rank(&meta(None, 0)).expect("room");
     let labels = || OpLabels { p2p: false, op: "AllReduce", algo: "ONE_SHOT", proto: "LL", dtype: "ncclFloat32" };
     let moved = Moved { steps: [1, 1], bytes: [8, 8] };
     let n = 20_000_000u64;

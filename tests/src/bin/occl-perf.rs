@@ -88,8 +88,9 @@ struct Args {
     #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u64).range(1..=1000))]
     events_ab: Option<u64>,
     /// What --events-ab attaches in its "on" batches: counter (every event, counted), collector
-    /// (the span collector, spans dropped), prometheus, otlp, otlp:FRACTION (ProxyStep sampling)
-    /// or trace (that exporter behind the collector).
+    /// (the span collector, spans dropped), prometheus, split (prometheus's A/A check, with
+    /// OCCL_METRICS=0), otlp, otlp:FRACTION (ProxyStep sampling) or trace (that exporter behind
+    /// the collector).
     #[arg(long, value_name = "SINK", default_value = "counter", requires = "events_ab")]
     events_sink: AbSink,
     /// Time B batches of -n calls (each after a barrier, combined over ranks as -a says) and

@@ -9,6 +9,9 @@
 //! - `prometheus`: Prometheus metrics as occl runs them by default: the job's communicator with the
 //!   core bumping its series directly (the direct route, every peer over shm) against a
 //!   communicator split off it without them (no profilers): the same ranks and transports;
+//! - `split`: the check of that comparison, run with `OCCL_METRICS=0`: the job's communicator
+//!   against the same split, neither with metrics, so what remains is what comparing two
+//!   communicators costs (their FIFOs lie in other pages);
 //! - `prometheus-spans`: the collector feeding the Prometheus exporter: the route a communicator
 //!   with tcp peers takes;
 //! - `otlp[:F]`: the collector feeding the OTLP exporter, ProxySteps sampled at F (default the
@@ -41,6 +44,8 @@ pub enum AbSink {
     Collector,
     /// The direct route: the job's communicator against a split without metrics.
     Prometheus,
+    /// The job's communicator without metrics against that split (the A/A check of `Prometheus`).
+    Split,
     /// The Prometheus exporter behind the span collector.
     PrometheusSpans,
     /// The OTLP exporter with this ProxyStep sampling fraction (`None`: its default).
@@ -55,6 +60,7 @@ impl std::str::FromStr for AbSink {
             None if s == "counter" => Ok(AbSink::Counter),
             None if s == "collector" => Ok(AbSink::Collector),
             None if s == "prometheus" => Ok(AbSink::Prometheus),
+            None if s == "split" => Ok(AbSink::Split),
             None if s == "prometheus-spans" => Ok(AbSink::PrometheusSpans),
             None if s == "otlp" => Ok(AbSink::Otlp(None)),
             None if s == "trace" => Ok(AbSink::Trace),
@@ -63,7 +69,7 @@ impl std::str::FromStr for AbSink {
                 _ => Err(format!("'{f}' is not a sampling fraction between 0 and 1")),
             },
             _ => Err(format!(
-                "'{s}' is not a sink: expected counter, collector, prometheus, prometheus-spans, otlp, otlp:FRACTION or trace"
+                "'{s}' is not a sink: expected counter, collector, prometheus, split, prometheus-spans, otlp, otlp:FRACTION or trace"
             )),
         }
     }
@@ -146,21 +152,22 @@ impl BSide {
                 collector(Arc::new(Null(EventMask::ALL))),
                 None,
             ),
-            AbSink::Prometheus => {
-                if !comm.direct_metrics() {
-                    anyhow::bail!(
+            AbSink::Prometheus | AbSink::Split => {
+                let label = match which {
+                    AbSink::Prometheus if !comm.direct_metrics() => anyhow::bail!(
                         "--events-sink prometheus: this communicator has no direct metrics (OCCL_METRICS=0, or a peer not over shm); prometheus-spans measures the span route"
-                    );
-                }
+                    ),
+                    AbSink::Split if comm.direct_metrics() => anyhow::bail!(
+                        "--events-sink split compares two communicators without metrics: run it with OCCL_METRICS=0"
+                    ),
+                    AbSink::Prometheus => "Prometheus metrics, direct route (off: a split without metrics)",
+                    _ => "no metrics on the job's communicator (off: a split without metrics; an A/A check)",
+                };
                 let config = occl::Config { profilers: occl::Profilers::Given(Vec::new()), ..comm.config().clone() };
                 let off = comm
                     .split_with(0, comm.rank() as i32, config)?
                     .ok_or_else(|| anyhow::anyhow!("the split without metrics gave no communicator"))?;
-                (
-                    "Prometheus metrics, direct route (off: a split without metrics)".into(),
-                    Kind::Split(Box::new(off)),
-                    None,
-                )
+                (label.into(), Kind::Split(Box::new(off)), None)
             }
             AbSink::PrometheusSpans => (
                 "the Prometheus exporter (span collector)".into(),
