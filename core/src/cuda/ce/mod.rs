@@ -184,7 +184,7 @@ mod tests {
             assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{n} ranks, {geo:?}: overlap");
             assert_eq!(spans.first().map(|s| s.0), Some(a.off));
             assert_eq!(spans.last().map(|s| s.1), Some(a.end()), "the last slot ends the area");
-            assert!((0..n).all(|q| (0..slots).all(|i| a.slot(q, i) % SLOT_ALIGN == 0)));
+            assert!((0..n).all(|q| (0..slots).all(|i| a.slot(q, i).is_multiple_of(SLOT_ALIGN))));
             // Chunk i reuses slot i mod slots.
             assert_eq!(a.slot(n - 1, slots), a.slot(n - 1, 0));
             // Every word is released, and nothing else is written.

@@ -206,6 +206,9 @@ mod tests {
         }
     }
 
+    /// A name, and the hardware queue of a rank's lane.
+    type Mapping<'a> = (&'a str, &'a dyn Fn(usize, Lane) -> usize);
+
     /// Every rank's all-gather output holds each rank's input, whatever the queues and the
     /// interleaving, and the words are back at zero for the next call.
     #[test]
@@ -220,7 +223,7 @@ mod tests {
                 Lane::Send(p) => p,
                 Lane::Recv => n,
             };
-            let mappings: [(&str, &dyn Fn(usize, Lane) -> usize); 4] = [
+            let mappings: [Mapping<'_>; 4] = [
                 ("a stream each", &|_, l| index(l)),
                 ("one queue", &|_, _| 0),
                 ("two queues", &|_, l| index(l) % 2),
@@ -231,9 +234,9 @@ mod tests {
                     let (data, words) = run(&plans, m, seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{what}, {slots} slots, {bytes} B: stuck at {stuck:?}"));
                     for (r, f) in flows.iter().enumerate() {
-                        for q in 0..n {
+                        for (q, from) in flows.iter().enumerate() {
                             let (dst, src) = match f.recvs.iter().find(|x| x.0 == q) {
-                                Some(&(_, dst)) => (dst, flows[q].sends[0].1),
+                                Some(&(_, dst)) => (dst, from.sends[0].1),
                                 None => f.local.unwrap_or_default(),
                             };
                             for b in (0..bytes).step_by(512) {
