@@ -3,7 +3,8 @@
 //! is stream-ordered and a CUDA graph captures it.
 
 use crate::error::{check, driver, Result};
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use std::sync::Arc;
 
 /// The raw stream operations on one stream, with its context current on this thread.
 pub struct StreamOps<'a> {
@@ -48,4 +49,10 @@ impl<'a> StreamOps<'a> {
         // SAFETY: the caller's promise.
         check("cuStreamWriteValue64", unsafe { sys::cuStreamWriteValue64_v2(self.stream.cu_stream(), addr, v, fenced) })
     }
+}
+
+/// A stream of `ctx` for work a caller's stream forks off and joins back by events
+/// (`staging::Mark`): non-blocking, so it never waits for the legacy default stream.
+pub fn side_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    ctx.new_stream().map_err(driver("cuStreamCreate"))
 }

@@ -4,8 +4,8 @@
 //! process, by address for a rank of this process (`CudaComm::init_all`). When a peer is on
 //! another host there is nothing to map: every call is staged through host memory (`staged`).
 
-use super::budget::{Channels, CtaBudget};
-use super::ce::CeArea;
+use super::budget::{Channels, CtaBudget, CtaPolicy};
+use super::ce::{CeArea, CeGeometry, CeStreams};
 use super::err;
 use super::events::{DevEvents, RING_SLOTS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
@@ -25,8 +25,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// The shape of the shared region (`OCCL_CUDA_CHANNELS`, `OCCL_CUDA_SLOTS`,
-/// `OCCL_CUDA_SLOT_SIZE`) and the CTA budget (`budget.rs`), which every rank must share, and the
-/// channels per thread block (`OCCL_CUDA_LANES`), which each rank picks for itself.
+/// `OCCL_CUDA_SLOT_SIZE`, and the copy-engine area's `OCCL_CE_SLOTS`, `OCCL_CE_SLOT_BYTES`) and
+/// the CTA budget (`budget.rs`), which every rank must share, and the channels per thread block
+/// (`OCCL_CUDA_LANES`), which each rank picks for itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceSettings {
     /// The most channels an operation spreads over (the budget picks how many per call).
@@ -37,6 +38,8 @@ pub struct DeviceSettings {
     /// Channels per thread block: 1 or 2.
     pub lanes: u32,
     pub budget: CtaBudget,
+    /// The copy-engine collectives' slots (`ce/mod.rs`).
+    pub ce: CeGeometry,
 }
 
 impl Default for DeviceSettings {
@@ -48,17 +51,31 @@ impl Default for DeviceSettings {
     /// with the channels: channels × ranks × slots × slot bytes, 128 MiB per rank of the
     /// communicator.
     fn default() -> Self {
-        DeviceSettings { channels: 128, slots: 4, slot_bytes: 256 << 10, lanes: 2, budget: CtaBudget::default() }
+        DeviceSettings {
+            channels: 128,
+            slots: 4,
+            slot_bytes: 256 << 10,
+            lanes: 2,
+            budget: CtaBudget::default(),
+            ce: CeGeometry::default(),
+        }
     }
 }
 
 impl DeviceSettings {
     pub fn from_env() -> Result<DeviceSettings> {
+        let mut s = DeviceSettings::from_vars(|k| std::env::var(k).ok())?;
+        s.budget = CtaBudget::from_env()?;
+        Ok(s)
+    }
+
+    /// The settings of the variables `var` gives (all but the budget).
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<DeviceSettings> {
         let mut s = DeviceSettings::default();
         let num = |k: &str| -> Result<Option<u64>> {
-            match std::env::var(k) {
-                Ok(v) => parse_size(&v).map(Some).ok_or_else(|| Error::arg(format!("{k}={v:?} is not a size"))),
-                Err(_) => Ok(None),
+            match var(k) {
+                Some(v) => parse_size(&v).map(Some).ok_or_else(|| Error::arg(format!("{k}={v:?} is not a size"))),
+                None => Ok(None),
             }
         };
         if let Some(v) = num("OCCL_CUDA_CHANNELS")? {
@@ -75,7 +92,12 @@ impl DeviceSettings {
                 Error::arg(format!("OCCL_CUDA_LANES={v}: a thread block runs 1 to {MAX_LANES} channels"))
             })?;
         }
-        s.budget = CtaBudget::from_env()?;
+        if let Some(v) = num("OCCL_CE_SLOTS")? {
+            s.ce.slots = v;
+        }
+        if let Some(v) = num("OCCL_CE_SLOT_BYTES")? {
+            s.ce.slot_bytes = v;
+        }
         Ok(s)
     }
 
@@ -107,8 +129,10 @@ pub struct CudaComm {
     pub(crate) tuner: DevTuner,
     /// How many channels (and SMs) each call takes.
     pub(crate) channels: Channels,
-    /// The copy-engine area of every rank's region (`ce.rs`).
+    /// The copy-engine area of every rank's region (`ce/mod.rs`).
     pub(crate) ce: CeArea,
+    /// The streams copy-engine calls fork onto (`CTAPolicy` zero with peers), else `None`.
+    pub(crate) ce_streams: Option<CeStreams>,
     pub(crate) timeout_ns: u64,
     /// A per-communicator override of the tuner (0: none, else 1 + the `DevAlgo::ALL` index).
     pub(crate) forced: std::sync::atomic::AtomicU8,
@@ -162,11 +186,34 @@ impl Drop for CudaComm {
 
 /// What ranks swap: the IPC handle, a set-up flag, the region's shape (bytes 68..88), then the
 /// process id, the device and the region's address, which a rank of the same process uses
-/// instead of the handle (IPC cannot open this process's own allocations), then the CTA budget.
-/// The shape and the budget must be equal on every rank.
-const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12;
+/// instead of the handle (IPC cannot open this process's own allocations), then the CTA budget
+/// and the copy-engine slots. The shape, the budget and the slots must be equal on every rank.
+const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12 + 16;
 const SETTINGS: std::ops::Range<usize> = 68..88;
 const BUDGET: std::ops::Range<usize> = 104..116;
+const CE: std::ops::Range<usize> = 116..132;
+
+/// Rank `r`'s record `theirs` against this rank's `mine`: a usage error that names the
+/// variables when a setting every rank must share differs.
+fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
+    let shared: [(std::ops::Range<usize>, &str); 3] = [
+        (
+            SETTINGS,
+            "uses other device settings (OCCL_CUDA_CHANNELS, OCCL_CUDA_SLOTS, OCCL_CUDA_SLOT_SIZE must be the same \
+             on every rank)",
+        ),
+        (
+            BUDGET,
+            "has another CTA budget (minCTAs, maxCTAs and CTAPolicy of ncclConfig_t, or NCCL_MIN_CTAS, \
+             NCCL_MAX_CTAS, NCCL_CTA_POLICY, must be the same on every rank)",
+        ),
+        (CE, "has other copy-engine slots (OCCL_CE_SLOTS, OCCL_CE_SLOT_BYTES must be the same on every rank)"),
+    ];
+    match shared.into_iter().find(|(at, _)| theirs.get(at.clone()) != mine.get(at.clone())) {
+        Some((_, what)) => Err(Error::usage(format!("rank {r} {what}"))),
+        None => Ok(()),
+    }
+}
 
 impl CudaComm {
     /// `Comm::init_rank` on device `device` (NCCL's cudaSetDevice + ncclCommInitRank).
@@ -216,14 +263,19 @@ impl CudaComm {
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
             let k = CollKernels::load(&ctx).map_err(err("load the collective kernels"))?;
-            let bytes =
-                usize::try_from(CeArea::after(layout.bytes(), n).end()).map_err(|_| Error::arg("region too large"))?;
+            s.ce.checked(n)?;
+            let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
+                .map_err(|_| Error::arg("region too large"))?;
             let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
-            Ok((ctx, k, r, h))
+            let streams = (s.budget.policy == CtaPolicy::Zero && n > 1)
+                .then(|| CeStreams::new(&ctx, n))
+                .transpose()
+                .map_err(err("make the copy-engine streams"))?;
+            Ok((ctx, k, r, h, streams))
         });
         let mut mine = vec![0u8; RECORD];
-        if let Ok((_, _, _, h)) = &local {
+        if let Ok((_, _, _, h, _)) = &local {
             mine[..64].copy_from_slice(h);
             mine[64] = 1;
         }
@@ -232,12 +284,13 @@ impl CudaComm {
         mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
         mine[88..92].copy_from_slice(&std::process::id().to_le_bytes());
         mine[92..96].copy_from_slice(&(device as u32).to_le_bytes());
-        if let Ok((_, _, r, _)) = &local {
+        if let Ok((_, _, r, _, _)) = &local {
             mine[96..104].copy_from_slice(&r.ptr().to_le_bytes());
         }
         mine[BUDGET].copy_from_slice(&s.budget.encode());
+        mine[CE].copy_from_slice(&s.ce.encode());
         let all = comm.boot_all_gather(&mine)?;
-        let (ctx, kernels, region, _) = local?;
+        let (ctx, kernels, region, _, ce_streams) = local?;
         for (r, rec) in all.iter().enumerate() {
             if rec.len() != RECORD {
                 return Err(Error::internal(format!("rank {r} sent a {}-byte device record", rec.len())));
@@ -245,18 +298,7 @@ impl CudaComm {
             if rec[64] != 1 {
                 return Err(Error::remote(r, "could not set up its GPU (its own error says why)"));
             }
-            if rec[SETTINGS] != mine[SETTINGS] {
-                return Err(Error::usage(format!(
-                    "rank {r} uses other device settings (OCCL_CUDA_CHANNELS, OCCL_CUDA_SLOTS, OCCL_CUDA_SLOT_SIZE \
-                     must be the same on every rank)"
-                )));
-            }
-            if rec[BUDGET] != mine[BUDGET] {
-                return Err(Error::usage(format!(
-                    "rank {r} has another CTA budget (minCTAs, maxCTAs and CTAPolicy of ncclConfig_t, or \
-                     NCCL_MIN_CTAS, NCCL_MAX_CTAS, NCCL_CTA_POLICY, must be the same on every rank)"
-                )));
-            }
+            agree(r, &mine, rec)?;
         }
         let mut regions = [0u64; MAX_RANKS];
         let mut peers = Vec::new();
@@ -289,7 +331,7 @@ impl CudaComm {
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
         let events = kernel_events(&ctx, &kernels, s.channels);
         let region = Arc::new(region);
-        let ce = CeArea::after(layout.bytes(), n);
+        let ce = CeArea::after(layout.bytes(), n, s.ce);
         let watch = if staged.is_some() {
             None
         } else {
@@ -313,6 +355,7 @@ impl CudaComm {
             tuner,
             channels: Channels { region: s.channels, lanes: s.lanes, budget: s.budget },
             ce,
+            ce_streams,
             timeout_ns,
             forced: Default::default(),
             staged,
@@ -418,4 +461,52 @@ fn abort(region: &DeviceRegion, ce: CeArea) -> Result<()> {
         region.write_u64(at, v).map_err(err("release the copy-engine waits"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(kv: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn copy_engine_slots_come_from_the_environment() {
+        let s = DeviceSettings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.ce, CeGeometry::default());
+        assert_eq!(s.ce, CeGeometry { slots: 2, slot_bytes: 8 << 20 });
+        let s = DeviceSettings::from_vars(vars(&[("OCCL_CE_SLOTS", "4"), ("OCCL_CE_SLOT_BYTES", "16M")])).unwrap();
+        assert_eq!(s.ce, CeGeometry { slots: 4, slot_bytes: 16 << 20 });
+        let s = DeviceSettings::from_vars(vars(&[("OCCL_CE_SLOT_BYTES", "2097152")])).unwrap();
+        assert_eq!(s.ce, CeGeometry { slots: 2, slot_bytes: 2 << 20 });
+        let e = DeviceSettings::from_vars(vars(&[("OCCL_CE_SLOTS", "two")])).unwrap_err().to_string();
+        assert!(e.contains("OCCL_CE_SLOTS=\"two\" is not a size"), "{e}");
+    }
+
+    fn record(s: &DeviceSettings) -> Vec<u8> {
+        let mut r = vec![0u8; RECORD];
+        r[68..72].copy_from_slice(&s.channels.to_le_bytes());
+        r[BUDGET].copy_from_slice(&s.budget.encode());
+        r[CE].copy_from_slice(&s.ce.encode());
+        r
+    }
+
+    #[test]
+    fn ranks_must_agree_on_the_copy_engine_slots() {
+        let d = DeviceSettings::default();
+        assert!(agree(1, &record(&d), &record(&d)).is_ok());
+        let other = DeviceSettings { ce: CeGeometry { slots: 4, ..d.ce }, ..d };
+        let e = agree(1, &record(&d), &record(&other)).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains("rank 1 has other copy-engine slots") && e.contains("OCCL_CE_SLOT_BYTES"), "{e}");
+        let other = DeviceSettings { ce: CeGeometry { slot_bytes: 4 << 20, ..d.ce }, ..d };
+        assert!(agree(3, &record(&d), &record(&other)).unwrap_err().to_string().contains("rank 3 has other copy"));
+        let other = DeviceSettings { channels: 64, ..d };
+        assert!(agree(2, &record(&d), &record(&other)).unwrap_err().to_string().contains("OCCL_CUDA_CHANNELS"));
+        let other = DeviceSettings { budget: CtaBudget { policy: CtaPolicy::Zero, ..d.budget }, ..d };
+        assert!(agree(2, &record(&d), &record(&other)).unwrap_err().to_string().contains("CTA budget"));
+        assert!(agree(2, &record(&d), &[0u8; 16]).is_err(), "a short record differs");
+    }
 }

@@ -31,6 +31,7 @@ pub(crate) mod tune;
 mod watch;
 
 pub use budget::{CtaBudget, CtaPolicy, EFFICIENT_SMS};
+pub use ce::{CeGeometry, MAX_AREA_BYTES as CE_MAX_AREA_BYTES};
 pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::coll::PreMul;
 pub use kernels::timer::ClockMap;

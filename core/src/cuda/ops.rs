@@ -4,7 +4,7 @@
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
 use super::budget::CtaPolicy;
-use super::ce::{self, Flows};
+use super::ce::Flows;
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
@@ -306,7 +306,7 @@ impl CudaComm {
             datatype: call.dt.nccl_name(),
             algo: if flows.is_some() { "CE" } else { algo_name(mode) },
             proto: "SIMPLE",
-            chunk_size: if flows.is_some() { ce::SLOT_BYTES } else { self.layout.slot_bytes } as usize,
+            chunk_size: if flows.is_some() { self.ce.geo.slot_bytes } else { self.layout.slot_bytes } as usize,
             n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
         });
         let parent = prof.as_ref().filter(|p| p.mask().contains(EventType::KernelCh)).and_then(OpProf::coll_id);
@@ -325,10 +325,12 @@ impl CudaComm {
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
         // the timer slot is this launch's alone until its records are collected.
         let r = match flows {
-            // SAFETY: as for the kernel; the flows' addresses are the call's.
-            Some(f) => StreamOps::new(stream)
-                .and_then(|ops| unsafe { ce::enqueue(&ops, &self.regions, self.rank(), self.ce, f) })
-                .map_err(err("enqueue a copy-engine collective")),
+            Some(f) => match &self.ce_streams {
+                // SAFETY: as for the kernel; the flows' addresses are the call's.
+                Some(ce) => unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, capturing(stream)) }
+                    .map_err(err("enqueue a copy-engine collective")),
+                None => Err(Error::internal("a copy-engine call on a communicator without copy-engine streams")),
+            },
             None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks, self.channels.lanes) }
                 .map_err(err("launch a device collective")),
         };

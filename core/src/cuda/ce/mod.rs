@@ -1,0 +1,214 @@
+//! Copy-engine collectives: all-gather, all-to-all and broadcast between the GPUs of one host
+//! with no thread block at all, for `CTAPolicy` zero (`budget.rs`). Every step is a stream
+//! operation the GPU's copy engines and front end run: peer copies (`cuMemcpyDtoDAsync` into a
+//! peer's mapped region), and 64-bit flag writes and waits (`cuStreamWriteValue64`,
+//! `cuStreamWaitValue64`), so a call is stream-ordered and a CUDA graph captures it.
+//!
+//! Each rank's region ends with a copy-engine area: per sender `q`, `slots` slots of
+//! `slot_bytes` ([`CeGeometry`], agreed by every rank at set-up) that `q` writes, the word
+//! `head(q)` (chunks `q` has put there, written by `q`) and, per receiver `p`, the word `tail(p)`
+//! (chunks of mine `p` has consumed, written by `p`). A sender puts chunk `i` into `p`'s slot
+//! once `p` has freed it (`tail >= i + 1 - slots`); a receiver takes chunk `i` from `q` once it
+//! is there (`head >= i + 1`), copies it out and releases it (`tail`).
+//!
+//! A call is a plan (`plan.rs`): steps on lanes, one lane per peer for the sends (copies to
+//! different peers run on different copy engines), one for this rank's own part, and one for
+//! every receive, issued in rounds (round `i`: chunk `i` to every peer, then chunk `i` from
+//! every peer). `streams.rs` runs each lane on a stream of the communicator's own, forked from
+//! the caller's stream by an event and joined back by an event per lane. Each wait of round `i`
+//! is met by peers' steps of round `i` or earlier, and each stream holds its steps in issue
+//! order, so the call completes however the driver maps the streams onto hardware queues (one
+//! queue holding them all runs the rounds in order, as a single stream would).
+//!
+//! The words count from 0 in every call, so a captured graph replays with the values it
+//! recorded: a receiver zeroes `head(q)` before it releases `q`'s last chunk, and a sender
+//! zeroes `tail(p)` once `p` has released all of its chunks; a peer's next call cannot write
+//! either word before that (it needs the release that follows each reset). Every step that
+//! touches the words of a pair (sender, receiver) runs on the same lane of that rank in every
+//! call, and the lanes' streams keep their order from call to call whatever stream the caller
+//! uses, so a call's first steps on a lane follow the last call's resets on it.
+//!
+//! There is no device timeout: a wait for a peer that died is released by the dead-peer
+//! watcher, which writes every word far ahead ([`CeArea::release_all`]) beside the error word.
+
+mod plan;
+mod streams;
+
+pub(crate) use streams::CeStreams;
+
+use super::kernels::coll::MAX_RANKS;
+use crate::error::{Error, Result};
+
+/// One word per 64-byte line.
+const LINE: u64 = 64;
+/// Control words (a head per sender, a tail per receiver), then the slots.
+const CTRL: u64 = 4096;
+/// A value every wait has passed: what the watcher writes when a peer is gone.
+const RELEASED: u64 = 1 << 62;
+/// The most bytes of slots an area may hold (each rank maps every peer's).
+pub const MAX_AREA_BYTES: u64 = 1 << 30;
+/// Slot sizes are whole pages, so every slot starts page-aligned.
+const SLOT_ALIGN: u64 = 4096;
+
+/// The copy-engine area's slots: how many per sender, and their size (`OCCL_CE_SLOTS`,
+/// `OCCL_CE_SLOT_BYTES`). Every rank must use the same, since the area lies at the same offset
+/// of every rank's region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CeGeometry {
+    pub slots: u64,
+    pub slot_bytes: u64,
+}
+
+impl Default for CeGeometry {
+    /// Two slots of 8 MiB: a 64 MiB share moves in 8 chunks of a few stream operations each.
+    fn default() -> Self {
+        CeGeometry { slots: 2, slot_bytes: 8 << 20 }
+    }
+}
+
+impl CeGeometry {
+    /// The bytes of slots in each rank's area for `nranks` senders, or why they are refused.
+    pub(crate) fn checked(&self, nranks: usize) -> Result<u64> {
+        if self.slots == 0 {
+            return Err(Error::usage("OCCL_CE_SLOTS=0: the copy engines need at least one slot per peer"));
+        }
+        if self.slot_bytes == 0 || !self.slot_bytes.is_multiple_of(SLOT_ALIGN) {
+            return Err(Error::usage(format!(
+                "OCCL_CE_SLOT_BYTES={}: a copy-engine slot is a nonzero multiple of {SLOT_ALIGN} bytes",
+                self.slot_bytes
+            )));
+        }
+        match (nranks as u64).checked_mul(self.slots).and_then(|s| s.checked_mul(self.slot_bytes)) {
+            Some(b) if b <= MAX_AREA_BYTES => Ok(b),
+            _ => Err(Error::usage(format!(
+                "the copy-engine area of {nranks} ranks × OCCL_CE_SLOTS={} × OCCL_CE_SLOT_BYTES={} is over {} MiB \
+                 per rank; lower either",
+                self.slots,
+                self.slot_bytes,
+                MAX_AREA_BYTES >> 20
+            ))),
+        }
+    }
+
+    /// The bytes ranks compare at set-up.
+    pub(crate) fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.slots.to_le_bytes());
+        b[8..].copy_from_slice(&self.slot_bytes.to_le_bytes());
+        b
+    }
+}
+
+/// Where the copy-engine area lies in every rank's region (the same offset on all ranks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CeArea {
+    pub off: u64,
+    pub nranks: u64,
+    pub geo: CeGeometry,
+}
+
+impl CeArea {
+    /// The area after `region_bytes` of the kernels' layout.
+    pub(crate) fn after(region_bytes: u64, nranks: usize, geo: CeGeometry) -> CeArea {
+        CeArea { off: region_bytes.next_multiple_of(4096), nranks: nranks as u64, geo }
+    }
+
+    /// The region's whole size with the area.
+    pub(crate) fn end(&self) -> u64 {
+        self.off + CTRL + self.nranks * self.geo.slots * self.geo.slot_bytes
+    }
+
+    /// In a receiver's region: chunks sender `q` has put.
+    fn head(&self, q: usize) -> u64 {
+        self.off + q as u64 * LINE
+    }
+
+    /// In a sender's region: chunks receiver `p` has consumed.
+    fn tail(&self, p: usize) -> u64 {
+        self.off + (MAX_RANKS + p) as u64 * LINE
+    }
+
+    /// In a receiver's region: sender `q`'s slot for chunk `i`.
+    fn slot(&self, q: usize, i: u64) -> u64 {
+        self.off + CTRL + (q as u64 * self.geo.slots + i % self.geo.slots) * self.geo.slot_bytes
+    }
+
+    /// Every word's offset and the value that releases its waits (the watcher's abort).
+    pub(crate) fn release_all(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        (0..self.nranks as usize)
+            .flat_map(move |r| [(self.head(r) as usize, RELEASED), (self.tail(r) as usize, RELEASED)])
+    }
+}
+
+/// One collective's copies: `bytes` to each peer of `sends` from its source address, from each
+/// peer of `recvs` into its destination address, and this rank's own part copied locally.
+pub(crate) struct Flows {
+    pub bytes: u64,
+    pub sends: Vec<(usize, u64)>,
+    pub recvs: Vec<(usize, u64)>,
+    pub local: Option<(u64, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_area_follows_the_region_and_its_words_do_not_overlap() {
+        let a = CeArea::after(1000, 4, CeGeometry::default());
+        let sb = CeGeometry::default().slot_bytes;
+        assert_eq!(a.off, 4096);
+        let mut words: Vec<u64> = (0..4).flat_map(|r| [a.head(r), a.tail(r)]).collect();
+        words.sort_unstable();
+        words.dedup();
+        assert_eq!(words.len(), 8);
+        assert!(words.iter().all(|&w| w >= a.off && w + 8 <= a.off + CTRL));
+        assert_eq!(a.slot(0, 0), a.off + CTRL);
+        assert_eq!(a.slot(3, 5), a.off + CTRL + 7 * sb);
+        assert_eq!(a.end(), a.slot(3, 1) + sb);
+        assert_eq!(a.release_all().count(), 8);
+        // MAX_RANKS tails fit in the control block after MAX_RANKS heads.
+        assert!(CeArea::after(0, MAX_RANKS, CeGeometry::default()).tail(MAX_RANKS - 1) + LINE <= CTRL);
+    }
+
+    #[test]
+    fn other_geometries_keep_slots_apart_from_each_other_and_the_words() {
+        for (n, slots, slot_bytes) in [(2, 1, 4096), (3, 4, 16 << 20), (8, 3, 1 << 20), (MAX_RANKS, 7, 12288)] {
+            let geo = CeGeometry { slots, slot_bytes };
+            let a = CeArea::after(12345, n, geo);
+            let mut spans: Vec<(u64, u64)> =
+                (0..n).flat_map(|q| (0..slots).map(move |i| (a.slot(q, i), a.slot(q, i) + slot_bytes))).collect();
+            spans.extend((0..n).flat_map(|r| [(a.head(r), a.head(r) + 8), (a.tail(r), a.tail(r) + 8)]));
+            spans.sort_unstable();
+            assert_eq!(spans.len(), n * (slots as usize + 2));
+            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{n} ranks, {geo:?}: overlap");
+            assert_eq!(spans.first().map(|s| s.0), Some(a.off));
+            assert_eq!(spans.last().map(|s| s.1), Some(a.end()), "the last slot ends the area");
+            assert!((0..n).all(|q| (0..slots).all(|i| a.slot(q, i).is_multiple_of(SLOT_ALIGN))));
+            // Chunk i reuses slot i mod slots.
+            assert_eq!(a.slot(n - 1, slots), a.slot(n - 1, 0));
+            // Every word is released, and nothing else is written.
+            let mut released: Vec<u64> = a.release_all().map(|(at, _)| at as u64).collect();
+            released.sort_unstable();
+            let mut words: Vec<u64> = (0..n).flat_map(|r| [a.head(r), a.tail(r)]).collect();
+            words.sort_unstable();
+            assert_eq!(released, words);
+            assert!(a.release_all().all(|(_, v)| v == RELEASED));
+        }
+    }
+
+    #[test]
+    fn geometry_bounds() {
+        assert_eq!(CeGeometry::default().checked(8).ok(), Some(8 * 2 * (8 << 20)));
+        let g = |slots, slot_bytes| CeGeometry { slots, slot_bytes };
+        assert_eq!(g(8, 16 << 20).checked(8).ok(), Some(MAX_AREA_BYTES), "exactly the bound");
+        let e = g(16, 16 << 20).checked(8).unwrap_err().to_string();
+        assert!(e.contains("over 1024 MiB") && e.contains("OCCL_CE_SLOTS=16"), "{e}");
+        assert!(g(u64::MAX, 1 << 20).checked(2).is_err(), "overflow is refused, not wrapped");
+        assert!(g(0, 4096).checked(2).unwrap_err().to_string().contains("OCCL_CE_SLOTS=0"));
+        assert!(g(2, 1000).checked(2).unwrap_err().to_string().contains("multiple of 4096"));
+        assert!(g(2, 0).checked(2).is_err());
+        assert_ne!(g(2, 8 << 20).encode(), g(4, 8 << 20).encode());
+        assert_ne!(g(2, 8 << 20).encode(), g(2, 16 << 20).encode());
+    }
+}

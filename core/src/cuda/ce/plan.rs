@@ -1,0 +1,270 @@
+//! One copy-engine call as data: the stream operations of each lane, in the order they are
+//! issued. Pure (addresses in, steps out), so the order rules are tested without a GPU.
+
+use super::{CeArea, Flows};
+use crate::cuda::kernels::coll::MAX_RANKS;
+
+/// The stream a step runs on: the sends to one peer (`Send(me)`: this rank's own part), or
+/// every receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Lane {
+    Send(usize),
+    Recv,
+}
+
+/// One stream operation (`memops::StreamOps`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    Copy {
+        dst: u64,
+        src: u64,
+        n: u64,
+    },
+    /// Hold the lane until the word at `at` is at least `ge`.
+    Wait {
+        at: u64,
+        ge: u64,
+    },
+    /// Write `v` to the word at `at` once the lane's earlier steps are done.
+    Write {
+        at: u64,
+        v: u64,
+    },
+}
+
+/// The steps of `f` for rank `me` whose peers' regions are mapped at `regions`, in issue order:
+/// this rank's own part, then round by round (chunk `i` to every peer, chunk `i` from every
+/// peer), then the senders' resets.
+pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows) -> Vec<(Lane, Step)> {
+    let (mine, slots, sb) = (regions[me], area.geo.slots, area.geo.slot_bytes);
+    let mut s = Vec::new();
+    if let Some((dst, src)) = f.local {
+        if dst != src && f.bytes > 0 {
+            s.push((Lane::Send(me), Step::Copy { dst, src, n: f.bytes }));
+        }
+    }
+    let chunks = f.bytes.div_ceil(sb);
+    for i in 0..chunks {
+        let (o, n) = (i * sb, sb.min(f.bytes - i * sb));
+        for &(p, src) in &f.sends {
+            let l = Lane::Send(p);
+            if i >= slots {
+                s.push((l, Step::Wait { at: mine + area.tail(p), ge: i + 1 - slots }));
+            }
+            s.push((l, Step::Copy { dst: regions[p] + area.slot(me, i), src: src + o, n }));
+            s.push((l, Step::Write { at: regions[p] + area.head(me), v: i + 1 }));
+        }
+        for &(q, dst) in &f.recvs {
+            s.push((Lane::Recv, Step::Wait { at: mine + area.head(q), ge: i + 1 }));
+            s.push((Lane::Recv, Step::Copy { dst: dst + o, src: mine + area.slot(q, i), n }));
+            if i + 1 == chunks {
+                s.push((Lane::Recv, Step::Write { at: mine + area.head(q), v: 0 }));
+            }
+            s.push((Lane::Recv, Step::Write { at: regions[q] + area.tail(me), v: i + 1 }));
+        }
+    }
+    for &(p, _) in &f.sends {
+        s.push((Lane::Send(p), Step::Wait { at: mine + area.tail(p), ge: chunks }));
+        s.push((Lane::Send(p), Step::Write { at: mine + area.tail(p), v: 0 }));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::ce::CeGeometry;
+    use std::collections::{HashMap, VecDeque};
+
+    /// Regions 1 TiB apart, user buffers far above them.
+    const REGION: u64 = 1 << 40;
+    const USER: u64 = 1 << 50;
+
+    fn regions(n: usize) -> [u64; MAX_RANKS] {
+        std::array::from_fn(|r| if r < n { (r as u64 + 1) * REGION } else { 0 })
+    }
+
+    fn all_gather(r: usize, n: usize, bytes: u64) -> Flows {
+        let peers = || (1..n).map(move |k| (r + k) % n);
+        let (input, output) = (USER * (2 * r as u64 + 1), USER * (2 * r as u64 + 2));
+        Flows {
+            bytes,
+            sends: peers().map(|p| (p, input)).collect(),
+            recvs: peers().map(|q| (q, output + q as u64 * bytes)).collect(),
+            local: Some((output + r as u64 * bytes, input)),
+        }
+    }
+
+    fn lane(p: &[(Lane, Step)], l: Lane) -> Vec<Step> {
+        p.iter().filter(|s| s.0 == l).map(|s| s.1).collect()
+    }
+
+    #[test]
+    fn a_send_lane_reuses_a_slot_only_after_the_receiver_freed_it_and_resets_its_tail_last() {
+        let geo = CeGeometry { slots: 3, slot_bytes: 4096 };
+        let (n, me, bytes) = (4, 1, 10 * 4096 + 100);
+        let area = CeArea::after(8192, n, geo);
+        let rg = regions(n);
+        let p = plan(&rg, me, &area, &all_gather(me, n, bytes));
+        let chunks = 11;
+        for peer in [2, 3, 0] {
+            let steps = lane(&p, Lane::Send(peer));
+            let tail = rg[me] + area.tail(peer);
+            let mut copies = 0;
+            for (k, s) in steps.iter().enumerate() {
+                if let Step::Copy { dst, n: len, .. } = *s {
+                    assert_eq!(dst, rg[peer] + area.slot(me, copies), "chunk {copies} goes to its slot");
+                    assert_eq!(len, if copies + 1 == chunks { 100 } else { 4096 });
+                    if copies >= geo.slots {
+                        assert_eq!(steps[k - 1], Step::Wait { at: tail, ge: copies + 1 - geo.slots });
+                    }
+                    assert_eq!(steps[k + 1], Step::Write { at: rg[peer] + area.head(me), v: copies + 1 });
+                    copies += 1;
+                }
+            }
+            assert_eq!(copies, chunks);
+            assert_eq!(steps[steps.len() - 2..], [Step::Wait { at: tail, ge: chunks }, Step::Write { at: tail, v: 0 }]);
+        }
+        assert_eq!(lane(&p, Lane::Send(me)).len(), 1, "the own part is one copy on its own lane");
+    }
+
+    #[test]
+    fn the_receive_lane_zeroes_a_head_before_its_last_release() {
+        let geo = CeGeometry { slots: 2, slot_bytes: 4096 };
+        let (n, me) = (3, 0);
+        let area = CeArea::after(0, n, geo);
+        let rg = regions(n);
+        let steps = lane(&plan(&rg, me, &area, &all_gather(me, n, 3 * 4096)), Lane::Recv);
+        for q in [1, 2] {
+            let head = rg[me] + area.head(q);
+            let reset = steps.iter().position(|s| *s == Step::Write { at: head, v: 0 });
+            let last = steps.iter().position(|s| *s == Step::Write { at: rg[q] + area.tail(me), v: 3 });
+            let waited = steps.iter().rposition(|s| *s == Step::Wait { at: head, ge: 3 });
+            assert!(waited < reset && reset < last && last.is_some(), "peer {q}: {steps:?}");
+        }
+    }
+
+    #[test]
+    fn nothing_to_move_is_nothing_but_the_resets() {
+        let area = CeArea::after(0, 2, CeGeometry::default());
+        let p = plan(&regions(2), 0, &area, &all_gather(0, 2, 0));
+        assert!(p.iter().all(|s| s.0 == Lane::Send(1) && !matches!(s.1, Step::Copy { .. })), "{p:?}");
+    }
+
+    /// What a byte range holds in the simulation: the user address it came from.
+    type Mem = HashMap<u64, u64>;
+
+    /// Runs every rank's plans on queues: `queues(rank, lane)` names the hardware queue a lane's
+    /// stream lands on, each queue runs its steps in issue order, and a waiting head holds its
+    /// queue. Picks the next queue to run from `seed`. Returns the data and words at the end,
+    /// or the stuck queues' heads.
+    fn run(
+        plans: &[Vec<(Lane, Step)>],
+        queues: impl Fn(usize, Lane) -> usize,
+        seed: u64,
+    ) -> Result<(Mem, HashMap<u64, u64>), Vec<Step>> {
+        let mut qs: HashMap<(usize, usize), VecDeque<Step>> = HashMap::new();
+        for (r, p) in plans.iter().enumerate() {
+            for &(l, s) in p {
+                qs.entry((r, queues(r, l))).or_default().push_back(s);
+            }
+        }
+        let mut keys: Vec<_> = qs.keys().copied().collect();
+        keys.sort_unstable();
+        let (mut data, mut words) = (Mem::new(), HashMap::new());
+        let mut rng = seed | 1;
+        loop {
+            let ready: Vec<_> = keys
+                .iter()
+                .filter(|k| match qs[k].front() {
+                    Some(Step::Wait { at, ge }) => words.get(at).copied().unwrap_or(0) >= *ge,
+                    Some(_) => true,
+                    None => false,
+                })
+                .copied()
+                .collect();
+            if ready.is_empty() {
+                let stuck: Vec<Step> = keys.iter().filter_map(|k| qs[k].front().copied()).collect();
+                return if stuck.is_empty() { Ok((data, words)) } else { Err(stuck) };
+            }
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = ready[(rng % ready.len() as u64) as usize];
+            match qs.get_mut(&k).and_then(VecDeque::pop_front) {
+                Some(Step::Copy { dst, src, n }) => {
+                    for b in (0..n).step_by(512) {
+                        let v = data.get(&(src + b)).copied().unwrap_or(src + b);
+                        data.insert(dst + b, v);
+                    }
+                }
+                Some(Step::Write { at, v }) => {
+                    words.insert(at, v);
+                }
+                Some(Step::Wait { .. }) | None => {}
+            }
+        }
+    }
+
+    /// A name, and the hardware queue of a rank's lane.
+    type Mapping<'a> = (&'a str, &'a dyn Fn(usize, Lane) -> usize);
+
+    /// Every rank's all-gather output holds each rank's input, whatever the queues and the
+    /// interleaving, and the words are back at zero for the next call.
+    #[test]
+    fn every_mapping_of_lanes_onto_queues_completes_with_the_right_data() {
+        let n = 3;
+        for (slots, bytes) in [(1, 5 * 4096 + 512), (2, 7 * 4096), (3, 4096), (2, 0)] {
+            let area = CeArea::after(0, n, CeGeometry { slots, slot_bytes: 4096 });
+            let rg = regions(n);
+            let flows: Vec<Flows> = (0..n).map(|r| all_gather(r, n, bytes)).collect();
+            let plans: Vec<_> = (0..n).map(|r| plan(&rg, r, &area, &flows[r])).collect();
+            let index = |l: Lane| match l {
+                Lane::Send(p) => p,
+                Lane::Recv => n,
+            };
+            let mappings: [Mapping<'_>; 4] = [
+                ("a stream each", &|_, l| index(l)),
+                ("one queue", &|_, _| 0),
+                ("two queues", &|_, l| index(l) % 2),
+                ("receives with the first send", &|r, l| if l == Lane::Recv { (r + 1) % n } else { index(l) }),
+            ];
+            for (what, m) in mappings {
+                for seed in 1..20 {
+                    let (data, words) = run(&plans, m, seed * 0x9e37_79b9)
+                        .unwrap_or_else(|stuck| panic!("{what}, {slots} slots, {bytes} B: stuck at {stuck:?}"));
+                    for (r, f) in flows.iter().enumerate() {
+                        for (q, from) in flows.iter().enumerate() {
+                            let (dst, src) = match f.recvs.iter().find(|x| x.0 == q) {
+                                Some(&(_, dst)) => (dst, from.sends[0].1),
+                                None => f.local.unwrap_or_default(),
+                            };
+                            for b in (0..bytes).step_by(512) {
+                                assert_eq!(data.get(&(dst + b)), Some(&(src + b)), "{what}: rank {r} from {q}");
+                            }
+                        }
+                    }
+                    assert!(words.values().all(|&v| v == 0), "{what}: words left {words:?}");
+                }
+            }
+        }
+    }
+
+    /// A broadcast root sends and never receives; the others only receive.
+    #[test]
+    fn a_broadcast_plan_has_the_lanes_of_its_role() {
+        let area = CeArea::after(0, 3, CeGeometry::default());
+        let rg = regions(3);
+        let root = Flows { bytes: 1 << 20, sends: vec![(1, USER), (2, USER)], recvs: vec![], local: None };
+        let leaf = Flows { bytes: 1 << 20, sends: vec![], recvs: vec![(0, USER)], local: None };
+        let lanes = |p: Vec<(Lane, Step)>| {
+            let mut l: Vec<Lane> = p.iter().map(|s| s.0).collect();
+            l.dedup();
+            l.sort_unstable();
+            l.dedup();
+            l
+        };
+        assert_eq!(lanes(plan(&rg, 0, &area, &root)), [Lane::Send(1), Lane::Send(2)]);
+        assert_eq!(lanes(plan(&rg, 2, &area, &leaf)), [Lane::Recv]);
+    }
+}

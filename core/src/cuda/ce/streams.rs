@@ -1,0 +1,103 @@
+//! The communicator's copy-engine streams and how a call runs on them: the caller's stream
+//! records an event that every lane's stream waits for, each lane's steps go on its stream,
+//! and the caller's stream waits for an event recorded on each of them. Under capture the event
+//! brings the lanes' streams into the caller's graph and the joins return them to it, as a
+//! graph requires.
+
+use super::plan::{plan, Lane, Step};
+use super::{CeArea, Flows};
+use crate::cuda::kernels::coll::MAX_RANKS;
+use crate::cuda::kernels::cudarc::driver::{CudaContext, CudaStream};
+use crate::cuda::kernels::memops::{side_stream, StreamOps};
+use crate::cuda::kernels::staging::Mark;
+use crate::cuda::kernels::Result;
+use std::sync::Arc;
+
+/// Streams of one communicator's context, made once: one per peer for the sends (this rank's
+/// own: its local part) and one for the receives, with the events that fork and join them.
+pub(crate) struct CeStreams {
+    sends: Vec<Arc<CudaStream>>,
+    recv: Arc<CudaStream>,
+    fork: Mark,
+    join: Mark,
+    /// The end of the last call not captured, on its caller's stream.
+    done: Mark,
+}
+
+impl CeStreams {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, nranks: usize) -> Result<CeStreams> {
+        Ok(CeStreams {
+            sends: (0..nranks).map(|_| side_stream(ctx)).collect::<Result<_>>()?,
+            recv: side_stream(ctx)?,
+            fork: Mark::new(ctx)?,
+            join: Mark::new(ctx)?,
+            done: Mark::new(ctx)?,
+        })
+    }
+
+    fn stream(&self, l: Lane) -> &CudaStream {
+        match l {
+            Lane::Send(p) => &self.sends[p],
+            Lane::Recv => &self.recv,
+        }
+    }
+
+    /// Enqueues `f` for rank `me` whose peers' regions are mapped at `regions`: after the work
+    /// on `caller` so far, and before its later work.
+    ///
+    /// A call follows the communicator's last one whatever stream each comes from: each lane's
+    /// stream holds its steps in call order, which is all the flags need (`ce/mod.rs`), and a
+    /// call that is not `capturing` also makes its lanes wait for the end of the last such call
+    /// (an event recorded on that call's stream after its joins), so none of its steps starts
+    /// before every step of that call is done. A graph is ordered by the stream it is launched
+    /// on, as any captured work is (a capture cannot wait for work outside it). The
+    /// communicator's calls are made one at a time (it is not used from two threads at once).
+    ///
+    /// # Safety
+    /// The addresses in `f` are device memory of this context valid for `bytes` until `caller`
+    /// has run the call; `regions` are the communicator's mapped regions, each with `area`.
+    pub(crate) unsafe fn enqueue(
+        &self,
+        caller: &CudaStream,
+        regions: &[u64; MAX_RANKS],
+        me: usize,
+        area: &CeArea,
+        f: &Flows,
+        capturing: bool,
+    ) -> Result<()> {
+        let steps = plan(regions, me, area, f);
+        let mut lanes: Vec<Lane> = steps.iter().map(|s| s.0).collect();
+        lanes.sort_unstable();
+        lanes.dedup();
+        let ops = lanes.iter().map(|&l| Ok((l, StreamOps::new(self.stream(l))?))).collect::<Result<Vec<_>>>()?;
+        self.fork.record(caller)?;
+        for &l in &lanes {
+            self.fork.wait_on(self.stream(l))?;
+            if !capturing {
+                self.done.wait_on(self.stream(l))?;
+            }
+        }
+        let issued = steps.into_iter().try_for_each(|(l, s)| {
+            let Some((_, o)) = ops.iter().find(|o| o.0 == l) else { return Ok(()) };
+            // SAFETY: the caller's promise about `f`'s addresses; the words and slots lie inside
+            // the regions, each `area.end()` bytes long.
+            unsafe {
+                match s {
+                    Step::Copy { dst, src, n } => o.copy(dst, src, n),
+                    Step::Wait { at, ge } => o.wait_ge(at, ge),
+                    Step::Write { at, v } => o.write(at, v),
+                }
+            }
+        });
+        // Joined even after a failure: a capture must get every forked stream back.
+        let joined = lanes.iter().try_for_each(|&l| {
+            self.join.record(self.stream(l))?;
+            self.join.wait_on(caller)
+        });
+        issued.and(joined)?;
+        if !capturing {
+            self.done.record(caller)?;
+        }
+        Ok(())
+    }
+}
