@@ -18,6 +18,7 @@
 //! with an immediate scalar and with a device one changed between replays of a graph. `bench` prints one JSON
 //! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
 //! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
+//! All-reduce and broadcast run in place there, as `nccl_bench.py`'s PyTorch calls do.
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
@@ -579,8 +580,10 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 // SAFETY: buffers of the sizes above, alive for the whole measurement.
                 unsafe {
                     match coll {
-                        "all_reduce" => cc.all_reduce_raw(s, ip, op, count, dt, RedOp::Sum)?,
-                        "broadcast" => cc.broadcast_raw(s, ip, op, count, dt, 0)?,
+                        // In place, as nccl_bench.py's PyTorch calls are (an out-of-place
+                        // broadcast's root also copies its input to its own output).
+                        "all_reduce" => cc.all_reduce_raw(s, op, op, count, dt, RedOp::Sum)?,
+                        "broadcast" => cc.broadcast_raw(s, op, op, count, dt, 0)?,
                         "all_gather" => cc.all_gather_raw(s, ip, op, count, dt)?,
                         "reduce_scatter" => cc.reduce_scatter_raw(s, ip, op, count, dt, RedOp::Sum)?,
                         _ => cc.all_to_all_raw(s, ip, op, ibytes / es / n, dt)?,

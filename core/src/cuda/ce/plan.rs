@@ -35,8 +35,26 @@ pub(crate) enum Step {
 /// The steps of `f` for rank `me` whose peers' regions are mapped at `regions`, in issue order:
 /// this rank's own part, then round by round (chunk `i` to every peer, chunk `i` from every
 /// peer), then the senders' resets.
+///
+/// A receive whose destination overlaps what this rank sends (an in-place all-to-all: the
+/// block from peer `q` lands where the block for `q` is read) must not overwrite chunk `i`
+/// before chunk `i` has left. Its steps go on the lane of the sends to `q`, after each round's
+/// send; if it overlaps what goes to another peer, every step goes on one lane, in round
+/// order.
 pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows) -> Vec<(Lane, Step)> {
     let (mine, slots, sb) = (regions[me], area.geo.slots, area.geo.slot_bytes);
+    let overlaps = |a: u64, b: u64| f.bytes > 0 && a < b.saturating_add(f.bytes) && b < a.saturating_add(f.bytes);
+    let tangled = f.recvs.iter().any(|&(q, dst)| f.sends.iter().any(|&(p, src)| p != q && overlaps(dst, src)));
+    // The lane of each receive (and of every step when tangled).
+    let recv_lane = |q: usize, dst: u64| {
+        let in_place = f.sends.iter().any(|&(p, src)| p == q && overlaps(dst, src));
+        if in_place && !tangled {
+            Lane::Send(q)
+        } else {
+            Lane::Recv
+        }
+    };
+    let send_lane = |p: usize| if tangled { Lane::Recv } else { Lane::Send(p) };
     let mut s = Vec::new();
     if let Some((dst, src)) = f.local {
         if dst != src && f.bytes > 0 {
@@ -47,7 +65,7 @@ pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flo
     for i in 0..chunks {
         let (o, n) = (i * sb, sb.min(f.bytes - i * sb));
         for &(p, src) in &f.sends {
-            let l = Lane::Send(p);
+            let l = send_lane(p);
             if i >= slots {
                 s.push((l, Step::Wait { at: mine + area.tail(p), ge: i + 1 - slots }));
             }
@@ -55,17 +73,18 @@ pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flo
             s.push((l, Step::Write { at: regions[p] + area.head(me), v: i + 1 }));
         }
         for &(q, dst) in &f.recvs {
-            s.push((Lane::Recv, Step::Wait { at: mine + area.head(q), ge: i + 1 }));
-            s.push((Lane::Recv, Step::Copy { dst: dst + o, src: mine + area.slot(q, i), n }));
+            let l = recv_lane(q, dst);
+            s.push((l, Step::Wait { at: mine + area.head(q), ge: i + 1 }));
+            s.push((l, Step::Copy { dst: dst + o, src: mine + area.slot(q, i), n }));
             if i + 1 == chunks {
-                s.push((Lane::Recv, Step::Write { at: mine + area.head(q), v: 0 }));
+                s.push((l, Step::Write { at: mine + area.head(q), v: 0 }));
             }
-            s.push((Lane::Recv, Step::Write { at: regions[q] + area.tail(me), v: i + 1 }));
+            s.push((l, Step::Write { at: regions[q] + area.tail(me), v: i + 1 }));
         }
     }
     for &(p, _) in &f.sends {
-        s.push((Lane::Send(p), Step::Wait { at: mine + area.tail(p), ge: chunks }));
-        s.push((Lane::Send(p), Step::Write { at: mine + area.tail(p), v: 0 }));
+        s.push((send_lane(p), Step::Wait { at: mine + area.tail(p), ge: chunks }));
+        s.push((send_lane(p), Step::Write { at: mine + area.tail(p), v: 0 }));
     }
     s
 }
@@ -248,6 +267,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An all-to-all in place: each block from peer `q` lands where the block for `q` is read.
+    fn all_to_all_in_place(r: usize, n: usize, blk: u64) -> Flows {
+        let buf = USER * (r as u64 + 1);
+        let peers = || (1..n).map(move |k| (r + k) % n);
+        Flows {
+            bytes: blk,
+            sends: peers().map(|p| (p, buf + p as u64 * blk)).collect(),
+            recvs: peers().map(|q| (q, buf + q as u64 * blk)).collect(),
+            local: Some((buf + r as u64 * blk, buf + r as u64 * blk)),
+        }
+    }
+
+    /// In place, a chunk is overwritten only after it has left, whatever the queues and the
+    /// interleaving: block `p` of rank `r` ends in rank `p`'s block `r` as it was.
+    #[test]
+    fn an_in_place_all_to_all_sends_each_chunk_before_it_is_overwritten() {
+        let n = 3;
+        for (slots, blk) in [(1, 3 * 4096 + 512), (2, 5 * 4096), (2, 4096)] {
+            let area = CeArea::after(0, n, CeGeometry { slots, slot_bytes: 4096 });
+            let rg = regions(n);
+            let flows: Vec<Flows> = (0..n).map(|r| all_to_all_in_place(r, n, blk)).collect();
+            let plans: Vec<_> = (0..n).map(|r| plan(&rg, r, &area, &flows[r])).collect();
+            let index = |l: Lane| match l {
+                Lane::Send(p) => p,
+                Lane::Recv => n,
+            };
+            let mappings: [Mapping<'_>; 2] = [("a stream each", &|_, l| index(l)), ("one queue", &|_, _| 0)];
+            for (what, m) in mappings {
+                for seed in 1..40 {
+                    let (data, words) = run(&plans, m, seed * 0x9e37_79b9)
+                        .unwrap_or_else(|stuck| panic!("{what}, {slots} slots: stuck at {stuck:?}"));
+                    for r in 0..n {
+                        for p in (0..n).filter(|&p| p != r) {
+                            let (from, to) =
+                                (USER * (r as u64 + 1) + p as u64 * blk, USER * (p as u64 + 1) + r as u64 * blk);
+                            for b in (0..blk).step_by(512) {
+                                assert_eq!(
+                                    data.get(&(to + b)),
+                                    Some(&(from + b)),
+                                    "{what}, seed {seed}: {r} -> {p} at {b}"
+                                );
+                            }
+                        }
+                    }
+                    assert!(words.values().all(|&v| v == 0), "{what}: words left {words:?}");
+                }
+            }
+        }
+        // A receive that overlaps what goes to another peer puts the whole call on one lane.
+        let area = CeArea::after(0, n, CeGeometry::default());
+        let mut f = all_to_all_in_place(0, n, 4096);
+        let dsts: Vec<u64> = f.recvs.iter().rev().map(|r| r.1).collect();
+        f.recvs.iter_mut().zip(dsts).for_each(|(r, d)| r.1 = d);
+        let p = plan(&regions(n), 0, &area, &f);
+        assert!(p.iter().filter(|s| matches!(s.1, Step::Wait { .. } | Step::Write { .. })).all(|s| s.0 == Lane::Recv));
     }
 
     /// A broadcast root sends and never receives; the others only receive.
