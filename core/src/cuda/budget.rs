@@ -21,7 +21,8 @@ pub enum CtaPolicy {
     Default,
     /// Fewer SMs at some cost in bandwidth: at most [`EFFICIENT_SMS`].
     Efficiency,
-    /// As few SMs as possible. occl has no copy-engine collectives: this runs as `Efficiency`.
+    /// As few SMs as possible: all-gather, all-to-all and broadcast on the copy engines
+    /// (`ce/`), the other collectives as under `Efficiency`.
     Zero,
 }
 

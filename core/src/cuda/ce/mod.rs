@@ -1,8 +1,13 @@
 //! Copy-engine collectives: all-gather, all-to-all and broadcast between the GPUs of one host
-//! with no thread block at all, for `CTAPolicy` zero (`budget.rs`). Every step is a stream
-//! operation the GPU's copy engines and front end run: peer copies (`cuMemcpyDtoDAsync` into a
-//! peer's mapped region), and 64-bit flag writes and waits (`cuStreamWriteValue64`,
-//! `cuStreamWaitValue64`), so a call is stream-ordered and a CUDA graph captures it.
+//! with no thread block of occl's, for `CTAPolicy` zero (`budget.rs`). Every step is a stream
+//! operation: peer copies (`cuMemcpyDtoDAsync` into a peer's mapped region, which the copy
+//! engines run), 64-bit flag writes and waits (`cuStreamWriteValue64`, `cuStreamWaitValue64`)
+//! and same-GPU copies (out of a slot into the caller's buffer, and this rank's own part), so a
+//! call is stream-ordered and a CUDA graph captures it. The driver runs a same-GPU copy as a
+//! kernel of its own on the SMs, not on a copy engine (measured on H200: beside a kernel that
+//! holds every SM, such a copy waits for it, `cudaMemcpyBatchAsync` with
+//! `PreferOverlapWithCompute` too, while a peer copy keeps its rate), so the receiving side
+//! still takes SMs for a moment per chunk; only copies straight into a peer's buffer would not.
 //!
 //! Each rank's region ends with a copy-engine area: per sender `q`, `slots` slots of
 //! `slot_bytes` ([`CeGeometry`], agreed by every rank at set-up) that `q` writes, the word
