@@ -142,9 +142,18 @@ impl CudaComm {
         self.channels.pick(bytes)
     }
 
-    /// SMs (thread blocks) a call whose per-rank share is `bytes` takes.
+    /// SMs (thread blocks) a kernel call whose per-rank share is `bytes` takes (a call on the
+    /// copy engines, [`CudaComm::on_copy_engines`], launches none).
     pub fn sms_for(&self, bytes: u64) -> u32 {
         self.channels.sms(self.channels.pick(bytes))
+    }
+
+    /// Whether calls of `coll` run on the copy engines (`ce/`): all-gather, all-to-all and
+    /// broadcast under `CTAPolicy` zero, with a peer.
+    pub fn on_copy_engines(&self, coll: CollType) -> bool {
+        self.channels.budget.policy == CtaPolicy::Zero
+            && self.nranks() > 1
+            && matches!(coll, CollType::AllGather | CollType::AllToAll | CollType::Broadcast)
     }
 
     fn check_stream(&self, stream: &CudaStream) -> Result<()> {
@@ -200,7 +209,7 @@ impl CudaComm {
     /// all-gather, all-to-all or direct broadcast (`a`: its kernel arguments, whose addresses
     /// and byte counts it takes).
     fn ce_flows(&self, call: &Op, a: &CollArgs) -> Option<Flows> {
-        if self.channels.budget.policy != CtaPolicy::Zero || self.nranks() < 2 {
+        if !self.on_copy_engines(call.coll) {
             return None;
         }
         let (r, n, bytes) = (self.rank(), self.nranks(), a.count);

@@ -23,7 +23,7 @@
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
-use occl::{Comm, DataType, RedOp};
+use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -636,13 +636,21 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                     "reduce_scatter" => cc.reduce_scatter_algorithm(count, dt)?,
                     _ => "direct",
                 };
+                // A call on the copy engines launches no thread block.
+                let on_ce = match coll {
+                    "all_gather" => cc.on_copy_engines(CollType::AllGather),
+                    "all_to_all" => cc.on_copy_engines(CollType::AllToAll),
+                    "broadcast" => cc.on_copy_engines(CollType::Broadcast),
+                    _ => false,
+                };
+                let (algo_name, channels, sms) =
+                    if on_ce { ("CE", 0, 0) } else { (algo_name, cc.channels_for(share), cc.sms_for(share)) };
                 println!(
                     "{}",
                     serde_json::json!({"collective": coll, "nranks": n, "size_bytes": nbytes, "dtype": dname,
                         "time_us": (t * 1000.0).round() / 1000.0, "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
                         "busbw_gbps": (algbw * factor * 1000.0).round() / 1000.0, "graph": graph,
-                        "library": "occl", "algorithm": algo_name,
-                        "channels": cc.channels_for(share), "sms": cc.sms_for(share)})
+                        "library": "occl", "algorithm": algo_name, "channels": channels, "sms": sms})
                 );
             }
         }
