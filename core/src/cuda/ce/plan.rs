@@ -225,6 +225,22 @@ mod tests {
         }
     }
 
+    /// Every rank's plan of its `flows`, with `slots` slots of 4 KiB.
+    fn plans(flows: &[Flows], slots: u64) -> Vec<Vec<(Lane, Step)>> {
+        let n = flows.len();
+        let area = CeArea::after(0, n, CeGeometry { slots, slot_bytes: 4096 });
+        let rg = regions(n);
+        flows.iter().enumerate().map(|(r, f)| plan(&rg, r, &area, f)).collect()
+    }
+
+    /// A lane's own queue among `n` ranks' lanes.
+    fn lane_index(n: usize, l: Lane) -> usize {
+        match l {
+            Lane::Send(p) => p,
+            Lane::Recv => n,
+        }
+    }
+
     /// A name, and the hardware queue of a rank's lane.
     type Mapping<'a> = (&'a str, &'a dyn Fn(usize, Lane) -> usize);
 
@@ -234,14 +250,9 @@ mod tests {
     fn every_mapping_of_lanes_onto_queues_completes_with_the_right_data() {
         let n = 3;
         for (slots, bytes) in [(1, 5 * 4096 + 512), (2, 7 * 4096), (3, 4096), (2, 0)] {
-            let area = CeArea::after(0, n, CeGeometry { slots, slot_bytes: 4096 });
-            let rg = regions(n);
             let flows: Vec<Flows> = (0..n).map(|r| all_gather(r, n, bytes)).collect();
-            let plans: Vec<_> = (0..n).map(|r| plan(&rg, r, &area, &flows[r])).collect();
-            let index = |l: Lane| match l {
-                Lane::Send(p) => p,
-                Lane::Recv => n,
-            };
+            let plans = plans(&flows, slots);
+            let index = |l| lane_index(n, l);
             let mappings: [Mapping<'_>; 4] = [
                 ("a stream each", &|_, l| index(l)),
                 ("one queue", &|_, _| 0),
@@ -287,14 +298,9 @@ mod tests {
     fn an_in_place_all_to_all_sends_each_chunk_before_it_is_overwritten() {
         let n = 3;
         for (slots, blk) in [(1, 3 * 4096 + 512), (2, 5 * 4096), (2, 4096)] {
-            let area = CeArea::after(0, n, CeGeometry { slots, slot_bytes: 4096 });
-            let rg = regions(n);
             let flows: Vec<Flows> = (0..n).map(|r| all_to_all_in_place(r, n, blk)).collect();
-            let plans: Vec<_> = (0..n).map(|r| plan(&rg, r, &area, &flows[r])).collect();
-            let index = |l: Lane| match l {
-                Lane::Send(p) => p,
-                Lane::Recv => n,
-            };
+            let plans = plans(&flows, slots);
+            let index = |l| lane_index(n, l);
             let mappings: [Mapping<'_>; 2] = [("a stream each", &|_, l| index(l)), ("one queue", &|_, _| 0)];
             for (what, m) in mappings {
                 for seed in 1..40 {
