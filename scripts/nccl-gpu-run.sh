@@ -24,9 +24,10 @@
 #                losses compared, and an all_reduce_perf -g 2 smoke on both.
 #   PHASE=build  only builds nccl-tests against occl's headers (what the other phases start with).
 #   PHASE=more   grouped p2p, all-to-all and all-reduce captured in CUDA graphs (-G 10, -g 2),
-#                all 7 tests with -g 4 when the host has 4 GPUs, each on occl and on NVIDIA's
-#                NCCL, and two torch ranks on one GPU (torch_onegpu.py; nccl-tests cannot ask
-#                for that: -t 2 -g 1 on one visible GPU stops in nccl-tests itself).
+#                all 7 tests with -g 4 and with -g 8 when the host has that many GPUs, each on
+#                occl and on NVIDIA's NCCL, and two torch ranks on one GPU (torch_onegpu.py;
+#                nccl-tests cannot ask for that: -t 2 -g 1 on one visible GPU stops in nccl-tests
+#                itself).
 #   PHASE=premul all_reduce/reduce_scatter/reduce_perf -o all -d all (every operator, mulsum
 #                included, on every type) with -g 2 on occl and on NVIDIA's NCCL, all_reduce again
 #                captured in a CUDA graph (-G 1), and the #wrong totals per library and operator.
@@ -109,11 +110,13 @@ more)
       CUDA_VISIBLE_DEVICES=0,1 run $lib graph-$lib.txt $t $here/build/$t -b 8 -e 256M -f 8 -c 1 -g 2 -G 10
     done
   done
-  if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  for g in 4 8; do
+    [ "$ngpu" -ge $g ] || continue
     for t in ${G4_TESTS:-$T}; do
-      for lib in occl nccl; do run $lib g4-$lib.txt $t $here/build/$t $A -g 4; done
+      for lib in occl nccl; do run $lib g$g-$lib.txt $t $here/build/$t $A -g $g; done
     done
-  fi
+  done
   for lib in occl nccl; do
     pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
     for r in 0 1; do
@@ -123,7 +126,7 @@ more)
     wait
     echo "two ranks on one GPU, $lib: $(grep -h ONEGPU $OUT/onegpu-$lib-*.txt | tr '\n' ' ')"
   done
-  for f in graph-occl graph-nccl g4-occl g4-nccl; do
+  for f in graph-occl graph-nccl g4-occl g4-nccl g8-occl g8-nccl; do
     [ -e $OUT/$f.txt ] || continue
     echo "== $f: #wrong by test"; wrong_totals $OUT/$f.txt
     grep -hE "Duplicate|rc=[1-9]|Error|error|failed|FAILED" $OUT/$f.txt | sort | uniq -c | head -6
