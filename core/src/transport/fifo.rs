@@ -374,12 +374,24 @@ pub(crate) struct WaitSums {
     ns: [Cell<u64>; StepTotals::STATES.len()],
 }
 
+/// Where a wait in `state` (NCCL's ProxyStep number) counts among `StepTotals::STATES`.
+fn state_index(state: u32) -> Option<usize> {
+    StepTotals::STATES.iter().position(|s| *s as u32 == state)
+}
+
 impl WaitSums {
     /// A wait in `state` (NCCL's ProxyStep number) blocked for `ns`; a state that is not one of
     /// `StepTotals::STATES` counts nowhere.
+    #[cfg(test)]
     pub(crate) fn add(&self, state: u32, ns: u64) {
+        self.add_at(state_index(state), ns);
+    }
+
+    /// As [`WaitSums::add`], with the state's index found already.
+    #[inline]
+    fn add_at(&self, at: Option<usize>, ns: u64) {
         self.blocked.set(true);
-        if let Some(c) = StepTotals::STATES.iter().position(|s| *s as u32 == state).and_then(|i| self.ns.get(i)) {
+        if let Some(c) = at.and_then(|i| self.ns.get(i)) {
             c.set(c.get().saturating_add(ns));
         }
     }
@@ -392,27 +404,29 @@ impl WaitSums {
 }
 
 /// A wait that blocked, timed into a [`WaitSums`]: made where the wait's first readiness check
-/// failed, it reads the clock then, and adds the time when dropped (the wait ended, or failed).
-/// A wait that succeeds at once makes none, so it reads no clock. The clock is the span route's
-/// (`occl_events::unix_nanos`: the TSC where the kernel keeps time with it, some 8 ns a read),
-/// so both routes time waits alike.
+/// failed, it starts a stopwatch then (the clock's rate and state index looked up while the
+/// rank waits anyway), and adds the time when dropped (the wait ended, or failed), which reads
+/// only the counter: the data's arrival is followed by a few instructions, not a clock
+/// reading. A wait that succeeds at once makes none. The ns are the span clock's
+/// (`occl_events::Stopwatch`), so both routes time waits alike.
 pub(crate) struct Timed<'a> {
     to: &'a WaitSums,
-    state: u32,
-    since_ns: u64,
+    at: Option<usize>,
+    watch: occl_events::Stopwatch,
 }
 
 impl<'a> Timed<'a> {
     /// Starts timing a wait in `state` when there is a `to`.
     #[inline]
     pub(crate) fn start(to: Option<&'a WaitSums>, state: u32) -> Option<Timed<'a>> {
-        to.map(|to| Timed { to, state, since_ns: occl_events::unix_nanos() })
+        to.map(|to| Timed { to, at: state_index(state), watch: occl_events::Stopwatch::start() })
     }
 }
 
 impl Drop for Timed<'_> {
+    #[inline]
     fn drop(&mut self) {
-        self.to.add(self.state, occl_events::unix_nanos().saturating_sub(self.since_ns));
+        self.to.add_at(self.at, self.watch.elapsed_ns());
     }
 }
 

@@ -58,6 +58,41 @@ pub fn unix_nanos() -> u64 {
     a.unix_ns + a.at.elapsed().as_nanos() as u64
 }
 
+/// The time since a moment, for short intervals on one thread (a wait that blocked): the start
+/// reads the clock's rate once, the end reads only the counter, so what runs after the interval
+/// ends pays a few instructions rather than a full reading. Its ns are the span clock's (the TSC
+/// scaled by its measured rate, or `Instant` where [`unix_nanos`] uses it), without the
+/// calibration's re-anchoring, which does not matter over microseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Stopwatch {
+    start: u64,
+    /// ns per TSC cycle × 2^32; 0: `start` is ns since the anchor's `Instant`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    rate: u64,
+}
+
+impl Stopwatch {
+    #[inline]
+    pub fn start() -> Stopwatch {
+        let a = anchor();
+        #[cfg(target_arch = "x86_64")]
+        if let Some(rate) = a.tsc.as_ref().and_then(tsc::Tsc::rate) {
+            return Stopwatch { start: tsc::rdtsc(), rate };
+        }
+        Stopwatch { start: a.at.elapsed().as_nanos() as u64, rate: 0 }
+    }
+
+    /// ns since [`Stopwatch::start`] (0 if the counter reads behind it: another core's lag).
+    #[inline]
+    pub fn elapsed_ns(&self) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if self.rate != 0 {
+            return tsc::scaled(tsc::rdtsc().saturating_sub(self.start), self.rate);
+        }
+        (anchor().at.elapsed().as_nanos() as u64).saturating_sub(self.start)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod tsc {
     //! The TSC as a monotonic clock. Its rate is measured against `Instant` over an ever longer
@@ -83,7 +118,7 @@ mod tsc {
     const MAX_SAMPLE_CYCLES: u64 = 20_000;
 
     #[inline]
-    fn rdtsc() -> u64 {
+    pub(super) fn rdtsc() -> u64 {
         // SAFETY: RDTSC exists on every x86_64 CPU and only reads the time-stamp counter.
         #[allow(unsafe_code)]
         unsafe {
@@ -125,7 +160,8 @@ mod tsc {
         (d < MAX_SAMPLE_CYCLES).then_some((t0 + d / 2, ns))
     }
 
-    fn scaled(cycles: u64, rate: u64) -> u64 {
+    #[inline]
+    pub(super) fn scaled(cycles: u64, rate: u64) -> u64 {
         ((u128::from(cycles) * u128::from(rate)) >> 32) as u64
     }
 
@@ -155,6 +191,12 @@ mod tsc {
                 std::hint::spin_loop();
             }
             None
+        }
+
+        /// ns per cycle × 2^32, once measured (a consistent read).
+        #[inline]
+        pub(super) fn rate(&self) -> Option<u64> {
+            self.params().map(|p| p.3).filter(|&r| r != 0)
         }
 
         /// ns since `at` (the anchor this was made with).
@@ -212,6 +254,19 @@ mod tsc {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_stopwatch_measures_what_the_span_clock_does() {
+        // Past the rate's first baseline, so both read the TSC where the kernel uses it.
+        let _ = unix_nanos();
+        std::thread::sleep(Duration::from_millis(5));
+        let _ = unix_nanos();
+        let (w, t0) = (Stopwatch::start(), unix_nanos());
+        std::thread::sleep(Duration::from_millis(20));
+        let (ns, span) = (w.elapsed_ns(), unix_nanos() - t0);
+        assert!((20_000_000..2_000_000_000).contains(&ns), "{ns} ns");
+        assert!(ns.abs_diff(span) < span / 50 + 100_000, "stopwatch {ns} ns, span clock {span} ns");
+    }
 
     #[test]
     fn monotonic_and_near_the_wall_clock() {

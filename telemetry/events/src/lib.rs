@@ -27,7 +27,7 @@ pub mod mask;
 pub mod profiler;
 pub mod sink;
 
-pub use clock::unix_nanos;
+pub use clock::{unix_nanos, Stopwatch};
 pub use event::{
     CeState, EventDescr, EventId, EventType, GroupApiState, OpTotals, ProxyCtrlState, ProxyOpState, ProxyStepState,
     StateArgs, StepTotals,
