@@ -31,9 +31,10 @@
 //! only that rank's thread writes, and takes its times from the clock readings its rank record
 //! already makes; it counts steps and bytes as the primitives move them, without a clock read.
 //! Step waits it times only where a rank waits on a peer: a wait whose first look finds its slot
-//! or data not ready reads the clock (the span route's, `occl_events::clock`) then and when it ends,
-//! and the operation adds those times by state at its end ([`RankMetrics::waited`]); a wait
-//! that is ready at once reads no clock. So on this route `occl_proxy_step_wait_seconds_total`
+//! or data not ready starts a stopwatch on the span route's clock (`occl_events::Stopwatch`:
+//! the clock's rate read then, only the counter when the wait ends), and the operation adds
+//! those times by state at its end ([`RankMetrics::waited`]); a wait that is ready at once
+//! reads no clock. So on this route `occl_proxy_step_wait_seconds_total`
 //! holds the time ranks blocked: `RecvWait` (data from the peer), `SendPeerWait` (a free slot,
 //! the receiver's credit) and `SendWait` (the receiver reading a pointed-to buffer), the states
 //! the rank record names for RAS; `SendGPUWait`, `RecvFlushWait` and `RecvGPUWait` stay 0. The
