@@ -47,20 +47,28 @@ fn by_rank_op(p: &Prometheus, fam: &str, metric: &str) -> BTreeMap<(String, usiz
         .collect()
 }
 
-#[test]
-fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
-    let (Some(prometheus), Some(promtool)) = (tool("prometheus"), tool("promtool")) else { return };
-    let dir = scratch("prometheus");
+/// A live job of `ranks` workers running `args` with `OCCL_METRICS=metrics` (empty: unset), every
+/// rank's RAS on one free loopback port, once every rank printed READY: the port and the job.
+fn metrics_job(args: &[&str], ranks: usize, metrics: &str) -> (u16, Job) {
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let spawn = Spawn {
-        env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_METRICS", "1")]),
+        env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_METRICS", metrics)]),
         capture_stdout: true,
         capture_stderr: true,
         ..Spawn::default()
     };
-    let job = Job::spawn(worker(), &["metrics".to_string()], RANKS, &spawn).expect("start job");
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let job = Job::spawn(worker(), &args, ranks, &spawn).expect("start job");
     job.wait_for_all("READY", Duration::from_secs(60)).expect("ranks ran the workload");
+    (port, job)
+}
+
+#[test]
+fn prometheus_scrapes_every_rank_of_a_live_job_with_exact_counts_and_bytes() {
+    let (Some(prometheus), Some(promtool)) = (tool("prometheus"), tool("promtool")) else { return };
+    let dir = scratch("prometheus");
+    let (port, job) = metrics_job(&["metrics"], RANKS, "1");
 
     // The process that owns the port answers for the whole node: on fresh connections, every
     // scrape (once RAS has seen every process) has every rank's series.
@@ -431,16 +439,7 @@ fn sum_of(text: &str, series: &str, rank: usize, state: &str) -> f64 {
 fn metrics_are_on_by_default_and_off_with_zero() {
     // Empty is "unset" (the default) in case this test's own environment sets the variable.
     for (value, on) in [("", true), ("0", false)] {
-        let port = free_port();
-        let addr = format!("127.0.0.1:{port}");
-        let spawn = Spawn {
-            env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_METRICS", value)]),
-            capture_stdout: true,
-            capture_stderr: true,
-            ..Spawn::default()
-        };
-        let job = Job::spawn(worker(), &["metrics".to_string()], RANKS, &spawn).expect("start job");
-        job.wait_for_all("READY", Duration::from_secs(60)).expect("ranks ran the workload");
+        let (port, job) = metrics_job(&["metrics"], RANKS, value);
         let body = scrape_whole_node(port, RANKS);
         assert!(body.contains("occl_ras_"), "OCCL_METRICS={value:?}: RAS's own series are served:\n{body}");
         if !on {
@@ -473,16 +472,7 @@ fn metrics_are_on_by_default_and_off_with_zero() {
 /// long, twice; the late rank, whose data was always there, waited far less.
 #[test]
 fn the_direct_route_times_the_waits_of_a_rank_whose_peer_is_late() {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let spawn = Spawn {
-        env: env(&[("OCCL_RAS_ADDR", &addr), ("OCCL_METRICS", "")]),
-        capture_stdout: true,
-        capture_stderr: true,
-        ..Spawn::default()
-    };
-    let job = Job::spawn(worker(), &["metrics-late".to_string(), "200".to_string()], 2, &spawn).expect("start job");
-    job.wait_for_all("READY", Duration::from_secs(60)).expect("ranks ran the workload");
+    let (port, _job) = metrics_job(&["metrics-late", "200"], 2, "");
     let body = scrape_whole_node(port, 2);
     let wait = |rank: usize, state: &str| sum_of(&body, "occl_proxy_step_wait_seconds_total{", rank, state);
     let (early, late) = (wait(0, "RecvWait"), wait(1, "RecvWait"));
