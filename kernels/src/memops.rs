@@ -1,5 +1,6 @@
-//! Work a stream does without a kernel: device-to-device copies (the copy engines, across
-//! NVLink for a peer's mapped memory) and 64-bit flag writes and waits on device memory. Each
+//! Work a stream does without a kernel of ours: device-to-device copies (a copy into or out of
+//! a peer's mapped memory runs on the copy engines, across NVLink; one within a GPU the driver
+//! runs as its own kernel on the SMs) and 64-bit flag writes and waits on device memory. Each
 //! is stream-ordered and a CUDA graph captures it.
 
 use crate::error::{check, driver, Result};

@@ -205,9 +205,8 @@ impl CudaComm {
         unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
     }
 
-    /// The copies of a call that runs on the copy engines: under `CTAPolicy` zero, an
-    /// all-gather, all-to-all or direct broadcast (`a`: its kernel arguments, whose addresses
-    /// and byte counts it takes).
+    /// The copies of a call that runs on the copy engines ([`CudaComm::on_copy_engines`]; `a`:
+    /// its kernel arguments, whose addresses and byte counts it takes).
     fn ce_flows(&self, call: &Op, a: &CollArgs) -> Option<Flows> {
         if !self.on_copy_engines(call.coll) {
             return None;
