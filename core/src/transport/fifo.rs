@@ -374,17 +374,12 @@ pub(crate) struct WaitSums {
     ns: [Cell<u64>; StepTotals::STATES.len()],
 }
 
-/// Where a wait in `state` (NCCL's ProxyStep number) counts among `StepTotals::STATES`.
-fn state_index(state: u32) -> Option<usize> {
-    StepTotals::STATES.iter().position(|s| *s as u32 == state)
-}
-
 impl WaitSums {
     /// A wait in `state` (NCCL's ProxyStep number) blocked for `ns`; a state that is not one of
     /// `StepTotals::STATES` counts nowhere.
     #[cfg(test)]
     pub(crate) fn add(&self, state: u32, ns: u64) {
-        self.add_at(state_index(state), ns);
+        self.add_at(StepTotals::index_of(state), ns);
     }
 
     /// As [`WaitSums::add`], with the state's index found already.
@@ -419,7 +414,7 @@ impl<'a> Timed<'a> {
     /// Starts timing a wait in `state` when there is a `to`.
     #[inline]
     pub(crate) fn start(to: Option<&'a WaitSums>, state: u32) -> Option<Timed<'a>> {
-        to.map(|to| Timed { to, at: state_index(state), watch: occl_events::Stopwatch::start() })
+        to.map(|to| Timed { to, at: StepTotals::index_of(state), watch: occl_events::Stopwatch::start() })
     }
 }
 
