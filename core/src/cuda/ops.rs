@@ -4,7 +4,7 @@
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
 use super::budget::CtaPolicy;
-use super::ce::Flows;
+use super::ce::{Flows, Route};
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
@@ -207,6 +207,14 @@ impl CudaComm {
 
     /// The copies of a call that runs on the copy engines ([`CudaComm::on_copy_engines`]; `a`:
     /// its kernel arguments, whose addresses and byte counts it takes).
+    ///
+    /// When the output lies wholly in a symmetric window (`windows.rs`), the sends go straight
+    /// to the same place of each peer's buffer: this rank's block of an all-gather or
+    /// all-to-all output, a broadcast's whole output. Every rank decides alike as long as every
+    /// rank's output lies at the same offset of its window, the promise of
+    /// `NCCL_WIN_COLL_SYMMETRIC` (`ce/mod.rs`). An in-place all-to-all keeps the slots: the
+    /// block from peer `p` lands where the block for `p` is read, so each side could write
+    /// only once the other had sent, and each would wait for the other's send.
     fn ce_flows(&self, call: &Op, a: &CollArgs) -> Option<Flows> {
         if !self.on_copy_engines(call.coll) {
             return None;
@@ -214,18 +222,21 @@ impl CudaComm {
         let (r, n, bytes) = (self.rank(), self.nranks(), a.count);
         let peers = || (1..n).map(move |k| (r + k) % n);
         let at = |base: u64, q: usize| base + q as u64 * a.stride;
-        Some(match call.coll {
+        let blocks = n as u64 * a.stride;
+        let mut f = match call.coll {
             CollType::AllGather => Flows {
                 bytes,
                 sends: peers().map(|p| (p, a.input)).collect(),
                 recvs: peers().map(|q| (q, at(a.output, q))).collect(),
                 local: Some((at(a.output, r), a.input)),
+                route: Route::Slots,
             },
             CollType::AllToAll => Flows {
                 bytes,
                 sends: peers().map(|p| (p, at(a.input, p))).collect(),
                 recvs: peers().map(|q| (q, at(a.output, q))).collect(),
                 local: Some((at(a.output, r), at(a.input, r))),
+                route: Route::Slots,
             },
             CollType::Broadcast => {
                 let root = a.root as usize;
@@ -235,12 +246,31 @@ impl CudaComm {
                         sends: peers().map(|p| (p, a.input)).collect(),
                         recvs: Vec::new(),
                         local: Some((a.output, a.input)),
+                        route: Route::Slots,
                     },
-                    false => Flows { bytes, sends: Vec::new(), recvs: vec![(root, a.output)], local: None },
+                    false => Flows {
+                        bytes,
+                        sends: Vec::new(),
+                        recvs: vec![(root, a.output)],
+                        local: None,
+                        route: Route::Slots,
+                    },
                 }
             }
             _ => return None,
-        })
+        };
+        let (out, out_bytes, mine) = match call.coll {
+            CollType::Broadcast => (a.output, bytes, a.output),
+            _ => (a.output, blocks, at(a.output, r)),
+        };
+        let in_place = |x: u64, y: u64| x < y.saturating_add(blocks) && y < x.saturating_add(blocks);
+        if call.coll == CollType::AllToAll && in_place(a.input, a.output) {
+            return Some(f);
+        }
+        if let Some(w) = self.windows.find(out, out_bytes) {
+            f.route = Route::Direct(f.sends.iter().map(|&(p, _)| w.at(p, mine)).collect());
+        }
+        Some(f)
     }
 
     /// The kernel's arguments for `call`: its mode (the tuner's choice), the addresses it
