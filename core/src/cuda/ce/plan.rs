@@ -411,6 +411,9 @@ mod tests {
         SlotAllGather,
     }
 
+    /// Peers and their addresses.
+    type Peers = Vec<(usize, u64)>;
+
     /// Rank `r`'s flows of `call`: its input outside the window (or in it, in place), its output
     /// in the window, each send landing at the same offset of its peer's window.
     fn direct_flows(call: Call, r: usize, n: usize, bytes: u64, off: u64) -> Flows {
@@ -418,7 +421,7 @@ mod tests {
         let (input, output) = (USER * (2 * r as u64 + 1) + off, window(r) + off);
         let block = |base: u64, q: usize| base + q as u64 * bytes;
         let lands = |p: usize, at: u64| window(p) + (at - window(r));
-        let (sends, recvs, local): (Vec<(usize, u64)>, Vec<(usize, u64)>, _) = match call {
+        let (sends, recvs, local): (Peers, Peers, _) = match call {
             Call::AllGather { in_place } => {
                 let src = if in_place { block(output, r) } else { input };
                 (
