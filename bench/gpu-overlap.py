@@ -17,7 +17,7 @@ for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for copy-engine c
 straight into the peers' buffers. With PyTorch 2.11's ProcessGroupNCCL, per (collective, size):
 `backend = dist.group.WORLD._get_backend(device)`; `pool = torch.cuda.MemPool(backend.mem_allocator)`
 (segments from `ncclMemAlloc`); the two tensors allocated under `torch.cuda.use_mem_pool(pool)`;
-`backend.register_mem_pool(pool, symm=True)`, which calls `ncclCommWindowRegister(...,
+`backend.register_mem_pool(pool, True)` (the second argument: `symm`), which calls `ncclCommWindowRegister(...,
 NCCL_WIN_COLL_SYMMETRIC)` on each of the pool's segments (every rank allocates the same sizes in
 the same order, so every rank's buffers lie at the same offsets of their windows); after the
 timing `backend.deregister_mem_pool(pool)` (`ncclCommWindowDeregister`). In that mode the input
@@ -100,7 +100,7 @@ def rank_main(rank, n, sizes, port, lib):
                 x = torch.ones(nel, device="cuda", dtype=torch.bfloat16)
                 out = torch.empty(outs.get(coll, nel // n), device="cuda", dtype=torch.bfloat16)
             if windows:
-                backend.register_mem_pool(pool, symm=True)
+                backend.register_mem_pool(pool, True)  # symm: the binding may not name it
                 x.copy_(value(rank, torch.arange(nel, device="cuda")))
 
             def op():

@@ -24,7 +24,8 @@
 //! on this rank's output and its windows, which every rank registered together (a window
 //! counts only when every rank passed the flag), so the ranks agree as long as every rank's
 //! output lies at the same offset of its window: NCCL's contract for symmetric windows, and
-//! the user's to keep. occl checks nothing per call (that would cost a round trip).
+//! the user's to keep, as is deregistering a window on every rank before calls on its buffers
+//! resume. occl checks nothing per call (that would cost a round trip).
 //!
 //! Each rank's region ends with a copy-engine area: a 4096-byte control block of one word per
 //! 64-byte line (lines 0..8 `head`, 8..16 `tail`, 16..24 `ready`, 24..32 `done`), then per
