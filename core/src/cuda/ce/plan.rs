@@ -279,6 +279,23 @@ mod tests {
     /// A name, and the hardware queue of a rank's lane.
     type Mapping<'a> = (&'a str, &'a dyn Fn(usize, Lane) -> usize);
 
+    /// The hardware queue of a rank's lane.
+    type Queues = Box<dyn Fn(usize, Lane) -> usize>;
+
+    /// The ways the lanes of `n` ranks may land on hardware queues: a queue each, one for all,
+    /// two shared, and the receives on a send's queue.
+    fn every_mapping(n: usize) -> [(&'static str, Queues); 4] {
+        [
+            ("a stream each", Box::new(move |_, l| lane_index(n, l))),
+            ("one queue", Box::new(|_, _| 0)),
+            ("two queues", Box::new(move |_, l| lane_index(n, l) % 2)),
+            (
+                "receives with the first send",
+                Box::new(move |r, l| if l == Lane::Recv { (r + 1) % n } else { lane_index(n, l) }),
+            ),
+        ]
+    }
+
     /// Every rank's all-gather output holds each rank's input, whatever the queues and the
     /// interleaving, and the words are back at zero for the next call.
     #[test]
@@ -287,16 +304,9 @@ mod tests {
         for (slots, bytes) in [(1, 5 * 4096 + 512), (2, 7 * 4096), (3, 4096), (2, 0)] {
             let flows: Vec<Flows> = (0..n).map(|r| all_gather(r, n, bytes)).collect();
             let plans = plans(&flows, slots);
-            let index = |l| lane_index(n, l);
-            let mappings: [Mapping<'_>; 4] = [
-                ("a stream each", &|_, l| index(l)),
-                ("one queue", &|_, _| 0),
-                ("two queues", &|_, l| index(l) % 2),
-                ("receives with the first send", &|r, l| if l == Lane::Recv { (r + 1) % n } else { index(l) }),
-            ];
-            for (what, m) in mappings {
+            for (what, m) in every_mapping(n) {
                 for seed in 1..20 {
-                    let (data, words) = run(&plans, m, seed * 0x9e37_79b9)
+                    let (data, words) = run(&plans, m.as_ref(), seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{what}, {slots} slots, {bytes} B: stuck at {stuck:?}"));
                     for (r, f) in flows.iter().enumerate() {
                         for (q, from) in flows.iter().enumerate() {
@@ -496,16 +506,9 @@ mod tests {
                     issued[r].extend(p);
                 }
             }
-            let index = |l| lane_index(n, l);
-            let mappings: [Mapping<'_>; 4] = [
-                ("a stream each", &|_, l| index(l)),
-                ("one queue", &|_, _| 0),
-                ("two queues", &|_, l| index(l) % 2),
-                ("receives with the first send", &|r, l| if l == Lane::Recv { (r + 1) % n } else { index(l) }),
-            ];
-            for (what, m) in mappings {
+            for (what, m) in every_mapping(n) {
                 for seed in 1..6 {
-                    let (data, words) = run(&issued, m, seed * 0x9e37_79b9)
+                    let (data, words) = run(&issued, m.as_ref(), seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{n} ranks, {what}, seed {seed}: stuck at {stuck:?}"));
                     check_landed(&calls, &data, &format!("{n} ranks, {what}"));
                     assert!(words.values().all(|&v| v == 0), "{n} ranks, {what}: words left {words:?}");
