@@ -11,7 +11,21 @@ The script is library-blind: `bench/gpu-overlap.sh` runs it once on NVIDIA's lib
 with occl's preloaded, in one command, and puts the two side by side.
 
     python3 bench/gpu-overlap.py NRANKS [SIZE_MiB ...]     (LIB=occl|nccl names the rows)
+
+WINDOWS=1 puts each collective's input and output in symmetric windows, NCCL 2.28's condition
+for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for copy-engine calls that write
+straight into the peers' buffers. With PyTorch 2.11's ProcessGroupNCCL, per (collective, size):
+`backend = dist.group.WORLD._get_backend(device)`; `pool = torch.cuda.MemPool(backend.mem_allocator)`
+(segments from `ncclMemAlloc`); the two tensors allocated under `torch.cuda.use_mem_pool(pool)`;
+`backend.register_mem_pool(pool, True)` (the second argument: `symm`), which calls `ncclCommWindowRegister(...,
+NCCL_WIN_COLL_SYMMETRIC)` on each of the pool's segments (every rank allocates the same sizes in
+the same order, so every rank's buffers lie at the same offsets of their windows); after the
+timing `backend.deregister_mem_pool(pool)` (`ncclCommWindowDeregister`). In that mode the input
+holds rank-dependent values, and once the timing is done the collective runs once more on a fresh
+input and every output element is checked: the JSON line's "wrong" counts the wrong elements over
+every rank.
 """
+import contextlib
 import json
 import os
 import sys
@@ -39,6 +53,23 @@ def timed(stream, fn, k):
     return e0, e1
 
 
+def value(r, idx):
+    """Rank r's input element at index idx: small integers, so bf16 sums of 8 ranks are exact."""
+    return (r + idx % 5).to(torch.bfloat16)
+
+
+def expected(coll, rank, n, nel, out_nel):
+    """What `coll` leaves in this rank's output when every rank r's input is value(r, index)."""
+    dev = torch.device("cuda")
+    if coll == "all_gather":
+        return torch.cat([value(q, torch.arange(nel, device=dev)) for q in range(n)])
+    if coll == "all_to_all":
+        blk = nel // n
+        return torch.cat([value(q, torch.arange(rank * blk, (rank + 1) * blk, device=dev)) for q in range(n)])
+    idx = torch.arange(out_nel, device=dev) + (rank * out_nel if coll == "reduce_scatter" else 0)
+    return (n * (idx % 5) + n * (n - 1) // 2).to(torch.bfloat16)
+
+
 def rank_main(rank, n, sizes, port, lib):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -57,12 +88,20 @@ def rank_main(rank, n, sizes, port, lib):
         return e0.elapsed_time(e1)
 
     tflops = lambda ms: gemm_flops() / (ms / 1e3) / 1e12
+    windows = os.environ.get("WINDOWS") == "1"
+    device = torch.device("cuda", rank)
+    backend = dist.group.WORLD._get_backend(device) if windows else None
     for coll in os.environ.get("COLLS", "all_reduce,all_gather,reduce_scatter").split(","):
         for mib in sizes:
             nel = mib * 2**20 // 2
-            x = torch.ones(nel, device="cuda", dtype=torch.bfloat16)
             outs = {"all_gather": nel * n, "all_to_all": nel}
-            out = torch.empty(outs.get(coll, nel // n), device="cuda", dtype=torch.bfloat16)
+            pool = torch.cuda.MemPool(backend.mem_allocator) if windows else None
+            with torch.cuda.use_mem_pool(pool) if windows else contextlib.nullcontext():
+                x = torch.ones(nel, device="cuda", dtype=torch.bfloat16)
+                out = torch.empty(outs.get(coll, nel // n), device="cuda", dtype=torch.bfloat16)
+            if windows:
+                backend.register_mem_pool(pool, True)  # symm: the binding may not name it
+                x.copy_(value(rank, torch.arange(nel, device="cuda")))
 
             def op():
                 if coll == "all_reduce":
@@ -106,6 +145,19 @@ def rank_main(rank, n, sizes, port, lib):
                 dist.all_reduce(kt, op=dist.ReduceOp.MAX)
                 k = int(kt.item())
             losses, both, alone = losses[1:], both[1:], alone[1:]
+            wrong = None
+            if windows:
+                x.copy_(value(rank, torch.arange(nel, device="cuda")))
+                op()
+                torch.cuda.synchronize()
+                got = x if coll == "all_reduce" else out
+                bad = torch.tensor([int((got != expected(coll, rank, n, nel, got.numel())).sum())], device="cuda")
+                dist.all_reduce(bad)
+                wrong = int(bad.item())
+                torch.cuda.synchronize()
+                backend.deregister_mem_pool(pool)
+                del x, out, got
+                del pool
             med = lambda v: sorted(v)[len(v) // 2]
             size = nel * 2 * (n if coll == "all_gather" else 1)
             factor = 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
@@ -115,7 +167,8 @@ def rank_main(rank, n, sizes, port, lib):
                                       gemm_tflops_alone=round(med(alone), 1),
                                       gemm_loss=round(med(losses), 4),
                                       gemm_loss_range=[round(min(losses), 4), round(max(losses), 4)],
-                                      busbw_alone=round(bus(t_alone), 1), busbw_with=round(bus(med(both)), 1))),
+                                      busbw_alone=round(bus(t_alone), 1), busbw_with=round(bus(med(both)), 1),
+                                      **(dict(windows=True, wrong=wrong) if windows else {}))),
                       flush=True)
     dist.destroy_process_group()
 

@@ -8,6 +8,9 @@
 #   SIZES="64 256"  COLLS=all_reduce,all_gather,reduce_scatter
 #   OCCL_CONFIGS="default;NCCL_CTA_POLICY=1;OCCL_CUDA_CHANNELS=32"   occl's rows, ';' between
 #                                  rows, each row's variables separated by spaces
+#   NCCL_ENV="NCCL_CTA_POLICY=2"   variables of NVIDIA's row (space-separated; default none)
+#   WINDOWS=1                      inputs and outputs in symmetric windows (ncclMemAlloc pool,
+#                                  ncclCommWindowRegister), checked after timing ("wrong")
 #
 # NVIDIA's rows name the channel count NCCL chose (its NCCL_DEBUG=INFO line). Needs 2+ GPUs,
 # PyTorch, and NVLink multicast off (set here, as the shared machines require).
@@ -21,8 +24,8 @@ nv=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.1[0-9]*' 2>/dev/null | gre
 out=$(mktemp -d)
 for n in ${@:-2}; do
   gpus=$(seq -s, 0 $((n - 1)))
-  echo "# $n GPUs: NVIDIA's NCCL"
-  CUDA_VISIBLE_DEVICES=$gpus NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LIB=nccl timeout "${RUN_TIMEOUT:-300}" \
+  echo "# $n GPUs: NVIDIA's NCCL${NCCL_ENV:+ ($NCCL_ENV)}"
+  env ${NCCL_ENV:-} CUDA_VISIBLE_DEVICES=$gpus NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LIB=nccl timeout "${RUN_TIMEOUT:-300}" \
     python3 "$here/gpu-overlap.py" "$n" ${SIZES:-64 256} > "$out/nccl-$n.txt" 2>&1
   echo "# nccl channels: $(grep -ohE '[0-9]+ coll channels' "$out/nccl-$n.txt" | sort | uniq -c | tr '\n' ' ')"
   grep '^{' "$out/nccl-$n.txt" || tail -20 "$out/nccl-$n.txt"

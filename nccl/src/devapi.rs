@@ -192,7 +192,13 @@ export! {
 }
 
 /// Registers device memory as a window (`ncclCommWindowRegister` on a GPU buffer).
-pub(crate) fn register_window(c: &Arc<NcclComm>, buff: *mut c_void, size: usize, win: *mut *mut c_void) -> Result<()> {
+pub(crate) fn register_window(
+    c: &Arc<NcclComm>,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut *mut c_void,
+    symmetric: bool,
+) -> Result<()> {
     let d = c.device()?.ok_or_else(|| {
         usage(format!(
             "buffer {buff:p} is GPU memory, but the communicator was created without a current CUDA context; call \
@@ -210,10 +216,10 @@ pub(crate) fn register_window(c: &Arc<NcclComm>, buff: *mut c_void, size: usize,
         desc.upload(&w.encode())?;
         // SAFETY: non-NULL (checked by the caller) and writable.
         unsafe { win.write(desc.ptr() as *mut c_void) };
-        c.lsa().add_window(Window { desc, _peers: Mapped::own(buff as u64) });
+        c.lsa().add_window(Window { desc, ce: None, _peers: Mapped::own(buff as u64) });
         return Ok(());
     }
-    let (addr, s) = setup::window(c, d, buff as u64, size);
+    let (addr, s) = setup::window(c, d, buff as u64, size, symmetric);
     if let Some(a) = addr {
         // SAFETY: as above.
         unsafe { win.write(a as *mut c_void) };
@@ -221,14 +227,16 @@ pub(crate) fn register_window(c: &Arc<NcclComm>, buff: *mut c_void, size: usize,
     setup::submit(s, group::is_open())
 }
 
-/// Releases a device window, if `win` is one of `c`'s (this rank's part: no barrier).
+/// Releases a device window, if `win` is one of `c`'s (this rank's part: no barrier): later
+/// copy-engine calls stop writing through it before its peers' buffers are unmapped.
 pub(crate) fn deregister_window(c: &NcclComm, win: *mut c_void) -> bool {
     // A host communicator has none, and a process without the driver must not touch it.
-    if !matches!(c.device(), Ok(Some(_))) {
-        return false;
-    }
+    let Ok(Some(d)) = c.device() else { return false };
     let _restore = gpu::Restore::new();
     let w = c.lsa().take_window(win as u64);
+    if let Some(id) = w.as_ref().and_then(|w| w.ce) {
+        d.cc.remove_window(id);
+    }
     w.is_some()
 }
 

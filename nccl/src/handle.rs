@@ -64,7 +64,8 @@ pub struct NcclComm {
     pub(crate) registrations: Mutex<Vec<(usize, std::any::TypeId)>>,
     /// `ncclCommRevoke` stopped it: no more operations, only shrink or destroy.
     revoked: AtomicBool,
-    /// Device windows and device communicators (NCCL's device API).
+    /// Device windows and device communicators (NCCL's device API). Declared after `state`, so
+    /// the device communicator, with its symmetric windows, goes before their mappings close.
     pub(crate) lsa: Mutex<crate::lsa::State>,
 }
 

@@ -37,6 +37,8 @@ struct WindowLocal {
     desc: DevMem,
     ex: Exported,
     size: usize,
+    /// Registered with `NCCL_WIN_COLL_SYMMETRIC`.
+    symmetric: bool,
 }
 
 struct DevCommLocal {
@@ -55,14 +57,15 @@ fn ordinal(d: &DevComm) -> u32 {
     u32::try_from(d.ordinal()).unwrap_or(u32::MAX)
 }
 
-/// The local part of registering `[buff, buff+size)` on `d`'s GPU, and the descriptor's
-/// address (the caller's `ncclWindow_t`) when it went well.
-pub(crate) fn window(c: &Arc<NcclComm>, d: &DevComm, buff: u64, size: usize) -> (Option<u64>, Setup) {
+/// The local part of registering `[buff, buff+size)` on `d`'s GPU (`symmetric`: with
+/// `NCCL_WIN_COLL_SYMMETRIC`), and the descriptor's address (the caller's `ncclWindow_t`) when
+/// it went well.
+pub(crate) fn window(c: &Arc<NcclComm>, d: &DevComm, buff: u64, size: usize, symmetric: bool) -> (Option<u64>, Setup) {
     let local = (|| {
         let ctx = d.cc.context();
         let ex = mem::export(ctx, d.ordinal(), buff, size)?;
         let desc = DevMem::alloc(ctx, std::mem::size_of::<ncclWindow_vidmem>())?;
-        Ok(WindowLocal { desc, ex, size })
+        Ok(WindowLocal { desc, ex, size, symmetric })
     })();
     let addr = local.as_ref().ok().map(|l| l.desc.ptr());
     (addr, Setup { comm: c.clone(), job: Job::Window(local) })
@@ -126,20 +129,36 @@ impl Setup {
 /// This rank's record: its part of the memory, or that it failed.
 fn record(d: &DevComm, part: Option<(u64, u64, IpcHandle, u64)>) -> Record {
     match part {
-        Some((base, offset, handle, fingerprint)) => {
-            Record { ok: true, pid: std::process::id(), device: ordinal(d), base, offset, fingerprint, handle }
-        }
+        Some((base, offset, handle, fingerprint)) => Record {
+            ok: true,
+            pid: std::process::id(),
+            device: ordinal(d),
+            base,
+            offset,
+            fingerprint,
+            handle,
+            ..Record::failed()
+        },
         None => Record::failed(),
     }
 }
 
 fn run_window(c: &NcclComm, d: &DevComm, local: Result<WindowLocal>) -> Result<()> {
     let me = d.cc.rank();
-    let rec = record(d, local.as_ref().ok().map(|l| (l.ex.base, l.ex.offset, l.ex.handle, 0)));
+    let mut rec = record(d, local.as_ref().ok().map(|l| (l.ex.base, l.ex.offset, l.ex.handle, 0)));
+    if let Ok(l) = &local {
+        (rec.size, rec.symmetric) = (l.size as u64, l.symmetric);
+    }
     let all = d.cc.exchange(&rec.encode())?;
     let l = local?;
     let recs = mem::records(&all, me, "ncclCommWindowRegister")?;
     let peers = mem::map_peers(d.cc.context(), me, &recs)?;
+    // Copy-engine calls write straight into the window only when every rank promised symmetry,
+    // so every rank decides alike (`occl::cuda`'s `ce/mod.rs`).
+    let ce = match mem::symmetric_len(&recs) {
+        Some(len) => Some(d.cc.add_symmetric_window(&peers.ptrs, len)?),
+        None => None,
+    };
     // Every rank is an lsa peer: lsa ranks are the communicator's.
     let w = ncclWindow_vidmem::new(me, me, &peers.ptrs, l.size as u64)
         .ok_or_else(|| internal(format!("a window of {} ranks", peers.ptrs.len())))?;
@@ -150,7 +169,7 @@ fn run_window(c: &NcclComm, d: &DevComm, local: Result<WindowLocal>) -> Result<(
         l.size,
         recs.len()
     );
-    c.lsa().add_window(Window { desc: l.desc, _peers: peers });
+    c.lsa().add_window(Window { desc: l.desc, ce, _peers: peers });
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! NCCL's device API against occl's headers: `tests/cuda/device_api.cu` (kernels with lsa
-//! pointers and barriers, GIN puts, signals, counters and barriers, checked exactly) is compiled
+//! pointers and barriers, GIN puts, signals, counters and barriers, and host collectives whose
+//! output lies in a symmetric window, checked exactly) is compiled
 //! with nvcc against `nccl/include` and linked with occl's `libnccl.so`; on a machine with GPUs
-//! it runs as one process driving every GPU and as two processes, else it says why it skipped.
+//! it runs as one process driving every GPU and as two processes, each with the default CTA
+//! policy and with `NCCL_CTA_POLICY=2` (copy engines), else it says why it skipped.
 //! nccl-tests' device-API sources are compiled against the same headers when their tree is here.
 //!
 //! nvcc is found through `NVCC`, on `PATH`, under `/usr/local/cuda*/bin`, or where
@@ -99,14 +101,15 @@ fn program() -> Result<&'static Path, &'static str> {
     built.as_ref().map(PathBuf::as_path).map_err(String::as_str)
 }
 
-/// Runs `exe args` (as many processes as `args` has entries) and returns each one's output,
-/// killing the lot after 240 s.
-fn run_job(exe: &Path, args: &[Vec<String>]) -> Vec<Output> {
+/// Runs `exe args` (as many processes as `args` has entries) with `env` and returns each one's
+/// output, killing the lot after 240 s.
+fn run_job(exe: &Path, args: &[Vec<String>], env: &[(&str, &str)]) -> Vec<Output> {
     let mut kids: Vec<_> = args
         .iter()
         .map(|a| {
             Command::new(exe)
                 .args(a)
+                .envs(env.iter().copied())
                 .env("OCCL_TIMEOUT", "60")
                 .env("OCCL_RAS_ENABLE", "0")
                 .stdout(Stdio::piped())
@@ -164,28 +167,33 @@ fn device_api_program_builds_against_our_headers_and_runs_on_every_gpu() {
             return;
         }
     };
-    // One process, one thread driving every GPU (the groups' per-communicator setup threads).
-    let outs = run_job(exe, &[vec!["threads".into()]]);
-    let gpus = {
-        let text = String::from_utf8_lossy(&outs[0].stdout);
-        text.lines().filter(|l| l.starts_with("OK rank ")).count()
-    };
-    match judge(&outs, &[(0..gpus.max(1)).collect()]) {
-        Some(why) if why.contains("no usable CUDA device") => {
-            say!("compiled; {why}");
-            return;
+    // Each mode twice: the window collectives on kernels, then on the copy engines writing
+    // straight into the peers' windows (CTAPolicy zero).
+    for (policy, env) in [("default", &[][..]), ("NCCL_CTA_POLICY=2", &[("NCCL_CTA_POLICY", "2")][..])] {
+        // One process, one thread driving every GPU (the groups' per-communicator setup threads).
+        let outs = run_job(exe, &[vec!["threads".into()]], env);
+        let gpus = {
+            let text = String::from_utf8_lossy(&outs[0].stdout);
+            text.lines().filter(|l| l.starts_with("OK rank ")).count()
+        };
+        match judge(&outs, &[(0..gpus.max(1)).collect()]) {
+            Some(why) if why.contains("no usable CUDA device") => {
+                say!("compiled; {why}");
+                return;
+            }
+            Some(why) => say!("threads mode, {policy}: {why}"),
+            None => say!("threads mode, {policy}: {gpus} GPUs OK"),
         }
-        Some(why) => say!("threads mode: {why}"),
-        None => say!("threads mode: {gpus} GPUs OK"),
-    }
-    // One rank per process (CUDA IPC between them), two ranks.
-    let idfile = exe.with_file_name(format!("id-{}", std::process::id()));
-    let _ = std::fs::remove_file(&idfile);
-    let args: Vec<Vec<String>> =
-        (0..2).map(|r| vec!["rank".into(), r.to_string(), "2".into(), idfile.display().to_string()]).collect();
-    let outs = run_job(exe, &args);
-    if let Some(why) = judge(&outs, &[vec![0], vec![1]]) {
-        say!("rank mode: {why}");
+        // One rank per process (CUDA IPC between them), two ranks.
+        let idfile = exe.with_file_name(format!("id-{}", std::process::id()));
+        let _ = std::fs::remove_file(&idfile);
+        let args: Vec<Vec<String>> =
+            (0..2).map(|r| vec!["rank".into(), r.to_string(), "2".into(), idfile.display().to_string()]).collect();
+        let outs = run_job(exe, &args, env);
+        match judge(&outs, &[vec![0], vec![1]]) {
+            Some(why) => say!("rank mode, {policy}: {why}"),
+            None => say!("rank mode, {policy}: OK"),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use super::ops::FUNCS;
 use super::staged::Staged;
 use super::tune::DevTuner;
 use super::watch::Watch;
+use super::windows::{WindowId, Windows};
 use crate::comm::Comm;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -133,6 +134,8 @@ pub struct CudaComm {
     pub(crate) ce: CeArea,
     /// The streams copy-engine calls fork onto (`CTAPolicy` zero with peers), else `None`.
     pub(crate) ce_streams: Option<CeStreams>,
+    /// Symmetric windows, whose buffers copy-engine calls write straight into (`windows.rs`).
+    pub(crate) windows: Windows,
     pub(crate) timeout_ns: u64,
     /// A per-communicator override of the tuner (0: none, else 1 + the `DevAlgo::ALL` index).
     pub(crate) forced: std::sync::atomic::AtomicU8,
@@ -356,6 +359,7 @@ impl CudaComm {
             channels: Channels { region: s.channels, lanes: s.lanes, budget: s.budget },
             ce,
             ce_streams,
+            windows: Windows::default(),
             timeout_ns,
             forced: Default::default(),
             staged,
@@ -437,6 +441,25 @@ impl CudaComm {
     /// communicator swapped its regions.
     pub fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.comm.boot_all_gather(mine)
+    }
+
+    /// Adds a window that every rank registered with `NCCL_WIN_COLL_SYMMETRIC`: `len` bytes on
+    /// every rank, rank `r`'s buffer mapped here at `bases[r]` (this rank's own included). A
+    /// copy-engine call whose output lies wholly in it writes each peer's part straight into
+    /// that peer's buffer at the same offset, which holds only if every rank's buffers of the
+    /// call lie at the same offset of its window (the flag's promise, as in NCCL). Remove it with
+    /// [`CudaComm::remove_window`] before the peers' buffers are unmapped.
+    pub fn add_symmetric_window(&self, bases: &[u64], len: u64) -> Result<WindowId> {
+        if bases.len() != self.nranks() {
+            return Err(Error::internal(format!("a window of {} ranks on {} ranks", bases.len(), self.nranks())));
+        }
+        self.windows.add(self.rank(), bases, len)
+    }
+
+    /// Removes a window of [`CudaComm::add_symmetric_window`]; false when it is not live. Later
+    /// calls on its buffers go through the copy-engine slots.
+    pub fn remove_window(&self, id: WindowId) -> bool {
+        self.windows.remove(id)
     }
 
     /// The device address of this rank's error word (a `u64`). Nonzero once a kernel waited

@@ -29,6 +29,7 @@ mod ops;
 mod staged;
 pub(crate) mod tune;
 mod watch;
+mod windows;
 
 pub use budget::{CtaBudget, CtaPolicy, EFFICIENT_SMS};
 pub use ce::{CeGeometry, MAX_AREA_BYTES as CE_MAX_AREA_BYTES};
@@ -37,6 +38,7 @@ pub use kernels::coll::PreMul;
 pub use kernels::timer::ClockMap;
 pub use ops::P2p;
 pub use tune::DevAlgo;
+pub use windows::WindowId;
 
 use crate::dtype::RedOp;
 use crate::error::Error;

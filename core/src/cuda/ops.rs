@@ -4,7 +4,7 @@
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
 use super::budget::CtaPolicy;
-use super::ce::Flows;
+use super::ce::{Flows, Route};
 use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::{CollArgs, Mode};
@@ -12,6 +12,7 @@ use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::memops::StreamOps;
 use super::kernels::p2p::{plan, Transfer};
 use super::tune::DevAlgo;
+use super::windows::Windows;
 use super::{kernel_op, DevOp, PreMul};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
@@ -211,36 +212,7 @@ impl CudaComm {
         if !self.on_copy_engines(call.coll) {
             return None;
         }
-        let (r, n, bytes) = (self.rank(), self.nranks(), a.count);
-        let peers = || (1..n).map(move |k| (r + k) % n);
-        let at = |base: u64, q: usize| base + q as u64 * a.stride;
-        Some(match call.coll {
-            CollType::AllGather => Flows {
-                bytes,
-                sends: peers().map(|p| (p, a.input)).collect(),
-                recvs: peers().map(|q| (q, at(a.output, q))).collect(),
-                local: Some((at(a.output, r), a.input)),
-            },
-            CollType::AllToAll => Flows {
-                bytes,
-                sends: peers().map(|p| (p, at(a.input, p))).collect(),
-                recvs: peers().map(|q| (q, at(a.output, q))).collect(),
-                local: Some((at(a.output, r), at(a.input, r))),
-            },
-            CollType::Broadcast => {
-                let root = a.root as usize;
-                match r == root {
-                    true => Flows {
-                        bytes,
-                        sends: peers().map(|p| (p, a.input)).collect(),
-                        recvs: Vec::new(),
-                        local: Some((a.output, a.input)),
-                    },
-                    false => Flows { bytes, sends: Vec::new(), recvs: vec![(root, a.output)], local: None },
-                }
-            }
-            _ => return None,
-        })
+        ce_flows(call.coll, a, self.rank(), self.nranks(), &self.windows)
     }
 
     /// The kernel's arguments for `call`: its mode (the tuner's choice), the addresses it
@@ -625,6 +597,68 @@ pub struct P2p {
     pub dt: DataType,
 }
 
+/// The copies of `coll` on the copy engines for rank `r` of `n` (`a`: its kernel arguments,
+/// whose addresses and byte counts it takes); `None` for a collective they do not run.
+///
+/// When the output lies wholly in a symmetric window (`windows.rs`), the sends go straight
+/// to the same place of each peer's buffer: this rank's block of an all-gather or
+/// all-to-all output, a broadcast's whole output. Every rank decides alike as long as every
+/// rank's output lies at the same offset of its window, the promise of
+/// `NCCL_WIN_COLL_SYMMETRIC` (`ce/mod.rs`). An in-place all-to-all keeps the slots: the
+/// block from peer `p` lands where the block for `p` is read, so each side could write
+/// only once the other had sent, and each would wait for the other's send.
+fn ce_flows(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows) -> Option<Flows> {
+    let bytes = a.count;
+    let peers = || (1..n).map(move |k| (r + k) % n);
+    let at = |base: u64, q: usize| base + q as u64 * a.stride;
+    let blocks = n as u64 * a.stride;
+    let mut f = match coll {
+        CollType::AllGather => Flows {
+            bytes,
+            sends: peers().map(|p| (p, a.input)).collect(),
+            recvs: peers().map(|q| (q, at(a.output, q))).collect(),
+            local: Some((at(a.output, r), a.input)),
+            route: Route::Slots,
+        },
+        CollType::AllToAll => Flows {
+            bytes,
+            sends: peers().map(|p| (p, at(a.input, p))).collect(),
+            recvs: peers().map(|q| (q, at(a.output, q))).collect(),
+            local: Some((at(a.output, r), at(a.input, r))),
+            route: Route::Slots,
+        },
+        CollType::Broadcast => {
+            let root = a.root as usize;
+            match r == root {
+                true => Flows {
+                    bytes,
+                    sends: peers().map(|p| (p, a.input)).collect(),
+                    recvs: Vec::new(),
+                    local: Some((a.output, a.input)),
+                    route: Route::Slots,
+                },
+                false => {
+                    Flows { bytes, sends: Vec::new(), recvs: vec![(root, a.output)], local: None, route: Route::Slots }
+                }
+            }
+        }
+        _ => return None,
+    };
+    // The output's bytes, and where this rank's own data lands in it.
+    let (span, mine) = match coll {
+        CollType::Broadcast => (bytes, a.output),
+        _ => (blocks, at(a.output, r)),
+    };
+    let overlap = a.input < a.output.saturating_add(blocks) && a.output < a.input.saturating_add(blocks);
+    if coll == CollType::AllToAll && overlap {
+        return Some(f);
+    }
+    if let Some(w) = windows.find(a.output, span) {
+        f.route = Route::Direct(f.sends.iter().map(|&(p, _)| w.at(p, mine)).collect());
+    }
+    Some(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,5 +677,48 @@ mod tests {
         let mut a = CollArgs::default();
         assert_eq!(set_op(&mut a, DevOp::PreMulSum(PreMul::Immediate(9)), 2), RedOp::Sum);
         assert_eq!((a.div, a.pre, a.scalar), (0, 1, 9));
+    }
+
+    /// Rank `r`'s kernel arguments moving `bytes` per block from `input` to `output`.
+    fn args(input: u64, output: u64, bytes: u64, root: u32) -> CollArgs {
+        CollArgs { input, output, count: bytes, stride: bytes, root, ..CollArgs::default() }
+    }
+
+    #[test]
+    fn a_call_whose_output_lies_in_a_symmetric_window_writes_straight_into_the_peers() {
+        // Rank 1 of 3; every rank's window 1 MiB, rank r's at (r + 1) << 30.
+        let (n, r, blk) = (3, 1, 4096u64);
+        let base = |q: u64| (q + 1) << 30;
+        let w = Windows::default();
+        let id = w.add(r, &[base(0), base(1), base(2)], 1 << 20).unwrap();
+        let out = base(1) + 8192;
+        // All-gather: this rank's block of every peer's output, at the same offset.
+        let f = ce_flows(CollType::AllGather, &args(0x10, out, blk, 0), r, n, &w).unwrap();
+        assert_eq!(f.sends.iter().map(|s| s.0).collect::<Vec<_>>(), [2, 0]);
+        assert_eq!(f.route, Route::Direct(vec![base(2) + 8192 + blk, base(0) + 8192 + blk]));
+        // In place: still direct.
+        let f = ce_flows(CollType::AllGather, &args(out + blk, out, blk, 0), r, n, &w).unwrap();
+        assert!(matches!(f.route, Route::Direct(_)));
+        // All-to-all out of place: direct; in place, or overlapping, through the slots.
+        let f = ce_flows(CollType::AllToAll, &args(0x10, out, blk, 0), r, n, &w).unwrap();
+        assert_eq!(f.route, Route::Direct(vec![base(2) + 8192 + blk, base(0) + 8192 + blk]));
+        for input in [out, out + blk, out - blk] {
+            let f = ce_flows(CollType::AllToAll, &args(input, out, blk, 0), r, n, &w).unwrap();
+            assert_eq!(f.route, Route::Slots, "input {input:#x}");
+        }
+        // Broadcast: the root sends its input to every peer's output; a leaf only receives.
+        let f = ce_flows(CollType::Broadcast, &args(0x10, out, blk, 1), r, n, &w).unwrap();
+        assert_eq!(f.route, Route::Direct(vec![base(2) + 8192, base(0) + 8192]));
+        let f = ce_flows(CollType::Broadcast, &args(out, out, blk, 0), r, n, &w).unwrap();
+        assert_eq!((f.recvs.clone(), f.route), (vec![(0, out)], Route::Direct(Vec::new())));
+        // An output reaching past the window, outside it, or a window removed: the slots.
+        let f = ce_flows(CollType::AllGather, &args(0x10, base(1) + (1 << 20) - blk, blk, 0), r, n, &w).unwrap();
+        assert_eq!(f.route, Route::Slots);
+        let f = ce_flows(CollType::AllGather, &args(0x10, 0x5000, blk, 0), r, n, &w).unwrap();
+        assert_eq!(f.route, Route::Slots);
+        assert!(w.remove(id));
+        let f = ce_flows(CollType::AllToAll, &args(0x10, out, blk, 0), r, n, &w).unwrap();
+        assert_eq!(f.route, Route::Slots);
+        assert!(ce_flows(CollType::AllReduce, &args(0x10, out, blk, 0), r, n, &w).is_none());
     }
 }

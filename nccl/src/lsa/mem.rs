@@ -139,25 +139,41 @@ pub(crate) struct Record {
     /// What must be equal on every rank (the device communicator's plan); 0 for windows.
     pub fingerprint: u64,
     pub handle: IpcHandle,
+    /// A window's bytes on this rank (0 for a device communicator).
+    pub size: u64,
+    /// A window registered with `NCCL_WIN_COLL_SYMMETRIC` on this rank.
+    pub symmetric: bool,
 }
 
-const RECORD: usize = 40 + 64;
+const RECORD: usize = 40 + 64 + 8;
 
 impl Record {
     /// The record of a rank whose own part failed: peers stop too, naming it.
     pub(crate) fn failed() -> Record {
-        Record { ok: false, pid: 0, device: 0, base: 0, offset: 0, fingerprint: 0, handle: [0; 64] }
+        Record {
+            ok: false,
+            pid: 0,
+            device: 0,
+            base: 0,
+            offset: 0,
+            fingerprint: 0,
+            handle: [0; 64],
+            size: 0,
+            symmetric: false,
+        }
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; RECORD];
         b[0] = u8::from(self.ok);
+        b[1] = u8::from(self.symmetric);
         b[4..8].copy_from_slice(&self.pid.to_le_bytes());
         b[8..12].copy_from_slice(&self.device.to_le_bytes());
         b[16..24].copy_from_slice(&self.base.to_le_bytes());
         b[24..32].copy_from_slice(&self.offset.to_le_bytes());
         b[32..40].copy_from_slice(&self.fingerprint.to_le_bytes());
-        b[40..].copy_from_slice(&self.handle);
+        b[40..104].copy_from_slice(&self.handle);
+        b[104..].copy_from_slice(&self.size.to_le_bytes());
         b
     }
 
@@ -171,7 +187,7 @@ impl Record {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
         let mut handle = [0u8; 64];
-        handle.copy_from_slice(&b[40..]);
+        handle.copy_from_slice(&b[40..104]);
         Ok(Record {
             ok: b[0] == 1,
             pid: u32_at(4),
@@ -180,6 +196,8 @@ impl Record {
             offset: u64_at(24),
             fingerprint: u64_at(32),
             handle,
+            size: u64_at(104),
+            symmetric: b[1] == 1,
         })
     }
 }
@@ -203,6 +221,17 @@ pub(crate) fn records(all: &[Vec<u8>], me: usize, what: &str) -> Result<Vec<Reco
         }
     }
     Ok(recs)
+}
+
+/// The bytes a window holds on every rank when every rank registered it with
+/// `NCCL_WIN_COLL_SYMMETRIC` (the least of their sizes), else `None`: copy-engine calls write
+/// straight into it only then, so every rank's view of it is the same.
+pub(crate) fn symmetric_len(recs: &[Record]) -> Option<u64> {
+    if recs.iter().all(|r| r.symmetric) {
+        recs.iter().map(|r| r.size).min()
+    } else {
+        None
+    }
 }
 
 /// The peers' shared memory as this rank addresses it (`ptrs[r]`: rank r's buffer, this rank's
@@ -250,16 +279,28 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
-        let r = Record { ok: true, pid: 42, device: 1, base: 1 << 40, offset: 4096, fingerprint: 7, handle: [9; 64] };
+        let r = Record {
+            ok: true,
+            pid: 42,
+            device: 1,
+            base: 1 << 40,
+            offset: 4096,
+            fingerprint: 7,
+            handle: [9; 64],
+            size: 3 << 30,
+            symmetric: true,
+        };
         let b = r.encode();
         assert_eq!(Record::decode(0, &b).unwrap(), r);
+        let plain = Record { symmetric: false, ..r };
+        assert_eq!(Record::decode(0, &plain.encode()).unwrap(), plain);
         assert!(Record::decode(3, &b[..10]).unwrap_err().to_string().contains("rank 3"));
         assert!(!Record::decode(0, &Record::failed().encode()).unwrap().ok);
     }
 
     #[test]
     fn a_failed_or_different_rank_stops_everyone() {
-        let ok = Record { ok: true, pid: 1, device: 0, base: 0, offset: 0, fingerprint: 5, handle: [0; 64] };
+        let ok = Record { ok: true, fingerprint: 5, pid: 1, ..Record::failed() };
         let all = vec![ok.encode(), Record::failed().encode()];
         let e = records(&all, 0, "ncclCommWindowRegister").unwrap_err();
         assert_eq!(e.kind(), occl::ErrorKind::RemoteError);
@@ -268,5 +309,12 @@ mod tests {
         let e = records(&[ok.encode(), other.encode()], 0, "ncclDevCommCreate").unwrap_err();
         assert!(e.to_string().contains("rank 1 passed other requirements"), "{e}");
         assert_eq!(records(&[ok.encode(), ok.encode()], 1, "x").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_window_is_symmetric_only_when_every_rank_says_so() {
+        let sym = |size| Record { ok: true, size, symmetric: true, ..Record::failed() };
+        assert_eq!(symmetric_len(&[sym(4096), sym(8192), sym(8192)]), Some(4096), "the least size");
+        assert_eq!(symmetric_len(&[sym(4096), Record { symmetric: false, ..sym(4096) }]), None);
     }
 }

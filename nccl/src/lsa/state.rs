@@ -3,12 +3,16 @@
 
 use super::mem::{DevMem, Mapped};
 use occl::cuda::kernels::ipc::DeviceRegion;
+use occl::cuda::WindowId;
 
 /// A window on device memory: its descriptor (whose address is the caller's `ncclWindow_t`)
 /// and the peers' buffers opened for it.
 #[derive(Debug)]
 pub(crate) struct Window {
     pub desc: DevMem,
+    /// Its entry among the device communicator's symmetric windows, which copy-engine calls
+    /// write through: removed (`devapi::deregister_window`) before the peers are unmapped.
+    pub ce: Option<WindowId>,
     /// Held open while the window lives.
     pub _peers: Mapped,
 }

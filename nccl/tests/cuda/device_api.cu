@@ -7,7 +7,10 @@
  *     nccl-tests' GIN kernel), with one thread or a whole block per put, at aligned and odd sizes;
  *   - a ring of putValue + signal add + waitSignalFollowShadow over a GIN barrier and an lsa
  *     barrier of the program's own resource requirements, through ncclSymPtr;
- *   - ncclDevCommCreate refusing NVLink multicast, and the communicator still working after.
+ *   - ncclDevCommCreate refusing NVLink multicast, and the communicator still working after;
+ *   - all-to-all, all-gather (out of place and in place) and broadcast from every root with their
+ *     output in a symmetric window, back to back: under NCCL_CTA_POLICY=2 occl runs them on the
+ *     copy engines writing straight into the peers' windows.
  *
  *   device_api threads [N]             one process drives N GPUs (default: all) from one thread
  *   device_api rank <r> <n> <id file>  one rank per process, on GPU r modulo the GPUs present
@@ -129,6 +132,21 @@ __global__ void gin_all_to_all(ncclWindow_t send, ncclWindow_t recv, size_t coun
   if (blockIdx.x == mine) gin.waitSignal(ncclCoopCta(), mine, before + dc.nRanks);
   gin.flush(ncclCoopCta());
   bar.sync(ncclCoopCta(), cuda::memory_order_release, ncclGinFenceLevel::Relaxed);
+}
+
+__device__ float ag_value(int from, size_t j, int k) {
+  return (float)((from * 37 + (int)(j % 89) + k) % 4096);
+}
+
+__global__ void fill_ag(float* buf, size_t count, int rank, int k) {
+  for (size_t i = threadIdx.x + (size_t)blockIdx.x * blockDim.x; i < count; i += (size_t)blockDim.x * gridDim.x)
+    buf[i] = ag_value(rank, i, k);
+}
+
+/* recv holds `blocks` blocks of `count`: block b from rank b, or every block from `root` (>= 0). */
+__global__ void check_ag(float const* recv, size_t count, int blocks, int root, int k, unsigned* errors) {
+  for (size_t i = threadIdx.x + (size_t)blockIdx.x * blockDim.x; i < count * blocks; i += (size_t)blockDim.x * gridDim.x)
+    if (recv[i] != ag_value(root >= 0 ? root : (int)(i / count), i % count, k)) atomicAdd(errors, 1u);
 }
 
 __global__ void check_counter(ncclDevComm dc, uint64_t want, unsigned* errors) {
@@ -323,6 +341,43 @@ static void ring(Rank* rs, int k) {
   expect_no_errors(rs, k, "GIN ring");
 }
 
+/* Collectives whose output lies in the symmetric receive window, back to back (under
+   NCCL_CTA_POLICY=2 each call's flags must be reset for the next): all-to-all, all-gather out of
+   place and in place, and a broadcast, whose root goes round every rank. */
+static void window_collectives(Rank* rs, int k) {
+  const size_t count = A2A_EVEN;
+  for (int it = 0; it < 4 * nranks + 4; it++) {
+    int what = it % 4, root = (it / 4) % nranks;
+    for (int i = 0; i < k; i++) {
+      Rank& r = rs[i];
+      CUDA(cudaSetDevice(r.dev));
+      if (what == 0) fill_a2a<<<64, THREADS, 0, r.stream>>>(r.send, count, nranks, r.rank, it);
+      if (what == 1 || what == 3) fill_ag<<<64, THREADS, 0, r.stream>>>(r.send, count, r.rank, it);
+      if (what == 2) fill_ag<<<64, THREADS, 0, r.stream>>>(r.recv + r.rank * count, count, r.rank, it);
+      CUDA(cudaGetLastError());
+    }
+    NCCL(ncclGroupStart());
+    for (int i = 0; i < k; i++) {
+      Rank& r = rs[i];
+      CUDA(cudaSetDevice(r.dev));
+      if (what == 0) NCCL(ncclAlltoAll(r.send, r.recv, count, ncclFloat32, r.comm, r.stream));
+      if (what == 1) NCCL(ncclAllGather(r.send, r.recv, count, ncclFloat32, r.comm, r.stream));
+      if (what == 2) NCCL(ncclAllGather(r.recv + r.rank * count, r.recv, count, ncclFloat32, r.comm, r.stream));
+      if (what == 3) NCCL(ncclBroadcast(r.send, r.recv, count, ncclFloat32, root, r.comm, r.stream));
+    }
+    NCCL(ncclGroupEnd());
+    for (int i = 0; i < k; i++) {
+      Rank& r = rs[i];
+      CUDA(cudaSetDevice(r.dev));
+      if (what == 0) check_a2a<<<64, THREADS, 0, r.stream>>>(r.recv, count, nranks, r.rank, it, r.errors);
+      if (what == 1 || what == 2) check_ag<<<64, THREADS, 0, r.stream>>>(r.recv, count, nranks, -1, it, r.errors);
+      if (what == 3) check_ag<<<64, THREADS, 0, r.stream>>>(r.recv, count, 1, root, it, r.errors);
+      CUDA(cudaGetLastError());
+    }
+  }
+  expect_no_errors(rs, k, "collectives in symmetric windows");
+}
+
 static void tear_down(Rank* rs, int k) {
   /* Collectives run on registered buffers (windows are a hint to them). */
   NCCL(ncclGroupStart());
@@ -361,6 +416,7 @@ static void run(Rank* rs, int k) {
   all_reduce(rs, k);
   all_to_all(rs, k);
   ring(rs, k);
+  window_collectives(rs, k);
   tear_down(rs, k);
 }
 

@@ -6,13 +6,32 @@
 //! call is stream-ordered and a CUDA graph captures it. The driver runs a same-GPU copy as a
 //! kernel of its own on the SMs, not on a copy engine (measured on H200: beside a kernel that
 //! holds every SM, such a copy waits for it, `cudaMemcpyBatchAsync` with
-//! `PreferOverlapWithCompute` too, while a peer copy keeps its rate), so the receiving side
-//! still takes SMs for a moment per chunk; only copies straight into a peer's buffer would not.
+//! `PreferOverlapWithCompute` too, while a peer copy keeps its rate), so the slot path's
+//! receiving side still takes SMs for a moment per chunk. The direct path below does not: its
+//! only same-GPU copy is an out-of-place call's own part.
 //!
-//! Each rank's region ends with a copy-engine area: per sender `q`, `slots` slots of
-//! `slot_bytes` ([`CeGeometry`], agreed by every rank at set-up) that `q` writes, the word
-//! `head(q)` (chunks `q` has put there, written by `q`) and, per receiver `p`, the word `tail(p)`
-//! (chunks of mine `p` has consumed, written by `p`). A sender puts chunk `i` into `p`'s slot
+//! Two paths, chosen per call by `ops.rs::ce_flows`:
+//! - **Direct** (no slot, no SM on the receiving side): when the call's output lies wholly in a
+//!   window every rank registered with `NCCL_WIN_COLL_SYMMETRIC` (`windows.rs`; occl-nccl's
+//!   `ncclCommWindowRegister` adds it, with every rank's buffer mapped), each share is one peer
+//!   copy from the sender's input to the same offset of the receiver's window. An in-place
+//!   all-to-all is never direct (each side would wait for the other's send).
+//! - **Slots**: every other call, through the slots below.
+//!
+//! Every rank must take the same path in a call, since the two wait on different words: a
+//! rank on the direct path waits for `done` words a peer on the slot path never writes, and the
+//! call hangs (a copy-engine wait has no timeout, below). The direct path depends only
+//! on this rank's output and its windows, which every rank registered together (a window
+//! counts only when every rank passed the flag), so the ranks agree as long as every rank's
+//! output lies at the same offset of its window: NCCL's contract for symmetric windows, and
+//! the user's to keep, as is deregistering a window on every rank before calls on its buffers
+//! resume. occl checks nothing per call (that would cost a round trip).
+//!
+//! Each rank's region ends with a copy-engine area: a 4096-byte control block of one word per
+//! 64-byte line (lines 0..8 `head`, 8..16 `tail`, 16..24 `ready`, 24..32 `done`), then per
+//! sender `q`, `slots` slots of `slot_bytes` ([`CeGeometry`], agreed by every rank at set-up)
+//! that `q` writes. The word `head(q)` counts the chunks `q` has put there (written by `q`), and,
+//! per receiver `p`, the word `tail(p)` the chunks of mine `p` has consumed (written by `p`). A sender puts chunk `i` into `p`'s slot
 //! once `p` has freed it (`tail >= i + 1 - slots`); a receiver takes chunk `i` from `q` once it
 //! is there (`head >= i + 1`), copies it out and releases it (`tail`).
 //!
@@ -33,6 +52,17 @@
 //! call, and the lanes' streams keep their order from call to call whatever stream the caller
 //! uses, so a call's first steps on a lane follow the last call's resets on it.
 //!
+//! A direct call has two more words per pair, `ready(p)` in a sender's area (written by
+//! receiver `p`) and `done(q)` in a receiver's area (written by sender `q`). Receiver `p` writes
+//! `ready` at the start of its call, as its buffer is free once the caller's earlier work is
+//! done; sender `q` waits for it, resets it, copies its share into `p`'s buffer and writes
+//! `done`; `p` waits for `done` and resets it. The values are only 0 and 1, so a graph replays.
+//! A peer's next call cannot write a word before this call has reset it: `p`'s next `ready(p)`
+//! follows on `p`'s receive lane its wait for this call's `done(q)`, which `q` writes after its
+//! reset of `ready(p)` on its send lane; `q`'s next `done(q)` follows on its send lane the
+//! wait for `p`'s next `ready(p)`, which follows `p`'s reset of `done(q)` on its receive lane.
+//! Both paths' words are apart, so calls of either path follow each other freely.
+//!
 //! There is no device timeout: a wait for a peer that died is released by the dead-peer
 //! watcher, which writes every word far ahead ([`CeArea::release_all`]) beside the error word.
 
@@ -46,7 +76,7 @@ use crate::error::{Error, Result};
 
 /// One word per 64-byte line.
 const LINE: u64 = 64;
-/// Control words (a head per sender, a tail per receiver), then the slots.
+/// Control words (per peer: a head, a tail, a ready and a done word), then the slots.
 const CTRL: u64 = 4096;
 /// A value every wait has passed: what the watcher writes when a peer is gone.
 const RELEASED: u64 = 1 << 62;
@@ -133,6 +163,21 @@ impl CeArea {
         self.off + (MAX_RANKS + p) as u64 * LINE
     }
 
+    /// In a sender's region, for a direct call: receiver `p` has started its call (1) or not.
+    fn ready(&self, p: usize) -> u64 {
+        self.off + (2 * MAX_RANKS + p) as u64 * LINE
+    }
+
+    /// In a receiver's region, for a direct call: sender `q`'s data is in place (1) or not.
+    fn done(&self, q: usize) -> u64 {
+        self.off + (3 * MAX_RANKS + q) as u64 * LINE
+    }
+
+    /// Every control word of rank `r`'s pairs in this rank's region.
+    fn words(&self, r: usize) -> [u64; 4] {
+        [self.head(r), self.tail(r), self.ready(r), self.done(r)]
+    }
+
     /// In a receiver's region: sender `q`'s slot for chunk `i`.
     fn slot(&self, q: usize, i: u64) -> u64 {
         self.off + CTRL + (q as u64 * self.geo.slots + i % self.geo.slots) * self.geo.slot_bytes
@@ -140,8 +185,7 @@ impl CeArea {
 
     /// Every word's offset and the value that releases its waits (the watcher's abort).
     pub(crate) fn release_all(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        (0..self.nranks as usize)
-            .flat_map(move |r| [(self.head(r) as usize, RELEASED), (self.tail(r) as usize, RELEASED)])
+        (0..self.nranks as usize).flat_map(move |r| self.words(r).map(|w| (w as usize, RELEASED)))
     }
 }
 
@@ -152,6 +196,17 @@ pub(crate) struct Flows {
     pub sends: Vec<(usize, u64)>,
     pub recvs: Vec<(usize, u64)>,
     pub local: Option<(u64, u64)>,
+    /// How the data travels; with [`Route::Direct`] the receives' destinations are where the
+    /// senders write, and this rank only waits for them.
+    pub route: Route,
+}
+
+/// Through the receiver's slots, or straight into the receiver's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    Slots,
+    /// Where each send lands in its peer's buffer, in the order of `sends`.
+    Direct(Vec<u64>),
 }
 
 #[cfg(test)]
@@ -163,17 +218,24 @@ mod tests {
         let a = CeArea::after(1000, 4, CeGeometry::default());
         let sb = CeGeometry::default().slot_bytes;
         assert_eq!(a.off, 4096);
-        let mut words: Vec<u64> = (0..4).flat_map(|r| [a.head(r), a.tail(r)]).collect();
+        let mut words: Vec<u64> = (0..4).flat_map(|r| a.words(r)).collect();
         words.sort_unstable();
         words.dedup();
-        assert_eq!(words.len(), 8);
+        assert_eq!(words.len(), 16);
         assert!(words.iter().all(|&w| w >= a.off && w + 8 <= a.off + CTRL));
         assert_eq!(a.slot(0, 0), a.off + CTRL);
         assert_eq!(a.slot(3, 5), a.off + CTRL + 7 * sb);
         assert_eq!(a.end(), a.slot(3, 1) + sb);
-        assert_eq!(a.release_all().count(), 8);
-        // MAX_RANKS tails fit in the control block after MAX_RANKS heads.
-        assert!(CeArea::after(0, MAX_RANKS, CeGeometry::default()).tail(MAX_RANKS - 1) + LINE <= CTRL);
+        assert_eq!(a.release_all().count(), 16);
+        // MAX_RANKS of each kind of word, a line each, in the order head, tail, ready, done.
+        let full = CeArea::after(0, MAX_RANKS, CeGeometry::default());
+        let last = MAX_RANKS - 1;
+        assert_eq!(full.head(last) + LINE, full.tail(0));
+        assert_eq!(full.tail(last) + LINE, full.ready(0));
+        assert_eq!(full.ready(0), full.off + 16 * LINE, "ready words from line 16");
+        assert_eq!(full.ready(last) + LINE, full.done(0));
+        assert_eq!(full.done(0), full.off + 24 * LINE, "done words from line 24");
+        assert!(full.done(last) + LINE <= full.off + CTRL);
     }
 
     #[test]
@@ -183,9 +245,9 @@ mod tests {
             let a = CeArea::after(12345, n, geo);
             let mut spans: Vec<(u64, u64)> =
                 (0..n).flat_map(|q| (0..slots).map(move |i| (a.slot(q, i), a.slot(q, i) + slot_bytes))).collect();
-            spans.extend((0..n).flat_map(|r| [(a.head(r), a.head(r) + 8), (a.tail(r), a.tail(r) + 8)]));
+            spans.extend((0..n).flat_map(|r| a.words(r).map(|w| (w, w + 8))));
             spans.sort_unstable();
-            assert_eq!(spans.len(), n * (slots as usize + 2));
+            assert_eq!(spans.len(), n * (slots as usize + 4));
             assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{n} ranks, {geo:?}: overlap");
             assert_eq!(spans.first().map(|s| s.0), Some(a.off));
             assert_eq!(spans.last().map(|s| s.1), Some(a.end()), "the last slot ends the area");
@@ -195,7 +257,7 @@ mod tests {
             // Every word is released, and nothing else is written.
             let mut released: Vec<u64> = a.release_all().map(|(at, _)| at as u64).collect();
             released.sort_unstable();
-            let mut words: Vec<u64> = (0..n).flat_map(|r| [a.head(r), a.tail(r)]).collect();
+            let mut words: Vec<u64> = (0..n).flat_map(|r| a.words(r)).collect();
             words.sort_unstable();
             assert_eq!(released, words);
             assert!(a.release_all().all(|(_, v)| v == RELEASED));

@@ -1,7 +1,7 @@
 //! One copy-engine call as data: the stream operations of each lane, in the order they are
 //! issued. Pure (addresses in, steps out), so the order rules are tested without a GPU.
 
-use super::{CeArea, Flows};
+use super::{CeArea, Flows, Route};
 use crate::cuda::kernels::coll::MAX_RANKS;
 
 /// The stream a step runs on: the sends to one peer (`Send(me)`: this rank's own part), or
@@ -41,7 +41,12 @@ pub(crate) enum Step {
 /// before chunk `i` has left. Its steps go on the lane of the sends to `q`, after each round's
 /// send; if it overlaps what goes to another peer, every step goes on one lane, in round
 /// order.
+///
+/// A direct call ([`Route::Direct`]) is planned by [`direct`].
 pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows) -> Vec<(Lane, Step)> {
+    if let Route::Direct(to) = &f.route {
+        return direct(regions, me, area, f, to);
+    }
     let (mine, slots, sb) = (regions[me], area.geo.slots, area.geo.slot_bytes);
     let overlaps = |a: u64, b: u64| f.bytes > 0 && a < b.saturating_add(f.bytes) && b < a.saturating_add(f.bytes);
     let tangled = f.recvs.iter().any(|&(q, dst)| f.sends.iter().any(|&(p, src)| p != q && overlaps(dst, src)));
@@ -89,6 +94,35 @@ pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flo
     s
 }
 
+/// The steps of a call whose sends land straight in the peers' buffers (`to[i]`: where
+/// `f.sends[i]` lands), in issue order: this rank tells each sender it has started (`ready`),
+/// copies its own part, sends each peer's share once that peer has started and tells it
+/// (`done`), then waits for every sender's `done`. Each waiter resets the word it waited for.
+fn direct(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows, to: &[u64]) -> Vec<(Lane, Step)> {
+    let mine = regions[me];
+    let mut s: Vec<(Lane, Step)> =
+        f.recvs.iter().map(|&(q, _)| (Lane::Recv, Step::Write { at: regions[q] + area.ready(me), v: 1 })).collect();
+    if let Some((dst, src)) = f.local {
+        if dst != src && f.bytes > 0 {
+            s.push((Lane::Send(me), Step::Copy { dst, src, n: f.bytes }));
+        }
+    }
+    for (&(p, src), &dst) in f.sends.iter().zip(to) {
+        let (l, ready) = (Lane::Send(p), mine + area.ready(p));
+        s.push((l, Step::Wait { at: ready, ge: 1 }));
+        s.push((l, Step::Write { at: ready, v: 0 }));
+        if f.bytes > 0 {
+            s.push((l, Step::Copy { dst, src, n: f.bytes }));
+        }
+        s.push((l, Step::Write { at: regions[p] + area.done(me), v: 1 }));
+    }
+    for &(q, _) in &f.recvs {
+        s.push((Lane::Recv, Step::Wait { at: mine + area.done(q), ge: 1 }));
+        s.push((Lane::Recv, Step::Write { at: mine + area.done(q), v: 0 }));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +145,7 @@ mod tests {
             sends: peers().map(|p| (p, input)).collect(),
             recvs: peers().map(|q| (q, output + q as u64 * bytes)).collect(),
             local: Some((output + r as u64 * bytes, input)),
+            route: Route::Slots,
         }
     }
 
@@ -244,6 +279,23 @@ mod tests {
     /// A name, and the hardware queue of a rank's lane.
     type Mapping<'a> = (&'a str, &'a dyn Fn(usize, Lane) -> usize);
 
+    /// The hardware queue of a rank's lane.
+    type Queues = Box<dyn Fn(usize, Lane) -> usize>;
+
+    /// The ways the lanes of `n` ranks may land on hardware queues: a queue each, one for all,
+    /// two shared, and the receives on a send's queue.
+    fn every_mapping(n: usize) -> [(&'static str, Queues); 4] {
+        [
+            ("a stream each", Box::new(move |_, l| lane_index(n, l))),
+            ("one queue", Box::new(|_, _| 0)),
+            ("two queues", Box::new(move |_, l| lane_index(n, l) % 2)),
+            (
+                "receives with the first send",
+                Box::new(move |r, l| if l == Lane::Recv { (r + 1) % n } else { lane_index(n, l) }),
+            ),
+        ]
+    }
+
     /// Every rank's all-gather output holds each rank's input, whatever the queues and the
     /// interleaving, and the words are back at zero for the next call.
     #[test]
@@ -252,16 +304,9 @@ mod tests {
         for (slots, bytes) in [(1, 5 * 4096 + 512), (2, 7 * 4096), (3, 4096), (2, 0)] {
             let flows: Vec<Flows> = (0..n).map(|r| all_gather(r, n, bytes)).collect();
             let plans = plans(&flows, slots);
-            let index = |l| lane_index(n, l);
-            let mappings: [Mapping<'_>; 4] = [
-                ("a stream each", &|_, l| index(l)),
-                ("one queue", &|_, _| 0),
-                ("two queues", &|_, l| index(l) % 2),
-                ("receives with the first send", &|r, l| if l == Lane::Recv { (r + 1) % n } else { index(l) }),
-            ];
-            for (what, m) in mappings {
+            for (what, m) in every_mapping(n) {
                 for seed in 1..20 {
-                    let (data, words) = run(&plans, m, seed * 0x9e37_79b9)
+                    let (data, words) = run(&plans, m.as_ref(), seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{what}, {slots} slots, {bytes} B: stuck at {stuck:?}"));
                     for (r, f) in flows.iter().enumerate() {
                         for (q, from) in flows.iter().enumerate() {
@@ -289,6 +334,7 @@ mod tests {
             sends: peers().map(|p| (p, buf + p as u64 * blk)).collect(),
             recvs: peers().map(|q| (q, buf + q as u64 * blk)).collect(),
             local: Some((buf + r as u64 * blk, buf + r as u64 * blk)),
+            route: Route::Slots,
         }
     }
 
@@ -337,8 +383,14 @@ mod tests {
     fn a_broadcast_plan_has_the_lanes_of_its_role() {
         let area = CeArea::after(0, 3, CeGeometry::default());
         let rg = regions(3);
-        let root = Flows { bytes: 1 << 20, sends: vec![(1, USER), (2, USER)], recvs: vec![], local: None };
-        let leaf = Flows { bytes: 1 << 20, sends: vec![], recvs: vec![(0, USER)], local: None };
+        let root = Flows {
+            bytes: 1 << 20,
+            sends: vec![(1, USER), (2, USER)],
+            recvs: vec![],
+            local: None,
+            route: Route::Slots,
+        };
+        let leaf = Flows { bytes: 1 << 20, sends: vec![], recvs: vec![(0, USER)], local: None, route: Route::Slots };
         let lanes = |p: Vec<(Lane, Step)>| {
             let mut l: Vec<Lane> = p.iter().map(|s| s.0).collect();
             l.dedup();
@@ -348,5 +400,163 @@ mod tests {
         };
         assert_eq!(lanes(plan(&rg, 0, &area, &root)), [Lane::Send(1), Lane::Send(2)]);
         assert_eq!(lanes(plan(&rg, 2, &area, &leaf)), [Lane::Recv]);
+    }
+
+    /// Rank `r`'s symmetric window: every rank's buffers of a call at the same offset of theirs.
+    fn window(r: usize) -> u64 {
+        USER * (2 * r as u64 + 2)
+    }
+
+    /// One collective of a direct sequence, on `n` ranks, at offset `off` of the windows.
+    #[derive(Clone, Copy, Debug)]
+    enum Call {
+        AllGather {
+            in_place: bool,
+        },
+        AllToAll,
+        Broadcast {
+            root: usize,
+        },
+        /// An all-gather through the slots, between direct calls.
+        SlotAllGather,
+    }
+
+    /// Peers and their addresses.
+    type Peers = Vec<(usize, u64)>;
+
+    /// Rank `r`'s flows of `call`: its input outside the window (or in it, in place), its output
+    /// in the window, each send landing at the same offset of its peer's window.
+    fn direct_flows(call: Call, r: usize, n: usize, bytes: u64, off: u64) -> Flows {
+        let peers = || (1..n).map(move |k| (r + k) % n);
+        let (input, output) = (USER * (2 * r as u64 + 1) + off, window(r) + off);
+        let block = |base: u64, q: usize| base + q as u64 * bytes;
+        let lands = |p: usize, at: u64| window(p) + (at - window(r));
+        let (sends, recvs, local): (Peers, Peers, _) = match call {
+            Call::AllGather { in_place } => {
+                let src = if in_place { block(output, r) } else { input };
+                (
+                    peers().map(|p| (p, src)).collect(),
+                    peers().map(|q| (q, block(output, q))).collect(),
+                    Some((block(output, r), src)),
+                )
+            }
+            Call::AllToAll => (
+                peers().map(|p| (p, block(input, p))).collect(),
+                peers().map(|q| (q, block(output, q))).collect(),
+                Some((block(output, r), block(input, r))),
+            ),
+            Call::Broadcast { root } if r == root => {
+                (peers().map(|p| (p, input)).collect(), Vec::new(), Some((output, input)))
+            }
+            Call::Broadcast { root } => (Vec::new(), vec![(root, output)], None),
+            Call::SlotAllGather => {
+                let f = all_gather(r, n, bytes);
+                return Flows {
+                    sends: f.sends.iter().map(|&(p, s)| (p, s + off)).collect(),
+                    recvs: f.recvs.iter().map(|&(q, d)| (q, d + off)).collect(),
+                    local: f.local.map(|(d, s)| (d + off, s + off)),
+                    ..f
+                };
+            }
+        };
+        let to = match call {
+            Call::AllGather { .. } | Call::AllToAll => sends.iter().map(|&(p, _)| lands(p, block(output, r))).collect(),
+            _ => sends.iter().map(|&(p, _)| lands(p, output)).collect(),
+        };
+        Flows { bytes, sends, recvs, local, route: Route::Direct(to) }
+    }
+
+    /// Every receive of every rank holds what its sender sent, and every own part its source.
+    fn check_landed(calls: &[Vec<Flows>], data: &Mem, what: &str) {
+        for flows in calls {
+            for (r, f) in flows.iter().enumerate() {
+                let mut expect: Vec<(u64, u64)> = f.local.into_iter().filter(|(d, s)| d != s).collect();
+                for &(q, dst) in &f.recvs {
+                    let src = flows[q].sends.iter().find(|s| s.0 == r).map(|s| s.1);
+                    expect.push((dst, src.unwrap_or_else(|| panic!("{what}: rank {q} sends nothing to {r}"))));
+                }
+                for (dst, src) in expect {
+                    for b in (0..f.bytes).step_by(512) {
+                        assert_eq!(data.get(&(dst + b)), Some(&(src + b)), "{what}: rank {r}, {dst:#x} + {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls back to back on 2 to 8 ranks (all-gather out of place and in place, all-to-all out
+    /// of place, a broadcast from every root, one all-gather through the slots among them), each
+    /// rank's plans issued one after the other on its lanes: whatever the queues and the
+    /// interleaving, every call's data lands and every word ends at zero, ready for a replay.
+    #[test]
+    fn direct_calls_back_to_back_land_their_data_and_leave_every_word_at_zero() {
+        for n in 2..=MAX_RANKS {
+            let mut seq = vec![Call::AllGather { in_place: false }, Call::AllToAll, Call::AllGather { in_place: true }];
+            seq.extend((0..n).map(|root| Call::Broadcast { root }));
+            seq.extend([Call::SlotAllGather, Call::AllToAll, Call::AllGather { in_place: false }]);
+            let bytes = 2 * 4096 + 512;
+            let calls: Vec<Vec<Flows>> = seq
+                .iter()
+                .enumerate()
+                .map(|(c, &call)| (0..n).map(|r| direct_flows(call, r, n, bytes, c as u64 * (1 << 30))).collect())
+                .collect();
+            let mut issued: Vec<Vec<(Lane, Step)>> = vec![Vec::new(); n];
+            for flows in &calls {
+                for (r, p) in plans(flows, 2).into_iter().enumerate() {
+                    issued[r].extend(p);
+                }
+            }
+            for (what, m) in every_mapping(n) {
+                for seed in 1..6 {
+                    let (data, words) = run(&issued, m.as_ref(), seed * 0x9e37_79b9)
+                        .unwrap_or_else(|stuck| panic!("{n} ranks, {what}, seed {seed}: stuck at {stuck:?}"));
+                    check_landed(&calls, &data, &format!("{n} ranks, {what}"));
+                    assert!(words.values().all(|&v| v == 0), "{n} ranks, {what}: words left {words:?}");
+                }
+            }
+        }
+    }
+
+    /// A direct plan touches no slot and no head or tail, and writes only 0 and 1.
+    #[test]
+    fn a_direct_plan_uses_its_own_words_and_only_zero_and_one() {
+        let (n, me, bytes) = (4, 2, 1 << 20);
+        let area = CeArea::after(0, n, CeGeometry::default());
+        let rg = regions(n);
+        let f = direct_flows(Call::AllToAll, me, n, bytes, 0);
+        let p = plan(&rg, me, &area, &f);
+        let words: Vec<u64> =
+            (0..n).flat_map(|r| (0..n).flat_map(move |o| [rg[r] + area.ready(o), rg[r] + area.done(o)])).collect();
+        for (l, s) in &p {
+            match *s {
+                Step::Wait { at, ge } => assert!(words.contains(&at) && ge == 1, "{l:?} {s:?}"),
+                Step::Write { at, v } => assert!(words.contains(&at) && v <= 1, "{l:?} {s:?}"),
+                Step::Copy { dst, n: len, .. } => {
+                    assert_eq!(len, bytes, "one copy of the whole share");
+                    assert!(dst >= USER, "into a user buffer, not a slot: {dst:#x}");
+                }
+            }
+        }
+        // Each send waits for its receiver's ready and resets it before it copies.
+        for (peer, to) in f.sends.iter().map(|s| s.0).zip(match &f.route {
+            Route::Direct(to) => to.clone(),
+            Route::Slots => vec![],
+        }) {
+            let ready = rg[me] + area.ready(peer);
+            assert_eq!(
+                lane(&p, Lane::Send(peer)),
+                [
+                    Step::Wait { at: ready, ge: 1 },
+                    Step::Write { at: ready, v: 0 },
+                    Step::Copy { dst: to, src: f.sends.iter().find(|s| s.0 == peer).map_or(0, |s| s.1), n: bytes },
+                    Step::Write { at: rg[peer] + area.done(me), v: 1 },
+                ]
+            );
+        }
+        // The receive lane announces this rank to every sender before it waits for any.
+        let recv = lane(&p, Lane::Recv);
+        let first_wait = recv.iter().position(|s| matches!(s, Step::Wait { .. })).unwrap_or(0);
+        assert_eq!(first_wait, n - 1);
+        assert!(recv[..first_wait].iter().all(|s| matches!(s, Step::Write { v: 1, .. })));
     }
 }
