@@ -130,6 +130,17 @@ impl Mark {
         // SAFETY: a live event and stream of this context.
         check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.event, 0) })
     }
+
+    /// Whether the work before the last `record` has run (true before any `record`); never
+    /// blocks.
+    pub fn done(&self) -> Result<bool> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: a live event of this context.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check("cuEventQuery", r).map(|()| true),
+        }
+    }
 }
 
 impl Drop for Mark {
