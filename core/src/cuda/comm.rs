@@ -16,7 +16,7 @@ use super::kernels::{device, staging};
 use super::ops::FUNCS;
 use super::staged::Staged;
 use super::tune::DevTuner;
-use super::watch::Watch;
+use super::watch::{Calls, Watch};
 use crate::comm::Comm;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -142,8 +142,9 @@ pub struct CudaComm {
     pub(crate) events: Option<DevEvents>,
     /// NCCL's per-function sequence numbers of the profiler's Coll/P2p events.
     pub(crate) seqs: [AtomicU64; FUNCS],
-    /// The dead-peer watcher's view of this communicator (`watch.rs`); `None` when no peer is
-    /// another process on this host, or when staged.
+    /// The watcher's view of this communicator (`watch.rs`): its peers and copy-engine calls;
+    /// `None` when no peer is another process on this host and no call runs on the copy
+    /// engines, or when staged.
     pub(crate) watch: Option<Watch>,
     region: Arc<DeviceRegion>,
     _peers: Vec<PeerRegion>,
@@ -269,7 +270,7 @@ impl CudaComm {
             let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
             let streams = (s.budget.policy == CtaPolicy::Zero && n > 1)
-                .then(|| CeStreams::new(&ctx, n))
+                .then(|| CeStreams::new(&ctx, n, comm.config().timeout))
                 .transpose()
                 .map_err(err("make the copy-engine streams"))?;
             Ok((ctx, k, r, h, streams))
@@ -337,7 +338,8 @@ impl CudaComm {
         } else {
             let peers: Vec<_> = comm.table.iter().map(|p| (p.rank, p.pid)).collect();
             let r = region.clone();
-            Watch::start(comm.rank(), &peers, comm.config().timeout, Box::new(move || abort(&r, ce)))
+            let calls = ce_streams.as_ref().map(|s| s.calls().clone() as Arc<dyn Calls>);
+            Watch::start(comm.rank(), &peers, comm.config().timeout, calls, Box::new(move || abort(&r, ce)))
         };
         tracing::debug!(
             "occl: rank {} on GPU {device}: {} to {} peers, {} MiB region",
@@ -394,8 +396,9 @@ impl CudaComm {
     }
 
     /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it, or
-    /// the dead-peer watcher did when a peer process exited (a `RemoteError` naming the rank);
-    /// the results are garbage, and so are every later call's.
+    /// the watcher did when a peer process exited (a `RemoteError` naming the rank) or a
+    /// copy-engine call ran past `OCCL_TIMEOUT` (a `Timeout` naming the call); the results are
+    /// garbage, and so are every later call's. After the watcher's, later calls are refused.
     pub fn device_error(&self) -> Result<()> {
         if let Some(e) = self.staged.as_ref().and_then(Staged::error) {
             return Err(e);
@@ -448,8 +451,12 @@ impl CudaComm {
     }
 
     /// Makes every kernel of this rank that waits on a peer give up (and mark the error word),
-    /// and releases every copy-engine wait.
+    /// and releases every copy-engine wait, now and (by the watcher) until the copy-engine
+    /// calls in flight have drained.
     pub fn abort_device(&self) -> Result<()> {
+        if let Some(w) = &self.watch {
+            w.aborted();
+        }
         abort(&self.region, self.ce)
     }
 }
