@@ -1,4 +1,4 @@
-//! The dead-peer watcher. A kernel waiting for a peer that was killed spins until its device
+//! The device watcher: dead peers and stalled copy-engine calls. A kernel waiting for a peer that was killed spins until its device
 //! timeout (`OCCL_TIMEOUT`, 600 s by default): the GPU cannot see a process die. The host can:
 //! one thread per process checks, every [`PERIOD`], whether the peer processes of each device
 //! communicator with device work outstanding still live, and when one is gone it sets that
@@ -13,16 +13,20 @@
 //!
 //! When it runs: a launch stamps the communicator; for `OCCL_TIMEOUT` after its last launch
 //! (a kernel cannot wait longer) the communicator counts as busy. A launch captured in a CUDA
-//! graph replays without the host, so such a communicator counts as busy until destroyed.
-//! While nothing is busy the thread sleeps on a condition variable: no CPU while idle.
+//! graph replays without the host, so such a communicator counts as busy until destroyed. A
+//! copy-engine call keeps it busy until its end is seen (below). While nothing is busy the
+//! thread sleeps on a condition variable: no CPU while idle.
 //!
 //! The same thread times copy-engine calls, whose stream waits have no device timeout
 //! (`ce/mod.rs`): while a communicator has such calls in flight it looks at their start and end
 //! events ([`Calls`], `ce/calls.rs`) every [`PERIOD`], and the stall decision (`stall.rs`) names
-//! a call that started more than `OCCL_TIMEOUT` ago and has not ended: a live peer stopped
-//! calling, or skipped it. That call gets a dead peer's abort, and `device_error` reports a
-//! `Timeout` that names it (`ncclSystemError` through occl-nccl, the code NCCL gives its own
-//! timeouts). This watches every communicator with copy-engine streams, thread ranks too.
+//! a call that started more than `OCCL_TIMEOUT` ago (by the watcher's clock, from the first
+//! look that saw it start) and has not ended: a live peer stopped calling, or skipped it. That
+//! call gets a dead peer's abort, `device_error` reports a `Timeout` that names it and how long
+//! it ran (`ncclSystemError` through occl-nccl, the code NCCL gives its timeouts), and the
+//! communicator refuses device work from then on, as after a dead peer. Every communicator with
+//! copy-engine streams is watched so, thread ranks too. A call captured in a CUDA graph has no
+//! events (a replay runs without the host) and is not timed.
 //!
 //! After a failure (a dead peer, a stall, or `abort_device`) the abort is written again every
 //! period while copy-engine calls are in flight: a call queued behind the one released resets
