@@ -492,12 +492,17 @@ mod tests {
         })
     }
 
+    /// Rank 0 with `peers`, `OCCL_TIMEOUT` of `secs` and the copy-engine `calls`.
+    fn with_calls(peers: Vec<(usize, u32)>, secs: u64, calls: &Arc<Script>, aborts: &Arc<AtomicUsize>) -> Arc<Watched> {
+        Arc::new(Watched::new(0, peers, Duration::from_secs(secs), Some(calls.clone()), counting(aborts)))
+    }
+
     #[test]
     fn a_copy_engine_call_past_the_timeout_is_stopped_and_named() {
         let aborts = Arc::new(AtomicUsize::new(0));
         let calls = Script::new(Duration::from_secs(5), 2);
         // Thread ranks: no peer process to watch, only the calls.
-        let w = Arc::new(Watched::new(0, vec![], Duration::from_secs(5), Some(calls.clone()), counting(&aborts)));
+        let w = with_calls(vec![], 5, &calls, &aborts);
         let list = [w.clone()];
         let never = |_: u32| -> bool { unreachable!("no peer to look at") };
         assert!(sweep(&list, S, &never), "the calls start");
@@ -531,7 +536,7 @@ mod tests {
     fn after_an_abort_calls_in_flight_are_released_until_they_drain() {
         let aborts = Arc::new(AtomicUsize::new(0));
         let calls = Script::new(Duration::from_secs(600), 1);
-        let w = Arc::new(Watched::new(0, vec![], Duration::from_secs(600), Some(calls.clone()), counting(&aborts)));
+        let w = with_calls(vec![], 600, &calls, &aborts);
         let list = [w.clone()];
         assert!(sweep(&list, S, &|_| true));
         assert!(w.failed.set(Failure::Aborted).is_ok());
@@ -546,7 +551,7 @@ mod tests {
     fn a_dead_peer_beside_copy_engine_calls_is_reported_as_dead() {
         let aborts = Arc::new(AtomicUsize::new(0));
         let calls = Script::new(Duration::from_secs(5), 1);
-        let w = Arc::new(Watched::new(0, vec![(1, 101)], Duration::from_secs(5), Some(calls), counting(&aborts)));
+        let w = with_calls(vec![(1, 101)], 5, &calls, &aborts);
         w.stamp(S, false);
         let list = [w.clone()];
         assert!(sweep(&list, S, &|_| true));
