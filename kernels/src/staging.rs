@@ -87,6 +87,15 @@ pub unsafe fn host_function(
     check("cuLaunchHostFunc", unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(f), data) })
 }
 
+/// Checks this thread's CUDA calls only against graph captures it began itself: a thread that
+/// watches other threads' work (queries events, writes words) then cannot break a capture that
+/// another thread runs in global mode, the default, which refuses such calls from every thread.
+pub fn capture_mode_thread_local() -> Result<()> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    // SAFETY: a valid in/out pointer; the mode is this thread's own.
+    check("cuThreadExchangeStreamCaptureMode", unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })
+}
+
 /// Whether the stream is being captured into a graph (its work is recorded, not run).
 pub fn capturing(stream: &CudaStream) -> Result<bool> {
     stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;

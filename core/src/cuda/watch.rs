@@ -302,6 +302,13 @@ fn watcher() -> Option<&'static Watcher> {
 
 impl Watcher {
     fn run(&self) {
+        // A capture in global mode on another thread would refuse this thread's event queries
+        // and writes, and fail.
+        if crate::cuda::kernels::device::driver_available() {
+            if let Err(e) = crate::cuda::kernels::staging::capture_mode_thread_local() {
+                tracing::debug!("occl: the watcher keeps the global capture mode: {e}");
+            }
+        }
         let alive = |pid: u32| crate::transport::fifo::pid_alive(pid);
         loop {
             let list: Vec<Arc<Watched>> = {
