@@ -172,15 +172,19 @@ fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Opti
 
 impl Drop for CudaComm {
     /// Launches still holding timer slots finish (kernels give up within `OCCL_TIMEOUT`) and
-    /// their KernelCh events are reported before the ring is freed.
+    /// their KernelCh events are reported before the ring is freed; copy-engine calls in flight
+    /// finish before the region they copy through is freed (the watcher releases a stalled one
+    /// at `OCCL_TIMEOUT`).
     fn drop(&mut self) {
-        if let Some(ev) = &self.events {
-            if ev.outstanding() > 0 {
-                if let Err(e) = self.ctx.synchronize() {
-                    tracing::warn!("occl: synchronising the device before its KernelCh events: {e:?}");
-                }
-                ev.collect(self.comm.fanout());
+        let timed = self.events.as_ref().filter(|ev| ev.outstanding() > 0);
+        let copying = self.ce_streams.as_ref().is_some_and(|s| s.calls().any());
+        if timed.is_some() || copying {
+            if let Err(e) = self.ctx.synchronize() {
+                tracing::warn!("occl: synchronising the device before freeing a communicator: {e:?}");
             }
+        }
+        if let Some(ev) = timed {
+            ev.collect(self.comm.fanout());
         }
     }
 }
