@@ -5,7 +5,8 @@
 #   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all;
 #                                          N ranks share the GPUs there are, round-robin), also
 #                                          as thread ranks, staged across N host ids and on the
-#                                          copy engines (NCCL_CTA_POLICY=2), the
+#                                          copy engines (NCCL_CTA_POLICY=2), a copy-engine call
+#                                          whose peers stop calling (occl-gpu stall), the
 #                                          KernelCh event check (occl-gpu events), then occl's and
 #                                          NCCL's benchmarks side by side (JSON lines under $OUT)
 #   DIR/gpu-collectives.sh run N check|bench   only one half (each fits a 10-minute device call)
@@ -43,6 +44,8 @@ run)
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" --hosts "$n" --big 64M 2>&1 | tee "$OUT/check-staged.txt" | tail -4
     echo "== correctness on the copy engines (NCCL_CTA_POLICY=2: all-gather, all-to-all, broadcast)"
     NCCL_CTA_POLICY=2 timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check-ce.txt" | tail -4
+    echo "== a copy-engine call whose peers stop calling times out (occl-gpu stall, OCCL_TIMEOUT=5)"
+    NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 timeout 60 ./occl-gpu stall --ranks "$n" 2>&1 | tee "$OUT/stall.txt" | tail -6
     echo "== KernelCh events"
     timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events.txt" | tail -3
     fi

@@ -87,6 +87,15 @@ pub unsafe fn host_function(
     check("cuLaunchHostFunc", unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(f), data) })
 }
 
+/// Checks this thread's CUDA calls only against graph captures it began itself: a thread that
+/// watches other threads' work (queries events, writes words) then cannot break a capture that
+/// another thread runs in global mode, the default, which refuses such calls from every thread.
+pub fn capture_mode_thread_local() -> Result<()> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    // SAFETY: a valid in/out pointer; the mode is this thread's own.
+    check("cuThreadExchangeStreamCaptureMode", unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })
+}
+
 /// Whether the stream is being captured into a graph (its work is recorded, not run).
 pub fn capturing(stream: &CudaStream) -> Result<bool> {
     stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
@@ -129,6 +138,17 @@ impl Mark {
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         // SAFETY: a live event and stream of this context.
         check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.event, 0) })
+    }
+
+    /// Whether the work before the last `record` has run (true before any `record`); never
+    /// blocks.
+    pub fn done(&self) -> Result<bool> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: a live event of this context.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check("cuEventQuery", r).map(|()| true),
+        }
     }
 }
 

@@ -4,6 +4,8 @@
 pub mod events;
 #[cfg(feature = "cuda")]
 pub mod gpu_events;
+#[cfg(feature = "cuda")]
+pub mod gpu_stall;
 pub mod launch;
 pub mod lifecycle;
 pub mod logging;

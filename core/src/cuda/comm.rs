@@ -16,7 +16,7 @@ use super::kernels::{device, staging};
 use super::ops::FUNCS;
 use super::staged::Staged;
 use super::tune::DevTuner;
-use super::watch::Watch;
+use super::watch::{Calls, Watch};
 use super::windows::{WindowId, Windows};
 use crate::comm::Comm;
 use crate::config::Config;
@@ -145,8 +145,9 @@ pub struct CudaComm {
     pub(crate) events: Option<DevEvents>,
     /// NCCL's per-function sequence numbers of the profiler's Coll/P2p events.
     pub(crate) seqs: [AtomicU64; FUNCS],
-    /// The dead-peer watcher's view of this communicator (`watch.rs`); `None` when no peer is
-    /// another process on this host, or when staged.
+    /// The watcher's view of this communicator (`watch.rs`): its peers and copy-engine calls;
+    /// `None` when no peer is another process on this host and no call runs on the copy
+    /// engines, or when staged.
     pub(crate) watch: Option<Watch>,
     region: Arc<DeviceRegion>,
     _peers: Vec<PeerRegion>,
@@ -174,15 +175,19 @@ fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Opti
 
 impl Drop for CudaComm {
     /// Launches still holding timer slots finish (kernels give up within `OCCL_TIMEOUT`) and
-    /// their KernelCh events are reported before the ring is freed.
+    /// their KernelCh events are reported before the ring is freed; copy-engine calls in flight
+    /// finish before the region they copy through is freed (the watcher releases a stalled one
+    /// at `OCCL_TIMEOUT`).
     fn drop(&mut self) {
-        if let Some(ev) = &self.events {
-            if ev.outstanding() > 0 {
-                if let Err(e) = self.ctx.synchronize() {
-                    tracing::warn!("occl: synchronising the device before its KernelCh events: {e:?}");
-                }
-                ev.collect(self.comm.fanout());
+        let timed = self.events.as_ref().filter(|ev| ev.outstanding() > 0);
+        let copying = self.ce_streams.as_ref().is_some_and(|s| s.calls().any());
+        if timed.is_some() || copying {
+            if let Err(e) = self.ctx.synchronize() {
+                tracing::warn!("occl: synchronising the device before freeing a communicator: {e:?}");
             }
+        }
+        if let Some(ev) = timed {
+            ev.collect(self.comm.fanout());
         }
     }
 }
@@ -272,7 +277,7 @@ impl CudaComm {
             let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
             let streams = (s.budget.policy == CtaPolicy::Zero && n > 1)
-                .then(|| CeStreams::new(&ctx, n))
+                .then(|| CeStreams::new(&ctx, n, comm.config().timeout))
                 .transpose()
                 .map_err(err("make the copy-engine streams"))?;
             Ok((ctx, k, r, h, streams))
@@ -340,7 +345,8 @@ impl CudaComm {
         } else {
             let peers: Vec<_> = comm.table.iter().map(|p| (p.rank, p.pid)).collect();
             let r = region.clone();
-            Watch::start(comm.rank(), &peers, comm.config().timeout, Box::new(move || abort(&r, ce)))
+            let calls = ce_streams.as_ref().map(|s| s.calls().clone() as Arc<dyn Calls>);
+            Watch::start(comm.rank(), &peers, comm.config().timeout, calls, Box::new(move || abort(&r, ce)))
         };
         tracing::debug!(
             "occl: rank {} on GPU {device}: {} to {} peers, {} MiB region",
@@ -398,8 +404,9 @@ impl CudaComm {
     }
 
     /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it, or
-    /// the dead-peer watcher did when a peer process exited (a `RemoteError` naming the rank);
-    /// the results are garbage, and so are every later call's.
+    /// the watcher did when a peer process exited (a `RemoteError` naming the rank) or a
+    /// copy-engine call ran past `OCCL_TIMEOUT` (a `Timeout` naming the call); the results are
+    /// garbage, and so are every later call's. After the watcher's, later calls are refused.
     pub fn device_error(&self) -> Result<()> {
         if let Some(e) = self.staged.as_ref().and_then(Staged::error) {
             return Err(e);
@@ -471,8 +478,12 @@ impl CudaComm {
     }
 
     /// Makes every kernel of this rank that waits on a peer give up (and mark the error word),
-    /// and releases every copy-engine wait.
+    /// and releases every copy-engine wait, now and (by the watcher) until the copy-engine
+    /// calls in flight have drained.
     pub fn abort_device(&self) -> Result<()> {
+        if let Some(w) = &self.watch {
+            w.aborted();
+        }
         abort(&self.region, self.ce)
     }
 }

@@ -27,6 +27,7 @@ mod comm;
 mod events;
 mod ops;
 mod staged;
+mod stall;
 pub(crate) mod tune;
 mod watch;
 mod windows;

@@ -12,6 +12,7 @@ use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::memops::StreamOps;
 use super::kernels::p2p::{plan, Transfer};
 use super::tune::DevAlgo;
+use super::watch::Watch;
 use super::windows::Windows;
 use super::{kernel_op, DevOp, PreMul};
 use crate::dtype::{DataType, RedOp};
@@ -164,6 +165,15 @@ impl CudaComm {
         Ok(())
     }
 
+    /// Refuses device work once the watcher stopped this communicator (a dead peer, a stalled
+    /// copy-engine call): its error again.
+    fn check_usable(&self) -> Result<()> {
+        match self.watch.as_ref().and_then(Watch::error) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// A device scalar must be a readable element of `dt`, as a buffer must.
     fn check_op(&self, dt: DataType, op: DevOp) -> Result<()> {
         if let DevOp::PreMulSum(PreMul::Device(p)) = op {
@@ -268,6 +278,7 @@ impl CudaComm {
         call: &Op,
     ) -> Result<()> {
         self.check_stream(stream)?;
+        self.check_usable()?;
         let f = self.comm.fanout();
         if let Some(ev) = &self.events {
             ev.collect(f);
@@ -307,8 +318,10 @@ impl CudaComm {
         let r = match flows {
             Some(f) => match &self.ce_streams {
                 // SAFETY: as for the kernel; the flows' addresses are the call's.
-                Some(ce) => unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, capturing(stream)) }
-                    .map_err(err("enqueue a copy-engine collective")),
+                Some(ce) => {
+                    unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, capturing(stream), func) }
+                        .map_err(err("enqueue a copy-engine collective"))
+                }
                 None => Err(Error::internal("a copy-engine call on a communicator without copy-engine streams")),
             },
             None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks, self.channels.lanes) }
@@ -492,6 +505,7 @@ impl CudaComm {
     /// As [`CudaComm::all_reduce_raw`], for every operation's buffer and count.
     pub unsafe fn p2p_group_raw(&self, stream: &CudaStream, ops: &[P2p]) -> Result<()> {
         self.check_stream(stream)?;
+        self.check_usable()?;
         if self.staged.is_some() {
             return Err(Error::usage(
                 "grouped device send/recv on a communicator with peers on another host: it is staged through host \

@@ -6,6 +6,7 @@
 //! occl-gpu check --threads 2                      # one process, CudaComm::init_all over the GPUs
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
 //! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
+//! NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 occl-gpu stall --ranks 2   # a rank stops calling: rank 0 times out
 //! ```
 //!
 //! Ranks go round-robin over the GPUs there are (two ranks may share one). `--hosts K` gives
@@ -113,7 +114,12 @@ fn dispatch(cc: &CudaComm, args: &[String]) -> anyhow::Result<()> {
         Some("check") => check(cc, &stream, args),
         Some("bench") => bench(cc, &stream, args),
         Some("events") => occl_tests::gpu_events::run(cc, &stream, args),
-        _ => bail!("usage: occl-gpu check|bench|events [--ranks N [--hosts K] | --threads N] ..."),
+        Some("stall") => {
+            let calls = flag(args, "--calls").map(str::parse).transpose().context("--calls N")?.unwrap_or(3);
+            let bytes = flag(args, "--bytes").map(parse_size).transpose()?.unwrap_or(64 << 20);
+            occl_tests::gpu_stall::run(cc, &stream, calls, bytes)
+        }
+        _ => bail!("usage: occl-gpu check|bench|events|stall [--ranks N [--hosts K] | --threads N] ..."),
     }
 }
 

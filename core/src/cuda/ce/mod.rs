@@ -63,9 +63,15 @@
 //! wait for `p`'s next `ready(p)`, which follows `p`'s reset of `done(q)` on its receive lane.
 //! Both paths' words are apart, so calls of either path follow each other freely.
 //!
-//! There is no device timeout: a wait for a peer that died is released by the dead-peer
-//! watcher, which writes every word far ahead ([`CeArea::release_all`]) beside the error word.
+//! A stream wait has no device timeout; the host gives one. Each call that is not captured
+//! records an event as it starts and one as it ends (`calls.rs`), and the watcher (`watch.rs`)
+//! looks at them: a call still running `OCCL_TIMEOUT` after its start was seen (a peer stopped
+//! calling, or skipped this call) is stopped as a call waiting for a dead peer is, by writing
+//! every word far ahead ([`CeArea::release_all`]) beside the error word, and the communicator
+//! reports a `Timeout` naming the call. A call captured in a CUDA graph replays without the
+//! host and is not timed: only a dead peer or an abort releases it.
 
+mod calls;
 mod plan;
 mod streams;
 

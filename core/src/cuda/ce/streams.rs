@@ -2,8 +2,10 @@
 //! records an event that every lane's stream waits for, each lane's steps go on its stream,
 //! and the caller's stream waits for an event recorded on each of them. Under capture the event
 //! brings the lanes' streams into the caller's graph and the joins return them to it, as a
-//! graph requires.
+//! graph requires. A call that is not captured also records its start and end for the
+//! watcher (`calls.rs`).
 
+use super::calls::CeCalls;
 use super::plan::{plan, Lane, Step};
 use super::{CeArea, Flows};
 use crate::cuda::kernels::coll::MAX_RANKS;
@@ -12,6 +14,7 @@ use crate::cuda::kernels::memops::{side_stream, StreamOps};
 use crate::cuda::kernels::staging::Mark;
 use crate::cuda::kernels::Result;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Streams of one communicator's context, made once: one per peer for the sends (this rank's
 /// own: its local part) and one for the receives, with the events that fork and join them.
@@ -22,17 +25,26 @@ pub(crate) struct CeStreams {
     join: Mark,
     /// The end of the last call not captured, on its caller's stream.
     done: Mark,
+    /// The start and end of each call not captured, for the watcher.
+    calls: Arc<CeCalls>,
 }
 
 impl CeStreams {
-    pub(crate) fn new(ctx: &Arc<CudaContext>, nranks: usize) -> Result<CeStreams> {
+    /// `timeout`: how long a call may run once started (`OCCL_TIMEOUT`).
+    pub(crate) fn new(ctx: &Arc<CudaContext>, nranks: usize, timeout: Duration) -> Result<CeStreams> {
         Ok(CeStreams {
             sends: (0..nranks).map(|_| side_stream(ctx)).collect::<Result<_>>()?,
             recv: side_stream(ctx)?,
             fork: Mark::new(ctx)?,
             join: Mark::new(ctx)?,
             done: Mark::new(ctx)?,
+            calls: Arc::new(CeCalls::new(ctx, timeout)),
         })
+    }
+
+    /// The calls the watcher looks at.
+    pub(crate) fn calls(&self) -> &Arc<CeCalls> {
+        &self.calls
     }
 
     fn stream(&self, l: Lane) -> &CudaStream {
@@ -52,10 +64,12 @@ impl CeStreams {
     /// before every step of that call is done. A graph is ordered by the stream it is launched
     /// on, as any captured work is (a capture cannot wait for work outside it). The
     /// communicator's calls are made one at a time (it is not used from two threads at once).
+    /// A call that is not captured is watched as `func` (`calls.rs`).
     ///
     /// # Safety
     /// The addresses in `f` are device memory of this context valid for `bytes` until `caller`
     /// has run the call; `regions` are the communicator's mapped regions, each with `area`.
+    #[allow(clippy::too_many_arguments)] // the call, the communicator's layout, how it is watched
     pub(crate) unsafe fn enqueue(
         &self,
         caller: &CudaStream,
@@ -64,12 +78,14 @@ impl CeStreams {
         area: &CeArea,
         f: &Flows,
         capturing: bool,
+        func: &'static str,
     ) -> Result<()> {
         let steps = plan(regions, me, area, f);
         let mut lanes: Vec<Lane> = steps.iter().map(|s| s.0).collect();
         lanes.sort_unstable();
         lanes.dedup();
         let ops = lanes.iter().map(|&l| Ok((l, StreamOps::new(self.stream(l))?))).collect::<Result<Vec<_>>>()?;
+        let timed = if capturing { None } else { self.calls.start(caller)? };
         self.fork.record(caller)?;
         for &l in &lanes {
             self.fork.wait_on(self.stream(l))?;
@@ -97,6 +113,9 @@ impl CeStreams {
         issued.and(joined)?;
         if !capturing {
             self.done.record(caller)?;
+        }
+        if let Some(t) = timed {
+            t.end(caller, func, f.bytes)?;
         }
         Ok(())
     }
