@@ -100,7 +100,7 @@ DEV void lane_sync() { asm volatile("bar.sync %0, %1;" ::"r"(lane() + 1), "n"(OC
 // the post itself (lane barrier, releases). The lane barriers at those edges make thread 0's
 // clock the whole lane's. clock64 is exact and cheap but per SM and at the SM's clock, so the
 // record also holds %globaltimer at the channel's start and end: the host converts cycles to ns
-// with that ratio and compares channels by it. Record words (PH_*, occl_kernels::phases::Word):
+// with that ratio and compares channels by it. Record words (mirrored in occl_kernels::phases):
 enum {
     PH_START_NS = 0,  // %globaltimer as the channel opens
     PH_END_NS = 1,    // and as it closes
