@@ -46,6 +46,7 @@ struct CollArgs {
     unsigned nch;  // channels of this launch (lanes past it idle)
     u64 timers;  // host-mapped (start, stop) records of this launch, one per block; 0: untimed
     u64 scalar;
+    u64 phases;  // this launch's phase records, one per channel; 0: none (read by OCCL_PHASES builds only)
 };
 
 struct Ctrl {
@@ -90,11 +91,78 @@ DEV unsigned chan_id() { return blockIdx.x * (blockDim.x / OCCL_LANE) + lane(); 
 // __syncthreads for the lane's threads only (barrier 0 stays the block's).
 DEV void lane_sync() { asm volatile("bar.sync %0, %1;" ::"r"(lane() + 1), "n"(OCCL_LANE) : "memory"); }
 
+// The phase profile, compiled in only when the program defines OCCL_PHASES (a module of its
+// own; occl_kernels::phases decodes it). Thread 0 of each lane adds clock64 deltas into its
+// channel's counters at the edges of wait_peers and post_peers, which every mode goes through:
+// waiting for a free slot (send) and for a received chunk (recv); the data work between the
+// wait and the post, counted as a push when the post publishes a send (the call writes peers'
+// slots, whatever else it copies) and as copy-out otherwise (it only reads this rank's slots);
+// the post itself (lane barrier, releases). The lane barriers at those edges make thread 0's
+// clock the whole lane's. clock64 is exact and cheap but per SM and at the SM's clock, so the
+// record also holds %globaltimer at the channel's start and end: the host converts cycles to ns
+// with that ratio and compares channels by it. Record words (mirrored in occl_kernels::phases):
+enum {
+    PH_START_NS = 0,  // %globaltimer as the channel opens
+    PH_END_NS = 1,    // and as it closes
+    PH_CYCLES = 2,    // clock64 between the two
+    PH_WAIT_SEND = 3,
+    PH_WAIT_RECV = 4,
+    PH_PUSH = 5,
+    PH_COPY = 6,
+    PH_POST = 7,
+    PH_CHUNKS = 8,  // turns of the channel's chunk loop
+    PH_STEPS = 9,   // posts
+    PH_WORDS = 10,
+};
+
+#ifdef OCCL_PHASES
+struct Phases {
+    u64 v[PH_WORDS];
+    u64 mark, c0;  // clock64 at the last edge, at the start
+    int on;
+};
+#define OCCL_CHAN_PHASES Phases ph;
+// Opens the record when the launch asks for one.
+#define PH_OPEN(a, c)                                           \
+    if (lt() == 0) {                                            \
+        (c).ph.on = (a).phases != 0;                            \
+        for (int i = 0; i < PH_WORDS; i++) (c).ph.v[i] = 0;     \
+        (c).ph.v[PH_START_NS] = globaltimer();                  \
+        (c).ph.c0 = (c).ph.mark = clock64();                    \
+    }
+// The time since the last edge goes to counter k (PH_SKIP: to none; it stays in the total).
+#define PH_EDGE(c, k, add)                                      \
+    if (lt() == 0 && (c).ph.on) {                               \
+        const u64 now = clock64();                              \
+        if (add) (c).ph.v[k] += now - (c).ph.mark;              \
+        (c).ph.mark = now;                                      \
+    }
+#define PH_ADD(c, k) PH_EDGE(c, k, true)
+#define PH_SKIP(c) PH_EDGE(c, 0, false)
+#define PH_COUNT(c, k) \
+    if (lt() == 0 && (c).ph.on) (c).ph.v[k]++;
+#define PH_CLOSE(a, c)                                                        \
+    if (lt() == 0 && (c).ph.on) {                                             \
+        (c).ph.v[PH_CYCLES] = clock64() - (c).ph.c0;                          \
+        (c).ph.v[PH_END_NS] = globaltimer();                                  \
+        u64* r = (u64*)(a).phases + (u64)chan_id() * PH_WORDS;                \
+        for (int i = 0; i < PH_WORDS; i++) r[i] = (c).ph.v[i];                \
+    }
+#else
+#define OCCL_CHAN_PHASES
+#define PH_OPEN(a, c)
+#define PH_ADD(c, k)
+#define PH_SKIP(c)
+#define PH_COUNT(c, k)
+#define PH_CLOSE(a, c)
+#endif
+
 // The per-channel state, in shared memory for the kernel's duration.
 struct Chan {
     u64 sent[OCCL_MAXR];
     u64 recvd[OCCL_MAXR];
     int failed;
+    OCCL_CHAN_PHASES
 };
 
 // Spins until *p >= want; on timeout marks the region's error word and the block as failed, so
@@ -116,19 +184,35 @@ DEV void wait_ge(const CollArgs& a, Chan& c, const u64* p, u64 want) {
     }
 }
 
+// Thread t waits until peer t has freed the slot of my next chunk to it.
+DEV void wait_slot(const CollArgs& a, Chan& c, unsigned b, unsigned t) {
+    wait_ge(a, c, &ctrl(a, a.rank, b, t)->tail, c.sent[t] + 1 > a.nslots ? c.sent[t] + 1 - a.nslots : 0);
+}
+
 // Thread q waits for peer q: a free slot towards it (send) and/or a chunk from it (recv).
 DEV void wait_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
     const unsigned t = lt();
+    PH_SKIP(c);
+#ifdef OCCL_PHASES
+    if (send && recv) {  // both: a lane barrier between the two waits splits their time
+        if (t < a.nranks && !c.failed && ((send >> t) & 1)) wait_slot(a, c, b, t);
+        lane_sync();
+        PH_ADD(c, PH_WAIT_SEND);
+        send = 0;
+    }
+#endif
     if (t < a.nranks && !c.failed) {
-        if ((send >> t) & 1) wait_ge(a, c, &ctrl(a, a.rank, b, t)->tail, c.sent[t] + 1 > a.nslots ? c.sent[t] + 1 - a.nslots : 0);
+        if ((send >> t) & 1) wait_slot(a, c, b, t);
         if ((recv >> t) & 1) wait_ge(a, c, &ctrl(a, a.rank, b, t)->head, c.recvd[t] + 1);
     }
     lane_sync();
+    PH_ADD(c, recv ? PH_WAIT_RECV : PH_WAIT_SEND);
 }
 
 // After the lane's writes to peers' slots (send) and reads of its own (recv): publish them.
 DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
     lane_sync();
+    PH_ADD(c, send ? PH_PUSH : PH_COPY);
     const unsigned t = lt();
     if (t < a.nranks) {
         if ((send >> t) & 1) {
@@ -141,6 +225,8 @@ DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsig
         }
     }
     lane_sync();
+    PH_ADD(c, PH_POST);
+    PH_COUNT(c, PH_STEPS);
 }
 
 DEV unsigned char* send_slot(const CollArgs& a, const Chan& c, unsigned b, unsigned p) {
@@ -405,6 +491,7 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
     share(a.count, unit, b, nb, lo, hi);
     for (u64 o = lo; o < hi; o += chunk) {
         const u64 m = hi - o < chunk ? hi - o : chunk;
+        PH_COUNT(c, PH_CHUNKS);
         if (a.mode == M_AR_ONESHOT) {
             // Push my whole chunk to every peer, then fold every rank's copy in rank order (all
             // ranks then round alike).
@@ -522,6 +609,7 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
     share(a.count, 16, b, nb, lo, hi);
     for (u64 o = lo; o < hi; o += chunk) {
         const u64 m = hi - o < chunk ? hi - o : chunk;
+        PH_COUNT(c, PH_CHUNKS);
         if (a.mode == M_AG) {
             // Push my block to every peer (and into my own output), take theirs.
             wait_peers(a, c, b, all, 0);
@@ -625,6 +713,7 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
     const P2pConn& cn = g.conns[k];
     const unsigned p = cn.peer, nb = cn.blocks, bit = 1u << p;
     const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
+    PH_OPEN(a, c);
     if (lt() == 0) {
         c.failed = 0;
         const Ctrl* x = ctrl(a, a.rank, b, p);
@@ -638,6 +727,7 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
         share(g.ops[i].bytes, 16, b, nb, lo, hi);
         for (u64 o = lo; o < hi; o += a.slot_bytes) {
             const u64 m = hi - o < a.slot_bytes ? hi - o : a.slot_bytes;
+            PH_COUNT(c, PH_CHUNKS);
             wait_peers(a, c, b, tx, rx);
             if (cn.send) copy1(send_slot(a, c, b, p), buf + o, m);
             else copy1(buf + o, recv_slot(a, c, b, p), m);
@@ -656,6 +746,7 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
 DEV void chan_open(const CollArgs& a, Chan& c) {
     const unsigned t = lt();
     if (t == 0) c.failed = 0;
+    PH_OPEN(a, c);
     if (t < a.nranks) {
         const Ctrl* k = ctrl(a, a.rank, chan_id(), t);
         c.sent[t] = k->sent;
@@ -698,6 +789,7 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
         chan_open(a, c);                                                                            \
         reduce_modes<E, O, PRE>(a, c, PS);                                                          \
         chan_close(a, c);                                                                           \
+        PH_CLOSE(a, c);                                                                             \
         chan_time(a, t0);                                                                           \
     }
 
@@ -730,6 +822,7 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
         chan_open(a, c);                                                                            \
         copy_modes(a, c);                                                                           \
         chan_close(a, c);                                                                           \
+        PH_CLOSE(a, c);                                                                             \
         chan_time(a, t0);                                                                           \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(OCCL_LANE) occl_p2p_group(const P2pArgs g) {       \

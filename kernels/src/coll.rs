@@ -159,6 +159,9 @@ pub struct CollArgs {
     /// block); 0: the kernel writes no timestamps.
     pub timers: u64,
     pub scalar: u64,
+    /// Device address of a [`crate::phases::PhaseBuf`]: the launch runs the phase-profiled
+    /// program and writes one record per channel there; 0: the plain program.
+    pub phases: u64,
 }
 
 /// The scalar of a pre-multiply sum (NCCL's `ncclRedOpCreatePreMulSum`): each rank's input is
@@ -234,9 +237,13 @@ fn func_index(mode: Mode, args: &CollArgs, dt: DataType, op: RedOp) -> Result<us
 // SAFETY: plain old data of u64/u32 fields laid out as the kernel's struct.
 unsafe impl DeviceRepr for CollArgs {}
 
-/// The program for `dt` (`None`: the byte-moving one).
-pub fn source(dt: Option<DataType>) -> String {
+/// The program for `dt` (`None`: the byte-moving one); with `phases`, the phase-profiled build
+/// of it (`OCCL_PHASES`, a module of its own: the plain one carries no profiling instruction).
+pub fn source(dt: Option<DataType>, phases: bool) -> String {
     let mut s = String::new();
+    if phases {
+        s.push_str("#define OCCL_PHASES 1\n");
+    }
     for (name, text) in
         [("common.cuh", include_str!("../cuda/common.cuh")), ("coll.cu", include_str!("../cuda/coll.cu"))]
     {
@@ -267,6 +274,9 @@ fn struct_name(dt: DataType) -> &'static str {
     }
 }
 
+/// A program's element type (`None`: the byte-moving program) and whether it is phase-profiled.
+type ProgramKey = (Option<DataType>, bool);
+
 pub(crate) struct Program {
     pub(crate) funcs: Vec<Func>,
     _module: Arc<CudaModule>,
@@ -276,8 +286,7 @@ pub(crate) struct Program {
 pub struct CollKernels {
     pub(crate) ctx: Arc<CudaContext>,
     cache: Option<Cache>,
-    /// Key `None`: the byte-moving program.
-    programs: Mutex<HashMap<Option<DataType>, Arc<Program>>>,
+    programs: Mutex<HashMap<ProgramKey, Arc<Program>>>,
 }
 
 impl std::fmt::Debug for CollKernels {
@@ -292,14 +301,21 @@ impl CollKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<CollKernels> {
         let k =
             CollKernels { ctx: ctx.clone(), cache: cache::default_dir().map(Cache::new), programs: Mutex::default() };
-        k.program(None)?;
+        k.program(None, false)?;
         Ok(k)
     }
 
     /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
     /// a CUDA graph captures should not be the first.
     pub fn prepare(&self, dt: DataType) -> Result<()> {
-        self.program(Some(dt)).map(|_| ())
+        self.program(Some(dt), false).map(|_| ())
+    }
+
+    /// Builds (or reads) the phase-profiled programs: the byte mover's and, with `dt`, that
+    /// type's.
+    pub fn prepare_phases(&self, dt: Option<DataType>) -> Result<()> {
+        self.program(None, true)?;
+        dt.map_or(Ok(()), |dt| self.program(Some(dt), true).map(|_| ()))
     }
 
     /// Builds every element type's program the device supports and loads each kernel onto
@@ -307,9 +323,9 @@ impl CollKernels {
     /// at its first launch may wait for the context's running kernels (CUDA's lazy loading),
     /// and those spin until that very launch runs: a deadlock.
     pub fn load_all(&self) -> Result<()> {
-        let mut progs = vec![self.program(None)?];
+        let mut progs = vec![self.program(None, false)?];
         for dt in DataType::ALL {
-            match self.program(Some(dt)) {
+            match self.program(Some(dt), false) {
                 Ok(p) => progs.push(p),
                 Err(Error::Unsupported { .. }) => {}
                 Err(e) => return Err(e),
@@ -323,16 +339,14 @@ impl CollKernels {
         Ok(())
     }
 
-    pub(crate) fn program(&self, dt: Option<DataType>) -> Result<Arc<Program>> {
+    pub(crate) fn program(&self, dt: Option<DataType>, phases: bool) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
-        if let Some(p) = g.get(&dt) {
+        if let Some(p) = g.get(&(dt, phases)) {
             return Ok(p.clone());
         }
-        let name = match dt {
-            Some(dt) => format!("occl-coll-{}.cu", dt.short_name()),
-            None => "occl-coll-copy.cu".to_string(),
-        };
-        let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt))?;
+        let name =
+            format!("occl-coll-{}{}.cu", dt.map_or("copy", |dt| dt.short_name()), if phases { "-phases" } else { "" });
+        let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt, phases))?;
         if let Some(dt) = dt {
             if dt.is_fp8() && !report.device.has_fp8() {
                 return Err(Error::Unsupported {
@@ -353,14 +367,14 @@ impl CollKernels {
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
         let p = Arc::new(Program { funcs, _module: module });
-        g.insert(dt, p.clone());
+        g.insert((dt, phases), p.clone());
         Ok(p)
     }
 
     /// A clock probe of this device ([`crate::timer::Probe`]) and its first measurement of the
     /// device clock (`%globaltimer`) against `host_clock`.
     pub fn clock_probe(&self, host_clock: &dyn Fn() -> u64) -> Result<(crate::timer::Probe, crate::timer::ClockMap)> {
-        let prog = self.program(None)?;
+        let prog = self.program(None, false)?;
         let f = prog.funcs.get(1).ok_or_else(|| Error::InvalidArgument("no clock probe kernel".into()))?;
         let mut probe = crate::timer::Probe::new(&self.ctx, f.f.clone())?;
         let map = crate::timer::calibrate(&mut probe, host_clock)?;
@@ -396,7 +410,7 @@ impl CollKernels {
         let mode =
             Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
         let i = func_index(mode, args, dt, op)?;
-        let prog = self.program(mode.reduces().then_some(dt))?;
+        let prog = self.program(mode.reduces().then_some(dt), args.phases != 0)?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let args = CollArgs { nch: channels, ..*args };
         let lanes = lanes.min(channels);
@@ -423,8 +437,9 @@ mod tests {
 
     #[test]
     fn the_argument_block_has_the_kernels_layout() {
-        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers and the scalar: no padding.
-        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8 + 8);
+        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers, the scalar and the phase
+        // records: no padding.
+        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8 + 8 + 8);
         assert_eq!(std::mem::align_of::<CollArgs>(), 8);
     }
 
@@ -483,9 +498,19 @@ mod tests {
     #[test]
     fn every_type_has_a_program_and_modes_split_by_reduction() {
         for dt in DataType::ALL {
-            assert!(source(Some(dt)).ends_with(&format!("OCCL_COLL_TYPE({}, {})\n", dt.short_name(), struct_name(dt))));
+            assert!(source(Some(dt), false).ends_with(&format!(
+                "OCCL_COLL_TYPE({}, {})\n",
+                dt.short_name(),
+                struct_name(dt)
+            )));
         }
-        assert!(source(None).ends_with("OCCL_COLL_COPY\n"));
+        assert!(source(None, false).ends_with("OCCL_COLL_COPY\n"));
+        // The profiled build is the same program with OCCL_PHASES defined first.
+        for dt in [None, Some(DataType::Bf16)] {
+            let (plain, profiled) = (source(dt, false), source(dt, true));
+            assert!(!plain.contains("#define OCCL_PHASES"));
+            assert_eq!(profiled.strip_prefix("#define OCCL_PHASES 1\n"), Some(plain.as_str()));
+        }
         assert!(Mode::AllReduceRing.reduces() && Mode::Reduce.reduces() && Mode::ReduceScatterRing.reduces());
         assert!(Mode::ReduceRing.reduces() && Mode::of_code(12) == Some(Mode::ReduceRing));
         assert!(!Mode::AllGather.reduces() && !Mode::Recv.reduces() && !Mode::BroadcastRing.reduces());

@@ -33,6 +33,9 @@ pub enum Error {
     /// A kernel that this device's architecture lacks (fp8 needs sm_89 or later).
     #[error("{what} needs {needs}; this device is {arch}")]
     Unsupported { what: String, needs: &'static str, arch: String },
+    /// A profiled launch's record (`phases`) that cannot be read.
+    #[error("the phase record of channel {channel} is {what}")]
+    PhaseRecord { channel: u32, what: &'static str },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 }

@@ -33,6 +33,7 @@ mod launch;
 pub mod memops;
 pub mod nvrtc;
 pub mod p2p;
+pub mod phases;
 #[cfg(any(test, feature = "test-support"))]
 pub mod reference;
 pub mod staging;

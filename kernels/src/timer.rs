@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 const RECORD_WORDS: usize = 2;
 
 /// Zeroed u64 words that the host and the device both address.
-enum Words {
+pub(crate) enum Words {
     /// `cuMemHostAlloc(DEVICEMAP)`: the device writes it over PCIe/NVLink-C2C.
     Pinned { ctx: Arc<CudaContext>, host: *mut AtomicU64, dev: u64, len: usize },
     /// Ordinary memory, for the decoding logic's tests and hosts without a GPU.
@@ -32,7 +32,7 @@ unsafe impl Send for Words {}
 unsafe impl Sync for Words {}
 
 impl Words {
-    fn pinned(ctx: &Arc<CudaContext>, len: usize) -> Result<Words> {
+    pub(crate) fn pinned(ctx: &Arc<CudaContext>, len: usize) -> Result<Words> {
         ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let bytes = len * 8;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -52,7 +52,12 @@ impl Words {
         Ok(w)
     }
 
-    fn get(&self) -> &[AtomicU64] {
+    /// Zeroed words in ordinary memory (no device address).
+    pub(crate) fn heap(len: usize) -> Words {
+        Words::Heap((0..len).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    pub(crate) fn get(&self) -> &[AtomicU64] {
         match self {
             // SAFETY: `len` zero-initialised words, alive until drop; AtomicU64 has u64's layout.
             Words::Pinned { host, len, .. } => unsafe { std::slice::from_raw_parts(*host, *len) },
@@ -60,7 +65,7 @@ impl Words {
         }
     }
 
-    fn dev(&self) -> u64 {
+    pub(crate) fn dev(&self) -> u64 {
         match self {
             Words::Pinned { dev, .. } => *dev,
             Words::Heap(_) => 0,
@@ -103,7 +108,7 @@ impl TimerRing {
     /// A ring in ordinary memory that no device can write (tests; [`TimerRing::device_slot`] is 0).
     pub fn in_memory(slots: u32, channels: u32) -> Result<TimerRing> {
         let len = Self::len(slots, channels)?;
-        Ok(TimerRing { words: Words::Heap((0..len).map(|_| AtomicU64::new(0)).collect()), slots, channels })
+        Ok(TimerRing { words: Words::heap(len), slots, channels })
     }
 
     fn len(slots: u32, channels: u32) -> Result<usize> {

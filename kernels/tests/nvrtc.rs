@@ -74,13 +74,37 @@ fn the_collective_programs_compile_for_hopper() {
         (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
     ] {
         let t = std::time::Instant::now();
-        let cubin = nvrtc::compile_cubin(&coll::source(dt), "occl-coll.cu", "sm_90", &options("sm_90"))
+        let cubin = nvrtc::compile_cubin(&coll::source(dt, false), "occl-coll.cu", "sm_90", &options("sm_90"))
             .unwrap_or_else(|e| panic!("{dt:?}: {e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "{dt:?}");
         for k in kernels {
             assert!(cubin.windows(k.len()).any(|w| w == k.as_bytes()), "{dt:?} lacks {k}");
         }
         eprintln!("{dt:?}: {} byte cubin in {:.1} s", cubin.len(), t.elapsed().as_secs_f64());
+    }
+}
+
+#[test]
+fn the_phase_profiled_programs_compile_for_hopper() {
+    use occl_kernels::{coll, options, DataType};
+    if !nvrtc_or_skip("the_phase_profiled_programs_compile_for_hopper") {
+        return;
+    }
+    // The OCCL_PHASES builds of the byte mover and of one reducing type: same kernels, and a
+    // different image from the plain build's.
+    for (dt, kernels) in [
+        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
+        (Some(DataType::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_premulsum"]),
+    ] {
+        let build = |phases| {
+            nvrtc::compile_cubin(&coll::source(dt, phases), "occl-coll.cu", "sm_90", &options("sm_90"))
+                .unwrap_or_else(|e| panic!("{dt:?} phases {phases}: {e}"))
+        };
+        let (plain, profiled) = (build(false), build(true));
+        for k in kernels {
+            assert!(profiled.windows(k.len()).any(|w| w == k.as_bytes()), "{dt:?} profiled lacks {k}");
+        }
+        assert_ne!(plain, profiled, "{dt:?}: OCCL_PHASES changed nothing");
     }
 }
 
@@ -96,7 +120,7 @@ fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
     let src = format!(
         "{}\nstatic_assert(sizeof(P2pArgs) == {size}, \"P2pArgs size\");\nstatic_assert(OCCL_P2P_OPS == {}, \"ops\");\n\
          static_assert(sizeof(CollArgs) == {}, \"CollArgs size\");\n",
-        coll::source(None),
+        coll::source(None, false),
         p2p::MAX_OPS,
         std::mem::size_of::<coll::CollArgs>(),
     );

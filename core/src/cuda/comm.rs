@@ -14,6 +14,7 @@ use super::kernels::ipc::{DeviceRegion, PeerRegion};
 use super::kernels::timer::{ClockMap, TimerRing};
 use super::kernels::{device, staging};
 use super::ops::FUNCS;
+use super::phases::KernelPhases;
 use super::staged::Staged;
 use super::tune::DevTuner;
 use super::watch::{Calls, Watch};
@@ -145,6 +146,8 @@ pub struct CudaComm {
     pub(crate) events: Option<DevEvents>,
     /// NCCL's per-function sequence numbers of the profiler's Coll/P2p events.
     pub(crate) seqs: [AtomicU64; FUNCS],
+    /// The kernels' phase profile (`OCCL_KERNEL_PHASES=1`), else `None`.
+    pub(crate) phases: Option<KernelPhases>,
     /// The watcher's view of this communicator (`watch.rs`): its peers and copy-engine calls;
     /// `None` when no peer is another process on this host and no call runs on the copy
     /// engines, or when staged.
@@ -271,6 +274,7 @@ impl CudaComm {
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
             let k = CollKernels::load(&ctx).map_err(err("load the collective kernels"))?;
+            let phases = KernelPhases::from_env(&ctx, &k, s.channels)?;
             s.ce.checked(n)?;
             let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
                 .map_err(|_| Error::arg("region too large"))?;
@@ -280,10 +284,10 @@ impl CudaComm {
                 .then(|| CeStreams::new(&ctx, n, comm.config().timeout))
                 .transpose()
                 .map_err(err("make the copy-engine streams"))?;
-            Ok((ctx, k, r, h, streams))
+            Ok((ctx, k, r, h, streams, phases))
         });
         let mut mine = vec![0u8; RECORD];
-        if let Ok((_, _, _, h, _)) = &local {
+        if let Ok((_, _, _, h, _, _)) = &local {
             mine[..64].copy_from_slice(h);
             mine[64] = 1;
         }
@@ -292,13 +296,13 @@ impl CudaComm {
         mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
         mine[88..92].copy_from_slice(&std::process::id().to_le_bytes());
         mine[92..96].copy_from_slice(&(device as u32).to_le_bytes());
-        if let Ok((_, _, r, _, _)) = &local {
+        if let Ok((_, _, r, _, _, _)) = &local {
             mine[96..104].copy_from_slice(&r.ptr().to_le_bytes());
         }
         mine[BUDGET].copy_from_slice(&s.budget.encode());
         mine[CE].copy_from_slice(&s.ce.encode());
         let all = comm.boot_all_gather(&mine)?;
-        let (ctx, kernels, region, _, ce_streams) = local?;
+        let (ctx, kernels, region, _, ce_streams, phases) = local?;
         for (r, rec) in all.iter().enumerate() {
             if rec.len() != RECORD {
                 return Err(Error::internal(format!("rank {r} sent a {}-byte device record", rec.len())));
@@ -371,6 +375,7 @@ impl CudaComm {
             staged,
             events,
             seqs: Default::default(),
+            phases,
             watch,
             region,
             _peers: peers,
@@ -400,7 +405,11 @@ impl CudaComm {
 
     /// Builds the kernels of `dt` now (before a graph captures its first use).
     pub fn prepare(&self, dt: crate::DataType) -> Result<()> {
-        self.kernels.prepare(dt).map_err(err("build the collective kernels"))
+        self.kernels.prepare(dt).map_err(err("build the collective kernels"))?;
+        if self.phases.is_some() {
+            self.kernels.prepare_phases(Some(dt)).map_err(err("build the phase-profiled kernels"))?;
+        }
+        Ok(())
     }
 
     /// The device's error word: a kernel that waited past `OCCL_TIMEOUT` for a peer set it, or

@@ -26,6 +26,7 @@ mod ce;
 mod comm;
 mod events;
 mod ops;
+mod phases;
 mod staged;
 mod stall;
 pub(crate) mod tune;
@@ -38,6 +39,7 @@ pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::coll::PreMul;
 pub use kernels::timer::ClockMap;
 pub use ops::P2p;
+pub use phases::VAR as KERNEL_PHASES_VAR;
 pub use tune::DevAlgo;
 pub use windows::WindowId;
 

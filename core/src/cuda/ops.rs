@@ -312,6 +312,11 @@ impl CudaComm {
         if let Some((_, dev)) = slot {
             a.timers = dev;
         }
+        if flows.is_none() && !capturing(stream) {
+            if let Some(dev) = self.phases.as_ref().and_then(|p| p.take(blocks)) {
+                a.phases = dev;
+            }
+        }
         let launch = prof.as_ref().and_then(|p| p.start_launch(stream.cu_stream() as usize));
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
         // the timer slot is this launch's alone until its records are collected.

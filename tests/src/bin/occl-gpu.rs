@@ -5,6 +5,7 @@
 //! occl-gpu check --ranks 2 --hosts 2 --big 64M    # each rank "on its own host": staged through host memory
 //! occl-gpu check --threads 2                      # one process, CudaComm::init_all over the GPUs
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
+//! occl-gpu bench --ranks 4 --sizes 64M,1G --phases all_gather,all_reduce   # + where the kernels' time goes
 //! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
 //! NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 occl-gpu stall --ranks 2   # a rank stops calling: rank 0 times out
 //! ```
@@ -20,9 +21,15 @@
 //! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
 //! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
 //! All-reduce and broadcast run in place there, as `nccl_bench.py`'s PyTorch calls do.
+//!
+//! `bench --phases` (it sets `OCCL_KERNEL_PHASES=1`) then makes one more call of each (collective,
+//! size) with the kernels' phase profile (`occl_kernels::phases`) and prints, from every rank, a
+//! line with `"phases"`: per phase the ns summed over the rank's channels, per channel, and as a
+//! share of the channels' time, and the skew of the channels' starts and ends.
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
 use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
 use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
@@ -36,6 +43,10 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("OCCL_LOG").unwrap_or_else(|_| "warn".into()))
         .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--phases") {
+        // Read when the communicator is created: the profiled kernels are built then.
+        std::env::set_var(occl::cuda::KERNEL_PHASES_VAR, "1");
+    }
     let res = match args.iter().position(|a| a == "--ranks") {
         Some(i) => launch(&args, i),
         None => run(&args),
@@ -565,6 +576,7 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
     cc.prepare(dt)?;
     let es = dt.size();
     let iters_arg: usize = flag(args, "--iters").map(str::parse).transpose()?.unwrap_or(100);
+    let phases = args.iter().any(|a| a == "--phases");
     for coll in colls.split(',') {
         for &size in &sizes {
             // nccl_bench.py's sizes: per-rank bytes; all_gather reports the output, reduce_scatter the input.
@@ -632,25 +644,37 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
             let us = f64::from(t0.elapsed_ms(&t1)?) * 1000.0 / iters as f64;
             let mut worst = [0f64];
             cc.comm().all_reduce(&[us], &mut worst, RedOp::Max)?;
+            let algo_name = match coll {
+                _ if cc.is_staged() => "staged",
+                "all_reduce" => cc.all_reduce_algorithm(count, dt).name(),
+                "broadcast" => cc.broadcast_algorithm(count, dt)?,
+                "reduce_scatter" => cc.reduce_scatter_algorithm(count, dt)?,
+                _ => "direct",
+            };
+            // A call on the copy engines launches no thread block.
+            let on_ce = match coll {
+                "all_gather" => cc.on_copy_engines(CollType::AllGather),
+                "all_to_all" => cc.on_copy_engines(CollType::AllToAll),
+                "broadcast" => cc.on_copy_engines(CollType::Broadcast),
+                _ => false,
+            };
+            let (algo_name, channels, sms) =
+                if on_ce { ("CE", 0, 0) } else { (algo_name, cc.channels_for(share), cc.sms_for(share)) };
+            if phases {
+                // The call before it lines the ranks up on the device: the profiled one starts as
+                // that collective ends on every rank, not when each host launched it.
+                go()?;
+                cc.profile_next_call()?;
+                go()?;
+                s.synchronize()?;
+                cc.device_error()?;
+                let line = serde_json::json!({"collective": coll, "nranks": n, "rank": r, "size_bytes": nbytes,
+                    "dtype": dname, "library": "occl", "algorithm": algo_name, "channels": channels, "sms": sms});
+                println!("{}", phase_line(line, cc.kernel_phases()?.as_deref()));
+            }
             if r == 0 {
                 let t = worst[0];
                 let algbw = nbytes as f64 / (t * 1e-6) / 1e9;
-                let algo_name = match coll {
-                    _ if cc.is_staged() => "staged",
-                    "all_reduce" => cc.all_reduce_algorithm(count, dt).name(),
-                    "broadcast" => cc.broadcast_algorithm(count, dt)?,
-                    "reduce_scatter" => cc.reduce_scatter_algorithm(count, dt)?,
-                    _ => "direct",
-                };
-                // A call on the copy engines launches no thread block.
-                let on_ce = match coll {
-                    "all_gather" => cc.on_copy_engines(CollType::AllGather),
-                    "all_to_all" => cc.on_copy_engines(CollType::AllToAll),
-                    "broadcast" => cc.on_copy_engines(CollType::Broadcast),
-                    _ => false,
-                };
-                let (algo_name, channels, sms) =
-                    if on_ce { ("CE", 0, 0) } else { (algo_name, cc.channels_for(share), cc.sms_for(share)) };
                 println!(
                     "{}",
                     serde_json::json!({"collective": coll, "nranks": n, "size_bytes": nbytes, "dtype": dname,
@@ -662,4 +686,76 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+/// `line` with the phase profile of one rank's call: per phase the ns summed over its channels
+/// (`ns`), per channel (`ns_per_channel`) and its share of the channels' time; the rest no phase
+/// counts as `other`; the skew of the channels' starts and ends. `"phases": null` when the call
+/// ran no kernel (copy engines, staged).
+fn phase_line(mut line: serde_json::Value, recs: Option<&[ChannelRecord]>) -> serde_json::Value {
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    let share = |x: f64| (x * 10_000.0).round() / 10_000.0;
+    let sum = recs.and_then(Summary::of);
+    line["phases"] = match &sum {
+        None => serde_json::Value::Null,
+        Some(s) => {
+            let mut m = serde_json::Map::new();
+            let per = s.channels as f64;
+            for p in Phase::ALL {
+                m.insert(
+                    p.name().into(),
+                    serde_json::json!({"ns": round(s.phase_ns[p as usize]), "ns_per_channel": round(s.mean_ns(p)),
+                        "share": share(s.share(p))}),
+                );
+            }
+            m.insert(
+                "other".into(),
+                serde_json::json!({"ns": round(s.other_ns), "ns_per_channel": round(s.other_ns / per),
+                    "share": share(s.other_share())}),
+            );
+            serde_json::Value::Object(m)
+        }
+    };
+    if let Some(s) = sum {
+        let per = s.channels as f64;
+        line["profiled_channels"] = s.channels.into();
+        line["span_ns"] = s.span_ns.into();
+        line["channel_ns"] = round(s.channel_ns / per).into();
+        line["chunks_per_channel"] = round(s.chunks as f64 / per).into();
+        line["steps_per_channel"] = round(s.steps as f64 / per).into();
+        line["start_skew_ns"] = s.start_skew_ns.into();
+        line["end_skew_ns"] = s.end_skew_ns.into();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_line_sums_the_channels_and_says_when_no_kernel_ran() {
+        let rec = |start_ns: u64, phases: [u64; 5]| ChannelRecord {
+            start_ns,
+            end_ns: start_ns + 1_000,
+            cycles: 2_000,
+            phases,
+            chunks: 3,
+            steps: 6,
+        };
+        let recs = [rec(100, [200, 0, 1_000, 400, 200]), rec(150, [600, 0, 1_000, 0, 200])];
+        let v = phase_line(serde_json::json!({"collective": "all_gather", "rank": 1}), Some(&recs));
+        assert_eq!(v["collective"], "all_gather");
+        assert_eq!(v["phases"]["push"], serde_json::json!({"ns": 1000.0, "ns_per_channel": 500.0, "share": 0.5}));
+        assert_eq!(v["phases"]["wait_send"]["ns"], 400.0);
+        assert_eq!(v["phases"]["copy_out"]["ns_per_channel"], 100.0);
+        assert_eq!(v["phases"]["other"]["share"], 0.1);
+        assert_eq!(
+            (v["start_skew_ns"].as_u64(), v["end_skew_ns"].as_u64(), v["span_ns"].as_u64()),
+            (Some(50), Some(50), Some(1_050))
+        );
+        assert_eq!((v["channel_ns"].as_f64(), v["chunks_per_channel"].as_f64()), (Some(1_000.0), Some(3.0)));
+        let none = phase_line(serde_json::json!({"rank": 0}), None);
+        assert!(none["phases"].is_null() && none.get("span_ns").is_none());
+    }
 }
