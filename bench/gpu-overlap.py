@@ -148,7 +148,10 @@ def rank_main(rank, n, sizes, port, lib):
             wrong = None
             if windows:
                 x.copy_(value(rank, torch.arange(nel, device="cuda")))
-                op()
+                torch.cuda.synchronize()
+                # On the collective stream, as every timed call: NCCL 2.28.9 under
+                # NCCL_CTA_POLICY=2 failed this call on the default stream ('invalid argument').
+                timed(coll_stream, op, 1)
                 torch.cuda.synchronize()
                 got = x if coll == "all_reduce" else out
                 bad = torch.tensor([int((got != expected(coll, rank, n, nel, got.numel())).sum())], device="cuda")
