@@ -9,7 +9,9 @@
 //! A thread block runs `lanes` channels (`OCCL_CUDA_LANES`, 1 or 2, default 2; `cuda/coll.cu`
 //! says why), so a launch of `c` channels takes `⌈c / lanes⌉` SMs. The channels of a call must
 //! be the same on every rank (both ends of a channel count its chunks), so ranks swap their
-//! budgets at set-up; the lanes are each rank's own.
+//! budgets at set-up. Without a budget the lanes are each rank's own; a budget counts SMs,
+//! which [`Channels::pick`] turns into channels with the rank's lanes, so under one the set-up
+//! refuses ranks whose lanes differ.
 
 use crate::error::{Error, Result};
 

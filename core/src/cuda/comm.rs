@@ -195,14 +195,17 @@ impl Drop for CudaComm {
     }
 }
 
-/// What ranks swap: the IPC handle, a set-up flag, the region's shape (bytes 68..88), then the
-/// process id, the device and the region's address, which a rank of the same process uses
-/// instead of the handle (IPC cannot open this process's own allocations), then the CTA budget
-/// and the copy-engine slots. The shape, the budget and the slots must be equal on every rank.
+/// What ranks swap: the IPC handle, a set-up flag, the lanes per block (byte 65), the region's
+/// shape (bytes 68..88), then the process id, the device and the region's address, which a rank
+/// of the same process uses instead of the handle (IPC cannot open this process's own
+/// allocations), then the CTA budget and the copy-engine slots. The shape, the budget and the
+/// slots must be equal on every rank; the lanes too under a budget, whose SM counts each rank
+/// turns into channels with its own lanes (`budget.rs`).
 const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12 + 16;
 const SETTINGS: std::ops::Range<usize> = 68..88;
 const BUDGET: std::ops::Range<usize> = 104..116;
 const CE: std::ops::Range<usize> = 116..132;
+const LANES: usize = 65;
 
 /// Rank `r`'s record `theirs` against this rank's `mine`: a usage error that names the
 /// variables when a setting every rank must share differs.
@@ -220,10 +223,20 @@ fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
         ),
         (CE, "has other copy-engine slots (OCCL_CE_SLOTS, OCCL_CE_SLOT_BYTES must be the same on every rank)"),
     ];
-    match shared.into_iter().find(|(at, _)| theirs.get(at.clone()) != mine.get(at.clone())) {
-        Some((_, what)) => Err(Error::usage(format!("rank {r} {what}"))),
-        None => Ok(()),
+    if let Some((_, what)) = shared.into_iter().find(|(at, _)| theirs.get(at.clone()) != mine.get(at.clone())) {
+        return Err(Error::usage(format!("rank {r} {what}")));
     }
+    // Without a budget a call's channels do not depend on the lanes; with one they do.
+    let budgeted = mine.get(BUDGET).is_some_and(|b| b != CtaBudget::default().encode());
+    if budgeted && theirs.get(LANES) != mine.get(LANES) {
+        return Err(Error::usage(format!(
+            "rank {r} runs {} channels per thread block and this rank {}: under a CTA budget (NCCL_MIN_CTAS, \
+             NCCL_MAX_CTAS, NCCL_CTA_POLICY or ncclConfig_t) OCCL_CUDA_LANES must be the same on every rank",
+            theirs.get(LANES).copied().unwrap_or(0),
+            mine.get(LANES).copied().unwrap_or(0)
+        )));
+    }
+    Ok(())
 }
 
 impl CudaComm {
@@ -291,6 +304,7 @@ impl CudaComm {
             mine[..64].copy_from_slice(h);
             mine[64] = 1;
         }
+        mine[LANES] = u8::try_from(s.lanes).unwrap_or(u8::MAX);
         mine[68..72].copy_from_slice(&s.channels.to_le_bytes());
         mine[72..80].copy_from_slice(&u64::from(s.slots).to_le_bytes());
         mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
@@ -529,6 +543,7 @@ mod tests {
 
     fn record(s: &DeviceSettings) -> Vec<u8> {
         let mut r = vec![0u8; RECORD];
+        r[LANES] = s.lanes as u8;
         r[68..72].copy_from_slice(&s.channels.to_le_bytes());
         r[BUDGET].copy_from_slice(&s.budget.encode());
         r[CE].copy_from_slice(&s.ce.encode());
@@ -551,5 +566,25 @@ mod tests {
         let other = DeviceSettings { budget: CtaBudget { policy: CtaPolicy::Zero, ..d.budget }, ..d };
         assert!(agree(2, &record(&d), &record(&other)).unwrap_err().to_string().contains("CTA budget"));
         assert!(agree(2, &record(&d), &[0u8; 16]).is_err(), "a short record differs");
+    }
+
+    #[test]
+    fn ranks_must_agree_on_the_lanes_only_under_a_cta_budget() {
+        let d = DeviceSettings::default();
+        let one_lane = DeviceSettings { lanes: 1, ..d };
+        assert!(agree(1, &record(&d), &record(&one_lane)).is_ok(), "no budget: each rank's own lanes");
+        for budget in [
+            CtaBudget { max_ctas: 24, ..d.budget },
+            CtaBudget { min_ctas: 4, ..d.budget },
+            CtaBudget { policy: CtaPolicy::Efficiency, ..d.budget },
+        ] {
+            let (a, b) = (DeviceSettings { budget, ..d }, DeviceSettings { budget, ..one_lane });
+            assert!(agree(1, &record(&a), &record(&a)).is_ok());
+            let e = agree(3, &record(&a), &record(&b)).unwrap_err();
+            assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+            let e = e.to_string();
+            assert!(e.contains("rank 3 runs 1 channels per thread block and this rank 2"), "{e}");
+            assert!(e.contains("OCCL_CUDA_LANES must be the same"), "{e}");
+        }
     }
 }
