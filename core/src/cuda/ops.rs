@@ -301,9 +301,12 @@ impl CudaComm {
             n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
         });
         let parent = prof.as_ref().filter(|p| p.mask().contains(EventType::KernelCh)).and_then(OpProf::coll_id);
+        // Asked of the driver once, and only by what needs it.
+        let captured = std::cell::OnceCell::new();
+        let captured = || *captured.get_or_init(|| capturing(stream));
         // A captured launch replays without the host: it gets no slot (see events.rs).
         let slot = match (&self.events, parent) {
-            (Some(ev), Some(_)) if flows.is_none() && !capturing(stream) => {
+            (Some(ev), Some(_)) if flows.is_none() && !captured() => {
                 ev.recalibrate_if_due();
                 ev.reserve(blocks)
             }
@@ -312,8 +315,8 @@ impl CudaComm {
         if let Some((_, dev)) = slot {
             a.timers = dev;
         }
-        if flows.is_none() && !capturing(stream) {
-            if let Some(dev) = self.phases.as_ref().and_then(|p| p.take(blocks)) {
+        if let Some(p) = self.phases.as_ref().filter(|_| flows.is_none() && !captured()) {
+            if let Some(dev) = p.take(blocks) {
                 a.phases = dev;
             }
         }
@@ -323,17 +326,15 @@ impl CudaComm {
         let r = match flows {
             Some(f) => match &self.ce_streams {
                 // SAFETY: as for the kernel; the flows' addresses are the call's.
-                Some(ce) => {
-                    unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, capturing(stream), func) }
-                        .map_err(err("enqueue a copy-engine collective"))
-                }
+                Some(ce) => unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, captured(), func) }
+                    .map_err(err("enqueue a copy-engine collective")),
                 None => Err(Error::internal("a copy-engine call on a communicator without copy-engine streams")),
             },
             None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks, self.channels.lanes) }
                 .map_err(err("launch a device collective")),
         };
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
-            w.launched(capturing(stream));
+            w.launched(captured());
         }
         if let Some(p) = &prof {
             p.stop_launch(launch);
@@ -631,34 +632,23 @@ fn ce_flows(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows)
     let peers = || (1..n).map(move |k| (r + k) % n);
     let at = |base: u64, q: usize| base + q as u64 * a.stride;
     let blocks = n as u64 * a.stride;
+    let slots = |sends, recvs, local| Flows { bytes, sends, recvs, local, route: Route::Slots };
     let mut f = match coll {
-        CollType::AllGather => Flows {
-            bytes,
-            sends: peers().map(|p| (p, a.input)).collect(),
-            recvs: peers().map(|q| (q, at(a.output, q))).collect(),
-            local: Some((at(a.output, r), a.input)),
-            route: Route::Slots,
-        },
-        CollType::AllToAll => Flows {
-            bytes,
-            sends: peers().map(|p| (p, at(a.input, p))).collect(),
-            recvs: peers().map(|q| (q, at(a.output, q))).collect(),
-            local: Some((at(a.output, r), at(a.input, r))),
-            route: Route::Slots,
-        },
+        CollType::AllGather => slots(
+            peers().map(|p| (p, a.input)).collect(),
+            peers().map(|q| (q, at(a.output, q))).collect(),
+            Some((at(a.output, r), a.input)),
+        ),
+        CollType::AllToAll => slots(
+            peers().map(|p| (p, at(a.input, p))).collect(),
+            peers().map(|q| (q, at(a.output, q))).collect(),
+            Some((at(a.output, r), at(a.input, r))),
+        ),
         CollType::Broadcast => {
             let root = a.root as usize;
             match r == root {
-                true => Flows {
-                    bytes,
-                    sends: peers().map(|p| (p, a.input)).collect(),
-                    recvs: Vec::new(),
-                    local: Some((a.output, a.input)),
-                    route: Route::Slots,
-                },
-                false => {
-                    Flows { bytes, sends: Vec::new(), recvs: vec![(root, a.output)], local: None, route: Route::Slots }
-                }
+                true => slots(peers().map(|p| (p, a.input)).collect(), Vec::new(), Some((a.output, a.input))),
+                false => slots(Vec::new(), vec![(root, a.output)], None),
             }
         }
         _ => return None,
