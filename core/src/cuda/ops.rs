@@ -734,14 +734,22 @@ mod tests {
         CollArgs { input, output, count: bytes, stride: bytes, root, ..CollArgs::default() }
     }
 
+    /// Rank r's window base in [`window_of_three`].
+    fn base(q: u64) -> u64 {
+        (q + 1) << 30
+    }
+
+    /// Rank 1 of 3 with one symmetric window of 1 MiB on every rank, rank q's at `base(q)`:
+    /// (n, r, block bytes, windows, the window, an output 8 KiB into this rank's window).
+    fn window_of_three() -> (usize, usize, u64, Windows, crate::cuda::WindowId, u64) {
+        let w = Windows::default();
+        let id = w.add(1, &[base(0), base(1), base(2)], 1 << 20).unwrap();
+        (3, 1, 4096, w, id, base(1) + 8192)
+    }
+
     #[test]
     fn a_call_whose_output_lies_in_a_symmetric_window_writes_straight_into_the_peers() {
-        // Rank 1 of 3; every rank's window 1 MiB, rank r's at (r + 1) << 30.
-        let (n, r, blk) = (3, 1, 4096u64);
-        let base = |q: u64| (q + 1) << 30;
-        let w = Windows::default();
-        let id = w.add(r, &[base(0), base(1), base(2)], 1 << 20).unwrap();
-        let out = base(1) + 8192;
+        let (n, r, blk, w, id, out) = window_of_three();
         // All-gather: this rank's block of every peer's output, at the same offset.
         let f = ce_flows(CollType::AllGather, &args(0x10, out, blk, 0), r, n, &w).unwrap();
         assert_eq!(f.sends.iter().map(|s| s.0).collect::<Vec<_>>(), [2, 0]);
@@ -774,13 +782,9 @@ mod tests {
 
     #[test]
     fn a_kernel_call_takes_the_windowed_mode_exactly_when_the_copy_engines_would_go_direct() {
-        // Rank 1 of 3, as above: the kernels' addresses are the copy engines' direct route with
-        // this rank's own part at its index.
-        let (n, r, blk) = (3, 1, 4096u64);
-        let base = |q: u64| (q + 1) << 30;
-        let w = Windows::default();
-        let id = w.add(r, &[base(0), base(1), base(2)], 1 << 20).unwrap();
-        let out = base(1) + 8192;
+        // The kernels' addresses are the copy engines' direct route with this rank's own part at
+        // its index.
+        let (n, r, blk, w, id, out) = window_of_three();
         let kargs = |mode: Mode, input: u64, output: u64, root: u32| CollArgs {
             mode: mode as u32,
             ..args(input, output, blk, root)
