@@ -608,7 +608,8 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
 }
 
 // All-gather, out-of-place all-to-all and direct broadcast whose output lies in a symmetric window
-// on every rank (the host sets a.win; occl::cuda::ops::kernel_windows): each sender writes its
+// on every rank (the host sets a.win, occl::cuda::ops::kernel_windows, and launches occl_coll_win,
+// a kernel of its own so that occl_coll_copy's code stays as it is): each sender writes its
 // channel's slice of its share straight into every receiver's output, with no slot and no
 // copy-out. Per channel b and pair (sender q, receiver r), one handshake per call:
 //   r releases wready = its call number into q's ctrl(b, r) as the call starts: its output is free;
@@ -647,8 +648,10 @@ DEV void win_modes(const CollArgs& a, Chan& c) {
         const u64 m = hi - lo;
         const unsigned char* mine = (const unsigned char*)a.win[r];
         if (a.mode == M_A2A) {
-            for (unsigned j = 1; j < n; j++) {
-                const unsigned p = (r + j) % n;
+            // Each channel starts at another peer, so that the channels of a rank write every
+            // peer at once rather than one peer after the other.
+            for (unsigned j = 0; j + 1 < n; j++) {
+                const unsigned p = (r + 1 + (j + b) % (n - 1)) % n;
                 copy1((unsigned char*)a.win[p] + lo, in + p * a.stride + lo, m);
             }
             copy1((unsigned char*)mine + lo, in + r * a.stride + lo, m);
@@ -675,10 +678,6 @@ DEV void win_modes(const CollArgs& a, Chan& c) {
 
 // Collectives that only move bytes (count and stride in bytes).
 DEV void copy_modes(const CollArgs& a, Chan& c) {
-    if (a.win[a.rank]) {
-        win_modes(a, c);
-        return;
-    }
     const unsigned b = chan_id(), nb = a.nch, r = a.rank, n = a.nranks;
     const unsigned all = ((1u << n) - 1) & ~(1u << r);
     const u64 chunk = a.slot_bytes;
@@ -907,6 +906,19 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
     extern "C" __global__ void __launch_bounds__(OCCL_LANE) occl_p2p_group(const P2pArgs g) {       \
         __shared__ Chan c;                                                                          \
         p2p_group(g, c);                                                                            \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
+        occl_coll_win(const CollArgs a) {                                                           \
+        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
+        Chan& c = cs[lane()];                                                                       \
+        if (chan_id() >= a.nch) return;                                                             \
+        const u64 t0 = a.timers ? globaltimer() : 0;                                                \
+        if (lt() == 0) c.failed = 0;                                                                \
+        PH_OPEN(a, c);                                                                              \
+        lane_sync();                                                                                \
+        win_modes(a, c);                                                                            \
+        PH_CLOSE(a, c);                                                                             \
+        chan_time(a, t0);                                                                           \
     }
 
 #define OCCL_COLL_TYPE(T, E)                                                                        \

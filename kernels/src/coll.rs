@@ -209,14 +209,19 @@ impl CollArgs {
 
 /// Index of the pre-multiply sum in a program's functions, after one per operator.
 const PREMUL_FUNC: usize = RedOp::ALL.len();
+/// Index of the windowed mode's kernel in the byte-moving program.
+const WIN_FUNC: usize = 3;
 
 /// Which function of the program a launch of `args` runs: the operator's, the pre-multiply sum's,
-/// or the byte mover's (index 0 of the byte-moving program).
+/// or the byte mover's (index 0 of the byte-moving program, its windowed mode's at [`WIN_FUNC`]).
 fn func_index(mode: Mode, args: &CollArgs, dt: DataType, op: RedOp) -> Result<usize> {
-    if args.windowed() && !matches!(mode, Mode::AllGather | Mode::AllToAll | Mode::Broadcast) {
-        return Err(Error::InvalidArgument(format!(
-            "a windowed {mode:?} launch: only all-gather, all-to-all and direct broadcast write peers' outputs"
-        )));
+    if args.windowed() {
+        if !matches!(mode, Mode::AllGather | Mode::AllToAll | Mode::Broadcast) || args.pre != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a windowed {mode:?} launch: only all-gather, all-to-all and direct broadcast write peers' outputs"
+            )));
+        }
+        return Ok(WIN_FUNC);
     }
     if args.pre == 0 {
         return Ok(if mode.reduces() { op.index() } else { 0 });
@@ -377,7 +382,9 @@ impl CollKernels {
                 .chain(["premulsum"])
                 .map(|op| format!("occl_coll_{}_{op}", dt.short_name()))
                 .collect(),
-            None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string(), "occl_p2p_group".to_string()],
+            None => {
+                ["occl_coll_copy", "occl_clock_probe", "occl_p2p_group", "occl_coll_win"].map(String::from).to_vec()
+            }
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
         let p = Arc::new(Program { funcs, _module: module });
@@ -455,12 +462,11 @@ mod tests {
         // records and 8 window addresses: no padding.
         assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8 + 8 + 8 + 8 * 8);
         assert_eq!(std::mem::align_of::<CollArgs>(), 8);
-        let a = CollArgs::default();
-        let at = |f: &u64| f as *const u64 as usize - &a as *const CollArgs as usize;
-        assert_eq!(at(&a.regions[0]), 5 * 8);
-        assert_eq!(at(&a.timers), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4);
-        assert_eq!(at(&a.phases), at(&a.timers) + 16);
-        assert_eq!(at(&a.win[0]), at(&a.phases) + 8, "win follows phases, as in coll.cu");
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(CollArgs, regions), 5 * 8);
+        assert_eq!(offset_of!(CollArgs, timers), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4);
+        assert_eq!(offset_of!(CollArgs, phases), offset_of!(CollArgs, timers) + 16);
+        assert_eq!(offset_of!(CollArgs, win), offset_of!(CollArgs, phases) + 8, "win follows phases, as in coll.cu");
     }
 
     #[test]
@@ -472,7 +478,8 @@ mod tests {
         a.win[2] = 0x3000;
         assert!(a.windowed());
         for mode in [Mode::AllGather, Mode::AllToAll, Mode::Broadcast] {
-            assert_eq!(func_index(mode, &a, DataType::U8, RedOp::Sum).unwrap(), 0, "{mode:?}");
+            assert_eq!(func_index(mode, &a, DataType::U8, RedOp::Sum).unwrap(), WIN_FUNC, "{mode:?}");
+            assert_eq!(func_index(mode, &CollArgs { win: [0; MAX_RANKS], ..a }, DataType::U8, RedOp::Sum).unwrap(), 0);
         }
         for mode in Mode::ALL.into_iter().filter(|m| !matches!(m, Mode::AllGather | Mode::AllToAll | Mode::Broadcast)) {
             let e = func_index(mode, &a, DataType::F32, RedOp::Sum).unwrap_err();
