@@ -857,19 +857,24 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
     }
 }
 
-#define OCCL_COLL_KERNEL(T, E, OPN, O, PRE, PS)                                                     \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
-        occl_coll_##T##_##OPN(const CollArgs a) {                                                   \
+// A collective kernel NAME: each channel opens (its sequence numbers loaded), runs the statement
+// after NAME (the mode's work, over `a` and its Chan `c`), closes and stamps its timer record.
+#define OCCL_CHAN_KERNEL(NAME, ...)                                                                 \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                        \
+        NAME(const CollArgs a) {                                                                    \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
         Chan& c = cs[lane()];                                                                       \
         if (chan_id() >= a.nch) return;                                                             \
         const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
-        reduce_modes<E, O, PRE>(a, c, PS);                                                          \
+        __VA_ARGS__;                                                                                \
         chan_close(a, c);                                                                           \
         PH_CLOSE(a, c);                                                                             \
         chan_time(a, t0);                                                                           \
     }
+
+#define OCCL_COLL_KERNEL(T, E, OPN, O, PRE, PS)                                                     \
+    OCCL_CHAN_KERNEL(occl_coll_##T##_##OPN, reduce_modes<E, O, PRE>(a, c, PS))
 
 #define OCCL_COLL(T, E, OPN, O) OCCL_COLL_KERNEL(T, E, OPN, O, false, typename E::W())
 
@@ -891,35 +896,12 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
 }
 
 #define OCCL_COLL_COPY                                                                              \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
-        occl_coll_copy(const CollArgs a) {                                                          \
-        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
-        Chan& c = cs[lane()];                                                                       \
-        if (chan_id() >= a.nch) return;                                                             \
-        const u64 t0 = a.timers ? globaltimer() : 0;                                                \
-        chan_open(a, c);                                                                            \
-        copy_modes(a, c);                                                                           \
-        chan_close(a, c);                                                                           \
-        PH_CLOSE(a, c);                                                                             \
-        chan_time(a, t0);                                                                           \
-    }                                                                                               \
+    OCCL_CHAN_KERNEL(occl_coll_copy, copy_modes(a, c))                                              \
     extern "C" __global__ void __launch_bounds__(OCCL_LANE) occl_p2p_group(const P2pArgs g) {       \
         __shared__ Chan c;                                                                          \
         p2p_group(g, c);                                                                            \
     }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
-        occl_coll_win(const CollArgs a) {                                                           \
-        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
-        Chan& c = cs[lane()];                                                                       \
-        if (chan_id() >= a.nch) return;                                                             \
-        const u64 t0 = a.timers ? globaltimer() : 0;                                                \
-        if (lt() == 0) c.failed = 0;                                                                \
-        PH_OPEN(a, c);                                                                              \
-        lane_sync();                                                                                \
-        win_modes(a, c);                                                                            \
-        PH_CLOSE(a, c);                                                                             \
-        chan_time(a, t0);                                                                           \
-    }
+    OCCL_CHAN_KERNEL(occl_coll_win, win_modes(a, c))
 
 #define OCCL_COLL_TYPE(T, E)                                                                        \
     OCCL_COLL(T, E, sum, OpSum)                                                                     \
