@@ -13,8 +13,9 @@ with occl's preloaded, in one command, and puts the two side by side.
     python3 bench/gpu-overlap.py NRANKS [SIZE_MiB ...]     (LIB=occl|nccl names the rows)
 
 WINDOWS=1 puts each collective's input and output in symmetric windows, NCCL 2.28's condition
-for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for copy-engine calls that write
-straight into the peers' buffers. With PyTorch 2.11's ProcessGroupNCCL, per (collective, size):
+for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for calls that write straight into
+the peers' buffers: copy-engine calls, and under the default policy the kernels' windowed mode
+(all-gather, out-of-place all-to-all, direct broadcast). With PyTorch 2.11's ProcessGroupNCCL, per (collective, size):
 `backend = dist.group.WORLD._get_backend(device)`; `pool = torch.cuda.MemPool(backend.mem_allocator)`
 (segments from `ncclMemAlloc`); the two tensors allocated under `torch.cuda.use_mem_pool(pool)`;
 `backend.register_mem_pool(pool, True)` (the second argument: `symm`), which calls `ncclCommWindowRegister(...,

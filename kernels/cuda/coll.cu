@@ -7,6 +7,8 @@
 //   ctrl(b, q).sent   mine alone: chunks I have sent q on b
 //   ctrl(b, q).recvd  mine alone: chunks I have received from q on b
 //   slots(b, q)       nslots buffers of slot_bytes that q writes (a FIFO)
+//   ctrl(b, q).wready, wdone (written by q), wsent, wrecvd (mine alone): the windowed mode's
+//                     numbers (win_modes), which writes peers' outputs with no slot between
 // Data is pushed: a sender writes the receiver's slot over NVLink, then publishes head with a
 // system-scope release; the receiver acquires head, reads its own memory and releases tail.
 // sent/recvd live in device memory and carry over from call to call, so a captured CUDA graph
@@ -47,15 +49,22 @@ struct CollArgs {
     u64 timers;  // host-mapped (start, stop) records of this launch, one per block; 0: untimed
     u64 scalar;
     u64 phases;  // this launch's phase records, one per channel; 0: none (read by OCCL_PHASES builds only)
+    // The windowed mode (win_modes): win[p] is where this rank's share lands in rank p's output,
+    // win[rank] this rank's own part of its output; win[rank] == 0: the slots.
+    u64 win[OCCL_MAXR];
 };
 
 struct Ctrl {
     u64 head;
-    u64 pad0[15];
+    u64 wready;  // written by q: q's output is free for my windowed call number wready to it
+    u64 pad0[14];
     u64 tail;
-    u64 pad1[7];
+    u64 wdone;  // written by q: q's windowed call number wdone to me has landed in my output
+    u64 pad1[6];
     u64 sent;
     u64 recvd;
+    u64 wsent;   // mine alone: windowed calls I have pushed to q on b
+    u64 wrecvd;  // mine alone: windowed calls q has pushed to me on b
 };
 
 DEV u64 ld_acquire(const u64* p) {
@@ -598,6 +607,75 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
     }
 }
 
+// All-gather, out-of-place all-to-all and direct broadcast whose output lies in a symmetric window
+// on every rank (the host sets a.win, occl::cuda::ops::kernel_windows, and launches occl_coll_win,
+// a kernel of its own so that occl_coll_copy's code stays as it is): each sender writes its
+// channel's slice of its share straight into every receiver's output, with no slot and no
+// copy-out. Per channel b and pair (sender q, receiver r), one handshake per call:
+//   r releases wready = its call number into q's ctrl(b, r) as the call starts: its output is free;
+//   q acquires it, writes its slice into r's output, then releases wdone = the number into r's
+//   ctrl(b, q); r acquires every sender's wdone before the kernel ends.
+// Why a peer's next call cannot overwrite an output that later work of this rank still reads:
+// q writes r's output for call N+1 only after r's wready N+1, which r's call N+1 releases once it
+// runs, so after every earlier piece of work on r's stream (stream order), the readers of call
+// N's output among them. The output of call N is whole when r's kernel ends (every channel waited
+// for its slice from every sender), so work after it on r's stream reads finished data.
+// Why the numbers replay in a CUDA graph: wsent/wrecvd live in device memory, are read as the
+// kernel starts and written back as it ends, as sent/recvd are; every windowed call advances both
+// ends of each pair by one on every channel (every rank takes the windowed mode for the same calls
+// and the same grid), so a replay continues the count instead of repeating a captured number.
+// Phase profile: the readiness wait counts as wait send, the copy as push, the wdone release as
+// post and the wait for the senders' wdone as wait recv.
+DEV void win_modes(const CollArgs& a, Chan& c) {
+    const unsigned b = chan_id(), r = a.rank, n = a.nranks, t = lt();
+    const unsigned all = ((1u << n) - 1) & ~(1u << r);
+    const bool root = a.mode != M_BCAST || r == a.root;
+    const unsigned tx = root ? all : 0;
+    const unsigned rx = a.mode != M_BCAST ? all : (root ? 0 : 1u << a.root);
+    const unsigned char* in = (const unsigned char*)a.in;
+    u64 lo, hi;
+    share(a.count, 16, b, a.nch, lo, hi);
+    PH_COUNT(c, PH_CHUNKS);
+    PH_SKIP(c);
+    Ctrl* k = t < n ? ctrl(a, r, b, t) : 0;
+    const bool txt = t < n && ((tx >> t) & 1), rxt = t < n && ((rx >> t) & 1);
+    const u64 ns = txt ? k->wsent + 1 : 0, nr = rxt ? k->wrecvd + 1 : 0;
+    if (rxt) st_release(&ctrl(a, t, b, r)->wready, nr);
+    if (txt && !c.failed) wait_ge(a, c, &k->wready, ns);
+    lane_sync();
+    PH_ADD(c, PH_WAIT_SEND);
+    if (!c.failed && lo < hi) {
+        const u64 m = hi - lo;
+        const unsigned char* mine = (const unsigned char*)a.win[r];
+        if (a.mode == M_A2A) {
+            // Each channel starts at another peer, so that the channels of a rank write every
+            // peer at once rather than one peer after the other.
+            for (unsigned j = 0; j + 1 < n; j++) {
+                const unsigned p = (r + 1 + (j + b) % (n - 1)) % n;
+                copy1((unsigned char*)a.win[p] + lo, in + p * a.stride + lo, m);
+            }
+            copy1((unsigned char*)mine + lo, in + r * a.stride + lo, m);
+        } else if (tx) {
+            unsigned char* d[OCCL_MAXR];
+            int nd = 0;
+            for (unsigned j = 1; j < n; j++) d[nd++] = (unsigned char*)a.win[(r + j) % n] + lo;
+            if (in != mine) d[nd++] = (unsigned char*)mine + lo;
+            if (nd) copy_bytes(d, nd, in + lo, m);
+        }
+    }
+    lane_sync();
+    PH_ADD(c, PH_PUSH);
+    if (txt && !c.failed) st_release(&ctrl(a, t, b, r)->wdone, ns);
+    lane_sync();
+    PH_ADD(c, PH_POST);
+    PH_COUNT(c, PH_STEPS);
+    if (rxt && !c.failed) wait_ge(a, c, &k->wdone, nr);
+    if (txt) k->wsent = ns;
+    if (rxt) k->wrecvd = nr;
+    lane_sync();
+    PH_ADD(c, PH_WAIT_RECV);
+}
+
 // Collectives that only move bytes (count and stride in bytes).
 DEV void copy_modes(const CollArgs& a, Chan& c) {
     const unsigned b = chan_id(), nb = a.nch, r = a.rank, n = a.nranks;
@@ -779,19 +857,24 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
     }
 }
 
-#define OCCL_COLL_KERNEL(T, E, OPN, O, PRE, PS)                                                     \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
-        occl_coll_##T##_##OPN(const CollArgs a) {                                                   \
+// A collective kernel NAME: each channel opens (its sequence numbers loaded), runs the statement
+// after NAME (the mode's work, over `a` and its Chan `c`), closes and stamps its timer record.
+#define OCCL_CHAN_KERNEL(NAME, ...)                                                                 \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                        \
+        NAME(const CollArgs a) {                                                                    \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
         Chan& c = cs[lane()];                                                                       \
         if (chan_id() >= a.nch) return;                                                             \
         const u64 t0 = a.timers ? globaltimer() : 0;                                                \
         chan_open(a, c);                                                                            \
-        reduce_modes<E, O, PRE>(a, c, PS);                                                          \
+        __VA_ARGS__;                                                                                \
         chan_close(a, c);                                                                           \
         PH_CLOSE(a, c);                                                                             \
         chan_time(a, t0);                                                                           \
     }
+
+#define OCCL_COLL_KERNEL(T, E, OPN, O, PRE, PS)                                                     \
+    OCCL_CHAN_KERNEL(occl_coll_##T##_##OPN, reduce_modes<E, O, PRE>(a, c, PS))
 
 #define OCCL_COLL(T, E, OPN, O) OCCL_COLL_KERNEL(T, E, OPN, O, false, typename E::W())
 
@@ -813,22 +896,12 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
 }
 
 #define OCCL_COLL_COPY                                                                              \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                         \
-        occl_coll_copy(const CollArgs a) {                                                          \
-        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
-        Chan& c = cs[lane()];                                                                       \
-        if (chan_id() >= a.nch) return;                                                             \
-        const u64 t0 = a.timers ? globaltimer() : 0;                                                \
-        chan_open(a, c);                                                                            \
-        copy_modes(a, c);                                                                           \
-        chan_close(a, c);                                                                           \
-        PH_CLOSE(a, c);                                                                             \
-        chan_time(a, t0);                                                                           \
-    }                                                                                               \
+    OCCL_CHAN_KERNEL(occl_coll_copy, copy_modes(a, c))                                              \
     extern "C" __global__ void __launch_bounds__(OCCL_LANE) occl_p2p_group(const P2pArgs g) {       \
         __shared__ Chan c;                                                                          \
         p2p_group(g, c);                                                                            \
-    }
+    }                                                                                               \
+    OCCL_CHAN_KERNEL(occl_coll_win, win_modes(a, c))
 
 #define OCCL_COLL_TYPE(T, E)                                                                        \
     OCCL_COLL(T, E, sum, OpSum)                                                                     \

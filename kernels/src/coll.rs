@@ -162,6 +162,10 @@ pub struct CollArgs {
     /// Device address of a [`crate::phases::PhaseBuf`]: the launch runs the phase-profiled
     /// program and writes one record per channel there; 0: the plain program.
     pub phases: u64,
+    /// The windowed mode of all-gather, all-to-all and direct broadcast (`win_modes` in the
+    /// source): where this rank's share lands in each rank's output, its own part at `rank`;
+    /// all 0: through the slots.
+    pub win: [u64; MAX_RANKS],
 }
 
 /// The scalar of a pre-multiply sum (NCCL's `ncclRedOpCreatePreMulSum`): each rank's input is
@@ -189,6 +193,11 @@ impl PreMul {
 }
 
 impl CollArgs {
+    /// Whether the launch writes the peers' outputs directly ([`CollArgs::win`]).
+    pub fn windowed(&self) -> bool {
+        usize::try_from(self.rank).ok().and_then(|r| self.win.get(r)).is_some_and(|&w| w != 0)
+    }
+
     /// Makes the launch a pre-multiply sum with scalar `p` (the operator must be `Sum`).
     pub fn premul(&mut self, p: PreMul) {
         (self.pre, self.scalar) = match p {
@@ -200,10 +209,20 @@ impl CollArgs {
 
 /// Index of the pre-multiply sum in a program's functions, after one per operator.
 const PREMUL_FUNC: usize = RedOp::ALL.len();
+/// Index of the windowed mode's kernel in the byte-moving program.
+const WIN_FUNC: usize = 3;
 
 /// Which function of the program a launch of `args` runs: the operator's, the pre-multiply sum's,
-/// or the byte mover's (index 0 of the byte-moving program).
+/// or the byte mover's (index 0 of the byte-moving program, its windowed mode's at [`WIN_FUNC`]).
 fn func_index(mode: Mode, args: &CollArgs, dt: DataType, op: RedOp) -> Result<usize> {
+    if args.windowed() {
+        if !matches!(mode, Mode::AllGather | Mode::AllToAll | Mode::Broadcast) || args.pre != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a windowed {mode:?} launch: only all-gather, all-to-all and direct broadcast write peers' outputs"
+            )));
+        }
+        return Ok(WIN_FUNC);
+    }
     if args.pre == 0 {
         return Ok(if mode.reduces() { op.index() } else { 0 });
     }
@@ -363,7 +382,9 @@ impl CollKernels {
                 .chain(["premulsum"])
                 .map(|op| format!("occl_coll_{}_{op}", dt.short_name()))
                 .collect(),
-            None => vec!["occl_coll_copy".to_string(), "occl_clock_probe".to_string(), "occl_p2p_group".to_string()],
+            None => {
+                ["occl_coll_copy", "occl_clock_probe", "occl_p2p_group", "occl_coll_win"].map(String::from).to_vec()
+            }
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
         let p = Arc::new(Program { funcs, _module: module });
@@ -437,10 +458,34 @@ mod tests {
 
     #[test]
     fn the_argument_block_has_the_kernels_layout() {
-        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers, the scalar and the phase
-        // records: no padding.
-        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8 + 8 + 8);
+        // 5 addresses/counts, 8 regions, 4 u64, 8 u32, the timers, the scalar, the phase
+        // records and 8 window addresses: no padding.
+        assert_eq!(std::mem::size_of::<CollArgs>(), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4 + 8 + 8 + 8 + 8 * 8);
         assert_eq!(std::mem::align_of::<CollArgs>(), 8);
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(CollArgs, regions), 5 * 8);
+        assert_eq!(offset_of!(CollArgs, timers), 5 * 8 + 8 * 8 + 4 * 8 + 8 * 4);
+        assert_eq!(offset_of!(CollArgs, phases), offset_of!(CollArgs, timers) + 16);
+        assert_eq!(offset_of!(CollArgs, win), offset_of!(CollArgs, phases) + 8, "win follows phases, as in coll.cu");
+    }
+
+    #[test]
+    fn only_byte_moving_collectives_take_the_windowed_mode() {
+        let mut a = CollArgs { rank: 2, nranks: 3, ..CollArgs::default() };
+        assert!(!a.windowed());
+        a.win[0] = 0x1000;
+        assert!(!a.windowed(), "the rank's own part decides");
+        a.win[2] = 0x3000;
+        assert!(a.windowed());
+        for mode in [Mode::AllGather, Mode::AllToAll, Mode::Broadcast] {
+            assert_eq!(func_index(mode, &a, DataType::U8, RedOp::Sum).unwrap(), WIN_FUNC, "{mode:?}");
+            assert_eq!(func_index(mode, &CollArgs { win: [0; MAX_RANKS], ..a }, DataType::U8, RedOp::Sum).unwrap(), 0);
+        }
+        for mode in Mode::ALL.into_iter().filter(|m| !matches!(m, Mode::AllGather | Mode::AllToAll | Mode::Broadcast)) {
+            let e = func_index(mode, &a, DataType::F32, RedOp::Sum).unwrap_err();
+            assert!(e.to_string().contains("windowed"), "{mode:?}: {e}");
+        }
+        assert!(!CollArgs { rank: 9, ..a }.windowed(), "a rank past the table");
     }
 
     #[test]

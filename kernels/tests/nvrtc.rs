@@ -71,7 +71,7 @@ fn the_collective_programs_compile_for_hopper() {
         (Some(DataType::F8E4M3), vec!["occl_coll_f8e4m3_max", "occl_coll_f8e4m3_premulsum"]),
         (Some(DataType::I64), vec!["occl_coll_i64_sum", "occl_coll_i64_premulsum"]),
         (Some(DataType::U8), vec!["occl_coll_u8_premulsum"]),
-        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
+        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group", "occl_coll_win"]),
     ] {
         let t = std::time::Instant::now();
         let cubin = nvrtc::compile_cubin(&coll::source(dt, false), "occl-coll.cu", "sm_90", &options("sm_90"))
@@ -93,7 +93,7 @@ fn the_phase_profiled_programs_compile_for_hopper() {
     // The OCCL_PHASES builds of the byte mover and of one reducing type: same kernels, and a
     // different image from the plain build's.
     for (dt, kernels) in [
-        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
+        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group", "occl_coll_win"]),
         (Some(DataType::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_premulsum"]),
     ] {
         let build = |phases| {
@@ -119,10 +119,12 @@ fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
     let size = std::mem::size_of::<p2p::P2pArgs>();
     let src = format!(
         "{}\nstatic_assert(sizeof(P2pArgs) == {size}, \"P2pArgs size\");\nstatic_assert(OCCL_P2P_OPS == {}, \"ops\");\n\
-         static_assert(sizeof(CollArgs) == {}, \"CollArgs size\");\n",
+         static_assert(sizeof(CollArgs) == {}, \"CollArgs size\");\n\
+         static_assert(sizeof(((CollArgs*)0)->win) == {}, \"CollArgs win, its last field\");\n",
         coll::source(None, false),
         p2p::MAX_OPS,
         std::mem::size_of::<coll::CollArgs>(),
+        std::mem::size_of::<coll::CollArgs>() - std::mem::offset_of!(coll::CollArgs, win),
     );
     let cubin = nvrtc::compile_cubin(&src, "occl-p2p.cu", "sm_90", &options("sm_90")).unwrap_or_else(|e| panic!("{e}"));
     assert!(cubin.windows(14).any(|w| w == b"occl_p2p_group"));

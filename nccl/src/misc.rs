@@ -233,9 +233,10 @@ export! {
     /// Registers `[buff, buff+size)` as a window on every rank (collective, in the same order
     /// everywhere). On device memory the window is the device API's (`devapi`): every rank's
     /// buffer mapped into this one's kernels, set up at once or at the end of the open group;
-    /// when every rank passed `NCCL_WIN_COLL_SYMMETRIC`, copy-engine collectives
-    /// (`NCCL_CTA_POLICY_ZERO`) whose output lies in it write straight into the peers' buffers
-    /// (`occl::cuda`'s `ce/mod.rs`). On host memory, windows on memory from `ncclMemAlloc` are shared between same-host
+    /// when every rank passed `NCCL_WIN_COLL_SYMMETRIC`, all-gather, all-to-all and broadcast
+    /// whose output lies in it write straight into the peers' buffers: on the copy engines
+    /// (`NCCL_CTA_POLICY_ZERO`, `occl::cuda`'s `ce/mod.rs`) or from the kernels (their windowed
+    /// mode). On host memory, windows on memory from `ncclMemAlloc` are shared between same-host
     /// processes and make all-reduce, all-gather and reduce-scatter single-copy.
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: ncclComm_t,

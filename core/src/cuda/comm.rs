@@ -474,10 +474,11 @@ impl CudaComm {
     }
 
     /// Adds a window that every rank registered with `NCCL_WIN_COLL_SYMMETRIC`: `len` bytes on
-    /// every rank, rank `r`'s buffer mapped here at `bases[r]` (this rank's own included). A
-    /// copy-engine call whose output lies wholly in it writes each peer's part straight into
-    /// that peer's buffer at the same offset, which holds only if every rank's buffers of the
-    /// call lie at the same offset of its window (the flag's promise, as in NCCL). Remove it with
+    /// every rank, rank `r`'s buffer mapped here at `bases[r]` (this rank's own included). An
+    /// all-gather, all-to-all or broadcast whose output lies wholly in it, on the copy engines or
+    /// in the kernels' windowed mode, writes each peer's part straight into that peer's buffer
+    /// at the same offset, which holds only if every rank's buffers of the call lie at the same
+    /// offset of its window (the flag's promise, as in NCCL). Remove it with
     /// [`CudaComm::remove_window`] before the peers' buffers are unmapped.
     pub fn add_symmetric_window(&self, bases: &[u64], len: u64) -> Result<WindowId> {
         if bases.len() != self.nranks() {
@@ -487,7 +488,7 @@ impl CudaComm {
     }
 
     /// Removes a window of [`CudaComm::add_symmetric_window`]; false when it is not live. Later
-    /// calls on its buffers go through the copy-engine slots.
+    /// calls on its buffers go through the slots (the copy engines' or the kernels').
     pub fn remove_window(&self, id: WindowId) -> bool {
         self.windows.remove(id)
     }

@@ -7,13 +7,13 @@ use super::budget::CtaPolicy;
 use super::ce::{Flows, Route};
 use super::comm::CudaComm;
 use super::err;
-use super::kernels::coll::{CollArgs, Mode};
+use super::kernels::coll::{CollArgs, Mode, MAX_RANKS};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::memops::StreamOps;
 use super::kernels::p2p::{plan, Transfer};
 use super::tune::DevAlgo;
 use super::watch::Watch;
-use super::windows::Windows;
+use super::windows::{InWindow, Windows};
 use super::{kernel_op, DevOp, PreMul};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
@@ -211,6 +211,11 @@ impl CudaComm {
             None => (DataType::U8, RedOp::Sum),
         };
         let flows = self.ce_flows(&call, &a);
+        if flows.is_none() {
+            if let Some(win) = kernel_windows(call.coll, &a, self.rank(), self.nranks(), &self.windows) {
+                a.win = win;
+            }
+        }
         let blocks = if flows.is_some() { 0 } else { self.channels_for((call.count * call.dt.size()) as u64) };
         // SAFETY: the caller's promise.
         unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
@@ -631,7 +636,6 @@ fn ce_flows(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows)
     let bytes = a.count;
     let peers = || (1..n).map(move |k| (r + k) % n);
     let at = |base: u64, q: usize| base + q as u64 * a.stride;
-    let blocks = n as u64 * a.stride;
     let slots = |sends, recvs, local| Flows { bytes, sends, recvs, local, route: Route::Slots };
     let mut f = match coll {
         CollType::AllGather => slots(
@@ -653,19 +657,46 @@ fn ce_flows(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows)
         }
         _ => return None,
     };
-    // The output's bytes, and where this rank's own data lands in it.
-    let (span, mine) = match coll {
-        CollType::Broadcast => (bytes, a.output),
-        _ => (blocks, at(a.output, r)),
-    };
-    let overlap = a.input < a.output.saturating_add(blocks) && a.output < a.input.saturating_add(blocks);
-    if coll == CollType::AllToAll && overlap {
-        return Some(f);
-    }
-    if let Some(w) = windows.find(a.output, span) {
+    if let Some((w, mine)) = in_window(coll, a, r, n, windows) {
         f.route = Route::Direct(f.sends.iter().map(|&(p, _)| w.at(p, mine)).collect());
     }
     Some(f)
+}
+
+/// The symmetric window that holds the whole output of `coll` on rank `r` of `n` (`a`: its
+/// kernel arguments), and where this rank's own data lands in that output: the rule by which
+/// the copy engines ([`ce_flows`]) and the kernels ([`kernel_windows`]) write straight into the
+/// peers' outputs. `None` for other collectives and for an all-to-all whose input overlaps its
+/// output (see [`ce_flows`]).
+fn in_window(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows) -> Option<(InWindow, u64)> {
+    let blocks = n as u64 * a.stride;
+    let (span, mine) = match coll {
+        CollType::Broadcast => (a.count, a.output),
+        CollType::AllGather | CollType::AllToAll => (blocks, a.output + r as u64 * a.stride),
+        _ => return None,
+    };
+    let overlap = a.input < a.output.saturating_add(blocks) && a.output < a.input.saturating_add(blocks);
+    if coll == CollType::AllToAll && overlap {
+        return None;
+    }
+    windows.find(a.output, span).map(|w| (w, mine))
+}
+
+/// The windowed kernel mode's addresses ([`CollArgs::win`]) of a kernel call (`a`, the tuner's
+/// mode in it) of `coll` on rank `r` of `n`: every rank's place for this rank's share, exactly
+/// when [`in_window`] finds the output in a symmetric window, so every rank chooses alike. The
+/// kernels have the mode for all-gather, all-to-all and the direct broadcast; the ring
+/// broadcast keeps its slots.
+fn kernel_windows(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows) -> Option<[u64; MAX_RANKS]> {
+    if !matches!(Mode::of_code(a.mode)?, Mode::AllGather | Mode::AllToAll | Mode::Broadcast) || n > MAX_RANKS {
+        return None;
+    }
+    let (w, mine) = in_window(coll, a, r, n, windows)?;
+    let mut win = [0; MAX_RANKS];
+    for (p, x) in win.iter_mut().enumerate().take(n) {
+        *x = w.at(p, mine);
+    }
+    Some(win)
 }
 
 #[cfg(test)]
@@ -693,14 +724,22 @@ mod tests {
         CollArgs { input, output, count: bytes, stride: bytes, root, ..CollArgs::default() }
     }
 
+    /// Rank r's window base in [`window_of_three`].
+    fn base(q: u64) -> u64 {
+        (q + 1) << 30
+    }
+
+    /// Rank 1 of 3 with one symmetric window of 1 MiB on every rank, rank q's at `base(q)`:
+    /// (n, r, block bytes, windows, the window, an output 8 KiB into this rank's window).
+    fn window_of_three() -> (usize, usize, u64, Windows, crate::cuda::WindowId, u64) {
+        let w = Windows::default();
+        let id = w.add(1, &[base(0), base(1), base(2)], 1 << 20).unwrap();
+        (3, 1, 4096, w, id, base(1) + 8192)
+    }
+
     #[test]
     fn a_call_whose_output_lies_in_a_symmetric_window_writes_straight_into_the_peers() {
-        // Rank 1 of 3; every rank's window 1 MiB, rank r's at (r + 1) << 30.
-        let (n, r, blk) = (3, 1, 4096u64);
-        let base = |q: u64| (q + 1) << 30;
-        let w = Windows::default();
-        let id = w.add(r, &[base(0), base(1), base(2)], 1 << 20).unwrap();
-        let out = base(1) + 8192;
+        let (n, r, blk, w, id, out) = window_of_three();
         // All-gather: this rank's block of every peer's output, at the same offset.
         let f = ce_flows(CollType::AllGather, &args(0x10, out, blk, 0), r, n, &w).unwrap();
         assert_eq!(f.sends.iter().map(|s| s.0).collect::<Vec<_>>(), [2, 0]);
@@ -729,5 +768,59 @@ mod tests {
         let f = ce_flows(CollType::AllToAll, &args(0x10, out, blk, 0), r, n, &w).unwrap();
         assert_eq!(f.route, Route::Slots);
         assert!(ce_flows(CollType::AllReduce, &args(0x10, out, blk, 0), r, n, &w).is_none());
+    }
+
+    #[test]
+    fn a_kernel_call_takes_the_windowed_mode_exactly_when_the_copy_engines_would_go_direct() {
+        // The kernels' addresses are the copy engines' direct route with this rank's own part at
+        // its index.
+        let (n, r, blk, w, id, out) = window_of_three();
+        let kargs = |mode: Mode, input: u64, output: u64, root: u32| CollArgs {
+            mode: mode as u32,
+            ..args(input, output, blk, root)
+        };
+        let mine = |q: u64| base(q) + 8192 + blk;
+        let mut three = [0; MAX_RANKS];
+        three[..3].copy_from_slice(&[mine(0), mine(1), mine(2)]);
+        let win = |coll, a: &CollArgs| kernel_windows(coll, a, r, n, &w);
+        // All-gather out of place and in place (the input is this rank's block of the output).
+        assert_eq!(win(CollType::AllGather, &kargs(Mode::AllGather, 0x10, out, 0)), Some(three));
+        assert_eq!(win(CollType::AllGather, &kargs(Mode::AllGather, out + blk, out, 0)), Some(three));
+        // All-to-all out of place; in place or overlapping keeps the slots.
+        assert_eq!(win(CollType::AllToAll, &kargs(Mode::AllToAll, 0x10, out, 0)), Some(three));
+        for input in [out, out + blk, out - blk] {
+            assert_eq!(win(CollType::AllToAll, &kargs(Mode::AllToAll, input, out, 0)), None, "input {input:#x}");
+        }
+        // Broadcast: the whole output at the same offset everywhere, on the root and on a leaf;
+        // the ring broadcast keeps its slots.
+        let mut whole = [0; MAX_RANKS];
+        whole[..3].copy_from_slice(&[base(0) + 8192, base(1) + 8192, base(2) + 8192]);
+        assert_eq!(win(CollType::Broadcast, &kargs(Mode::Broadcast, 0x10, out, 1)), Some(whole));
+        assert_eq!(win(CollType::Broadcast, &kargs(Mode::Broadcast, out, out, 0)), Some(whole));
+        assert_eq!(win(CollType::Broadcast, &kargs(Mode::BroadcastRing, 0x10, out, 1)), None);
+        // The same rule as the copy engines' direct route, call for call.
+        for (coll, mode, input) in [
+            (CollType::AllGather, Mode::AllGather, 0x10),
+            (CollType::AllToAll, Mode::AllToAll, 0x10),
+            (CollType::AllToAll, Mode::AllToAll, out),
+            (CollType::Broadcast, Mode::Broadcast, 0x10),
+        ] {
+            for output in [out, base(1) + (1 << 20) - blk, 0x5000] {
+                let a = kargs(mode, input, output, 1);
+                let ce = ce_flows(coll, &a, r, n, &w).unwrap();
+                let direct = matches!(ce.route, Route::Direct(_));
+                assert_eq!(win(coll, &a).is_some(), direct, "{coll:?} {input:#x} -> {output:#x}");
+                if let (Route::Direct(to), Some(k)) = (&ce.route, win(coll, &a)) {
+                    assert!(ce.sends.iter().zip(to).all(|(&(p, _), &at)| k[p] == at), "{coll:?}");
+                }
+            }
+        }
+        // Outside a window, past its end, a reduction, or the window removed: the slots.
+        assert_eq!(win(CollType::AllGather, &kargs(Mode::AllGather, 0x10, 0x5000, 0)), None);
+        assert_eq!(win(CollType::AllGather, &kargs(Mode::AllGather, 0x10, base(1) + (1 << 20) - blk, 0)), None);
+        assert_eq!(win(CollType::AllReduce, &kargs(Mode::AllReduceOneShot, 0x10, out, 0)), None);
+        assert_eq!(win(CollType::ReduceScatter, &kargs(Mode::ReduceScatter, 0x10, out, 0)), None);
+        assert!(w.remove(id));
+        assert_eq!(win(CollType::AllGather, &kargs(Mode::AllGather, 0x10, out, 0)), None);
     }
 }

@@ -1,8 +1,9 @@
 //! The communicator's symmetric windows: buffers every rank registered together with
 //! `NCCL_WIN_COLL_SYMMETRIC` (occl-nccl's `ncclCommWindowRegister`), with every rank's buffer
 //! mapped here. That flag is the user's promise that a call's buffers lie at the same offset of
-//! every rank's window, so a copy-engine call whose output lies in one writes each peer's part
-//! straight to the same offset of that peer's buffer (`ce/`).
+//! every rank's window, so a call whose output lies in one writes each peer's part straight to
+//! the same offset of that peer's buffer: on the copy engines (`ce/`) or from the kernels'
+//! windowed mode (`ops.rs`, `kernel_windows`).
 
 use super::kernels::coll::MAX_RANKS;
 use crate::error::{Error, Result};

@@ -224,8 +224,8 @@ pub(crate) fn records(all: &[Vec<u8>], me: usize, what: &str) -> Result<Vec<Reco
 }
 
 /// The bytes a window holds on every rank when every rank registered it with
-/// `NCCL_WIN_COLL_SYMMETRIC` (the least of their sizes), else `None`: copy-engine calls write
-/// straight into it only then, so every rank's view of it is the same.
+/// `NCCL_WIN_COLL_SYMMETRIC` (the least of their sizes), else `None`: copy-engine calls and
+/// kernels write straight into it only then, so every rank's view of it is the same.
 pub(crate) fn symmetric_len(recs: &[Record]) -> Option<u64> {
     if recs.iter().all(|r| r.symmetric) {
         recs.iter().map(|r| r.size).min()

@@ -9,8 +9,9 @@
  *     barrier of the program's own resource requirements, through ncclSymPtr;
  *   - ncclDevCommCreate refusing NVLink multicast, and the communicator still working after;
  *   - all-to-all, all-gather (out of place and in place) and broadcast from every root with their
- *     output in a symmetric window, back to back: under NCCL_CTA_POLICY=2 occl runs them on the
- *     copy engines writing straight into the peers' windows.
+ *     output in a symmetric window, back to back: occl writes them straight into the peers'
+ *     windows, from its kernels' windowed mode under the default policy and on the copy engines
+ *     under NCCL_CTA_POLICY=2.
  *
  *   device_api threads [N]             one process drives N GPUs (default: all) from one thread
  *   device_api rank <r> <n> <id file>  one rank per process, on GPU r modulo the GPUs present

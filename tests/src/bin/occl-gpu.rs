@@ -6,6 +6,7 @@
 //! occl-gpu check --threads 2                      # one process, CudaComm::init_all over the GPUs
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
 //! occl-gpu bench --ranks 4 --sizes 64M,1G --phases all_gather,all_reduce   # + where the kernels' time goes
+//! occl-gpu bench --ranks 4 --windows --phases all_gather,all_to_all   # outputs in symmetric windows
 //! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
 //! NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 occl-gpu stall --ranks 2   # a rank stops calling: rank 0 times out
 //! ```
@@ -26,11 +27,18 @@
 //! size) with the kernels' phase profile (`occl_kernels::phases`) and prints, from every rank, a
 //! line with `"phases"`: per phase the ns summed over the rank's channels, per channel, and as a
 //! share of the channels' time, and the skew of the channels' starts and ends.
+//!
+//! `bench --windows` puts each call's output in a region of its own that every rank maps and
+//! registers as a symmetric window (as occl-nccl does for `ncclCommWindowRegister(..,
+//! NCCL_WIN_COLL_SYMMETRIC)`), so all-gather, all-to-all and broadcast write the peers' outputs
+//! directly: from the kernels' windowed mode, or on the copy engines under `NCCL_CTA_POLICY=2`.
+//! One process per rank (`--ranks`): the peers' outputs are mapped through CUDA IPC.
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use occl::cuda::kernels::ipc::{DeviceRegion, IpcHandle, PeerRegion};
 use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
-use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
+use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul, WindowId};
 use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
 use std::process::ExitCode;
@@ -139,6 +147,52 @@ fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<(CudaSlice<u8
     let s = stream.alloc_zeros::<u8>(bytes.max(16))?;
     let p = { s.device_ptr(stream).0 };
     Ok((s, p))
+}
+
+/// A bench call's output in a symmetric window (`bench --windows`): this rank's region, mapped
+/// by every peer, and the peers' regions mapped here.
+struct WindowedOut {
+    id: WindowId,
+    peers: Vec<PeerRegion>,
+    region: DeviceRegion,
+}
+
+impl WindowedOut {
+    /// Allocates `bytes` on every rank and registers them as one symmetric window (collective).
+    fn new(cc: &CudaComm, bytes: usize) -> anyhow::Result<WindowedOut> {
+        let region = DeviceRegion::alloc(cc.context(), bytes.max(16))?;
+        let all = cc.exchange(&region.ipc_handle()?)?;
+        let (mut bases, mut peers) = (Vec::with_capacity(all.len()), Vec::new());
+        for (q, h) in all.iter().enumerate() {
+            if q == cc.rank() {
+                bases.push(region.ptr());
+                continue;
+            }
+            let h: IpcHandle = h.as_slice().try_into().context("a peer's IPC handle is not 64 bytes")?;
+            let p = PeerRegion::open(cc.context(), &h)
+                .with_context(|| format!("map rank {q}'s output (--windows needs one process per rank: --ranks)"))?;
+            bases.push(p.ptr());
+            peers.push(p);
+        }
+        let id = cc.add_symmetric_window(&bases, bytes as u64)?;
+        Ok(WindowedOut { id, peers, region })
+    }
+
+    fn ptr(&self) -> u64 {
+        self.region.ptr()
+    }
+
+    /// Unregisters the window and unmaps the peers' regions; frees this rank's once every rank
+    /// has unmapped it (collective; `s` synchronized first, so no call still writes).
+    fn close(self, cc: &CudaComm, s: &CudaStream) -> anyhow::Result<()> {
+        s.synchronize()?;
+        cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
+        cc.remove_window(self.id);
+        drop(self.peers);
+        cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
+        drop(self.region);
+        Ok(())
+    }
 }
 
 /// Element `i` of rank `r`'s input as a small integer: exact in every type, sums and products
@@ -577,6 +631,10 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
     let es = dt.size();
     let iters_arg: usize = flag(args, "--iters").map(str::parse).transpose()?.unwrap_or(100);
     let phases = args.iter().any(|a| a == "--phases");
+    let windows = args.iter().any(|a| a == "--windows");
+    if windows && cc.is_staged() {
+        bail!("--windows: peers on other hosts have no mapped outputs");
+    }
     for coll in colls.split(',') {
         for &size in &sizes {
             // nccl_bench.py's sizes: per-rank bytes; all_gather reports the output, reduce_scatter the input.
@@ -593,7 +651,11 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 c => bail!("unknown collective {c}"),
             };
             let (_ib, ip) = alloc(s, ibytes)?;
-            let (_ob, op) = alloc(s, obytes)?;
+            let win = if windows { Some(WindowedOut::new(cc, obytes)?) } else { None };
+            let (_ob, op) = match &win {
+                Some(w) => (None, w.ptr()),
+                None => alloc(s, obytes).map(|(b, p)| (Some(b), p))?,
+            };
             let go = || -> anyhow::Result<()> {
                 // SAFETY: buffers of the sizes above, alive for the whole measurement.
                 unsafe {
@@ -669,7 +731,8 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 s.synchronize()?;
                 cc.device_error()?;
                 let line = serde_json::json!({"collective": coll, "nranks": n, "rank": r, "size_bytes": nbytes,
-                    "dtype": dname, "library": "occl", "algorithm": algo_name, "channels": channels, "sms": sms});
+                    "dtype": dname, "library": "occl", "algorithm": algo_name, "channels": channels, "sms": sms,
+                    "windows": windows});
                 println!("{}", phase_line(line, cc.kernel_phases()?.as_deref()));
             }
             if r == 0 {
@@ -680,8 +743,13 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                     serde_json::json!({"collective": coll, "nranks": n, "size_bytes": nbytes, "dtype": dname,
                         "time_us": (t * 1000.0).round() / 1000.0, "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
                         "busbw_gbps": (algbw * factor * 1000.0).round() / 1000.0, "graph": graph,
-                        "library": "occl", "algorithm": algo_name, "channels": channels, "sms": sms})
+                        "library": "occl", "algorithm": algo_name, "channels": channels, "sms": sms,
+                        "windows": windows})
                 );
+            }
+            drop(graph_exec);
+            if let Some(w) = win {
+                w.close(cc, s)?;
             }
         }
     }
