@@ -140,6 +140,23 @@ impl CeGeometry {
     }
 }
 
+/// How a rank issues its sends (`OCCL_CE_BATCH`, `OCCL_CE_BATCH_CHUNKS`). Each rank picks its
+/// own: a peer sees the same words and the same data either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CeSends {
+    /// Each peer's share on the stream of that peer's send lane.
+    #[default]
+    Lanes,
+    /// A call's (or a slot round's) sends as one driver batch on one stream: a direct call's
+    /// shares each cut into `chunks` pieces, interleaved across peers.
+    Batch { chunks: u64 },
+}
+
+impl CeSends {
+    /// The most pieces a direct call's share is cut into.
+    pub const MAX_CHUNKS: u64 = 64;
+}
+
 /// Where the copy-engine area lies in every rank's region (the same offset on all ranks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct CeArea {
