@@ -38,6 +38,9 @@ pub enum Error {
     PhaseRecord { channel: u32, what: &'static str },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A driver entry point this driver lacks (an older driver than the call needs).
+    #[error("the CUDA driver has no {call} (it needs a driver of {needs} or later)")]
+    MissingEntry { call: &'static str, needs: &'static str },
 }
 
 /// Wraps a driver error with the call that returned it.

@@ -5,7 +5,7 @@
 //! another host there is nothing to map: every call is staged through host memory (`staged`).
 
 use super::budget::{Channels, CtaBudget, CtaPolicy};
-use super::ce::{CeArea, CeGeometry, CeStreams};
+use super::ce::{CeArea, CeGeometry, CeSends, CeStreams};
 use super::err;
 use super::events::{DevEvents, RING_SLOTS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
@@ -29,7 +29,8 @@ use std::sync::Arc;
 /// The shape of the shared region (`OCCL_CUDA_CHANNELS`, `OCCL_CUDA_SLOTS`,
 /// `OCCL_CUDA_SLOT_SIZE`, and the copy-engine area's `OCCL_CE_SLOTS`, `OCCL_CE_SLOT_BYTES`) and
 /// the CTA budget (`budget.rs`), which every rank must share, and the channels per thread block
-/// (`OCCL_CUDA_LANES`), which each rank picks for itself.
+/// (`OCCL_CUDA_LANES`) and how the copy engines' sends are issued (`OCCL_CE_BATCH`,
+/// `OCCL_CE_BATCH_CHUNKS`), which each rank picks for itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceSettings {
     /// The most channels an operation spreads over (the budget picks how many per call).
@@ -42,6 +43,8 @@ pub struct DeviceSettings {
     pub budget: CtaBudget,
     /// The copy-engine collectives' slots (`ce/mod.rs`).
     pub ce: CeGeometry,
+    /// How this rank's copy-engine sends are issued (`ce/mod.rs`).
+    pub ce_sends: CeSends,
 }
 
 impl Default for DeviceSettings {
@@ -60,6 +63,7 @@ impl Default for DeviceSettings {
             lanes: 2,
             budget: CtaBudget::default(),
             ce: CeGeometry::default(),
+            ce_sends: CeSends::default(),
         }
     }
 }
@@ -100,6 +104,20 @@ impl DeviceSettings {
         if let Some(v) = num("OCCL_CE_SLOT_BYTES")? {
             s.ce.slot_bytes = v;
         }
+        s.ce_sends = match var("OCCL_CE_BATCH").as_deref().map(str::trim) {
+            None | Some("" | "0") => CeSends::Lanes,
+            Some("1") => {
+                let chunks = num("OCCL_CE_BATCH_CHUNKS")?.unwrap_or(1);
+                if !(1..=CeSends::MAX_CHUNKS).contains(&chunks) {
+                    return Err(Error::arg(format!(
+                        "OCCL_CE_BATCH_CHUNKS={chunks}: a share is cut into 1 to {} pieces",
+                        CeSends::MAX_CHUNKS
+                    )));
+                }
+                CeSends::Batch { chunks }
+            }
+            Some(v) => return Err(Error::arg(format!("OCCL_CE_BATCH={v:?} is not 0 or 1"))),
+        };
         Ok(s)
     }
 
@@ -294,7 +312,7 @@ impl CudaComm {
             let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
             let streams = (s.budget.policy == CtaPolicy::Zero && n > 1)
-                .then(|| CeStreams::new(&ctx, n, comm.config().timeout))
+                .then(|| CeStreams::new(&ctx, n, comm.config().timeout, s.ce_sends))
                 .transpose()
                 .map_err(err("make the copy-engine streams"))?;
             Ok((ctx, k, r, h, streams, phases))
@@ -540,6 +558,23 @@ mod tests {
         assert_eq!(s.ce, CeGeometry { slots: 2, slot_bytes: 2 << 20 });
         let e = DeviceSettings::from_vars(vars(&[("OCCL_CE_SLOTS", "two")])).unwrap_err().to_string();
         assert!(e.contains("OCCL_CE_SLOTS=\"two\" is not a size"), "{e}");
+    }
+
+    /// `OCCL_CE_BATCH` (0 or 1) and its pieces per share.
+    #[test]
+    fn the_copy_engines_batch_their_sends_when_asked() {
+        let sends = |v: &[(&'static str, &'static str)]| DeviceSettings::from_vars(vars(v)).map(|s| s.ce_sends);
+        assert_eq!(sends(&[]).ok(), Some(CeSends::Lanes));
+        assert_eq!(sends(&[("OCCL_CE_BATCH", "0"), ("OCCL_CE_BATCH_CHUNKS", "4")]).ok(), Some(CeSends::Lanes));
+        assert_eq!(sends(&[("OCCL_CE_BATCH", "1")]).ok(), Some(CeSends::Batch { chunks: 1 }));
+        let four = sends(&[("OCCL_CE_BATCH", "1"), ("OCCL_CE_BATCH_CHUNKS", "4")]);
+        assert_eq!(four.ok(), Some(CeSends::Batch { chunks: 4 }));
+        let e = sends(&[("OCCL_CE_BATCH", "yes")]).unwrap_err().to_string();
+        assert!(e.contains("OCCL_CE_BATCH=\"yes\" is not 0 or 1"), "{e}");
+        for bad in ["0", "65"] {
+            let e = sends(&[("OCCL_CE_BATCH", "1"), ("OCCL_CE_BATCH_CHUNKS", bad)]).unwrap_err().to_string();
+            assert!(e.contains("1 to 64 pieces"), "{e}");
+        }
     }
 
     fn record(s: &DeviceSettings) -> Vec<u8> {

@@ -34,7 +34,7 @@ mod watch;
 mod windows;
 
 pub use budget::{CtaBudget, CtaPolicy, EFFICIENT_SMS};
-pub use ce::{CeGeometry, MAX_AREA_BYTES as CE_MAX_AREA_BYTES};
+pub use ce::{CeGeometry, CeSends, MAX_AREA_BYTES as CE_MAX_AREA_BYTES};
 pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::coll::PreMul;
 pub use kernels::timer::ClockMap;

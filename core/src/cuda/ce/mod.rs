@@ -38,7 +38,8 @@
 //! A call is a plan (`plan.rs`): steps on lanes, one lane per peer for the sends (copies to
 //! different peers run on different copy engines), one for this rank's own part, and one for
 //! every receive, issued in rounds (round `i`: chunk `i` to every peer, then chunk `i` from
-//! every peer). `streams.rs` runs each lane on a stream of the communicator's own, forked from
+//! every peer); with [`CeSends::Batch`], one lane for every send instead (below).
+//! `streams.rs` runs each lane on a stream of the communicator's own, forked from
 //! the caller's stream by an event and joined back by an event per lane. Each wait of round `i`
 //! is met by peers' steps of round `i` or earlier, and each stream holds its steps in issue
 //! order, so the call completes however the driver maps the streams onto hardware queues (one
@@ -49,8 +50,9 @@
 //! zeroes `tail(p)` once `p` has released all of its chunks; a peer's next call cannot write
 //! either word before that (it needs the release that follows each reset). Every step that
 //! touches the words of a pair (sender, receiver) runs on the same lane of that rank in every
-//! call, and the lanes' streams keep their order from call to call whatever stream the caller
-//! uses, so a call's first steps on a lane follow the last call's resets on it.
+//! call (a rank's way of sending, [`CeSends`], is fixed for the communicator's life), and the
+//! lanes' streams keep their order from call to call whatever stream the caller uses, so a
+//! call's first steps on a lane follow the last call's resets on it.
 //!
 //! A direct call has two more words per pair, `ready(p)` in a sender's area (written by
 //! receiver `p`) and `done(q)` in a receiver's area (written by sender `q`). Receiver `p` writes
@@ -62,6 +64,21 @@
 //! reset of `ready(p)` on its send lane; `q`'s next `done(q)` follows on its send lane the
 //! wait for `p`'s next `ready(p)`, which follows `p`'s reset of `done(q)` on its receive lane.
 //! Both paths' words are apart, so calls of either path follow each other freely.
+//!
+//! **Batched sends** (`OCCL_CE_BATCH=1`, an experiment until measured against the lanes): a
+//! rank's sends all go on one lane (`plan.rs`'s `Lane::Batch`) as one driver batch
+//! (`cuMemcpyBatchAsync`), which may spread its copies over several copy engines where one
+//! stream per peer gets fewer (`bench/baselines/gpu-overlap.md`, run 4). A direct call waits for
+//! (and resets) every peer's `ready`, issues every share in one batch, each share cut into
+//! `OCCL_CE_BATCH_CHUNKS` pieces (1) interleaved across peers, then writes every peer's `done`;
+//! a slot round waits for every peer's free slot, issues chunk `i` to every peer in one batch,
+//! then writes every peer's `head`, and an in-place receive follows its round on that lane.
+//! The batch lane is the send lane of every pair in each argument above: a `ready` or `tail` is
+//! still reset before the `done` or `head` that lets its peer write it again, on the lane
+//! that waited for it. Each rank may choose alone: a peer sees the same words written in the
+//! same order relative to the data, and the same data. A captured call issues a batch's pieces
+//! one by one on the batch lane's stream (a capture refuses the batched call), as does a driver
+//! before CUDA 12.8 (logged once); the plan, and so a replay, is the same either way.
 //!
 //! A stream wait has no device timeout; the host gives one. Each call that is not captured
 //! records an event as it starts and one as it ends (`calls.rs`), and the watcher (`watch.rs`)
@@ -138,6 +155,23 @@ impl CeGeometry {
         b[8..].copy_from_slice(&self.slot_bytes.to_le_bytes());
         b
     }
+}
+
+/// How a rank issues its sends (`OCCL_CE_BATCH`, `OCCL_CE_BATCH_CHUNKS`). Each rank picks its
+/// own: a peer sees the same words and the same data either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CeSends {
+    /// Each peer's share on the stream of that peer's send lane.
+    #[default]
+    Lanes,
+    /// A call's (or a slot round's) sends as one driver batch on one stream: a direct call's
+    /// shares each cut into `chunks` pieces, interleaved across peers.
+    Batch { chunks: u64 },
+}
+
+impl CeSends {
+    /// The most pieces a direct call's share is cut into.
+    pub const MAX_CHUNKS: u64 = 64;
 }
 
 /// Where the copy-engine area lies in every rank's region (the same offset on all ranks).

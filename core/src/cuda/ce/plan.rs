@@ -1,25 +1,29 @@
 //! One copy-engine call as data: the stream operations of each lane, in the order they are
 //! issued. Pure (addresses in, steps out), so the order rules are tested without a GPU.
 
-use super::{CeArea, Flows, Route};
+use super::{CeArea, CeSends, Flows, Route};
 use crate::cuda::kernels::coll::MAX_RANKS;
+use crate::cuda::kernels::memops::Piece;
 
-/// The stream a step runs on: the sends to one peer (`Send(me)`: this rank's own part), or
-/// every receive.
+/// The stream a step runs on: the sends to one peer (`Send(me)`: this rank's own part), every
+/// receive, or every send at once ([`CeSends::Batch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Lane {
     Send(usize),
     Recv,
+    Batch,
 }
 
 /// One stream operation (`memops::StreamOps`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Step {
     Copy {
         dst: u64,
         src: u64,
         n: u64,
     },
+    /// Copies in no order among them, done before the lane's next step (one driver batch).
+    Batch(Vec<Piece>),
     /// Hold the lane until the word at `at` is at least `ge`.
     Wait {
         at: u64,
@@ -32,9 +36,25 @@ pub(crate) enum Step {
     },
 }
 
+/// A batch's pieces start at multiples of this within a share.
+const PIECE_ALIGN: u64 = 4096;
+
+/// Each `(dst, src)` share of `bytes` cut into `chunks` pieces of whole [`PIECE_ALIGN`] units
+/// (the last smaller), interleaved: piece 0 of every share, then piece 1 of every share, ...
+fn pieces(shares: &[(u64, u64)], bytes: u64, chunks: u64) -> Vec<Piece> {
+    let size = bytes.div_ceil(chunks.max(1)).next_multiple_of(PIECE_ALIGN).max(PIECE_ALIGN);
+    let offsets = (0..bytes.div_ceil(size)).map(|k| k * size);
+    offsets
+        .flat_map(|o| {
+            shares.iter().map(move |&(dst, src)| Piece { dst: dst + o, src: src + o, n: size.min(bytes - o) })
+        })
+        .collect()
+}
+
 /// The steps of `f` for rank `me` whose peers' regions are mapped at `regions`, in issue order:
 /// this rank's own part, then round by round (chunk `i` to every peer, chunk `i` from every
-/// peer), then the senders' resets.
+/// peer), then the senders' resets. With [`CeSends::Batch`] a round's sends are one batch on
+/// one lane: the waits for every peer's free slot, the copies, the heads.
 ///
 /// A receive whose destination overlaps what this rank sends (an in-place all-to-all: the
 /// block from peer `q` lands where the block for `q` is read) must not overwrite chunk `i`
@@ -43,23 +63,34 @@ pub(crate) enum Step {
 /// order.
 ///
 /// A direct call ([`Route::Direct`]) is planned by [`direct`].
-pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows) -> Vec<(Lane, Step)> {
+pub(crate) fn plan(
+    regions: &[u64; MAX_RANKS],
+    me: usize,
+    area: &CeArea,
+    f: &Flows,
+    sends: CeSends,
+) -> Vec<(Lane, Step)> {
     if let Route::Direct(to) = &f.route {
-        return direct(regions, me, area, f, to);
+        return direct(regions, me, area, f, to, sends);
     }
     let (mine, slots, sb) = (regions[me], area.geo.slots, area.geo.slot_bytes);
+    let batched = matches!(sends, CeSends::Batch { .. });
     let overlaps = |a: u64, b: u64| f.bytes > 0 && a < b.saturating_add(f.bytes) && b < a.saturating_add(f.bytes);
     let tangled = f.recvs.iter().any(|&(q, dst)| f.sends.iter().any(|&(p, src)| p != q && overlaps(dst, src)));
+    let send_lane = |p: usize| match (tangled, batched) {
+        (true, _) => Lane::Recv,
+        (false, true) => Lane::Batch,
+        (false, false) => Lane::Send(p),
+    };
     // The lane of each receive (and of every step when tangled).
     let recv_lane = |q: usize, dst: u64| {
         let in_place = f.sends.iter().any(|&(p, src)| p == q && overlaps(dst, src));
-        if in_place && !tangled {
-            Lane::Send(q)
+        if in_place {
+            send_lane(q)
         } else {
             Lane::Recv
         }
     };
-    let send_lane = |p: usize| if tangled { Lane::Recv } else { Lane::Send(p) };
     let mut s = Vec::new();
     if let Some((dst, src)) = f.local {
         if dst != src && f.bytes > 0 {
@@ -69,13 +100,22 @@ pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flo
     let chunks = f.bytes.div_ceil(sb);
     for i in 0..chunks {
         let (o, n) = (i * sb, sb.min(f.bytes - i * sb));
-        for &(p, src) in &f.sends {
-            let l = send_lane(p);
-            if i >= slots {
-                s.push((l, Step::Wait { at: mine + area.tail(p), ge: i + 1 - slots }));
+        let free =
+            |p: usize| (i >= slots).then(|| (send_lane(p), Step::Wait { at: mine + area.tail(p), ge: i + 1 - slots }));
+        let copy = |p: usize, src: u64| Piece { dst: regions[p] + area.slot(me, i), src: src + o, n };
+        let head = |p: usize| (send_lane(p), Step::Write { at: regions[p] + area.head(me), v: i + 1 });
+        if batched && !f.sends.is_empty() {
+            s.extend(f.sends.iter().filter_map(|&(p, _)| free(p)));
+            let batch = f.sends.iter().map(|&(p, src)| copy(p, src)).collect();
+            s.push((send_lane(f.sends[0].0), Step::Batch(batch)));
+            s.extend(f.sends.iter().map(|&(p, _)| head(p)));
+        } else {
+            for &(p, src) in &f.sends {
+                s.extend(free(p));
+                let Piece { dst, src, n } = copy(p, src);
+                s.push((send_lane(p), Step::Copy { dst, src, n }));
+                s.push(head(p));
             }
-            s.push((l, Step::Copy { dst: regions[p] + area.slot(me, i), src: src + o, n }));
-            s.push((l, Step::Write { at: regions[p] + area.head(me), v: i + 1 }));
         }
         for &(q, dst) in &f.recvs {
             let l = recv_lane(q, dst);
@@ -98,7 +138,16 @@ pub(crate) fn plan(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flo
 /// `f.sends[i]` lands), in issue order: this rank tells each sender it has started (`ready`),
 /// copies its own part, sends each peer's share once that peer has started and tells it
 /// (`done`), then waits for every sender's `done`. Each waiter resets the word it waited for.
-fn direct(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows, to: &[u64]) -> Vec<(Lane, Step)> {
+/// With [`CeSends::Batch`] the sends are one lane: every peer's `ready`, one batch of every
+/// share (cut into pieces, interleaved across peers), every peer's `done`.
+fn direct(
+    regions: &[u64; MAX_RANKS],
+    me: usize,
+    area: &CeArea,
+    f: &Flows,
+    to: &[u64],
+    sends: CeSends,
+) -> Vec<(Lane, Step)> {
     let mine = regions[me];
     let mut s: Vec<(Lane, Step)> =
         f.recvs.iter().map(|&(q, _)| (Lane::Recv, Step::Write { at: regions[q] + area.ready(me), v: 1 })).collect();
@@ -107,14 +156,30 @@ fn direct(regions: &[u64; MAX_RANKS], me: usize, area: &CeArea, f: &Flows, to: &
             s.push((Lane::Send(me), Step::Copy { dst, src, n: f.bytes }));
         }
     }
-    for (&(p, src), &dst) in f.sends.iter().zip(to) {
-        let (l, ready) = (Lane::Send(p), mine + area.ready(p));
-        s.push((l, Step::Wait { at: ready, ge: 1 }));
-        s.push((l, Step::Write { at: ready, v: 0 }));
-        if f.bytes > 0 {
-            s.push((l, Step::Copy { dst, src, n: f.bytes }));
+    let ready = |l: Lane, p: usize| {
+        let at = mine + area.ready(p);
+        [(l, Step::Wait { at, ge: 1 }), (l, Step::Write { at, v: 0 })]
+    };
+    let done = |l: Lane, p: usize| (l, Step::Write { at: regions[p] + area.done(me), v: 1 });
+    match sends {
+        CeSends::Batch { chunks } if !f.sends.is_empty() => {
+            s.extend(f.sends.iter().flat_map(|&(p, _)| ready(Lane::Batch, p)));
+            if f.bytes > 0 {
+                let shares: Vec<(u64, u64)> = to.iter().zip(&f.sends).map(|(&dst, &(_, src))| (dst, src)).collect();
+                s.push((Lane::Batch, Step::Batch(pieces(&shares, f.bytes, chunks))));
+            }
+            s.extend(f.sends.iter().map(|&(p, _)| done(Lane::Batch, p)));
         }
-        s.push((l, Step::Write { at: regions[p] + area.done(me), v: 1 }));
+        _ => {
+            for (&(p, src), &dst) in f.sends.iter().zip(to) {
+                let l = Lane::Send(p);
+                s.extend(ready(l, p));
+                if f.bytes > 0 {
+                    s.push((l, Step::Copy { dst, src, n: f.bytes }));
+                }
+                s.push(done(l, p));
+            }
+        }
     }
     for &(q, _) in &f.recvs {
         s.push((Lane::Recv, Step::Wait { at: mine + area.done(q), ge: 1 }));
@@ -128,6 +193,20 @@ mod tests {
     use super::*;
     use crate::cuda::ce::CeGeometry;
     use std::collections::{HashMap, VecDeque};
+
+    const LANES: CeSends = CeSends::Lanes;
+
+    /// Each rank's way of issuing its sends.
+    type Modes = (&'static str, fn(usize) -> CeSends);
+
+    /// Every rank per lane, every rank batched (whole shares, and three pieces each), and the
+    /// ranks choosing differently: each rank picks alone.
+    const MODES: [Modes; 4] = [
+        ("per-lane copies", |_| CeSends::Lanes),
+        ("one batch", |_| CeSends::Batch { chunks: 1 }),
+        ("batches of 3 pieces", |_| CeSends::Batch { chunks: 3 }),
+        ("odd ranks batched", |r| if r % 2 == 1 { CeSends::Batch { chunks: 2 } } else { CeSends::Lanes }),
+    ];
 
     /// Regions 1 TiB apart, user buffers far above them.
     const REGION: u64 = 1 << 40;
@@ -150,7 +229,7 @@ mod tests {
     }
 
     fn lane(p: &[(Lane, Step)], l: Lane) -> Vec<Step> {
-        p.iter().filter(|s| s.0 == l).map(|s| s.1).collect()
+        p.iter().filter(|s| s.0 == l).map(|s| s.1.clone()).collect()
     }
 
     #[test]
@@ -159,14 +238,14 @@ mod tests {
         let (n, me, bytes) = (4, 1, 10 * 4096 + 100);
         let area = CeArea::after(8192, n, geo);
         let rg = regions(n);
-        let p = plan(&rg, me, &area, &all_gather(me, n, bytes));
+        let p = plan(&rg, me, &area, &all_gather(me, n, bytes), LANES);
         let chunks = 11;
         for peer in [2, 3, 0] {
             let steps = lane(&p, Lane::Send(peer));
             let tail = rg[me] + area.tail(peer);
             let mut copies = 0;
             for (k, s) in steps.iter().enumerate() {
-                if let Step::Copy { dst, n: len, .. } = *s {
+                if let Step::Copy { dst, n: len, .. } = s.clone() {
                     assert_eq!(dst, rg[peer] + area.slot(me, copies), "chunk {copies} goes to its slot");
                     assert_eq!(len, if copies + 1 == chunks { 100 } else { 4096 });
                     if copies >= geo.slots {
@@ -188,7 +267,7 @@ mod tests {
         let (n, me) = (3, 0);
         let area = CeArea::after(0, n, geo);
         let rg = regions(n);
-        let steps = lane(&plan(&rg, me, &area, &all_gather(me, n, 3 * 4096)), Lane::Recv);
+        let steps = lane(&plan(&rg, me, &area, &all_gather(me, n, 3 * 4096), LANES), Lane::Recv);
         for q in [1, 2] {
             let head = rg[me] + area.head(q);
             let reset = steps.iter().position(|s| *s == Step::Write { at: head, v: 0 });
@@ -201,8 +280,10 @@ mod tests {
     #[test]
     fn nothing_to_move_is_nothing_but_the_resets() {
         let area = CeArea::after(0, 2, CeGeometry::default());
-        let p = plan(&regions(2), 0, &area, &all_gather(0, 2, 0));
+        let p = plan(&regions(2), 0, &area, &all_gather(0, 2, 0), LANES);
         assert!(p.iter().all(|s| s.0 == Lane::Send(1) && !matches!(s.1, Step::Copy { .. })), "{p:?}");
+        let p = plan(&regions(2), 0, &area, &all_gather(0, 2, 0), CeSends::Batch { chunks: 4 });
+        assert!(p.iter().all(|s| s.0 == Lane::Batch && matches!(s.1, Step::Wait { .. } | Step::Write { .. })), "{p:?}");
     }
 
     /// What a byte range holds in the simulation: the user address it came from.
@@ -219,8 +300,8 @@ mod tests {
     ) -> Result<(Mem, HashMap<u64, u64>), Vec<Step>> {
         let mut qs: HashMap<(usize, usize), VecDeque<Step>> = HashMap::new();
         for (r, p) in plans.iter().enumerate() {
-            for &(l, s) in p {
-                qs.entry((r, queues(r, l))).or_default().push_back(s);
+            for (l, s) in p {
+                qs.entry((r, queues(r, *l))).or_default().push_back(s.clone());
             }
         }
         let mut keys: Vec<_> = qs.keys().copied().collect();
@@ -238,19 +319,28 @@ mod tests {
                 .copied()
                 .collect();
             if ready.is_empty() {
-                let stuck: Vec<Step> = keys.iter().filter_map(|k| qs[k].front().copied()).collect();
+                let stuck: Vec<Step> = keys.iter().filter_map(|k| qs[k].front().cloned()).collect();
                 return if stuck.is_empty() { Ok((data, words)) } else { Err(stuck) };
             }
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
             let k = ready[(rng % ready.len() as u64) as usize];
+            let copy = |data: &mut Mem, Piece { dst, src, n }: Piece| {
+                for b in (0..n).step_by(512) {
+                    let v = data.get(&(src + b)).copied().unwrap_or(src + b);
+                    data.insert(dst + b, v);
+                }
+            };
             match qs.get_mut(&k).and_then(VecDeque::pop_front) {
-                Some(Step::Copy { dst, src, n }) => {
-                    for b in (0..n).step_by(512) {
-                        let v = data.get(&(src + b)).copied().unwrap_or(src + b);
-                        data.insert(dst + b, v);
+                Some(Step::Copy { dst, src, n }) => copy(&mut data, Piece { dst, src, n }),
+                // A batch's pieces run in no order among them.
+                Some(Step::Batch(mut pieces)) => {
+                    for i in (1..pieces.len()).rev() {
+                        pieces.swap(i, (rng >> 7) as usize % (i + 1));
+                        rng = rng.rotate_left(11);
                     }
+                    pieces.into_iter().for_each(|p| copy(&mut data, p));
                 }
                 Some(Step::Write { at, v }) => {
                     words.insert(at, v);
@@ -260,12 +350,13 @@ mod tests {
         }
     }
 
-    /// Every rank's plan of its `flows`, with `slots` slots of 4 KiB.
-    fn plans(flows: &[Flows], slots: u64) -> Vec<Vec<(Lane, Step)>> {
+    /// Every rank's plan of its `flows`, with `slots` slots of 4 KiB, rank `r` issuing its
+    /// sends as `sends(r)`.
+    fn plans(flows: &[Flows], slots: u64, sends: fn(usize) -> CeSends) -> Vec<Vec<(Lane, Step)>> {
         let n = flows.len();
         let area = CeArea::after(0, n, CeGeometry { slots, slot_bytes: 4096 });
         let rg = regions(n);
-        flows.iter().enumerate().map(|(r, f)| plan(&rg, r, &area, f)).collect()
+        flows.iter().enumerate().map(|(r, f)| plan(&rg, r, &area, f, sends(r))).collect()
     }
 
     /// A lane's own queue among `n` ranks' lanes.
@@ -273,6 +364,7 @@ mod tests {
         match l {
             Lane::Send(p) => p,
             Lane::Recv => n,
+            Lane::Batch => n + 1,
         }
     }
 
@@ -297,14 +389,18 @@ mod tests {
     }
 
     /// Every rank's all-gather output holds each rank's input, whatever the queues and the
-    /// interleaving, and the words are back at zero for the next call.
+    /// interleaving and however each rank issues its sends, and the words are back at zero for
+    /// the next call.
     #[test]
     fn every_mapping_of_lanes_onto_queues_completes_with_the_right_data() {
         let n = 3;
-        for (slots, bytes) in [(1, 5 * 4096 + 512), (2, 7 * 4096), (3, 4096), (2, 0)] {
+        for ((slots, bytes), (how, sends)) in
+            [(1, 5 * 4096 + 512), (2, 7 * 4096), (3, 4096), (2, 0)].into_iter().flat_map(|c| MODES.map(|m| (c, m)))
+        {
             let flows: Vec<Flows> = (0..n).map(|r| all_gather(r, n, bytes)).collect();
-            let plans = plans(&flows, slots);
+            let plans = plans(&flows, slots, sends);
             for (what, m) in every_mapping(n) {
+                let what = format!("{how}, {what}");
                 for seed in 1..20 {
                     let (data, words) = run(&plans, m.as_ref(), seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{what}, {slots} slots, {bytes} B: stuck at {stuck:?}"));
@@ -343,12 +439,15 @@ mod tests {
     #[test]
     fn an_in_place_all_to_all_sends_each_chunk_before_it_is_overwritten() {
         let n = 3;
-        for (slots, blk) in [(1, 3 * 4096 + 512), (2, 5 * 4096), (2, 4096)] {
+        for ((slots, blk), (how, sends)) in
+            [(1, 3 * 4096 + 512), (2, 5 * 4096), (2, 4096)].into_iter().flat_map(|c| MODES.map(|m| (c, m)))
+        {
             let flows: Vec<Flows> = (0..n).map(|r| all_to_all_in_place(r, n, blk)).collect();
-            let plans = plans(&flows, slots);
+            let plans = plans(&flows, slots, sends);
             let index = |l| lane_index(n, l);
             let mappings: [Mapping<'_>; 2] = [("a stream each", &|_, l| index(l)), ("one queue", &|_, _| 0)];
             for (what, m) in mappings {
+                let what = format!("{how}, {what}");
                 for seed in 1..40 {
                     let (data, words) = run(&plans, m, seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{what}, {slots} slots: stuck at {stuck:?}"));
@@ -374,8 +473,11 @@ mod tests {
         let mut f = all_to_all_in_place(0, n, 4096);
         let dsts: Vec<u64> = f.recvs.iter().rev().map(|r| r.1).collect();
         f.recvs.iter_mut().zip(dsts).for_each(|(r, d)| r.1 = d);
-        let p = plan(&regions(n), 0, &area, &f);
-        assert!(p.iter().filter(|s| matches!(s.1, Step::Wait { .. } | Step::Write { .. })).all(|s| s.0 == Lane::Recv));
+        for sends in [LANES, CeSends::Batch { chunks: 1 }] {
+            let p = plan(&regions(n), 0, &area, &f, sends);
+            let flags = p.iter().filter(|s| matches!(s.1, Step::Wait { .. } | Step::Write { .. }));
+            assert!(flags.clone().count() > 0 && flags.clone().all(|s| s.0 == Lane::Recv), "{sends:?}");
+        }
     }
 
     /// A broadcast root sends and never receives; the others only receive.
@@ -398,8 +500,10 @@ mod tests {
             l.dedup();
             l
         };
-        assert_eq!(lanes(plan(&rg, 0, &area, &root)), [Lane::Send(1), Lane::Send(2)]);
-        assert_eq!(lanes(plan(&rg, 2, &area, &leaf)), [Lane::Recv]);
+        assert_eq!(lanes(plan(&rg, 0, &area, &root, LANES)), [Lane::Send(1), Lane::Send(2)]);
+        assert_eq!(lanes(plan(&rg, 2, &area, &leaf, LANES)), [Lane::Recv]);
+        assert_eq!(lanes(plan(&rg, 0, &area, &root, CeSends::Batch { chunks: 1 })), [Lane::Batch]);
+        assert_eq!(lanes(plan(&rg, 2, &area, &leaf, CeSends::Batch { chunks: 1 })), [Lane::Recv]);
     }
 
     /// Rank `r`'s symmetric window: every rank's buffers of a call at the same offset of theirs.
@@ -466,14 +570,20 @@ mod tests {
         Flows { bytes, sends, recvs, local, route: Route::Direct(to) }
     }
 
-    /// Every receive of every rank holds what its sender sent, and every own part its source.
+    /// Where the test reads a receive as the caller would once the call is done: a copy on
+    /// the receive lane after the call's steps, from `dst` to `SNAPSHOT + dst`.
+    const SNAPSHOT: u64 = 1 << 61;
+
+    /// Every receive of every rank holds what its sender sent, there and in its snapshot once
+    /// the receive lane was done, and every own part its source.
     fn check_landed(calls: &[Vec<Flows>], data: &Mem, what: &str) {
         for flows in calls {
             for (r, f) in flows.iter().enumerate() {
                 let mut expect: Vec<(u64, u64)> = f.local.into_iter().filter(|(d, s)| d != s).collect();
                 for &(q, dst) in &f.recvs {
                     let src = flows[q].sends.iter().find(|s| s.0 == r).map(|s| s.1);
-                    expect.push((dst, src.unwrap_or_else(|| panic!("{what}: rank {q} sends nothing to {r}"))));
+                    let src = src.unwrap_or_else(|| panic!("{what}: rank {q} sends nothing to {r}"));
+                    expect.extend([(dst, src), (SNAPSHOT + dst, src)]);
                 }
                 for (dst, src) in expect {
                     for b in (0..f.bytes).step_by(512) {
@@ -486,11 +596,12 @@ mod tests {
 
     /// Calls back to back on 2 to 8 ranks (all-gather out of place and in place, all-to-all out
     /// of place, a broadcast from every root, one all-gather through the slots among them), each
-    /// rank's plans issued one after the other on its lanes: whatever the queues and the
-    /// interleaving, every call's data lands and every word ends at zero, ready for a replay.
+    /// rank's plans issued one after the other on its lanes: whatever the queues, the
+    /// interleaving and each rank's way of issuing its sends, every call's data lands and every
+    /// word ends at zero, ready for a replay.
     #[test]
     fn direct_calls_back_to_back_land_their_data_and_leave_every_word_at_zero() {
-        for n in 2..=MAX_RANKS {
+        for ((how, sends), n) in MODES.into_iter().flat_map(|m| (2..=MAX_RANKS).map(move |n| (m, n))) {
             let mut seq = vec![Call::AllGather { in_place: false }, Call::AllToAll, Call::AllGather { in_place: true }];
             seq.extend((0..n).map(|root| Call::Broadcast { root }));
             seq.extend([Call::SlotAllGather, Call::AllToAll, Call::AllGather { in_place: false }]);
@@ -502,11 +613,14 @@ mod tests {
                 .collect();
             let mut issued: Vec<Vec<(Lane, Step)>> = vec![Vec::new(); n];
             for flows in &calls {
-                for (r, p) in plans(flows, 2).into_iter().enumerate() {
+                for (r, p) in plans(flows, 2, sends).into_iter().enumerate() {
                     issued[r].extend(p);
+                    let read = |&(_, dst): &(usize, u64)| Step::Copy { dst: SNAPSHOT + dst, src: dst, n: bytes };
+                    issued[r].extend(flows[r].recvs.iter().map(|q| (Lane::Recv, read(q))));
                 }
             }
             for (what, m) in every_mapping(n) {
+                let what = format!("{how}, {what}");
                 for seed in 1..6 {
                     let (data, words) = run(&issued, m.as_ref(), seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{n} ranks, {what}, seed {seed}: stuck at {stuck:?}"));
@@ -524,7 +638,7 @@ mod tests {
         let area = CeArea::after(0, n, CeGeometry::default());
         let rg = regions(n);
         let f = direct_flows(Call::AllToAll, me, n, bytes, 0);
-        let p = plan(&rg, me, &area, &f);
+        let p = plan(&rg, me, &area, &f, LANES);
         let words: Vec<u64> =
             (0..n).flat_map(|r| (0..n).flat_map(move |o| [rg[r] + area.ready(o), rg[r] + area.done(o)])).collect();
         for (l, s) in &p {
@@ -535,6 +649,7 @@ mod tests {
                     assert_eq!(len, bytes, "one copy of the whole share");
                     assert!(dst >= USER, "into a user buffer, not a slot: {dst:#x}");
                 }
+                Step::Batch(_) => panic!("a batch on {l:?} without OCCL_CE_BATCH"),
             }
         }
         // Each send waits for its receiver's ready and resets it before it copies.
@@ -558,5 +673,67 @@ mod tests {
         let first_wait = recv.iter().position(|s| matches!(s, Step::Wait { .. })).unwrap_or(0);
         assert_eq!(first_wait, n - 1);
         assert!(recv[..first_wait].iter().all(|s| matches!(s, Step::Write { v: 1, .. })));
+    }
+
+    /// A batched direct plan: every send on the batch lane, every peer's `ready` waited for and
+    /// reset before one batch that holds each share once, cut into pieces interleaved across
+    /// peers, then every peer's `done`; the receive lane is as without batching.
+    #[test]
+    fn a_batched_direct_plan_is_the_readies_one_batch_and_the_dones() {
+        let (n, me, bytes) = (4, 1, 3 * 4096 + 512);
+        let area = CeArea::after(0, n, CeGeometry::default());
+        let rg = regions(n);
+        let f = direct_flows(Call::AllToAll, me, n, bytes, 0);
+        let Route::Direct(to) = &f.route else { panic!("a direct call") };
+        let plain = plan(&rg, me, &area, &f, LANES);
+        for chunks in [1, 2, 4, 64] {
+            let p = plan(&rg, me, &area, &f, CeSends::Batch { chunks });
+            assert_eq!(lane(&p, Lane::Recv), lane(&plain, Lane::Recv));
+            assert_eq!(lane(&p, Lane::Send(me)), lane(&plain, Lane::Send(me)), "the own part keeps its lane");
+            assert!((0..n).filter(|&q| q != me).all(|q| lane(&p, Lane::Send(q)).is_empty()));
+            let steps = lane(&p, Lane::Batch);
+            let peers = f.sends.len();
+            let readies: Vec<Step> = f
+                .sends
+                .iter()
+                .flat_map(|&(q, _)| {
+                    let at = rg[me] + area.ready(q);
+                    [Step::Wait { at, ge: 1 }, Step::Write { at, v: 0 }]
+                })
+                .collect();
+            let dones: Vec<Step> =
+                f.sends.iter().map(|&(q, _)| Step::Write { at: rg[q] + area.done(me), v: 1 }).collect();
+            assert_eq!(steps[..2 * peers], readies[..]);
+            assert_eq!(steps[2 * peers + 1..], dones[..]);
+            let Step::Batch(pieces) = &steps[2 * peers] else { panic!("{chunks}: {steps:?}") };
+            let size = if chunks == 1 { bytes } else { bytes.div_ceil(chunks).next_multiple_of(4096) };
+            assert_eq!(pieces.len(), peers * bytes.div_ceil(size) as usize, "{chunks} chunks");
+            for (k, piece) in pieces.iter().enumerate() {
+                let (i, o) = (k % peers, (k / peers) as u64 * size);
+                let want = Piece { dst: to[i] + o, src: f.sends[i].1 + o, n: size.min(bytes - o) };
+                assert_eq!(*piece, want, "{chunks} chunks: piece {k} is peer {i}'s at {o}");
+            }
+        }
+    }
+
+    /// Pieces tile each share exactly, in whole 4 KiB units but the last, however many asked.
+    #[test]
+    fn pieces_tile_every_share() {
+        let shares = [(USER, 2 * USER), (3 * USER, 4 * USER), (5 * USER, 6 * USER)];
+        for (bytes, chunks) in [(1, 1), (4096, 8), (4097, 2), (10 << 20, 3), ((64 << 20) + 512, 64), (12345, 1)] {
+            let p = pieces(&shares, bytes, chunks);
+            assert!(p.len() as u64 <= 3 * chunks, "{bytes} B in {chunks}: {} pieces", p.len());
+            for &(dst, src) in &shares {
+                let mut mine: Vec<&Piece> = p.iter().filter(|x| x.dst >= dst && x.dst < dst + bytes).collect();
+                mine.sort_by_key(|x| x.dst);
+                let mut at = 0;
+                for x in mine {
+                    assert_eq!((x.dst - dst, x.src - src), (at, at), "{bytes} B in {chunks}");
+                    assert!(x.n > 0 && (x.n.is_multiple_of(PIECE_ALIGN) || at + x.n == bytes));
+                    at += x.n;
+                }
+                assert_eq!(at, bytes, "{bytes} B in {chunks}: the share is covered");
+            }
+        }
     }
 }

@@ -3,24 +3,33 @@
 //! and the caller's stream waits for an event recorded on each of them. Under capture the event
 //! brings the lanes' streams into the caller's graph and the joins return them to it, as a
 //! graph requires. A call that is not captured also records its start and end for the
-//! watcher (`calls.rs`).
+//! watcher (`calls.rs`). A batch step is one driver call (`cuMemcpyBatchAsync`) where the
+//! driver has it and the stream is not captured (a capture refuses it); else its pieces are
+//! copies one after the other on the same stream, which keeps every order the plan relies on.
 
 use super::calls::CeCalls;
 use super::plan::{plan, Lane, Step};
-use super::{CeArea, Flows};
+use super::{CeArea, CeSends, Flows};
 use crate::cuda::kernels::coll::MAX_RANKS;
 use crate::cuda::kernels::cudarc::driver::{CudaContext, CudaStream};
-use crate::cuda::kernels::memops::{side_stream, StreamOps};
+use crate::cuda::kernels::memops::{has_batch_copy, side_stream, StreamOps};
 use crate::cuda::kernels::staging::Mark;
 use crate::cuda::kernels::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Streams of one communicator's context, made once: one per peer for the sends (this rank's
-/// own: its local part) and one for the receives, with the events that fork and join them.
+/// own: its local part), one for the receives and, when batched, one for every send at once,
+/// with the events that fork and join them.
 pub(crate) struct CeStreams {
     sends: Vec<Arc<CudaStream>>,
     recv: Arc<CudaStream>,
+    batch: Option<Arc<CudaStream>>,
+    /// How this rank issues its sends (`OCCL_CE_BATCH`).
+    mode: CeSends,
+    /// Whether a batch step is one driver call (the driver has it).
+    one_call: bool,
     fork: Mark,
     join: Mark,
     /// The end of the last call not captured, on its caller's stream.
@@ -31,10 +40,24 @@ pub(crate) struct CeStreams {
 
 impl CeStreams {
     /// `timeout`: how long a call may run once started (`OCCL_TIMEOUT`).
-    pub(crate) fn new(ctx: &Arc<CudaContext>, nranks: usize, timeout: Duration) -> Result<CeStreams> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, nranks: usize, timeout: Duration, mode: CeSends) -> Result<CeStreams> {
+        let batched = matches!(mode, CeSends::Batch { .. });
+        let one_call = batched && has_batch_copy();
+        if batched && !one_call {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "occl: OCCL_CE_BATCH=1 but this CUDA driver has no cuMemcpyBatchAsync (CUDA 12.8 or later): a \
+                     batch's copies are issued one by one on its stream"
+                );
+            }
+        }
         Ok(CeStreams {
             sends: (0..nranks).map(|_| side_stream(ctx)).collect::<Result<_>>()?,
             recv: side_stream(ctx)?,
+            batch: batched.then(|| side_stream(ctx)).transpose()?,
+            mode,
+            one_call,
             fork: Mark::new(ctx)?,
             join: Mark::new(ctx)?,
             done: Mark::new(ctx)?,
@@ -47,10 +70,13 @@ impl CeStreams {
         &self.calls
     }
 
+    /// A lane's stream; the batch lane falls back on the receives' stream when there is no
+    /// batch stream (never, as plans with a batch lane come only from a batched `mode`).
     fn stream(&self, l: Lane) -> &CudaStream {
         match l {
             Lane::Send(p) => &self.sends[p],
             Lane::Recv => &self.recv,
+            Lane::Batch => self.batch.as_deref().unwrap_or(&self.recv),
         }
     }
 
@@ -80,7 +106,7 @@ impl CeStreams {
         capturing: bool,
         func: &'static str,
     ) -> Result<()> {
-        let steps = plan(regions, me, area, f);
+        let steps = plan(regions, me, area, f, self.mode);
         let mut lanes: Vec<Lane> = steps.iter().map(|s| s.0).collect();
         lanes.sort_unstable();
         lanes.dedup();
@@ -100,6 +126,8 @@ impl CeStreams {
             unsafe {
                 match s {
                     Step::Copy { dst, src, n } => o.copy(dst, src, n),
+                    Step::Batch(pieces) if self.one_call && !capturing => o.copy_batch(&pieces),
+                    Step::Batch(pieces) => pieces.iter().try_for_each(|p| o.copy(p.dst, p.src, p.n)),
                     Step::Wait { at, ge } => o.wait_ge(at, ge),
                     Step::Write { at, v } => o.write(at, v),
                 }
