@@ -37,7 +37,7 @@ pub struct DeviceSettings {
     /// Buffers per channel and peer.
     pub slots: u32,
     pub slot_bytes: u64,
-    /// Channels per thread block: 1 or 2.
+    /// Channels per thread block: 1 or 2 of 512 threads, or 4 of 256.
     pub lanes: u32,
     pub budget: CtaBudget,
     /// The copy-engine collectives' slots (`ce/mod.rs`).
@@ -90,8 +90,8 @@ impl DeviceSettings {
             s.slot_bytes = v;
         }
         if let Some(v) = num("OCCL_CUDA_LANES")? {
-            s.lanes = u32::try_from(v).ok().filter(|l| (1..=MAX_LANES).contains(l)).ok_or_else(|| {
-                Error::arg(format!("OCCL_CUDA_LANES={v}: a thread block runs 1 to {MAX_LANES} channels"))
+            s.lanes = u32::try_from(v).ok().filter(|l| [1, 2, MAX_LANES].contains(l)).ok_or_else(|| {
+                Error::arg(format!("OCCL_CUDA_LANES={v}: a thread block runs 1, 2 or {MAX_LANES} channels"))
             })?;
         }
         if let Some(v) = num("OCCL_CE_SLOTS")? {
@@ -195,11 +195,13 @@ impl Drop for CudaComm {
     }
 }
 
-/// What ranks swap: the IPC handle, a set-up flag, the region's shape (bytes 68..88), then the
-/// process id, the device and the region's address, which a rank of the same process uses
-/// instead of the handle (IPC cannot open this process's own allocations), then the CTA budget
-/// and the copy-engine slots. The shape, the budget and the slots must be equal on every rank.
+/// What ranks swap: the IPC handle, a set-up flag, the rank's lanes (byte 65), the region's
+/// shape (bytes 68..88), then the process id, the device and the region's address, which a rank
+/// of the same process uses instead of the handle (IPC cannot open this process's own
+/// allocations), then the CTA budget and the copy-engine slots. The shape, the budget and the
+/// slots must be equal on every rank; the lanes may differ.
 const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12 + 16;
+const LANES: usize = 65;
 const SETTINGS: std::ops::Range<usize> = 68..88;
 const BUDGET: std::ops::Range<usize> = 104..116;
 const CE: std::ops::Range<usize> = 116..132;
@@ -224,6 +226,19 @@ fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
         Some((_, what)) => Err(Error::usage(format!("rank {r} {what}"))),
         None => Ok(()),
     }
+}
+
+/// The fewest lanes of any rank's record: the count every rank's channel choice follows.
+fn common_lanes(all: &[Vec<u8>]) -> Result<u32> {
+    let mut fewest = MAX_LANES;
+    for (r, rec) in all.iter().enumerate() {
+        let l = rec.get(LANES).map_or(0, |&l| u32::from(l));
+        if !(1..=MAX_LANES).contains(&l) {
+            return Err(Error::internal(format!("rank {r} sent {l} lanes per thread block; 1 to {MAX_LANES}")));
+        }
+        fewest = fewest.min(l);
+    }
+    Ok(fewest)
 }
 
 impl CudaComm {
@@ -273,7 +288,7 @@ impl CudaComm {
         let tuner = DevTuner::new(comm.config(), n)?;
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
-            let k = CollKernels::load(&ctx).map_err(err("load the collective kernels"))?;
+            let k = CollKernels::load(&ctx, s.lanes).map_err(err("load the collective kernels"))?;
             let phases = KernelPhases::from_env(&ctx, &k, s.channels)?;
             s.ce.checked(n)?;
             let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
@@ -291,6 +306,7 @@ impl CudaComm {
             mine[..64].copy_from_slice(h);
             mine[64] = 1;
         }
+        mine[LANES] = u8::try_from(s.lanes).map_err(|_| Error::arg("OCCL_CUDA_LANES is too large"))?;
         mine[68..72].copy_from_slice(&s.channels.to_le_bytes());
         mine[72..80].copy_from_slice(&u64::from(s.slots).to_le_bytes());
         mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
@@ -312,6 +328,7 @@ impl CudaComm {
             }
             agree(r, &mine, rec)?;
         }
+        let common_lanes = common_lanes(&all)?;
         let mut regions = [0u64; MAX_RANKS];
         let mut peers = Vec::new();
         let me = &comm.table[comm.rank()];
@@ -366,7 +383,7 @@ impl CudaComm {
             layout,
             regions,
             tuner,
-            channels: Channels { region: s.channels, lanes: s.lanes, budget: s.budget },
+            channels: Channels { region: s.channels, lanes: s.lanes, common_lanes, budget: s.budget },
             ce,
             ce_streams,
             windows: Windows::default(),
@@ -529,10 +546,35 @@ mod tests {
 
     fn record(s: &DeviceSettings) -> Vec<u8> {
         let mut r = vec![0u8; RECORD];
+        r[LANES] = s.lanes as u8;
         r[68..72].copy_from_slice(&s.channels.to_le_bytes());
         r[BUDGET].copy_from_slice(&s.budget.encode());
         r[CE].copy_from_slice(&s.ce.encode());
         r
+    }
+
+    #[test]
+    fn lanes_are_each_ranks_own_and_the_channels_follow_the_fewest() {
+        let s = DeviceSettings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.lanes, 2);
+        for l in [1, 2, 4] {
+            let s = DeviceSettings::from_vars(vars(&[("OCCL_CUDA_LANES", &l.to_string())])).unwrap();
+            assert_eq!(s.lanes, l);
+        }
+        for bad in ["0", "3", "5", "8"] {
+            let e = DeviceSettings::from_vars(vars(&[("OCCL_CUDA_LANES", bad)])).unwrap_err().to_string();
+            assert!(e.contains(&format!("OCCL_CUDA_LANES={bad}: a thread block runs 1, 2 or 4")), "{e}");
+        }
+        let d = DeviceSettings::default();
+        let four = DeviceSettings { lanes: 4, ..d };
+        // Other lanes are no disagreement; the count follows the fewest.
+        assert!(agree(1, &record(&d), &record(&four)).is_ok());
+        assert_eq!(common_lanes(&[record(&four), record(&four)]).unwrap(), 4);
+        assert_eq!(common_lanes(&[record(&four), record(&d), record(&four)]).unwrap(), 2);
+        assert_eq!(common_lanes(&[record(&DeviceSettings { lanes: 1, ..d }), record(&four)]).unwrap(), 1);
+        let e = common_lanes(&[record(&d), record(&DeviceSettings { lanes: 0, ..d })]).unwrap_err();
+        assert!(e.to_string().contains("rank 1 sent 0 lanes"), "{e}");
+        assert!(common_lanes(&[record(&d), vec![0u8; 16]]).is_err(), "a short record");
     }
 
     #[test]
