@@ -305,7 +305,7 @@ pub(crate) struct Program {
 /// lanes per thread block.
 pub struct CollKernels {
     pub(crate) ctx: Arc<CudaContext>,
-    /// Channels per thread block of a collective launch (1 to [`MAX_LANES`]).
+    /// Channels per thread block of a collective launch: 1, 2 or [`MAX_LANES`].
     lanes: u32,
     cache: Option<Cache>,
     programs: Mutex<HashMap<ProgramKey, Arc<Program>>>,
@@ -319,11 +319,11 @@ impl std::fmt::Debug for CollKernels {
 
 impl CollKernels {
     /// The kernels of `ctx`'s device, cached in [`cache::default_dir`], whose collective
-    /// launches run `lanes` channels per thread block (1 to [`MAX_LANES`]: 1 or 2 lanes of 512
-    /// threads, or 4 of 256). Builds the byte-moving program now, so that a missing NVRTC or an
+    /// launches run `lanes` channels per thread block (1 or 2 lanes of 512 threads, or
+    /// [`MAX_LANES`] of 256). Builds the byte-moving program now, so that a missing NVRTC or an
     /// unsupported device shows at once.
     pub fn load(ctx: &Arc<CudaContext>, lanes: u32) -> Result<CollKernels> {
-        if !(1..=MAX_LANES).contains(&lanes) || (lanes > 2 && lanes != MAX_LANES) {
+        if ![1, 2, MAX_LANES].contains(&lanes) {
             return Err(Error::InvalidArgument(format!("{lanes} lanes per block; 1, 2 or {MAX_LANES}")));
         }
         let k = CollKernels {
