@@ -86,12 +86,17 @@ DEV Ctrl* ctrl(const CollArgs& a, unsigned owner, unsigned b, unsigned q) {
 }
 
 // A thread block runs blockDim.x / OCCL_LANE channels side by side ("lanes"), each with its own
-// threads, named barrier and channel state: while one lane waits on a flag or for its stores to
-// land, the other copies, so an SM keeps two channels' traffic in flight and a collective reaches
-// the link's bandwidth on half as many SMs (the SMs a model's kernels can keep). Every channel
-// runs the same chunk loop whichever block holds it: lanes change nothing the peer sees.
+// threads, named barrier (lane i: barrier i + 1) and channel state: while one lane waits on a
+// flag or for its stores to land, another copies, so an SM keeps several channels' traffic in
+// flight and a collective reaches the link's bandwidth on fewer SMs (the SMs a model's kernels
+// can keep). Every channel runs the same chunk loop whichever block holds it: lanes change
+// nothing the peer sees. A lane is 512 threads (two to a block) unless the program defines
+// OCCL_LANE first: 256 gives four lanes to a block (occl_kernels::coll::source). A block stays
+// at most 1024 threads.
+#ifndef OCCL_LANE
 #define OCCL_LANE 512
-#define OCCL_LANES_MAX 2
+#endif
+#define OCCL_LANES_MAX (1024 / OCCL_LANE)
 
 DEV unsigned lane() { return threadIdx.x / OCCL_LANE; }
 // This thread's index within its lane.

@@ -14,8 +14,22 @@ use std::sync::{Arc, Mutex};
 
 /// Ranks one region can serve (`OCCL_MAXR` in the source).
 pub const MAX_RANKS: usize = 8;
-/// Channels one thread block of a collective can run (`OCCL_LANES_MAX`).
-pub const MAX_LANES: u32 = 2;
+/// Channels one thread block of a collective can run (`OCCL_LANES_MAX` of the 256-thread lane).
+pub const MAX_LANES: u32 = 4;
+/// The most threads of a collective's thread block, whatever its lanes.
+const BLOCK_THREADS: u32 = 1024;
+
+/// Threads of one lane (`OCCL_LANE`) when a block runs `lanes` channels: 512 for 1 or 2 lanes,
+/// 256 for 4, so that a block stays at most [`BLOCK_THREADS`]. Each width is a program of its
+/// own, built with that constant: the strides of the copy loops and the barrier's thread count
+/// stay immediates, and the 512-thread program is the one without the define.
+pub const fn lane_threads(lanes: u32) -> u32 {
+    if lanes > BLOCK_THREADS / THREADS {
+        BLOCK_THREADS / MAX_LANES
+    } else {
+        THREADS
+    }
+}
 /// Bytes of one channel's control block per peer (`OCCL_CTRL`).
 const CTRL_BYTES: u64 = 256;
 /// The region starts with its error word (a timeout, or the host's abort).
@@ -257,11 +271,15 @@ fn func_index(mode: Mode, args: &CollArgs, dt: DataType, op: RedOp) -> Result<us
 unsafe impl DeviceRepr for CollArgs {}
 
 /// The program for `dt` (`None`: the byte-moving one); with `phases`, the phase-profiled build
-/// of it (`OCCL_PHASES`, a module of its own: the plain one carries no profiling instruction).
-pub fn source(dt: Option<DataType>, phases: bool) -> String {
+/// of it (`OCCL_PHASES`, a module of its own: the plain one carries no profiling instruction);
+/// `lane` threads per lane ([`lane_threads`]; the 512-thread program defines nothing).
+pub fn source(dt: Option<DataType>, phases: bool, lane: u32) -> String {
     let mut s = String::new();
     if phases {
         s.push_str("#define OCCL_PHASES 1\n");
+    }
+    if lane != THREADS {
+        s.push_str(&format!("#define OCCL_LANE {lane}\n"));
     }
     for (name, text) in
         [("common.cuh", include_str!("../cuda/common.cuh")), ("coll.cu", include_str!("../cuda/coll.cu"))]
@@ -293,48 +311,71 @@ fn struct_name(dt: DataType) -> &'static str {
     }
 }
 
-/// A program's element type (`None`: the byte-moving program) and whether it is phase-profiled.
-type ProgramKey = (Option<DataType>, bool);
+/// A program's element type (`None`: the byte-moving program), whether it is phase-profiled,
+/// and its threads per lane.
+type ProgramKey = (Option<DataType>, bool, u32);
 
 pub(crate) struct Program {
     pub(crate) funcs: Vec<Func>,
     _module: Arc<CudaModule>,
 }
 
-/// The collective kernels of one device, built per element type at first use.
+/// The collective kernels of one device, built per element type at first use, for one count of
+/// lanes per thread block.
 pub struct CollKernels {
     pub(crate) ctx: Arc<CudaContext>,
+    /// Channels per thread block of a collective launch: 1, 2 or [`MAX_LANES`].
+    lanes: u32,
     cache: Option<Cache>,
     programs: Mutex<HashMap<ProgramKey, Arc<Program>>>,
 }
 
 impl std::fmt::Debug for CollKernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CollKernels").field("device", &self.ctx.ordinal()).finish()
+        f.debug_struct("CollKernels").field("device", &self.ctx.ordinal()).field("lanes", &self.lanes).finish()
     }
 }
 
 impl CollKernels {
-    /// The kernels of `ctx`'s device, cached in [`cache::default_dir`]. Builds the byte-moving
-    /// program now, so that a missing NVRTC or an unsupported device shows at once.
-    pub fn load(ctx: &Arc<CudaContext>) -> Result<CollKernels> {
-        let k =
-            CollKernels { ctx: ctx.clone(), cache: cache::default_dir().map(Cache::new), programs: Mutex::default() };
-        k.program(None, false)?;
+    /// The kernels of `ctx`'s device, cached in [`cache::default_dir`], whose collective
+    /// launches run `lanes` channels per thread block (1 or 2 lanes of 512 threads, or
+    /// [`MAX_LANES`] of 256). Builds the byte-moving program now, so that a missing NVRTC or an
+    /// unsupported device shows at once.
+    pub fn load(ctx: &Arc<CudaContext>, lanes: u32) -> Result<CollKernels> {
+        if ![1, 2, MAX_LANES].contains(&lanes) {
+            return Err(Error::InvalidArgument(format!("{lanes} lanes per block; 1, 2 or {MAX_LANES}")));
+        }
+        let k = CollKernels {
+            ctx: ctx.clone(),
+            lanes,
+            cache: cache::default_dir().map(Cache::new),
+            programs: Mutex::default(),
+        };
+        k.program(None, false, k.lane())?;
         Ok(k)
+    }
+
+    /// Channels per thread block of a collective launch.
+    pub fn lanes(&self) -> u32 {
+        self.lanes
+    }
+
+    /// Threads of one lane of this table's collective launches.
+    fn lane(&self) -> u32 {
+        lane_threads(self.lanes)
     }
 
     /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
     /// a CUDA graph captures should not be the first.
     pub fn prepare(&self, dt: DataType) -> Result<()> {
-        self.program(Some(dt), false).map(|_| ())
+        self.program(Some(dt), false, self.lane()).map(|_| ())
     }
 
     /// Builds (or reads) the phase-profiled programs: the byte mover's and, with `dt`, that
     /// type's.
     pub fn prepare_phases(&self, dt: Option<DataType>) -> Result<()> {
-        self.program(None, true)?;
-        dt.map_or(Ok(()), |dt| self.program(Some(dt), true).map(|_| ()))
+        self.program(None, true, self.lane())?;
+        dt.map_or(Ok(()), |dt| self.program(Some(dt), true, self.lane()).map(|_| ()))
     }
 
     /// Builds every element type's program the device supports and loads each kernel onto
@@ -342,9 +383,13 @@ impl CollKernels {
     /// at its first launch may wait for the context's running kernels (CUDA's lazy loading),
     /// and those spin until that very launch runs: a deadlock.
     pub fn load_all(&self) -> Result<()> {
-        let mut progs = vec![self.program(None, false)?];
+        // The grouped p2p kernel and the clock probe come from the 512-thread byte mover.
+        let mut progs = vec![self.program(None, false, THREADS)?];
+        if self.lane() != THREADS {
+            progs.push(self.program(None, false, self.lane())?);
+        }
         for dt in DataType::ALL {
-            match self.program(Some(dt), false) {
+            match self.program(Some(dt), false, self.lane()) {
                 Ok(p) => progs.push(p),
                 Err(Error::Unsupported { .. }) => {}
                 Err(e) => return Err(e),
@@ -358,14 +403,19 @@ impl CollKernels {
         Ok(())
     }
 
-    pub(crate) fn program(&self, dt: Option<DataType>, phases: bool) -> Result<Arc<Program>> {
+    /// The program of `dt` (`None`: the byte mover), profiled or not, with `lane` threads per lane.
+    pub(crate) fn program(&self, dt: Option<DataType>, phases: bool, lane: u32) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
-        if let Some(p) = g.get(&(dt, phases)) {
+        if let Some(p) = g.get(&(dt, phases, lane)) {
             return Ok(p.clone());
         }
-        let name =
-            format!("occl-coll-{}{}.cu", dt.map_or("copy", |dt| dt.short_name()), if phases { "-phases" } else { "" });
-        let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt, phases))?;
+        let name = format!(
+            "occl-coll-{}{}{}.cu",
+            dt.map_or("copy", |dt| dt.short_name()),
+            if phases { "-phases" } else { "" },
+            if lane != THREADS { format!("-lane{lane}") } else { String::new() }
+        );
+        let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt, phases, lane))?;
         if let Some(dt) = dt {
             if dt.is_fp8() && !report.device.has_fp8() {
                 return Err(Error::Unsupported {
@@ -388,23 +438,23 @@ impl CollKernels {
         };
         let funcs = names.iter().map(|n| function(&module, &report.device, n)).collect::<Result<Vec<_>>>()?;
         let p = Arc::new(Program { funcs, _module: module });
-        g.insert((dt, phases), p.clone());
+        g.insert((dt, phases, lane), p.clone());
         Ok(p)
     }
 
     /// A clock probe of this device ([`crate::timer::Probe`]) and its first measurement of the
     /// device clock (`%globaltimer`) against `host_clock`.
     pub fn clock_probe(&self, host_clock: &dyn Fn() -> u64) -> Result<(crate::timer::Probe, crate::timer::ClockMap)> {
-        let prog = self.program(None, false)?;
+        let prog = self.program(None, false, THREADS)?;
         let f = prog.funcs.get(1).ok_or_else(|| Error::InvalidArgument("no clock probe kernel".into()))?;
         let mut probe = crate::timer::Probe::new(&self.ctx, f.f.clone())?;
         let map = crate::timer::calibrate(&mut probe, host_clock)?;
         Ok((probe, map))
     }
 
-    /// Enqueues one collective kernel of `channels` channels on `stream`, `lanes` (1 or 2) of
-    /// them per thread block: two lanes keep two channels in flight on one SM
-    /// (`cuda/coll.cu`), so the launch takes half as many SMs for the same channels.
+    /// Enqueues one collective kernel of `channels` channels on `stream`, [`CollKernels::lanes`]
+    /// of them per thread block: each lane keeps a channel in flight on the block's SM
+    /// (`cuda/coll.cu`), so the launch takes `⌈channels / lanes⌉` SMs.
     ///
     /// # Safety
     /// `args` names live device memory: input and output valid for what `mode` reads and writes,
@@ -417,7 +467,6 @@ impl CollKernels {
         dt: DataType,
         op: RedOp,
         channels: u32,
-        lanes: u32,
     ) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
@@ -425,21 +474,18 @@ impl CollKernels {
         if channels == 0 {
             return Err(Error::InvalidArgument("a collective launch of 0 channels".into()));
         }
-        if !(1..=MAX_LANES).contains(&lanes) {
-            return Err(Error::InvalidArgument(format!("{lanes} lanes per block; 1 to {MAX_LANES}")));
-        }
         let mode =
             Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
         let i = func_index(mode, args, dt, op)?;
-        let prog = self.program(mode.reduces().then_some(dt), args.phases != 0)?;
+        let prog = self.program(mode.reduces().then_some(dt), args.phases != 0, self.lane())?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let args = CollArgs { nch: channels, ..*args };
-        let lanes = lanes.min(channels);
+        let lanes = self.lanes.min(channels);
         let mut l = stream.launch_builder(&f.f);
         l.arg(&args);
         let cfg = LaunchConfig {
             grid_dim: (channels.div_ceil(lanes), 1, 1),
-            block_dim: (THREADS * lanes, 1, 1),
+            block_dim: (self.lane() * lanes, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
@@ -541,18 +587,36 @@ mod tests {
     }
 
     #[test]
+    fn four_lanes_are_a_program_of_256_thread_lanes_in_a_block_of_at_most_1024() {
+        assert_eq!([1, 2, 4].map(lane_threads), [512, 512, 256]);
+        for lanes in [1, 2, 4] {
+            assert!(lane_threads(lanes) * lanes <= BLOCK_THREADS, "{lanes}");
+        }
+        // The 512-thread program is the source without the define (the same build and cache
+        // key as a program that never heard of lanes); the 256-thread one defines it after the
+        // phase switch, so the profiled build still only adds its first line.
+        for dt in [None, Some(DataType::F32)] {
+            let (plain, four) = (source(dt, false, 512), source(dt, false, 256));
+            assert!(plain.starts_with("#line 1 \"common.cuh\""), "no define before the sources");
+            assert_eq!(four.strip_prefix("#define OCCL_LANE 256\n"), Some(plain.as_str()));
+            let profiled = source(dt, true, 256);
+            assert_eq!(profiled.strip_prefix("#define OCCL_PHASES 1\n"), Some(four.as_str()));
+        }
+    }
+
+    #[test]
     fn every_type_has_a_program_and_modes_split_by_reduction() {
         for dt in DataType::ALL {
-            assert!(source(Some(dt), false).ends_with(&format!(
+            assert!(source(Some(dt), false, THREADS).ends_with(&format!(
                 "OCCL_COLL_TYPE({}, {})\n",
                 dt.short_name(),
                 struct_name(dt)
             )));
         }
-        assert!(source(None, false).ends_with("OCCL_COLL_COPY\n"));
+        assert!(source(None, false, THREADS).ends_with("OCCL_COLL_COPY\n"));
         // The profiled build is the same program with OCCL_PHASES defined first.
         for dt in [None, Some(DataType::Bf16)] {
-            let (plain, profiled) = (source(dt, false), source(dt, true));
+            let (plain, profiled) = (source(dt, false, THREADS), source(dt, true, THREADS));
             assert!(!plain.contains("#define OCCL_PHASES"));
             assert_eq!(profiled.strip_prefix("#define OCCL_PHASES 1\n"), Some(plain.as_str()));
         }

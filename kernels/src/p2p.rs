@@ -146,7 +146,7 @@ impl CollKernels {
         if blocks == 0 {
             return Err(Error::InvalidArgument("a p2p launch of 0 blocks".into()));
         }
-        let prog = self.program(None, false)?;
+        let prog = self.program(None, false, THREADS)?;
         let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
         let mut l = stream.launch_builder(&f.f);
         l.arg(args);

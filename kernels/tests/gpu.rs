@@ -127,7 +127,7 @@ fn raw_launches_replay_from_a_cuda_graph() {
 fn the_clock_probe_maps_the_device_clock_onto_the_hosts() {
     let test = "the_clock_probe_maps_the_device_clock_onto_the_hosts";
     let Some((ctx, _k, _stream)) = gpu(test) else { return };
-    let coll = occl_kernels::coll::CollKernels::load(&ctx).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let coll = occl_kernels::coll::CollKernels::load(&ctx, 2).unwrap_or_else(|e| panic!("{test}: {e}"));
     let host = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let (mut probe, a) = coll.clock_probe(&host).expect("calibrate");
     let b = probe.measure(&host, 16, std::time::Duration::from_millis(100)).expect("probe").expect("an answer");

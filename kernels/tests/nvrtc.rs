@@ -74,8 +74,13 @@ fn the_collective_programs_compile_for_hopper() {
         (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group", "occl_coll_win"]),
     ] {
         let t = std::time::Instant::now();
-        let cubin = nvrtc::compile_cubin(&coll::source(dt, false), "occl-coll.cu", "sm_90", &options("sm_90"))
-            .unwrap_or_else(|e| panic!("{dt:?}: {e}"));
+        let cubin = nvrtc::compile_cubin(
+            &coll::source(dt, false, coll::lane_threads(2)),
+            "occl-coll.cu",
+            "sm_90",
+            &options("sm_90"),
+        )
+        .unwrap_or_else(|e| panic!("{dt:?}: {e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "{dt:?}");
         for k in kernels {
             assert!(cubin.windows(k.len()).any(|w| w == k.as_bytes()), "{dt:?} lacks {k}");
@@ -97,8 +102,13 @@ fn the_phase_profiled_programs_compile_for_hopper() {
         (Some(DataType::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_premulsum"]),
     ] {
         let build = |phases| {
-            nvrtc::compile_cubin(&coll::source(dt, phases), "occl-coll.cu", "sm_90", &options("sm_90"))
-                .unwrap_or_else(|e| panic!("{dt:?} phases {phases}: {e}"))
+            nvrtc::compile_cubin(
+                &coll::source(dt, phases, coll::lane_threads(2)),
+                "occl-coll.cu",
+                "sm_90",
+                &options("sm_90"),
+            )
+            .unwrap_or_else(|e| panic!("{dt:?} phases {phases}: {e}"))
         };
         let (plain, profiled) = (build(false), build(true));
         for k in kernels {
@@ -121,7 +131,7 @@ fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
         "{}\nstatic_assert(sizeof(P2pArgs) == {size}, \"P2pArgs size\");\nstatic_assert(OCCL_P2P_OPS == {}, \"ops\");\n\
          static_assert(sizeof(CollArgs) == {}, \"CollArgs size\");\n\
          static_assert(sizeof(((CollArgs*)0)->win) == {}, \"CollArgs win, its last field\");\n",
-        coll::source(None, false),
+        coll::source(None, false, coll::lane_threads(2)),
         p2p::MAX_OPS,
         std::mem::size_of::<coll::CollArgs>(),
         std::mem::size_of::<coll::CollArgs>() - std::mem::offset_of!(coll::CollArgs, win),
@@ -131,4 +141,41 @@ fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
     // A different size is refused by the same check (the assertion is live).
     let wrong = src.replace(&format!("== {size}"), &format!("== {}", size + 8));
     assert!(nvrtc::compile_cubin(&wrong, "occl-p2p.cu", "sm_90", &options("sm_90")).is_err());
+}
+
+#[test]
+fn the_four_lane_programs_compile_for_hopper_plain_and_profiled() {
+    use occl_kernels::{coll, options, DataType};
+    if !nvrtc_or_skip("the_four_lane_programs_compile_for_hopper_plain_and_profiled") {
+        return;
+    }
+    // OCCL_CUDA_LANES=4: the byte mover and a reducing type built with 256-thread lanes, four to
+    // a block of 1024, plain and phase-profiled; the kernel's constants are checked against
+    // Rust's, and the 512-thread build's too.
+    let (two, four) = (coll::lane_threads(2), coll::lane_threads(coll::MAX_LANES));
+    for (dt, kernels) in [
+        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
+        (Some(DataType::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_max", "occl_coll_f32_premulsum"]),
+    ] {
+        let build = |phases: bool, lane: u32, lanes: u32| {
+            let src = format!(
+                "{}\nstatic_assert(OCCL_LANE == {lane}, \"lane\");\n\
+                 static_assert(OCCL_LANES_MAX == {lanes}, \"lanes\");\n\
+                 static_assert(OCCL_LANE * OCCL_LANES_MAX == 1024, \"block\");\n",
+                coll::source(dt, phases, lane)
+            );
+            nvrtc::compile_cubin(&src, "occl-coll.cu", "sm_90", &options("sm_90"))
+                .unwrap_or_else(|e| panic!("{dt:?} phases {phases} lane {lane}: {e}"))
+        };
+        let t = std::time::Instant::now();
+        let (plain, profiled) = (build(false, four, coll::MAX_LANES), build(true, four, coll::MAX_LANES));
+        for k in &kernels {
+            for (what, cubin) in [("plain", &plain), ("profiled", &profiled)] {
+                assert!(cubin.windows(k.len()).any(|w| w == k.as_bytes()), "{dt:?} {what} 4-lane build lacks {k}");
+            }
+        }
+        assert_ne!(plain, profiled, "{dt:?}: OCCL_PHASES changed nothing in the 4-lane build");
+        assert_ne!(plain, build(false, two, 2), "{dt:?}: the 256-thread lane changed nothing");
+        eprintln!("{dt:?}: three builds in {:.1} s", t.elapsed().as_secs_f64());
+    }
 }

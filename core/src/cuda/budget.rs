@@ -6,13 +6,15 @@
 //! `NCCL_MAX_CTAS`, `NCCL_CTA_POLICY`; `OCCL_CUDA_CHANNELS` sizes the shared region and so
 //! caps the channels).
 //!
-//! A thread block runs `lanes` channels (`OCCL_CUDA_LANES`, 1 or 2, default 2; `cuda/coll.cu`
-//! says why), so a launch of `c` channels takes `⌈c / lanes⌉` SMs. The channels of a call must
-//! be the same on every rank (both ends of a channel count its chunks), so ranks swap their
-//! budgets at set-up. Without a budget the lanes are each rank's own; a budget counts SMs,
-//! which [`Channels::pick`] turns into channels with the rank's lanes, so under one the set-up
-//! refuses ranks whose lanes differ.
+//! A thread block runs `lanes` channels (`OCCL_CUDA_LANES`: 1 or 2 of 512 threads, default 2, or
+//! 4 of 256; `cuda/coll.cu` says why), so a launch of `c` channels takes `⌈c / lanes⌉` SMs. The
+//! channels of a call must be the same on every rank (both ends of a channel count its chunks),
+//! so ranks swap their budgets at set-up. The lanes are each rank's own: a channel's id, its
+//! slots and its chunk loop are the same whatever block holds it, so a peer cannot tell how a
+//! rank packs its channels into blocks. Only the count of channels, which the lanes scale, must
+//! agree: every rank counts with the fewest lanes of any rank (swapped at set-up too).
 
+use super::kernels::coll::lane_threads;
 use crate::error::{Error, Result};
 
 /// NCCL's `CTAPolicy` (`NCCL_CTA_POLICY_*`).
@@ -55,7 +57,8 @@ impl CtaPolicy {
 /// 2×H200 took the same share of the GPU.
 pub const EFFICIENT_SMS: u32 = 24;
 
-/// Bytes of an operation's per-rank share per channel below which it takes fewer channels.
+/// Bytes of an operation's per-rank share per 512-thread channel below which it takes fewer
+/// channels (a 256-thread channel takes half).
 const CHANNEL_BYTES: u64 = 32 << 10;
 
 /// Below this per-rank share an operation takes at most [`MID_CHANNELS`]: on 2×H200 more
@@ -122,18 +125,26 @@ impl CtaBudget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Channels {
     pub region: u32,
+    /// This rank's channels per thread block: its launches' shape and SMs.
     pub lanes: u32,
+    /// The fewest lanes of any rank: the channel count of a call follows it, so that every rank
+    /// picks the same.
+    pub common_lanes: u32,
     pub budget: CtaBudget,
 }
 
 impl Channels {
     /// Channels for an operation whose busiest per-rank share is `bytes`: one per
-    /// [`CHANNEL_BYTES`], within the budget. The same on every rank for the same call.
+    /// [`CHANNEL_BYTES`], within the budget. The same on every rank for the same call. A
+    /// 256-thread channel (4 lanes) does half a 512-thread one's work per turn, so it takes
+    /// half the bytes and the mid-size cap doubles: a size takes the same SMs with 4 lanes as
+    /// with 2, with twice the channels in flight on each.
     pub(crate) fn pick(&self, bytes: u64) -> u32 {
-        let lanes = self.lanes.max(1);
+        let lanes = self.common_lanes.max(1);
+        let per = lane_threads(2) / lane_threads(lanes);
         let mut hi = self.region.max(1);
         if bytes < LARGE_BYTES {
-            hi = hi.min(MID_CHANNELS);
+            hi = hi.min(MID_CHANNELS * per);
         }
         if self.budget.policy != CtaPolicy::Default {
             hi = hi.min(EFFICIENT_SMS * lanes);
@@ -142,13 +153,13 @@ impl Channels {
             hi = hi.min(self.budget.max_ctas.saturating_mul(lanes)).max(1);
         }
         let lo = self.budget.min_ctas.saturating_mul(lanes).min(hi).max(1);
-        let want = u32::try_from(bytes.div_ceil(CHANNEL_BYTES)).unwrap_or(u32::MAX);
+        let want = u32::try_from(bytes.div_ceil(CHANNEL_BYTES / u64::from(per))).unwrap_or(u32::MAX);
         want.clamp(lo, hi)
     }
 
     /// The most blocks of one channel each (grouped send/recv) the budget allows.
     pub(crate) fn one_lane_ceiling(&self) -> u32 {
-        Channels { lanes: 1, ..*self }.pick(u64::MAX)
+        Channels { lanes: 1, common_lanes: 1, ..*self }.pick(u64::MAX)
     }
 
     /// SMs a launch of `channels` takes.
@@ -162,7 +173,88 @@ mod tests {
     use super::*;
 
     fn ch(region: u32, lanes: u32, min: u32, max: u32, policy: CtaPolicy) -> Channels {
-        Channels { region, lanes, budget: CtaBudget { min_ctas: min, max_ctas: max, policy } }
+        Channels { region, lanes, common_lanes: lanes, budget: CtaBudget { min_ctas: min, max_ctas: max, policy } }
+    }
+
+    /// Every power of two from 1 byte to 4 GiB, and one byte past each.
+    fn sizes() -> impl Iterator<Item = u64> {
+        (0..=32).flat_map(|k| [1u64 << k, (1u64 << k) + 1])
+    }
+
+    #[test]
+    fn four_lanes_take_the_sms_two_lanes_take_with_twice_the_channels() {
+        // Wherever the region holds both: at every size and budget, 4 lanes of 256 threads
+        // take the SMs that 2 lanes of 512 take, and run twice the channels on them (the
+        // same threads per byte).
+        let budgets = [(0, 0, CtaPolicy::Default), (0, 24, CtaPolicy::Default), (4, 0, CtaPolicy::Default)];
+        for (min, max, p) in budgets.into_iter().chain([(0, 0, CtaPolicy::Efficiency), (2, 8, CtaPolicy::Zero)]) {
+            let (two, four) = (ch(256, 2, min, max, p), ch(256, 4, min, max, p));
+            for b in sizes() {
+                let (c2, c4) = (two.pick(b), four.pick(b));
+                if 2 * c2 > 256 {
+                    assert_eq!(c4, 256, "{b} bytes: the region caps");
+                    continue;
+                }
+                assert_eq!(four.sms(c4), two.sms(c2), "{b} bytes, budget {min}/{max}/{p:?}");
+                // One channel per 16 KiB against one per 32 KiB: twice, or one short of it.
+                assert!(c4 == 2 * c2 || c4 + 1 == 2 * c2, "{b} bytes: {c4} vs {c2} channels");
+            }
+        }
+        let c = ch(128, 4, 0, 0, CtaPolicy::Default);
+        assert_eq!(c.pick(16 << 10), 1);
+        assert_eq!(c.pick((16 << 10) + 1), 2, "a 256-thread channel per 16 KiB");
+        assert_eq!(c.pick(1 << 20), 64);
+        assert_eq!(c.sms(64), 16);
+        assert_eq!(c.pick(64 << 20), 128, "mid sizes stop at 128 (32 SMs, as with 2 lanes)");
+        assert_eq!(c.sms(128), 32);
+        assert_eq!(c.sms(3), 1, "a short last block");
+        assert_eq!(c.sms(5), 2);
+    }
+
+    #[test]
+    fn nccl_max_ctas_24_with_four_lanes_is_96_channels_within_the_default_region() {
+        let c = ch(128, 4, 0, 24, CtaPolicy::Default);
+        for b in [64u64 << 20, 256 << 20, 1 << 30] {
+            assert_eq!(c.pick(b), 96, "{b}");
+            assert_eq!(c.sms(96), 24);
+        }
+        assert_eq!(ch(128, 2, 0, 24, CtaPolicy::Default).pick(1 << 30), 48);
+        // The region caps the channels, and so the SMs: 64 channels on 16 SMs.
+        let c = ch(64, 4, 0, 24, CtaPolicy::Default);
+        assert_eq!((c.pick(1 << 30), c.sms(c.pick(1 << 30))), (64, 16));
+        // Uncapped, a large call takes the region's 128 channels: 32 SMs with 4 lanes (64 with 2).
+        let c = ch(128, 4, 0, 0, CtaPolicy::Default);
+        assert_eq!((c.pick(1 << 30), c.sms(128)), (128, 32));
+        // Efficiency: 24 SMs' worth, 96 channels.
+        assert_eq!(ch(128, 4, 0, 0, CtaPolicy::Efficiency).pick(1 << 30), 96);
+    }
+
+    #[test]
+    fn ranks_with_other_lanes_pick_the_same_channels() {
+        // Each rank launches with its own lanes; the count follows the fewest of any rank.
+        for common in [1, 2, 4] {
+            for (min, max) in [(0, 0), (0, 24), (4, 0)] {
+                let budget = CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default };
+                let ranks: Vec<Channels> = [1, 2, 4]
+                    .into_iter()
+                    .filter(|&l| l >= common)
+                    .map(|lanes| Channels { region: 128, lanes, common_lanes: common, budget })
+                    .collect();
+                for b in sizes() {
+                    let picks: Vec<u32> = ranks.iter().map(|c| c.pick(b)).collect();
+                    assert!(picks.windows(2).all(|w| w[0] == w[1]), "{b} bytes: {picks:?}");
+                    // No rank goes past the ceiling: one with more lanes takes fewer SMs.
+                    for c in &ranks {
+                        assert!(max == 0 || c.sms(picks[0]) <= max, "{b} bytes, {} lanes", c.lanes);
+                    }
+                }
+            }
+        }
+        // A 2-lane peer holds a 4-lane rank to 2-lane counts: 48 channels on 12 SMs at 24 CTAs.
+        let mixed = Channels { common_lanes: 2, ..ch(128, 4, 0, 24, CtaPolicy::Default) };
+        assert_eq!((mixed.pick(1 << 30), mixed.sms(48)), (48, 12));
+        // Grouped p2p runs a channel per 512-thread block whatever the lanes.
+        assert_eq!(ch(128, 4, 0, 24, CtaPolicy::Default).one_lane_ceiling(), 24);
     }
 
     #[test]

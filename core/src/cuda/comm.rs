@@ -38,7 +38,7 @@ pub struct DeviceSettings {
     /// Buffers per channel and peer.
     pub slots: u32,
     pub slot_bytes: u64,
-    /// Channels per thread block: 1 or 2.
+    /// Channels per thread block: 1 or 2 of 512 threads, or 4 of 256.
     pub lanes: u32,
     pub budget: CtaBudget,
     /// The copy-engine collectives' slots (`ce/mod.rs`).
@@ -94,8 +94,8 @@ impl DeviceSettings {
             s.slot_bytes = v;
         }
         if let Some(v) = num("OCCL_CUDA_LANES")? {
-            s.lanes = u32::try_from(v).ok().filter(|l| (1..=MAX_LANES).contains(l)).ok_or_else(|| {
-                Error::arg(format!("OCCL_CUDA_LANES={v}: a thread block runs 1 to {MAX_LANES} channels"))
+            s.lanes = u32::try_from(v).ok().filter(|l| [1, 2, MAX_LANES].contains(l)).ok_or_else(|| {
+                Error::arg(format!("OCCL_CUDA_LANES={v}: a thread block runs 1, 2 or {MAX_LANES} channels"))
             })?;
         }
         if let Some(v) = num("OCCL_CE_SLOTS")? {
@@ -213,17 +213,16 @@ impl Drop for CudaComm {
     }
 }
 
-/// What ranks swap: the IPC handle, a set-up flag, the lanes per block (byte 65), the region's
+/// What ranks swap: the IPC handle, a set-up flag, the rank's lanes (byte 65), the region's
 /// shape (bytes 68..88), then the process id, the device and the region's address, which a rank
 /// of the same process uses instead of the handle (IPC cannot open this process's own
 /// allocations), then the CTA budget and the copy-engine slots. The shape, the budget and the
-/// slots must be equal on every rank; the lanes too under a budget, whose SM counts each rank
-/// turns into channels with its own lanes (`budget.rs`).
+/// slots must be equal on every rank; the lanes may differ.
 const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12 + 16;
+const LANES: usize = 65;
 const SETTINGS: std::ops::Range<usize> = 68..88;
 const BUDGET: std::ops::Range<usize> = 104..116;
 const CE: std::ops::Range<usize> = 116..132;
-const LANES: usize = 65;
 
 /// Rank `r`'s record `theirs` against this rank's `mine`: a usage error that names the
 /// variables when a setting every rank must share differs.
@@ -241,20 +240,23 @@ fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
         ),
         (CE, "has other copy-engine slots (OCCL_CE_SLOTS, OCCL_CE_SLOT_BYTES must be the same on every rank)"),
     ];
-    if let Some((_, what)) = shared.into_iter().find(|(at, _)| theirs.get(at.clone()) != mine.get(at.clone())) {
-        return Err(Error::usage(format!("rank {r} {what}")));
+    match shared.into_iter().find(|(at, _)| theirs.get(at.clone()) != mine.get(at.clone())) {
+        Some((_, what)) => Err(Error::usage(format!("rank {r} {what}"))),
+        None => Ok(()),
     }
-    // Without a budget a call's channels do not depend on the lanes; with one they do.
-    let budgeted = mine.get(BUDGET).is_some_and(|b| b != CtaBudget::default().encode());
-    if budgeted && theirs.get(LANES) != mine.get(LANES) {
-        return Err(Error::usage(format!(
-            "rank {r} runs {} channels per thread block and this rank {}: under a CTA budget (NCCL_MIN_CTAS, \
-             NCCL_MAX_CTAS, NCCL_CTA_POLICY or ncclConfig_t) OCCL_CUDA_LANES must be the same on every rank",
-            theirs.get(LANES).copied().unwrap_or(0),
-            mine.get(LANES).copied().unwrap_or(0)
-        )));
+}
+
+/// The fewest lanes of any rank's record: the count every rank's channel choice follows.
+fn common_lanes(all: &[Vec<u8>]) -> Result<u32> {
+    let mut fewest = MAX_LANES;
+    for (r, rec) in all.iter().enumerate() {
+        let l = rec.get(LANES).map_or(0, |&l| u32::from(l));
+        if !(1..=MAX_LANES).contains(&l) {
+            return Err(Error::internal(format!("rank {r} sent {l} lanes per thread block; 1 to {MAX_LANES}")));
+        }
+        fewest = fewest.min(l);
     }
-    Ok(())
+    Ok(fewest)
 }
 
 impl CudaComm {
@@ -304,7 +306,7 @@ impl CudaComm {
         let tuner = DevTuner::new(comm.config(), n)?;
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
-            let k = CollKernels::load(&ctx).map_err(err("load the collective kernels"))?;
+            let k = CollKernels::load(&ctx, s.lanes).map_err(err("load the collective kernels"))?;
             let phases = KernelPhases::from_env(&ctx, &k, s.channels)?;
             s.ce.checked(n)?;
             let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
@@ -322,7 +324,7 @@ impl CudaComm {
             mine[..64].copy_from_slice(h);
             mine[64] = 1;
         }
-        mine[LANES] = u8::try_from(s.lanes).unwrap_or(u8::MAX);
+        mine[LANES] = u8::try_from(s.lanes).map_err(|_| Error::arg("OCCL_CUDA_LANES is too large"))?;
         mine[68..72].copy_from_slice(&s.channels.to_le_bytes());
         mine[72..80].copy_from_slice(&u64::from(s.slots).to_le_bytes());
         mine[80..88].copy_from_slice(&s.slot_bytes.to_le_bytes());
@@ -344,6 +346,7 @@ impl CudaComm {
             }
             agree(r, &mine, rec)?;
         }
+        let common_lanes = common_lanes(&all)?;
         let mut regions = [0u64; MAX_RANKS];
         let mut peers = Vec::new();
         let me = &comm.table[comm.rank()];
@@ -398,7 +401,7 @@ impl CudaComm {
             layout,
             regions,
             tuner,
-            channels: Channels { region: s.channels, lanes: s.lanes, budget: s.budget },
+            channels: Channels { region: s.channels, lanes: s.lanes, common_lanes, budget: s.budget },
             ce,
             ce_streams,
             windows: Windows::default(),
@@ -587,6 +590,30 @@ mod tests {
     }
 
     #[test]
+    fn lanes_are_each_ranks_own_and_the_channels_follow_the_fewest() {
+        let s = DeviceSettings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.lanes, 2);
+        for l in [1, 2, 4] {
+            let s = DeviceSettings::from_vars(vars(&[("OCCL_CUDA_LANES", &l.to_string())])).unwrap();
+            assert_eq!(s.lanes, l);
+        }
+        for bad in ["0", "3", "5", "8"] {
+            let e = DeviceSettings::from_vars(vars(&[("OCCL_CUDA_LANES", bad)])).unwrap_err().to_string();
+            assert!(e.contains(&format!("OCCL_CUDA_LANES={bad}: a thread block runs 1, 2 or 4")), "{e}");
+        }
+        let d = DeviceSettings::default();
+        let four = DeviceSettings { lanes: 4, ..d };
+        // Other lanes are no disagreement; the count follows the fewest.
+        assert!(agree(1, &record(&d), &record(&four)).is_ok());
+        assert_eq!(common_lanes(&[record(&four), record(&four)]).unwrap(), 4);
+        assert_eq!(common_lanes(&[record(&four), record(&d), record(&four)]).unwrap(), 2);
+        assert_eq!(common_lanes(&[record(&DeviceSettings { lanes: 1, ..d }), record(&four)]).unwrap(), 1);
+        let e = common_lanes(&[record(&d), record(&DeviceSettings { lanes: 0, ..d })]).unwrap_err();
+        assert!(e.to_string().contains("rank 1 sent 0 lanes"), "{e}");
+        assert!(common_lanes(&[record(&d), vec![0u8; 16]]).is_err(), "a short record");
+    }
+
+    #[test]
     fn ranks_must_agree_on_the_copy_engine_slots() {
         let d = DeviceSettings::default();
         assert!(agree(1, &record(&d), &record(&d)).is_ok());
@@ -602,25 +629,5 @@ mod tests {
         let other = DeviceSettings { budget: CtaBudget { policy: CtaPolicy::Zero, ..d.budget }, ..d };
         assert!(agree(2, &record(&d), &record(&other)).unwrap_err().to_string().contains("CTA budget"));
         assert!(agree(2, &record(&d), &[0u8; 16]).is_err(), "a short record differs");
-    }
-
-    #[test]
-    fn ranks_must_agree_on_the_lanes_only_under_a_cta_budget() {
-        let d = DeviceSettings::default();
-        let one_lane = DeviceSettings { lanes: 1, ..d };
-        assert!(agree(1, &record(&d), &record(&one_lane)).is_ok(), "no budget: each rank's own lanes");
-        for budget in [
-            CtaBudget { max_ctas: 24, ..d.budget },
-            CtaBudget { min_ctas: 4, ..d.budget },
-            CtaBudget { policy: CtaPolicy::Efficiency, ..d.budget },
-        ] {
-            let (a, b) = (DeviceSettings { budget, ..d }, DeviceSettings { budget, ..one_lane });
-            assert!(agree(1, &record(&a), &record(&a)).is_ok());
-            let e = agree(3, &record(&a), &record(&b)).unwrap_err();
-            assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
-            let e = e.to_string();
-            assert!(e.contains("rank 3 runs 1 channels per thread block and this rank 2"), "{e}");
-            assert!(e.contains("OCCL_CUDA_LANES must be the same"), "{e}");
-        }
     }
 }

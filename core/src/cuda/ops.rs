@@ -335,7 +335,7 @@ impl CudaComm {
                     .map_err(err("enqueue a copy-engine collective")),
                 None => Err(Error::internal("a copy-engine call on a communicator without copy-engine streams")),
             },
-            None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks, self.channels.lanes) }
+            None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks) }
                 .map_err(err("launch a device collective")),
         };
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
