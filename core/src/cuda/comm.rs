@@ -105,8 +105,8 @@ impl DeviceSettings {
             s.ce.slot_bytes = v;
         }
         s.ce_sends = match var("OCCL_CE_BATCH").as_deref().map(str::trim) {
-            None | Some("" | "0") => CeSends::Lanes,
-            Some("1") => {
+            Some("0") => CeSends::Lanes,
+            None | Some("" | "1") => {
                 let chunks = num("OCCL_CE_BATCH_CHUNKS")?.unwrap_or(1);
                 if !(1..=CeSends::MAX_CHUNKS).contains(&chunks) {
                     return Err(Error::arg(format!(
@@ -563,11 +563,11 @@ mod tests {
         assert!(e.contains("OCCL_CE_SLOTS=\"two\" is not a size"), "{e}");
     }
 
-    /// `OCCL_CE_BATCH` (0 or 1) and its pieces per share.
+    /// `OCCL_CE_BATCH` (0 or 1, default 1) and its pieces per share.
     #[test]
-    fn the_copy_engines_batch_their_sends_when_asked() {
+    fn the_copy_engines_batch_their_sends_unless_told_not_to() {
         let sends = |v: &[(&'static str, &'static str)]| DeviceSettings::from_vars(vars(v)).map(|s| s.ce_sends);
-        assert_eq!(sends(&[]).ok(), Some(CeSends::Lanes));
+        assert_eq!(sends(&[]).ok(), Some(CeSends::Batch { chunks: 1 }));
         assert_eq!(sends(&[("OCCL_CE_BATCH", "0"), ("OCCL_CE_BATCH_CHUNKS", "4")]).ok(), Some(CeSends::Lanes));
         assert_eq!(sends(&[("OCCL_CE_BATCH", "1")]).ok(), Some(CeSends::Batch { chunks: 1 }));
         let four = sends(&[("OCCL_CE_BATCH", "1"), ("OCCL_CE_BATCH_CHUNKS", "4")]);

@@ -65,20 +65,20 @@
 //! wait for `p`'s next `ready(p)`, which follows `p`'s reset of `done(q)` on its receive lane.
 //! Both paths' words are apart, so calls of either path follow each other freely.
 //!
-//! **Batched sends** (`OCCL_CE_BATCH=1`, an experiment until measured against the lanes): a
-//! rank's sends all go on one lane (`plan.rs`'s `Lane::Batch`) as one driver batch
-//! (`cuMemcpyBatchAsync`), which may spread its copies over several copy engines where one
-//! stream per peer gets fewer (`bench/baselines/gpu-overlap.md`, run 4). A direct call waits for
+//! **Batched sends** (the default; `OCCL_CE_BATCH=0` turns them off): a rank's sends all go
+//! on one lane (`plan.rs`'s `Lane::Batch`) as one driver batch (`cuMemcpyBatchAsync`), which
+//! the driver spreads over more copy engines than one stream per peer gets: at 4 GPUs a direct
+//! call moves 1.5-1.7× as much (`bench/baselines/gpu-overlap.md`). A direct call waits for
 //! (and resets) every peer's `ready`, issues every share in one batch, each share cut into
 //! `OCCL_CE_BATCH_CHUNKS` pieces (1) interleaved across peers, then writes every peer's `done`;
 //! a slot round waits for every peer's free slot, issues chunk `i` to every peer in one batch,
 //! then writes every peer's `head`, and an in-place receive follows its round on that lane.
 //! The batch lane is the send lane of every pair in each argument above: a `ready` or `tail` is
 //! still reset before the `done` or `head` that lets its peer write it again, on the lane
-//! that waited for it. Each rank may choose alone: a peer sees the same words written in the
-//! same order relative to the data, and the same data. A captured call issues a batch's pieces
-//! one by one on the batch lane's stream (a capture refuses the batched call), as does a driver
-//! before CUDA 12.8 (logged once); the plan, and so a replay, is the same either way.
+//! that waited for it. Each rank, and each call, may choose alone: a peer sees the same words
+//! written in the same order relative to the data, and the same data. So a call captured in a
+//! graph (a capture refuses the batched copy) and every call on a driver before CUDA 12.8
+//! (logged once) go per peer.
 //!
 //! A stream wait has no device timeout; the host gives one. Each call that is not captured
 //! records an event as it starts and one as it ends (`calls.rs`), and the watcher (`watch.rs`)
@@ -159,19 +159,27 @@ impl CeGeometry {
 
 /// How a rank issues its sends (`OCCL_CE_BATCH`, `OCCL_CE_BATCH_CHUNKS`). Each rank picks its
 /// own: a peer sees the same words and the same data either way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CeSends {
     /// Each peer's share on the stream of that peer's send lane.
-    #[default]
     Lanes,
     /// A call's (or a slot round's) sends as one driver batch on one stream: a direct call's
-    /// shares each cut into `chunks` pieces, interleaved across peers.
+    /// shares each cut into `chunks` pieces, interleaved across peers. A call captured in a
+    /// graph, or on a driver without the batched copy, goes as [`CeSends::Lanes`].
     Batch { chunks: u64 },
 }
 
 impl CeSends {
     /// The most pieces a direct call's share is cut into.
     pub const MAX_CHUNKS: u64 = 64;
+}
+
+impl Default for CeSends {
+    /// One batch, one piece per share: at 4 GPUs it moves 1.5-1.7× what one stream per peer
+    /// does (`bench/baselines/gpu-overlap.md`).
+    fn default() -> CeSends {
+        CeSends::Batch { chunks: 1 }
+    }
 }
 
 /// Where the copy-engine area lies in every rank's region (the same offset on all ranks).

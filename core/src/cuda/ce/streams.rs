@@ -26,9 +26,9 @@ pub(crate) struct CeStreams {
     sends: Vec<Arc<CudaStream>>,
     recv: Arc<CudaStream>,
     batch: Option<Arc<CudaStream>>,
-    /// How this rank issues its sends (`OCCL_CE_BATCH`).
+    /// How this rank issues its sends when it can batch them (`OCCL_CE_BATCH`).
     mode: CeSends,
-    /// Whether a batch step is one driver call (the driver has it).
+    /// Whether the driver has the batched copy; without it every call goes per peer.
     one_call: bool,
     fork: Mark,
     join: Mark,
@@ -46,9 +46,9 @@ impl CeStreams {
         if batched && !one_call {
             static WARNED: AtomicBool = AtomicBool::new(false);
             if !WARNED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "occl: OCCL_CE_BATCH=1 but this CUDA driver has no cuMemcpyBatchAsync (CUDA 12.8 or later): a \
-                     batch's copies are issued one by one on its stream"
+                tracing::info!(
+                    "occl: this CUDA driver has no cuMemcpyBatchAsync (CUDA 12.8 or later): copy-engine sends go \
+                     on one stream per peer"
                 );
             }
         }
@@ -106,7 +106,10 @@ impl CeStreams {
         capturing: bool,
         func: &'static str,
     ) -> Result<()> {
-        let steps = plan(regions, me, area, f, self.mode);
+        // A capture refuses the batched copy, and a batch issued piece by piece would put
+        // every peer's copy on one stream: such a call goes per peer. A peer cannot tell.
+        let sends = if self.one_call && !capturing { self.mode } else { CeSends::Lanes };
+        let steps = plan(regions, me, area, f, sends);
         let mut lanes: Vec<Lane> = steps.iter().map(|s| s.0).collect();
         lanes.sort_unstable();
         lanes.dedup();
@@ -126,8 +129,7 @@ impl CeStreams {
             unsafe {
                 match s {
                     Step::Copy { dst, src, n } => o.copy(dst, src, n),
-                    Step::Batch(pieces) if self.one_call && !capturing => o.copy_batch(&pieces),
-                    Step::Batch(pieces) => pieces.iter().try_for_each(|p| o.copy(p.dst, p.src, p.n)),
+                    Step::Batch(pieces) => o.copy_batch(&pieces),
                     Step::Wait { at, ge } => o.wait_ge(at, ge),
                     Step::Write { at, v } => o.write(at, v),
                 }
