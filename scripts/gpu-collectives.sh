@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Device collectives on a GPU machine without a Rust toolchain, in two halves:
 #   scripts/gpu-collectives.sh build DIR   here: builds occl-gpu (release, feature cuda) and copies
-#                                          it, stripped, with this script and nccl_bench.py into DIR
+#                                          it, stripped, with this script and nccl_bench.py into DIR;
+#                                          with NVRTC here, also every kernel program for GPU_ARCH
+#                                          (sm_90) into DIR/kernel-cache (occl-gpu prebuild), which
+#                                          run seeds the GPU machine's kernel cache with
 #   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all;
 #                                          N ranks share the GPUs there are, round-robin), also
 #                                          as thread ranks, staged across N host ids and on the
@@ -21,6 +24,12 @@ build)
     mkdir -p "$dir"
     CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build -p occl-tests --features cuda --release --bin occl-gpu || exit 1
     strip -o "$dir/occl-gpu" target/release/occl-gpu
+    nv=$(find target/nvrtc /usr/local -name 'libnvrtc.so.13' 2>/dev/null | head -1)
+    if [ -n "$nv" ]; then
+        LD_LIBRARY_PATH=$(dirname "$nv") "$dir/occl-gpu" prebuild "$dir/kernel-cache" --arch "${GPU_ARCH:-sm_90}" || exit 1
+    else
+        echo "no libnvrtc.so.13 here: the GPU machine compiles the kernels at first use"
+    fi
     cp scripts/gpu-collectives.sh "$dir/"
     [ -e bench/anchors/nccl_bench.py ] && cp bench/anchors/nccl_bench.py "$dir/"
     ls -la "$dir"
@@ -36,6 +45,14 @@ run)
     nv=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.13*' 2>/dev/null | grep -v builtins | head -1)
     export LD_LIBRARY_PATH=$(dirname "$nv")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export OCCL_KERNEL_CACHE_DIR=/tmp/occl-kernel-cache OCCL_TIMEOUT=${OCCL_TIMEOUT:-30}
+    if [ -d kernel-cache ]; then
+        # Copied, so that the files belong to this user with no one else's write bit (the cache
+        # reads nothing else).
+        mkdir -p -m 700 "$OCCL_KERNEL_CACHE_DIR"
+        cp -n kernel-cache/*.cubin "$OCCL_KERNEL_CACHE_DIR"/ 2>/dev/null
+        chmod 600 "$OCCL_KERNEL_CACHE_DIR"/*.cubin 2>/dev/null
+        echo "kernel cache: $(ls "$OCCL_KERNEL_CACHE_DIR" | wc -l) programs"
+    fi
     if [ "$part" != bench ]; then
     echo "== correctness on $n GPUs"
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check.txt" | tail -20

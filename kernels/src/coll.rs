@@ -293,6 +293,35 @@ pub fn source(dt: Option<DataType>, phases: bool, lane: u32) -> String {
     s
 }
 
+/// The file name NVRTC reports for the program of `dt`, `phases` and `lane` ([`source`]).
+fn program_name(dt: Option<DataType>, phases: bool, lane: u32) -> String {
+    format!(
+        "occl-coll-{}{}{}.cu",
+        dt.map_or("copy", |dt| dt.short_name()),
+        if phases { "-phases" } else { "" },
+        if lane != THREADS { format!("-lane{lane}") } else { String::new() }
+    )
+}
+
+/// Every collective program a communicator may build, as (name, source): the byte mover and
+/// each element type's, for each lane width of `lanes` (lanes per block, as `OCCL_CUDA_LANES`),
+/// and with `phases` their phase-profiled builds too (`crate::prebuild`).
+pub fn programs(lanes: &[u32], phases: bool) -> Vec<(String, String)> {
+    let mut widths: Vec<u32> = lanes.iter().map(|&l| lane_threads(l)).collect();
+    widths.sort_unstable();
+    widths.dedup();
+    let types = std::iter::once(None).chain(DataType::ALL.into_iter().map(Some));
+    let builds: &[bool] = if phases { &[false, true] } else { &[false] };
+    widths
+        .iter()
+        .flat_map(|&lane| {
+            types
+                .clone()
+                .flat_map(move |dt| builds.iter().map(move |&ph| (program_name(dt, ph, lane), source(dt, ph, lane))))
+        })
+        .collect()
+}
+
 /// The element struct of `dt` in `common.cuh`.
 fn struct_name(dt: DataType) -> &'static str {
     match dt {
@@ -409,12 +438,7 @@ impl CollKernels {
         if let Some(p) = g.get(&(dt, phases, lane)) {
             return Ok(p.clone());
         }
-        let name = format!(
-            "occl-coll-{}{}{}.cu",
-            dt.map_or("copy", |dt| dt.short_name()),
-            if phases { "-phases" } else { "" },
-            if lane != THREADS { format!("-lane{lane}") } else { String::new() }
-        );
+        let name = program_name(dt, phases, lane);
         let (module, report) = build_module(&self.ctx, self.cache.as_ref(), &name, &source(dt, phases, lane))?;
         if let Some(dt) = dt {
             if dt.is_fp8() && !report.device.has_fp8() {

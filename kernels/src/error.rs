@@ -41,6 +41,9 @@ pub enum Error {
     /// A driver entry point this driver lacks (an older driver than the call needs).
     #[error("the CUDA driver has no {call} (it needs a driver of {needs} or later)")]
     MissingEntry { call: &'static str, needs: &'static str },
+    /// A kernel cache directory that could not be written (`prebuild`).
+    #[error("cannot write the kernel cache {}: {source} (a directory of this user that others cannot write)", dir.display())]
+    CacheWrite { dir: std::path::PathBuf, source: std::io::Error },
 }
 
 /// Wraps a driver error with the call that returned it.

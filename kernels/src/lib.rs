@@ -34,6 +34,7 @@ pub mod memops;
 pub mod nvrtc;
 pub mod p2p;
 pub mod phases;
+pub mod prebuild;
 #[cfg(any(test, feature = "test-support"))]
 pub mod reference;
 pub mod staging;

@@ -179,3 +179,36 @@ fn the_four_lane_programs_compile_for_hopper_plain_and_profiled() {
         eprintln!("{dt:?}: three builds in {:.1} s", t.elapsed().as_secs_f64());
     }
 }
+
+#[test]
+fn a_prebuilt_cache_holds_what_a_communicator_looks_up() {
+    use occl_kernels::cache::{Cache, Key};
+    use occl_kernels::{coll, options, prebuild};
+    if !nvrtc_or_skip("a_prebuilt_cache_holds_what_a_communicator_looks_up") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("occl-prebuild-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = Cache::new(&dir);
+    // The byte mover alone keeps the test short; the list itself is unit-tested.
+    let progs: Vec<_> =
+        prebuild::all_programs(&[2], false).into_iter().filter(|p| p.0 == "occl-coll-copy.cu").collect();
+    assert_eq!(progs.len(), 1);
+    let built = prebuild::prebuild(&cache, "sm_90", &progs, 2).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(built.len(), 1);
+    assert!(built[0].compile_time.is_some(), "compiled, not found");
+    // The key a communicator on an sm_90 device computes for the same program.
+    let src = coll::source(None, false, coll::lane_threads(2));
+    let opts = options("sm_90");
+    let key = Key { source: &src, options: &opts, arch: "sm_90", nvrtc: nvrtc::version().expect("version") };
+    assert_eq!(built[0].file, cache.path(&key));
+    let bin = cache.load(&key).expect("the prebuilt program is in the cache");
+    assert_eq!(&bin[..4], b"\x7fELF");
+    // A second run finds it and compiles nothing.
+    let again = prebuild::prebuild(&cache, "sm_90", &progs, 1).unwrap_or_else(|e| panic!("{e}"));
+    assert!(again[0].compile_time.is_none());
+    // An architecture NVRTC does not know is refused before anything is compiled.
+    let e = prebuild::prebuild(&cache, "sm_1", &progs, 1).unwrap_err();
+    assert!(matches!(e, Error::ArchUnsupported { .. }), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,6 +8,7 @@
 //! occl-gpu bench --ranks 4 --sizes 64M,1G --phases all_gather,all_reduce   # + where the kernels' time goes
 //! occl-gpu bench --ranks 4 --windows --phases all_gather,all_to_all   # outputs in symmetric windows
 //! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
+//! occl-gpu prebuild DIR [--arch sm_90] [--lanes 2,4] [--phases] [--jobs N]   # no GPU: NVRTC only
 //! NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 occl-gpu stall --ranks 2   # a rank stops calling: rank 0 times out
 //! ```
 //!
@@ -33,6 +34,10 @@
 //! NCCL_WIN_COLL_SYMMETRIC)`), so all-gather, all-to-all and broadcast write the peers' outputs
 //! directly: from the kernels' windowed mode, or on the copy engines under `NCCL_CTA_POLICY=2`.
 //! One process per rank (`--ranks`): the peers' outputs are mapped through CUDA IPC.
+//!
+//! `prebuild` compiles every kernel program a communicator may build (`occl_kernels::prebuild`)
+//! for one architecture into DIR, a kernel cache to copy into a GPU machine's
+//! `OCCL_KERNEL_CACHE_DIR`, so that its first calls compile nothing. It needs NVRTC, not a GPU.
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
@@ -43,7 +48,7 @@ use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::launch::{Job, Spawn};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
@@ -54,6 +59,15 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--phases") {
         // Read when the communicator is created: the profiled kernels are built then.
         std::env::set_var(occl::cuda::KERNEL_PHASES_VAR, "1");
+    }
+    if args.first().map(String::as_str) == Some("prebuild") {
+        return match prebuild(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("occl-gpu prebuild: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let res = match args.iter().position(|a| a == "--ranks") {
         Some(i) => launch(&args, i),
@@ -77,6 +91,37 @@ fn launch(args: &[String], i: usize) -> anyhow::Result<()> {
     if let Some(o) = outs.iter().find(|o| !o.status.success()) {
         bail!("rank {} failed ({})", o.rank, o.status);
     }
+    Ok(())
+}
+
+/// `prebuild DIR`: every program for `--arch` (sm_90), lane widths of `--lanes` (2) and, with
+/// `--phases`, the profiled builds, compiled `--jobs` at a time into the cache DIR.
+fn prebuild(args: &[String]) -> anyhow::Result<()> {
+    use occl::cuda::kernels::{cache::Cache, prebuild};
+    let dir = args.get(1).filter(|d| !d.starts_with("--")).context("prebuild DIR")?;
+    let arch = flag(args, "--arch").unwrap_or("sm_90");
+    let lanes = flag(args, "--lanes")
+        .unwrap_or("2")
+        .split(',')
+        .map(|l| match l.trim().parse::<u32>() {
+            Ok(n @ (1 | 2 | 4)) => Ok(n),
+            _ => bail!("--lanes {l:?}: 1, 2 or 4 channels per block, comma-separated"),
+        })
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    let jobs = match flag(args, "--jobs") {
+        Some(j) => j.parse().context("--jobs N")?,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let progs = prebuild::all_programs(&lanes, args.iter().any(|a| a == "--phases"));
+    let t = Instant::now();
+    let built = prebuild::prebuild(&Cache::new(dir), arch, &progs, jobs)?;
+    let compiled = built.iter().filter(|b| b.compile_time.is_some()).count();
+    println!(
+        "occl-gpu prebuild: {} programs for {arch} in {dir} ({compiled} compiled, {} there already) in {:.1} s",
+        built.len(),
+        built.len() - compiled,
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
