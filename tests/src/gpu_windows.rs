@@ -18,13 +18,15 @@
 //! window's start and at an offset (the same on every rank) that is not 16-byte aligned, input
 //! outside the window, inside it, and in place (an in-place all-to-all takes the slots);
 //! broadcast from every root; calls back to back with no host sync that read what the previous
-//! wrote, write where peers still read, and alternate with calls outside the window; and a CUDA
-//! graph of several windowed calls replayed three times with its inputs refilled in between.
-//! The refills are stream-ordered, with no host barrier: a peer may write into this rank's
-//! window only once this rank's call has started. Sizes, for element sizes 1, 2, 4 and 8: 0, 1,
-//! 3, 15, 16, 17, 1001 and 12345 elements and a handful of 8 and 64 KiB pieces per channel get
-//! every program; a handful of 256 KiB pieces per channel, 64 MiB + 7 f32 and `--big` bytes of
-//! output get each collective once (out of place, at the unaligned offset).
+//! wrote, write where peers still read, and alternate with calls outside the window; the same
+//! windows written again and again from moving inputs; and a CUDA graph of several windowed
+//! calls replayed three times with its inputs refilled in between. The refills are
+//! stream-ordered, with no host barrier: a peer may write into this rank's window only once this
+//! rank's call has started. Sizes, for elements of 1, 2, 4 and 8 bytes: 0, 1, 3, 15, 16, 17, 1001
+//! and 12345 elements and a handful of 8 and 64 KiB pieces per channel get every program; a
+//! handful of 256 KiB pieces per channel, 64 MiB + 7 f32 per rank and `--big` (all-gather and
+//! all-to-all outputs of that many bytes, as in `check`) get each collective once, out of place
+//! at the unaligned offset.
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr};
@@ -313,6 +315,22 @@ pub fn programs(n: usize, count: usize, es: usize, slot: usize, full: bool) -> V
             call(Move::Broadcast(0), w(2, sh), w(2, sh)),
             call(Move::AllGather, own(1), w(1, sh)),
         ],
+        replays: 0,
+    });
+    // The same windows again and again, each call's input another: a call that kept what the
+    // one before left (a counter or handshake not reset) leaves the wrong bytes.
+    let from = |k: usize| Loc::at(P_IN, k * es);
+    v.push(Program {
+        name: "repeated".into(),
+        calls: (0..4)
+            .flat_map(|k| {
+                [
+                    call(Move::AllGather, from(k), w(0, sh)),
+                    call(Move::AllToAll, from(k), w(1, sh)),
+                    call(Move::Broadcast(k % n), from(k), w(2, sh)),
+                ]
+            })
+            .collect(),
         replays: 0,
     });
     v.push(Program {
