@@ -299,6 +299,8 @@ pub fn programs(n: usize, count: usize, es: usize, slot: usize, full: bool) -> V
         v.push(one(at("broadcast, input in the window"), call(Move::Broadcast(n - 1), w(1, off), out)));
     }
     let own = |k: usize| Loc { buf: WIN, off: k * slot + sh, per_rank: b };
+    // Every call changes what the program leaves (a test holds it to that), so a call that
+    // wrote nothing or wrote stale bytes shows.
     v.push(Program {
         name: "back to back".into(),
         calls: vec![
@@ -308,26 +310,28 @@ pub fn programs(n: usize, count: usize, es: usize, slot: usize, full: bool) -> V
             // Outside the window: the slots.
             call(Move::AllGather, w(1, sh), Loc::at(P_OUT, 0)),
             call(Move::Broadcast(n - 1), Loc::at(P_OUT, 0), w(2, sh)),
-            // Writes where the peers' all-to-all read.
-            call(Move::AllGather, own(0), w(0, sh)),
-            call(Move::AllToAll, w(2, sh), Loc::at(P_OUT, 0)),
-            call(Move::AllToAll, Loc::at(P_OUT, 0), w(1, sh)),
-            call(Move::Broadcast(0), w(2, sh), w(2, sh)),
+            // Writes where the peers' all-gather read.
             call(Move::AllGather, own(1), w(1, sh)),
+            // Writes where the peers' all-to-all read.
+            call(Move::AllToAll, Loc::at(P_IN, 0), w(0, sh)),
+            call(Move::Broadcast(0), w(0, sh), w(0, sh)),
+            call(Move::AllToAll, w(2, sh), Loc::at(P_OUT, 0)),
+            call(Move::AllGather, own(2), w(2, sh)),
         ],
         replays: 0,
     });
-    // The same windows again and again, each call's input another: a call that kept what the
-    // one before left (a counter or handshake not reset) leaves the wrong bytes.
-    let from = |k: usize| Loc::at(P_IN, k * es);
+    // The same windows again and again, each call's input and output a little further on: a
+    // call that kept what the one before left (a counter or handshake not reset) leaves the
+    // wrong bytes.
+    let from = |k: usize| Loc::at(P_IN, 2 * k * es);
     v.push(Program {
         name: "repeated".into(),
         calls: (0..4)
             .flat_map(|k| {
                 [
-                    call(Move::AllGather, from(k), w(0, sh)),
-                    call(Move::AllToAll, from(k), w(1, sh)),
-                    call(Move::Broadcast(k % n), from(k), w(2, sh)),
+                    call(Move::AllGather, from(k), w(0, sh + k * es)),
+                    call(Move::AllToAll, from(k), w(1, sh + k * es)),
+                    call(Move::Broadcast(k % n), from(k), w(2, sh + k * es)),
                 ]
             })
             .collect(),
@@ -338,10 +342,9 @@ pub fn programs(n: usize, count: usize, es: usize, slot: usize, full: bool) -> V
         calls: vec![
             call(Move::AllGather, Loc::at(P_IN, 0), w(0, sh)),
             call(Move::AllToAll, w(0, sh), w(1, sh)),
-            call(Move::Broadcast(n - 1), Loc::at(P_IN, 0), w(2, 0)),
             call(Move::AllGather, own(1), w(1, sh)),
             call(Move::AllToAll, Loc::at(P_IN, 0), Loc::at(P_OUT, 0)),
-            call(Move::Broadcast(0), w(2, 0), w(2, 0)),
+            call(Move::Broadcast(n - 1), Loc::at(P_OUT, 0), w(2, sh)),
         ],
         replays: 3,
     });
@@ -349,11 +352,17 @@ pub fn programs(n: usize, count: usize, es: usize, slot: usize, full: bool) -> V
 }
 
 /// The refills before program (or replay) number `j`: every buffer a call may touch, from
-/// source `j % sources` at an offset that moves with `j`.
+/// source `j % sources` at an offset that moves with `j` and differs between the buffers (so
+/// that no input starts out equal to where it is copied).
 pub fn refills(bytes: &[usize], j: usize) -> Vec<Step> {
     let sources = bytes.len().saturating_sub(SRC).max(1);
-    let src = Loc::at(SRC + j % sources, (j * 40) % ROTATE);
-    [WIN, P_IN, P_OUT].iter().map(|&buf| Step::Fill { src, dst: Loc::at(buf, 0), bytes: bytes[buf] }).collect()
+    [WIN, P_IN, P_OUT]
+        .iter()
+        .map(|&buf| {
+            let src = Loc::at(SRC + j % sources, (j * 40 + buf * 1352) % ROTATE);
+            Step::Fill { src, dst: Loc::at(buf, 0), bytes: bytes[buf] }
+        })
+        .collect()
 }
 
 /// Cases run and cases with a wrong byte.
@@ -546,6 +555,10 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
         let bytes = if full { buffer_bytes(slot, 3, true, 2) } else { buffer_bytes(slot, 1, false, 1) };
         let mut g = Group::new(cc, s, of_size(es), bytes, 0x5eed_0000 + j as u64)?;
         let label = format!("{} x{count}", of_size(es));
+        if r == 0 {
+            // Where a hang was, should one come.
+            eprintln!("occl-gpu check --windows: {label}, {} programs", if full { "every" } else { "single-call" });
+        }
         for p in programs(n, count, es, slot, full) {
             g.run(&p, &mut j, &label, t)?;
         }
@@ -704,6 +717,37 @@ mod tests {
                     assert!(ps
                         .iter()
                         .any(|p| p.calls.iter().any(|c| matches!(c, Step::Call { dst, .. } if dst.buf == P_OUT))));
+                }
+            }
+        }
+    }
+
+    /// What a program (one run of it) leaves in the buffers calls touch, without call `skip`.
+    fn after(n: usize, bytes: &[usize], p: &Program, skip: Option<usize>) -> Vec<Vec<Vec<u8>>> {
+        let mut m = Model::new(n, bytes, 9);
+        for f in refills(bytes, 5) {
+            m.apply(&f).unwrap();
+        }
+        for (i, c) in p.calls.iter().enumerate() {
+            if Some(i) != skip {
+                m.apply(c).unwrap();
+            }
+        }
+        m.mem.into_iter().map(|mut b| b.drain(..SRC).collect()).collect()
+    }
+
+    #[test]
+    fn every_call_of_every_program_leaves_a_trace() {
+        for n in [2, 3, 4] {
+            for (count, es) in [(17, 2), (3, 8), (1001, 1)] {
+                let slot = slot_bytes(n, count, es);
+                let bytes = buffer_bytes(slot, 3, true, 2);
+                for p in programs(n, count, es, slot, true) {
+                    let all = after(n, &bytes, &p, None);
+                    for i in 0..p.calls.len() {
+                        let without = after(n, &bytes, &p, Some(i));
+                        assert!(all != without, "n {n} count {count}: {} call {i} leaves no trace", p.name);
+                    }
                 }
             }
         }
