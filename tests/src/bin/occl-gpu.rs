@@ -63,7 +63,10 @@ fn main() -> ExitCode {
     }
     let windowed_check = args.first().is_some_and(|a| a == "check") && args.iter().any(|a| a == "--windows");
     if windowed_check && args.iter().any(|a| a == "--threads" || a == "--hosts") {
-        eprintln!("occl-gpu: check --windows needs one process per rank on one host (--ranks N): the peers' windows are mapped through CUDA IPC, and staged calls have none");
+        eprintln!(
+            "occl-gpu: check --windows needs one process per rank on one host (--ranks N): the \
+             peers' windows are mapped through CUDA IPC, and staged calls have none"
+        );
         return ExitCode::FAILURE;
     }
     let res = match args.iter().position(|a| a == "--ranks") {
