@@ -420,6 +420,7 @@ impl<'a> Group<'a> {
             Step::Fill { src, dst, bytes } => {
                 self.model.span(cc.rank(), src, bytes)?;
                 self.model.span(cc.rank(), dst, bytes)?;
+                s.context().bind_to_thread()?;
                 // SAFETY: both spans lie in this rank's buffers (checked against the model's).
                 unsafe { result::memcpy_dtod_async(self.addr(dst), self.addr(src), bytes, s.cu_stream())? };
             }
@@ -448,6 +449,7 @@ impl<'a> Group<'a> {
         let (s, r) = (self.s, self.cc.rank());
         s.synchronize()?;
         self.cc.device_error()?;
+        s.context().bind_to_thread()?;
         let mut wrong = 0;
         for buf in [WIN, P_IN, P_OUT] {
             let mut got = vec![0u8; self.bytes[buf]];
