@@ -559,7 +559,7 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
         let label = format!("{} x{count}", of_size(es));
         if r == 0 {
             // Where a hang was, should one come.
-            eprintln!("occl-gpu check --windows: {label}, {} programs", if full { "every" } else { "single-call" });
+            eprintln!("occl-gpu check --windows: {label}: {}", if full { "every program" } else { "single calls" });
         }
         for p in programs(n, count, es, slot, full) {
             g.run(&p, &mut j, &label, t)?;
