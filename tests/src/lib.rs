@@ -6,6 +6,8 @@ pub mod events;
 pub mod gpu_events;
 #[cfg(feature = "cuda")]
 pub mod gpu_stall;
+#[cfg(feature = "cuda")]
+pub mod gpu_windows;
 pub mod launch;
 pub mod lifecycle;
 pub mod logging;

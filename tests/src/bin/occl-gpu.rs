@@ -4,6 +4,8 @@
 //! occl-gpu check --ranks 2                       # every collective x type x op x algorithm
 //! occl-gpu check --ranks 2 --hosts 2 --big 64M    # each rank "on its own host": staged through host memory
 //! occl-gpu check --threads 2                      # one process, CudaComm::init_all over the GPUs
+//! occl-gpu check --ranks 4 --windows [--big 1G]   # all-gather, all-to-all, broadcast into symmetric windows
+//! NCCL_CTA_POLICY=2 occl-gpu check --ranks 4 --windows   # the same on the copy engines' direct route
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
 //! occl-gpu bench --ranks 4 --sizes 64M,1G --phases all_gather,all_reduce   # + where the kernels' time goes
 //! occl-gpu bench --ranks 4 --windows --phases all_gather,all_to_all   # outputs in symmetric windows
@@ -19,7 +21,11 @@
 //!
 //! `check` compares against a host reference: sizes 0, 1, odd, across the FIFO's chunks and
 //! 1 GiB, in and out of place, and replayed from a captured CUDA graph; and pre-multiply sums
-//! with an immediate scalar and with a device one changed between replays of a graph. `bench` prints one JSON
+//! with an immediate scalar and with a device one changed between replays of a graph.
+//! `check --windows` (one process per rank, `--ranks` only) checks instead all-gather, all-to-all
+//! and broadcast whose outputs lie in symmetric windows, so that they take the windowed paths
+//! (`occl_tests::gpu_windows`): offsets, inputs inside and outside, in place, every root, back
+//! to back with no host sync, and graphs replayed with refilled inputs. `bench` prints one JSON
 //! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
 //! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
 //! All-reduce and broadcast run in place there, as `nccl_bench.py`'s PyTorch calls do.
@@ -41,10 +47,10 @@
 
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
-use occl::cuda::kernels::ipc::{DeviceRegion, IpcHandle, PeerRegion};
 use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
-use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul, WindowId};
+use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
 use occl::{CollType, Comm, DataType, RedOp};
+use occl_tests::gpu_windows::WindowedOut;
 use occl_tests::launch::{Job, Spawn};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -68,6 +74,14 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    let windowed_check = args.first().is_some_and(|a| a == "check") && args.iter().any(|a| a == "--windows");
+    if windowed_check && args.iter().any(|a| a == "--threads" || a == "--hosts") {
+        eprintln!(
+            "occl-gpu: check --windows needs one process per rank on one host (--ranks N): the \
+             peers' windows are mapped through CUDA IPC, and staged calls have none"
+        );
+        return ExitCode::FAILURE;
     }
     let res = match args.iter().position(|a| a == "--ranks") {
         Some(i) => launch(&args, i),
@@ -192,52 +206,6 @@ fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<(CudaSlice<u8
     let s = stream.alloc_zeros::<u8>(bytes.max(16))?;
     let p = { s.device_ptr(stream).0 };
     Ok((s, p))
-}
-
-/// A bench call's output in a symmetric window (`bench --windows`): this rank's region, mapped
-/// by every peer, and the peers' regions mapped here.
-struct WindowedOut {
-    id: WindowId,
-    peers: Vec<PeerRegion>,
-    region: DeviceRegion,
-}
-
-impl WindowedOut {
-    /// Allocates `bytes` on every rank and registers them as one symmetric window (collective).
-    fn new(cc: &CudaComm, bytes: usize) -> anyhow::Result<WindowedOut> {
-        let region = DeviceRegion::alloc(cc.context(), bytes.max(16))?;
-        let all = cc.exchange(&region.ipc_handle()?)?;
-        let (mut bases, mut peers) = (Vec::with_capacity(all.len()), Vec::new());
-        for (q, h) in all.iter().enumerate() {
-            if q == cc.rank() {
-                bases.push(region.ptr());
-                continue;
-            }
-            let h: IpcHandle = h.as_slice().try_into().context("a peer's IPC handle is not 64 bytes")?;
-            let p = PeerRegion::open(cc.context(), &h)
-                .with_context(|| format!("map rank {q}'s output (--windows needs one process per rank: --ranks)"))?;
-            bases.push(p.ptr());
-            peers.push(p);
-        }
-        let id = cc.add_symmetric_window(&bases, bytes as u64)?;
-        Ok(WindowedOut { id, peers, region })
-    }
-
-    fn ptr(&self) -> u64 {
-        self.region.ptr()
-    }
-
-    /// Unregisters the window and unmaps the peers' regions; frees this rank's once every rank
-    /// has unmapped it (collective; `s` synchronized first, so no call still writes).
-    fn close(self, cc: &CudaComm, s: &CudaStream) -> anyhow::Result<()> {
-        s.synchronize()?;
-        cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
-        cc.remove_window(self.id);
-        drop(self.peers);
-        cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
-        drop(self.region);
-        Ok(())
-    }
 }
 
 /// Element `i` of rank `r`'s input as a small integer: exact in every type, sums and products
@@ -547,6 +515,9 @@ fn premul_case(
 fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
     let n = cc.nranks();
     let big = flag(args, "--big").map(parse_size).transpose()?.unwrap_or(1 << 30);
+    if args.iter().any(|a| a == "--windows") {
+        return occl_tests::gpu_windows::check(cc, s, big);
+    }
     let chunk = 256 << 10;
     let mut algos = vec![DevAlgo::OneShot];
     if n > 1 {
