@@ -12,7 +12,10 @@
 #                                          whose peers stop calling (occl-gpu stall), the
 #                                          KernelCh event check (occl-gpu events), then occl's and
 #                                          NCCL's benchmarks side by side (JSON lines under $OUT)
-#   DIR/gpu-collectives.sh run N check|bench   only one half (each fits a 10-minute device call)
+#   DIR/gpu-collectives.sh run N check|windows|bench   only one part (each fits a 10-minute
+#                                          device call); windows: all-gather, all-to-all and
+#                                          broadcast into symmetric windows (check --windows), on
+#                                          the kernels and on the copy engines
 # NVLink multicast stays off (the shared machines require it).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -53,6 +56,12 @@ run)
         chmod 600 "$OCCL_KERNEL_CACHE_DIR"/*.cubin 2>/dev/null
         echo "kernel cache: $(ls "$OCCL_KERNEL_CACHE_DIR" | wc -l) programs"
     fi
+    if [ "$part" = all ] || [ "$part" = windows ]; then
+    echo "== correctness into symmetric windows on $n GPUs: kernels, then copy engines"
+    timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" --windows 2>&1 | tee "$OUT/check-windows.txt" | tail -6
+    NCCL_CTA_POLICY=2 timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" --windows --big 256M 2>&1 | tee "$OUT/check-windows-ce.txt" | tail -6
+    fi
+    [ "$part" = windows ] && exit 0
     if [ "$part" != bench ]; then
     echo "== correctness on $n GPUs"
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check.txt" | tail -20
