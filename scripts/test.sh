@@ -138,6 +138,8 @@ cargo test --workspace --profile ci -- --test-threads 2
 cargo test -p occl --no-default-features --profile ci --lib -- --test-threads 2
 # occl's unit tests of the cuda and ib features, built together (one build instead of two).
 cargo test -p occl --features cuda,ib --profile ci --lib -- --test-threads 2 cuda:: transport::
+# The GPU tools' pure parts (occl-gpu's windowed check model, event and stall helpers).
+cargo test -p occl-tests --features cuda --profile ci --lib -- --test-threads 2 gpu_
 # ib: the verbs crate's state machines and layouts, and the integration test that forces
 # OCCL_TRANSPORT=ib (it says SKIPPED for the suite without a device).
 cargo test -p ibverbs --profile ci -- --test-threads 2
