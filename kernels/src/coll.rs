@@ -305,21 +305,26 @@ fn program_name(dt: Option<DataType>, phases: bool, lane: u32) -> String {
 
 /// Every collective program a communicator may build, as (name, source): the byte mover and
 /// each element type's, for each lane width of `lanes` (lanes per block, as `OCCL_CUDA_LANES`),
-/// and with `phases` their phase-profiled builds too (`crate::prebuild`).
+/// and with `phases` their phase-profiled builds too (`crate::prebuild`). The 512-thread byte
+/// mover is always there: every communicator builds it (the grouped p2p kernel, the clock probe).
 pub fn programs(lanes: &[u32], phases: bool) -> Vec<(String, String)> {
     let mut widths: Vec<u32> = lanes.iter().map(|&l| lane_threads(l)).collect();
     widths.sort_unstable();
     widths.dedup();
     let types = std::iter::once(None).chain(DataType::ALL.into_iter().map(Some));
     let builds: &[bool] = if phases { &[false, true] } else { &[false] };
-    widths
+    let mut v: Vec<(String, String)> = widths
         .iter()
         .flat_map(|&lane| {
             types
                 .clone()
                 .flat_map(move |dt| builds.iter().map(move |&ph| (program_name(dt, ph, lane), source(dt, ph, lane))))
         })
-        .collect()
+        .collect();
+    if !widths.contains(&THREADS) {
+        v.push((program_name(None, false, THREADS), source(None, false, THREADS)));
+    }
+    v
 }
 
 /// The element struct of `dt` in `common.cuh`.

@@ -102,5 +102,9 @@ mod tests {
             .iter()
             .any(|(n, s)| n == "occl-coll-bf16-phases-lane256.cu"
                 && *s == coll::source(Some(DataType::Bf16), true, four)));
+        // A four-lane communicator still builds the 512-thread byte mover (p2p, clock probe).
+        let four_only = all_programs(&[4], false);
+        assert_eq!(four_only.len(), 1 + types + 1);
+        assert!(four_only.iter().any(|(n, _)| n == "occl-coll-copy.cu"));
     }
 }

@@ -68,7 +68,7 @@
 //! **Batched sends** (the default; `OCCL_CE_BATCH=0` turns them off): a rank's sends all go
 //! on one lane (`plan.rs`'s `Lane::Batch`) as one driver batch (`cuMemcpyBatchAsync`), which
 //! the driver spreads over more copy engines than one stream per peer gets: at 4 GPUs a direct
-//! call moves 1.5-1.7× as much (`bench/baselines/gpu-overlap.md`). A direct call waits for
+//! call moves 1.3-1.8× as much (`bench/baselines/gpu-overlap.md`, runs 4-5). A direct call waits for
 //! (and resets) every peer's `ready`, issues every share in one batch, each share cut into
 //! `OCCL_CE_BATCH_CHUNKS` pieces (1) interleaved across peers, then writes every peer's `done`;
 //! a slot round waits for every peer's free slot, issues chunk `i` to every peer in one batch,
@@ -175,7 +175,7 @@ impl CeSends {
 }
 
 impl Default for CeSends {
-    /// One batch, one piece per share: at 4 GPUs it moves 1.5-1.7× what one stream per peer
+    /// One batch, one piece per share: at 4 GPUs it moves 1.3-1.8× what one stream per peer
     /// does (`bench/baselines/gpu-overlap.md`).
     fn default() -> CeSends {
         CeSends::Batch { chunks: 1 }

@@ -3,9 +3,9 @@
 //! and the caller's stream waits for an event recorded on each of them. Under capture the event
 //! brings the lanes' streams into the caller's graph and the joins return them to it, as a
 //! graph requires. A call that is not captured also records its start and end for the
-//! watcher (`calls.rs`). A batch step is one driver call (`cuMemcpyBatchAsync`) where the
-//! driver has it and the stream is not captured (a capture refuses it); else its pieces are
-//! copies one after the other on the same stream, which keeps every order the plan relies on.
+//! watcher (`calls.rs`). A batch step is one driver call (`cuMemcpyBatchAsync`); a call is
+//! planned with batches only where the driver has it and the stream is not captured (a capture
+//! refuses it), else per peer.
 
 use super::calls::CeCalls;
 use super::plan::{plan, Lane, Step};
