@@ -9,6 +9,7 @@
 //   slots(b, q)       nslots buffers of slot_bytes that q writes (a FIFO)
 //   ctrl(b, q).wready, wdone (written by q), wsent, wrecvd (mine alone): the windowed mode's
 //                     numbers (win_modes), which writes peers' outputs with no slot between
+//   ctrl(0, me).wgrab, wfin (mine alone): the windowed mode's piece counter
 // Data is pushed: a sender writes the receiver's slot over NVLink, then publishes head with a
 // system-scope release; the receiver acquires head, reads its own memory and releases tail.
 // sent/recvd live in device memory and carry over from call to call, so a captured CUDA graph
@@ -57,7 +58,11 @@ struct CollArgs {
 struct Ctrl {
     u64 head;
     u64 wready;  // written by q: q's output is free for my windowed call number wready to it
-    u64 pad0[14];
+    // In my own pair of channel 0 (ctrl(r, 0, r), no peer's): the windowed mode's piece counter
+    // and count of channels done with it (win_modes); 0 between calls.
+    u64 wgrab;
+    u64 wfin;
+    u64 pad0[12];
     u64 tail;
     u64 wdone;  // written by q: q's windowed call number wdone to me has landed in my output
     u64 pad1[6];
@@ -614,23 +619,31 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
 
 // All-gather, out-of-place all-to-all and direct broadcast whose output lies in a symmetric window
 // on every rank (the host sets a.win, occl::cuda::ops::kernel_windows, and launches occl_coll_win,
-// a kernel of its own so that occl_coll_copy's code stays as it is): each sender writes its
-// channel's slice of its share straight into every receiver's output, with no slot and no
-// copy-out. Per channel b and pair (sender q, receiver r), one handshake per call:
+// a kernel of its own so that occl_coll_copy's code stays as it is): the sender writes its share
+// straight into every receiver's output, with no slot and no copy-out. Per channel b and pair
+// (sender q, receiver r), one handshake per call:
 //   r releases wready = its call number into q's ctrl(b, r) as the call starts: its output is free;
-//   q acquires it, writes its slice into r's output, then releases wdone = the number into r's
+//   q acquires it, writes pieces into r's output, then releases wdone = the number into r's
 //   ctrl(b, q); r acquires every sender's wdone before the kernel ends.
+// Which pieces a channel writes is not fixed: the sender's channels take pieces of its share one
+// at a time from a counter in its own region (wgrab), so a channel that the memory system serves
+// faster writes more and all end together (with a fixed share per channel the last one ended up
+// to a third of the call after the first). A receiver needs no piece list: every sender channel
+// releases its wdone after its last piece, and r waits for all of them. The last channel done
+// with the counter (wfin) zeroes both, so the next call, and a graph replay, starts from 0.
 // Why a peer's next call cannot overwrite an output that later work of this rank still reads:
 // q writes r's output for call N+1 only after r's wready N+1, which r's call N+1 releases once it
 // runs, so after every earlier piece of work on r's stream (stream order), the readers of call
 // N's output among them. The output of call N is whole when r's kernel ends (every channel waited
-// for its slice from every sender), so work after it on r's stream reads finished data.
+// for every sender's channel), so work after it on r's stream reads finished data.
 // Why the numbers replay in a CUDA graph: wsent/wrecvd live in device memory, are read as the
 // kernel starts and written back as it ends, as sent/recvd are; every windowed call advances both
 // ends of each pair by one on every channel (every rank takes the windowed mode for the same calls
 // and the same grid), so a replay continues the count instead of repeating a captured number.
-// Phase profile: the readiness wait counts as wait send, the copy as push, the wdone release as
-// post and the wait for the senders' wdone as wait recv.
+// Phase profile: the readiness wait counts as wait send, the pieces as push (one chunk each), the
+// wdone release as post and the wait for the senders' wdone as wait recv.
+#define OCCL_WIN_MIN_PIECE (8ull << 10)
+#define OCCL_WIN_MAX_PIECE (256ull << 10)
 DEV void win_modes(const CollArgs& a, Chan& c) {
     const unsigned b = chan_id(), r = a.rank, n = a.nranks, t = lt();
     const unsigned all = ((1u << n) - 1) & ~(1u << r);
@@ -638,9 +651,6 @@ DEV void win_modes(const CollArgs& a, Chan& c) {
     const unsigned tx = root ? all : 0;
     const unsigned rx = a.mode != M_BCAST ? all : (root ? 0 : 1u << a.root);
     const unsigned char* in = (const unsigned char*)a.in;
-    u64 lo, hi;
-    share(a.count, 16, b, a.nch, lo, hi);
-    PH_COUNT(c, PH_CHUNKS);
     PH_SKIP(c);
     Ctrl* k = t < n ? ctrl(a, r, b, t) : 0;
     const bool txt = t < n && ((tx >> t) & 1), rxt = t < n && ((rx >> t) & 1);
@@ -649,23 +659,44 @@ DEV void win_modes(const CollArgs& a, Chan& c) {
     if (txt && !c.failed) wait_ge(a, c, &k->wready, ns);
     lane_sync();
     PH_ADD(c, PH_WAIT_SEND);
-    if (!c.failed && lo < hi) {
-        const u64 m = hi - lo;
+    if (tx) {
+        // Pieces of 8-256 KiB, about four per channel; an all-to-all's n blocks are numbered
+        // peer-minor, so the channels write every peer at once rather than one after another.
+        const bool a2a = a.mode == M_A2A;
+        const u64 blocks = a2a ? n : 1;
+        u64 piece = (a.count * blocks / (4ull * a.nch) + 15) & ~15ull;
+        piece = piece < OCCL_WIN_MIN_PIECE ? OCCL_WIN_MIN_PIECE : piece > OCCL_WIN_MAX_PIECE ? OCCL_WIN_MAX_PIECE : piece;
+        const u64 per = (a.count + piece - 1) / piece, pieces = per * blocks;
+        Ctrl* own = ctrl(a, r, 0, r);
+        __shared__ u64 next[OCCL_LANES_MAX];
         const unsigned char* mine = (const unsigned char*)a.win[r];
-        if (a.mode == M_A2A) {
-            // Each channel starts at another peer, so that the channels of a rank write every
-            // peer at once rather than one peer after the other.
-            for (unsigned j = 0; j + 1 < n; j++) {
-                const unsigned p = (r + 1 + (j + b) % (n - 1)) % n;
-                copy1((unsigned char*)a.win[p] + lo, in + p * a.stride + lo, m);
+        if (t == 0) next[lane()] = c.failed ? pieces : atomicAdd(&own->wgrab, 1ull);
+        lane_sync();
+        for (;;) {
+            const u64 id = next[lane()];
+            if (id >= pieces) break;
+            lane_sync();
+            if (t == 0) next[lane()] = c.failed ? pieces : atomicAdd(&own->wgrab, 1ull);
+            PH_COUNT(c, PH_CHUNKS);
+            const u64 o = (a2a ? id / n : id) * piece;
+            const u64 m = a.count - o < piece ? a.count - o : piece;
+            if (a2a) {
+                const unsigned p = (r + 1 + id % n) % n;
+                copy1(p == r ? (unsigned char*)mine + o : (unsigned char*)a.win[p] + o, in + p * a.stride + o, m);
+            } else {
+                unsigned char* d[OCCL_MAXR];
+                int nd = 0;
+                for (unsigned j = 1; j < n; j++) d[nd++] = (unsigned char*)a.win[(r + j) % n] + o;
+                if (in != mine) d[nd++] = (unsigned char*)mine + o;
+                copy_bytes(d, nd, in + o, m);
             }
-            copy1((unsigned char*)mine + lo, in + r * a.stride + lo, m);
-        } else if (tx) {
-            unsigned char* d[OCCL_MAXR];
-            int nd = 0;
-            for (unsigned j = 1; j < n; j++) d[nd++] = (unsigned char*)a.win[(r + j) % n] + lo;
-            if (in != mine) d[nd++] = (unsigned char*)mine + lo;
-            if (nd) copy_bytes(d, nd, in + lo, m);
+            lane_sync();
+        }
+        // Every channel of the launch counts itself done after its last take, so the last one
+        // zeroes the counter only once no channel takes from it any more.
+        if (t == 0 && atomicAdd(&own->wfin, 1ull) + 1 == a.nch) {
+            own->wgrab = 0;
+            own->wfin = 0;
         }
     }
     lane_sync();
