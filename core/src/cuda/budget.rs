@@ -221,13 +221,13 @@ mod tests {
         let budgets = [(0, 0, CtaPolicy::Default), (0, 24, CtaPolicy::Default), (4, 0, CtaPolicy::Default)];
         for (min, max, p) in budgets.into_iter().chain([(0, 0, CtaPolicy::Efficiency), (2, 8, CtaPolicy::Zero)]) {
             let (two, four) = (ch(256, 2, min, max, p), ch(256, 4, min, max, p));
-            for b in sizes() {
-                let (c2, c4) = (two.pick(b, Launch::Slots), four.pick(b, Launch::Slots));
+            for (b, launch) in sizes().flat_map(|b| [(b, Launch::Slots), (b, Launch::Window)]) {
+                let (c2, c4) = (two.pick(b, launch), four.pick(b, launch));
                 if 2 * c2 > 256 {
                     assert_eq!(c4, 256, "{b} bytes: the region caps");
                     continue;
                 }
-                assert_eq!(four.sms(c4), two.sms(c2), "{b} bytes, budget {min}/{max}/{p:?}");
+                assert_eq!(four.sms(c4), two.sms(c2), "{b} bytes, {launch:?}, budget {min}/{max}/{p:?}");
                 // One channel per 16 KiB against one per 32 KiB: twice, or one short of it.
                 assert!(c4 == 2 * c2 || c4 + 1 == 2 * c2, "{b} bytes: {c4} vs {c2} channels");
             }
@@ -265,19 +265,28 @@ mod tests {
     fn ranks_with_other_lanes_pick_the_same_channels() {
         // Each rank launches with its own lanes; the count follows the fewest of any rank.
         for common in [1, 2, 4] {
-            for (min, max) in [(0, 0), (0, 24), (4, 0)] {
+            for (min, max, launch) in [(0, 0), (0, 16), (0, 24), (4, 0), (32, 0)]
+                .into_iter()
+                .flat_map(|(min, max)| [(min, max, Launch::Slots), (min, max, Launch::Window)])
+            {
                 let budget = CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default };
                 let ranks: Vec<Channels> = [1, 2, 4]
                     .into_iter()
                     .filter(|&l| l >= common)
                     .map(|lanes| Channels { region: 128, lanes, common_lanes: common, budget })
                     .collect();
+                // A windowed call's ceiling: 24 SMs, or the floor where that is more.
+                let ceiling = match (max, launch) {
+                    (0, Launch::Slots) => u32::MAX,
+                    (0, Launch::Window) => EFFICIENT_SMS.max(min),
+                    (max, _) => max,
+                };
                 for b in sizes() {
-                    let picks: Vec<u32> = ranks.iter().map(|c| c.pick(b, Launch::Slots)).collect();
-                    assert!(picks.windows(2).all(|w| w[0] == w[1]), "{b} bytes: {picks:?}");
+                    let picks: Vec<u32> = ranks.iter().map(|c| c.pick(b, launch)).collect();
+                    assert!(picks.windows(2).all(|w| w[0] == w[1]), "{b} bytes, {launch:?}: {picks:?}");
                     // No rank goes past the ceiling: one with more lanes takes fewer SMs.
                     for c in &ranks {
-                        assert!(max == 0 || c.sms(picks[0]) <= max, "{b} bytes, {} lanes", c.lanes);
+                        assert!(c.sms(picks[0]) <= ceiling, "{b} bytes, {launch:?}, {} lanes", c.lanes);
                     }
                 }
             }
@@ -344,27 +353,6 @@ mod tests {
                 let c = ch(128, 4, min, max, p);
                 for b in sizes() {
                     assert_eq!(c.pick(b, Launch::Window), c.pick(b, Launch::Slots), "{b} bytes, {p:?}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn ranks_with_other_lanes_pick_the_same_windowed_channels() {
-        for common in [1, 2, 4] {
-            for (min, max) in [(0, 0), (0, 16), (32, 0)] {
-                let budget = CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default };
-                let ranks: Vec<Channels> = [1, 2, 4]
-                    .into_iter()
-                    .filter(|&l| l >= common)
-                    .map(|lanes| Channels { region: 128, lanes, common_lanes: common, budget })
-                    .collect();
-                for b in sizes() {
-                    let picks: Vec<u32> = ranks.iter().map(|c| c.pick(b, Launch::Window)).collect();
-                    assert!(picks.windows(2).all(|w| w[0] == w[1]), "{b} bytes: {picks:?}");
-                    for c in &ranks {
-                        assert!(c.sms(picks[0]) <= EFFICIENT_SMS.max(min), "{b} bytes, {} lanes", c.lanes);
-                    }
                 }
             }
         }
