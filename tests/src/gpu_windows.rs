@@ -31,7 +31,7 @@
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::kernels::ipc::{DeviceRegion, IpcHandle, PeerRegion};
-use occl::cuda::{CudaComm, WindowId};
+use occl::cuda::{CudaComm, Launch, WindowId};
 use occl::{CollType, DataType, RedOp};
 use std::sync::Arc;
 
@@ -567,7 +567,7 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
         g.close()
     };
     for es in [1, 2, 4, 8] {
-        let pieces = piece_counts(es, 3, |b| cc.channels_for(b));
+        let pieces = piece_counts(es, 3, |b| cc.channels_for(b, Launch::Window));
         for c in [0, 1, 3, 15, 16, 17, 1001, 12_345].into_iter().chain(pieces[..2].iter().copied()) {
             group(c, es, true, &mut t)?;
         }

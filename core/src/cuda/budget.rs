@@ -13,6 +13,16 @@
 //! slots and its chunk loop are the same whatever block holds it, so a peer cannot tell how a
 //! rank packs its channels into blocks. Only the count of channels, which the lanes scale, must
 //! agree: every rank counts with the fewest lanes of any rank (swapped at set-up too).
+//!
+//! A windowed kernel call ([`Launch::Window`]: an all-gather, out-of-place all-to-all or direct
+//! broadcast whose output lies in a symmetric window) takes at most [`EFFICIENT_SMS`] SMs under
+//! the default policy too. Its channels take pieces of the share from a counter, so none sits
+//! idle while another finishes its slice, and on 4×H200 24 SMs moved as much as the default's
+//! 32-64 (all-gather 4 GiB: 353 against 349 GB/s; all-to-all 1 GiB: 327 against 324), while the
+//! 64 SMs cost a matrix multiply beside a 256 MiB all-gather 40% of its throughput against
+//! NCCL's 16% (`bench/baselines/kernel-phases.md` run 3, `gpu-overlap.md` run 6). A user's
+//! `minCTAs` above that still wins. Whether a call is windowed follows from its output's window,
+//! which every rank registered alike, so every rank picks the same channels for it.
 
 use super::kernels::coll::lane_threads;
 use crate::error::{Error, Result};
@@ -53,9 +63,22 @@ impl CtaPolicy {
     }
 }
 
-/// SMs (thread blocks) the `Efficiency` policy allows a collective: NCCL 2.28's 24 channels on
-/// 2×H200 took the same share of the GPU.
+/// SMs (thread blocks) the `Efficiency` policy allows a collective, and the default policy a
+/// windowed kernel call ([`Launch::Window`]) below a larger `minCTAs`: NCCL 2.28's 24 channels
+/// on 2×H200 took the same share of the GPU, and a windowed call moves as much on 24 SMs as on
+/// more (the module's doc).
 pub const EFFICIENT_SMS: u32 = 24;
+
+/// How a device call's kernel moves its data, which bounds its channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Launch {
+    /// Through the channels' slots, each channel a fixed part of the share.
+    Slots,
+    /// Straight into the peers' symmetric windows, the channels taking pieces from a counter:
+    /// under the default policy at most [`EFFICIENT_SMS`] SMs' worth, or `minCTAs`' worth where
+    /// that is more (the other policies hold every call to [`EFFICIENT_SMS`]).
+    Window,
+}
 
 /// Bytes of an operation's per-rank share per 512-thread channel below which it takes fewer
 /// channels (a 256-thread channel takes half).
@@ -139,15 +162,24 @@ impl Channels {
     /// 256-thread channel (4 lanes) does half a 512-thread one's work per turn, so it takes
     /// half the bytes and the mid-size cap doubles: a size takes the same SMs with 4 lanes as
     /// with 2, with twice the channels in flight on each.
-    pub(crate) fn pick(&self, bytes: u64) -> u32 {
+    ///
+    /// A windowed call (`launch`) takes at most [`EFFICIENT_SMS`] SMs' worth under the default
+    /// policy, or `minCTAs`' worth where that is more; `maxCTAs` and the region cap below
+    /// either. Every rank passes the same `launch` for the same call (its output's window is
+    /// symmetric), so the count stays the same on every rank.
+    pub(crate) fn pick(&self, bytes: u64, launch: Launch) -> u32 {
         let lanes = self.common_lanes.max(1);
         let per = lane_threads(2) / lane_threads(lanes);
         let mut hi = self.region.max(1);
         if bytes < LARGE_BYTES {
             hi = hi.min(MID_CHANNELS * per);
         }
-        if self.budget.policy != CtaPolicy::Default {
-            hi = hi.min(EFFICIENT_SMS * lanes);
+        match (self.budget.policy, launch) {
+            (CtaPolicy::Default, Launch::Slots) => {}
+            (CtaPolicy::Default, Launch::Window) => {
+                hi = hi.min(EFFICIENT_SMS.max(self.budget.min_ctas).saturating_mul(lanes));
+            }
+            _ => hi = hi.min(EFFICIENT_SMS * lanes),
         }
         if self.budget.max_ctas != 0 {
             hi = hi.min(self.budget.max_ctas.saturating_mul(lanes)).max(1);
@@ -159,7 +191,7 @@ impl Channels {
 
     /// The most blocks of one channel each (grouped send/recv) the budget allows.
     pub(crate) fn one_lane_ceiling(&self) -> u32 {
-        Channels { lanes: 1, common_lanes: 1, ..*self }.pick(u64::MAX)
+        Channels { lanes: 1, common_lanes: 1, ..*self }.pick(u64::MAX, Launch::Slots)
     }
 
     /// SMs a launch of `channels` takes.
@@ -189,23 +221,23 @@ mod tests {
         let budgets = [(0, 0, CtaPolicy::Default), (0, 24, CtaPolicy::Default), (4, 0, CtaPolicy::Default)];
         for (min, max, p) in budgets.into_iter().chain([(0, 0, CtaPolicy::Efficiency), (2, 8, CtaPolicy::Zero)]) {
             let (two, four) = (ch(256, 2, min, max, p), ch(256, 4, min, max, p));
-            for b in sizes() {
-                let (c2, c4) = (two.pick(b), four.pick(b));
+            for (b, launch) in sizes().flat_map(|b| [(b, Launch::Slots), (b, Launch::Window)]) {
+                let (c2, c4) = (two.pick(b, launch), four.pick(b, launch));
                 if 2 * c2 > 256 {
                     assert_eq!(c4, 256, "{b} bytes: the region caps");
                     continue;
                 }
-                assert_eq!(four.sms(c4), two.sms(c2), "{b} bytes, budget {min}/{max}/{p:?}");
+                assert_eq!(four.sms(c4), two.sms(c2), "{b} bytes, {launch:?}, budget {min}/{max}/{p:?}");
                 // One channel per 16 KiB against one per 32 KiB: twice, or one short of it.
                 assert!(c4 == 2 * c2 || c4 + 1 == 2 * c2, "{b} bytes: {c4} vs {c2} channels");
             }
         }
         let c = ch(128, 4, 0, 0, CtaPolicy::Default);
-        assert_eq!(c.pick(16 << 10), 1);
-        assert_eq!(c.pick((16 << 10) + 1), 2, "a 256-thread channel per 16 KiB");
-        assert_eq!(c.pick(1 << 20), 64);
+        assert_eq!(c.pick(16 << 10, Launch::Slots), 1);
+        assert_eq!(c.pick((16 << 10) + 1, Launch::Slots), 2, "a 256-thread channel per 16 KiB");
+        assert_eq!(c.pick(1 << 20, Launch::Slots), 64);
         assert_eq!(c.sms(64), 16);
-        assert_eq!(c.pick(64 << 20), 128, "mid sizes stop at 128 (32 SMs, as with 2 lanes)");
+        assert_eq!(c.pick(64 << 20, Launch::Slots), 128, "mid sizes stop at 128 (32 SMs, as with 2 lanes)");
         assert_eq!(c.sms(128), 32);
         assert_eq!(c.sms(3), 1, "a short last block");
         assert_eq!(c.sms(5), 2);
@@ -215,58 +247,127 @@ mod tests {
     fn nccl_max_ctas_24_with_four_lanes_is_96_channels_within_the_default_region() {
         let c = ch(128, 4, 0, 24, CtaPolicy::Default);
         for b in [64u64 << 20, 256 << 20, 1 << 30] {
-            assert_eq!(c.pick(b), 96, "{b}");
+            assert_eq!(c.pick(b, Launch::Slots), 96, "{b}");
             assert_eq!(c.sms(96), 24);
         }
-        assert_eq!(ch(128, 2, 0, 24, CtaPolicy::Default).pick(1 << 30), 48);
+        assert_eq!(ch(128, 2, 0, 24, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 48);
         // The region caps the channels, and so the SMs: 64 channels on 16 SMs.
         let c = ch(64, 4, 0, 24, CtaPolicy::Default);
-        assert_eq!((c.pick(1 << 30), c.sms(c.pick(1 << 30))), (64, 16));
+        assert_eq!((c.pick(1 << 30, Launch::Slots), c.sms(c.pick(1 << 30, Launch::Slots))), (64, 16));
         // Uncapped, a large call takes the region's 128 channels: 32 SMs with 4 lanes (64 with 2).
         let c = ch(128, 4, 0, 0, CtaPolicy::Default);
-        assert_eq!((c.pick(1 << 30), c.sms(128)), (128, 32));
+        assert_eq!((c.pick(1 << 30, Launch::Slots), c.sms(128)), (128, 32));
         // Efficiency: 24 SMs' worth, 96 channels.
-        assert_eq!(ch(128, 4, 0, 0, CtaPolicy::Efficiency).pick(1 << 30), 96);
+        assert_eq!(ch(128, 4, 0, 0, CtaPolicy::Efficiency).pick(1 << 30, Launch::Slots), 96);
     }
 
     #[test]
     fn ranks_with_other_lanes_pick_the_same_channels() {
         // Each rank launches with its own lanes; the count follows the fewest of any rank.
         for common in [1, 2, 4] {
-            for (min, max) in [(0, 0), (0, 24), (4, 0)] {
+            for (min, max, launch) in [(0, 0), (0, 16), (0, 24), (4, 0), (32, 0)]
+                .into_iter()
+                .flat_map(|(min, max)| [(min, max, Launch::Slots), (min, max, Launch::Window)])
+            {
                 let budget = CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default };
                 let ranks: Vec<Channels> = [1, 2, 4]
                     .into_iter()
                     .filter(|&l| l >= common)
                     .map(|lanes| Channels { region: 128, lanes, common_lanes: common, budget })
                     .collect();
+                // A windowed call's ceiling: 24 SMs, or the floor where that is more.
+                let ceiling = match (max, launch) {
+                    (0, Launch::Slots) => u32::MAX,
+                    (0, Launch::Window) => EFFICIENT_SMS.max(min),
+                    (max, _) => max,
+                };
                 for b in sizes() {
-                    let picks: Vec<u32> = ranks.iter().map(|c| c.pick(b)).collect();
-                    assert!(picks.windows(2).all(|w| w[0] == w[1]), "{b} bytes: {picks:?}");
+                    let picks: Vec<u32> = ranks.iter().map(|c| c.pick(b, launch)).collect();
+                    assert!(picks.windows(2).all(|w| w[0] == w[1]), "{b} bytes, {launch:?}: {picks:?}");
                     // No rank goes past the ceiling: one with more lanes takes fewer SMs.
                     for c in &ranks {
-                        assert!(max == 0 || c.sms(picks[0]) <= max, "{b} bytes, {} lanes", c.lanes);
+                        assert!(c.sms(picks[0]) <= ceiling, "{b} bytes, {launch:?}, {} lanes", c.lanes);
                     }
                 }
             }
         }
         // A 2-lane peer holds a 4-lane rank to 2-lane counts: 48 channels on 12 SMs at 24 CTAs.
         let mixed = Channels { common_lanes: 2, ..ch(128, 4, 0, 24, CtaPolicy::Default) };
-        assert_eq!((mixed.pick(1 << 30), mixed.sms(48)), (48, 12));
+        assert_eq!((mixed.pick(1 << 30, Launch::Slots), mixed.sms(48)), (48, 12));
         // Grouped p2p runs a channel per 512-thread block whatever the lanes.
         assert_eq!(ch(128, 4, 0, 24, CtaPolicy::Default).one_lane_ceiling(), 24);
     }
 
     #[test]
+    fn a_windowed_call_takes_at_most_24_sms_by_default() {
+        for lanes in [2, 4] {
+            let c = ch(128, lanes, 0, 0, CtaPolicy::Default);
+            for b in sizes() {
+                let (slots, win) = (c.pick(b, Launch::Slots), c.pick(b, Launch::Window));
+                // The size rule is the slots' one, under a ceiling of 24 SMs' worth.
+                assert_eq!(win, slots.min(EFFICIENT_SMS * lanes), "{b} bytes, {lanes} lanes");
+                assert!(c.sms(win) <= EFFICIENT_SMS, "{b} bytes, {lanes} lanes");
+            }
+            assert_eq!(c.sms(c.pick(1 << 30, Launch::Window)), EFFICIENT_SMS);
+        }
+        // 48 channels on 24 SMs with 2 lanes, 96 with 4; the slots keep 64 and 32 SMs.
+        let (two, four) = (ch(128, 2, 0, 0, CtaPolicy::Default), ch(128, 4, 0, 0, CtaPolicy::Default));
+        for b in [64u64 << 20, 256 << 20, 1 << 30, 4 << 30] {
+            assert_eq!(two.pick(b, Launch::Window), 48, "{b}");
+            assert_eq!(four.pick(b, Launch::Window), 96, "{b}");
+        }
+        assert_eq!((two.pick(1 << 30, Launch::Slots), four.pick(1 << 30, Launch::Slots)), (128, 128));
+        assert_eq!((two.pick(64 << 20, Launch::Slots), four.pick(64 << 20, Launch::Slots)), (64, 128));
+        // Small calls take what they took: the ceiling is above their channels.
+        assert_eq!(two.pick(1 << 20, Launch::Window), 32);
+        assert_eq!(four.pick(1 << 20, Launch::Window), 64);
+    }
+
+    #[test]
+    fn a_users_floor_above_24_wins_and_max_ctas_caps_a_windowed_call() {
+        // minCTAs 32: 32 SMs' worth at every size, as for the slots.
+        for lanes in [2, 4] {
+            let c = ch(128, lanes, 32, 0, CtaPolicy::Default);
+            for b in sizes() {
+                assert_eq!(c.pick(b, Launch::Window), c.pick(b, Launch::Slots).min(32 * lanes), "{b} bytes");
+                assert_eq!(c.sms(c.pick(b, Launch::Window)), 32, "{b} bytes, {lanes} lanes");
+            }
+        }
+        // minCTAs below 24 is a floor only: large calls still take 24 SMs.
+        let c = ch(128, 2, 4, 0, CtaPolicy::Default);
+        assert_eq!((c.pick(8, Launch::Window), c.pick(1 << 30, Launch::Window)), (8, 48));
+        // maxCTAs 16 caps below the 24.
+        for lanes in [2, 4] {
+            let c = ch(128, lanes, 0, 16, CtaPolicy::Default);
+            for b in sizes() {
+                assert_eq!(c.pick(b, Launch::Window), c.pick(b, Launch::Slots), "{b} bytes");
+            }
+            assert_eq!(c.pick(1 << 30, Launch::Window), 16 * lanes);
+            assert_eq!(c.sms(16 * lanes), 16);
+        }
+        // The region caps below too: 64 channels are 16 SMs with 4 lanes.
+        assert_eq!(ch(64, 4, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Window), 64);
+        // The other policies hold every call to 24 SMs, windowed or not.
+        for p in [CtaPolicy::Efficiency, CtaPolicy::Zero] {
+            for (min, max) in [(0, 0), (32, 0), (0, 16)] {
+                let c = ch(128, 4, min, max, p);
+                for b in sizes() {
+                    assert_eq!(c.pick(b, Launch::Window), c.pick(b, Launch::Slots), "{b} bytes, {p:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn channels_grow_with_size_up_to_the_region() {
         let c = ch(128, 2, 0, 0, CtaPolicy::Default);
-        assert_eq!(c.pick(8), 1);
-        assert_eq!(c.pick(32 << 10), 1);
-        assert_eq!(c.pick((32 << 10) + 1), 2);
-        assert_eq!(c.pick(1 << 20), 32);
-        assert_eq!(c.pick(64 << 20), 64, "mid sizes stop at 64");
-        assert_eq!(c.pick(128 << 20), 128);
-        assert_eq!(ch(96, 2, 0, 0, CtaPolicy::Default).pick(1 << 30), 96, "the region caps");
+        assert_eq!(c.pick(8, Launch::Slots), 1);
+        assert_eq!(c.pick(32 << 10, Launch::Slots), 1);
+        assert_eq!(c.pick((32 << 10) + 1, Launch::Slots), 2);
+        assert_eq!(c.pick(1 << 20, Launch::Slots), 32);
+        assert_eq!(c.pick(64 << 20, Launch::Slots), 64, "mid sizes stop at 64");
+        assert_eq!(c.pick(128 << 20, Launch::Slots), 128);
+        assert_eq!(ch(96, 2, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 96, "the region caps");
         assert_eq!(c.sms(64), 32);
         assert_eq!(c.sms(128), 64);
         assert_eq!(c.sms(1), 1);
@@ -277,24 +378,24 @@ mod tests {
     fn the_budget_bounds_the_sms_not_the_channels() {
         // maxCTAs 8 with two lanes: 16 channels on 8 SMs.
         let c = ch(64, 2, 0, 8, CtaPolicy::Default);
-        assert_eq!(c.pick(1 << 30), 16);
-        assert_eq!(c.sms(c.pick(1 << 30)), 8);
+        assert_eq!(c.pick(1 << 30, Launch::Slots), 16);
+        assert_eq!(c.sms(c.pick(1 << 30, Launch::Slots)), 8);
         // minCTAs 4: even an 8-byte call takes 4 SMs' channels.
         let c = ch(64, 2, 4, 0, CtaPolicy::Default);
-        assert_eq!(c.pick(8), 8);
+        assert_eq!(c.pick(8, Launch::Slots), 8);
         // With one lane per block, CTAs are channels.
-        assert_eq!(ch(64, 1, 0, 8, CtaPolicy::Default).pick(1 << 30), 8);
+        assert_eq!(ch(64, 1, 0, 8, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 8);
         // A floor above the region's channels is cut to the region.
-        assert_eq!(ch(8, 2, 16, 0, CtaPolicy::Default).pick(8), 8);
+        assert_eq!(ch(8, 2, 16, 0, CtaPolicy::Default).pick(8, Launch::Slots), 8);
     }
 
     #[test]
     fn efficiency_and_zero_cap_the_sms() {
         for p in [CtaPolicy::Efficiency, CtaPolicy::Zero] {
             let c = ch(128, 2, 0, 0, p);
-            assert_eq!(c.sms(c.pick(1 << 30)), EFFICIENT_SMS);
+            assert_eq!(c.sms(c.pick(1 << 30, Launch::Slots)), EFFICIENT_SMS);
         }
-        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Default).pick(1 << 30), 128);
+        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 128);
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub(crate) mod tune;
 mod watch;
 mod windows;
 
-pub use budget::{CtaBudget, CtaPolicy, EFFICIENT_SMS};
+pub use budget::{CtaBudget, CtaPolicy, Launch, EFFICIENT_SMS};
 pub use ce::{CeGeometry, CeSends, MAX_AREA_BYTES as CE_MAX_AREA_BYTES};
 pub use comm::{CudaComm, DeviceSettings};
 pub use kernels::coll::PreMul;

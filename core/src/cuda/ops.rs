@@ -3,7 +3,7 @@
 //! kernel on the caller's stream. Buffers are device addresses of this communicator's GPU
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
-use super::budget::CtaPolicy;
+use super::budget::{CtaPolicy, Launch};
 use super::ce::{Flows, Route};
 use super::comm::CudaComm;
 use super::err;
@@ -139,15 +139,17 @@ impl CudaComm {
         }
     }
 
-    /// Channels for a call whose per-rank share is `bytes`: every rank picks the same.
-    pub fn channels_for(&self, bytes: u64) -> u32 {
-        self.channels.pick(bytes)
+    /// Channels for a call whose per-rank share is `bytes` launched as `launch` (windowed: an
+    /// all-gather, out-of-place all-to-all or direct broadcast whose output lies in a symmetric
+    /// window): every rank picks the same.
+    pub fn channels_for(&self, bytes: u64, launch: Launch) -> u32 {
+        self.channels.pick(bytes, launch)
     }
 
-    /// SMs (thread blocks) a kernel call whose per-rank share is `bytes` takes (a call on the
-    /// copy engines, [`CudaComm::on_copy_engines`], launches none).
-    pub fn sms_for(&self, bytes: u64) -> u32 {
-        self.channels.sms(self.channels.pick(bytes))
+    /// SMs (thread blocks) a kernel call whose per-rank share is `bytes` takes launched as
+    /// `launch` (a call on the copy engines, [`CudaComm::on_copy_engines`], launches none).
+    pub fn sms_for(&self, bytes: u64, launch: Launch) -> u32 {
+        self.channels.sms(self.channels.pick(bytes, launch))
     }
 
     /// Whether calls of `coll` run on the copy engines (`ce/`): all-gather, all-to-all and
@@ -216,7 +218,9 @@ impl CudaComm {
                 a.win = win;
             }
         }
-        let blocks = if flows.is_some() { 0 } else { self.channels_for((call.count * call.dt.size()) as u64) };
+        // The predicate that picks the windowed kernel picks its channel ceiling.
+        let launch = if a.windowed() { Launch::Window } else { Launch::Slots };
+        let blocks = if flows.is_some() { 0 } else { self.channels_for((call.count * call.dt.size()) as u64, launch) };
         // SAFETY: the caller's promise.
         unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
     }

@@ -48,7 +48,7 @@
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
-use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
+use occl::cuda::{CudaComm, DevAlgo, DevOp, Launch, PreMul};
 use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::gpu_windows::WindowedOut;
 use occl_tests::launch::{Job, Spawn};
@@ -736,8 +736,19 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 "broadcast" => cc.on_copy_engines(CollType::Broadcast),
                 _ => false,
             };
-            let (algo_name, channels, sms) =
-                if on_ce { ("CE", 0, 0) } else { (algo_name, cc.channels_for(share), cc.sms_for(share)) };
+            // The output in a window makes the kernel windowed for an all-gather, the
+            // all-to-all (out of place here) and a direct broadcast; a ring broadcast keeps its
+            // slots.
+            let launch = match coll {
+                "all_gather" | "all_to_all" if windows => Launch::Window,
+                "broadcast" if windows && algo_name == "direct" => Launch::Window,
+                _ => Launch::Slots,
+            };
+            let (algo_name, channels, sms) = if on_ce {
+                ("CE", 0, 0)
+            } else {
+                (algo_name, cc.channels_for(share, launch), cc.sms_for(share, launch))
+            };
             if phases {
                 // The call before it lines the ranks up on the device: the profiled one starts as
                 // that collective ends on every rank, not when each host launched it.
