@@ -18,9 +18,9 @@
 //! broadcast whose output lies in a symmetric window) takes at most [`EFFICIENT_SMS`] SMs under
 //! the default policy too. Its channels take pieces of the share from a counter, so none sits
 //! idle while another finishes its slice, and on 4×H200 24 SMs moved as much as the default's
-//! 32-64 (all-gather 4 GiB: 353 against 349 GB/s; all-to-all 1 GiB: 327 against 324), while the
-//! 64 SMs cost a matrix multiply beside a 256 MiB all-gather 40% of its throughput against
-//! NCCL's 16% (`bench/baselines/kernel-phases.md` run 3, `gpu-overlap.md` run 6). A user's
+//! 32-64 (all-gather of 1 GiB per rank: 353 against 349 GB/s; all-to-all of 1 GiB buffers: 327
+//! against 324), while the 64 SMs cost a matrix multiply beside a 256 MiB all-gather 40% of its
+//! throughput against NCCL's 16% (`bench/baselines/kernel-phases.md` run 3, `gpu-overlap.md` run 6). A user's
 //! `minCTAs` above that still wins. Whether a call is windowed follows from its output's window,
 //! which every rank registered alike, so every rank picks the same channels for it.
 
