@@ -627,8 +627,8 @@ DEV void reduce_modes(const CollArgs& a, Chan& c, typename E::W ps) {
 //   ctrl(b, q); r acquires every sender's wdone before the kernel ends.
 // Which pieces a channel writes is not fixed: the sender's channels take pieces of its share one
 // at a time from a counter in its own region (wgrab), so a channel that the memory system serves
-// faster writes more and all end together (with a fixed share per channel the last one ended up
-// to a third of the call after the first). A receiver needs no piece list: every sender channel
+// faster writes more and all end together (with a fixed share per channel the last one ends up
+// to a third of the call after the first: bench/baselines/kernel-phases.md). A receiver needs no piece list: every sender channel
 // releases its wdone after its last piece, and r waits for all of them. The last channel done
 // with the counter (wfin) zeroes both, so the next call, and a graph replay, starts from 0.
 // Why a peer's next call cannot overwrite an output that later work of this rank still reads:

@@ -170,6 +170,9 @@ pub struct CudaComm {
     /// `None` when no peer is another process on this host and no call runs on the copy
     /// engines, or when staged.
     pub(crate) watch: Option<Watch>,
+    /// Channels of the latest call's launch (0: it ran on the copy engines), for
+    /// [`CudaComm::last_launch`].
+    pub(crate) last_channels: std::sync::atomic::AtomicU32,
     region: Arc<DeviceRegion>,
     _peers: Vec<PeerRegion>,
 }
@@ -412,6 +415,7 @@ impl CudaComm {
             seqs: Default::default(),
             phases,
             watch,
+            last_channels: Default::default(),
             region,
             _peers: peers,
         })

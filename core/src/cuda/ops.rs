@@ -146,10 +146,11 @@ impl CudaComm {
         self.channels.pick(bytes, launch)
     }
 
-    /// SMs (thread blocks) a kernel call whose per-rank share is `bytes` takes launched as
-    /// `launch` (a call on the copy engines, [`CudaComm::on_copy_engines`], launches none).
-    pub fn sms_for(&self, bytes: u64, launch: Launch) -> u32 {
-        self.channels.sms(self.channels.pick(bytes, launch))
+    /// The channels and SMs (thread blocks) of this communicator's latest call, as launched:
+    /// (0, 0) when it ran on the copy engines ([`CudaComm::on_copy_engines`]).
+    pub fn last_launch(&self) -> (u32, u32) {
+        let c = self.last_channels.load(std::sync::atomic::Ordering::Relaxed);
+        (c, self.channels.sms(c))
     }
 
     /// Whether calls of `coll` run on the copy engines (`ce/`): all-gather, all-to-all and
@@ -213,14 +214,16 @@ impl CudaComm {
             None => (DataType::U8, RedOp::Sum),
         };
         let flows = self.ce_flows(&call, &a);
-        if flows.is_none() {
+        let blocks = if flows.is_some() {
+            0
+        } else {
             if let Some(win) = kernel_windows(call.coll, &a, self.rank(), self.nranks(), &self.windows) {
                 a.win = win;
             }
-        }
-        // The predicate that picks the windowed kernel picks its channel ceiling.
-        let launch = if a.windowed() { Launch::Window } else { Launch::Slots };
-        let blocks = if flows.is_some() { 0 } else { self.channels_for((call.count * call.dt.size()) as u64, launch) };
+            // The predicate that picks the windowed kernel picks its channel ceiling.
+            let launch = if a.windowed() { Launch::Window } else { Launch::Slots };
+            self.channels_for((call.count * call.dt.size()) as u64, launch)
+        };
         // SAFETY: the caller's promise.
         unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
     }
@@ -288,6 +291,7 @@ impl CudaComm {
     ) -> Result<()> {
         self.check_stream(stream)?;
         self.check_usable()?;
+        self.last_channels.store(blocks, std::sync::atomic::Ordering::Relaxed);
         let f = self.comm.fanout();
         if let Some(ev) = &self.events {
             ev.collect(f);

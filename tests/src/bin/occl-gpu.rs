@@ -48,7 +48,7 @@
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
-use occl::cuda::{CudaComm, DevAlgo, DevOp, Launch, PreMul};
+use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
 use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::gpu_windows::WindowedOut;
 use occl_tests::launch::{Job, Spawn};
@@ -687,8 +687,6 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 }
                 Ok(())
             };
-            // The per-rank share the device path picks its channels by (all-to-all: per peer).
-            let share = if coll == "all_to_all" { ibytes / n } else { count * es } as u64;
             let iters = if size <= 16 << 20 { iters_arg } else { (iters_arg / 10).max(5) };
             for _ in 0..10 {
                 go()?;
@@ -729,26 +727,15 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 "reduce_scatter" => cc.reduce_scatter_algorithm(count, dt)?,
                 _ => "direct",
             };
-            // A call on the copy engines launches no thread block.
+            // The channels and SMs the timed calls launched (none on the copy engines).
+            let (channels, sms) = cc.last_launch();
             let on_ce = match coll {
                 "all_gather" => cc.on_copy_engines(CollType::AllGather),
                 "all_to_all" => cc.on_copy_engines(CollType::AllToAll),
                 "broadcast" => cc.on_copy_engines(CollType::Broadcast),
                 _ => false,
             };
-            // The output in a window makes the kernel windowed for an all-gather, the
-            // all-to-all (out of place here) and a direct broadcast; a ring broadcast keeps its
-            // slots.
-            let launch = match coll {
-                "all_gather" | "all_to_all" if windows => Launch::Window,
-                "broadcast" if windows && algo_name == "direct" => Launch::Window,
-                _ => Launch::Slots,
-            };
-            let (algo_name, channels, sms) = if on_ce {
-                ("CE", 0, 0)
-            } else {
-                (algo_name, cc.channels_for(share, launch), cc.sms_for(share, launch))
-            };
+            let algo_name = if on_ce { "CE" } else { algo_name };
             if phases {
                 // The call before it lines the ranks up on the device: the profiled one starts as
                 // that collective ends on every rank, not when each host launched it.
