@@ -14,9 +14,10 @@
 //! rank packs its channels into blocks. Only the count of channels, which the lanes scale, must
 //! agree: every rank counts with the fewest lanes of any rank (swapped at set-up too).
 //!
-//! A windowed kernel call ([`Launch::Window`]: an all-gather, out-of-place all-to-all or direct
-//! broadcast whose output lies in a symmetric window) takes at most [`EFFICIENT_SMS`] SMs under
-//! the default policy too. Its channels take pieces of the share from a counter, so none sits
+//! Under the default policy a call through the slots takes at most [`SLOT_SMS`] SMs (more moved
+//! a little more alone and cost a matrix multiply beside them more), and a windowed kernel call
+//! ([`Launch::Window`]: an all-gather, out-of-place all-to-all or direct broadcast whose output
+//! lies in a symmetric window) at most [`EFFICIENT_SMS`]. Its channels take pieces of the share from a counter, so none sits
 //! idle while another finishes its slice, and on 4×H200 24 SMs moved as much as the default's
 //! 32-64 (all-gather of 1 GiB per rank: 353 against 349 GB/s; all-to-all of 1 GiB buffers: 327
 //! against 324), while the 64 SMs cost a matrix multiply beside a 256 MiB all-gather 40% of its
@@ -80,15 +81,17 @@ pub enum Launch {
     Window,
 }
 
+/// SMs a call through the slots ([`Launch::Slots`]) takes at most under the default policy, or
+/// `minCTAs` where that is more. On 4×H100 64 SMs moved 7-10% more alone from 1 GiB than 32,
+/// but a matrix multiply beside a 256 MiB all-gather lost 40% of its throughput to them against
+/// 25% to 32 (NCCL's 24 CTAs: 22%; on 4×H200 42% against NCCL's 22%), and beside all-reduce and
+/// reduce-scatter they moved no more (189 against 199 GB/s, 121 against 118)
+/// (`bench/baselines/gpu-overlap.md` run 7).
+pub const SLOT_SMS: u32 = 32;
+
 /// Bytes of an operation's per-rank share per 512-thread channel below which it takes fewer
 /// channels (a 256-thread channel takes half).
 const CHANNEL_BYTES: u64 = 32 << 10;
-
-/// Below this per-rank share an operation takes at most [`MID_CHANNELS`]: on 2×H200 more
-/// channels bought nothing there (64 MiB all-reduce: 233 GB/s on 64 channels, 220 on 128),
-/// while from 256 MiB 128 channels gained 5-10% (`bench/baselines/gpu-overlap.md`).
-const LARGE_BYTES: u64 = 128 << 20;
-const MID_CHANNELS: u32 = 64;
 
 /// What a communicator's collectives may take, agreed by every rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -160,27 +163,24 @@ impl Channels {
     /// Channels for an operation whose busiest per-rank share is `bytes`: one per
     /// [`CHANNEL_BYTES`], within the budget. The same on every rank for the same call. A
     /// 256-thread channel (4 lanes) does half a 512-thread one's work per turn, so it takes
-    /// half the bytes and the mid-size cap doubles: a size takes the same SMs with 4 lanes as
-    /// with 2, with twice the channels in flight on each.
+    /// half the bytes: a size takes the same SMs with 4 lanes as with 2, with twice the
+    /// channels in flight on each.
     ///
-    /// A windowed call (`launch`) takes at most [`EFFICIENT_SMS`] SMs' worth under the default
-    /// policy, or `minCTAs`' worth where that is more; `maxCTAs` and the region cap below
-    /// either. Every rank passes the same `launch` for the same call (its output's window is
-    /// symmetric), so the count stays the same on every rank.
+    /// The ceiling under the default policy: [`SLOT_SMS`] SMs' worth for a call through the
+    /// slots, [`EFFICIENT_SMS`] for a windowed one (`launch`), or `minCTAs`' worth where that is
+    /// more; [`EFFICIENT_SMS`] under the other policies; `maxCTAs` and the region cap below any.
+    /// Every rank passes the same `launch` for the same call (its output's window is symmetric),
+    /// so the count stays the same on every rank.
     pub(crate) fn pick(&self, bytes: u64, launch: Launch) -> u32 {
         let lanes = self.common_lanes.max(1);
         let per = lane_threads(2) / lane_threads(lanes);
         let mut hi = self.region.max(1);
-        if bytes < LARGE_BYTES {
-            hi = hi.min(MID_CHANNELS * per);
-        }
-        match (self.budget.policy, launch) {
-            (CtaPolicy::Default, Launch::Slots) => {}
-            (CtaPolicy::Default, Launch::Window) => {
-                hi = hi.min(EFFICIENT_SMS.max(self.budget.min_ctas).saturating_mul(lanes));
-            }
-            _ => hi = hi.min(EFFICIENT_SMS * lanes),
-        }
+        let sms = match (self.budget.policy, launch) {
+            (CtaPolicy::Default, Launch::Slots) => SLOT_SMS.max(self.budget.min_ctas),
+            (CtaPolicy::Default, Launch::Window) => EFFICIENT_SMS.max(self.budget.min_ctas),
+            _ => EFFICIENT_SMS,
+        };
+        hi = hi.min(sms.saturating_mul(lanes));
         if self.budget.max_ctas != 0 {
             hi = hi.min(self.budget.max_ctas.saturating_mul(lanes)).max(1);
         }
@@ -189,9 +189,18 @@ impl Channels {
         want.clamp(lo, hi)
     }
 
-    /// The most blocks of one channel each (grouped send/recv) the budget allows.
+    /// The most blocks of one channel each (grouped send/recv) the budget allows: the region's
+    /// channels under the default policy, shared by every connection a rank may have
+    /// (`occl_kernels::p2p::conn_blocks`), [`EFFICIENT_SMS`] under the others, `maxCTAs` below.
     pub(crate) fn one_lane_ceiling(&self) -> u32 {
-        Channels { lanes: 1, common_lanes: 1, ..*self }.pick(u64::MAX, Launch::Slots)
+        let mut hi = self.region.max(1);
+        if self.budget.policy != CtaPolicy::Default {
+            hi = hi.min(EFFICIENT_SMS);
+        }
+        if self.budget.max_ctas != 0 {
+            hi = hi.min(self.budget.max_ctas).max(1);
+        }
+        hi
     }
 
     /// SMs a launch of `channels` takes.
@@ -310,13 +319,13 @@ mod tests {
             }
             assert_eq!(c.sms(c.pick(1 << 30, Launch::Window)), EFFICIENT_SMS);
         }
-        // 48 channels on 24 SMs with 2 lanes, 96 with 4; the slots keep 64 and 32 SMs.
+        // 48 channels on 24 SMs with 2 lanes, 96 with 4; the slots keep 32 SMs.
         let (two, four) = (ch(128, 2, 0, 0, CtaPolicy::Default), ch(128, 4, 0, 0, CtaPolicy::Default));
         for b in [64u64 << 20, 256 << 20, 1 << 30, 4 << 30] {
             assert_eq!(two.pick(b, Launch::Window), 48, "{b}");
             assert_eq!(four.pick(b, Launch::Window), 96, "{b}");
         }
-        assert_eq!((two.pick(1 << 30, Launch::Slots), four.pick(1 << 30, Launch::Slots)), (128, 128));
+        assert_eq!((two.pick(1 << 30, Launch::Slots), four.pick(1 << 30, Launch::Slots)), (64, 128));
         assert_eq!((two.pick(64 << 20, Launch::Slots), four.pick(64 << 20, Launch::Slots)), (64, 128));
         // Small calls take what they took: the ceiling is above their channels.
         assert_eq!(two.pick(1 << 20, Launch::Window), 32);
@@ -365,9 +374,9 @@ mod tests {
         assert_eq!(c.pick(32 << 10, Launch::Slots), 1);
         assert_eq!(c.pick((32 << 10) + 1, Launch::Slots), 2);
         assert_eq!(c.pick(1 << 20, Launch::Slots), 32);
-        assert_eq!(c.pick(64 << 20, Launch::Slots), 64, "mid sizes stop at 64");
-        assert_eq!(c.pick(128 << 20, Launch::Slots), 128);
-        assert_eq!(ch(96, 2, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 96, "the region caps");
+        assert_eq!(c.pick(2 << 20, Launch::Slots), 64);
+        assert_eq!(c.pick(1 << 30, Launch::Slots), 64, "32 SMs from there");
+        assert_eq!(ch(48, 2, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 48, "the region caps");
         assert_eq!(c.sms(64), 32);
         assert_eq!(c.sms(128), 64);
         assert_eq!(c.sms(1), 1);
@@ -395,7 +404,25 @@ mod tests {
             let c = ch(128, 2, 0, 0, p);
             assert_eq!(c.sms(c.pick(1 << 30, Launch::Slots)), EFFICIENT_SMS);
         }
-        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 128);
+        // The default: 32 SMs for a call through the slots.
+        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Default).pick(1 << 30, Launch::Slots), 64);
+    }
+
+    #[test]
+    fn a_slot_call_takes_at_most_32_sms_by_default_unless_min_ctas_asks_for_more() {
+        for lanes in [1, 2, 4] {
+            let c = ch(256, lanes, 0, 0, CtaPolicy::Default);
+            for b in sizes() {
+                assert!(c.sms(c.pick(b, Launch::Slots)) <= SLOT_SMS, "{b} bytes, {lanes} lanes");
+            }
+            assert_eq!(c.sms(c.pick(1 << 30, Launch::Slots)), SLOT_SMS, "{lanes} lanes");
+            // minCTAs 64 (NCCL_MIN_CTAS=64): the 64 SMs the region holds with two lanes.
+            let floor = ch(128, lanes, 64, 0, CtaPolicy::Default);
+            assert_eq!(floor.sms(floor.pick(1 << 30, Launch::Slots)), (128 / lanes).min(64), "{lanes} lanes");
+        }
+        // Grouped send/recv keeps the region's channels.
+        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Default).one_lane_ceiling(), 128);
+        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Efficiency).one_lane_ceiling(), EFFICIENT_SMS);
     }
 
     #[test]

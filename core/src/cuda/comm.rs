@@ -51,10 +51,10 @@ impl Default for DeviceSettings {
     /// At most 128 channels, two per thread block. 128 one-lane channels put every large
     /// collective level with or ahead of NCCL 2.28 on 2 and 4 H100/H200s
     /// (bench/baselines/gpu-collectives.md) but held nearly every SM; two lanes per block do
-    /// the same channels on half the SMs at 0.95-1.0× of that bandwidth from 256 MiB, and
-    /// `budget.rs` takes fewer below (bench/baselines/gpu-overlap.md). The shared region grows
-    /// with the channels: channels × ranks × slots × slot bytes, 128 MiB per rank of the
-    /// communicator.
+    /// the same channels on half the SMs at 0.95-1.0× of that bandwidth from 256 MiB. The
+    /// default CTA policy takes 64 of them at most (32 SMs, `budget.rs`); the region holds 128
+    /// so that `minCTAs` 64 or four lanes can have them. The shared region grows with the
+    /// channels: channels × ranks × slots × slot bytes, 128 MiB per rank of the communicator.
     fn default() -> Self {
         DeviceSettings {
             channels: 128,
