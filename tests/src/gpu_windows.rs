@@ -34,6 +34,7 @@ use occl::cuda::kernels::ipc::{DeviceRegion, IpcHandle, PeerRegion};
 use occl::cuda::{CudaComm, Launch, WindowId};
 use occl::{CollType, DataType, RedOp};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A call's output in a symmetric window: this rank's region, mapped by every peer, and the
 /// peers' regions mapped here.
@@ -541,7 +542,7 @@ fn of_size(es: usize) -> DataType {
 }
 
 /// `occl-gpu check --windows`: every program for every type size at counts up to a few pieces
-/// of 8 KiB per channel, then each collective once at the larger counts. Prints `rank R: N cases, W wrong (windows)`; an error when one is wrong.
+/// of 8 KiB per channel, then each collective once at the larger counts. Prints `rank R: N cases, W wrong (windows) in S s`; an error when one is wrong.
 pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<()> {
     let (r, n) = (cc.rank(), cc.nranks());
     if cc.is_staged() {
@@ -551,15 +552,16 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
         let on = if cc.on_copy_engines(CollType::AllGather) { "the copy engines" } else { "the kernels" };
         println!("occl-gpu check --windows: {n} ranks, windowed calls on {on}");
     }
-    let (mut t, mut j) = (Tally::default(), 0usize);
+    let (mut t, mut j, t0) = (Tally::default(), 0usize, Instant::now());
     let mut group = |count: usize, es: usize, full: bool, t: &mut Tally| -> anyhow::Result<()> {
         let slot = slot_bytes(n, count, es);
         let bytes = if full { buffer_bytes(slot, 3, true, 2) } else { buffer_bytes(slot, 1, false, 1) };
         let mut g = Group::new(cc, s, of_size(es), bytes, 0x5eed_0000 + j as u64)?;
         let label = format!("{} x{count}", of_size(es));
         if r == 0 {
-            // Where a hang was, should one come.
-            eprintln!("occl-gpu check --windows: {label}: {}", if full { "every program" } else { "single calls" });
+            // Where a hang was, should one come, and where the time goes.
+            let what = if full { "every program" } else { "single calls" };
+            eprintln!("occl-gpu check --windows: {label}: {what} (at {:.1} s)", t0.elapsed().as_secs_f64());
         }
         for p in programs(n, count, es, slot, full) {
             g.run(&p, &mut j, &label, t)?;
@@ -580,7 +582,7 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
     // Across many pieces, then the large size once.
     group((64 << 20) / 4 + 7, 4, false, &mut t)?;
     group((big / 4 / n).max(1), 4, false, &mut t)?;
-    println!("rank {r}: {} cases, {} wrong (windows)", t.cases, t.bad);
+    println!("rank {r}: {} cases, {} wrong (windows) in {:.1} s", t.cases, t.bad, t0.elapsed().as_secs_f64());
     if t.bad > 0 {
         bail!("{} of {} cases wrong (windows)", t.bad, t.cases);
     }
