@@ -17,7 +17,7 @@
 #                                           to the first build's and to NCCL's
 #
 #   CONFIGS="NCCL_MAX_CTAS=24;default"  configurations, ';' between them, each VAR=VALUE ...
-#   ENV_<NAME>="VAR=VALUE ..."          variables for build NAME alone (ENV_pull="OCCL_CUDA_PULL=1")
+#   ENV_<NAME>="VAR=VALUE ..."          variables for build NAME alone (ENV_l4="OCCL_CUDA_LANES=4")
 #   SIZES=64M,256M,1G  COLLS=all_reduce,reduce_scatter,all_gather  ROUNDS=2  OUT=dir
 #
 # NVLink multicast stays off (the shared machines require it).
