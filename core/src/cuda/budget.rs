@@ -17,13 +17,14 @@
 //! Under the default policy a call through the slots takes at most [`SLOT_SMS`] SMs (more moved
 //! a little more alone and cost a matrix multiply beside them more), and a windowed kernel call
 //! ([`Launch::Window`]: an all-gather, out-of-place all-to-all or direct broadcast whose output
-//! lies in a symmetric window) at most [`EFFICIENT_SMS`]. Its channels take pieces of the share from a counter, so none sits
-//! idle while another finishes its slice, and on 4×H200 24 SMs moved as much as the default's
-//! 32-64 (all-gather of 1 GiB per rank: 353 against 349 GB/s; all-to-all of 1 GiB buffers: 327
-//! against 324), while the 64 SMs cost a matrix multiply beside a 256 MiB all-gather 40% of its
-//! throughput against NCCL's 16% (`bench/baselines/kernel-phases.md` run 3, `gpu-overlap.md` run 6). A user's
-//! `minCTAs` above that still wins. Whether a call is windowed follows from its output's window,
-//! which every rank registered alike, so every rank picks the same channels for it.
+//! lies in a symmetric window) at most [`EFFICIENT_SMS`]. A windowed call's channels take pieces
+//! of the share from a counter, so none sits idle while another finishes its slice, and on
+//! 4×H200 24 SMs moved as much as 32-64 (all-gather of 1 GiB per rank: 353 against 349 GB/s;
+//! all-to-all of 1 GiB buffers: 327 against 324), while 64 SMs cost a matrix multiply beside a
+//! 256 MiB all-gather 40% of its throughput against NCCL's 16%
+//! (`bench/baselines/kernel-phases.md` run 3, `gpu-overlap.md` run 6). A user's `minCTAs` above
+//! either ceiling still wins. Whether a call is windowed follows from its output's window, which
+//! every rank registered alike, so every rank picks the same channels for it.
 
 use super::kernels::coll::lane_threads;
 use crate::error::{Error, Result};
@@ -174,13 +175,12 @@ impl Channels {
     pub(crate) fn pick(&self, bytes: u64, launch: Launch) -> u32 {
         let lanes = self.common_lanes.max(1);
         let per = lane_threads(2) / lane_threads(lanes);
-        let mut hi = self.region.max(1);
         let sms = match (self.budget.policy, launch) {
             (CtaPolicy::Default, Launch::Slots) => SLOT_SMS.max(self.budget.min_ctas),
             (CtaPolicy::Default, Launch::Window) => EFFICIENT_SMS.max(self.budget.min_ctas),
             _ => EFFICIENT_SMS,
         };
-        hi = hi.min(sms.saturating_mul(lanes));
+        let mut hi = self.region.max(1).min(sms.saturating_mul(lanes));
         if self.budget.max_ctas != 0 {
             hi = hi.min(self.budget.max_ctas.saturating_mul(lanes)).max(1);
         }
