@@ -1,7 +1,9 @@
 """Collectives beside a model's matrix multiplies, one process per GPU through torch.distributed.
 
 Each rank runs a bf16 GEMM stream (8192^3, back to back) and, on another stream of the same
-process, a collective stream (all-reduce, all-gather, reduce-scatter, all-to-all: COLLS) started together with it.
+process, a collective stream (all-reduce, all-gather, reduce-scatter, all-to-all, or sendrecv: a group
+of a send to rank r+1 and a receive from r-1, as pipeline parallelism issues them; COLLS) started
+together with it.
 Printed per (collective, size), as one JSON line from rank 0: the GEMM's TFLOP/s alone, the
 share of it lost beside the collective (the median of REPS rounds, default 5, after one that sizes the collective stream; each against the
 GEMM alone in the same round, and their range), and the collective's bus bandwidth alone and
@@ -64,6 +66,8 @@ def expected(coll, rank, n, nel, out_nel):
     dev = torch.device("cuda")
     if coll == "all_gather":
         return torch.cat([value(q, torch.arange(nel, device=dev)) for q in range(n)])
+    if coll == "sendrecv":
+        return value((rank - 1) % n, torch.arange(nel, device=dev))
     if coll == "all_to_all":
         blk = nel // n
         return torch.cat([value(q, torch.arange(rank * blk, (rank + 1) * blk, device=dev)) for q in range(n)])
@@ -95,7 +99,7 @@ def rank_main(rank, n, sizes, port, lib):
     for coll in os.environ.get("COLLS", "all_reduce,all_gather,reduce_scatter").split(","):
         for mib in sizes:
             nel = mib * 2**20 // 2
-            outs = {"all_gather": nel * n, "all_to_all": nel}
+            outs = {"all_gather": nel * n, "all_to_all": nel, "sendrecv": nel}
             pool = torch.cuda.MemPool(backend.mem_allocator) if windows else None
             with torch.cuda.use_mem_pool(pool) if windows else contextlib.nullcontext():
                 x = torch.ones(nel, device="cuda", dtype=torch.bfloat16)
@@ -111,6 +115,10 @@ def rank_main(rank, n, sizes, port, lib):
                     dist.all_gather_into_tensor(out, x)
                 elif coll == "all_to_all":
                     dist.all_to_all_single(out, x)
+                elif coll == "sendrecv":
+                    pair = [dist.P2POp(dist.isend, x, (rank + 1) % n), dist.P2POp(dist.irecv, out, (rank - 1) % n)]
+                    for w in dist.batch_isend_irecv(pair):
+                        w.wait()
                 else:
                     dist.reduce_scatter_tensor(out, x)
 
@@ -164,7 +172,7 @@ def rank_main(rank, n, sizes, port, lib):
                 del pool
             med = lambda v: sorted(v)[len(v) // 2]
             size = nel * 2 * (n if coll == "all_gather" else 1)
-            factor = 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
+            factor = {"all_reduce": 2 * (n - 1) / n, "sendrecv": 1.0}.get(coll, (n - 1) / n)
             bus = lambda ms: size / (ms / 1e3) / 1e9 * factor
             if rank == 0:
                 print(json.dumps(dict(lib=lib, collective=coll, nranks=n, size_mib=mib,

@@ -793,15 +793,16 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
 }
 
 // Grouped send/recv (NCCL's ncclGroupStart..End of p2p calls): one launch runs every send and
-// receive of a group at once, each connection (peer, direction) on thread blocks of its own, so
-// that no send waits behind a receive queued after it. Mirrors occl_kernels::p2p.
+// receive of a group at once, each connection (peer, direction) on channels of its own, so that
+// no send waits behind a receive queued after it. The channels are lanes, packed into blocks as
+// the collectives' are. Mirrors occl_kernels::p2p.
 #define OCCL_P2P_OPS 128
 #define OCCL_P2P_CONNS (2 * (OCCL_MAXR - 1))
 
 struct P2pConn {
     unsigned peer, send;   // send: 1 to the peer, 0 from it
     unsigned first, nops;  // its operations, in call order, at ops[first..first+nops)
-    unsigned blocks, pad;  // channels 0..blocks of the connection, one thread block each
+    unsigned channels, pad;  // the connection's channels 0..channels (one lane each)
 };
 
 struct P2pOp {
@@ -815,17 +816,17 @@ struct P2pArgs {
     P2pOp ops[OCCL_P2P_OPS];
 };
 
-// Thread block -> (connection, channel b). Only the counter of this connection's direction is
-// loaded and stored: the opposite direction with the same peer and channel runs in another
-// block of this launch. Both ends split each operation over the same channels in the same
+// Lane -> (connection, channel b); lanes past the last connection's idle. Only the counter of
+// this connection's direction is loaded and stored: the opposite direction with the same peer
+// and channel runs in another lane of this launch. Both ends split each operation over the same channels in the same
 // chunks, so the counters of a channel stay equal on both sides, as the collectives expect.
 DEV void p2p_group(const P2pArgs& g, Chan& c) {
     const CollArgs& a = g.a;
-    unsigned b = blockIdx.x, k = 0;
-    while (k < g.nconns && b >= g.conns[k].blocks) b -= g.conns[k++].blocks;
+    unsigned b = chan_id(), k = 0;
+    while (k < g.nconns && b >= g.conns[k].channels) b -= g.conns[k++].channels;
     if (k >= g.nconns) return;
     const P2pConn& cn = g.conns[k];
-    const unsigned p = cn.peer, nb = cn.blocks, bit = 1u << p;
+    const unsigned p = cn.peer, nb = cn.channels, bit = 1u << p;
     const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
     PH_OPEN(a, c);
     if (lt() == 0) {
@@ -933,9 +934,10 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
 
 #define OCCL_COLL_COPY                                                                              \
     OCCL_CHAN_KERNEL(occl_coll_copy, copy_modes(a, c))                                              \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE) occl_p2p_group(const P2pArgs g) {       \
-        __shared__ Chan c;                                                                          \
-        p2p_group(g, c);                                                                            \
+    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                        \
+        occl_p2p_group(const P2pArgs g) {                                                           \
+        __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
+        p2p_group(g, cs[lane()]);                                                                   \
     }                                                                                               \
     OCCL_CHAN_KERNEL(occl_coll_win, win_modes(a, c))
 

@@ -395,7 +395,7 @@ impl CollKernels {
     }
 
     /// Threads of one lane of this table's collective launches.
-    fn lane(&self) -> u32 {
+    pub(crate) fn lane(&self) -> u32 {
         lane_threads(self.lanes)
     }
 

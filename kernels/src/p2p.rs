@@ -2,15 +2,15 @@
 //! on one communicator run in one launch, so that a rank sending to r+1 and receiving from r-1
 //! (or an all-to-all of sends and receives) makes progress on all of them at once.
 //!
-//! Every (peer, direction) pair is a connection with thread blocks of its own, one per channel
-//! of the shared region; its operations run in call order on those blocks. Both ends must
+//! Every (peer, direction) pair is a connection with channels of its own (lanes of the launch's
+//! blocks, packed as the collectives' are); its operations run in call order on those channels.
+//! Both ends must
 //! split a connection alike: the channel count depends only on what both know (the
 //! connection's bytes, the channel budget and the rank count), never on the other connections
 //! of this rank's group, which the peer does not see.
 
 use crate::coll::{CollArgs, CollKernels, MAX_RANKS};
 use crate::error::{driver, Error, Result};
-use crate::kernels::THREADS;
 use cudarc::driver::DeviceRepr;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
@@ -31,7 +31,8 @@ pub struct P2pConn {
     pub send: u32,
     pub first: u32,
     pub nops: u32,
-    pub blocks: u32,
+    /// The connection's channels: the launch's channels in connection order.
+    pub channels: u32,
     pub pad: u32,
 }
 
@@ -67,18 +68,28 @@ pub struct Transfer {
     pub bytes: u64,
 }
 
-/// Channels a connection of `bytes` runs on: the channel budget shared by every connection a
-/// rank may have (a send and a receive per peer), so that a whole group fits one grid that the
-/// device can hold at once (its blocks wait on each other's peers).
-pub fn conn_blocks(bytes: u64, channels: u32, nranks: u32) -> u32 {
-    let cap = (channels / (2 * nranks.saturating_sub(1)).max(1)).max(1);
+/// What a group may launch: at most `total` channels, shared by every connection a rank may
+/// have (a send and a receive per peer), so that a whole group fits one grid that the device can
+/// hold at once (its channels wait on each other's peers); and at most `per_conn` for one
+/// connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pBudget {
+    pub total: u32,
+    pub per_conn: u32,
+}
+
+/// Channels a connection of `bytes` runs on: one per [`MIN_CHANNEL_BYTES`], within its share of
+/// the budget. Both ends compute it from what both know.
+pub fn conn_channels(bytes: u64, budget: P2pBudget, nranks: u32) -> u32 {
+    let share = budget.total / (2 * nranks.saturating_sub(1)).max(1);
+    let cap = share.min(budget.per_conn).max(1);
     u32::try_from(bytes.div_ceil(MIN_CHANNEL_BYTES).clamp(1, u64::from(cap))).unwrap_or(cap)
 }
 
 /// The launch of a group: `base` with the transfers grouped into connections (peer order, sends
-/// first; each connection's operations in call order) and the grid it needs. Empty transfers
+/// first; each connection's operations in call order) and the channels it launches. Empty transfers
 /// are left out; `None` when nothing is left to move.
-pub fn plan(base: CollArgs, transfers: &[Transfer], channels: u32) -> Result<Option<(Box<P2pArgs>, u32)>> {
+pub fn plan(base: CollArgs, transfers: &[Transfer], budget: P2pBudget) -> Result<Option<(Box<P2pArgs>, u32)>> {
     let (rank, nranks) = (base.rank, base.nranks);
     for t in transfers {
         if t.peer >= nranks || t.peer == rank {
@@ -109,7 +120,7 @@ pub fn plan(base: CollArgs, transfers: &[Transfer], channels: u32) -> Result<Opt
         conns: [P2pConn::default(); MAX_CONNS],
         ops: [P2pOp::default(); MAX_OPS],
     });
-    let (mut nops, mut nconns, mut grid) = (0usize, 0usize, 0u32);
+    let (mut nops, mut nconns, mut total) = (0usize, 0usize, 0u32);
     for peer in 0..nranks {
         for send in [true, false] {
             let mine: Vec<&&Transfer> = live.iter().filter(|t| t.peer == peer && t.send == send).collect();
@@ -117,40 +128,51 @@ pub fn plan(base: CollArgs, transfers: &[Transfer], channels: u32) -> Result<Opt
                 continue;
             }
             let bytes = mine.iter().fold(0u64, |s, t| s.saturating_add(t.bytes));
-            let blocks = conn_blocks(bytes, channels, nranks);
-            g.conns[nconns] =
-                P2pConn { peer, send: u32::from(send), first: nops as u32, nops: mine.len() as u32, blocks, pad: 0 };
+            let c = conn_channels(bytes, budget, nranks);
+            g.conns[nconns] = P2pConn {
+                peer,
+                send: u32::from(send),
+                first: nops as u32,
+                nops: mine.len() as u32,
+                channels: c,
+                pad: 0,
+            };
             for t in mine {
                 g.ops[nops] = P2pOp { buf: t.buf, bytes: t.bytes };
                 nops += 1;
             }
             nconns += 1;
-            grid += blocks;
+            total += c;
         }
     }
     g.nconns = nconns as u32;
-    Ok(Some((g, grid)))
+    Ok(Some((g, total)))
 }
 
 impl CollKernels {
-    /// Enqueues a group's sends and receives (a [`plan`]) as one launch of `blocks`
-    /// blocks on `stream`.
+    /// Enqueues a group's sends and receives (a [`plan`]) as one launch of `channels` on
+    /// `stream`, as many to a block as the collectives run.
     ///
     /// # Safety
     /// As [`CollKernels::launch`]: every buffer of `args` is live device memory of its bytes
     /// until the stream has run it, and every peer launches its side of each connection.
-    pub unsafe fn launch_p2p(&self, stream: &CudaStream, args: &P2pArgs, blocks: u32) -> Result<()> {
+    pub unsafe fn launch_p2p(&self, stream: &CudaStream, args: &P2pArgs, channels: u32) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::InvalidArgument("the stream belongs to another device context".into()));
         }
-        if blocks == 0 {
-            return Err(Error::InvalidArgument("a p2p launch of 0 blocks".into()));
+        if channels == 0 {
+            return Err(Error::InvalidArgument("a p2p launch of 0 channels".into()));
         }
-        let prog = self.program(None, false, THREADS)?;
+        let prog = self.program(None, false, self.lane())?;
         let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
         let mut l = stream.launch_builder(&f.f);
         l.arg(args);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let lanes = self.lanes().min(channels);
+        let cfg = LaunchConfig {
+            grid_dim: (channels.div_ceil(lanes), 1, 1),
+            block_dim: (self.lane() * lanes, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_p2p_group)"))?;
         Ok(())
@@ -169,6 +191,22 @@ mod tests {
         Transfer { send, peer, buf, bytes }
     }
 
+    /// A budget with no cap on one connection besides its share.
+    fn all(total: u32) -> P2pBudget {
+        P2pBudget { total, per_conn: total }
+    }
+
+    #[test]
+    fn one_connection_takes_at_most_its_cap_and_its_share() {
+        let b = P2pBudget { total: 128, per_conn: 32 };
+        // Two ranks: a share of 64, held to 32; four: 21; eight: 9.
+        assert_eq!([2, 4, 8].map(|n| conn_channels(1 << 30, b, n)), [32, 21, 9]);
+        assert_eq!(conn_channels(100 << 10, b, 2), 4, "small connections take a channel per 32 KiB");
+        let (g, total) =
+            plan(base(0, 2), &[t(true, 1, 0x10, 1 << 30), t(false, 1, 0x20, 1 << 30)], b).unwrap().unwrap();
+        assert_eq!((g.conns[0].channels, g.conns[1].channels, total), (32, 32, 64));
+    }
+
     #[test]
     fn the_argument_block_has_the_kernels_layout_and_fits_a_launch() {
         let size = std::mem::size_of::<P2pArgs>();
@@ -179,9 +217,9 @@ mod tests {
 
     #[test]
     fn a_ring_exchange_splits_into_a_send_and_a_receive_connection() {
-        // Rank 1 of 4 sends to 2 and receives from 0: two connections, each with its own blocks.
-        let (g, grid) =
-            plan(base(1, 4), &[t(true, 2, 0x1000, 1 << 20), t(false, 0, 0x2000, 1 << 20)], 128).unwrap().unwrap();
+        // Rank 1 of 4 sends to 2 and receives from 0: two connections, each with its own channels.
+        let (g, total) =
+            plan(base(1, 4), &[t(true, 2, 0x1000, 1 << 20), t(false, 0, 0x2000, 1 << 20)], all(128)).unwrap().unwrap();
         assert_eq!(g.nconns, 2);
         let recv = g.conns[0];
         let send = g.conns[1];
@@ -190,7 +228,7 @@ mod tests {
         assert_eq!(g.ops[0], P2pOp { buf: 0x2000, bytes: 1 << 20 });
         assert_eq!(g.ops[1], P2pOp { buf: 0x1000, bytes: 1 << 20 });
         // 128 channels shared by 6 possible connections: 21 each; 1 MiB wants 32.
-        assert_eq!((recv.blocks, send.blocks, grid), (21, 21, 42));
+        assert_eq!((recv.channels, send.channels, total), (21, 21, 42));
     }
 
     #[test]
@@ -198,13 +236,13 @@ mod tests {
         // Rank 0 sends 3 MiB then 5 KiB to rank 1 among other work; rank 1 only receives them.
         let sender = [t(true, 1, 0x10, 3 << 20), t(false, 2, 0x20, 7 << 20), t(true, 1, 0x30, 5 << 10)];
         let receiver = [t(false, 0, 0x40, 3 << 20), t(false, 0, 0x50, 5 << 10)];
-        let (a, _) = plan(base(0, 3), &sender, 64).unwrap().unwrap();
-        let (b, grid) = plan(base(1, 3), &receiver, 64).unwrap().unwrap();
+        let (a, _) = plan(base(0, 3), &sender, all(64)).unwrap().unwrap();
+        let (b, total) = plan(base(1, 3), &receiver, all(64)).unwrap().unwrap();
         let to1 = a.conns[..a.nconns as usize].iter().find(|c| c.peer == 1 && c.send == 1).unwrap();
         let from0 = b.conns[0];
         assert_eq!(b.nconns, 1);
-        assert_eq!(to1.blocks, from0.blocks, "the two ends split the connection alike");
-        assert_eq!(grid, from0.blocks);
+        assert_eq!(to1.channels, from0.channels, "the two ends split the connection alike");
+        assert_eq!(total, from0.channels);
         // The same operations in the same (call) order, byte for byte.
         let sizes = |g: &P2pArgs, c: &P2pConn| -> Vec<u64> {
             (c.first..c.first + c.nops).map(|i| g.ops[i as usize].bytes).collect()
@@ -223,28 +261,28 @@ mod tests {
             ops.push(t(false, p, 0x100000 * u64::from(p), 1 << 30));
         }
         for channels in [1, 7, 14, 32, 128, 1024] {
-            let (g, grid) = plan(base(0, 8), &ops, channels).unwrap().unwrap();
+            let (g, total) = plan(base(0, 8), &ops, all(channels)).unwrap().unwrap();
             assert_eq!(g.nconns, 14);
-            assert!(grid <= channels.max(14), "{channels}: {grid}");
-            assert!(g.conns.iter().take(14).all(|c| c.blocks >= 1 && c.blocks <= channels.max(1)));
+            assert!(total <= channels.max(14), "{channels}: {total}");
+            assert!(g.conns.iter().take(14).all(|c| c.channels >= 1 && c.channels <= channels.max(1)));
         }
-        assert_eq!(conn_blocks(1, 128, 2), 1);
-        assert_eq!(conn_blocks(1 << 30, 128, 2), 64);
-        assert_eq!(conn_blocks(1 << 30, 128, 1), 128);
+        assert_eq!(conn_channels(1, all(128), 2), 1);
+        assert_eq!(conn_channels(1 << 30, all(128), 2), 64);
+        assert_eq!(conn_channels(1 << 30, all(128), 1), 128);
     }
 
     #[test]
     fn empty_transfers_are_dropped_and_bad_ones_refused() {
-        assert!(plan(base(0, 2), &[], 8).unwrap().is_none());
-        assert!(plan(base(0, 2), &[t(true, 1, 0, 0)], 8).unwrap().is_none());
-        let (g, _) = plan(base(0, 2), &[t(true, 1, 0, 0), t(true, 1, 0x40, 64)], 8).unwrap().unwrap();
+        assert!(plan(base(0, 2), &[], all(8)).unwrap().is_none());
+        assert!(plan(base(0, 2), &[t(true, 1, 0, 0)], all(8)).unwrap().is_none());
+        let (g, _) = plan(base(0, 2), &[t(true, 1, 0, 0), t(true, 1, 0x40, 64)], all(8)).unwrap().unwrap();
         assert_eq!((g.nconns, g.conns[0].nops, g.ops[0].buf), (1, 1, 0x40));
         let msg = |r: Result<Option<(Box<P2pArgs>, u32)>>| r.unwrap_err().to_string();
-        assert!(msg(plan(base(0, 2), &[t(true, 2, 0x40, 64)], 8)).contains("peer 2"));
-        assert!(msg(plan(base(0, 2), &[t(false, 0, 0x40, 64)], 8)).contains("peer 0"));
-        assert!(msg(plan(base(0, 2), &[t(true, 1, 0, 64)], 8)).contains("null"));
+        assert!(msg(plan(base(0, 2), &[t(true, 2, 0x40, 64)], all(8))).contains("peer 2"));
+        assert!(msg(plan(base(0, 2), &[t(false, 0, 0x40, 64)], all(8))).contains("peer 0"));
+        assert!(msg(plan(base(0, 2), &[t(true, 1, 0, 64)], all(8))).contains("null"));
         let many = vec![t(true, 1, 0x40, 64); MAX_OPS + 1];
-        assert!(msg(plan(base(0, 2), &many, 8)).contains("split the group"));
-        assert!(plan(base(0, 2), &many[..MAX_OPS], 8).unwrap().is_some());
+        assert!(msg(plan(base(0, 2), &many, all(8))).contains("split the group"));
+        assert!(plan(base(0, 2), &many[..MAX_OPS], all(8)).unwrap().is_some());
     }
 }

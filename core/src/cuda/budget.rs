@@ -25,8 +25,17 @@
 //! (`bench/baselines/kernel-phases.md` run 3, `gpu-overlap.md` run 6). A user's `minCTAs` above
 //! either ceiling still wins. Whether a call is windowed follows from its output's window, which
 //! every rank registered alike, so every rank picks the same channels for it.
+//!
+//! Grouped sends and receives ([`Channels::p2p_budget`]) run their channels as lanes too. Their
+//! channels are split over every connection a rank may have, so that the whole grid is resident
+//! at once; a connection takes at most half of [`SLOT_SMS`]' worth, so a ring exchange (a send
+//! and a receive) takes what one collective takes. On 2×H200 that moved 0.88-0.92× of the 128
+//! one-lane blocks (128 SMs) it replaced; at 4 ranks the region's share (21 channels a
+//! connection) is the limit, and packing alone kept 0.90-1.00× on half the SMs
+//! (`bench/baselines/gpu-overlap.md` run 8).
 
 use super::kernels::coll::lane_threads;
+use super::kernels::p2p::P2pBudget;
 use crate::error::{Error, Result};
 
 /// NCCL's `CTAPolicy` (`NCCL_CTA_POLICY_*`).
@@ -175,6 +184,15 @@ impl Channels {
     pub(crate) fn pick(&self, bytes: u64, launch: Launch) -> u32 {
         let lanes = self.common_lanes.max(1);
         let per = lane_threads(2) / lane_threads(lanes);
+        let hi = self.ceiling(launch);
+        let lo = self.budget.min_ctas.saturating_mul(lanes).min(hi).max(1);
+        let want = u32::try_from(bytes.div_ceil(CHANNEL_BYTES / u64::from(per))).unwrap_or(u32::MAX);
+        want.clamp(lo, hi)
+    }
+
+    /// The most channels a call launched as `launch` may take ([`Channels::pick`]'s ceiling).
+    fn ceiling(&self, launch: Launch) -> u32 {
+        let lanes = self.common_lanes.max(1);
         let sms = match (self.budget.policy, launch) {
             (CtaPolicy::Default, Launch::Slots) => SLOT_SMS.max(self.budget.min_ctas),
             (CtaPolicy::Default, Launch::Window) => EFFICIENT_SMS.max(self.budget.min_ctas),
@@ -184,23 +202,28 @@ impl Channels {
         if self.budget.max_ctas != 0 {
             hi = hi.min(self.budget.max_ctas.saturating_mul(lanes)).max(1);
         }
-        let lo = self.budget.min_ctas.saturating_mul(lanes).min(hi).max(1);
-        let want = u32::try_from(bytes.div_ceil(CHANNEL_BYTES / u64::from(per))).unwrap_or(u32::MAX);
-        want.clamp(lo, hi)
+        hi
     }
 
-    /// The most blocks of one channel each (grouped send/recv) the budget allows: the region's
-    /// channels under the default policy, shared by every connection a rank may have
-    /// (`occl_kernels::p2p::conn_blocks`), [`EFFICIENT_SMS`] under the others, `maxCTAs` below.
-    pub(crate) fn one_lane_ceiling(&self) -> u32 {
-        let mut hi = self.region.max(1);
+    /// What a group of sends and receives may launch ([`P2pBudget`]; packed `lanes` to a block
+    /// as the collectives are). A group's channels are split over every connection a rank may
+    /// have, so that the whole grid is resident at once; under the default policy that is the
+    /// region's channels, and one connection takes at most half of [`SLOT_SMS`]' worth (a send
+    /// and a receive together: one collective's SMs). So a ring exchange takes at most 32 SMs,
+    /// and a group with every peer at 4 or 8 ranks at most the region's channels. Under the
+    /// other policies the whole group takes [`EFFICIENT_SMS`]' worth; `maxCTAs` caps both.
+    pub(crate) fn p2p_budget(&self) -> P2pBudget {
+        let lanes = self.common_lanes.max(1);
+        let mut total = self.region.max(1);
+        let mut per_conn = SLOT_SMS.max(self.budget.min_ctas).saturating_mul(lanes) / 2;
         if self.budget.policy != CtaPolicy::Default {
-            hi = hi.min(EFFICIENT_SMS);
+            total = total.min(EFFICIENT_SMS.saturating_mul(lanes));
+            per_conn = total;
         }
         if self.budget.max_ctas != 0 {
-            hi = hi.min(self.budget.max_ctas).max(1);
+            total = total.min(self.budget.max_ctas.saturating_mul(lanes)).max(1);
         }
-        hi
+        P2pBudget { total, per_conn: per_conn.clamp(1, total) }
     }
 
     /// SMs a launch of `channels` takes.
@@ -303,8 +326,8 @@ mod tests {
         // A 2-lane peer holds a 4-lane rank to 2-lane counts: 48 channels on 12 SMs at 24 CTAs.
         let mixed = Channels { common_lanes: 2, ..ch(128, 4, 0, 24, CtaPolicy::Default) };
         assert_eq!((mixed.pick(1 << 30, Launch::Slots), mixed.sms(48)), (48, 12));
-        // Grouped p2p runs a channel per 512-thread block whatever the lanes.
-        assert_eq!(ch(128, 4, 0, 24, CtaPolicy::Default).one_lane_ceiling(), 24);
+        // Grouped p2p packs its channels as the collectives do: 24 CTAs hold 96 4-lane ones.
+        assert_eq!(ch(128, 4, 0, 24, CtaPolicy::Default).p2p_budget().total, 96);
     }
 
     #[test]
@@ -420,9 +443,15 @@ mod tests {
             let floor = ch(128, lanes, 64, 0, CtaPolicy::Default);
             assert_eq!(floor.sms(floor.pick(1 << 30, Launch::Slots)), (128 / lanes).min(64), "{lanes} lanes");
         }
-        // Grouped send/recv keeps the region's channels.
-        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Default).one_lane_ceiling(), 128);
-        assert_eq!(ch(128, 2, 0, 0, CtaPolicy::Efficiency).one_lane_ceiling(), EFFICIENT_SMS);
+        // Grouped send/recv: a connection takes half the slots' SMs, a group the region's
+        // channels (64 SMs with two lanes); 24 SMs under the other policies.
+        let c = ch(128, 2, 0, 0, CtaPolicy::Default);
+        assert_eq!(c.p2p_budget(), P2pBudget { total: 128, per_conn: SLOT_SMS });
+        assert_eq!(c.sms(2 * c.p2p_budget().per_conn), SLOT_SMS, "a send and a receive");
+        assert_eq!(ch(128, 2, 64, 0, CtaPolicy::Default).p2p_budget().per_conn, 64, "minCTAs 64");
+        let e = ch(128, 2, 0, 0, CtaPolicy::Efficiency);
+        assert_eq!(e.p2p_budget(), P2pBudget { total: 48, per_conn: 48 });
+        assert_eq!(e.sms(e.p2p_budget().total), EFFICIENT_SMS);
     }
 
     #[test]

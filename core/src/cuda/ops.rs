@@ -551,8 +551,7 @@ impl CudaComm {
             )));
         }
         let base = self.args(Mode::Send, 0, 0, 0, 0, 0);
-        let planned =
-            plan(base, &transfers, self.channels.one_lane_ceiling()).map_err(err("group sends and receives"))?;
+        let planned = plan(base, &transfers, self.channels.p2p_budget()).map_err(err("group sends and receives"))?;
         if !from_me.is_empty() {
             let ops = StreamOps::new(stream).map_err(err("a send to this rank"))?;
             for ((dst, bytes), (src, _)) in to_me.iter().zip(&from_me) {
@@ -563,7 +562,7 @@ impl CudaComm {
                 unsafe { ops.copy(*dst, *src, *bytes) }.map_err(err("a send to this rank"))?;
             }
         }
-        let Some((args, blocks)) = planned else { return Ok(()) };
+        let Some((args, channels)) = planned else { return Ok(()) };
         let f = self.comm.fanout();
         // NCCL's RAS counts operations as they are enqueued: so does this.
         let t0 = crate::record::now_ns();
@@ -589,13 +588,14 @@ impl CudaComm {
                     algo: "DIRECT",
                     proto: "SIMPLE",
                     chunk_size: self.layout.slot_bytes as usize,
-                    n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
+                    n_channels: u8::try_from(channels).unwrap_or(u8::MAX),
                 })
             })
             .collect();
         let launch = profs.first().and_then(|p| p.start_launch(stream.cu_stream() as usize));
+        self.last_channels.store(channels, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
-        let r = unsafe { self.kernels.launch_p2p(stream, &args, blocks) }.map_err(err("launch grouped send/recv"));
+        let r = unsafe { self.kernels.launch_p2p(stream, &args, channels) }.map_err(err("launch grouped send/recv"));
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
             w.launched(capturing(stream));
         }

@@ -9,6 +9,7 @@
 //! occl-gpu bench --ranks 2 --json [--graph] -d bfloat16 --sizes 8,64K,1G all_reduce,all_gather
 //! occl-gpu bench --ranks 4 --sizes 64M,1G --phases all_gather,all_reduce   # + where the kernels' time goes
 //! occl-gpu bench --ranks 4 --windows --phases all_gather,all_to_all   # outputs in symmetric windows
+//! occl-gpu bench --ranks 2 --sizes 64M,1G sendrecv,grouped_all_to_all   # grouped sends and receives
 //! occl-gpu events --ranks 2 [--iters 2000]       # KernelCh events from device timestamps
 //! occl-gpu prebuild DIR [--arch sm_90] [--lanes 2,4] [--phases] [--jobs N]   # no GPU: NVRTC only
 //! NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 occl-gpu stall --ranks 2   # a rank stops calling: rank 0 times out
@@ -20,15 +21,20 @@
 //! asserts that they are.
 //!
 //! `check` compares against a host reference: sizes 0, 1, odd, across the FIFO's chunks and
-//! 1 GiB, in and out of place, and replayed from a captured CUDA graph; and pre-multiply sums
-//! with an immediate scalar and with a device one changed between replays of a graph.
+//! 1 GiB, in and out of place, and replayed from a captured CUDA graph; grouped sends and
+//! receives (a ring exchange and an all-to-all, but staged); and pre-multiply sums with an
+//! immediate scalar and with a device one changed between replays of a graph.
 //! `check --windows` (one process per rank, `--ranks` only) checks instead all-gather, all-to-all
 //! and broadcast whose outputs lie in symmetric windows, so that they take the windowed paths
 //! (`occl_tests::gpu_windows`): offsets, inputs inside and outside, in place, every root, back
 //! to back with no host sync, and graphs replayed with refilled inputs. `bench` prints one JSON
 //! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
 //! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
-//! All-reduce and broadcast run in place there, as `nccl_bench.py`'s PyTorch calls do.
+//! All-reduce and broadcast run in place there, as `nccl_bench.py`'s PyTorch calls do. `sendrecv`
+//! and `grouped_all_to_all` are groups of device sends and receives (`CudaComm::p2p_group_raw`,
+//! what `ncclGroupStart`..`ncclGroupEnd` around `ncclSend`/`ncclRecv` runs), as nccl-tests'
+//! sendrecv_perf and alltoall_perf call them: to rank r+1 and from r-1, and to and from every
+//! other rank; their `channels` and `sms` are the group's thread blocks.
 //!
 //! `bench --phases` (it sets `OCCL_KERNEL_PHASES=1`) then makes one more call of each (collective,
 //! size) with the kernels' phase profile (`occl_kernels::phases`) and prints, from every rank, a
@@ -48,7 +54,7 @@
 use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
-use occl::cuda::{CudaComm, DevAlgo, DevOp, PreMul};
+use occl::cuda::{CudaComm, DevAlgo, DevOp, P2p, PreMul};
 use occl::{CollType, Comm, DataType, RedOp};
 use occl_tests::gpu_windows::WindowedOut;
 use occl_tests::launch::{Job, Spawn};
@@ -268,6 +274,10 @@ enum Coll {
     Broadcast,
     AllToAll,
     SendRecv,
+    /// One group of a send to r+1 and a receive from r-1 (`p2p_group_raw`).
+    GroupedSendRecv,
+    /// One group of a send to and a receive from every rank, this one included.
+    GroupedAllToAll,
 }
 
 /// One case: fills inputs, runs (optionally captured in a graph and replayed twice), compares.
@@ -285,10 +295,10 @@ fn case(
 ) -> anyhow::Result<usize> {
     let (r, n, es) = (cc.rank(), cc.nranks(), dt.size());
     let (in_n, out_n) = match coll {
-        Coll::AllReduce(_) | Coll::Reduce | Coll::Broadcast | Coll::SendRecv => (count, count),
+        Coll::AllReduce(_) | Coll::Reduce | Coll::Broadcast | Coll::SendRecv | Coll::GroupedSendRecv => (count, count),
         Coll::ReduceScatter => (count * n, count),
         Coll::AllGather => (count, count * n),
-        Coll::AllToAll => (count * n, count * n),
+        Coll::AllToAll | Coll::GroupedAllToAll => (count * n, count * n),
     };
     let mut host = Vec::with_capacity(in_n * es);
     for i in 0..in_n {
@@ -341,6 +351,25 @@ fn case(
                         cc.send_raw(s, src, count, dt, to)?;
                     }
                 }
+                Coll::GroupedSendRecv => cc.p2p_group_raw(
+                    s,
+                    &[
+                        P2p { send: true, peer: (r + 1) % n, buf: src, count, dt },
+                        P2p { send: false, peer: (r + n - 1) % n, buf: dst, count, dt },
+                    ],
+                )?,
+                Coll::GroupedAllToAll => {
+                    let at = |p: usize| (p * count * es) as u64;
+                    let ops: Vec<P2p> = (0..n)
+                        .flat_map(|p| {
+                            [
+                                P2p { send: true, peer: p, buf: src + at(p), count, dt },
+                                P2p { send: false, peer: p, buf: dst + at(p), count, dt },
+                            ]
+                        })
+                        .collect();
+                    cc.p2p_group_raw(s, &ops)?
+                }
             }
         }
         Ok(())
@@ -373,8 +402,8 @@ fn case(
             }
             Coll::AllGather => val(op, i / count, i % count),
             Coll::Broadcast => val(op, n - 1, i),
-            Coll::AllToAll => val(op, i / count, r * count + i % count),
-            Coll::SendRecv => val(op, (r + n - 1) % n, i),
+            Coll::AllToAll | Coll::GroupedAllToAll => val(op, i / count, r * count + i % count),
+            Coll::SendRecv | Coll::GroupedSendRecv => val(op, (r + n - 1) % n, i),
         })
     };
     // Every input and every sum is a small integer, exact in every type; only a float average
@@ -565,14 +594,18 @@ fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
             }
             run(coll, dt, RedOp::Sum, 1001, false, true)?;
         }
-        for coll in [Coll::AllGather, Coll::Broadcast, Coll::AllToAll, Coll::SendRecv] {
+        // Grouped sends and receives are device launches of their own: a staged communicator
+        // refuses them (its calls run through the host path).
+        let grouped: &[Coll] = if cc.is_staged() { &[] } else { &[Coll::GroupedSendRecv, Coll::GroupedAllToAll] };
+        let movers = [Coll::AllGather, Coll::Broadcast, Coll::AllToAll, Coll::SendRecv];
+        for coll in movers.into_iter().chain(grouped.iter().copied()) {
             // A rank alone has nobody to send to (a send to itself is an argument error).
             if n == 1 && coll == Coll::SendRecv {
                 continue;
             }
             for &c in &sizes {
                 for ip in [false, true] {
-                    if ip && matches!(coll, Coll::SendRecv) {
+                    if ip && matches!(coll, Coll::SendRecv | Coll::GroupedSendRecv | Coll::GroupedAllToAll) {
                         continue;
                     }
                     run(coll, dt, RedOp::Sum, c, ip, false)?;
@@ -590,6 +623,9 @@ fn check(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
     run(Coll::AllGather, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
     run(Coll::ReduceScatter, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
     run(Coll::AllToAll, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
+    if !cc.is_staged() {
+        run(Coll::GroupedAllToAll, DataType::F32, RedOp::Sum, big / 4 / n, false, false)?;
+    }
     // Pre-multiply sums: immediate and device scalars, in place, and graph replays that read a
     // changed device scalar.
     for dt in dts {
@@ -660,10 +696,11 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 "broadcast" => (count * es, count * es, count * es, 1.0),
                 "all_gather" => (count * es * n, count * es, count * es * n, (n as f64 - 1.0) / n as f64),
                 "reduce_scatter" => (count * es * n, count * es * n, count * es, (n as f64 - 1.0) / n as f64),
-                "all_to_all" => {
+                "all_to_all" | "grouped_all_to_all" => {
                     let c = (count - count % n).max(n);
                     (c * es, c * es, c * es, (n as f64 - 1.0) / n as f64)
                 }
+                "sendrecv" => (count * es, count * es, count * es, 1.0),
                 c => bail!("unknown collective {c}"),
             };
             let (_ib, ip) = alloc(s, ibytes)?;
@@ -682,6 +719,27 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                         "broadcast" => cc.broadcast_raw(s, op, op, count, dt, 0)?,
                         "all_gather" => cc.all_gather_raw(s, ip, op, count, dt)?,
                         "reduce_scatter" => cc.reduce_scatter_raw(s, ip, op, count, dt, RedOp::Sum)?,
+                        "sendrecv" => cc.p2p_group_raw(
+                            s,
+                            &[
+                                P2p { send: true, peer: (r + 1) % n, buf: ip, count, dt },
+                                P2p { send: false, peer: (r + n - 1) % n, buf: op, count, dt },
+                            ],
+                        )?,
+                        "grouped_all_to_all" => {
+                            let each = ibytes / es / n;
+                            let block = |p: usize| (p * each * es) as u64;
+                            let ops: Vec<P2p> = (0..n)
+                                .filter(|&p| p != r)
+                                .flat_map(|p| {
+                                    [
+                                        P2p { send: true, peer: p, buf: ip + block(p), count: each, dt },
+                                        P2p { send: false, peer: p, buf: op + block(p), count: each, dt },
+                                    ]
+                                })
+                                .collect();
+                            cc.p2p_group_raw(s, &ops)?
+                        }
                         _ => cc.all_to_all_raw(s, ip, op, ibytes / es / n, dt)?,
                     }
                 }
@@ -725,6 +783,7 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 "all_reduce" => cc.all_reduce_algorithm(count, dt).name(),
                 "broadcast" => cc.broadcast_algorithm(count, dt)?,
                 "reduce_scatter" => cc.reduce_scatter_algorithm(count, dt)?,
+                "sendrecv" | "grouped_all_to_all" => "grouped",
                 _ => "direct",
             };
             // The channels and SMs the timed calls launched (none on the copy engines).
