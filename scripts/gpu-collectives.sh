@@ -26,7 +26,9 @@ build)
     cd "$(dirname "$0")/.."
     mkdir -p "$dir"
     CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build -p occl-tests --features cuda --release --bin occl-gpu || exit 1
-    strip -o "$dir/occl-gpu" target/release/occl-gpu
+    # Cargo's own target directory (CARGO_TARGET_DIR), where a worktree may share another's.
+    bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/occl-gpu
+    strip -o "$dir/occl-gpu" "$bin" || exit 1
     nv=$(find target/nvrtc /usr/local -name 'libnvrtc.so.13' 2>/dev/null | head -1)
     if [ -n "$nv" ]; then
         LD_LIBRARY_PATH=$(dirname "$nv") "$dir/occl-gpu" prebuild "$dir/kernel-cache" --arch "${GPU_ARCH:-sm_90}" || exit 1
