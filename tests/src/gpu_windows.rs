@@ -180,22 +180,25 @@ pub struct Model {
 
 impl Model {
     /// `n` ranks with buffers of `bytes`: zeros, but sources (`SRC..`), which hold [`pattern`]s.
+    /// A thread per rank: at `--big` every process models GiBs.
     pub fn new(n: usize, bytes: &[usize], salt: u64) -> Model {
-        let mem = (0..n)
-            .map(|r| {
-                bytes
-                    .iter()
-                    .enumerate()
-                    .map(|(b, &len)| {
-                        let mut v = vec![0u8; len];
-                        if b >= SRC {
-                            pattern(salt, r, b, &mut v);
-                        }
-                        v
-                    })
-                    .collect()
-            })
-            .collect();
+        let rank = |r: usize| -> Vec<Vec<u8>> {
+            bytes
+                .iter()
+                .enumerate()
+                .map(|(b, &len)| {
+                    let mut v = vec![0u8; len];
+                    if b >= SRC {
+                        pattern(salt, r, b, &mut v);
+                    }
+                    v
+                })
+                .collect()
+        };
+        let mem = std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..n).map(|r| s.spawn(move || rank(r))).collect();
+            ranks.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        });
         Model { mem }
     }
 
@@ -204,13 +207,20 @@ impl Model {
         self.mem[r].get(at.buf).and_then(|b| b.get(o..o + len)).with_context(|| format!("{at:?}+{len} out of bounds"))
     }
 
-    fn write(&mut self, r: usize, at: Loc, data: &[u8]) -> anyhow::Result<()> {
-        let o = at.of(r);
-        let d = self.mem[r]
-            .get_mut(at.buf)
-            .and_then(|b| b.get_mut(o..o + data.len()))
-            .with_context(|| format!("{at:?}+{} out of bounds", data.len()))?;
-        d.copy_from_slice(data);
+    /// Runs `f` on every rank's buffers, a thread per rank, once every span lies inside every
+    /// rank's buffers.
+    fn each_rank(&mut self, spans: &[(Loc, usize)], f: impl Fn(usize, &mut [Vec<u8>]) + Sync) -> anyhow::Result<()> {
+        for r in 0..self.mem.len() {
+            for &(at, len) in spans {
+                self.span(r, at, len)?;
+            }
+        }
+        let f = &f;
+        std::thread::scope(|s| {
+            for (r, bufs) in self.mem.iter_mut().enumerate() {
+                s.spawn(move || f(r, bufs));
+            }
+        });
         Ok(())
     }
 
@@ -219,28 +229,49 @@ impl Model {
     pub fn apply(&mut self, step: &Step) -> anyhow::Result<()> {
         let n = self.mem.len();
         match *step {
-            Step::Fill { src, dst, bytes } => {
-                for r in 0..n {
-                    let d = self.span(r, src, bytes)?.to_vec();
-                    self.write(r, dst, &d)?;
+            Step::Fill { src, dst, bytes } => self.each_rank(&[(src, bytes), (dst, bytes)], |r, bufs| {
+                let (from, to) = (src.of(r), dst.of(r));
+                if src.buf == dst.buf {
+                    bufs[src.buf].copy_within(from..from + bytes, to);
+                    return;
                 }
-            }
+                let (s, d) = if src.buf < dst.buf {
+                    let (lo, hi) = bufs.split_at_mut(dst.buf);
+                    (&lo[src.buf], &mut hi[0])
+                } else {
+                    let (lo, hi) = bufs.split_at_mut(src.buf);
+                    (&hi[0], &mut lo[dst.buf])
+                };
+                d[to..to + bytes].copy_from_slice(&s[from..from + bytes]);
+            }),
             Step::Call { mv, count, es, src, dst } => {
                 let b = count * es;
-                let (ib, _) = spans(mv, n, b);
-                let ins: Vec<Vec<u8>> =
-                    (0..n).map(|r| self.span(r, src, ib).map(<[u8]>::to_vec)).collect::<Result<_, _>>()?;
-                for r in 0..n {
-                    let out: Vec<u8> = match mv {
-                        Move::AllGather => ins.concat(),
-                        Move::AllToAll => ins.iter().flat_map(|i| i[r * b..(r + 1) * b].to_vec()).collect(),
-                        Move::Broadcast(root) => ins[root].clone(),
-                    };
-                    self.write(r, dst, &out)?;
-                }
+                let (ib, ob) = spans(mv, n, b);
+                let spans: Vec<&[u8]> = (0..n).map(|r| self.span(r, src, ib)).collect::<Result<_, _>>()?;
+                let ins: Vec<Vec<u8>> = std::thread::scope(|s| {
+                    let copies: Vec<_> = spans.iter().map(|&i| s.spawn(move || i.to_vec())).collect();
+                    copies.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+                });
+                let ins = &ins;
+                self.each_rank(&[(dst, ob)], |r, bufs| {
+                    let o = dst.of(r);
+                    let out = &mut bufs[dst.buf][o..o + ob];
+                    match mv {
+                        Move::AllGather => {
+                            for (q, i) in ins.iter().enumerate() {
+                                out[q * b..(q + 1) * b].copy_from_slice(i);
+                            }
+                        }
+                        Move::AllToAll => {
+                            for (q, i) in ins.iter().enumerate() {
+                                out[q * b..(q + 1) * b].copy_from_slice(&i[r * b..(r + 1) * b]);
+                            }
+                        }
+                        Move::Broadcast(root) => out.copy_from_slice(&ins[root]),
+                    }
+                })
             }
         }
-        Ok(())
     }
 }
 
