@@ -5,7 +5,7 @@
 //! queued behind a send that waits for the peer's receive, itself queued behind the peer's own
 //! send, never runs. So the p2p calls of a group are collected on this thread and run at
 //! `ncclGroupEnd` (a call outside a group is a group of one): each communicator's calls as one
-//! kernel launch on its stream (`CudaComm::p2p_group_raw`: thread blocks split between the
+//! kernel launch on its stream (`CudaComm::p2p_group_raw`: channels split between the
 //! sends and receives), with no host thread involved, so thread ranks and graphs work alike.
 //!
 //! Communicators that occl stages through host memory (a peer on another host) run theirs
