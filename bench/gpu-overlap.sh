@@ -5,7 +5,8 @@
 # bench/baselines/gpu-overlap.md).
 #
 #   bash bench/gpu-overlap.sh LIBDIR [NRANKS...]      LIBDIR holds occl's libnccl.so.2
-#   SIZES="64 256"  COLLS=all_reduce,all_gather,reduce_scatter
+#   SIZES="64 256"  COLLS=all_reduce,all_gather,reduce_scatter (also all_to_all, and sendrecv:
+#                   a group of a send to r+1 and a receive from r-1)
 #   OCCL_CONFIGS="default;NCCL_CTA_POLICY=1;OCCL_CUDA_CHANNELS=32"   occl's rows, ';' between
 #                                  rows, each row's variables separated by spaces
 #   NCCL_ENV="NCCL_CTA_POLICY=2"   variables of NVIDIA's row (space-separated; default none)
