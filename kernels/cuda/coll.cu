@@ -802,7 +802,7 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
 struct P2pConn {
     unsigned peer, send;   // send: 1 to the peer, 0 from it
     unsigned first, nops;  // its operations, in call order, at ops[first..first+nops)
-    unsigned channels, pad;  // the connection's channels 0..channels (one lane each)
+    unsigned channels, pad;  // its channels 0..channels, one lane each
 };
 
 struct P2pOp {
@@ -818,8 +818,9 @@ struct P2pArgs {
 
 // Lane -> (connection, channel b); lanes past the last connection's idle. Only the counter of
 // this connection's direction is loaded and stored: the opposite direction with the same peer
-// and channel runs in another lane of this launch. Both ends split each operation over the same channels in the same
-// chunks, so the counters of a channel stay equal on both sides, as the collectives expect.
+// and channel runs in another lane of this launch. Both ends split each operation over the
+// same channels in the same chunks, so the counters of a channel stay equal on both sides, as
+// the collectives expect.
 DEV void p2p_group(const P2pArgs& g, Chan& c) {
     const CollArgs& a = g.a;
     unsigned b = chan_id(), k = 0;
