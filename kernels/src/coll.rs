@@ -399,6 +399,16 @@ impl CollKernels {
         lane_threads(self.lanes)
     }
 
+    /// The launch shape of `channels`: `lanes` of them to a block (fewer when there are fewer).
+    pub(crate) fn grid(&self, channels: u32) -> LaunchConfig {
+        let lanes = self.lanes.min(channels).max(1);
+        LaunchConfig {
+            grid_dim: (channels.div_ceil(lanes), 1, 1),
+            block_dim: (self.lane() * lanes, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
     /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
     /// a CUDA graph captures should not be the first.
     pub fn prepare(&self, dt: DataType) -> Result<()> {
@@ -509,14 +519,9 @@ impl CollKernels {
         let prog = self.program(mode.reduces().then_some(dt), args.phases != 0, self.lane())?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let args = CollArgs { nch: channels, ..*args };
-        let lanes = self.lanes.min(channels);
         let mut l = stream.launch_builder(&f.f);
         l.arg(&args);
-        let cfg = LaunchConfig {
-            grid_dim: (channels.div_ceil(lanes), 1, 1),
-            block_dim: (self.lane() * lanes, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = self.grid(channels);
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
         Ok(())

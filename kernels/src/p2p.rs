@@ -4,15 +4,14 @@
 //!
 //! Every (peer, direction) pair is a connection with channels of its own (lanes of the launch's
 //! blocks, packed as the collectives' are); its operations run in call order on those channels.
-//! Both ends must
-//! split a connection alike: the channel count depends only on what both know (the
-//! connection's bytes, the channel budget and the rank count), never on the other connections
-//! of this rank's group, which the peer does not see.
+//! Both ends must split a connection alike: the channel count depends only on what both know
+//! (the connection's bytes, the channel budget and the rank count), never on the other
+//! connections of this rank's group, which the peer does not see.
 
 use crate::coll::{CollArgs, CollKernels, MAX_RANKS};
 use crate::error::{driver, Error, Result};
 use cudarc::driver::DeviceRepr;
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, PushKernelArg};
 
 /// Operations one launch can carry (`OCCL_P2P_OPS`): the whole table travels as the kernel's
 /// argument, whose size CUDA caps at 4 KiB.
@@ -87,8 +86,8 @@ pub fn conn_channels(bytes: u64, budget: P2pBudget, nranks: u32) -> u32 {
 }
 
 /// The launch of a group: `base` with the transfers grouped into connections (peer order, sends
-/// first; each connection's operations in call order) and the channels it launches. Empty transfers
-/// are left out; `None` when nothing is left to move.
+/// first; each connection's operations in call order) and the channels it launches. Empty
+/// transfers are left out; `None` when nothing is left to move.
 pub fn plan(base: CollArgs, transfers: &[Transfer], budget: P2pBudget) -> Result<Option<(Box<P2pArgs>, u32)>> {
     let (rank, nranks) = (base.rank, base.nranks);
     for t in transfers {
@@ -167,12 +166,7 @@ impl CollKernels {
         let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
         let mut l = stream.launch_builder(&f.f);
         l.arg(args);
-        let lanes = self.lanes().min(channels);
-        let cfg = LaunchConfig {
-            grid_dim: (channels.div_ceil(lanes), 1, 1),
-            block_dim: (self.lane() * lanes, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = self.grid(channels);
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_p2p_group)"))?;
         Ok(())

@@ -195,11 +195,7 @@ impl Model {
                 })
                 .collect()
         };
-        let mem = std::thread::scope(|s| {
-            let ranks: Vec<_> = (0..n).map(|r| s.spawn(move || rank(r))).collect();
-            ranks.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-        });
-        Model { mem }
+        Model { mem: on_threads((0..n).map(|r| move || rank(r)).collect()) }
     }
 
     fn span(&self, r: usize, at: Loc, len: usize) -> anyhow::Result<&[u8]> {
@@ -216,11 +212,7 @@ impl Model {
             }
         }
         let f = &f;
-        std::thread::scope(|s| {
-            for (r, bufs) in self.mem.iter_mut().enumerate() {
-                s.spawn(move || f(r, bufs));
-            }
-        });
+        on_threads(self.mem.iter_mut().enumerate().map(|(r, bufs)| move || f(r, bufs)).collect());
         Ok(())
     }
 
@@ -248,10 +240,7 @@ impl Model {
                 let b = count * es;
                 let (ib, ob) = spans(mv, n, b);
                 let spans: Vec<&[u8]> = (0..n).map(|r| self.span(r, src, ib)).collect::<Result<_, _>>()?;
-                let ins: Vec<Vec<u8>> = std::thread::scope(|s| {
-                    let copies: Vec<_> = spans.iter().map(|&i| s.spawn(move || i.to_vec())).collect();
-                    copies.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-                });
+                let ins: Vec<Vec<u8>> = on_threads(spans.iter().map(|&i| move || i.to_vec()).collect());
                 let ins = &ins;
                 self.each_rank(&[(dst, ob)], |r, bufs| {
                     let o = dst.of(r);
@@ -273,6 +262,15 @@ impl Model {
             }
         }
     }
+}
+
+/// Runs every job on a thread of its own and returns their results in order; a job's panic
+/// goes on in the caller.
+fn on_threads<T: Send>(jobs: Vec<impl FnOnce() -> T + Send>) -> Vec<T> {
+    std::thread::scope(|s| {
+        let running: Vec<_> = jobs.into_iter().map(|j| s.spawn(j)).collect();
+        running.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
 }
 
 /// Rank `r`'s bytes of buffer `buf`: distinct per rank, buffer and place (`salt`: per run).
@@ -573,7 +571,8 @@ fn of_size(es: usize) -> DataType {
 }
 
 /// `occl-gpu check --windows`: every program for every type size at counts up to a few pieces
-/// of 8 KiB per channel, then each collective once at the larger counts. Prints `rank R: N cases, W wrong (windows) in S s`; an error when one is wrong.
+/// of 8 KiB per channel, then each collective once at the larger counts. Prints `rank R: N
+/// cases, W wrong (windows) in S s`; an error when one is wrong.
 pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<()> {
     let (r, n) = (cc.rank(), cc.nranks());
     if cc.is_staged() {

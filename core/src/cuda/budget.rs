@@ -29,10 +29,10 @@
 //! Grouped sends and receives ([`Channels::p2p_budget`]) run their channels as lanes too. Their
 //! channels are split over every connection a rank may have, so that the whole grid is resident
 //! at once; a connection takes at most half of [`SLOT_SMS`]' worth, so a ring exchange (a send
-//! and a receive) takes what one collective takes. On 2×H200 that moved 0.88-0.92× of the 128
-//! one-lane blocks (128 SMs) it replaced; at 4 ranks the region's share (21 channels a
-//! connection) is the limit, and packing alone kept 0.90-1.00× on half the SMs
-//! (`bench/baselines/gpu-overlap.md` run 8).
+//! and a receive) takes what one collective takes. On 2×H200 a ring exchange on those 32 SMs
+//! moves 0.88-0.92× of what 128 one-lane blocks (128 SMs) move; at 4 ranks the region's share
+//! (21 channels a connection) is the limit, and two lanes to an SM move 0.90-1.00× of what one
+//! does on twice the SMs (`bench/baselines/gpu-overlap.md` run 8).
 
 use super::kernels::coll::lane_threads;
 use super::kernels::p2p::P2pBudget;

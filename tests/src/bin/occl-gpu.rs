@@ -34,7 +34,7 @@
 //! and `grouped_all_to_all` are groups of device sends and receives (`CudaComm::p2p_group_raw`,
 //! what `ncclGroupStart`..`ncclGroupEnd` around `ncclSend`/`ncclRecv` runs), as nccl-tests'
 //! sendrecv_perf and alltoall_perf call them: to rank r+1 and from r-1, and to and from every
-//! other rank; their `channels` and `sms` are the group's thread blocks.
+//! other rank; their `channels` and `sms` are the group's channels and thread blocks.
 //!
 //! `bench --phases` (it sets `OCCL_KERNEL_PHASES=1`) then makes one more call of each (collective,
 //! size) with the kernels' phase profile (`occl_kernels::phases`) and prints, from every rank, a
@@ -280,6 +280,29 @@ enum Coll {
     GroupedAllToAll,
 }
 
+/// A group of rank `r`'s send of `count` elements at `src` to r+1 and receive at `dst` from r-1.
+fn ring_exchange(r: usize, n: usize, src: u64, dst: u64, count: usize, dt: DataType) -> [P2p; 2] {
+    [
+        P2p { send: true, peer: (r + 1) % n, buf: src, count, dt },
+        P2p { send: false, peer: (r + n - 1) % n, buf: dst, count, dt },
+    ]
+}
+
+/// A group of rank `r`'s sends of block p of `src` to every rank p and receives of block p of
+/// `dst` from it (`count` elements a block), to itself too when `with_self`.
+fn grouped_all_to_all(r: usize, n: usize, src: u64, dst: u64, count: usize, dt: DataType, with_self: bool) -> Vec<P2p> {
+    let at = |p: usize| (p * count * dt.size()) as u64;
+    (0..n)
+        .filter(|&p| with_self || p != r)
+        .flat_map(|p| {
+            [
+                P2p { send: true, peer: p, buf: src + at(p), count, dt },
+                P2p { send: false, peer: p, buf: dst + at(p), count, dt },
+            ]
+        })
+        .collect()
+}
+
 /// One case: fills inputs, runs (optionally captured in a graph and replayed twice), compares.
 /// Returns wrong elements.
 #[allow(clippy::too_many_arguments)]
@@ -351,25 +374,8 @@ fn case(
                         cc.send_raw(s, src, count, dt, to)?;
                     }
                 }
-                Coll::GroupedSendRecv => cc.p2p_group_raw(
-                    s,
-                    &[
-                        P2p { send: true, peer: (r + 1) % n, buf: src, count, dt },
-                        P2p { send: false, peer: (r + n - 1) % n, buf: dst, count, dt },
-                    ],
-                )?,
-                Coll::GroupedAllToAll => {
-                    let at = |p: usize| (p * count * es) as u64;
-                    let ops: Vec<P2p> = (0..n)
-                        .flat_map(|p| {
-                            [
-                                P2p { send: true, peer: p, buf: src + at(p), count, dt },
-                                P2p { send: false, peer: p, buf: dst + at(p), count, dt },
-                            ]
-                        })
-                        .collect();
-                    cc.p2p_group_raw(s, &ops)?
-                }
+                Coll::GroupedSendRecv => cc.p2p_group_raw(s, &ring_exchange(r, n, src, dst, count, dt))?,
+                Coll::GroupedAllToAll => cc.p2p_group_raw(s, &grouped_all_to_all(r, n, src, dst, count, dt, true))?,
             }
         }
         Ok(())
@@ -719,26 +725,9 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                         "broadcast" => cc.broadcast_raw(s, op, op, count, dt, 0)?,
                         "all_gather" => cc.all_gather_raw(s, ip, op, count, dt)?,
                         "reduce_scatter" => cc.reduce_scatter_raw(s, ip, op, count, dt, RedOp::Sum)?,
-                        "sendrecv" => cc.p2p_group_raw(
-                            s,
-                            &[
-                                P2p { send: true, peer: (r + 1) % n, buf: ip, count, dt },
-                                P2p { send: false, peer: (r + n - 1) % n, buf: op, count, dt },
-                            ],
-                        )?,
+                        "sendrecv" => cc.p2p_group_raw(s, &ring_exchange(r, n, ip, op, count, dt))?,
                         "grouped_all_to_all" => {
-                            let each = ibytes / es / n;
-                            let block = |p: usize| (p * each * es) as u64;
-                            let ops: Vec<P2p> = (0..n)
-                                .filter(|&p| p != r)
-                                .flat_map(|p| {
-                                    [
-                                        P2p { send: true, peer: p, buf: ip + block(p), count: each, dt },
-                                        P2p { send: false, peer: p, buf: op + block(p), count: each, dt },
-                                    ]
-                                })
-                                .collect();
-                            cc.p2p_group_raw(s, &ops)?
+                            cc.p2p_group_raw(s, &grouped_all_to_all(r, n, ip, op, ibytes / es / n, dt, false))?
                         }
                         _ => cc.all_to_all_raw(s, ip, op, ibytes / es / n, dt)?,
                     }
