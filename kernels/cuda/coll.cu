@@ -95,13 +95,19 @@ DEV Ctrl* ctrl(const CollArgs& a, unsigned owner, unsigned b, unsigned q) {
 // flag or for its stores to land, another copies, so an SM keeps several channels' traffic in
 // flight and a collective reaches the link's bandwidth on fewer SMs (the SMs a model's kernels
 // can keep). Every channel runs the same chunk loop whichever block holds it: lanes change
-// nothing the peer sees. A lane is 512 threads (two to a block) unless the program defines
-// OCCL_LANE first: 256 gives four lanes to a block (occl_kernels::coll::source). A block stays
-// at most 1024 threads.
+// nothing the peer sees. A block is at most OCCL_BLOCK threads and a lane OCCL_LANE, both set
+// by the program (occl_kernels::coll::source):
+//   - the byte mover: blocks of up to 1024, lanes of 512 (two to a block) or 256 (four);
+//   - a reducing program: blocks of 512, so that a thread has 128 registers (a 1024-thread
+//     block has 64), enough for a fold to keep a whole turn of both its sources' loads in flight;
+//     its lanes are 512, 256 or 128 threads (one, two or four to a block).
+#ifndef OCCL_BLOCK
+#define OCCL_BLOCK 1024
+#endif
 #ifndef OCCL_LANE
 #define OCCL_LANE 512
 #endif
-#define OCCL_LANES_MAX (1024 / OCCL_LANE)
+#define OCCL_LANES_MAX (OCCL_BLOCK / OCCL_LANE)
 
 DEV unsigned lane() { return threadIdx.x / OCCL_LANE; }
 // This thread's index within its lane.
@@ -276,11 +282,62 @@ DEV void pre_pack(Pack<typename E::S>& x, typename E::W s) {
     for (int e = 0; e < 16 / (int)sizeof(typename E::S); e++) x.e[e] = pre_one<E>(x.e[e], s);
 }
 
+// Packs of each source per thread per turn of a fold: as many as the block's registers hold.
+#if OCCL_BLOCK > 512
+#define OCCL_CU 4
+#else
+#define OCCL_CU 8
+#endif
+
+// x = x op y for one pack of each source (source pre.k, 0 or 1, pre-multiplied when PRE).
+template <class E, class O, bool PRE>
+DEV void fold2_one(Pack<typename E::S>& x, Pack<typename E::S>& y, const Pre<E>& pre) {
+    if (PRE && pre.k == 0) pre_pack<E>(x, pre.s);
+    if (PRE && pre.k == 1) pre_pack<E>(y, pre.s);
+#pragma unroll
+    for (int e = 0; e < 16 / (int)sizeof(typename E::S); e++)
+        x.e[e] = E::st(O::template ap<E>(E::ld(x.e[e]), E::ld(y.e[e])));
+}
+
+// Two sources into ND destinations (1 or 2), nv 16-byte packs, every address aligned: the ring's
+// step (a received chunk and this rank's input) and the two-rank two-shot. Both sources' loads
+// of a turn are issued before the first is combined, and the pointers stay in registers, so a
+// turn waits for one round trip; the generic fold below loads a source at a time.
+template <class E, class O, bool PRE, int ND>
+static __device__ __noinline__ void fold2_packs(uint4* d0, uint4* d1, const uint4* a, const uint4* b, u64 nv,
+                                                const Pre<E> pre) {
+    typedef typename E::S S;
+    const u64 st = OCCL_LANE;
+    u64 i = lt();
+    // Whole turns: no bounds inside, so no pack stays live from one turn to the next.
+    for (; i + (OCCL_CU - 1) * st < nv; i += OCCL_CU * st) {
+        Pack<S> x[OCCL_CU], y[OCCL_CU];
+#pragma unroll
+        for (int u = 0; u < OCCL_CU; u++) x[u].v = __ldcg(a + i + u * st);
+#pragma unroll
+        for (int u = 0; u < OCCL_CU; u++) y[u].v = __ldcg(b + i + u * st);
+#pragma unroll
+        for (int u = 0; u < OCCL_CU; u++) fold2_one<E, O, PRE>(x[u], y[u], pre);
+#pragma unroll
+        for (int u = 0; u < OCCL_CU; u++) {
+            d0[i + u * st] = x[u].v;
+            if (ND == 2) d1[i + u * st] = x[u].v;
+        }
+    }
+    for (; i < nv; i += st) {
+        Pack<S> x, y;
+        x.v = __ldcg(a + i);
+        y.v = __ldcg(b + i);
+        fold2_one<E, O, PRE>(x, y, pre);
+        d0[i] = x.v;
+        if (ND == 2) d1[i] = x.v;
+    }
+}
+
 // dst[0..nd) = src[0] op src[1] op ... op src[ns-1] (then / div), over n elements. With one
 // source and no divisor it is a copy. 16-byte packs when every address is 16-byte aligned,
 // else element by element. Peer-written slots are read with .cg (L2), never a stale L1 line.
 // PRE: source pre.k is pre-multiplied (a compile-time switch, so other folds pay nothing).
-#define OCCL_CU 4
 template <class E, class O, bool PRE>
 static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, const typename E::S* const* src, int ns, u64 n, unsigned div, const Pre<E> pre) {
     typedef typename E::S S;
@@ -294,7 +351,16 @@ static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, cons
     }
     const u64 nv = (al & 15) == 0 ? n / EPP : 0;
     const bool red = ns > 1 || div != 0;
-    for (u64 base = t; base < nv; base += st * OCCL_CU) {
+    // Two sources and no divisor (the ring's and the two-rank two-shot's steps): the packed
+    // fold moves the packs, and the loop below is left with none.
+    const bool two = ns == 2 && nd <= 2 && div == 0 && nv > 0;
+    if (two) {
+        if (nd == 1)
+            fold2_packs<E, O, PRE, 1>((uint4*)dst[0], 0, (const uint4*)src[0], (const uint4*)src[1], nv, pre);
+        else
+            fold2_packs<E, O, PRE, 2>((uint4*)dst[0], (uint4*)dst[1], (const uint4*)src[0], (const uint4*)src[1], nv, pre);
+    }
+    for (u64 base = two ? nv : t; base < nv; base += st * OCCL_CU) {
         Pack<S> x[OCCL_CU];
 #pragma unroll
         for (int u = 0; u < OCCL_CU; u++) {
@@ -898,7 +964,7 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
 // A collective kernel NAME: each channel opens (its sequence numbers loaded), runs the statement
 // after NAME (the mode's work, over `a` and its Chan `c`), closes and stamps its timer record.
 #define OCCL_CHAN_KERNEL(NAME, ...)                                                                 \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                        \
+    extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                       \
         NAME(const CollArgs a) {                                                                    \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
         Chan& c = cs[lane()];                                                                       \
@@ -935,7 +1001,7 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
 
 #define OCCL_COLL_COPY                                                                              \
     OCCL_CHAN_KERNEL(occl_coll_copy, copy_modes(a, c))                                              \
-    extern "C" __global__ void __launch_bounds__(OCCL_LANE * OCCL_LANES_MAX)                        \
+    extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                       \
         occl_p2p_group(const P2pArgs g) {                                                           \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
         p2p_group(g, cs[lane()]);                                                                   \

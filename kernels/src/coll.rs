@@ -19,16 +19,29 @@ pub const MAX_LANES: u32 = 4;
 /// The most threads of a collective's thread block, whatever its lanes.
 const BLOCK_THREADS: u32 = 1024;
 
-/// Threads of one lane (`OCCL_LANE`) when a block runs `lanes` channels: 512 for 1 or 2 lanes,
-/// 256 for 4, so that a block stays at most [`BLOCK_THREADS`]. Each width is a program of its
-/// own, built with that constant: the strides of the copy loops and the barrier's thread count
-/// stay immediates, and the 512-thread program is the one without the define.
+/// Threads of one lane (`OCCL_LANE`) of the byte-moving program when a block runs `lanes`
+/// channels: 512 for 1 or 2 lanes, 256 for 4, so that a block stays at most [`BLOCK_THREADS`].
+/// Each width is a program of its own, built with that constant: the strides of the copy loops
+/// and the barrier's thread count stay immediates, and the 512-thread program is the one
+/// without the define.
 pub const fn lane_threads(lanes: u32) -> u32 {
     if lanes > BLOCK_THREADS / THREADS {
         BLOCK_THREADS / MAX_LANES
     } else {
         THREADS
     }
+}
+
+/// The threads of a reducing program's block (`OCCL_BLOCK`), whatever its lanes: half the
+/// byte mover's, so that a thread has 128 registers rather than 64, and a fold keeps a whole
+/// turn of both its sources' loads in flight (on 4×H200 the ring's reduce-scatter moved
+/// 1.03-1.06× more at NCCL's 24 CTAs, `bench/baselines/kernel-phases.md` run 6).
+pub const REDUCE_BLOCK: u32 = 512;
+
+/// Threads of one lane of a reducing program when a block runs `lanes` channels: 512, 256 or
+/// 128 for 1, 2 or 4 lanes. The channels and the SMs they take are the byte mover's.
+pub const fn reduce_lane_threads(lanes: u32) -> u32 {
+    REDUCE_BLOCK / lanes
 }
 /// Bytes of one channel's control block per peer (`OCCL_CTRL`).
 const CTRL_BYTES: u64 = 256;
@@ -272,11 +285,16 @@ unsafe impl DeviceRepr for CollArgs {}
 
 /// The program for `dt` (`None`: the byte-moving one); with `phases`, the phase-profiled build
 /// of it (`OCCL_PHASES`, a module of its own: the plain one carries no profiling instruction);
-/// `lane` threads per lane ([`lane_threads`]; the 512-thread program defines nothing).
+/// `lane` threads per lane ([`lane_threads`] for the byte mover, whose 512-thread program
+/// defines nothing; [`reduce_lane_threads`] for an element type's, in blocks of
+/// [`REDUCE_BLOCK`]).
 pub fn source(dt: Option<DataType>, phases: bool, lane: u32) -> String {
     let mut s = String::new();
     if phases {
         s.push_str("#define OCCL_PHASES 1\n");
+    }
+    if dt.is_some() {
+        s.push_str(&format!("#define OCCL_BLOCK {REDUCE_BLOCK}\n"));
     }
     if lane != THREADS {
         s.push_str(&format!("#define OCCL_LANE {lane}\n"));
@@ -304,25 +322,30 @@ fn program_name(dt: Option<DataType>, phases: bool, lane: u32) -> String {
 }
 
 /// Every collective program a communicator may build, as (name, source): the byte mover and
-/// each element type's, for each lane width of `lanes` (lanes per block, as `OCCL_CUDA_LANES`),
-/// and with `phases` their phase-profiled builds too (`crate::prebuild`). The 512-thread byte
-/// mover is always there: every communicator builds it (the grouped p2p kernel, the clock probe).
+/// each element type's, for each count of `lanes` (lanes per block, as `OCCL_CUDA_LANES`; each
+/// gives a lane width of the byte mover, [`lane_threads`], and of the reducing programs,
+/// [`reduce_lane_threads`]), and with `phases` their phase-profiled builds too
+/// (`crate::prebuild`). The 512-thread byte mover is always there: every communicator builds it
+/// (the grouped p2p kernel, the clock probe).
 pub fn programs(lanes: &[u32], phases: bool) -> Vec<(String, String)> {
-    let mut widths: Vec<u32> = lanes.iter().map(|&l| lane_threads(l)).collect();
-    widths.sort_unstable();
-    widths.dedup();
-    let types = std::iter::once(None).chain(DataType::ALL.into_iter().map(Some));
+    let widths = |width: fn(u32) -> u32| {
+        let mut w: Vec<u32> = lanes.iter().map(|&l| width(l)).collect();
+        w.sort_unstable();
+        w.dedup();
+        w
+    };
     let builds: &[bool] = if phases { &[false, true] } else { &[false] };
-    let mut v: Vec<(String, String)> = widths
-        .iter()
-        .flat_map(|&lane| {
-            types
-                .clone()
-                .flat_map(move |dt| builds.iter().map(move |&ph| (program_name(dt, ph, lane), source(dt, ph, lane))))
-        })
-        .collect();
-    if !widths.contains(&THREADS) {
-        v.push((program_name(None, false, THREADS), source(None, false, THREADS)));
+    let program = |dt: Option<DataType>, ph: bool, lane: u32| (program_name(dt, ph, lane), source(dt, ph, lane));
+    let bytes = widths(lane_threads);
+    let mut v: Vec<(String, String)> =
+        bytes.iter().flat_map(|&lane| builds.iter().map(move |&ph| program(None, ph, lane))).collect();
+    if !bytes.contains(&THREADS) {
+        v.push(program(None, false, THREADS));
+    }
+    for lane in widths(reduce_lane_threads) {
+        for dt in DataType::ALL {
+            v.extend(builds.iter().map(|&ph| program(Some(dt), ph, lane)));
+        }
     }
     v
 }
@@ -394,32 +417,40 @@ impl CollKernels {
         self.lanes
     }
 
-    /// Threads of one lane of this table's collective launches.
+    /// Threads of one lane of this table's byte-moving launches.
     pub(crate) fn lane(&self) -> u32 {
         lane_threads(self.lanes)
     }
 
-    /// The launch shape of `channels`: `lanes` of them to a block (fewer when there are fewer).
-    pub(crate) fn grid(&self, channels: u32) -> LaunchConfig {
+    /// Threads of one lane of this table's reducing launches (an element type's program).
+    fn reduce_lane(&self) -> u32 {
+        reduce_lane_threads(self.lanes)
+    }
+
+    /// The launch shape of `channels` in lanes of `lane` threads: `lanes` of them to a block
+    /// (fewer when there are fewer).
+    fn shape(&self, channels: u32, lane: u32) -> LaunchConfig {
         let lanes = self.lanes.min(channels).max(1);
-        LaunchConfig {
-            grid_dim: (channels.div_ceil(lanes), 1, 1),
-            block_dim: (self.lane() * lanes, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        LaunchConfig { grid_dim: (channels.div_ceil(lanes), 1, 1), block_dim: (lane * lanes, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// The launch shape of `channels` of the byte mover (collectives that only move bytes and
+    /// grouped sends and receives).
+    pub(crate) fn grid(&self, channels: u32) -> LaunchConfig {
+        self.shape(channels, self.lane())
     }
 
     /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
     /// a CUDA graph captures should not be the first.
     pub fn prepare(&self, dt: DataType) -> Result<()> {
-        self.program(Some(dt), false, self.lane()).map(|_| ())
+        self.program(Some(dt), false, self.reduce_lane()).map(|_| ())
     }
 
     /// Builds (or reads) the phase-profiled programs: the byte mover's and, with `dt`, that
     /// type's.
     pub fn prepare_phases(&self, dt: Option<DataType>) -> Result<()> {
         self.program(None, true, self.lane())?;
-        dt.map_or(Ok(()), |dt| self.program(Some(dt), true, self.lane()).map(|_| ()))
+        dt.map_or(Ok(()), |dt| self.program(Some(dt), true, self.reduce_lane()).map(|_| ()))
     }
 
     /// Builds every element type's program the device supports and loads each kernel onto
@@ -433,7 +464,7 @@ impl CollKernels {
             progs.push(self.program(None, false, self.lane())?);
         }
         for dt in DataType::ALL {
-            match self.program(Some(dt), false, self.lane()) {
+            match self.program(Some(dt), false, self.reduce_lane()) {
                 Ok(p) => progs.push(p),
                 Err(Error::Unsupported { .. }) => {}
                 Err(e) => return Err(e),
@@ -447,7 +478,8 @@ impl CollKernels {
         Ok(())
     }
 
-    /// The program of `dt` (`None`: the byte mover), profiled or not, with `lane` threads per lane.
+    /// The program of `dt` (`None`: the byte mover), profiled or not, with `lane` threads per
+    /// lane ([`CollKernels::lane`] for the byte mover, [`CollKernels::reduce_lane`] otherwise).
     pub(crate) fn program(&self, dt: Option<DataType>, phases: bool, lane: u32) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
         if let Some(p) = g.get(&(dt, phases, lane)) {
@@ -516,12 +548,13 @@ impl CollKernels {
         let mode =
             Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
         let i = func_index(mode, args, dt, op)?;
-        let prog = self.program(mode.reduces().then_some(dt), args.phases != 0, self.lane())?;
+        let lane = if mode.reduces() { self.reduce_lane() } else { self.lane() };
+        let prog = self.program(mode.reduces().then_some(dt), args.phases != 0, lane)?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let args = CollArgs { nch: channels, ..*args };
         let mut l = stream.launch_builder(&f.f);
         l.arg(&args);
-        let cfg = self.grid(channels);
+        let cfg = self.shape(channels, lane);
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
         unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
         Ok(())
@@ -621,21 +654,26 @@ mod tests {
     }
 
     #[test]
-    fn four_lanes_are_a_program_of_256_thread_lanes_in_a_block_of_at_most_1024() {
+    fn lanes_are_programs_whose_blocks_hold_1024_threads_or_512_for_reductions() {
         assert_eq!([1, 2, 4].map(lane_threads), [512, 512, 256]);
+        assert_eq!([1, 2, 4].map(reduce_lane_threads), [512, 256, 128]);
         for lanes in [1, 2, 4] {
             assert!(lane_threads(lanes) * lanes <= BLOCK_THREADS, "{lanes}");
+            assert_eq!(reduce_lane_threads(lanes) * lanes, REDUCE_BLOCK, "{lanes}");
         }
-        // The 512-thread program is the source without the define (the same build and cache
+        // The 512-thread byte mover is the source without the define (the same build and cache
         // key as a program that never heard of lanes); the 256-thread one defines it after the
         // phase switch, so the profiled build still only adds its first line.
-        for dt in [None, Some(DataType::F32)] {
-            let (plain, four) = (source(dt, false, 512), source(dt, false, 256));
-            assert!(plain.starts_with("#line 1 \"common.cuh\""), "no define before the sources");
-            assert_eq!(four.strip_prefix("#define OCCL_LANE 256\n"), Some(plain.as_str()));
-            let profiled = source(dt, true, 256);
-            assert_eq!(profiled.strip_prefix("#define OCCL_PHASES 1\n"), Some(four.as_str()));
-        }
+        let (plain, four) = (source(None, false, 512), source(None, false, 256));
+        assert!(plain.starts_with("#line 1 \"common.cuh\""), "no define before the sources");
+        assert_eq!(four.strip_prefix("#define OCCL_LANE 256\n"), Some(plain.as_str()));
+        assert_eq!(source(None, true, 256).strip_prefix("#define OCCL_PHASES 1\n"), Some(four.as_str()));
+        // A reducing program names its block first, then its lane, after the phase switch.
+        let dt = Some(DataType::F32);
+        let (one, two) = (source(dt, false, 512), source(dt, false, 256));
+        assert!(one.starts_with("#define OCCL_BLOCK 512\n#line 1"), "one lane of 512: the block alone");
+        assert!(two.starts_with("#define OCCL_BLOCK 512\n#define OCCL_LANE 256\n#line 1"));
+        assert_eq!(source(dt, true, 256).strip_prefix("#define OCCL_PHASES 1\n"), Some(two.as_str()));
     }
 
     #[test]

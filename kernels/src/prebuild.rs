@@ -85,26 +85,26 @@ mod tests {
 
     #[test]
     fn the_list_holds_every_program_a_communicator_builds_once() {
-        let types = DataType::ALL.len() + 1;
-        // Two lanes per block (the default) and one share the 512-thread programs.
+        let types = DataType::ALL.len();
+        // One and two lanes share the 512-thread byte mover; a reducing program's lanes are
+        // 512 threads at one lane and 256 at two (blocks of 512 either way).
         let plain = all_programs(&[1, 2], false);
-        assert_eq!(plain.len(), 1 + types);
+        assert_eq!(plain.len(), 1 + 1 + 2 * types);
         assert_eq!(plain[0].0, "occl-kernels.cu");
         assert!(plain.iter().any(|(n, s)| n == "occl-coll-copy.cu" && *s == coll::source(None, false, 512)));
+        assert!(plain.iter().any(|(n, s)| n == "occl-coll-f32-lane256.cu"
+            && *s == coll::source(Some(DataType::F32), false, coll::reduce_lane_threads(2))));
         let all = all_programs(&[1, 2, 4], true);
-        assert_eq!(all.len(), 1 + 2 * 2 * types, "two lane widths, plain and profiled");
+        assert_eq!(all.len(), 1 + 2 * 2 + 3 * 2 * types, "lane widths of both kinds, plain and profiled");
         let mut names: Vec<&str> = all.iter().map(|p| p.0.as_str()).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all.len(), "one name per program");
-        let four = coll::lane_threads(4);
-        assert!(all
-            .iter()
-            .any(|(n, s)| n == "occl-coll-bf16-phases-lane256.cu"
-                && *s == coll::source(Some(DataType::Bf16), true, four)));
+        assert!(all.iter().any(|(n, s)| n == "occl-coll-bf16-phases-lane128.cu"
+            && *s == coll::source(Some(DataType::Bf16), true, coll::reduce_lane_threads(4))));
         // A four-lane communicator still builds the 512-thread byte mover (p2p, clock probe).
         let four_only = all_programs(&[4], false);
-        assert_eq!(four_only.len(), 1 + types + 1);
+        assert_eq!(four_only.len(), 1 + 1 + types + 1);
         assert!(four_only.iter().any(|(n, _)| n == "occl-coll-copy.cu"));
     }
 }

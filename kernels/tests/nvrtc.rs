@@ -58,6 +58,16 @@ fn a_compile_error_carries_nvrtcs_log() {
     assert!(err.to_string().contains("undeclared_thing"), "the message shows the log: {err}");
 }
 
+/// The lane width of `dt`'s program (`None`: the byte mover) under the default two lanes.
+fn two_lane_width(dt: Option<occl_kernels::DataType>) -> u32 {
+    use occl_kernels::coll;
+    if dt.is_some() {
+        coll::reduce_lane_threads(2)
+    } else {
+        coll::lane_threads(2)
+    }
+}
+
 #[test]
 fn the_collective_programs_compile_for_hopper() {
     use occl_kernels::{coll, options, DataType};
@@ -75,7 +85,7 @@ fn the_collective_programs_compile_for_hopper() {
     ] {
         let t = std::time::Instant::now();
         let cubin = nvrtc::compile_cubin(
-            &coll::source(dt, false, coll::lane_threads(2)),
+            &coll::source(dt, false, two_lane_width(dt)),
             "occl-coll.cu",
             "sm_90",
             &options("sm_90"),
@@ -103,7 +113,7 @@ fn the_phase_profiled_programs_compile_for_hopper() {
     ] {
         let build = |phases| {
             nvrtc::compile_cubin(
-                &coll::source(dt, phases, coll::lane_threads(2)),
+                &coll::source(dt, phases, two_lane_width(dt)),
                 "occl-coll.cu",
                 "sm_90",
                 &options("sm_90"),
@@ -144,38 +154,45 @@ fn the_grouped_p2p_kernel_takes_the_argument_block_rust_builds() {
 }
 
 #[test]
-fn the_four_lane_programs_compile_for_hopper_plain_and_profiled() {
+fn the_lane_programs_compile_for_hopper_with_the_widths_rust_launches() {
     use occl_kernels::{coll, options, DataType};
-    if !nvrtc_or_skip("the_four_lane_programs_compile_for_hopper_plain_and_profiled") {
+    if !nvrtc_or_skip("the_lane_programs_compile_for_hopper_with_the_widths_rust_launches") {
         return;
     }
-    // OCCL_CUDA_LANES=4: the byte mover and a reducing type built with 256-thread lanes, four to
-    // a block of 1024, plain and phase-profiled; the kernel's constants are checked against
-    // Rust's, and the 512-thread build's too.
-    let (two, four) = (coll::lane_threads(2), coll::lane_threads(coll::MAX_LANES));
-    for (dt, kernels) in [
-        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"]),
-        (Some(DataType::F32), vec!["occl_coll_f32_sum", "occl_coll_f32_max", "occl_coll_f32_premulsum"]),
+    // Two and four lanes to a block (OCCL_CUDA_LANES): the byte mover in blocks of 1024 (lanes of
+    // 512 or 256), a reducing type in blocks of 512 (lanes of 256 or 128), plain and
+    // phase-profiled; the kernel's constants are checked against Rust's.
+    for (dt, kernels, width, block) in [
+        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"], coll::lane_threads as fn(u32) -> u32, 1024),
+        (
+            Some(DataType::F32),
+            vec!["occl_coll_f32_sum", "occl_coll_f32_max", "occl_coll_f32_premulsum"],
+            coll::reduce_lane_threads,
+            coll::REDUCE_BLOCK,
+        ),
     ] {
-        let build = |phases: bool, lane: u32, lanes: u32| {
+        let build = |phases: bool, lanes: u32| {
+            let lane = width(lanes);
             let src = format!(
                 "{}\nstatic_assert(OCCL_LANE == {lane}, \"lane\");\n\
                  static_assert(OCCL_LANES_MAX == {lanes}, \"lanes\");\n\
-                 static_assert(OCCL_LANE * OCCL_LANES_MAX == 1024, \"block\");\n",
-                coll::source(dt, phases, lane)
+                 static_assert(OCCL_BLOCK == {block}, \"block\");\n\
+                 static_assert(OCCL_CU == {}, \"a fold's packs per source\");\n",
+                coll::source(dt, phases, lane),
+                if block > 512 { 4 } else { 8 }
             );
             nvrtc::compile_cubin(&src, "occl-coll.cu", "sm_90", &options("sm_90"))
-                .unwrap_or_else(|e| panic!("{dt:?} phases {phases} lane {lane}: {e}"))
+                .unwrap_or_else(|e| panic!("{dt:?} phases {phases} lanes {lanes}: {e}"))
         };
         let t = std::time::Instant::now();
-        let (plain, profiled) = (build(false, four, coll::MAX_LANES), build(true, four, coll::MAX_LANES));
+        let (plain, profiled) = (build(false, coll::MAX_LANES), build(true, coll::MAX_LANES));
         for k in &kernels {
             for (what, cubin) in [("plain", &plain), ("profiled", &profiled)] {
                 assert!(cubin.windows(k.len()).any(|w| w == k.as_bytes()), "{dt:?} {what} 4-lane build lacks {k}");
             }
         }
         assert_ne!(plain, profiled, "{dt:?}: OCCL_PHASES changed nothing in the 4-lane build");
-        assert_ne!(plain, build(false, two, 2), "{dt:?}: the 256-thread lane changed nothing");
+        assert_ne!(plain, build(false, 2), "{dt:?}: the lane width changed nothing");
         eprintln!("{dt:?}: three builds in {:.1} s", t.elapsed().as_secs_f64());
     }
 }
