@@ -7,7 +7,8 @@
 //! caps the channels).
 //!
 //! A thread block runs `lanes` channels (`OCCL_CUDA_LANES`: 1 or 2 of 512 threads, default 2, or
-//! 4 of 256; `cuda/coll.cu` says why), so a launch of `c` channels takes `⌈c / lanes⌉` SMs. The
+//! 4 of 256; a reducing collective's lanes are half as wide; `cuda/coll.cu` says why), so a
+//! launch of `c` channels takes `⌈c / lanes⌉` SMs. The
 //! channels of a call must be the same on every rank (both ends of a channel count its chunks),
 //! so ranks swap their budgets at set-up. The lanes are each rank's own: a channel's id, its
 //! slots and its chunk loop are the same whatever block holds it, so a peer cannot tell how a
