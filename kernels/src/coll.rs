@@ -431,7 +431,11 @@ impl CollKernels {
     /// (fewer when there are fewer).
     fn shape(&self, channels: u32, lane: u32) -> LaunchConfig {
         let lanes = self.lanes.min(channels).max(1);
-        LaunchConfig { grid_dim: (channels.div_ceil(lanes), 1, 1), block_dim: (lane * lanes, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid_dim: (channels.div_ceil(lanes), 1, 1),
+            block_dim: (lane * lanes, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// The launch shape of `channels` of the byte mover (collectives that only move bytes and

@@ -163,7 +163,12 @@ fn the_lane_programs_compile_for_hopper_with_the_widths_rust_launches() {
     // 512 or 256), a reducing type in blocks of 512 (lanes of 256 or 128), plain and
     // phase-profiled; the kernel's constants are checked against Rust's.
     for (dt, kernels, width, block) in [
-        (None, vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"], coll::lane_threads as fn(u32) -> u32, 1024),
+        (
+            None,
+            vec!["occl_coll_copy", "occl_clock_probe", "occl_p2p_group"],
+            coll::lane_threads as fn(u32) -> u32,
+            1024,
+        ),
         (
             Some(DataType::F32),
             vec!["occl_coll_f32_sum", "occl_coll_f32_max", "occl_coll_f32_premulsum"],
