@@ -964,7 +964,7 @@ DEV void chan_time(const CollArgs& a, u64 t0) {
 // A collective kernel NAME: each channel opens (its sequence numbers loaded), runs the statement
 // after NAME (the mode's work, over `a` and its Chan `c`), closes and stamps its timer record.
 #define OCCL_CHAN_KERNEL(NAME, ...)                                                                 \
-    extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                       \
+    extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                     \
         NAME(const CollArgs a) {                                                                    \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
         Chan& c = cs[lane()];                                                                       \
@@ -1001,7 +1001,7 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
 
 #define OCCL_COLL_COPY                                                                              \
     OCCL_CHAN_KERNEL(occl_coll_copy, copy_modes(a, c))                                              \
-    extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                       \
+    extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                     \
         occl_p2p_group(const P2pArgs g) {                                                           \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
         p2p_group(g, cs[lane()]);                                                                   \
