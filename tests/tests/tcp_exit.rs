@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_all_ok, env, run_job};
+use common::{assert_all_ok, env, run_job, scratch};
 use occl_tests::launch::Spawn;
 use std::time::{Duration, Instant};
 
@@ -33,10 +33,24 @@ fn data_sent_before_exit_without_destroy_arrives() {
 
 /// Rank 1 first sends rank 0 64 KiB that rank 0 never receives, more than rank 0's FIFO takes
 /// (2 slots of 4 KiB): at exit its socket holds unread data, and closing such a socket resets
-/// the connection, which drops what the kernel had not sent yet. (No broadcast here: after an
-/// unmatched send on their channel it would fail, rightly, as an operation mismatch.)
+/// the connection, which drops what the kernel had not sent yet. Rank 0 leaves only once rank 1's
+/// send has returned (a file rank 1 creates), so the data is in rank 0's socket by then. (No
+/// broadcast here: after an unmatched send on their channel it would fail, rightly, as an
+/// operation mismatch.)
 #[test]
 fn data_sent_before_exit_arrives_when_the_exiting_rank_left_data_unread() {
     let small_fifo = [("OCCL_FIFO_SLOTS", "2"), ("OCCL_TCP_SLOT_SIZE", "4096")];
-    run("unread data at exit", &small_fifo, &["exit-after-send", "exit", "65536"], 3);
+    let dir = scratch("tcp-exit-unread");
+    for round in 0..3 {
+        let mark = dir.join(format!("unread-sent-{round}"));
+        let mark = mark.to_str().expect("a UTF-8 temp path");
+        run(
+            &format!("unread data at exit, round {round}"),
+            &small_fifo,
+            &["exit-after-send", "exit", "65536", mark],
+            1,
+        );
+        assert!(std::path::Path::new(mark).exists(), "rank 1 created {mark} after its send");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

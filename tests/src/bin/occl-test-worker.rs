@@ -570,11 +570,15 @@ fn main() -> ExitCode {
         // Rank 0 sends rank 1 a small and a large message and broadcasts, then leaves at once
         // without destroying its communicator (`args[1]`: "exit" calls exit(0), "return" leaks the
         // communicator and returns from main); rank 1 checks every byte. With `args[2]` > 0, rank 1
-        // first sends rank 0 that many bytes that rank 0 never receives (unread at its exit).
+        // first sends rank 0 that many bytes that rank 0 never receives (unread at its exit), then
+        // creates the file `args[3]`, which rank 0 waits for before it leaves: its own sends may
+        // all fit in the sockets' buffers, and a rank 1 started late would otherwise send to a
+        // rank that had already gone (an error, rightly, and not the case under test).
         // Rank 1 starts each receive late, so rank 0 is gone with data still on the way.
         "exit-after-send" if comm.nranks() == 2 => {
             let how = args.get(1).map(String::as_str).unwrap_or("exit");
             let unread = args.get(2).and_then(|s| s.parse::<usize>().ok()).unwrap_or(0);
+            let sent_mark = args.get(3).map(std::path::PathBuf::from);
             let pattern = |tag: u32, n: usize| -> Vec<u32> {
                 (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761).rotate_left(tag) ^ tag).collect()
             };
@@ -586,6 +590,12 @@ fn main() -> ExitCode {
                     // Not after data left unread: rank 1's send comes first on their ordered
                     // channel, and the broadcast's root check would read it as a mismatch.
                     if unread > 0 {
+                        if let Some(mark) = &sent_mark {
+                            let t = std::time::Instant::now();
+                            while !mark.exists() && t.elapsed() < Duration::from_secs(30) {
+                                std::thread::sleep(Duration::from_millis(5));
+                            }
+                        }
                         return Ok(());
                     }
                     comm.broadcast_in_place(&mut bcast.clone(), 0)
@@ -605,6 +615,11 @@ fn main() -> ExitCode {
             let run = || -> occl::Result<Vec<String>> {
                 if unread > 0 {
                     comm.send(&vec![7u8; unread], 0)?;
+                    if let Some(mark) = &sent_mark {
+                        if let Err(e) = std::fs::write(mark, b"sent") {
+                            eprintln!("cannot create {}: {e}", mark.display());
+                        }
+                    }
                 }
                 let mut wrong = Vec::new();
                 let mut check = |what: &str, got: &[u32], want: &[u32]| {
