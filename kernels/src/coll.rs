@@ -283,6 +283,13 @@ fn func_index(mode: Mode, args: &CollArgs, dt: DataType, op: RedOp) -> Result<us
 // SAFETY: plain old data of u64/u32 fields laid out as the kernel's struct.
 unsafe impl DeviceRepr for CollArgs {}
 
+/// The launch of `channels` in lanes of `lane` threads, `lanes` of them to a block (fewer when
+/// there are fewer channels): a block per `lanes` channels, whatever the lanes' width.
+fn launch_shape(lanes: u32, channels: u32, lane: u32) -> LaunchConfig {
+    let lanes = lanes.min(channels).max(1);
+    LaunchConfig { grid_dim: (channels.div_ceil(lanes), 1, 1), block_dim: (lane * lanes, 1, 1), shared_mem_bytes: 0 }
+}
+
 /// The program for `dt` (`None`: the byte-moving one); with `phases`, the phase-profiled build
 /// of it (`OCCL_PHASES`, a module of its own: the plain one carries no profiling instruction);
 /// `lane` threads per lane ([`lane_threads`] for the byte mover, whose 512-thread program
@@ -427,15 +434,9 @@ impl CollKernels {
         reduce_lane_threads(self.lanes)
     }
 
-    /// The launch shape of `channels` in lanes of `lane` threads: `lanes` of them to a block
-    /// (fewer when there are fewer).
+    /// The launch shape of `channels` in this table's lanes of `lane` threads ([`launch_shape`]).
     fn shape(&self, channels: u32, lane: u32) -> LaunchConfig {
-        let lanes = self.lanes.min(channels).max(1);
-        LaunchConfig {
-            grid_dim: (channels.div_ceil(lanes), 1, 1),
-            block_dim: (lane * lanes, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        launch_shape(self.lanes, channels, lane)
     }
 
     /// The launch shape of `channels` of the byte mover (collectives that only move bytes and
@@ -678,6 +679,26 @@ mod tests {
         assert!(one.starts_with("#define OCCL_BLOCK 512\n#line 1"), "one lane of 512: the block alone");
         assert!(two.starts_with("#define OCCL_BLOCK 512\n#define OCCL_LANE 256\n#line 1"));
         assert_eq!(source(dt, true, 256).strip_prefix("#define OCCL_PHASES 1\n"), Some(two.as_str()));
+    }
+
+    #[test]
+    fn a_reducing_launch_takes_as_many_blocks_as_the_byte_mover_of_512_threads() {
+        for lanes in [1, 2, MAX_LANES] {
+            for channels in [1, 3, 24, 48, 96, 128] {
+                let bytes = launch_shape(lanes, channels, lane_threads(lanes));
+                let reduce = launch_shape(lanes, channels, reduce_lane_threads(lanes));
+                assert_eq!(bytes.grid_dim, reduce.grid_dim, "the same SMs, {lanes} lanes, {channels} channels");
+                assert!(bytes.grid_dim.0 * lanes >= channels, "every channel has a lane");
+                assert!(bytes.block_dim.0 <= BLOCK_THREADS && reduce.block_dim.0 <= REDUCE_BLOCK);
+                if channels >= lanes {
+                    assert_eq!(reduce.block_dim.0, REDUCE_BLOCK, "{lanes} lanes, {channels} channels");
+                    assert_eq!(bytes.block_dim.0, lane_threads(lanes) * lanes);
+                }
+            }
+        }
+        // Fewer channels than lanes: one block of just those lanes.
+        assert_eq!(launch_shape(4, 3, 128).block_dim.0, 384);
+        assert_eq!(launch_shape(4, 3, 128).grid_dim.0, 1);
     }
 
     #[test]
