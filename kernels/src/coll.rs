@@ -32,9 +32,9 @@ pub const fn lane_threads(lanes: u32) -> u32 {
     }
 }
 
-/// The threads of a reducing program's block (`OCCL_BLOCK`), whatever its lanes: half the
-/// byte mover's, so that a thread has 128 registers rather than 64, and a fold keeps a whole
-/// turn of both its sources' loads in flight (on 4×H200 the ring's reduce-scatter moved
+/// The threads of a reducing program's block (`OCCL_BLOCK`), whatever its lanes: at most half
+/// of [`BLOCK_THREADS`], so that a thread has 128 registers rather than 64, and a fold keeps a
+/// whole turn of both its sources' loads in flight (on 4×H200 the ring's reduce-scatter moved
 /// 1.03-1.06× more at NCCL's 24 CTAs, `bench/baselines/kernel-phases.md` run 6).
 pub const REDUCE_BLOCK: u32 = 512;
 
@@ -429,9 +429,13 @@ impl CollKernels {
         lane_threads(self.lanes)
     }
 
-    /// Threads of one lane of this table's reducing launches (an element type's program).
-    fn reduce_lane(&self) -> u32 {
-        reduce_lane_threads(self.lanes)
+    /// Threads of one lane of `dt`'s program under this table's lanes: the byte mover's
+    /// ([`CollKernels::lane`]) for `None`, a reducing program's for an element type.
+    fn lane_of(&self, dt: Option<DataType>) -> u32 {
+        match dt {
+            Some(_) => reduce_lane_threads(self.lanes),
+            None => self.lane(),
+        }
     }
 
     /// The launch shape of `channels` in this table's lanes of `lane` threads ([`launch_shape`]).
@@ -448,14 +452,14 @@ impl CollKernels {
     /// Builds (or reads) the program of `dt` now rather than at its first launch: a launch that
     /// a CUDA graph captures should not be the first.
     pub fn prepare(&self, dt: DataType) -> Result<()> {
-        self.program(Some(dt), false, self.reduce_lane()).map(|_| ())
+        self.program(Some(dt), false, self.lane_of(Some(dt))).map(|_| ())
     }
 
     /// Builds (or reads) the phase-profiled programs: the byte mover's and, with `dt`, that
     /// type's.
     pub fn prepare_phases(&self, dt: Option<DataType>) -> Result<()> {
         self.program(None, true, self.lane())?;
-        dt.map_or(Ok(()), |dt| self.program(Some(dt), true, self.reduce_lane()).map(|_| ()))
+        dt.map_or(Ok(()), |dt| self.program(Some(dt), true, self.lane_of(Some(dt))).map(|_| ()))
     }
 
     /// Builds every element type's program the device supports and loads each kernel onto
@@ -469,7 +473,7 @@ impl CollKernels {
             progs.push(self.program(None, false, self.lane())?);
         }
         for dt in DataType::ALL {
-            match self.program(Some(dt), false, self.reduce_lane()) {
+            match self.program(Some(dt), false, self.lane_of(Some(dt))) {
                 Ok(p) => progs.push(p),
                 Err(Error::Unsupported { .. }) => {}
                 Err(e) => return Err(e),
@@ -484,7 +488,8 @@ impl CollKernels {
     }
 
     /// The program of `dt` (`None`: the byte mover), profiled or not, with `lane` threads per
-    /// lane ([`CollKernels::lane`] for the byte mover, [`CollKernels::reduce_lane`] otherwise).
+    /// lane ([`CollKernels::lane_of`]; the clock probe takes the 512-thread byte mover whatever
+    /// the lanes).
     pub(crate) fn program(&self, dt: Option<DataType>, phases: bool, lane: u32) -> Result<Arc<Program>> {
         let mut g = self.programs.lock().map_err(|_| poisoned())?;
         if let Some(p) = g.get(&(dt, phases, lane)) {
@@ -553,8 +558,9 @@ impl CollKernels {
         let mode =
             Mode::of_code(args.mode).ok_or_else(|| Error::InvalidArgument(format!("collective mode {}", args.mode)))?;
         let i = func_index(mode, args, dt, op)?;
-        let lane = if mode.reduces() { self.reduce_lane() } else { self.lane() };
-        let prog = self.program(mode.reduces().then_some(dt), args.phases != 0, lane)?;
+        let program = mode.reduces().then_some(dt);
+        let lane = self.lane_of(program);
+        let prog = self.program(program, args.phases != 0, lane)?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let args = CollArgs { nch: channels, ..*args };
         let mut l = stream.launch_builder(&f.f);
