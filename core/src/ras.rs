@@ -70,17 +70,15 @@ pub(crate) fn server(_config: &Config, _secret: &[u8; 16]) -> Result<Option<&'st
 
 /// At exit: unless a communicator of this process failed, the job ended here; the client port's owner waits,
 /// bounded, for Prometheus to scrape that once more, so that the alert rules read a normal end, not a crash
-/// (occl-ras's `ending`).
+/// (occl-ras's `ending`). It logs nothing: the main thread's thread-locals, which a `tracing` subscriber writes
+/// through, are gone by the time `exit` runs this, and touching them there aborts the process.
 #[cfg(feature = "ras")]
 extern "C" fn wait_for_last_scrape() {
-    let waited = std::panic::catch_unwind(|| match SERVER.get() {
-        Some(Some(s)) => s.exit_wait(),
-        _ => Duration::ZERO,
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Some(s)) = SERVER.get() {
+            s.exit_wait();
+        }
     });
-    match waited {
-        Ok(w) if !w.is_zero() => tracing::debug!("occl: waited {w:?} at exit for Prometheus to see the job end"),
-        _ => {}
-    }
 }
 
 #[cfg(feature = "ras")]
