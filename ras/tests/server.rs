@@ -273,3 +273,69 @@ fn a_flood_of_idle_clients_leaves_room_for_requests_and_streams_are_bounded() {
     assert!(answer.contains("Job summary"), "{answer}");
     drop(monitors);
 }
+
+/// `GET /metrics` on `port`, as Prometheus asks (with its timeout header) or as a person does; `close` asks the
+/// server to close after the answer. Returns the answer's head and body, read to the connection's end, and how long
+/// the server took to close it.
+fn scrape(port: u16, prometheus: bool, close: bool) -> (String, Duration) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut req = String::from("GET /metrics HTTP/1.1\r\nHost: x\r\n");
+    if prometheus {
+        req.push_str("X-Prometheus-Scrape-Timeout-Seconds: 2\r\n");
+    }
+    if close {
+        req.push_str("Connection: close\r\n");
+    }
+    req.push_str("\r\n");
+    let t = Instant::now();
+    s.write_all(req.as_bytes()).expect("request");
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("the server closes the connection");
+    (String::from_utf8_lossy(&got).into_owned(), t.elapsed())
+}
+
+/// The value of `occl_ras_job_running` in a scrape's answer.
+fn job_running(answer: &str) -> Option<&str> {
+    answer
+        .lines()
+        .find(|l| l.starts_with("occl_ras_job_running{") || l.starts_with("occl_ras_job_running "))?
+        .rsplit(' ')
+        .next()
+}
+
+/// A clean end on the node's port: after the last communicator left, Prometheus's scrape says
+/// `occl_ras_job_running 0`, closes its connection, and ends the exit wait; neither a person's request that says 0
+/// nor Prometheus's scrapes from before the end do.
+#[test]
+fn the_exit_wait_ends_on_the_prometheus_scrape_that_saw_the_end() {
+    let mut cfg = config();
+    cfg.exit_wait = Duration::from_secs(10);
+    let (servers, _records) = job_with(&[[1; 16]], cfg);
+    let s = &servers[0];
+    let port = s.client_addr().expect("client port").port();
+    // Two scrapes 100 ms apart while the job runs: the wait is bounded by two of those intervals plus a second.
+    for _ in 0..2 {
+        let (answer, _) = scrape(port, true, true);
+        assert_eq!(job_running(&answer), Some("1"), "{answer}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.leave(Duration::from_secs(2));
+    let (answer, _) = scrape(port, false, true);
+    assert_eq!(job_running(&answer), Some("0"), "{answer}");
+    std::thread::scope(|scope| {
+        let t = Instant::now();
+        let waiting = scope.spawn(|| s.exit_wait());
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!waiting.is_finished(), "the exit wait ended before Prometheus saw the end");
+        // Prometheus's next scrape, on a keep-alive connection: the server closes it after the answer.
+        let (answer, closed) = scrape(port, true, false);
+        let head = answer.split("\r\n\r\n").next().unwrap_or_default().to_ascii_lowercase();
+        assert!(head.contains("connection: close"), "{head}");
+        assert_eq!(job_running(&answer), Some("0"), "{answer}");
+        assert!(closed < Duration::from_secs(2), "the connection closed after {closed:?}");
+        let waited = waiting.join().expect("exit wait");
+        assert!(waited < Duration::from_millis(1100), "waited {waited:?}, past the scrape that saw the end");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    });
+}

@@ -121,7 +121,12 @@ fn a_job_that_ends_normally_does_not_fire_job_target_down() {
     let port = free_port();
     let p = Prometheus::start(&prometheus, &config_for(&dir, port, JOB_CLEAN), &dir);
     let spawn = Spawn {
-        env: env(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")), ("OCCL_RAS_EXIT_WAIT", "10")]),
+        env: env(&[
+            ("OCCL_RAS_ADDR", &format!("127.0.0.1:{port}")),
+            ("OCCL_RAS_EXIT_WAIT", "10"),
+            // The RAS side's account of its scrapes and its exit, shown if the test fails.
+            ("OCCL_LOG", "occl::ras=debug,occl_ras=debug,warn"),
+        ]),
         capture_stdout: true,
         capture_stderr: true,
         ..Spawn::default()
@@ -151,7 +156,18 @@ fn a_job_that_ends_normally_does_not_fire_job_target_down() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let values: Vec<f64> = p.query(&last).into_iter().map(|(_, v)| v).collect();
-    assert_eq!(values, [0.0], "the last scrape of a normal end says the job no longer runs");
+    let samples = |m: &str| p.raw(&format!("{m}{{job=\"{JOB_CLEAN}\"}}[1m]"));
+    let outputs: Vec<String> = outs.iter().map(|o| format!("rank {}:\n{}", o.rank, o.output)).collect();
+    assert_eq!(
+        values,
+        [0.0],
+        "the last scrape of a normal end says the job no longer runs; its samples: {}\nup: {}\nscrape durations: \
+         {}\nthe ranks' output:\n{}",
+        samples("occl_ras_job_running"),
+        samples("up"),
+        samples("scrape_duration_seconds"),
+        outputs.join("\n"),
+    );
     let bound = Duration::from_secs(SCRAPE_S + FOR_S + 10);
     while ended.elapsed() < bound {
         let fired: Vec<_> = p.alerts().into_iter().filter(|(n, ..)| n == "JobTargetDown").collect();

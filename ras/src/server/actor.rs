@@ -221,7 +221,9 @@ impl State {
                     self.pending.insert(token, reply);
                 }
                 None => {
-                    let _ = reply.send(Err("no communicator has joined RAS in this process yet".into()));
+                    let _ = reply.send(Err(
+                        "no communicator of this process is in RAS (none has joined yet, or all have left)".into(),
+                    ));
                 }
             },
             Input::Cmd(Cmd::Metrics { timeout, reply }) => match self.mesh.as_mut() {

@@ -1,7 +1,9 @@
 //! How a job's end reads on the node's RAS port, so that an alert tells a crash from a normal end after the port
 //! has closed. `occl_ras_job_running` is 1 while the process that answers runs its job, and 0 once it is ending
 //! without a failed communicator (its last communicator left, or it exits). A process that owns the port and has
-//! been scraped by Prometheus waits at exit, bounded, for one more scrape, so that Prometheus's last value of a normal end is 0;
+//! been scraped by Prometheus waits at exit, bounded, for one more scrape, so that Prometheus's last value of a normal end is 0
+//! (the bound lets one scrape be missed: Prometheus on a loaded node scrapes late, and a scrape answered after its
+//! timeout is dropped there, so it is not counted here);
 //! a process whose communicator failed does not wait, and its last value stays 1. The rule: the target is gone and
 //! the series' last value is 1.
 
@@ -13,7 +15,7 @@ use occl_ras_proto::record::ProcessRecords;
 /// The series name.
 pub(crate) const SERIES: &str = "occl_ras_job_running";
 
-/// Added to the scrape interval seen so far when waiting at exit for the next scrape.
+/// Added to two scrape intervals (one may be missed) when waiting at exit for a scrape to see the end.
 const MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
@@ -62,7 +64,8 @@ impl Ending {
         ));
     }
 
-    /// Prometheus's scrape of `/metrics` was answered (after [`Ending::render`]).
+    /// Prometheus's scrape of `/metrics` was answered (after [`Ending::render`]) within its timeout, so Prometheus
+    /// keeps what it said; one that said the job ended is counted once its connection has written it and closed.
     pub(crate) fn scraped(&self, said_ended: bool) {
         let now = self.now_ns();
         let last = self.last_ns.swap(now, SeqCst);
@@ -80,8 +83,8 @@ impl Ending {
     }
 
     /// At exit: unless a communicator failed, the job has ended here; if this process owns the port and has been
-    /// scraped, waits until a scrape has said so, at most the scrape interval seen so far plus a second, and never
-    /// more than `cap`. Returns how long it waited.
+    /// scraped, waits until a scrape has said so: at most two of the scrape intervals seen so far (one scrape may be
+    /// missed) plus a second, and never more than `cap`. Returns how long it waited.
     pub(crate) fn exit(&self, records: &ProcessRecords, owner: bool, cap: Duration) -> Duration {
         let t = Instant::now();
         self.left(records);
@@ -90,7 +93,7 @@ impl Ending {
         }
         let interval = match self.interval_ns.load(SeqCst) {
             0 => cap,
-            ns => Duration::from_nanos(ns) + MARGIN,
+            ns => Duration::from_nanos(ns) * 2 + MARGIN,
         };
         let limit = interval.min(cap);
         while self.scrapes_ended.load(SeqCst) == 0 && t.elapsed() < limit {
@@ -117,7 +120,7 @@ mod tests {
         let e = Ending::default();
         e.scraped(false);
         assert_eq!(e.exit(&records, false, Duration::from_secs(5)), Duration::ZERO);
-        // Scraped twice 50 ms apart: waits about that plus the margin, unless a scrape says 0 first.
+        // Scraped twice 50 ms apart: waits two intervals plus the margin (here the cap), unless a scrape says 0 first.
         let e = Ending::default();
         e.scraped(false);
         std::thread::sleep(Duration::from_millis(50));

@@ -5,9 +5,9 @@
 //! for `/metrics`, `/api/v1/status` and `/api/v1/flight-recorder` (see `jobs`); the events are the port owner's job's.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -37,10 +37,16 @@ const HTTP_BUDGET: Duration = Duration::from_secs(5);
 /// The longest a scrape waits for another process of the node to send its metrics.
 const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Set on a connection whose `/metrics` answer told Prometheus that the job has ended (see [`metrics`]).
+#[derive(Clone, Default)]
+struct ToldEnded(Arc<AtomicBool>);
+
 pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream, seat: Seat) {
     let bad = Arc::new(AtomicU32::new(0));
     let request_timeout = sh.cfg.client_request_timeout;
     let marker = seat.clone();
+    let ending = sh.ending.clone();
+    let told_ended = ToldEnded::default();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
@@ -59,7 +65,8 @@ pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream, seat: Seat) 
                 res
             }
         }))
-        .layer(Extension(seat));
+        .layer(Extension(seat))
+        .layer(Extension(told_ended.clone()));
     let svc = TowerToHyperService::new(app);
     // The request timeout bounds the wait for each request head: the first, and each next one of a keep-alive
     // connection (hyper starts the timer when it starts reading a head, idle or not).
@@ -67,8 +74,12 @@ pub(crate) async fn serve_connection(sh: Shared, stream: TcpStream, seat: Seat) 
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(request_timeout)
         .serve_connection(TokioIo::new(stream), svc);
-    if let Err(e) = conn.await {
-        tracing::debug!("occl-ras: http connection: {e}");
+    match conn.await {
+        // The answer that said the job ended has been written and the connection closed after it: only now may
+        // the process exit on its account (an exit while it is written would cut it off before Prometheus has it).
+        Ok(()) if told_ended.0.load(Ordering::SeqCst) => ending.scraped(true),
+        Ok(()) => {}
+        Err(e) => tracing::debug!("occl-ras: http connection: {e}"),
     }
 }
 
@@ -110,30 +121,53 @@ fn scrape_budget(q: &Budget, headers: &HeaderMap) -> Duration {
     if q.timeout.is_some() {
         return budget(q);
     }
+    prometheus_timeout(headers).map_or(HTTP_BUDGET, |t| t.mul_f64(0.8))
+}
+
+/// The scrape timeout Prometheus says it waits (`X-Prometheus-Scrape-Timeout-Seconds`, at most 600 s); `None` for
+/// any other client.
+fn prometheus_timeout(headers: &HeaderMap) -> Option<Duration> {
     headers
         .get("x-prometheus-scrape-timeout-seconds")
         .and_then(|v| v.to_str().ok()?.trim().parse::<f64>().ok())
         .filter(|t| t.is_finite() && *t > 0.0)
-        .map_or(HTTP_BUDGET, |t| Duration::from_secs_f64((t * 0.8).min(600.0)))
+        .map(|t| Duration::from_secs_f64(t.min(600.0)))
 }
 
 /// `/metrics`: every job's of the node, or `?job=`'s (see [`job_metrics`]).
-async fn metrics(State(sh): State<Shared>, Query(q): Query<Budget>, headers: HeaderMap) -> Response {
+///
+/// Prometheus's scrapes (which say their timeout) are what the alert rules read, a person's curl is not, and one
+/// answered after that timeout is dropped by Prometheus: only the others count for `ending`. One that says the job
+/// has ended closes its connection and counts once that connection has written it and closed (see
+/// [`serve_connection`]).
+async fn metrics(
+    State(sh): State<Shared>,
+    Extension(told_ended): Extension<ToldEnded>,
+    Query(q): Query<Budget>,
+    headers: HeaderMap,
+) -> Response {
     let b = scrape_budget(&q, &headers);
+    let asked = Instant::now();
     let ended = sh.ending.is_ended();
     match jobs::metrics(&sh, b, q.job.as_deref()).await {
         Reply::Ok(body) => {
-            // Prometheus's scrapes (which say their timeout) are what the alert rules read; a person's curl is not.
-            if headers.contains_key("x-prometheus-scrape-timeout-seconds") {
-                sh.ending.scraped(ended);
-            }
+            let prometheus = prometheus_timeout(&headers).is_some_and(|t| asked.elapsed() < t);
             let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
             let format = negotiate(accept);
             let body = match format {
                 Exposition::Text => body,
                 Exposition::OpenMetrics => openmetrics::from_text(&body),
             };
-            ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
+            let mut res = ([(header::CONTENT_TYPE, format.content_type())], body).into_response();
+            match (prometheus, ended) {
+                (true, true) => {
+                    told_ended.0.store(true, Ordering::SeqCst);
+                    res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                (true, false) => sh.ending.scraped(false),
+                (false, _) => {}
+            }
+            res
         }
         Reply::Unknown(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
         Reply::Failed(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),

@@ -124,6 +124,11 @@ impl Prometheus {
             .collect())
     }
 
+    /// A query's whole answer as Prometheus wrote it (a range selector's samples, for a failure message).
+    pub fn raw(&self, q: &str) -> String {
+        get(self.port, &format!("/api/v1/query?query={}", percent(q))).map(|(_, b)| b).unwrap_or_default()
+    }
+
     /// `/api/v1/metadata`: each metric family's type and unit as the server learnt them from its scrapes (a unit
     /// comes only from OpenMetrics' `# UNIT`).
     pub fn metadata(&self) -> BTreeMap<String, (String, String)> {
