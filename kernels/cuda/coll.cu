@@ -289,14 +289,20 @@ DEV void pre_pack(Pack<typename E::S>& x, typename E::W s) {
 #define OCCL_CU 8
 #endif
 
+// x = x op y, element by element of one pack.
+template <class E, class O>
+DEV void op_pack(Pack<typename E::S>& x, const Pack<typename E::S>& y) {
+#pragma unroll
+    for (int e = 0; e < 16 / (int)sizeof(typename E::S); e++)
+        x.e[e] = E::st(O::template ap<E>(E::ld(x.e[e]), E::ld(y.e[e])));
+}
+
 // x = x op y for one pack of each source (source pre.k, 0 or 1, pre-multiplied when PRE).
 template <class E, class O, bool PRE>
 DEV void fold2_one(Pack<typename E::S>& x, Pack<typename E::S>& y, const Pre<E>& pre) {
     if (PRE && pre.k == 0) pre_pack<E>(x, pre.s);
     if (PRE && pre.k == 1) pre_pack<E>(y, pre.s);
-#pragma unroll
-    for (int e = 0; e < 16 / (int)sizeof(typename E::S); e++)
-        x.e[e] = E::st(O::template ap<E>(E::ld(x.e[e]), E::ld(y.e[e])));
+    op_pack<E, O>(x, y);
 }
 
 // Two sources into ND destinations (1 or 2), nv 16-byte packs, every address aligned: the ring's
@@ -382,8 +388,7 @@ static __device__ __noinline__ void fold(typename E::S* const* dst, int nd, cons
                             Pack<S> y;
                             y.v = __ldcg((const uint4*)src[k] + i);
                             if (PRE && k == pre.k) pre_pack<E>(y, pre.s);
-#pragma unroll
-                            for (int e = 0; e < EPP; e++) x[u].e[e] = E::st(O::template ap<E>(E::ld(x[u].e[e]), E::ld(y.e[e])));
+                            op_pack<E, O>(x[u], y);
                         }
                     }
                 }
