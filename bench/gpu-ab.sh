@@ -6,7 +6,7 @@
 #   bash bench/gpu-ab.sh pack NAME          here, in the checkout (or worktree) to measure: builds
 #                                           occl-gpu and its kernel cache (gpu-collectives.sh
 #                                           build) into $GPU_AB_DIR/NAME.txz (default
-#                                           target/gpu-ab). Packed with xz a build is about 3.5 MB,
+#                                           target/gpu-ab). Packed with xz a build is about 4.6 MB,
 #                                           so several fit one device call's carry (64 MiB):
 #                                           carry the directory.
 #   bash bench/gpu-ab.sh run NRANKS NAME... there: NCCL once (nccl_bench.py, its channel count

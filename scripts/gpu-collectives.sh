@@ -3,7 +3,8 @@
 #   scripts/gpu-collectives.sh build DIR   here: builds occl-gpu (release, feature cuda) and copies
 #                                          it, stripped, with this script and nccl_bench.py into DIR;
 #                                          with NVRTC here, also every kernel program for GPU_ARCH
-#                                          (sm_90) into DIR/kernel-cache (occl-gpu prebuild), which
+#                                          (sm_90) and lane width GPU_LANES (1,2,4) into
+#                                          DIR/kernel-cache (occl-gpu prebuild), which
 #                                          run seeds the GPU machine's kernel cache with
 #   DIR/gpu-collectives.sh run [N]         there: the correctness matrix on N GPUs (default: all;
 #                                          N ranks share the GPUs there are, round-robin), also
@@ -31,7 +32,10 @@ build)
     strip -o "$dir/occl-gpu" "$bin" || exit 1
     nv=$(find target/nvrtc /usr/local -name 'libnvrtc.so.13' 2>/dev/null | head -1)
     if [ -n "$nv" ]; then
-        LD_LIBRARY_PATH=$(dirname "$nv") "$dir/occl-gpu" prebuild "$dir/kernel-cache" --arch "${GPU_ARCH:-sm_90}" || exit 1
+        # Every lane width (OCCL_CUDA_LANES=1, 2, 4), so that no run there waits for NVRTC: a
+        # check at a width it lacks compiles for tens of seconds before its first case.
+        LD_LIBRARY_PATH=$(dirname "$nv") "$dir/occl-gpu" prebuild "$dir/kernel-cache" --arch "${GPU_ARCH:-sm_90}" \
+            --lanes "${GPU_LANES:-1,2,4}" || exit 1
     else
         echo "no libnvrtc.so.13 here: the GPU machine compiles the kernels at first use"
     fi
