@@ -10,6 +10,10 @@
 #   OCCL_CONFIGS="default;NCCL_CTA_POLICY=1;OCCL_CUDA_CHANNELS=32"   occl's rows, ';' between
 #                                  rows, each row's variables separated by spaces
 #   NCCL_ENV="NCCL_CTA_POLICY=2"   variables of NVIDIA's row (space-separated; default none)
+#   REPS=25                        rounds per (collective, size) (gpu-overlap.py; default 5). A
+#                                  round's loss spreads over 10-20 points, and medians of 5-9
+#                                  rounds moved 3-7 points between calls (gpu-overlap.md run 9):
+#                                  compare libraries to a point or two only with 25 or more
 #   WINDOWS=1                      inputs and outputs in symmetric windows (ncclMemAlloc pool,
 #                                  ncclCommWindowRegister), checked after timing ("wrong")
 #
