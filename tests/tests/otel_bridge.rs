@@ -114,7 +114,15 @@ fn occl_spans_are_children_of_the_callers_span_or_of_traceparent() {
         for op in &ops {
             let ctx = format!("rank {rank} {} {:?}", op.name, op.attributes);
             assert_eq!(op.span_context.trace_id(), st.parent.trace_id(), "{ctx}: in the caller's trace");
-            assert!(op.start_time >= st.t0 && op.end_time <= st.t1 && op.start_time <= op.end_time, "{ctx}: times");
+            let ns = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            assert!(
+                op.start_time >= st.t0 && op.end_time <= st.t1 && op.start_time <= op.end_time,
+                "{ctx}: times: the step {}..{} ns, the operation {}..{} ns",
+                ns(st.t0),
+                ns(st.t1),
+                ns(op.start_time),
+                ns(op.end_time)
+            );
             assert_eq!(attr_s(op, "occl.event"), if op.name == p2p { "P2p" } else { "Coll" }, "{ctx}");
             assert_eq!(attr_s(op, "occl.nranks"), "2", "{ctx}");
             // occl's own ids: an attribute and a link that say the same.

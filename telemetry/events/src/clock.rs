@@ -25,10 +25,30 @@ thread_local! {
     static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+/// The wall clock against the monotonic one: the wall read between two monotonic reads, of three
+/// such pairs the closest, placed at their midpoint. Taking the wall clock after a single
+/// monotonic read would put every later time ahead of the wall clock by however long that read
+/// took, which the first one of a process can stretch to microseconds (it faults in the vDSO's
+/// data page), and a preemption to milliseconds: an application's span, timed by the wall clock,
+/// would then end before the operation inside it.
+fn wall_at() -> (Instant, u64) {
+    let mut best: Option<(std::time::Duration, Instant, SystemTime)> = None;
+    for _ in 0..3 {
+        let a = Instant::now();
+        let wall = SystemTime::now();
+        let b = Instant::now();
+        let width = b.duration_since(a);
+        if best.is_none_or(|(w, ..)| width < w) {
+            best = Some((width, a + width / 2, wall));
+        }
+    }
+    let (at, wall) = best.map_or_else(|| (Instant::now(), SystemTime::now()), |(_, at, wall)| (at, wall));
+    (at, wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64))
+}
+
 fn anchor() -> &'static Anchor {
     ANCHOR.get_or_init(|| {
-        let at = Instant::now();
-        let unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let (at, unix_ns) = wall_at();
         Anchor {
             unix_ns,
             at,
