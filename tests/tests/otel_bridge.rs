@@ -98,6 +98,7 @@ fn occl_spans_are_children_of_the_callers_span_or_of_traceparent() {
     let all = finished(&ea);
     let spans = occl_spans(&all);
     let mut link_traces: Vec<Vec<String>> = vec![Vec::new(); 2];
+    let ns = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     for st in &steps {
         let rank = st.rank.to_string();
         let mine: Vec<&SpanData> = spans
@@ -114,7 +115,6 @@ fn occl_spans_are_children_of_the_callers_span_or_of_traceparent() {
         for op in &ops {
             let ctx = format!("rank {rank} {} {:?}", op.name, op.attributes);
             assert_eq!(op.span_context.trace_id(), st.parent.trace_id(), "{ctx}: in the caller's trace");
-            let ns = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             assert!(
                 op.start_time >= st.t0 && op.end_time <= st.t1 && op.start_time <= op.end_time,
                 "{ctx}: times: the step {}..{} ns, the operation {}..{} ns",
