@@ -5,10 +5,11 @@
 //! a job that reduces f32 never compiles fp8.
 
 use crate::cache::{self, Cache};
+use crate::domain::SyncDomain;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{check, driver, Error, Result};
 use crate::kernels::{build_module, function, Func, THREADS};
-use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -390,13 +391,20 @@ pub struct CollKernels {
     pub(crate) ctx: Arc<CudaContext>,
     /// Channels per thread block of a collective launch: 1, 2 or [`MAX_LANES`].
     lanes: u32,
+    /// The domain the launches that talk to peers run in; `None` on a device without domains
+    /// (before compute capability 9.0).
+    domain: Option<SyncDomain>,
     cache: Option<Cache>,
     programs: Mutex<HashMap<ProgramKey, Arc<Program>>>,
 }
 
 impl std::fmt::Debug for CollKernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CollKernels").field("device", &self.ctx.ordinal()).field("lanes", &self.lanes).finish()
+        f.debug_struct("CollKernels")
+            .field("device", &self.ctx.ordinal())
+            .field("lanes", &self.lanes)
+            .field("domain", &self.domain)
+            .finish()
     }
 }
 
@@ -409,9 +417,11 @@ impl CollKernels {
         if ![1, 2, MAX_LANES].contains(&lanes) {
             return Err(Error::InvalidArgument(format!("{lanes} lanes per block; 1, 2 or {MAX_LANES}")));
         }
+        let (major, _) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute(compute capability)"))?;
         let k = CollKernels {
             ctx: ctx.clone(),
             lanes,
+            domain: (major >= 9).then_some(SyncDomain::default()),
             cache: cache::default_dir().map(Cache::new),
             programs: Mutex::default(),
         };
@@ -425,6 +435,29 @@ impl CollKernels {
     }
 
     /// Threads of one lane of this table's byte-moving launches.
+    /// Runs the launches that talk to peers (collectives, grouped sends and receives) in
+    /// `domain` ([`SyncDomain::Remote`] unless told otherwise), where the device has domains.
+    pub fn in_domain(mut self, domain: SyncDomain) -> CollKernels {
+        self.domain = self.domain.map(|_| domain);
+        self
+    }
+
+    /// Launches `f` with its argument struct in this table's domain (`domain.rs`).
+    ///
+    /// # Safety
+    /// As [`crate::domain::launch`].
+    pub(crate) unsafe fn launch_peers<T: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        arg: &T,
+        cfg: LaunchConfig,
+        call: &'static str,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { crate::domain::launch(stream, f, arg, cfg, self.domain, call) }
+    }
+
     pub(crate) fn lane(&self) -> u32 {
         lane_threads(self.lanes)
     }
@@ -563,12 +596,9 @@ impl CollKernels {
         let prog = self.program(program, args.phases != 0, lane)?;
         let f = prog.funcs.get(i).ok_or_else(|| Error::InvalidArgument(format!("no collective kernel {i}")))?;
         let args = CollArgs { nch: channels, ..*args };
-        let mut l = stream.launch_builder(&f.f);
-        l.arg(&args);
         let cfg = self.shape(channels, lane);
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
-        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_coll)"))?;
-        Ok(())
+        unsafe { self.launch_peers(stream, &f.f, &args, cfg, "cuLaunchKernel(occl_coll)") }
     }
 }
 

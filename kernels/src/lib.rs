@@ -25,6 +25,7 @@ pub mod cache;
 pub mod check;
 pub mod coll;
 pub mod device;
+mod domain;
 mod dtype;
 mod error;
 pub mod ipc;
@@ -41,6 +42,7 @@ pub mod staging;
 pub mod timer;
 
 pub use cudarc;
+pub use domain::SyncDomain;
 pub use dtype::{DataType, RedOp};
 pub use error::{Error, Result};
 pub use kernels::{compile, options, reduce_name, scale_name, source, Kernels, LoadReport, COPY_NAME, SOURCES};

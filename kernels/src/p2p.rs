@@ -9,9 +9,9 @@
 //! connections of this rank's group, which the peer does not see.
 
 use crate::coll::{CollArgs, CollKernels, MAX_RANKS};
-use crate::error::{driver, Error, Result};
+use crate::error::{Error, Result};
+use cudarc::driver::CudaStream;
 use cudarc::driver::DeviceRepr;
-use cudarc::driver::{CudaStream, PushKernelArg};
 
 /// Operations one launch can carry (`OCCL_P2P_OPS`): the whole table travels as the kernel's
 /// argument, whose size CUDA caps at 4 KiB.
@@ -164,12 +164,9 @@ impl CollKernels {
         }
         let prog = self.program(None, false, self.lane())?;
         let f = prog.funcs.get(2).ok_or_else(|| Error::InvalidArgument("no grouped p2p kernel".into()))?;
-        let mut l = stream.launch_builder(&f.f);
-        l.arg(args);
         let cfg = self.grid(channels);
         // SAFETY: one argument, the struct the kernel takes by value; the caller vouches for it.
-        unsafe { l.launch(cfg) }.map_err(driver("cuLaunchKernel(occl_p2p_group)"))?;
-        Ok(())
+        unsafe { self.launch_peers(stream, &f.f, args, cfg, "cuLaunchKernel(occl_p2p_group)") }
     }
 }
 

@@ -12,7 +12,7 @@ use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
 use super::kernels::timer::{ClockMap, TimerRing};
-use super::kernels::{device, staging};
+use super::kernels::{device, staging, SyncDomain};
 use super::ops::FUNCS;
 use super::phases::KernelPhases;
 use super::staged::Staged;
@@ -45,6 +45,9 @@ pub struct DeviceSettings {
     pub ce: CeGeometry,
     /// How this rank's copy-engine sends are issued (`ce/mod.rs`).
     pub ce_sends: CeSends,
+    /// The memory synchronization domain of the kernels that talk to peers
+    /// (`NCCL_MEM_SYNC_DOMAIN`; occl-kernels' `domain.rs`), which each rank picks for itself.
+    pub sync_domain: SyncDomain,
 }
 
 impl Default for DeviceSettings {
@@ -64,6 +67,7 @@ impl Default for DeviceSettings {
             budget: CtaBudget::default(),
             ce: CeGeometry::default(),
             ce_sends: CeSends::default(),
+            sync_domain: SyncDomain::default(),
         }
     }
 }
@@ -118,6 +122,9 @@ impl DeviceSettings {
             }
             Some(v) => return Err(Error::arg(format!("OCCL_CE_BATCH={v:?} is not 0 or 1"))),
         };
+        if let Some(v) = var("NCCL_MEM_SYNC_DOMAIN") {
+            s.sync_domain = SyncDomain::parse(&v).map_err(|e| Error::arg(e.to_string()))?;
+        }
         Ok(s)
     }
 
@@ -309,7 +316,8 @@ impl CudaComm {
         let tuner = DevTuner::new(comm.config(), n)?;
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
-            let k = CollKernels::load(&ctx, s.lanes).map_err(err("load the collective kernels"))?;
+            let k =
+                CollKernels::load(&ctx, s.lanes).map_err(err("load the collective kernels"))?.in_domain(s.sync_domain);
             let phases = KernelPhases::from_env(&ctx, &k, s.channels)?;
             s.ce.checked(n)?;
             let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
@@ -565,6 +573,15 @@ mod tests {
         assert_eq!(s.ce, CeGeometry { slots: 2, slot_bytes: 2 << 20 });
         let e = DeviceSettings::from_vars(vars(&[("OCCL_CE_SLOTS", "two")])).unwrap_err().to_string();
         assert!(e.contains("OCCL_CE_SLOTS=\"two\" is not a size"), "{e}");
+    }
+
+    #[test]
+    fn the_sync_domain_is_nccls_variable() {
+        assert_eq!(DeviceSettings::from_vars(vars(&[])).unwrap().sync_domain, SyncDomain::Remote);
+        let s = DeviceSettings::from_vars(vars(&[("NCCL_MEM_SYNC_DOMAIN", "0")])).unwrap();
+        assert_eq!(s.sync_domain, SyncDomain::Default);
+        let e = DeviceSettings::from_vars(vars(&[("NCCL_MEM_SYNC_DOMAIN", "4")])).unwrap_err().to_string();
+        assert!(e.contains("NCCL_MEM_SYNC_DOMAIN=4"), "{e}");
     }
 
     /// `OCCL_CE_BATCH` (0 or 1, default 1) and its pieces per share.
