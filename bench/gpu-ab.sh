@@ -18,6 +18,9 @@
 #
 #   CONFIGS="NCCL_MAX_CTAS=24;default"  configurations, ';' between them, each VAR=VALUE ...
 #   ENV_<NAME>="VAR=VALUE ..."          variables for build NAME alone (ENV_l4="OCCL_CUDA_LANES=4")
+#   LABEL:NAME (as a build)             build NAME again under a column of its own, with
+#                                       ENV_<LABEL>: one pack, several settings
+#                                       (`run 2 main s1m:main` with ENV_s1m="OCCL_CUDA_SLOT_SIZE=1M")
 #   SIZES=64M,256M,1G  COLLS=all_reduce,reduce_scatter,all_gather  ROUNDS=2  OUT=dir
 #
 # NVLink multicast stays off (the shared machines require it).
@@ -45,18 +48,22 @@ run)
     export OCCL_KERNEL_CACHE_DIR=${OCCL_KERNEL_CACHE_DIR:-/tmp/occl-kernel-cache} OCCL_TIMEOUT=${OCCL_TIMEOUT:-30}
     work=$(mktemp -d)
     mkdir -p -m 700 "$OCCL_KERNEL_CACHE_DIR"
+    declare -A pack
     for v in "${names[@]}"; do
-        tar xJf "$ab/$v.txz" -C "$work" || exit 1
+        pack[${v%%:*}]=${v#*:}
+        [ -d "$work/${v#*:}" ] && continue
+        tar xJf "$ab/${v#*:}.txz" -C "$work" || exit 1
         # Copied, so that the files belong to this user with no one else's write bit.
-        cp -n "$work/$v"/kernel-cache/*.cubin "$OCCL_KERNEL_CACHE_DIR"/ 2>/dev/null
+        cp -n "$work/${v#*:}"/kernel-cache/*.cubin "$OCCL_KERNEL_CACHE_DIR"/ 2>/dev/null
     done
+    names=("${names[@]%%:*}")
     chmod 600 "$OCCL_KERNEL_CACHE_DIR"/*.cubin 2>/dev/null
     out=${OUT:-$(mktemp -d)}
     mkdir -p "$out"
     sizes=${SIZES:-64M,256M,1G}
     colls=${COLLS:-all_reduce,reduce_scatter,all_gather}
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 150 python3 "$work/${names[0]}/nccl_bench.py" --nranks "$n" \
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 150 python3 "$work/${pack[${names[0]}]}/nccl_bench.py" --nranks "$n" \
         --sizes "$sizes" --collectives "$colls" > "$out/nccl.txt" 2>&1
     echo "nccl: $(grep -ohE '[0-9]+ coll channels' "$out/nccl.txt" | sort | uniq -c | tr '\n' ' ')"
     IFS=';' read -ra configs <<< "${CONFIGS:-NCCL_MAX_CTAS=24;default}"
@@ -67,7 +74,7 @@ run)
         for c in "${configs[@]}"; do
             for v in "${order[@]}"; do
                 envs=ENV_$v
-                env ${c/default/} ${!envs:-} timeout 150 "$work/$v/occl-gpu" bench --ranks "$n" --sizes "$sizes" "$colls" \
+                env ${c/default/} ${!envs:-} timeout 150 "$work/${pack[$v]}/occl-gpu" bench --ranks "$n" --sizes "$sizes" "$colls" \
                     > "$out/last.txt" 2>&1 || { echo "$v ($c): failed"; tail -5 "$out/last.txt"; }
                 grep '^{' "$out/last.txt" | sed "s/^/$v\t$c\t/" >> "$out/ab.txt"
             done

@@ -6,13 +6,17 @@ of a send to rank r+1 and a receive from r-1, as pipeline parallelism issues the
 together with it.
 Printed per (collective, size), as one JSON line from rank 0: the GEMM's TFLOP/s alone, the
 share of it lost beside the collective (the median of REPS rounds, default 5, after one that sizes the collective stream; each against the
-GEMM alone in the same round, and their range), and the collective's bus bandwidth alone and
-beside the GEMM.
+GEMM alone in the same round, and their range), the collective's bus bandwidth alone and
+beside the GEMM, and rank 0's GPU's median SM clock and power while the GEMM ran alone and beside
+the collective (NVML, every 5 ms; absent where NVML is not).
 
 The script is library-blind: `bench/gpu-overlap.sh` runs it once on NVIDIA's libnccl.so.2 and once
 with occl's preloaded, in one command, and puts the two side by side.
 
     python3 bench/gpu-overlap.py NRANKS [SIZE_MiB ...]     (LIB=occl|nccl names the rows)
+
+PROFILE=DIR runs one more round of each (collective, size) under PyTorch's profiler: a Chrome trace
+per rank in DIR and rank 0's GPU totals by kernel name on stderr.
 
 WINDOWS=1 puts each collective's input and output in symmetric windows, NCCL 2.28's condition
 for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for calls that write straight into
@@ -29,9 +33,12 @@ input and every output element is checked: the JSON line's "wrong" counts the wr
 every rank.
 """
 import contextlib
+import ctypes
 import json
 import os
 import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -75,6 +82,82 @@ def expected(coll, rank, n, nel, out_nel):
     return (n * (idx % 5) + n * (n - 1) // 2).to(torch.bfloat16)
 
 
+class Clocks:
+    """This rank's GPU's SM clock (MHz) and power draw (W), sampled by NVML every 5 ms while a
+    phase runs: a GEMM near the power limit runs at the clock the board leaves it, so a
+    collective that draws more power costs the GEMM through the clock as well as through SMs.
+    Silent (no samples) where NVML cannot be loaded."""
+
+    def __init__(self, device):
+        self.dev, self.lib = ctypes.c_void_p(), None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}".encode()
+            if lib.nvmlInit_v2() == 0 and lib.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(self.dev)) == 0:
+                self.lib = lib
+        except (OSError, AttributeError) as e:
+            print(f"no NVML clocks: {e}", file=sys.stderr)
+        self.samples, self.on = {}, None
+
+    def sample(self):
+        mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+        if self.lib.nvmlDeviceGetClockInfo(self.dev, 1, ctypes.byref(mhz)) == 0 and \
+                self.lib.nvmlDeviceGetPowerUsage(self.dev, ctypes.byref(mw)) == 0:
+            return mhz.value, mw.value / 1e3
+        return None
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        """Samples into `name` until the block ends (it must end with a synchronize)."""
+        if self.lib is None:
+            yield
+            return
+        stop = threading.Event()
+
+        def run():
+            while not stop.is_set():
+                s = self.sample()
+                if s:
+                    self.samples.setdefault(name, []).append(s)
+                time.sleep(0.005)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+
+    def medians(self):
+        """{phase: (median MHz, median W)}, and the samples are cleared."""
+        med = lambda v: sorted(v)[len(v) // 2]
+        out = {k: (med([m for m, _ in v]), round(med([w for _, w in v]))) for k, v in self.samples.items() if v}
+        self.samples = {}
+        return out
+
+
+def profile_round(out, lib, coll, mib, rank, issue):
+    """One more round of the collectives beside the GEMMs under PyTorch's profiler (CUPTI): every
+    kernel, copy and memset of the process, by stream, as a Chrome trace in `out`, and the GPU
+    work's totals by name on stderr (rank 0), to see what a library runs that the other does not."""
+    from torch.profiler import profile, ProfilerActivity
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        # After both profilers are up (CUPTI's start takes a few hundred ms on the first round).
+        dist.barrier()
+        torch.cuda.synchronize()
+        issue()
+        torch.cuda.synchronize()
+    tag = "".join(ch if ch.isalnum() else "_" for ch in f"{lib}-{coll}-{mib}")
+    os.makedirs(out, exist_ok=True)
+    prof.export_chrome_trace(os.path.join(out, f"{tag}-rank{rank}.json"))
+    if rank == 0:
+        print(f"# profile {lib} {coll} {mib} MiB", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70),
+              file=sys.stderr, flush=True)
+
+
 def rank_main(rank, n, sizes, port, lib):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -87,9 +170,12 @@ def rank_main(rank, n, sizes, port, lib):
         mm()
     torch.cuda.synchronize()
 
-    def gemm_alone():
-        e0, e1 = timed(gemm_stream, mm, GEMMS)
-        torch.cuda.synchronize()
+    clocks = Clocks(rank)
+
+    def gemm_alone(phase="drop"):
+        with clocks.phase(phase):
+            e0, e1 = timed(gemm_stream, mm, GEMMS)
+            torch.cuda.synchronize()
         return e0.elapsed_time(e1)
 
     tflops = lambda ms: gemm_flops() / (ms / 1e3) / 1e12
@@ -138,12 +224,13 @@ def rank_main(rank, n, sizes, port, lib):
             # the other rank's timing move from round to round, so each loss is taken against
             # the GEMMs' rate of its own round and the median is reported.
             losses, both, alone = [], [], []
-            for _ in range(1 + int(os.environ.get("REPS", "5"))):
-                a_ms = gemm_alone()
+            for i in range(1 + int(os.environ.get("REPS", "5"))):
+                a_ms = gemm_alone("alone" if i else "drop")
                 dist.barrier()
-                c0, c1 = timed(coll_stream, op, k)
-                e0, e1 = timed(gemm_stream, mm, GEMMS)
-                torch.cuda.synchronize()
+                with clocks.phase("with" if i else "drop"):
+                    c0, c1 = timed(coll_stream, op, k)
+                    e0, e1 = timed(gemm_stream, mm, GEMMS)
+                    torch.cuda.synchronize()
                 w_ms = e0.elapsed_time(e1)
                 losses.append(1 - a_ms / w_ms)
                 both.append(c0.elapsed_time(c1) / k)
@@ -154,6 +241,11 @@ def rank_main(rank, n, sizes, port, lib):
                 dist.all_reduce(kt, op=dist.ReduceOp.MAX)
                 k = int(kt.item())
             losses, both, alone = losses[1:], both[1:], alone[1:]
+            if os.environ.get("PROFILE"):
+                profile_round(os.environ["PROFILE"], lib, coll, mib, rank, lambda: (timed(coll_stream, op, k),
+                                                                                     timed(gemm_stream, mm, GEMMS)))
+            clk = clocks.medians()
+            clk.pop("drop", None)
             wrong = None
             if windows:
                 x.copy_(value(rank, torch.arange(nel, device="cuda")))
@@ -180,6 +272,8 @@ def rank_main(rank, n, sizes, port, lib):
                                       gemm_loss=round(med(losses), 4),
                                       gemm_loss_range=[round(min(losses), 4), round(max(losses), 4)],
                                       busbw_alone=round(bus(t_alone), 1), busbw_with=round(bus(med(both)), 1),
+                                      **({f"sm_mhz_{k}": v[0] for k, v in clk.items()}),
+                                      **({f"power_w_{k}": v[1] for k, v in clk.items()}),
                                       **(dict(windows=True, wrong=wrong) if windows else {}))),
                       flush=True)
     dist.destroy_process_group()

@@ -14,6 +14,9 @@
 #                                  round's loss spreads over 10-20 points, and medians of 5-9
 #                                  rounds moved 3-7 points between calls (gpu-overlap.md run 9):
 #                                  compare libraries to a point or two only with 25 or more
+#   PROFILE=DIR                    one more round per (collective, size) under PyTorch's profiler:
+#                                  Chrome traces in DIR (an absolute path), summed up by
+#                                  bench/overlap-kernels.py DIR
 #   WINDOWS=1                      inputs and outputs in symmetric windows (ncclMemAlloc pool,
 #                                  ncclCommWindowRegister), checked after timing ("wrong")
 #
