@@ -97,7 +97,7 @@ class Clocks:
                 self.lib = lib
         except (OSError, AttributeError) as e:
             print(f"no NVML clocks: {e}", file=sys.stderr)
-        self.samples, self.on = {}, None
+        self.samples = {}
 
     def sample(self):
         mhz, mw = ctypes.c_uint(), ctypes.c_uint()
@@ -108,8 +108,9 @@ class Clocks:
 
     @contextlib.contextmanager
     def phase(self, name):
-        """Samples into `name` until the block ends (it must end with a synchronize)."""
-        if self.lib is None:
+        """Samples into `name` until the block ends (it must end with a synchronize); `None`
+        samples nothing."""
+        if self.lib is None or name is None:
             yield
             return
         stop = threading.Event()
@@ -172,7 +173,7 @@ def rank_main(rank, n, sizes, port, lib):
 
     clocks = Clocks(rank)
 
-    def gemm_alone(phase="drop"):
+    def gemm_alone(phase=None):
         with clocks.phase(phase):
             e0, e1 = timed(gemm_stream, mm, GEMMS)
             torch.cuda.synchronize()
@@ -225,9 +226,9 @@ def rank_main(rank, n, sizes, port, lib):
             # the GEMMs' rate of its own round and the median is reported.
             losses, both, alone = [], [], []
             for i in range(1 + int(os.environ.get("REPS", "5"))):
-                a_ms = gemm_alone("alone" if i else "drop")
+                a_ms = gemm_alone("alone" if i else None)
                 dist.barrier()
-                with clocks.phase("with" if i else "drop"):
+                with clocks.phase("with" if i else None):
                     c0, c1 = timed(coll_stream, op, k)
                     e0, e1 = timed(gemm_stream, mm, GEMMS)
                     torch.cuda.synchronize()
@@ -245,7 +246,6 @@ def rank_main(rank, n, sizes, port, lib):
                 profile_round(os.environ["PROFILE"], lib, coll, mib, rank, lambda: (timed(coll_stream, op, k),
                                                                                      timed(gemm_stream, mm, GEMMS)))
             clk = clocks.medians()
-            clk.pop("drop", None)
             wrong = None
             if windows:
                 x.copy_(value(rank, torch.arange(nel, device="cuda")))

@@ -434,7 +434,6 @@ impl CollKernels {
         self.lanes
     }
 
-    /// Threads of one lane of this table's byte-moving launches.
     /// Runs the launches that talk to peers (collectives, grouped sends and receives) in
     /// `domain` ([`SyncDomain::Remote`] unless told otherwise), where the device has domains.
     pub fn in_domain(mut self, domain: SyncDomain) -> CollKernels {
@@ -458,6 +457,7 @@ impl CollKernels {
         unsafe { crate::domain::launch(stream, f, arg, cfg, self.domain, call) }
     }
 
+    /// Threads of one lane of this table's byte-moving launches.
     pub(crate) fn lane(&self) -> u32 {
         lane_threads(self.lanes)
     }

@@ -9,7 +9,7 @@
 //! default one. Stream order between kernels holds across domains: a kernel still sees every
 //! write of the work before it on its stream.
 
-use crate::error::{check, Error, Result};
+use crate::error::{check, Result};
 use cudarc::driver::{sys, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -26,14 +26,14 @@ pub enum SyncDomain {
 }
 
 impl SyncDomain {
-    /// `NCCL_MEM_SYNC_DOMAIN`'s value.
-    pub fn parse(v: &str) -> Result<SyncDomain> {
+    /// `NCCL_MEM_SYNC_DOMAIN`'s value, or what is wrong with it (for the caller's error).
+    pub fn parse(v: &str) -> std::result::Result<SyncDomain, String> {
         match v.trim() {
             "0" => Ok(SyncDomain::Default),
             "1" => Ok(SyncDomain::Remote),
-            other => Err(Error::InvalidArgument(format!(
+            other => Err(format!(
                 "NCCL_MEM_SYNC_DOMAIN={other}: 0 (CUDA's default domain) or 1 (the remote domain, the default)"
-            ))),
+            )),
         }
     }
 }

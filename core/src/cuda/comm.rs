@@ -123,7 +123,7 @@ impl DeviceSettings {
             Some(v) => return Err(Error::arg(format!("OCCL_CE_BATCH={v:?} is not 0 or 1"))),
         };
         if let Some(v) = var("NCCL_MEM_SYNC_DOMAIN") {
-            s.sync_domain = SyncDomain::parse(&v).map_err(|e| Error::arg(e.to_string()))?;
+            s.sync_domain = SyncDomain::parse(&v).map_err(Error::arg)?;
         }
         Ok(s)
     }
