@@ -11,7 +11,7 @@
 //                     numbers (win_modes), which writes peers' outputs with no slot between
 //   ctrl(0, me).wgrab, wfin (mine alone): the windowed mode's piece counter
 // Data is pushed: a sender writes the receiver's slot over NVLink, then publishes head with a
-// system-scope release; the receiver acquires head, reads its own memory and releases tail.
+// system-scope release; the receiver acquires head, reads its own memory and frees the slot (tail).
 // sent/recvd live in device memory and carry over from call to call, so a captured CUDA graph
 // replays with the right sequence numbers. Every rank computes the same grid and the same chunk
 // loop from the call's arguments, so both ends of a channel count alike.
@@ -78,7 +78,35 @@ DEV u64 ld_acquire(const u64* p) {
     return v;
 }
 
+// A wait's load (see wait_ge).
+DEV u64 ld_relaxed(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 DEV void st_release(u64* p, u64 v) { asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); }
+// A system-scope store with no fence: for a post that orders only loads whose values the lane has
+// already used (see post_peers).
+DEV void st_relaxed(u64* p, u64 v) { asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); }
+
+// The step protocol. The reducing programs (OCCL_REDUCING) run NCCL's lean one: a wait spins on
+// relaxed loads with no acquire, a receive frees its slot with a relaxed store, no lane barrier
+// follows a post, and each channel keeps its slot indices beside its counts. It moves 1-10% more
+// at 4 GPUs (bench/baselines/kernel-phases.md run 9), where a ring step's post weighs more; the
+// byte mover, which lost 1-2% with it, keeps acquiring waits, released frees and the barrier.
+// Both are the same protocol on the wire (the same counts in the same words), so calls of either
+// program follow each other on a channel.
+#ifdef OCCL_REDUCING
+#define OCCL_LEAN 1
+#else
+#define OCCL_LEAN 0
+#endif
+DEV u64 ld_wait(const u64* p) { return OCCL_LEAN ? ld_relaxed(p) : ld_acquire(p); }
+DEV void st_free(u64* p, u64 v) {
+    if (OCCL_LEAN) st_relaxed(p, v);
+    else st_release(p, v);
+}
 
 DEV u64 globaltimer() {
     u64 t;
@@ -186,21 +214,29 @@ struct Phases {
 struct Chan {
     u64 sent[OCCL_MAXR];
     u64 recvd[OCCL_MAXR];
+    // sent[p] and recvd[p] modulo nslots: the slots they name, kept beside them so that finding a
+    // slot takes no 64-bit division (the lean protocol's; the byte mover divides).
+    unsigned sidx[OCCL_MAXR];
+    unsigned ridx[OCCL_MAXR];
     int failed;
     OCCL_CHAN_PHASES
 };
 
 // Spins until *p >= want; on timeout marks the region's error word and the block as failed, so
 // that the rest of the kernel runs through without waiting (the host reads the word).
+// In the lean protocol the loads are relaxed, with no acquire (an acquire at system scope
+// invalidates the SM's L1, CCTL.IVALL, on every spin): every read of data a peer has released
+// goes to L2 (ld.global.cg, which the peer's writes reach before its count does) and is issued
+// after the lane barrier that follows this wait, as after NCCL's volatile spin.
 DEV void wait_ge(const CollArgs& a, Chan& c, const u64* p, u64 want) {
-    if (ld_acquire(p) >= want) return;
+    if (ld_wait(p) >= want) return;
     const u64 t0 = globaltimer();
     unsigned spins = 0;
-    while (ld_acquire(p) < want) {
+    while (ld_wait(p) < want) {
         if (c.failed) return;
         if ((++spins & 1023) == 0) {
             u64* err = (u64*)a.regions[a.rank];
-            if (ld_acquire(err) != 0 || globaltimer() - t0 > a.timeout_ns) {
+            if (ld_wait(err) != 0 || globaltimer() - t0 > a.timeout_ns) {
                 st_release(err, 1);
                 c.failed = 1;
                 return;
@@ -234,7 +270,11 @@ DEV void wait_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsig
     PH_ADD(c, recv ? PH_WAIT_RECV : PH_WAIT_SEND);
 }
 
-// After the lane's writes to peers' slots (send) and reads of its own (recv): publish them.
+// After the lane's writes to peers' slots (send) and reads of its own (recv): publish them. A
+// send releases head, so that the peer that acquires it sees the slot's data. In the lean
+// protocol a receive frees the slot with a plain store: every load of it has returned its value
+// to a thread that used it before the lane barrier, so no later write of the sender can reach
+// those loads (NCCL frees its slots the same way).
 DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsigned recv) {
     lane_sync();
     PH_ADD(c, send ? PH_PUSH : PH_COPY);
@@ -242,26 +282,35 @@ DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsig
     if (t < a.nranks) {
         if ((send >> t) & 1) {
             c.sent[t]++;
+            c.sidx[t] = c.sidx[t] + 1 == a.nslots ? 0 : c.sidx[t] + 1;
             st_release(&ctrl(a, t, b, a.rank)->head, c.sent[t]);
         }
         if ((recv >> t) & 1) {
             c.recvd[t]++;
-            st_release(&ctrl(a, t, b, a.rank)->tail, c.recvd[t]);
+            c.ridx[t] = c.ridx[t] + 1 == a.nslots ? 0 : c.ridx[t] + 1;
+            st_free(&ctrl(a, t, b, a.rank)->tail, c.recvd[t]);
         }
     }
+    // In the lean protocol no barrier follows the post: thread t alone reads sent[t]/recvd[t]
+    // before the next barrier (the next wait_peers', p2p_group's or chan_close's), and the others
+    // read them only after it. The phase profile keeps one, to time the post.
+#if defined(OCCL_PHASES) || !OCCL_LEAN
     lane_sync();
+#endif
     PH_ADD(c, PH_POST);
     PH_COUNT(c, PH_STEPS);
 }
 
 DEV unsigned char* send_slot(const CollArgs& a, const Chan& c, unsigned b, unsigned p) {
     return (unsigned char*)(a.regions[p] + a.data_off +
-                            (((u64)b * a.nranks + a.rank) * a.nslots + c.sent[p] % a.nslots) * a.slot_bytes);
+                            (((u64)b * a.nranks + a.rank) * a.nslots + (OCCL_LEAN ? c.sidx[p] : c.sent[p] % a.nslots)) *
+                                a.slot_bytes);
 }
 
 DEV const unsigned char* recv_slot(const CollArgs& a, const Chan& c, unsigned b, unsigned q) {
     return (const unsigned char*)(a.regions[a.rank] + a.data_off +
-                                  (((u64)b * a.nranks + q) * a.nslots + c.recvd[q] % a.nslots) * a.slot_bytes);
+                                  (((u64)b * a.nranks + q) * a.nslots + (OCCL_LEAN ? c.ridx[q] : c.recvd[q] % a.nslots)) *
+                                      a.slot_bytes);
 }
 
 // The pre-multiply of a pre-multiply sum (NCCL's ncclRedOpCreatePreMulSum): source `k` of a
@@ -904,8 +953,13 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
     if (lt() == 0) {
         c.failed = 0;
         const Ctrl* x = ctrl(a, a.rank, b, p);
-        if (cn.send) c.sent[p] = x->sent;
-        else c.recvd[p] = x->recvd;
+        if (cn.send) {
+            c.sent[p] = x->sent;
+            c.sidx[p] = (unsigned)(x->sent % a.nslots);
+        } else {
+            c.recvd[p] = x->recvd;
+            c.ridx[p] = (unsigned)(x->recvd % a.nslots);
+        }
     }
     lane_sync();
     for (unsigned i = cn.first; i < cn.first + cn.nops; i++) {
@@ -938,6 +992,8 @@ DEV void chan_open(const CollArgs& a, Chan& c) {
         const Ctrl* k = ctrl(a, a.rank, chan_id(), t);
         c.sent[t] = k->sent;
         c.recvd[t] = k->recvd;
+        c.sidx[t] = (unsigned)(k->sent % a.nslots);
+        c.ridx[t] = (unsigned)(k->recvd % a.nslots);
     }
     lane_sync();
 }

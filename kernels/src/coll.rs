@@ -302,7 +302,7 @@ pub fn source(dt: Option<DataType>, phases: bool, lane: u32) -> String {
         s.push_str("#define OCCL_PHASES 1\n");
     }
     if dt.is_some() {
-        s.push_str(&format!("#define OCCL_BLOCK {REDUCE_BLOCK}\n"));
+        s.push_str(&format!("#define OCCL_BLOCK {REDUCE_BLOCK}\n#define OCCL_REDUCING 1\n"));
     }
     if lane != THREADS {
         s.push_str(&format!("#define OCCL_LANE {lane}\n"));
