@@ -11,7 +11,9 @@
 //                     numbers (win_modes), which writes peers' outputs with no slot between
 //   ctrl(0, me).wgrab, wfin (mine alone): the windowed mode's piece counter
 // Data is pushed: a sender writes the receiver's slot over NVLink, then publishes head with a
-// system-scope release; the receiver acquires head, reads its own memory and frees the slot (tail).
+// system-scope release; the receiver waits for head, reads its own memory and frees the slot
+// (tail). How a wait and a free synchronize is the step protocol's (wait_ge, post_peers): the byte
+// mover acquires and releases, the reducing programs run NCCL's lean one.
 // sent/recvd live in device memory and carry over from call to call, so a captured CUDA graph
 // replays with the right sequence numbers. Every rank computes the same grid and the same chunk
 // loop from the call's arguments, so both ends of a channel count alike.

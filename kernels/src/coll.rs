@@ -709,11 +709,13 @@ mod tests {
         assert!(plain.starts_with("#line 1 \"common.cuh\""), "no define before the sources");
         assert_eq!(four.strip_prefix("#define OCCL_LANE 256\n"), Some(plain.as_str()));
         assert_eq!(source(None, true, 256).strip_prefix("#define OCCL_PHASES 1\n"), Some(four.as_str()));
-        // A reducing program names its block first, then its lane, after the phase switch.
+        // A reducing program names its block and that it reduces (the step protocol follows),
+        // then its lane, after the phase switch.
         let dt = Some(DataType::F32);
         let (one, two) = (source(dt, false, 512), source(dt, false, 256));
-        assert!(one.starts_with("#define OCCL_BLOCK 512\n#line 1"), "one lane of 512: the block alone");
-        assert!(two.starts_with("#define OCCL_BLOCK 512\n#define OCCL_LANE 256\n#line 1"));
+        let head = "#define OCCL_BLOCK 512\n#define OCCL_REDUCING 1\n";
+        assert!(one.starts_with(&format!("{head}#line 1")), "one lane of 512: the block alone");
+        assert!(two.starts_with(&format!("{head}#define OCCL_LANE 256\n#line 1")));
         assert_eq!(source(dt, true, 256).strip_prefix("#define OCCL_PHASES 1\n"), Some(two.as_str()));
     }
 
