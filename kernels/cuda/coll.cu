@@ -94,9 +94,10 @@ DEV void st_relaxed(u64* p, u64 v) { asm volatile("st.relaxed.sys.global.u64 [%0
 
 // The step protocol. The reducing programs (OCCL_REDUCING) run NCCL's lean one: a wait spins on
 // relaxed loads with no acquire, a receive frees its slot with a relaxed store, no lane barrier
-// follows a post, and each channel keeps its slot indices beside its counts. It moves 1-10% more
-// at 4 GPUs (bench/baselines/kernel-phases.md run 9), where a ring step's post weighs more; the
-// byte mover, which lost 1-2% with it, keeps acquiring waits, released frees and the barrier.
+// follows a post, and each channel keeps its slot indices beside its counts. All-reduce moves
+// 3-9% more with it at 4 GPUs (bench/baselines/kernel-phases.md run 10), where a ring step's post
+// weighs more; the byte mover, which lost 1-2% with it (run 9), keeps acquiring waits, released
+// frees and the barrier.
 // Both are the same protocol on the wire (the same counts in the same words), so calls of either
 // program follow each other on a channel.
 #ifdef OCCL_REDUCING
@@ -224,6 +225,9 @@ struct Chan {
     OCCL_CHAN_PHASES
 };
 
+// The slot after slot i of a FIFO of n slots (the lean protocol's indices).
+DEV unsigned slot_next(unsigned i, unsigned n) { return i + 1 == n ? 0 : i + 1; }
+
 // Spins until *p >= want; on timeout marks the region's error word and the block as failed, so
 // that the rest of the kernel runs through without waiting (the host reads the word).
 // In the lean protocol the loads are relaxed, with no acquire (an acquire at system scope
@@ -284,12 +288,12 @@ DEV void post_peers(const CollArgs& a, Chan& c, unsigned b, unsigned send, unsig
     if (t < a.nranks) {
         if ((send >> t) & 1) {
             c.sent[t]++;
-            c.sidx[t] = c.sidx[t] + 1 == a.nslots ? 0 : c.sidx[t] + 1;
+            if (OCCL_LEAN) c.sidx[t] = slot_next(c.sidx[t], a.nslots);
             st_release(&ctrl(a, t, b, a.rank)->head, c.sent[t]);
         }
         if ((recv >> t) & 1) {
             c.recvd[t]++;
-            c.ridx[t] = c.ridx[t] + 1 == a.nslots ? 0 : c.ridx[t] + 1;
+            if (OCCL_LEAN) c.ridx[t] = slot_next(c.ridx[t], a.nslots);
             st_free(&ctrl(a, t, b, a.rank)->tail, c.recvd[t]);
         }
     }
