@@ -72,6 +72,7 @@ struct Ctrl {
     u64 recvd;
     u64 wsent;   // mine alone: windowed calls I have pushed to q on b
     u64 wrecvd;  // mine alone: windowed calls q has pushed to me on b
+    u64 nslots;  // mine alone: the slot count of my last sends to q on b (see chan_open)
 };
 
 DEV u64 ld_acquire(const u64* p) {
@@ -146,6 +147,16 @@ DEV unsigned lt() { return threadIdx.x % OCCL_LANE; }
 DEV unsigned chan_id() { return blockIdx.x * (blockDim.x / OCCL_LANE) + lane(); }
 // __syncthreads for the lane's threads only (barrier 0 stays the block's).
 DEV void lane_sync() { asm volatile("bar.sync %0, %1;" ::"r"(lane() + 1), "n"(OCCL_LANE) : "memory"); }
+// lane_sync that also tells every thread whether any thread of the lane passed true.
+DEV bool lane_any(bool v) {
+    unsigned r;
+    asm volatile(
+        "{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.or.pred q, %2, %3, p; selp.u32 %0, 1, 0, q; }"
+        : "=r"(r)
+        : "r"((unsigned)v), "r"(lane() + 1), "n"(OCCL_LANE)
+        : "memory");
+    return r != 0;
+}
 
 // The phase profile, compiled in only when the program defines OCCL_PHASES (a module of its
 // own; occl_kernels::phases decodes it). Thread 0 of each lane adds clock64 deltas into its
@@ -254,6 +265,17 @@ DEV void wait_ge(const CollArgs& a, Chan& c, const u64* p, u64 want) {
 // Thread t waits until peer t has freed the slot of my next chunk to it.
 DEV void wait_slot(const CollArgs& a, Chan& c, unsigned b, unsigned t) {
     wait_ge(a, c, &ctrl(a, a.rank, b, t)->tail, c.sent[t] + 1 > a.nslots ? c.sent[t] + 1 - a.nslots : 0);
+}
+
+// A call may group a FIFO's slots into fewer, larger ones (CollArgs::nslots and slot_bytes, the
+// host's Layout::steps): step s lives in slot s % nslots of the call's geometry, so a step of
+// the previous geometry still unread could overlap the next one's. Before its first send in a
+// new geometry, thread t waits until peer t has freed every chunk sent to it on b, then records
+// the geometry. Receivers need nothing: both ends of a call compute the same geometry.
+DEV void drain_sends(const CollArgs& a, Chan& c, unsigned b, unsigned t) {
+    Ctrl* k = ctrl(a, a.rank, b, t);
+    wait_ge(a, c, &k->tail, c.sent[t]);
+    if (!c.failed) k->nslots = a.nslots;
 }
 
 // Thread q waits for peer q: a free slot towards it (send) and/or a chunk from it (recv).
@@ -956,18 +978,23 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
     const unsigned p = cn.peer, nb = cn.channels, bit = 1u << p;
     const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
     PH_OPEN(a, c);
+    bool regroup = false;
     if (lt() == 0) {
         c.failed = 0;
         const Ctrl* x = ctrl(a, a.rank, b, p);
         if (cn.send) {
             c.sent[p] = x->sent;
             c.sidx[p] = (unsigned)(x->sent % a.nslots);
+            regroup = x->nslots != a.nslots;
         } else {
             c.recvd[p] = x->recvd;
             c.ridx[p] = (unsigned)(x->recvd % a.nslots);
         }
     }
-    lane_sync();
+    if (lane_any(regroup)) {
+        if (regroup) drain_sends(a, c, b, p);
+        lane_sync();
+    }
     for (unsigned i = cn.first; i < cn.first + cn.nops; i++) {
         unsigned char* buf = (unsigned char*)g.ops[i].buf;
         u64 lo, hi;
@@ -989,19 +1016,25 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
     }
 }
 
-// Loads this block's sequence numbers, runs the mode, stores them back for the next call.
+// Loads this block's sequence numbers (draining a FIFO whose geometry changes), runs the mode,
+// stores them back for the next call.
 DEV void chan_open(const CollArgs& a, Chan& c) {
     const unsigned t = lt();
     if (t == 0) c.failed = 0;
     PH_OPEN(a, c);
+    bool regroup = false;
     if (t < a.nranks) {
         const Ctrl* k = ctrl(a, a.rank, chan_id(), t);
         c.sent[t] = k->sent;
         c.recvd[t] = k->recvd;
         c.sidx[t] = (unsigned)(k->sent % a.nslots);
         c.ridx[t] = (unsigned)(k->recvd % a.nslots);
+        regroup = k->nslots != a.nslots;
     }
-    lane_sync();
+    if (lane_any(regroup)) {
+        if (regroup) drain_sends(a, c, chan_id(), t);
+        lane_sync();
+    }
 }
 
 DEV void chan_close(const CollArgs& a, Chan& c) {

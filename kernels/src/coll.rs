@@ -88,6 +88,26 @@ impl Layout {
     pub fn bytes(&self) -> u64 {
         self.data_off() + u64::from(self.channels) * u64::from(self.nranks) * u64::from(self.slots) * self.slot_bytes
     }
+
+    /// The FIFO geometry, (slots, slot bytes), that a launch of `mode` posts its steps in when
+    /// each channel moves `share` bytes to each peer. A reducing launch whose share spans at
+    /// least two double slots takes its FIFO's slots in pairs: half as many steps, each posted
+    /// once. A GEMM beside a 256 MiB all-reduce at 24 SMs then loses what it loses beside
+    /// NVIDIA's (which posts once per 1 MiB): 9.7% against 9.0% at 2 H200s, where single slots
+    /// cost it 10-12.5%, and 16.4% against 16.6% at 4. Alone that call moves 0.96-0.99× as
+    /// much at 2 GPUs and 0.98-1.03× at 4, larger ones 1.00-1.05× (`bench/baselines/
+    /// gpu-overlap.md` run 12). With a smaller share the fewer steps leave the pipeline too
+    /// short (a 64 MiB all-reduce of paired slots at 24 SMs moved 5% less). The byte mover
+    /// keeps single slots. The region is the same; a channel's sender drains its FIFO when a
+    /// call's geometry differs from its last one's (`drain_sends` in the source).
+    pub fn steps(&self, mode: Mode, share: u64) -> (u32, u64) {
+        let pair = mode.reduces() && self.slots.is_multiple_of(2) && share >= 4 * self.slot_bytes;
+        if pair {
+            (self.slots / 2, self.slot_bytes * 2)
+        } else {
+            (self.slots, self.slot_bytes)
+        }
+    }
 }
 
 /// What a launch does (`M_*` in the source).
@@ -640,6 +660,25 @@ mod tests {
             assert!(e.to_string().contains("windowed"), "{mode:?}: {e}");
         }
         assert!(!CollArgs { rank: 9, ..a }.windowed(), "a rank past the table");
+    }
+
+    #[test]
+    fn large_reducing_shares_pair_their_slots() {
+        let l = Layout { nranks: 2, channels: 128, slots: 4, slot_bytes: 256 << 10 };
+        // Each channel's share to each peer: two double slots and more pair, less does not.
+        assert_eq!(l.steps(Mode::AllReduceTwoShot, 1 << 20), (2, 512 << 10));
+        assert_eq!(l.steps(Mode::ReduceScatterRing, 64 << 20), (2, 512 << 10));
+        assert_eq!(l.steps(Mode::AllReduceTwoShot, (1 << 20) - 16), (4, 256 << 10));
+        // The byte mover and odd slot counts keep the region's geometry.
+        assert_eq!(l.steps(Mode::AllGather, 64 << 20), (4, 256 << 10));
+        assert_eq!(Layout { slots: 3, ..l }.steps(Mode::AllReduceRing, 64 << 20), (3, 256 << 10));
+        // Paired or not, a FIFO spans the same bytes: the region does not change.
+        for share in [0, 1 << 20, 1 << 30] {
+            for mode in Mode::ALL {
+                let (n, b) = l.steps(mode, share);
+                assert_eq!(u64::from(n) * b, u64::from(l.slots) * l.slot_bytes, "{mode:?} {share}");
+            }
+        }
     }
 
     #[test]

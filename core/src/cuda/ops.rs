@@ -224,6 +224,11 @@ impl CudaComm {
             let launch = if a.windowed() { Launch::Window } else { Launch::Slots };
             self.channels_for((call.count * call.dt.size()) as u64, launch)
         };
+        // A reducing launch's share per channel and peer picks how many slots a step takes.
+        if let Some(mode) = Mode::of_code(a.mode).filter(|m| m.reduces() && blocks > 0) {
+            let share = a.count.saturating_mul(call.dt.size() as u64) / u64::from(blocks);
+            (a.nslots, a.slot_bytes) = self.layout.steps(mode, share);
+        }
         // SAFETY: the caller's promise.
         unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
     }
@@ -310,7 +315,7 @@ impl CudaComm {
             datatype: call.dt.nccl_name(),
             algo: if flows.is_some() { "CE" } else { algo_name(mode) },
             proto: "SIMPLE",
-            chunk_size: if flows.is_some() { self.ce.geo.slot_bytes } else { self.layout.slot_bytes } as usize,
+            chunk_size: if flows.is_some() { self.ce.geo.slot_bytes } else { a.slot_bytes } as usize,
             n_channels: u8::try_from(blocks).unwrap_or(u8::MAX),
         });
         let parent = prof.as_ref().filter(|p| p.mask().contains(EventType::KernelCh)).and_then(OpProf::coll_id);
