@@ -91,8 +91,8 @@ impl Layout {
 
     /// The FIFO geometry, (slots, slot bytes), that a launch of `mode` posts its steps in when
     /// each channel moves `share` bytes to each peer. A reducing launch whose share spans at
-    /// least two double slots takes its FIFO's slots in pairs: half as many steps, each posted
-    /// once. A GEMM beside a 256 MiB all-reduce at 24 SMs then loses what it loses beside
+    /// least two double slots takes its FIFO's slots (an even count, 4 or more) in pairs: half
+    /// as many steps, each posted once. A GEMM beside a 256 MiB all-reduce at 24 SMs then loses what it loses beside
     /// NVIDIA's (which posts once per 1 MiB): 9.7% against 9.0% at 2 H200s, where single slots
     /// cost it 10-12.5%, and 16.4% against 16.6% at 4. Alone that call moves 0.96-0.99× as
     /// much at 2 GPUs and 0.98-1.03× at 4, larger ones 1.00-1.05× (`bench/baselines/
@@ -101,7 +101,8 @@ impl Layout {
     /// keeps single slots. The region is the same; a channel's sender drains its FIFO when a
     /// call's geometry differs from its last one's (`drain_sends` in the source).
     pub fn steps(&self, mode: Mode, share: u64) -> (u32, u64) {
-        let pair = mode.reduces() && self.slots.is_multiple_of(2) && share >= 4 * self.slot_bytes;
+        // Pairs of an even count of at least 4, so that a sender still has a step in flight.
+        let pair = mode.reduces() && self.slots >= 4 && self.slots.is_multiple_of(2) && share >= 4 * self.slot_bytes;
         if pair {
             (self.slots / 2, self.slot_bytes * 2)
         } else {
@@ -672,6 +673,8 @@ mod tests {
         // The byte mover and odd slot counts keep the region's geometry.
         assert_eq!(l.steps(Mode::AllGather, 64 << 20), (4, 256 << 10));
         assert_eq!(Layout { slots: 3, ..l }.steps(Mode::AllReduceRing, 64 << 20), (3, 256 << 10));
+        assert_eq!(Layout { slots: 2, ..l }.steps(Mode::AllReduceRing, 64 << 20), (2, 256 << 10), "depth 1");
+        assert_eq!(Layout { slots: 8, ..l }.steps(Mode::AllReduceRing, 64 << 20), (4, 512 << 10));
         // Paired or not, a FIFO spans the same bytes: the region does not change.
         for share in [0, 1 << 20, 1 << 30] {
             for mode in Mode::ALL {
