@@ -15,8 +15,9 @@
 //! rank packs its channels into blocks. Only the count of channels, which the lanes scale, must
 //! agree: every rank counts with the fewest lanes of any rank (swapped at set-up too).
 //!
-//! Under the default policy a call through the slots takes at most [`SLOT_SMS`] SMs (more moved
-//! a little more alone and cost a matrix multiply beside them more), and a windowed kernel call
+//! Under the default policy a call that moves bytes through the slots takes at most [`SLOT_SMS`]
+//! SMs (more moved a little more alone and cost a matrix multiply beside them more), a folding
+//! one ([`Launch::Fold`]) at most [`EFFICIENT_SMS`], and a windowed kernel call
 //! ([`Launch::Window`]: an all-gather, out-of-place all-to-all or direct broadcast whose output
 //! lies in a symmetric window) at most [`EFFICIENT_SMS`]. A windowed call's channels take pieces
 //! of the share from a counter, so none sits idle while another finishes its slice, and on
@@ -84,8 +85,18 @@ pub const EFFICIENT_SMS: u32 = 24;
 /// How a device call's kernel moves its data, which bounds its channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Launch {
-    /// Through the channels' slots, each channel a fixed part of the share.
+    /// Through the channels' slots, each channel a fixed part of the share, moving bytes
+    /// (all-gather, all-to-all, broadcast, send, receive): under the default policy at most
+    /// [`SLOT_SMS`] SMs' worth, or `minCTAs`' worth where that is more.
     Slots,
+    /// Through the slots, folding (all-reduce, reduce-scatter, reduce): under the default
+    /// policy at most [`EFFICIENT_SMS`] SMs' worth, or `minCTAs`' worth where that is more. With
+    /// their large shares' slots paired (`Layout::steps`), 24 SMs cost a GEMM beside a 256 MiB
+    /// all-reduce or reduce-scatter what NVIDIA's 24 CTAs do (2×H200: 9.7% against 9.0%, 8.6
+    /// against 9.2%; 4×H200: 16.4 against 16.6%, 9.8 against 10.0%), where 32 cost it 1-2.6
+    /// points more, for up to 6% less bandwidth alone (`bench/baselines/gpu-overlap.md` run 12,
+    /// `kernel-phases.md` run 11).
+    Fold,
     /// Straight into the peers' symmetric windows, the channels taking pieces from a counter:
     /// under the default policy at most [`EFFICIENT_SMS`] SMs' worth, or `minCTAs`' worth where
     /// that is more (the other policies hold every call to [`EFFICIENT_SMS`]).
@@ -177,9 +188,9 @@ impl Channels {
     /// half the bytes: a size takes the same SMs with 4 lanes as with 2, with twice the
     /// channels in flight on each.
     ///
-    /// The ceiling under the default policy: [`SLOT_SMS`] SMs' worth for a call through the
-    /// slots, [`EFFICIENT_SMS`] for a windowed one (`launch`), or `minCTAs`' worth where that is
-    /// more; [`EFFICIENT_SMS`] under the other policies; `maxCTAs` and the region cap below any.
+    /// The ceiling under the default policy: [`SLOT_SMS`] SMs' worth for a call that moves
+    /// bytes through the slots, [`EFFICIENT_SMS`] for a folding or windowed one (`launch`), or
+    /// `minCTAs`' worth where that is more; [`EFFICIENT_SMS`] under the other policies; `maxCTAs` and the region cap below any.
     /// Every rank passes the same `launch` for the same call (its output's window is symmetric),
     /// so the count stays the same on every rank.
     pub(crate) fn pick(&self, bytes: u64, launch: Launch) -> u32 {
@@ -196,7 +207,7 @@ impl Channels {
         let lanes = self.common_lanes.max(1);
         let sms = match (self.budget.policy, launch) {
             (CtaPolicy::Default, Launch::Slots) => SLOT_SMS.max(self.budget.min_ctas),
-            (CtaPolicy::Default, Launch::Window) => EFFICIENT_SMS.max(self.budget.min_ctas),
+            (CtaPolicy::Default, Launch::Window | Launch::Fold) => EFFICIENT_SMS.max(self.budget.min_ctas),
             _ => EFFICIENT_SMS,
         };
         let mut hi = self.region.max(1).min(sms.saturating_mul(lanes));
@@ -298,20 +309,19 @@ mod tests {
     fn ranks_with_other_lanes_pick_the_same_channels() {
         // Each rank launches with its own lanes; the count follows the fewest of any rank.
         for common in [1, 2, 4] {
-            for (min, max, launch) in [(0, 0), (0, 16), (0, 24), (4, 0), (32, 0)]
-                .into_iter()
-                .flat_map(|(min, max)| [(min, max, Launch::Slots), (min, max, Launch::Window)])
-            {
+            for (min, max, launch) in [(0, 0), (0, 16), (0, 24), (4, 0), (32, 0)].into_iter().flat_map(|(min, max)| {
+                [(min, max, Launch::Slots), (min, max, Launch::Window), (min, max, Launch::Fold)]
+            }) {
                 let budget = CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default };
                 let ranks: Vec<Channels> = [1, 2, 4]
                     .into_iter()
                     .filter(|&l| l >= common)
                     .map(|lanes| Channels { region: 128, lanes, common_lanes: common, budget })
                     .collect();
-                // A windowed call's ceiling: 24 SMs, or the floor where that is more.
+                // A windowed or folding call's ceiling: 24 SMs, or the floor where that is more.
                 let ceiling = match (max, launch) {
                     (0, Launch::Slots) => u32::MAX,
-                    (0, Launch::Window) => EFFICIENT_SMS.max(min),
+                    (0, Launch::Window | Launch::Fold) => EFFICIENT_SMS.max(min),
                     (max, _) => max,
                 };
                 for b in sizes() {
@@ -332,16 +342,21 @@ mod tests {
     }
 
     #[test]
-    fn a_windowed_call_takes_at_most_24_sms_by_default() {
+    fn a_windowed_or_folding_call_takes_at_most_24_sms_by_default() {
         for lanes in [2, 4] {
             let c = ch(128, lanes, 0, 0, CtaPolicy::Default);
-            for b in sizes() {
-                let (slots, win) = (c.pick(b, Launch::Slots), c.pick(b, Launch::Window));
-                // The size rule is the slots' one, under a ceiling of 24 SMs' worth.
-                assert_eq!(win, slots.min(EFFICIENT_SMS * lanes), "{b} bytes, {lanes} lanes");
-                assert!(c.sms(win) <= EFFICIENT_SMS, "{b} bytes, {lanes} lanes");
+            for launch in [Launch::Window, Launch::Fold] {
+                for b in sizes() {
+                    let (slots, got) = (c.pick(b, Launch::Slots), c.pick(b, launch));
+                    // The size rule is the slots' one, under a ceiling of 24 SMs' worth.
+                    assert_eq!(got, slots.min(EFFICIENT_SMS * lanes), "{b} bytes, {lanes} lanes, {launch:?}");
+                    assert!(c.sms(got) <= EFFICIENT_SMS, "{b} bytes, {lanes} lanes, {launch:?}");
+                }
+                assert_eq!(c.sms(c.pick(1 << 30, launch)), EFFICIENT_SMS, "{launch:?}");
             }
-            assert_eq!(c.sms(c.pick(1 << 30, Launch::Window)), EFFICIENT_SMS);
+            // minCTAs 32 lifts a folding call's ceiling as it lifts the others'.
+            let floor = ch(128, lanes, 32, 0, CtaPolicy::Default);
+            assert_eq!(floor.sms(floor.pick(1 << 30, Launch::Fold)), 32, "{lanes} lanes");
         }
         // 48 channels on 24 SMs with 2 lanes, 96 with 4; the slots keep 32 SMs.
         let (two, four) = (ch(128, 2, 0, 0, CtaPolicy::Default), ch(128, 4, 0, 0, CtaPolicy::Default));

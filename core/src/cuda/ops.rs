@@ -220,8 +220,13 @@ impl CudaComm {
             if let Some(win) = kernel_windows(call.coll, &a, self.rank(), self.nranks(), &self.windows) {
                 a.win = win;
             }
-            // The predicate that picks the windowed kernel picks its channel ceiling.
-            let launch = if a.windowed() { Launch::Window } else { Launch::Slots };
+            // The predicate that picks the windowed kernel picks its channel ceiling; a folding
+            // call's is its own.
+            let launch = match Mode::of_code(a.mode) {
+                _ if a.windowed() => Launch::Window,
+                Some(m) if m.reduces() => Launch::Fold,
+                _ => Launch::Slots,
+            };
             self.channels_for((call.count * call.dt.size()) as u64, launch)
         };
         // A reducing launch's share per channel and peer picks how many slots a step takes.
