@@ -72,7 +72,7 @@ struct Ctrl {
     u64 recvd;
     u64 wsent;   // mine alone: windowed calls I have pushed to q on b
     u64 wrecvd;  // mine alone: windowed calls q has pushed to me on b
-    u64 nslots;  // mine alone: the slot count of my last sends to q on b (see chan_open)
+    u64 nslots;  // mine alone: the slot count of my last sends to q on b (see drain_sends)
 };
 
 DEV u64 ld_acquire(const u64* p) {

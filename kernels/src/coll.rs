@@ -92,14 +92,12 @@ impl Layout {
     /// The FIFO geometry, (slots, slot bytes), that a launch of `mode` posts its steps in when
     /// each channel moves `share` bytes to each peer. A reducing launch whose share spans at
     /// least two double slots takes its FIFO's slots (an even count, 4 or more) in pairs: half
-    /// as many steps, each posted once. A GEMM beside a 256 MiB all-reduce at 24 SMs then loses what it loses beside
-    /// NVIDIA's (which posts once per 1 MiB): 9.7% against 9.0% at 2 H200s, where single slots
-    /// cost it 10-12.5%, and 16.4% against 16.6% at 4. Alone that call moves 0.96-0.99× as
-    /// much at 2 GPUs and 0.98-1.03× at 4, larger ones 1.00-1.05× (`bench/baselines/
-    /// gpu-overlap.md` run 12). With a smaller share the fewer steps leave the pipeline too
-    /// short (a 64 MiB all-reduce of paired slots at 24 SMs moved 5% less). The byte mover
-    /// keeps single slots. The region is the same; a channel's sender drains its FIFO when a
-    /// call's geometry differs from its last one's (`drain_sends` in the source).
+    /// as many posts, which is what a GEMM beside it pays for (NVIDIA posts once per 1 MiB).
+    /// A smaller share keeps single slots, whose longer pipeline it needs (paired, a 64 MiB
+    /// all-reduce at 24 SMs moved 5-8% less); so does the byte mover. Measured in
+    /// `bench/baselines/gpu-overlap.md` run 12. The region is the same either way; a channel's
+    /// sender drains its FIFO when a call's geometry differs from its last one's (`drain_sends`
+    /// in the source).
     pub fn steps(&self, mode: Mode, share: u64) -> (u32, u64) {
         // Pairs of an even count of at least 4, so that a sender still has a step in flight.
         let pair = mode.reduces() && self.slots >= 4 && self.slots.is_multiple_of(2) && share >= 4 * self.slot_bytes;

@@ -190,7 +190,8 @@ impl Channels {
     ///
     /// The ceiling under the default policy: [`SLOT_SMS`] SMs' worth for a call that moves
     /// bytes through the slots, [`EFFICIENT_SMS`] for a folding or windowed one (`launch`), or
-    /// `minCTAs`' worth where that is more; [`EFFICIENT_SMS`] under the other policies; `maxCTAs` and the region cap below any.
+    /// `minCTAs`' worth where that is more; [`EFFICIENT_SMS`] under the other policies;
+    /// `maxCTAs` and the region cap below any.
     /// Every rank passes the same `launch` for the same call (its output's window is symmetric),
     /// so the count stays the same on every rank.
     pub(crate) fn pick(&self, bytes: u64, launch: Launch) -> u32 {

@@ -214,6 +214,7 @@ impl CudaComm {
             None => (DataType::U8, RedOp::Sum),
         };
         let flows = self.ce_flows(&call, &a);
+        let folds = Mode::of_code(a.mode).filter(|m| m.reduces());
         let blocks = if flows.is_some() {
             0
         } else {
@@ -222,15 +223,15 @@ impl CudaComm {
             }
             // The predicate that picks the windowed kernel picks its channel ceiling; a folding
             // call's is its own.
-            let launch = match Mode::of_code(a.mode) {
+            let launch = match folds {
                 _ if a.windowed() => Launch::Window,
-                Some(m) if m.reduces() => Launch::Fold,
-                _ => Launch::Slots,
+                Some(_) => Launch::Fold,
+                None => Launch::Slots,
             };
             self.channels_for((call.count * call.dt.size()) as u64, launch)
         };
         // A reducing launch's share per channel and peer picks how many slots a step takes.
-        if let Some(mode) = Mode::of_code(a.mode).filter(|m| m.reduces() && blocks > 0) {
+        if let Some(mode) = folds.filter(|_| blocks > 0) {
             let share = a.count.saturating_mul(call.dt.size() as u64) / u64::from(blocks);
             (a.nslots, a.slot_bytes) = self.layout.steps(mode, share);
         }
