@@ -443,10 +443,43 @@ fn drops(o: &RankOutput) -> (u64, u64) {
     (num(" queue full"), num(" export failed"))
 }
 
+/// A loopback TCP port that refuses every connection for as long as this lives: bound, never
+/// listening. Holding it keeps another test's `bind(":0")` from taking the port (a listener
+/// that took it could accept and never answer, and the exports would wait out their timeout).
+struct RefusingPort {
+    fd: libc::c_int,
+    port: u16,
+}
+
+impl RefusingPort {
+    fn new() -> RefusingPort {
+        // SAFETY: a fresh socket, bound to a sockaddr_in that lives across the calls.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let sp = (&raw mut sa).cast::<libc::sockaddr>();
+            assert_eq!(libc::bind(fd, sp, len), 0, "bind: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::getsockname(fd, sp, &mut len), 0, "getsockname: {}", std::io::Error::last_os_error());
+            RefusingPort { fd, port: u16::from_be(sa.sin_port) }
+        }
+    }
+}
+
+impl Drop for RefusingPort {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
 #[test]
 fn a_collector_that_is_down_costs_nothing_but_the_dropped_spans() {
-    // A port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let down = RefusingPort::new();
+    let port = down.port;
     let t0 = Instant::now();
     let outs = run_exporting("http/protobuf", &format!("http://127.0.0.1:{port}"), &[]);
     let took = t0.elapsed();
