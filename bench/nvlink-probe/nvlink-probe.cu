@@ -1,7 +1,7 @@
 // nvlink-probe: what one SM, and B SMs, can move over NVLink between GPU 0 and GPU 1, and which
 // copy pattern gets there (occl issue 30). One process, both GPUs, peer access both ways.
 //
-//   ./nvlink-probe SECTION     SECTION: push | pull | tma-push | tma-pull | fifo | ce | all
+//   ./nvlink-probe SECTION     SECTION: push | pull | tma-push | tma-pull | fifo | ce | local | all
 //
 // Every section prints a markdown table of GB/s = bytes delivered to the destination / time,
 // timed with cudaEvents, median of 5 runs after one warm-up run. Every case clears its
@@ -24,6 +24,8 @@
 //             GPU0's memory. 1 or 2 channels ("lanes", 512 threads each) per block.
 //   ce        (4) copy engines: cudaMemcpyPeerAsync on 1, 2, 4 streams, and local D2D, alone and
 //             beside a kernel that fills every SM's thread slots for ~200 ms.
+//   local     (5) SM copies within GPU0 (a channel's copy-out of its slot, an all-to-all's own
+//             block): occl's copy_packs shape and the bulk copies of (1c), GPU0 buffer -> GPU0.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -766,6 +768,45 @@ static void sec_ce(Ctx& c) {
     }
 }
 
+// (5): copies within GPU0 (A0 -> D0), by SM copy kernels and by bulk copies.
+static void sec_local(Ctx& c) {
+    printf("\n### Local (5): copies within GPU0, GPU0 buffer -> GPU0 buffer, GB/s (bytes copied / time)\n\n");
+    printf("ranges: occl's copy_packs shape (one contiguous range per block, U=8 16-byte __ldcg loads before\n"
+           "the stores); bulk ld+st: (1c)'s one issuing thread per 32-thread block, NB buffers of C bytes.\n\n");
+    const int SMEM_MAX = 200 * 1024;
+    CK(cudaSetDevice(0));
+    CK(cudaFuncSetAttribute(tma_copy<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
+    CK(cudaFuncSetAttribute(smem_bulk_copy<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
+    table_head("variant | T", 2);
+    struct Row {
+        const char* name;
+        int T;
+        u32 C;  // 0: an SM copy kernel
+        int v;  // bulk: 0 ld+st, 1 ld.cg->smem + bulk st
+    };
+    const Row rows[] = {{"ranges U=8 (occl copy_packs)", 512, 0, 0},  {"ranges U=8 (occl copy_packs)", 1024, 0, 0},
+                        {"bulk ld+st NB=4 C=16K", 32, 16u << 10, 0},  {"bulk ld+st NB=4 C=32K", 32, 32u << 10, 0},
+                        {"ld.cg->smem+bulk st NB=4 C=32K", 512, 32u << 10, 1}};
+    for (const Row& r : rows) {
+        printf("| %s | %d |", r.name, r.T);
+        for (int bi = 0; bi < NBS; bi++) {
+            const int B = BS[bi];
+            char name[160];
+            snprintf(name, sizeof name, "local %s T=%d B=%d", r.name, r.T, B);
+            g_case = name;
+            std::string cell = kernel_case(0, c.s[0], bytes_for(B), 16 * MiB, {{0, c.D0}}, [&](u64 n) {
+                cudaStream_t st = c.s[0];
+                if (r.C == 0) copy_ranges<8, 1><<<B, r.T, 0, st>>>((uint4*)c.D0, nullptr, (const uint4*)c.A0, n / 16);
+                else if (r.v == 0) tma_copy<4><<<B, r.T, 4 * r.C, st>>>(c.D0, c.A0, n, r.C);
+                else smem_bulk_copy<4><<<B, r.T, 4 * r.C, st>>>(c.D0, c.A0, n, r.C);
+            });
+            printf(" %s |", cell.c_str());
+            fflush(stdout);
+        }
+        printf("\n");
+    }
+}
+
 int main(int argc, char** argv) {
     const std::string sec = argc > 1 ? argv[1] : "all";
     int n = 0;
@@ -807,8 +848,9 @@ int main(int argc, char** argv) {
     if (sec == "all" || sec == "tma-pull") any = true, sec_tma(c, 1);
     if (sec == "all" || sec == "fifo") any = true, sec_fifo(c);
     if (sec == "all" || sec == "ce") any = true, sec_ce(c);
+    if (sec == "all" || sec == "local") any = true, sec_local(c);
     if (!any) {
-        printf("unknown section %s (push pull tma-push tma-pull fifo ce all)\n", sec.c_str());
+        printf("unknown section %s (push pull tma-push tma-pull fifo ce local all)\n", sec.c_str());
         return 1;
     }
     return 0;
