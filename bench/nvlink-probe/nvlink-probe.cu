@@ -1,7 +1,7 @@
 // nvlink-probe: what one SM, and B SMs, can move over NVLink between GPU 0 and GPU 1, and which
 // copy pattern gets there (occl issue 30). One process, both GPUs, peer access both ways.
 //
-//   ./nvlink-probe SECTION     SECTION: push | pull | tma-push | tma-pull | fifo | ce | local | all
+//   ./nvlink-probe SECTION     SECTION: push | pull | tma-push | tma-pull | fifo | ce | local | ce-fifo | all
 //
 // Every section prints a markdown table of GB/s = bytes delivered to the destination / time,
 // timed with cudaEvents, median of 5 runs after one warm-up run. Every case clears its
@@ -24,8 +24,13 @@
 //             GPU0's memory. 1 or 2 channels ("lanes", 512 threads each) per block.
 //   ce        (4) copy engines: cudaMemcpyPeerAsync on 1, 2, 4 streams, and local D2D, alone and
 //             beside a kernel that fills every SM's thread slots for ~200 ms.
+//   ce-fifo   (6) copy engines push, SMs copy out: Q rings of S slots of K bytes in GPU1's memory;
+//             on GPU0, one stream per ring waits (cuStreamWaitValue64) for a free slot, peer-copies
+//             a chunk into it and writes the ring's head (cuStreamWriteValue64); a kernel of B
+//             512-thread blocks on GPU1 (B/Q a ring) copies each chunk out and frees its slot.
 //   local     (5) SM copies within GPU0 (a channel's copy-out of its slot, an all-to-all's own
 //             block): occl's copy_packs shape and the bulk copies of (1c), GPU0 buffer -> GPU0.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -354,6 +359,42 @@ __global__ void __launch_bounds__(LANE * LANES) fifo_kernel(const Fifo f) {
         }
     }
     if (t == 0 && failed[l]) atomicExch(&g_fail, 1);
+}
+
+// ---------------------------------------------------------------- (6) copy engines in, SMs out
+
+struct CeFifo {
+    uint4* out;   // GPU1: where the consumer puts the data
+    char* slots;  // GPU1: [ring][S][K]
+    u64* head;    // GPU1: [ring * 16] chunks the ring's stream has put in
+    u64* gen;     // GPU0: [ring * S + slot] times the slot has been freed
+    u32* cnt;     // GPU1: [ring * S + slot] blocks done with the slot, ever
+    u64 bytes;    // in all; ring q carries bytes / Q from q * bytes / Q
+    u64 K;
+    u32 S, Q;
+};
+
+// Block b serves ring b % Q as its (b / Q)-th of M = B / Q blocks: for every chunk, thread 0
+// waits for the ring's head, the block copies its M-th of the chunk out, and the last of the M
+// blocks done frees the slot for the producer's stream (gen, in GPU0's memory).
+__global__ void __launch_bounds__(LANE) ce_fifo_consumer(const CeFifo f) {
+    __shared__ int failed;
+    const u32 t = threadIdx.x, q = blockIdx.x % f.Q, M = gridDim.x / f.Q, i = blockIdx.x / f.Q;
+    const u64 share = f.bytes / f.Q, nch = (share + f.K - 1) / f.K;
+    if (t == 0) failed = 0;
+    for (u64 j = 0; j < nch; j++) {
+        const u32 sl = (u32)(j % f.S);
+        const u64 m = share - j * f.K < f.K ? share - j * f.K : f.K;
+        if (t == 0 && !spin_ge(&f.head[q * 16], j + 1)) failed = 1;
+        __syncthreads();
+        if (failed) break;
+        const u64 nv = m / 16, lo = nv * i / M, hi = nv * (i + 1) / M;
+        const uint4* slot = (const uint4*)(f.slots + ((u64)q * f.S + sl) * f.K);
+        lane_copy(f.out + (q * share + j * f.K) / 16 + lo, nullptr, slot + lo, hi - lo, t);
+        __syncthreads();
+        if (t == 0 && atomicAdd(&f.cnt[q * f.S + sl], 1u) + 1 == M * (u32)(j / f.S + 1)) st_release(&f.gen[q * f.S + sl], j / f.S + 1);
+    }
+    if (t == 0 && failed) atomicExch(&g_fail, 1);
 }
 
 // ---------------------------------------------------------------- (4) spin kernel
@@ -768,6 +809,123 @@ static void sec_ce(Ctx& c) {
     }
 }
 
+// (6): producer streams on GPU0 (copy engines and stream memory operations), consumer kernel on
+// GPU1; timed from the producers' start to the consumer's end. A stream wait has no timeout: a
+// consumer that gives up leaves the producers waiting, and run.sh's timeout ends the section.
+static void sec_ce_fifo(Ctx& c) {
+    printf("\n### Copy engines in, SMs out (6): GPU0 -> slots in GPU1 (copy engines) -> GPU1 output (B blocks), 1 GiB, GB/s\n\n");
+    printf("Q rings of S=4 slots of K bytes, one GPU0 stream a ring: cuStreamWaitValue64 (the slot freed), a peer\n"
+           "cudaMemcpyAsync into it, cuStreamWriteValue64 (head). Consumer: B blocks of 512 threads on GPU1, B/Q a\n"
+           "ring, each copying its part of every chunk out; the ring's last block done with a chunk frees its slot.\n\n");
+    const int CB[] = {2, 4, 8, 12, 16, 24};
+    const u32 S = 4, maxQ = 4;
+    const u64 maxK = 16 * MiB, bytes = GiB;
+    char* slots;
+    u64 *head, *gen;
+    u32* cnt;
+    CK(cudaSetDevice(1));
+    CK(cudaMalloc(&slots, maxQ * S * maxK));
+    CK(cudaMalloc(&head, maxQ * 16 * 8));
+    CK(cudaMalloc(&cnt, maxQ * S * 4));
+    CK(cudaSetDevice(0));
+    CK(cudaMalloc(&gen, maxQ * S * 8));
+    cudaStream_t ps[maxQ];
+    cudaEvent_t e0, e1, eend, ej[maxQ];
+    for (u32 q = 0; q < maxQ; q++) {
+        CK(cudaStreamCreateWithFlags(&ps[q], cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&ej[q], cudaEventDisableTiming));
+    }
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&eend));
+    CK(cudaSetDevice(1));
+    CK(cudaEventCreate(&e1));
+    const int zero = 0;
+    printf("| K | Q |");
+    for (int B : CB) printf(" B=%d |", B);
+    printf("\n|---|---|");
+    for (int B : CB) printf("---:|"), (void)B;
+    printf("\n");
+    fflush(stdout);
+    for (u64 K : {MiB, 4 * MiB, 16 * MiB}) {
+        for (u32 Q : {1u, 2u, 4u}) {
+            printf("| %lluM | %u |", K >> 20, Q);
+            for (int B : CB) {
+                if (B % Q) {
+                    printf(" - |");
+                    continue;
+                }
+                char name[160];
+                snprintf(name, sizeof name, "ce-fifo K=%llu Q=%u B=%d", K, Q, B);
+                g_case = name;
+                CeFifo f = {(uint4*)c.A1, slots, head, gen, cnt, bytes, K, S, Q};
+                CK(cudaSetDevice(1));
+                CK(cudaMemset(c.A1, 0, bytes));
+                std::vector<double> t;
+                int fail = 0;
+                for (int rep = 0; rep <= REPS; rep++) {
+                    CK(cudaSetDevice(1));
+                    CK(cudaMemset(head, 0, maxQ * 16 * 8));
+                    CK(cudaMemset(cnt, 0, maxQ * S * 4));
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaSetDevice(0));
+                    CK(cudaMemset(gen, 0, maxQ * S * 8));
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaEventRecord(e0, c.s[0]));
+                    // The consumer first: the host blocks once a stream's queue is full, until the GPU
+                    // drains it, which the producers' waits do only once the consumer runs.
+                    CK(cudaSetDevice(1));
+                    CK(cudaStreamWaitEvent(c.s[1], e0, 0));
+                    ce_fifo_consumer<<<B, LANE, 0, c.s[1]>>>(f);
+                    CK(cudaGetLastError());
+                    CK(cudaEventRecord(e1, c.s[1]));
+                    CK(cudaSetDevice(0));
+                    const u64 share = bytes / Q, nch = (share + K - 1) / K;
+                    for (u32 q = 0; q < Q; q++) {
+                        CK(cudaStreamWaitEvent(ps[q], e0, 0));
+                        for (u64 j = 0; j < nch; j++) {
+                            const u64 sl = j % S, m = std::min(K, share - j * K);
+                            if (j >= S) {
+                                CUresult r = cuStreamWaitValue64((CUstream)ps[q], (CUdeviceptr)(gen + q * S + sl), j / S, CU_STREAM_WAIT_VALUE_GEQ);
+                                if (r != CUDA_SUCCESS) {
+                                    fprintf(stderr, "[%s] cuStreamWaitValue64: %d\n", name, (int)r);
+                                    exit(1);
+                                }
+                            }
+                            CK(cudaMemcpyAsync(slots + (q * S + sl) * K, c.A0 + q * share + j * K, m, cudaMemcpyDeviceToDevice, ps[q]));
+                            CUresult r = cuStreamWriteValue64((CUstream)ps[q], (CUdeviceptr)(head + q * 16), j + 1, CU_STREAM_WRITE_VALUE_DEFAULT);
+                            if (r != CUDA_SUCCESS) {
+                                fprintf(stderr, "[%s] cuStreamWriteValue64: %d\n", name, (int)r);
+                                exit(1);
+                            }
+                        }
+                        CK(cudaEventRecord(ej[q], ps[q]));
+                    }
+                    for (u32 q = 0; q < Q; q++) CK(cudaStreamWaitEvent(c.s[0], ej[q], 0));
+                    CK(cudaStreamWaitEvent(c.s[0], e1, 0));
+                    CK(cudaEventRecord(eend, c.s[0]));
+                    CK(cudaEventSynchronize(eend));
+                    if (rep > 0) t.push_back(elapsed(e0, eend));
+                    CK(cudaSetDevice(1));
+                    CK(cudaDeviceSynchronize());
+                    int x;
+                    CK(cudaMemcpyFromSymbol(&x, g_fail, sizeof x));
+                    fail |= x;
+                    CK(cudaMemcpyToSymbol(g_fail, &zero, sizeof zero));
+                    if (fail) break;
+                }
+                const u64 bad = fail ? 0 : count_bad(1, c.A1, bytes);
+                if (fail) fprintf(stderr, "[%s] flag wait timed out\n", name);
+                if (bad) fprintf(stderr, "[%s] %llu wrong words\n", name, bad);
+                if (fail) printf(" TIMEOUT |");
+                else if (bad) printf(" BAD |");
+                else printf(" %.0f |", bytes / (median(t) * 1e-3) / 1e9);
+                fflush(stdout);
+            }
+            printf("\n");
+        }
+    }
+}
+
 // (5): copies within GPU0 (A0 -> D0), by SM copy kernels and by bulk copies.
 static void sec_local(Ctx& c) {
     printf("\n### Local (5): copies within GPU0, GPU0 buffer -> GPU0 buffer, GB/s (bytes copied / time)\n\n");
@@ -849,8 +1007,9 @@ int main(int argc, char** argv) {
     if (sec == "all" || sec == "fifo") any = true, sec_fifo(c);
     if (sec == "all" || sec == "ce") any = true, sec_ce(c);
     if (sec == "all" || sec == "local") any = true, sec_local(c);
+    if (sec == "all" || sec == "ce-fifo") any = true, sec_ce_fifo(c);
     if (!any) {
-        printf("unknown section %s (push pull tma-push tma-pull fifo ce local all)\n", sec.c_str());
+        printf("unknown section %s (push pull tma-push tma-pull fifo ce local ce-fifo all)\n", sec.c_str());
         return 1;
     }
     return 0;

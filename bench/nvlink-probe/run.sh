@@ -9,8 +9,8 @@ cd "$(dirname "$0")"
 # Load every kernel at start: the FIFO case runs two kernels that wait on each other.
 export CUDA_MODULE_LOADING=EAGER
 : > errors.log
-# bash run.sh [section...]: a subset (push pull tma-push tma-pull fifo ce local), all by default.
-SECTIONS="${*:-push pull tma-push tma-pull fifo ce local}"
+# bash run.sh [section...]: a subset (push pull tma-push tma-pull fifo ce local ce-fifo), all by default.
+SECTIONS="${*:-push pull tma-push tma-pull fifo ce local ce-fifo}"
 {
     echo "# nvlink-probe $(date -u +%FT%TZ) on $(hostname)"
     echo
