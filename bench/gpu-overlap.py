@@ -18,6 +18,12 @@ with occl's preloaded, in one command, and puts the two side by side.
 PROFILE=DIR runs one more round of each (collective, size) under PyTorch's profiler: a Chrome trace
 per rank in DIR and rank 0's GPU totals by kernel name on stderr.
 
+PERIOD_MS=P issues one collective every P milliseconds beside the GEMMs (as a training step issues
+a layer's all-gather or gradient reduce-scatter between its matrix multiplies) instead of back to
+back: every rank the same number of calls, as many as fit the GEMMs' time alone. "busbw_with" is
+then the median call's rate from its launch to its end (its wait for SMs included), and the JSON
+line has "period_ms" and "calls". The GEMM's loss is then a share of the calls' cost per period.
+
 WINDOWS=1 puts each collective's input and output in symmetric windows, NCCL 2.28's condition
 for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for calls that write straight into
 the peers' buffers: copy-engine calls, and under the default policy the kernels' windowed mode
@@ -217,8 +223,12 @@ def rank_main(rank, n, sizes, port, lib):
             t_alone = c0.elapsed_time(c1) / 20
             # Enough collectives to span the GEMMs, launched first so both streams start together;
             # every rank must issue the same number, so the ranks agree on the largest. The first
-            # round's results are dropped: it only finds the count.
-            k = torch.tensor([max(5, int(2 * gemm_alone() / t_alone) + 1)], device="cuda")
+            # round's results are dropped: it only finds the count. Paced, the count is what fits
+            # the GEMMs' time alone at one call a period.
+            period = float(os.environ.get("PERIOD_MS", "0"))
+            g_ms = gemm_alone()
+            k = torch.tensor([max(1, int(g_ms / period)) if period else max(5, int(2 * g_ms / t_alone) + 1)],
+                             device="cuda")
             dist.all_reduce(k, op=dist.ReduceOp.MAX)
             k = int(k.item())
             # REPS rounds of (GEMMs alone, GEMMs beside the collectives): the GPU's clocks and
@@ -229,13 +239,22 @@ def rank_main(rank, n, sizes, port, lib):
                 a_ms = gemm_alone("alone" if i else None)
                 dist.barrier()
                 with clocks.phase("with" if i else None):
-                    c0, c1 = timed(coll_stream, op, k)
-                    e0, e1 = timed(gemm_stream, mm, GEMMS)
+                    if period:
+                        e0, e1 = timed(gemm_stream, mm, GEMMS)
+                        calls, t0 = [], time.perf_counter()
+                        for j in range(k):
+                            calls.append(timed(coll_stream, op, 1))
+                            time.sleep(max(0.0, t0 + (j + 1) * period / 1e3 - time.perf_counter()))
+                    else:
+                        c0, c1 = timed(coll_stream, op, k)
+                        e0, e1 = timed(gemm_stream, mm, GEMMS)
                     torch.cuda.synchronize()
                 w_ms = e0.elapsed_time(e1)
                 losses.append(1 - a_ms / w_ms)
-                both.append(c0.elapsed_time(c1) / k)
+                both.append(sorted(c.elapsed_time(d) for c, d in calls)[k // 2] if period else c0.elapsed_time(c1) / k)
                 alone.append(tflops(a_ms))
+                if period:
+                    continue
                 # Next round: as many collectives as fit the GEMMs at the rate seen beside them,
                 # so that both streams end together and neither runs alone for long.
                 kt = torch.tensor([max(5, int(w_ms / both[-1]) + 1)], device="cuda")
@@ -272,6 +291,7 @@ def rank_main(rank, n, sizes, port, lib):
                                       gemm_loss=round(med(losses), 4),
                                       gemm_loss_range=[round(min(losses), 4), round(max(losses), 4)],
                                       busbw_alone=round(bus(t_alone), 1), busbw_with=round(bus(med(both)), 1),
+                                      **(dict(period_ms=period, calls=k) if period else {}),
                                       **({f"sm_mhz_{k}": v[0] for k, v in clk.items()}),
                                       **({f"power_w_{k}": v[1] for k, v in clk.items()}),
                                       **(dict(windows=True, wrong=wrong) if windows else {}))),

@@ -19,6 +19,8 @@
 #                                  bench/overlap-kernels.py DIR
 #   WINDOWS=1                      inputs and outputs in symmetric windows (ncclMemAlloc pool,
 #                                  ncclCommWindowRegister), checked after timing ("wrong")
+#   PERIOD_MS=P                    one collective every P ms beside the GEMMs instead of back to
+#                                  back (a training step's pace; gpu-overlap.py)
 #
 # NVIDIA's rows name the channel count NCCL chose (its NCCL_DEBUG=INFO line). Needs 2+ GPUs,
 # PyTorch, and NVLink multicast off (set here, as the shared machines require).
