@@ -575,6 +575,26 @@ static void sec_tma(Ctx& c, int exec) {
     }
 }
 
+// Whether a flag wait timed out on device `dev` since the last call (g_fail), clearing it.
+static bool take_fail(int dev) {
+    const int zero = 0;
+    int x;
+    CK(cudaSetDevice(dev));
+    CK(cudaMemcpyFromSymbol(&x, g_fail, sizeof x));
+    CK(cudaMemcpyToSymbol(g_fail, &zero, sizeof zero));
+    return x != 0;
+}
+
+// A FIFO case's cell: TIMEOUT, BAD (wrong words at the destinations) or GB/s of the median run.
+static void fifo_cell(const char* name, bool fail, u64 bad, const std::vector<double>& t, u64 bytes) {
+    if (fail) fprintf(stderr, "[%s] flag wait timed out\n", name);
+    if (bad) fprintf(stderr, "[%s] %llu wrong words\n", name, bad);
+    if (fail) printf(" TIMEOUT |");
+    else if (bad) printf(" BAD |");
+    else printf(" %.0f |", bytes / (median(t) * 1e-3) / 1e9);
+    fflush(stdout);
+}
+
 // (3): producer on GPU0, consumer on GPU1, timed from the producer's start to the consumer's end.
 static void sec_fifo(Ctx& c) {
     printf("\n### FIFO push (3): producer GPU0 -> slots in GPU1 -> consumer GPU1 output, 1 GiB, GB/s\n\n");
@@ -598,11 +618,7 @@ static void sec_fifo(Ctx& c) {
     CK(cudaEventCreate(&eend));
     CK(cudaSetDevice(1));
     CK(cudaEventCreate(&e1));
-    const int zero = 0;
-    for (int d = 0; d < 2; d++) {
-        CK(cudaSetDevice(d));
-        CK(cudaMemcpyToSymbol(g_fail, &zero, sizeof zero));
-    }
+    for (int d = 0; d < 2; d++) take_fail(d);
 
     printf("| K | S | lanes |");
     for (int B : FB) printf(" B=%d |", B);
@@ -664,23 +680,12 @@ static void sec_fifo(Ctx& c) {
                 if (rep > 0) t.push_back(elapsed(e0, eend));
                 CK(cudaSetDevice(1));
                 CK(cudaDeviceSynchronize());  // the consumer is done (so is the producer: eend)
-                for (int d = 0; d < 2; d++) {
-                    int x;
-                    CK(cudaSetDevice(d));
-                    CK(cudaMemcpyFromSymbol(&x, g_fail, sizeof x));
-                    fail |= x;
-                    CK(cudaMemcpyToSymbol(g_fail, &zero, sizeof zero));
-                }
+                for (int d = 0; d < 2; d++) fail |= take_fail(d);
                 if (fail) break;  // a timed-out run costs 2 s: don't repeat it
             }
             u64 bad = 0;
             for (auto& d : dsts) bad += count_bad(d.dev, d.p, bytes);
-            if (fail) fprintf(stderr, "[%s] flag wait timed out\n", name);
-            if (bad) fprintf(stderr, "[%s] %llu wrong words\n", name, bad);
-            if (fail) printf(" TIMEOUT |");
-            else if (bad) printf(" BAD |");
-            else printf(" %.0f |", bytes / (median(t) * 1e-3) / 1e9);
-            fflush(stdout);
+            fifo_cell(name, fail, bad, t, bytes);
         }
         printf("\n");
     }
@@ -839,7 +844,7 @@ static void sec_ce_fifo(Ctx& c) {
     CK(cudaEventCreate(&eend));
     CK(cudaSetDevice(1));
     CK(cudaEventCreate(&e1));
-    const int zero = 0;
+    take_fail(1);
     printf("| K | Q |");
     for (int B : CB) printf(" B=%d |", B);
     printf("\n|---|---|");
@@ -907,19 +912,10 @@ static void sec_ce_fifo(Ctx& c) {
                     if (rep > 0) t.push_back(elapsed(e0, eend));
                     CK(cudaSetDevice(1));
                     CK(cudaDeviceSynchronize());
-                    int x;
-                    CK(cudaMemcpyFromSymbol(&x, g_fail, sizeof x));
-                    fail |= x;
-                    CK(cudaMemcpyToSymbol(g_fail, &zero, sizeof zero));
+                    fail |= take_fail(1);
                     if (fail) break;
                 }
-                const u64 bad = fail ? 0 : count_bad(1, c.A1, bytes);
-                if (fail) fprintf(stderr, "[%s] flag wait timed out\n", name);
-                if (bad) fprintf(stderr, "[%s] %llu wrong words\n", name, bad);
-                if (fail) printf(" TIMEOUT |");
-                else if (bad) printf(" BAD |");
-                else printf(" %.0f |", bytes / (median(t) * 1e-3) / 1e9);
-                fflush(stdout);
+                fifo_cell(name, fail, fail ? 0 : count_bad(1, c.A1, bytes), t, bytes);
             }
             printf("\n");
         }
