@@ -1,6 +1,7 @@
-// A kernel that holds K SMs for a while and does nothing else: K blocks, each asking for enough
-// shared memory that no other block of it fits on the same SM (nor a matrix multiply's block),
-// each spinning on %globaltimer for `ns` from its own start. For overlap-hold.py (ctypes).
+// A kernel that holds K SMs for a while and does nothing else: K blocks whose dynamic shared
+// memory (reserved at launch, used or not) leaves no room on their SM for another of them or for
+// a matrix multiply's block, each spinning on %globaltimer for `ns` from its own start. For
+// overlap-hold.py (ctypes).
 #include <cuda_runtime.h>
 
 typedef unsigned long long u64;
@@ -11,22 +12,18 @@ __device__ __forceinline__ u64 gtimer() {
     return t;
 }
 
-__global__ void hold(u64 ns, int* sink) {
-    extern __shared__ unsigned char sm[];
+__global__ void hold(u64 ns) {
     if (threadIdx.x != 0) return;
     const u64 t0 = gtimer();
-    unsigned spins = 0;
-    while (gtimer() - t0 < ns) spins++;
-    sm[0] = (unsigned char)spins;  // uses the shared memory, so it is not dropped
-    if (sm[0] == 255 && spins == 0) *sink = 1;
+    while (gtimer() - t0 < ns) {
+    }
 }
 
-// Enqueues one hold of `blocks` SMs for `ns` on `stream`; 0 or a CUDA error code.
+// Enqueues one hold of `blocks` SMs for `ns` on `stream`, each block reserving `smem` bytes of
+// shared memory; 0 or a CUDA error code.
 extern "C" int occl_hold(int blocks, u64 ns, int smem, void* stream) {
-    static int* sink = nullptr;
-    if (!sink && cudaMalloc(&sink, sizeof(int)) != cudaSuccess) return -1;
     cudaError_t e = cudaFuncSetAttribute(hold, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
-    hold<<<blocks, 32, smem, (cudaStream_t)stream>>>(ns, sink);
+    hold<<<blocks, 32, smem, (cudaStream_t)stream>>>(ns);
     return (int)cudaGetLastError();
 }

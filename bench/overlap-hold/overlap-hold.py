@@ -4,10 +4,11 @@ The GEMM stream of bench/gpu-overlap.py (bf16 8192^3, 50 back to back) runs besi
 kernels that each hold K SMs for T microseconds and do nothing (hold.cu: one block an SM, by its
 shared memory, which a GEMM block cannot share), issued back to back so that they span the GEMMs,
 as a collective stream does. Per (K, T): the GEMM's loss (1 - alone / beside, median of REPS
-rounds, each against the GEMMs alone in the same round, and their range), the share of the GPU's SM
-time the holds took while the GEMMs ran (K x holds x T / (SMs x the GEMMs' time beside them)), and
-how long the hold stream ran against the GEMMs (its span includes each hold's wait for SMs). If the loss follows K x T, a collective costs the GEMM what its SMs
-hold, however few; if it follows T alone, fewer SMs for as long cost as much.
+rounds, each against the GEMMs alone in the same round, and their range), the share of the GPU's
+SM time the holds took while the GEMMs ran (K x holds x T / (SMs x the GEMMs' time beside them)),
+and how long the hold stream ran against the GEMMs (its span includes each hold's wait for SMs).
+If the loss follows K x T, a collective costs the GEMM what its SMs hold, however few; if it
+follows T alone, fewer SMs for as long cost as much.
 
 PERIOD_US=P issues one hold every P microseconds from the host for as long as the GEMMs ran alone,
 instead of back to back: the holds then take T / P of the time.
