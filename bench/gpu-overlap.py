@@ -23,6 +23,7 @@ a layer's all-gather or gradient reduce-scatter between its matrix multiplies) i
 back: every rank the same number of calls, as many as fit the GEMMs' time alone. "busbw_with" is
 then the median call's rate from its launch to its end (its wait for SMs included), and the JSON
 line has "period_ms" and "calls". The GEMM's loss is then a share of the calls' cost per period.
+A PROFILE round still issues its calls back to back.
 
 WINDOWS=1 puts each collective's input and output in symmetric windows, NCCL 2.28's condition
 for its copy-engine collectives (NCCL_CTA_POLICY=2) and occl's for calls that write straight into
