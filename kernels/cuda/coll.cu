@@ -968,12 +968,12 @@ struct P2pArgs {
 // this connection's direction is loaded and stored: the opposite direction with the same peer
 // and channel runs in another lane of this launch. Both ends split each operation over the
 // same channels in the same chunks, so the counters of a channel stay equal on both sides, as
-// the collectives expect.
-DEV void p2p_group(const P2pArgs& g, Chan& c) {
+// the collectives expect. Returns whether this lane was a channel.
+DEV bool p2p_group(const P2pArgs& g, Chan& c) {
     const CollArgs& a = g.a;
     unsigned b = chan_id(), k = 0;
     while (k < g.nconns && b >= g.conns[k].channels) b -= g.conns[k++].channels;
-    if (k >= g.nconns) return;
+    if (k >= g.nconns) return false;
     const P2pConn& cn = g.conns[k];
     const unsigned p = cn.peer, nb = cn.channels, bit = 1u << p;
     const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
@@ -1014,6 +1014,8 @@ DEV void p2p_group(const P2pArgs& g, Chan& c) {
         if (cn.send) x->sent = c.sent[p];
         else x->recvd = c.recvd[p];
     }
+    PH_CLOSE(a, c);
+    return true;
 }
 
 // Loads this block's sequence numbers (draining a FIFO whose geometry changes), runs the mode,
@@ -1104,7 +1106,8 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
     extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                     \
         occl_p2p_group(const P2pArgs g) {                                                           \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
-        p2p_group(g, cs[lane()]);                                                                   \
+        const u64 t0 = g.a.timers ? globaltimer() : 0;                                              \
+        if (p2p_group(g, cs[lane()])) chan_time(g.a, t0);                                           \
     }                                                                                               \
     OCCL_CHAN_KERNEL(occl_coll_win, win_modes(a, c))
 

@@ -4,15 +4,17 @@
 //! Coll/P2p, Group and API events) plus KernelLaunch, runs each device operation once, brackets
 //! it with host clock readings (before the launch, after the stream synchronised), reports the
 //! KernelCh events (`CudaComm::flush_events`) and checks: the operation's Coll/P2p has exactly
-//! one KernelCh per block (its `n_channels`), channel ids 0..n, each with start <= stop and
+//! one KernelCh per channel (its `n_channels`), channel ids 0..n, each with start <= stop and
 //! both inside [launch, sync] widened by the clock map's error bound plus [`SLACK_NS`]; a
-//! KernelLaunch per operation; a launch a CUDA graph captured gets its host events and no
-//! KernelCh. Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
+//! KernelLaunch per launch. A group of sends and receives is one launch whose connections run
+//! on channels of their own: a connection's channels report under its first P2p, and a later
+//! P2p on the same connection has as many channels and no KernelCh of its own. A launch a CUDA
+//! graph captured gets its host events and no KernelCh. Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
 //! Coll, and detached. Rank 0 prints one JSON line per measurement.
 
 use anyhow::{bail, ensure, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
-use occl::cuda::CudaComm;
+use occl::cuda::{CudaComm, P2p};
 use occl::{DataType, RedOp};
 use occl_telemetry::spans::unix_nanos;
 use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Sink};
@@ -37,17 +39,22 @@ struct Ev {
     func: &'static str,
     n: u32,
     seq: u64,
+    /// P2p: the peer.
+    peer: i32,
+    /// The order in which the events started.
+    order: u64,
 }
 
 /// Records the events it wants with their times (explicit ones for KernelCh).
 struct Recorder {
     mask: AtomicU64,
     evs: Mutex<HashMap<u64, Ev>>,
+    started: AtomicU64,
 }
 
 impl Recorder {
     fn new(mask: EventMask) -> Arc<Recorder> {
-        Arc::new(Recorder { mask: AtomicU64::new(mask.0), evs: Mutex::default() })
+        Arc::new(Recorder { mask: AtomicU64::new(mask.0), evs: Mutex::default(), started: AtomicU64::new(0) })
     }
 
     fn take(&self) -> HashMap<u64, Ev> {
@@ -61,12 +68,15 @@ impl Recorder {
                 .find(|x| *x == f)
                 .unwrap_or("?")
         };
-        let mut e = Ev { ty: Some(d.event_type()), parent: parent.map(EventId::get), start: t, ..Ev::default() };
+        let order = self.started.fetch_add(1, Relaxed);
+        let mut e = Ev { ty: Some(d.event_type()), parent: parent.map(EventId::get), start: t, order, ..Ev::default() };
         match *d {
             EventDescr::Coll { func: f, n_channels, seq_number, .. } => {
                 (e.func, e.n, e.seq) = (func(f), u32::from(n_channels), seq_number);
             }
-            EventDescr::P2p { func: f, n_channels, .. } => (e.func, e.n) = (func(f), u32::from(n_channels)),
+            EventDescr::P2p { func: f, n_channels, peer, .. } => {
+                (e.func, e.n, e.peer) = (func(f), u32::from(n_channels), peer);
+            }
             EventDescr::KernelCh { channel_id, .. } => e.n = u32::from(channel_id),
             _ => {}
         }
@@ -105,7 +115,7 @@ fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> anyhow::Result<(CudaSlice<u8
 }
 
 /// The device operations this check runs, by name.
-const OPS: [&str; 8] = [
+const OPS: [&str; 9] = [
     "all_reduce_8B",
     "all_reduce_4M",
     "reduce_scatter",
@@ -114,6 +124,7 @@ const OPS: [&str; 8] = [
     "broadcast",
     "all_to_all",
     "send_recv",
+    "grouped_send_recv",
 ];
 
 /// Enqueues `op` of `bytes` per rank (f32) on `s`.
@@ -131,6 +142,19 @@ fn launch(cc: &CudaComm, s: &Arc<CudaStream>, op: &str, bufs: (u64, u64), bytes:
             "all_gather" => cc.all_gather_raw(s, i, o, c, DataType::F32)?,
             "broadcast" => cc.broadcast_raw(s, i, o, c, DataType::F32, 0)?,
             "all_to_all" => cc.all_to_all_raw(s, i, o, c / n, DataType::F32)?,
+            "grouped_send_recv" => {
+                // One group: the ring exchange in two halves, each half a send to r+1 and a
+                // receive from r-1, so each connection carries two operations.
+                let (to, from, half) = ((r + 1) % n, (r + n - 1) % n, c / 2);
+                let op = |send, peer, buf, k: usize| P2p {
+                    send,
+                    peer,
+                    buf: buf + (k * half * 4) as u64,
+                    count: half,
+                    dt: DataType::F32,
+                };
+                cc.p2p_group_raw(s, &[op(true, to, i, 0), op(false, from, o, 0), op(true, to, i, 1), op(false, from, o, 1)])?
+            }
             _ => {
                 // Ring pairs: even ranks send first, so every send meets its receive.
                 let (to, from) = ((r + 1) % n, (r + n - 1) % n);
@@ -150,22 +174,42 @@ fn launch(cc: &CudaComm, s: &Arc<CudaStream>, op: &str, bufs: (u64, u64), bytes:
 /// Checks one operation's events; returns (operations, KernelCh events, mean channel µs).
 fn verify(op: &str, evs: &HashMap<u64, Ev>, (t0, t1): (u64, u64), err_ns: u64) -> anyhow::Result<(usize, usize, f64)> {
     let slack = err_ns + SLACK_NS;
-    let parents: Vec<(&u64, &Ev)> =
+    let mut parents: Vec<(&u64, &Ev)> =
         evs.iter().filter(|(_, e)| matches!(e.ty, Some(EventType::Coll) | Some(EventType::P2p))).collect();
-    let want = if op == "send_recv" { 2 } else { 1 };
+    parents.sort_by_key(|(_, e)| e.order);
+    let (want, want_launches) = match op {
+        "send_recv" => (2, 2),
+        "grouped_send_recv" => (4, 1),
+        _ => (1, 1),
+    };
     ensure!(parents.len() == want, "{op}: {} Coll/P2p events, want {want}", parents.len());
     let launches = evs.values().filter(|e| e.ty == Some(EventType::KernelLaunch)).count();
-    ensure!(launches == want, "{op}: {launches} KernelLaunch events, want {want}");
+    ensure!(launches == want_launches, "{op}: {launches} KernelLaunch events, want {want_launches}");
     let (mut chans, mut dur) = (0, 0u64);
-    for (&pid, p) in parents {
+    for (k, &(&pid, p)) in parents.iter().enumerate() {
         ensure!(p.start >= t0 && p.stop <= t1 && p.stop > 0, "{op}: the {} host event lies outside its call", p.func);
+        ensure!(p.n > 0, "{op}: {} ran on no channels", p.func);
         let mut ch: Vec<&Ev> =
             evs.values().filter(|e| e.ty == Some(EventType::KernelCh) && e.parent == Some(pid)).collect();
         ch.sort_by_key(|e| e.n);
         let ids: Vec<u32> = ch.iter().map(|e| e.n).collect();
+        // A later operation of the same connection (a P2p's function and peer) ran on the
+        // first one's channels, after it.
+        let first = parents[..k].iter().find(|(_, q)| q.ty == Some(EventType::P2p) && q.func == p.func && q.peer == p.peer);
+        if let Some((_, q)) = first {
+            ensure!(
+                ids.is_empty() && p.n == q.n,
+                "{op}: the second {} to peer {} has {} channels and KernelCh {ids:?}, want the first's {} and none",
+                p.func,
+                p.peer,
+                p.n,
+                q.n
+            );
+            continue;
+        }
         ensure!(
             ids == (0..p.n).collect::<Vec<_>>(),
-            "{op}: {} with {} blocks has KernelCh channels {ids:?}",
+            "{op}: {} with {} channels has KernelCh channels {ids:?}",
             p.func,
             p.n
         );
@@ -223,7 +267,7 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
     let h = cc.comm().attach_sink(rec.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (mut ops, mut chans) = (0, 0);
     for op in OPS {
-        if op == "send_recv" && cc.nranks() < 2 {
+        if op.contains("send_recv") && cc.nranks() < 2 {
             continue;
         }
         cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;

@@ -1,7 +1,10 @@
-//! KernelCh events of the device operations: the kernel's blocks write their `%globaltimer`
+//! KernelCh events of the device operations: the kernel's channels write their `%globaltimer`
 //! (start, stop) into a [`TimerRing`] slot that the launch was given, and the host turns
 //! complete records into KernelCh events (parent: the operation's Coll/P2p, which stopped at
-//! enqueue), on the device clock mapped to the span clock. Records are collected at the next
+//! enqueue), on the device clock mapped to the span clock. A launch of a group's sends and
+//! receives runs each connection (peer, direction) on channels of its own, in call order: its
+//! channels' records go to the connection's first operation, numbered from 0 as its channels
+//! are, so every Coll/P2p with channels has KernelCh 0..n. Records are collected at the next
 //! operation, at `CudaComm::flush_events` and when the communicator goes away: nothing on the
 //! enqueue path waits for the device.
 //!
@@ -37,13 +40,21 @@ struct Clock {
     last_try: Instant,
 }
 
-/// A timed launch whose records the host has not collected yet.
+/// Consecutive channels of a timed launch and the Coll/P2p they report under (none: their
+/// records are read and dropped).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub parent: Option<EventId>,
+    pub channels: u32,
+}
+
+/// A timed launch whose records the host has not collected yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Pending {
     slot: u32,
     blocks: u32,
-    /// The Coll/P2p the channels belong to.
-    parent: EventId,
+    /// Whose the channels are, in launch order; their channels add up to `blocks`.
+    owners: Vec<Owner>,
 }
 
 struct State {
@@ -115,10 +126,12 @@ impl DevEvents {
         }
     }
 
-    /// The launch given `slot` was enqueued: its records are awaited.
-    pub(crate) fn launched(&self, slot: u32, blocks: u32, parent: EventId) {
+    /// The launch given `slot` was enqueued with the channels of `owners`: its records are
+    /// awaited.
+    pub(crate) fn launched(&self, slot: u32, owners: Vec<Owner>) {
+        let blocks = owners.iter().map(|o| o.channels).sum();
         let mut s = self.lock();
-        s.pending.push_back(Pending { slot, blocks, parent });
+        s.pending.push_back(Pending { slot, blocks, owners });
         self.outstanding.store(s.pending.len(), Relaxed);
     }
 
@@ -150,7 +163,7 @@ impl DevEvents {
             let mut done = Vec::new();
             s.pending.retain(|p| match self.ring.read(p.slot, p.blocks) {
                 Some(r) => {
-                    done.push((*p, r));
+                    done.push((p.clone(), r));
                     false
                 }
                 None => true,
@@ -160,15 +173,22 @@ impl DevEvents {
         };
         let clock = self.clock();
         for (p, records) in &done {
-            emit(f, &clock, p.parent, records);
+            let mut rest = records.as_slice();
+            for o in &p.owners {
+                let (mine, after) = rest.split_at((o.channels as usize).min(rest.len()));
+                if let Some(parent) = o.parent {
+                    emit(f, &clock, parent, mine);
+                }
+                rest = after;
+            }
             self.release(p.slot);
         }
         done.len()
     }
 }
 
-/// One KernelCh per block, at its device times on the span clock: start (pTimer = the device
-/// start), KernelChStop (pTimer = the device stop), stop.
+/// One KernelCh per channel of `parent`, at its device times on the span clock: start (pTimer =
+/// the device start), KernelChStop (pTimer = the device stop), stop.
 fn emit(f: &Fanout, clock: &ClockMap, parent: EventId, records: &[(u64, u64)]) {
     for (b, &(start, stop)) in records.iter().enumerate() {
         let channel_id = u8::try_from(b).unwrap_or(u8::MAX);
@@ -227,8 +247,8 @@ mod tests {
         assert_eq!(ev.reserve(1), None, "two slots, both taken");
         assert_eq!(ev.reserve(5), None, "more blocks than channels");
         assert_eq!(ev.untimed(), 2);
-        ev.launched(a, 2, parent);
-        ev.launched(b, 1, parent);
+        ev.launched(a, one(parent, 2));
+        ev.launched(b, one(parent, 1));
         // The second launch (another stream) finishes first; the first has one block done.
         ev.ring.write(b, 0, 50, 80);
         ev.ring.write(a, 0, 10, 40);
@@ -244,8 +264,40 @@ mod tests {
         let (c, _) = ev.reserve(1).expect("freed");
         let (d, _) = ev.reserve(1).expect("freed");
         assert_ne!(c, d);
-        ev.launched(c, 1, parent);
+        ev.launched(c, one(parent, 1));
         assert_eq!(ev.collect(&f), 0, "a reused slot starts empty");
         ev.release(d);
+    }
+
+    fn one(parent: EventId, channels: u32) -> Vec<Owner> {
+        vec![Owner { parent: Some(parent), channels }]
+    }
+
+    #[test]
+    fn a_groups_channels_go_to_their_connections_numbered_from_zero() {
+        let f = Fanout::new();
+        let sink = Arc::new(Chans::default());
+        let _h = f.attach(sink.clone()).expect("attach");
+        let send = f.start(None, &EventDescr::Group).expect("a parent");
+        let recv = f.start(None, &EventDescr::Group).expect("another");
+        let ev = DevEvents::new(TimerRing::in_memory(1, 8).expect("ring"), ClockMap::default(), None);
+        let (slot, _) = ev.reserve(5).expect("a slot");
+        // Two channels of a send, one of a connection nobody reports, two of a receive.
+        let owners = vec![
+            Owner { parent: Some(send), channels: 2 },
+            Owner { parent: None, channels: 1 },
+            Owner { parent: Some(recv), channels: 2 },
+        ];
+        ev.launched(slot, owners);
+        for ch in 0..4 {
+            ev.ring.write(slot, ch, 100 + ch as u64, 200 + ch as u64);
+        }
+        assert_eq!(ev.collect(&f), 0, "the launch's last channel has not written its record");
+        ev.ring.write(slot, 4, 104, 204);
+        assert_eq!(ev.collect(&f), 1);
+        let got: Vec<_> = sink.0.lock().expect("lock").iter().map(|e| (e.1, e.2, e.3)).collect();
+        let (s, r) = (Some(send.get()), Some(recv.get()));
+        assert_eq!(got, vec![(s, 0, 100), (s, 1, 101), (r, 0, 103), (r, 1, 104)]);
+        assert_eq!(ev.outstanding(), 0);
     }
 }

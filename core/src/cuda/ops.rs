@@ -7,6 +7,7 @@ use super::budget::{CtaPolicy, Launch};
 use super::ce::{Flows, Route};
 use super::comm::CudaComm;
 use super::err;
+use super::events::Owner;
 use super::kernels::coll::{CollArgs, Mode, MAX_RANKS};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::memops::StreamOps;
@@ -328,14 +329,7 @@ impl CudaComm {
         // Asked of the driver once, and only by what needs it.
         let captured = std::cell::OnceCell::new();
         let captured = || *captured.get_or_init(|| capturing(stream));
-        // A captured launch replays without the host: it gets no slot (see events.rs).
-        let slot = match (&self.events, parent) {
-            (Some(ev), Some(_)) if flows.is_none() && !captured() => {
-                ev.recalibrate_if_due();
-                ev.reserve(blocks)
-            }
-            _ => None,
-        };
+        let slot = self.timer_slot(parent.is_some() && flows.is_none(), blocks, captured);
         if let Some((_, dev)) = slot {
             a.timers = dev;
         }
@@ -363,12 +357,7 @@ impl CudaComm {
         if let Some(p) = &prof {
             p.stop_launch(launch);
         }
-        if let (Some(ev), Some((s, _))) = (&self.events, slot) {
-            match (&r, parent) {
-                (Ok(()), Some(parent)) => ev.launched(s, blocks, parent),
-                _ => ev.release(s),
-            }
-        }
+        self.timed(slot, r.is_ok(), || vec![Owner { parent, channels: blocks }]);
         // RAS counts a device operation once it is enqueued (as NCCL's RAS does): the host
         // never learns when the kernel ends.
         let coll = ras_type(mode);
@@ -573,11 +562,18 @@ impl CudaComm {
                 unsafe { ops.copy(*dst, *src, *bytes) }.map_err(err("a send to this rank"))?;
             }
         }
-        let Some((args, channels)) = planned else { return Ok(()) };
+        let Some((mut args, channels)) = planned else { return Ok(()) };
+        let conns = &args.conns[..args.nconns as usize];
+        // The channels of the connection an operation runs on (none for an empty one).
+        let conn_of = |o: &P2p| conns.iter().find(|c| c.peer as usize == o.peer && (c.send == 1) == o.send);
+        let chans_of = |o: &P2p| if o.count == 0 { 0 } else { conn_of(o).map_or(0, |c| c.channels) };
         let f = self.comm.fanout();
+        if let Some(ev) = &self.events {
+            ev.collect(f);
+        }
         // NCCL's RAS counts operations as they are enqueued: so does this.
         let t0 = crate::record::now_ns();
-        let profs: Vec<_> = ops
+        let profs: Vec<(&P2p, OpProf)> = ops
             .iter()
             .filter(|o| o.peer != self.rank())
             .filter_map(|o| {
@@ -599,20 +595,45 @@ impl CudaComm {
                     algo: "DIRECT",
                     proto: "SIMPLE",
                     chunk_size: self.layout.slot_bytes as usize,
-                    n_channels: u8::try_from(channels).unwrap_or(u8::MAX),
+                    n_channels: u8::try_from(chans_of(o)).unwrap_or(u8::MAX),
                 })
+                .map(|p| (o, p))
             })
             .collect();
-        let launch = profs.first().and_then(|p| p.start_launch(stream.cu_stream() as usize));
+        // Each connection's channels report under its first operation that moves bytes (the
+        // others run after it on the same channels).
+        let owners = || {
+            conns
+                .iter()
+                .map(|c| Owner {
+                    parent: profs
+                        .iter()
+                        .find(|(o, _)| conn_of(o) == Some(c) && o.count > 0)
+                        .filter(|(_, p)| p.mask().contains(EventType::KernelCh))
+                        .and_then(|(_, p)| p.coll_id()),
+                    channels: c.channels,
+                })
+                .collect::<Vec<_>>()
+        };
+        let captured = std::cell::OnceCell::new();
+        let captured = || *captured.get_or_init(|| capturing(stream));
+        let wanted = profs.iter().any(|(_, p)| p.mask().contains(EventType::KernelCh));
+        let slot = self.timer_slot(wanted, channels, captured);
+        if let Some((_, dev)) = slot {
+            args.base.timers = dev;
+        }
+        let launch = profs.first().and_then(|(_, p)| p.start_launch(stream.cu_stream() as usize));
         self.last_channels.store(channels, std::sync::atomic::Ordering::Relaxed);
-        // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
+        // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
+        // the timer slot is this launch's alone until its records are collected.
         let r = unsafe { self.kernels.launch_p2p(stream, &args, channels) }.map_err(err("launch grouped send/recv"));
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
-            w.launched(capturing(stream));
+            w.launched(captured());
         }
-        if let Some(p) = profs.first() {
+        if let Some((_, p)) = profs.first() {
             p.stop_launch(launch);
         }
+        self.timed(slot, r.is_ok(), owners);
         for o in ops.iter().filter(|o| o.peer != self.rank()) {
             let coll = if o.send { CollType::Send } else { CollType::Recv };
             match &r {
@@ -623,10 +644,33 @@ impl CudaComm {
                 }),
             }
         }
-        for p in profs {
+        for (_, p) in profs {
             p.end();
         }
         r
+    }
+
+    /// A timer slot for a launch of `blocks` channels whose KernelCh someone wants (`wanted`),
+    /// and recalibrates the clock map when it is due. A captured launch replays without the
+    /// host: it gets no slot (see events.rs).
+    fn timer_slot(&self, wanted: bool, blocks: u32, captured: impl FnOnce() -> bool) -> Option<(u32, u64)> {
+        let ev = self.events.as_ref().filter(|_| wanted && blocks > 0)?;
+        if captured() {
+            return None;
+        }
+        ev.recalibrate_if_due();
+        ev.reserve(blocks)
+    }
+
+    /// Hands a launch's slot to the pending records with the channels' `owners` if the launch
+    /// was enqueued, else frees it.
+    fn timed(&self, slot: Option<(u32, u64)>, launched: bool, owners: impl FnOnce() -> Vec<Owner>) {
+        if let (Some(ev), Some((s, _))) = (&self.events, slot) {
+            match launched {
+                true => ev.launched(s, owners()),
+                false => ev.release(s),
+            }
+        }
     }
 }
 
