@@ -153,7 +153,10 @@ fn launch(cc: &CudaComm, s: &Arc<CudaStream>, op: &str, bufs: (u64, u64), bytes:
                     count: half,
                     dt: DataType::F32,
                 };
-                cc.p2p_group_raw(s, &[op(true, to, i, 0), op(false, from, o, 0), op(true, to, i, 1), op(false, from, o, 1)])?
+                cc.p2p_group_raw(
+                    s,
+                    &[op(true, to, i, 0), op(false, from, o, 0), op(true, to, i, 1), op(false, from, o, 1)],
+                )?
             }
             _ => {
                 // Ring pairs: even ranks send first, so every send meets its receive.
@@ -195,7 +198,8 @@ fn verify(op: &str, evs: &HashMap<u64, Ev>, (t0, t1): (u64, u64), err_ns: u64) -
         let ids: Vec<u32> = ch.iter().map(|e| e.n).collect();
         // A later operation of the same connection (a P2p's function and peer) ran on the
         // first one's channels, after it.
-        let first = parents[..k].iter().find(|(_, q)| q.ty == Some(EventType::P2p) && q.func == p.func && q.peer == p.peer);
+        let first =
+            parents[..k].iter().find(|(_, q)| q.ty == Some(EventType::P2p) && q.func == p.func && q.peer == p.peer);
         if let Some((_, q)) = first {
             ensure!(
                 ids.is_empty() && p.n == q.n,
