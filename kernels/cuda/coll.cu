@@ -940,6 +940,24 @@ DEV void copy_modes(const CollArgs& a, Chan& c) {
     }
 }
 
+// KernelCh record `idx` of the launch (NCCL's pTimer pair): the start, then the stop with a
+// system-scope release, so the host takes a record with a non-zero stop as complete. Returns the
+// stop (to the lane's thread 0). The branch is uniform (a kernel argument): an untimed launch
+// only tests it.
+DEV u64 stamp(const CollArgs& a, u64 idx, u64 t0) {
+    if (!a.timers) return 0;
+    lane_sync();
+    if (lt() != 0) return 0;
+    u64* r = (u64*)a.timers + 2 * idx;
+    r[0] = t0;
+    const u64 t1 = globaltimer();
+    st_release(&r[1], t1 ? t1 : 1);
+    return t1;
+}
+
+// The channel's KernelCh record: one per channel of a collective.
+DEV void chan_time(const CollArgs& a, u64 t0) { stamp(a, chan_id(), t0); }
+
 // Grouped send/recv (NCCL's ncclGroupStart..End of p2p calls): one launch runs every send and
 // receive of a group at once, each connection (peer, direction) on channels of its own, so that
 // no send waits behind a receive queued after it. The channels are lanes, packed into blocks as
@@ -968,12 +986,20 @@ struct P2pArgs {
 // this connection's direction is loaded and stored: the opposite direction with the same peer
 // and channel runs in another lane of this launch. Both ends split each operation over the
 // same channels in the same chunks, so the counters of a channel stay equal on both sides, as
-// the collectives expect. Returns whether this lane was a channel.
-DEV bool p2p_group(const P2pArgs& g, Chan& c) {
+// the collectives expect.
+//
+// Timed (a.timers), a channel stamps a record per operation (NCCL's KernelCh per work item: an
+// operation on a channel, from the previous one's end): connection k's records follow every
+// earlier connection's, operation by operation, channel by channel (occl_kernels::p2p::records).
+DEV void p2p_group(const P2pArgs& g, Chan& c, u64 t0) {
     const CollArgs& a = g.a;
     unsigned b = chan_id(), k = 0;
-    while (k < g.nconns && b >= g.conns[k].channels) b -= g.conns[k++].channels;
-    if (k >= g.nconns) return false;
+    u64 rec = 0;
+    while (k < g.nconns && b >= g.conns[k].channels) {
+        rec += (u64)g.conns[k].nops * g.conns[k].channels;
+        b -= g.conns[k++].channels;
+    }
+    if (k >= g.nconns) return;
     const P2pConn& cn = g.conns[k];
     const unsigned p = cn.peer, nb = cn.channels, bit = 1u << p;
     const unsigned tx = cn.send ? bit : 0, rx = cn.send ? 0 : bit;
@@ -1007,6 +1033,7 @@ DEV bool p2p_group(const P2pArgs& g, Chan& c) {
             else copy1(buf + o, recv_slot(a, c, b, p), m);
             post_peers(a, c, b, tx, rx);
         }
+        t0 = stamp(a, rec + (u64)(i - cn.first) * nb + b, t0);
     }
     lane_sync();
     if (lt() == 0) {
@@ -1015,7 +1042,6 @@ DEV bool p2p_group(const P2pArgs& g, Chan& c) {
         else x->recvd = c.recvd[p];
     }
     PH_CLOSE(a, c);
-    return true;
 }
 
 // Loads this block's sequence numbers (draining a FIFO whose geometry changes), runs the mode,
@@ -1046,20 +1072,6 @@ DEV void chan_close(const CollArgs& a, Chan& c) {
         Ctrl* k = ctrl(a, a.rank, chan_id(), t);
         k->sent = c.sent[t];
         k->recvd = c.recvd[t];
-    }
-}
-
-// The channel's KernelCh record (NCCL's pTimer pair): the start, then the stop with a
-// system-scope release, so the host takes a record with a non-zero stop as complete. The
-// branch is uniform (a kernel argument): an untimed launch only tests it.
-DEV void chan_time(const CollArgs& a, u64 t0) {
-    if (!a.timers) return;
-    lane_sync();
-    if (lt() == 0) {
-        u64* r = (u64*)a.timers + 2 * (u64)chan_id();
-        r[0] = t0;
-        const u64 t1 = globaltimer();
-        st_release(&r[1], t1 ? t1 : 1);
     }
 }
 
@@ -1106,8 +1118,7 @@ extern "C" __global__ void occl_clock_probe(u64 box, u64 first, unsigned n) {
     extern "C" __global__ void __launch_bounds__(OCCL_BLOCK, 1)                                     \
         occl_p2p_group(const P2pArgs g) {                                                           \
         __shared__ Chan cs[OCCL_LANES_MAX];                                                         \
-        const u64 t0 = g.a.timers ? globaltimer() : 0;                                              \
-        if (p2p_group(g, cs[lane()])) chan_time(g.a, t0);                                           \
+        p2p_group(g, cs[lane()], g.a.timers ? globaltimer() : 0);                                   \
     }                                                                                               \
     OCCL_CHAN_KERNEL(occl_coll_win, win_modes(a, c))
 

@@ -58,6 +58,13 @@ pub struct P2pArgs {
 // SAFETY: plain old data of u64/u32 fields laid out as the kernel's struct.
 unsafe impl DeviceRepr for P2pArgs {}
 
+/// The KernelCh records of a timed launch over `conns` (a plan's, in launch order), in the order
+/// the kernel writes them: per connection, per operation (its index in the connection, in call
+/// order), a record per channel of the connection.
+pub fn records(conns: &[P2pConn]) -> impl Iterator<Item = (&P2pConn, u32)> {
+    conns.iter().flat_map(|c| (0..c.nops).map(move |i| (c, i)))
+}
+
 /// One send or receive of a group, as the caller issued it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transfer {
@@ -220,6 +227,16 @@ mod tests {
         assert_eq!(g.ops[1], P2pOp { buf: 0x1000, bytes: 1 << 20 });
         // 128 channels shared by 6 possible connections: 21 each; 1 MiB wants 32.
         assert_eq!((recv.channels, send.channels, total), (21, 21, 42));
+    }
+
+    #[test]
+    fn timer_records_run_per_connection_then_per_operation_then_per_channel() {
+        // Rank 0 of 2: two sends to rank 1 and a receive from it.
+        let ops = [t(true, 1, 0x10, 1 << 20), t(false, 1, 0x20, 1 << 20), t(true, 1, 0x30, 1 << 20)];
+        let (g, _) = plan(base(0, 2), &ops, all(16)).unwrap().unwrap();
+        let conns = &g.conns[..g.nconns as usize];
+        let rec: Vec<_> = records(conns).map(|(c, i)| (c.send, i, c.channels)).collect();
+        assert_eq!(rec, vec![(1, 0, 8), (1, 1, 8), (0, 0, 8)], "the send connection first, its two operations");
     }
 
     #[test]

@@ -85,7 +85,9 @@ impl Drop for Words {
     }
 }
 
-/// `slots` launches' records of up to `channels` blocks each.
+/// `slots` slots of `channels` records each, a record per block (or per work item) of a launch.
+/// A launch with more records than a slot holds takes consecutive slots: its records run on
+/// from one slot into the next.
 pub struct TimerRing {
     words: Words,
     slots: u32,
@@ -126,9 +128,10 @@ impl TimerRing {
         self.channels
     }
 
+    /// Record `block` counted from `slot`'s first, which may lie in a later slot.
     fn at(&self, slot: u32, block: u32) -> Option<usize> {
-        (slot < self.slots && block < self.channels)
-            .then(|| (slot as usize * self.channels as usize + block as usize) * RECORD_WORDS)
+        let i = slot as usize * self.channels as usize + block as usize;
+        (i < self.slots as usize * self.channels as usize).then_some(i * RECORD_WORDS)
     }
 
     /// The device address of `slot`'s records (the kernel argument `timers`), 0 for an
@@ -140,8 +143,9 @@ impl TimerRing {
         }
     }
 
-    /// The records of blocks `0..blocks` of `slot` once every one is complete (its stop word
-    /// set): `(start, stop)` in device ns. `None` while a block has not finished.
+    /// The records `0..blocks` from `slot`'s first once every one is complete (its stop word
+    /// set): `(start, stop)` in device ns. `None` while a block has not finished, or when they
+    /// would run past the ring's last slot.
     pub fn read(&self, slot: u32, blocks: u32) -> Option<Vec<(u64, u64)>> {
         let w = self.words.get();
         let mut out = Vec::with_capacity(blocks as usize);
@@ -333,11 +337,24 @@ mod tests {
         r.write(1, 1, 110, 190);
         assert_eq!(r.read(1, 2), Some(vec![(100, 200), (110, 190)]));
         assert_eq!(r.read(0, 1), None, "other slots are apart");
-        assert_eq!(r.read(1, 4), None, "more blocks than channels");
         assert_eq!(r.read(4, 1), None, "a slot past the ring");
         r.clear(1);
         assert_eq!(r.read(1, 1), None, "cleared for the next launch");
         assert!(TimerRing::in_memory(0, 1).is_err());
+    }
+
+    #[test]
+    fn a_launch_of_more_records_than_a_slot_runs_on_into_the_next() {
+        let r = TimerRing::in_memory(3, 2).expect("ring");
+        for b in 0..3 {
+            r.write(1, b, 10 + u64::from(b), 20 + u64::from(b));
+        }
+        assert_eq!(r.read(1, 3), Some(vec![(10, 20), (11, 21), (12, 22)]), "slot 1's two and slot 2's first");
+        assert_eq!(r.read(2, 1), Some(vec![(12, 22)]), "the third record is slot 2's first");
+        assert_eq!(r.read(2, 3), None, "past the ring's last slot");
+        r.clear(2);
+        assert_eq!(r.read(1, 3), None, "slot 2 cleared");
+        assert_eq!(r.read(1, 2), Some(vec![(10, 20), (11, 21)]), "slot 1 kept");
     }
 
     #[test]

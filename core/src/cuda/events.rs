@@ -2,16 +2,17 @@
 //! (start, stop) into a [`TimerRing`] slot that the launch was given, and the host turns
 //! complete records into KernelCh events (parent: the operation's Coll/P2p, which stopped at
 //! enqueue), on the device clock mapped to the span clock. A launch of a group's sends and
-//! receives runs each connection (peer, direction) on channels of its own, in call order: its
-//! channels' records go to the connection's first operation, numbered from 0 as its channels
-//! are, so every Coll/P2p with channels has KernelCh 0..n. Records are collected at the next
-//! operation, at `CudaComm::flush_events` and when the communicator goes away: nothing on the
-//! enqueue path waits for the device.
+//! receives runs each connection (peer, direction) on channels of its own, its operations one
+//! after another: each operation gets a record per channel of its connection (NCCL's KernelCh
+//! per work item), numbered from 0 as the connection's channels are ([`Owner`] lists whose each
+//! record is). A launch with more records than a slot holds takes consecutive slots. Records
+//! are collected at the next operation, at `CudaComm::flush_events` and when the communicator
+//! goes away: nothing on the enqueue path waits for the device.
 //!
 //! A launch that a CUDA graph captures gets no slot (its records would land in the same slot at
 //! every replay, with no host operation to collect them): captured operations have their host
-//! events and KernelLaunch, no KernelCh. When every slot is taken by launches the device has
-//! not run yet, a new launch runs untimed and is counted in `untimed`.
+//! events and KernelLaunch, no KernelCh. When the slots a launch needs are taken by launches
+//! the device has not run yet, it runs untimed and is counted in `untimed`.
 
 use super::kernels::timer::{ClockMap, Probe, TimerRing, RECALIBRATE_SAMPLES};
 use occl_events::{EventDescr, EventId, Fanout, StateArgs};
@@ -40,27 +41,54 @@ struct Clock {
     last_try: Instant,
 }
 
-/// Consecutive channels of a timed launch and the Coll/P2p they report under (none: their
-/// records are read and dropped).
+/// Consecutive records of a timed launch, one per channel, and the Coll/P2p they report under
+/// (none: they are read and dropped).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Owner {
     pub parent: Option<EventId>,
     pub channels: u32,
 }
 
+/// The ring's slots a launch was given: `slots` consecutive ones from `first` (a launch with
+/// more records than a slot holds runs on into the next), at device address `dev` for the
+/// kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slots {
+    pub first: u32,
+    pub slots: u32,
+    pub dev: u64,
+}
+
 /// A timed launch whose records the host has not collected yet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Pending {
-    slot: u32,
-    blocks: u32,
-    /// Whose the channels are, in launch order; their channels add up to `blocks`.
+    at: Slots,
+    records: u32,
+    /// Whose the records are, in launch order; their channels add up to `records`.
     owners: Vec<Owner>,
 }
 
 struct State {
-    free: Vec<u32>,
+    /// Per slot, whether it is free.
+    free: Vec<bool>,
+    /// Where the search for free slots starts: after the last ones taken, as launches end about
+    /// in the order they were given slots.
+    cursor: usize,
     pending: VecDeque<Pending>,
     untimed: u64,
+}
+
+impl State {
+    /// The first of `n` consecutive free slots, taken.
+    fn take(&mut self, n: usize) -> Option<usize> {
+        let len = self.free.len();
+        let first = (0..len)
+            .map(|i| (self.cursor + i) % len)
+            .find(|&s| s + n <= len && self.free[s..s + n].iter().all(|f| *f))?;
+        self.free[first..first + n].fill(false);
+        self.cursor = (first + n) % len;
+        Some(first)
+    }
 }
 
 /// The timer ring of one device communicator and the launches waiting on it.
@@ -75,11 +103,11 @@ pub(crate) struct DevEvents {
 impl DevEvents {
     /// `probe` (none in tests) renews `clock` as it ages.
     pub(crate) fn new(ring: TimerRing, clock: ClockMap, probe: Option<Probe>) -> DevEvents {
-        let free = (0..ring.slots()).rev().collect();
+        let free = vec![true; ring.slots() as usize];
         DevEvents {
             ring,
             clock: Mutex::new(Clock { base: clock, now: clock, probe, last_try: Instant::now() }),
-            state: Mutex::new(State { free, pending: VecDeque::new(), untimed: 0 }),
+            state: Mutex::new(State { free, cursor: 0, pending: VecDeque::new(), untimed: 0 }),
             outstanding: AtomicUsize::new(0),
         }
     }
@@ -112,13 +140,18 @@ impl DevEvents {
         }
     }
 
-    /// A slot for a launch of `blocks` blocks, and its device address for the kernel; `None`
-    /// when the launch has more blocks than the ring's channels or every slot is outstanding.
-    pub(crate) fn reserve(&self, blocks: u32) -> Option<(u32, u64)> {
+    /// Records a slot holds: a launch writes at most this many.
+    /// Slots for a launch of `records` records (a channel's, or an operation's on a channel):
+    /// as many consecutive ones as they fill; `None` when no such run is free (the launch runs
+    /// untimed, and is counted).
+    pub(crate) fn reserve(&self, records: u32) -> Option<Slots> {
+        let n = records.div_ceil(self.ring.channels()).max(1);
         let mut s = self.lock();
-        let slot = if blocks <= self.ring.channels() { s.free.pop() } else { None };
-        match slot {
-            Some(slot) => Some((slot, self.ring.device_slot(slot))),
+        match s.take(n as usize) {
+            Some(first) => {
+                let first = first as u32;
+                Some(Slots { first, slots: n, dev: self.ring.device_slot(first) })
+            }
             None => {
                 s.untimed += 1;
                 None
@@ -126,19 +159,22 @@ impl DevEvents {
         }
     }
 
-    /// The launch given `slot` was enqueued with the channels of `owners`: its records are
-    /// awaited.
-    pub(crate) fn launched(&self, slot: u32, owners: Vec<Owner>) {
-        let blocks = owners.iter().map(|o| o.channels).sum();
+    /// The launch given `at` was enqueued with the records of `owners`: they are awaited.
+    pub(crate) fn launched(&self, at: Slots, owners: Vec<Owner>) {
+        let records = owners.iter().map(|o| o.channels).sum();
         let mut s = self.lock();
-        s.pending.push_back(Pending { slot, blocks, owners });
+        s.pending.push_back(Pending { at, records, owners });
         self.outstanding.store(s.pending.len(), Relaxed);
     }
 
-    /// The launch given `slot` did not happen (or has no parent to report under).
-    pub(crate) fn release(&self, slot: u32) {
-        self.ring.clear(slot);
-        self.lock().free.push(slot);
+    /// The launch given `at` did not happen, or its records were read: the slots are cleared
+    /// and free.
+    pub(crate) fn release(&self, at: Slots) {
+        let slots = at.first..at.first + at.slots;
+        for slot in slots.clone() {
+            self.ring.clear(slot);
+        }
+        self.lock().free[slots.start as usize..slots.end as usize].fill(true);
     }
 
     /// Launches reserved a slot for that found none.
@@ -161,7 +197,7 @@ impl DevEvents {
         let done: Vec<(Pending, Vec<(u64, u64)>)> = {
             let mut s = self.lock();
             let mut done = Vec::new();
-            s.pending.retain(|p| match self.ring.read(p.slot, p.blocks) {
+            s.pending.retain(|p| match self.ring.read(p.at.first, p.records) {
                 Some(r) => {
                     done.push((p.clone(), r));
                     false
@@ -181,7 +217,7 @@ impl DevEvents {
                 }
                 rest = after;
             }
-            self.release(p.slot);
+            self.release(p.at);
         }
         done.len()
     }
@@ -242,28 +278,27 @@ mod tests {
             None,
         );
         assert_eq!(ev.collect(&f), 0, "nothing pending");
-        let (a, _) = ev.reserve(2).expect("a slot");
-        let (b, _) = ev.reserve(1).expect("another");
+        let a = ev.reserve(2).expect("a slot");
+        let b = ev.reserve(1).expect("another");
         assert_eq!(ev.reserve(1), None, "two slots, both taken");
-        assert_eq!(ev.reserve(5), None, "more blocks than channels");
-        assert_eq!(ev.untimed(), 2);
+        assert_eq!(ev.untimed(), 1);
         ev.launched(a, one(parent, 2));
         ev.launched(b, one(parent, 1));
         // The second launch (another stream) finishes first; the first has one block done.
-        ev.ring.write(b, 0, 50, 80);
-        ev.ring.write(a, 0, 10, 40);
+        ev.ring.write(b.first, 0, 50, 80);
+        ev.ring.write(a.first, 0, 10, 40);
         assert_eq!(ev.collect(&f), 1);
         assert_eq!(ev.outstanding(), 1);
-        ev.ring.write(a, 1, 12, 45);
+        ev.ring.write(a.first, 1, 12, 45);
         assert_eq!(ev.collect(&f), 1);
         assert_eq!(ev.outstanding(), 0);
         let got: Vec<_> = sink.0.lock().expect("lock").iter().map(|e| (e.1, e.2, e.3, e.4, e.5)).collect();
         let p = Some(parent.get());
         assert_eq!(got, vec![(p, 0, 50, 1_050, 1_080), (p, 0, 10, 1_010, 1_040), (p, 1, 12, 1_012, 1_045)]);
         // Both slots are free again and cleared.
-        let (c, _) = ev.reserve(1).expect("freed");
-        let (d, _) = ev.reserve(1).expect("freed");
-        assert_ne!(c, d);
+        let c = ev.reserve(1).expect("freed");
+        let d = ev.reserve(1).expect("freed");
+        assert_ne!(c.first, d.first);
         ev.launched(c, one(parent, 1));
         assert_eq!(ev.collect(&f), 0, "a reused slot starts empty");
         ev.release(d);
@@ -274,30 +309,53 @@ mod tests {
     }
 
     #[test]
-    fn a_groups_channels_go_to_their_connections_numbered_from_zero() {
+    fn a_launch_of_more_records_than_a_slot_takes_consecutive_free_slots() {
+        let ev = DevEvents::new(TimerRing::in_memory(4, 2).expect("ring"), ClockMap::default(), None);
+        let a = ev.reserve(2).expect("slot 0");
+        let b = ev.reserve(3).expect("two slots");
+        assert_eq!((a.first, a.slots, b.first, b.slots), (0, 1, 1, 2));
+        // Slot 3 is free, but not two in a row.
+        assert_eq!(ev.reserve(4), None);
+        assert_eq!(ev.untimed(), 1);
+        ev.release(a);
+        // Slots 3 and 0 are free but do not follow each other in the ring's memory.
+        assert_eq!(ev.reserve(3), None);
+        let c = ev.reserve(1).expect("one slot");
+        assert_eq!(c.first, 3, "the search starts after the last slots taken");
+        ev.release(b);
+        let d = ev.reserve(6).expect("slots 0 to 2");
+        assert_eq!((d.first, d.slots), (0, 3));
+        assert_eq!(ev.reserve(9), None, "more records than the ring holds");
+    }
+
+    #[test]
+    fn a_groups_records_go_to_their_operations_numbered_from_zero() {
         let f = Fanout::new();
         let sink = Arc::new(Chans::default());
         let _h = f.attach(sink.clone()).expect("attach");
         let send = f.start(None, &EventDescr::Group).expect("a parent");
         let recv = f.start(None, &EventDescr::Group).expect("another");
-        let ev = DevEvents::new(TimerRing::in_memory(1, 8).expect("ring"), ClockMap::default(), None);
-        let (slot, _) = ev.reserve(5).expect("a slot");
-        // Two channels of a send, one of a connection nobody reports, two of a receive.
+        // Three slots of two records: the launch's five records take slots 0 to 2.
+        let ev = DevEvents::new(TimerRing::in_memory(3, 2).expect("ring"), ClockMap::default(), None);
+        let at = ev.reserve(5).expect("slots");
+        assert_eq!(at.slots, 3);
+        // Two channels of a send, one of an operation nobody reports, two of a receive.
         let owners = vec![
             Owner { parent: Some(send), channels: 2 },
             Owner { parent: None, channels: 1 },
             Owner { parent: Some(recv), channels: 2 },
         ];
-        ev.launched(slot, owners);
+        ev.launched(at, owners);
         for ch in 0..4 {
-            ev.ring.write(slot, ch, 100 + ch as u64, 200 + ch as u64);
+            ev.ring.write(at.first, ch, 100 + u64::from(ch), 200 + u64::from(ch));
         }
-        assert_eq!(ev.collect(&f), 0, "the launch's last channel has not written its record");
-        ev.ring.write(slot, 4, 104, 204);
+        assert_eq!(ev.collect(&f), 0, "the launch's last record is not written");
+        ev.ring.write(at.first, 4, 104, 204);
         assert_eq!(ev.collect(&f), 1);
         let got: Vec<_> = sink.0.lock().expect("lock").iter().map(|e| (e.1, e.2, e.3)).collect();
         let (s, r) = (Some(send.get()), Some(recv.get()));
         assert_eq!(got, vec![(s, 0, 100), (s, 1, 101), (r, 0, 103), (r, 1, 104)]);
         assert_eq!(ev.outstanding(), 0);
+        assert_eq!(ev.reserve(6).map(|a| a.first), Some(0), "every slot free again");
     }
 }

@@ -7,11 +7,11 @@ use super::budget::{CtaPolicy, Launch};
 use super::ce::{Flows, Route};
 use super::comm::CudaComm;
 use super::err;
-use super::events::Owner;
+use super::events::{Owner, Slots};
 use super::kernels::coll::{CollArgs, Mode, MAX_RANKS};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::memops::StreamOps;
-use super::kernels::p2p::{plan, Transfer};
+use super::kernels::p2p::{plan, records, P2pConn, Transfer};
 use super::tune::DevAlgo;
 use super::watch::Watch;
 use super::windows::{InWindow, Windows};
@@ -330,8 +330,8 @@ impl CudaComm {
         let captured = std::cell::OnceCell::new();
         let captured = || *captured.get_or_init(|| capturing(stream));
         let slot = self.timer_slot(parent.is_some() && flows.is_none(), blocks, captured);
-        if let Some((_, dev)) = slot {
-            a.timers = dev;
+        if let Some(s) = slot {
+            a.timers = s.dev;
         }
         if let Some(p) = self.phases.as_ref().filter(|_| flows.is_none() && !captured()) {
             if let Some(dev) = p.take(blocks) {
@@ -600,27 +600,21 @@ impl CudaComm {
                 .map(|p| (o, p))
             })
             .collect();
-        // Each connection's channels report under its first operation that moves bytes (the
-        // others run after it on the same channels).
-        let owners = || {
-            conns
-                .iter()
-                .map(|c| Owner {
-                    parent: profs
-                        .iter()
-                        .find(|(o, _)| conn_of(o) == Some(c) && o.count > 0)
-                        .filter(|(_, p)| p.mask().contains(EventType::KernelCh))
-                        .and_then(|(_, p)| p.coll_id()),
-                    channels: c.channels,
-                })
-                .collect::<Vec<_>>()
+        // A KernelCh per operation and channel of its connection (NCCL's, one per work item).
+        // The P2p of operation i of connection c (its operations that move bytes, in call order).
+        let parent = |c: &P2pConn, i: u32| {
+            let (_, p) = profs.iter().filter(|(o, _)| conn_of(o) == Some(c) && o.count > 0).nth(i as usize)?;
+            p.coll_id().filter(|_| p.mask().contains(EventType::KernelCh))
         };
+        let owners =
+            || records(conns).map(|(c, i)| Owner { parent: parent(c, i), channels: c.channels }).collect::<Vec<_>>();
         let captured = std::cell::OnceCell::new();
         let captured = || *captured.get_or_init(|| capturing(stream));
         let wanted = profs.iter().any(|(_, p)| p.mask().contains(EventType::KernelCh));
-        let slot = self.timer_slot(wanted, channels, captured);
-        if let Some((_, dev)) = slot {
-            args.base.timers = dev;
+        let n_records = conns.iter().map(|c| c.nops.saturating_mul(c.channels)).sum();
+        let slot = self.timer_slot(wanted, n_records, captured);
+        if let Some(s) = slot {
+            args.base.timers = s.dev;
         }
         let launch = profs.first().and_then(|(_, p)| p.start_launch(stream.cu_stream() as usize));
         self.last_channels.store(channels, std::sync::atomic::Ordering::Relaxed);
@@ -650,22 +644,23 @@ impl CudaComm {
         r
     }
 
-    /// A timer slot for a launch of `blocks` channels whose KernelCh someone wants (`wanted`),
-    /// and recalibrates the clock map when it is due. A captured launch replays without the
-    /// host: it gets no slot (see events.rs).
-    fn timer_slot(&self, wanted: bool, blocks: u32, captured: impl FnOnce() -> bool) -> Option<(u32, u64)> {
-        let ev = self.events.as_ref().filter(|_| wanted && blocks > 0)?;
+    /// A timer slot for a launch that writes `records` KernelCh records (one per channel, or
+    /// per operation and channel) when someone wants them (`wanted`), and recalibrates the clock
+    /// map when it is due. A captured launch replays without the host: it gets no slot (see
+    /// events.rs).
+    fn timer_slot(&self, wanted: bool, records: u32, captured: impl FnOnce() -> bool) -> Option<Slots> {
+        let ev = self.events.as_ref().filter(|_| wanted && records > 0)?;
         if captured() {
             return None;
         }
         ev.recalibrate_if_due();
-        ev.reserve(blocks)
+        ev.reserve(records)
     }
 
-    /// Hands a launch's slot to the pending records with the channels' `owners` if the launch
-    /// was enqueued, else frees it.
-    fn timed(&self, slot: Option<(u32, u64)>, launched: bool, owners: impl FnOnce() -> Vec<Owner>) {
-        if let (Some(ev), Some((s, _))) = (&self.events, slot) {
+    /// Hands a launch's slots to the pending records with their `owners` if the launch was
+    /// enqueued, else frees them.
+    fn timed(&self, slot: Option<Slots>, launched: bool, owners: impl FnOnce() -> Vec<Owner>) {
+        if let (Some(ev), Some(s)) = (&self.events, slot) {
             match launched {
                 true => ev.launched(s, owners()),
                 false => ev.release(s),
