@@ -2,7 +2,8 @@
 # On a 2-GPU machine, from a folder holding nccl-tests' tree (src/, verifiable/, os/), occl/lib
 # (occl's libnccl.so and libnccl.so.2), occl/include (occl's nccl.h, nccl_device.h and
 # nccl_device/), occl/device_api.cu (nccl/tests/cuda/device_api.cu), ncclras (occl's client),
-# torch_check.py, torch_kill.py and torch_onegpu.py. Staged from a checkout with
+# torch_check.py, torch_kill.py, torch_onegpu.py and torch_p2p_events.py (scripts/nccl_torch_*.py),
+# recorder_v5.c and recorder.h (telemetry/tests/plugins/). Staged from a checkout with
 #   cargo build --release -p occl-nccl && d=DIR/occl && mkdir -p $d/lib && cp -r nccl/include $d/ &&
 #   cp target/release/libnccl.so $d/lib/ && cp target/release/libnccl.so $d/lib/libnccl.so.2 &&
 #   cp nccl/tests/cuda/device_api.cu $d/ && cp scripts/nccl-gpu-run.sh DIR/run.sh
@@ -27,7 +28,8 @@
 #                all 7 tests with -g 4 and with -g 8 when the host has that many GPUs, each on
 #                occl and on NVIDIA's NCCL, and two torch ranks on one GPU (torch_onegpu.py;
 #                nccl-tests cannot ask for that: -t 2 -g 1 on one visible GPU stops in nccl-tests
-#                itself).
+#                itself), and the KernelCh events of PyTorch's grouped sends and receives through
+#                an NCCL profiler plugin on both libraries (torch_p2p_events.py).
 #   PHASE=premul all_reduce/reduce_scatter/reduce_perf -o all -d all (every operator, mulsum
 #                included, on every type) with -g 2 on occl and on NVIDIA's NCCL, all_reduce again
 #                captured in a CUDA graph (-G 1), and the #wrong totals per library and operator.
@@ -125,6 +127,12 @@ more)
     done
     wait
     echo "two ranks on one GPU, $lib: $(grep -h ONEGPU $OUT/onegpu-$lib-*.txt | tr '\n' ' ')"
+  done
+  for lib in occl nccl; do
+    pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
+    CHECK=1 LIB=$lib RECORDER_SRC=$here/recorder_v5.c LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir timeout 200 \
+      python3 torch_p2p_events.py 2 16 > $OUT/p2p-events-$lib.txt 2>&1
+    echo "KernelCh of grouped sends and receives, $lib: $(tail -1 $OUT/p2p-events-$lib.txt)"
   done
   for f in graph-occl graph-nccl g4-occl g4-nccl g8-occl g8-nccl; do
     [ -e $OUT/$f.txt ] || continue

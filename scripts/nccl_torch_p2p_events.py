@@ -4,8 +4,8 @@ Two ranks (torch.multiprocessing; GPU rank % the GPUs there are, so one GPU serv
 occl, whereas NVIDIA's NCCL needs two) run `dist.batch_isend_irecv` over K tensors each way, one
 group of sends to and receives from the other rank, then destroy the process group. The
 library is whichever libnccl.so.2 PyTorch loads (LD_PRELOAD occl's for occl's rows). Every rank
-loads the v5 recorder plugin (telemetry/tests/plugins/recorder_v5.c, compiled here with cc) via
-NCCL_PROFILER_PLUGIN, with P2p, KernelCh and KernelLaunch wanted, and the parent process reads
+loads the v5 recorder plugin (telemetry/tests/plugins/recorder_v5.c, or RECORDER_SRC, compiled
+here with cc; recorder.h beside it) via NCCL_PROFILER_PLUGIN, with P2p, KernelCh and KernelLaunch wanted, and the parent process reads
 its logs: per P2p event its channel count (nChannels) and the channel ids of the KernelCh
 events whose parent it is.
 
@@ -37,7 +37,7 @@ MASK = P2P | KERNEL_CH | 0x800  # and KernelLaunch
 
 def build_plugin(out_dir):
     here = os.path.dirname(os.path.abspath(__file__))
-    src = os.path.join(here, "..", "telemetry", "tests", "plugins", "recorder_v5.c")
+    src = os.environ.get("RECORDER_SRC") or os.path.join(here, "..", "telemetry", "tests", "plugins", "recorder_v5.c")
     lib = os.path.join(out_dir, "librecorder.so")
     subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-pthread", "-o", lib, src], check=True)
     return lib
