@@ -600,12 +600,12 @@ impl CudaComm {
                 .map(|p| (o, p))
             })
             .collect();
-        // A KernelCh per operation and channel of its connection (NCCL's, one per work item).
         // The P2p of operation i of connection c (its operations that move bytes, in call order).
         let parent = |c: &P2pConn, i: u32| {
             let (_, p) = profs.iter().filter(|(o, _)| conn_of(o) == Some(c) && o.count > 0).nth(i as usize)?;
             p.coll_id().filter(|_| p.mask().contains(EventType::KernelCh))
         };
+        // A KernelCh per operation and channel of its connection (NCCL's, one per work item).
         let owners =
             || records(conns).map(|(c, i)| Owner { parent: parent(c, i), channels: c.channels }).collect::<Vec<_>>();
         let captured = std::cell::OnceCell::new();
@@ -644,10 +644,9 @@ impl CudaComm {
         r
     }
 
-    /// A timer slot for a launch that writes `records` KernelCh records (one per channel, or
-    /// per operation and channel) when someone wants them (`wanted`), and recalibrates the clock
-    /// map when it is due. A captured launch replays without the host: it gets no slot (see
-    /// events.rs).
+    /// Timer slots for a launch that writes `records` KernelCh records (one per channel, or per
+    /// operation and channel) when someone wants them (`wanted`), and recalibrates the clock map
+    /// when it is due. A captured launch replays without the host: it gets none (see events.rs).
     fn timer_slot(&self, wanted: bool, records: u32, captured: impl FnOnce() -> bool) -> Option<Slots> {
         let ev = self.events.as_ref().filter(|_| wanted && records > 0)?;
         if captured() {
