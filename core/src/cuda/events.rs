@@ -140,7 +140,6 @@ impl DevEvents {
         }
     }
 
-    /// Records a slot holds: a launch writes at most this many.
     /// Slots for a launch of `records` records (a channel's, or an operation's on a channel):
     /// as many consecutive ones as they fill; `None` when no such run is free (the launch runs
     /// untimed, and is counted).
@@ -174,7 +173,9 @@ impl DevEvents {
         for slot in slots.clone() {
             self.ring.clear(slot);
         }
-        self.lock().free[slots.start as usize..slots.end as usize].fill(true);
+        if let Some(free) = self.lock().free.get_mut(slots.start as usize..slots.end as usize) {
+            free.fill(true);
+        }
     }
 
     /// Launches reserved a slot for that found none.
