@@ -9,7 +9,7 @@
 //! KernelLaunch per launch. A group of sends and receives is one launch whose connections run
 //! on channels of their own, one operation after another: every P2p has KernelCh 0..n as well
 //! (NCCL's KernelCh per work item), the operations of one connection as many channels each;
-//! the check runs a group whose records fill one timer slot and one that needs several. A
+//! the check runs a group whose records fit one timer slot and one that needs several. A
 //! launch a CUDA graph captured gets its host events and no KernelCh. Then it times an 8 B
 //! all-reduce with the recorder wanting KernelCh, wanting only Coll, and detached. Rank 0 prints
 //! one JSON line per measurement.
