@@ -60,7 +60,7 @@ pub(crate) struct Slots {
 }
 
 /// A timed launch whose records the host has not collected yet.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 struct Pending {
     at: Slots,
     records: u32,
@@ -198,13 +198,14 @@ impl DevEvents {
         let done: Vec<(Pending, Vec<(u64, u64)>)> = {
             let mut s = self.lock();
             let mut done = Vec::new();
-            s.pending.retain(|p| match self.ring.read(p.at.first, p.records) {
-                Some(r) => {
-                    done.push((p.clone(), r));
-                    false
+            // Complete launches move out of the queue with their owners; the rest keep their order.
+            let mut i = 0;
+            while let Some(p) = s.pending.get(i) {
+                match self.ring.read(p.at.first, p.records) {
+                    Some(r) => done.extend(s.pending.remove(i).map(|p| (p, r))),
+                    None => i += 1,
                 }
-                None => true,
-            });
+            }
             self.outstanding.store(s.pending.len(), Relaxed);
             done
         };
