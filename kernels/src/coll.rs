@@ -5,10 +5,10 @@
 //! a job that reduces f32 never compiles fp8.
 
 use crate::cache::{self, Cache};
-use crate::domain::SyncDomain;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{check, driver, Error, Result};
 use crate::kernels::{build_module, function, Func, THREADS};
+use crate::peer_launch::{ClusterSize, PeerLaunch, SyncDomain};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -410,9 +410,8 @@ pub struct CollKernels {
     pub(crate) ctx: Arc<CudaContext>,
     /// Channels per thread block of a collective launch: 1, 2 or [`MAX_LANES`].
     lanes: u32,
-    /// The domain the launches that talk to peers run in; `None` on a device without domains
-    /// (before compute capability 9.0).
-    domain: Option<SyncDomain>,
+    /// How the launches that talk to peers run (`peer_launch.rs`).
+    peer: PeerLaunch,
     cache: Option<Cache>,
     programs: Mutex<HashMap<ProgramKey, Arc<Program>>>,
 }
@@ -422,7 +421,7 @@ impl std::fmt::Debug for CollKernels {
         f.debug_struct("CollKernels")
             .field("device", &self.ctx.ordinal())
             .field("lanes", &self.lanes)
-            .field("domain", &self.domain)
+            .field("peer", &self.peer)
             .finish()
     }
 }
@@ -440,7 +439,7 @@ impl CollKernels {
         let k = CollKernels {
             ctx: ctx.clone(),
             lanes,
-            domain: (major >= 9).then_some(SyncDomain::default()),
+            peer: PeerLaunch::for_device(major),
             cache: cache::default_dir().map(Cache::new),
             programs: Mutex::default(),
         };
@@ -454,16 +453,23 @@ impl CollKernels {
     }
 
     /// Runs the launches that talk to peers (collectives, grouped sends and receives) in
-    /// `domain` ([`SyncDomain::Remote`] unless told otherwise), where the device has domains.
-    pub fn in_domain(mut self, domain: SyncDomain) -> CollKernels {
-        self.domain = self.domain.map(|_| domain);
+    /// `domain` and clusters of `cluster` blocks (NCCL's defaults unless told otherwise), where
+    /// the device has domains and clusters.
+    pub fn launching(mut self, domain: SyncDomain, cluster: ClusterSize) -> CollKernels {
+        self.peer = self.peer.with(domain, cluster);
         self
     }
 
-    /// Launches `f` with its argument struct in this table's domain (`domain.rs`).
+    /// How this table launches the kernels that talk to peers.
+    pub fn peer_launch(&self) -> PeerLaunch {
+        self.peer
+    }
+
+    /// Launches `f` with its argument struct as this table launches kernels that talk to peers
+    /// (`peer_launch.rs`).
     ///
     /// # Safety
-    /// As [`crate::domain::launch`].
+    /// As [`crate::peer_launch::launch`].
     pub(crate) unsafe fn launch_peers<T: DeviceRepr>(
         &self,
         stream: &CudaStream,
@@ -473,7 +479,7 @@ impl CollKernels {
         call: &'static str,
     ) -> Result<()> {
         // SAFETY: the caller's promise.
-        unsafe { crate::domain::launch(stream, f, arg, cfg, self.domain, call) }
+        unsafe { crate::peer_launch::launch(stream, f, arg, cfg, self.peer, call) }
     }
 
     /// Threads of one lane of this table's byte-moving launches.

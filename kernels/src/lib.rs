@@ -25,7 +25,6 @@ pub mod cache;
 pub mod check;
 pub mod coll;
 pub mod device;
-mod domain;
 mod dtype;
 mod error;
 pub mod ipc;
@@ -34,6 +33,7 @@ mod launch;
 pub mod memops;
 pub mod nvrtc;
 pub mod p2p;
+pub mod peer_launch;
 pub mod phases;
 pub mod prebuild;
 #[cfg(any(test, feature = "test-support"))]
@@ -42,8 +42,8 @@ pub mod staging;
 pub mod timer;
 
 pub use cudarc;
-pub use domain::SyncDomain;
 pub use dtype::{DataType, RedOp};
 pub use error::{Error, Result};
 pub use kernels::{compile, options, reduce_name, scale_name, source, Kernels, LoadReport, COPY_NAME, SOURCES};
 pub use launch::{Reduce, Scale};
+pub use peer_launch::{ClusterSize, PeerLaunch, SyncDomain};

@@ -146,3 +146,41 @@ fn the_clock_probe_maps_the_device_clock_onto_the_hosts() {
     assert!(m.ppb.abs() < 200_000, "{m:?}");
     assert_eq!(m.to_host(c.device_ns), c.device_ns.saturating_add_signed(c.offset_ns));
 }
+
+/// A launch made as occl makes its communication kernels' runs in thread-block clusters of the
+/// size asked for, and in none where the size does not divide the grid (as NCCL's launches): a
+/// probe kernel writes the cluster size each of its blocks sees.
+#[test]
+fn peer_launches_run_in_the_clusters_asked_for() {
+    use occl_kernels::cudarc::driver::{DevicePtr, LaunchConfig};
+    use occl_kernels::cudarc::nvrtc::Ptx;
+    use occl_kernels::peer_launch::{launch, ClusterSize, PeerLaunch, SyncDomain};
+    let test = "peer_launches_run_in_the_clusters_asked_for";
+    let Some((ctx, _k, stream)) = gpu(test) else { return };
+    let info = device::DeviceInfo::of(&ctx).expect("device info");
+    let (major, _) = ctx.compute_capability().expect("compute capability");
+    if major < 9 {
+        skip(test, &format!("{} has no thread-block clusters (compute capability 9.0 and later)", info.arch()));
+        return;
+    }
+    let src = r#"extern "C" __global__ void probe(unsigned* out) {
+        unsigned n;
+        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+        if (threadIdx.x == 0) out[blockIdx.x] = n;
+    }"#;
+    let cubin = nvrtc::compile_cubin(src, "probe.cu", &info.arch(), &[format!("--gpu-architecture={}", info.arch())])
+        .expect("compile the probe");
+    let module = ctx.load_module(Ptx::from_binary(cubin)).expect("load the probe");
+    let f = module.load_function("probe").expect("the probe");
+    let hopper = PeerLaunch::for_device(major);
+    for (cluster, grid, want) in [(4, 24, 4), (4, 16, 4), (4, 6, 1), (2, 6, 2), (8, 16, 8), (0, 24, 1), (1, 8, 1)] {
+        let out = stream.alloc_zeros::<u32>(grid as usize).expect("alloc");
+        let ptr = out.device_ptr(&stream).0;
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let how = hopper.with(SyncDomain::Remote, ClusterSize::new(cluster));
+        // SAFETY: the probe takes one pointer to `grid` u32s, which outlive the launch (synchronized below).
+        unsafe { launch(&stream, &f, &ptr, cfg, how, "cuLaunchKernelEx(probe)") }.expect("launch");
+        let got = stream.clone_dtoh(&out).expect("dtoh");
+        assert_eq!(got, vec![want; grid as usize], "clusters of {cluster} over {grid} blocks");
+    }
+}

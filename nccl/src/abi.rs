@@ -1,5 +1,6 @@
 //! NCCL's C types with NCCL's numbering and layout, and their conversion to occl's.
 
+use occl::cuda::kernels::ClusterSize;
 use occl::{DataType, Error, RedOp, Result, UniqueId};
 use std::ffi::c_char;
 
@@ -108,16 +109,26 @@ pub struct ncclConfig_t {
 }
 
 /// What occl takes from an `ncclConfig_t`. The channel, collnet and NVLS fields tune NCCL's
-/// own kernels and are read by no one; the CTA fields bound a device communicator's SMs.
+/// own kernels and are read by no one; the CTA fields bound a device communicator's SMs, and
+/// `cgaClusterSize` sets how its kernels are placed on them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Options {
     /// `blocking = 0`: init returns `ncclInProgress` and completes in the background.
     pub nonblocking: bool,
     /// `commName`, for logs.
     pub name: Option<String>,
-    /// `minCTAs`, `maxCTAs`, `CTAPolicy` where the program set them (they override
-    /// `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS`, `NCCL_CTA_POLICY`).
+    /// What a device communicator takes from it.
+    pub device: DeviceFields,
+}
+
+/// The fields of an `ncclConfig_t` that shape a device communicator, where the program set them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceFields {
+    /// `minCTAs`, `maxCTAs`, `CTAPolicy` (they override `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS`,
+    /// `NCCL_CTA_POLICY`).
     pub cta: CtaFields,
+    /// `cgaClusterSize` (`NCCL_CGA_CLUSTER_SIZE` overrides it, as in NCCL).
+    pub cluster: Option<ClusterSize>,
 }
 
 /// The CTA fields of an `ncclConfig_t` that are not `NCCL_CONFIG_UNDEF_INT`.
@@ -200,7 +211,17 @@ impl Options {
             max: cta_count("maxCTAs", std::mem::offset_of!(ncclConfig_t, maxCTAs))?,
             policy: if has(at, 4) { Some(read_i32(at)).filter(|&v| v != UNDEF_INT) } else { None },
         };
-        Ok(Options { nonblocking, name, cta })
+        let at = std::mem::offset_of!(ncclConfig_t, cgaClusterSize);
+        let cluster = match if has(at, 4) { read_i32(at) } else { UNDEF_INT } {
+            UNDEF_INT => None,
+            v => Some(u32::try_from(v).map(ClusterSize::new).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "ncclConfig_t.cgaClusterSize is {v}; thread blocks per cluster are 0 (none) to {}",
+                    ClusterSize::MAX
+                ))
+            })?),
+        };
+        Ok(Options { nonblocking, name, device: DeviceFields { cta, cluster } })
     }
 }
 
@@ -300,18 +321,35 @@ mod tests {
         let mut c = initializer();
         // SAFETY: a whole ncclConfig_t of its size.
         let read = |c: &ncclConfig_t| unsafe { Options::read_struct(c) };
-        assert_eq!(read(&c).unwrap().cta, CtaFields::default());
+        assert_eq!(read(&c).unwrap().device.cta, CtaFields::default());
         c.minCTAs = 4;
         c.maxCTAs = 16;
         c.CTAPolicy = 1;
-        assert_eq!(read(&c).unwrap().cta, CtaFields { min: Some(4), max: Some(16), policy: Some(1) });
+        assert_eq!(read(&c).unwrap().device.cta, CtaFields { min: Some(4), max: Some(16), policy: Some(1) });
         // A 2.19-sized struct (48 bytes) has minCTAs and maxCTAs but no CTAPolicy.
         c.size = 48;
-        assert_eq!(read(&c).unwrap().cta, CtaFields { min: Some(4), max: Some(16), policy: None });
+        assert_eq!(read(&c).unwrap().device.cta, CtaFields { min: Some(4), max: Some(16), policy: None });
         c.size = size_of::<ncclConfig_t>();
         c.maxCTAs = -3;
         let e = read(&c).unwrap_err().to_string();
         assert!(e.contains("ncclConfig_t.maxCTAs is -3"), "{e}");
+    }
+
+    #[test]
+    fn the_cluster_size_is_read_where_set() {
+        let mut c = initializer();
+        // SAFETY: a whole ncclConfig_t of its size.
+        let read = |c: &ncclConfig_t| unsafe { Options::read_struct(c) };
+        assert_eq!(read(&c).unwrap().device.cluster, None);
+        c.cgaClusterSize = 2;
+        assert_eq!(read(&c).unwrap().device.cluster, Some(ClusterSize::new(2)));
+        c.cgaClusterSize = 0;
+        assert_eq!(read(&c).unwrap().device.cluster, Some(ClusterSize::NONE));
+        c.cgaClusterSize = 12;
+        assert_eq!(read(&c).unwrap().device.cluster, Some(ClusterSize::new(ClusterSize::MAX)), "cut to 8");
+        c.cgaClusterSize = -5;
+        let e = read(&c).unwrap_err().to_string();
+        assert!(e.contains("ncclConfig_t.cgaClusterSize is -5"), "{e}");
     }
 
     #[test]

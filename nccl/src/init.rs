@@ -41,10 +41,12 @@ unsafe fn put(out: *mut ncclComm_t, v: ncclComm_t) -> Result<()> {
 
 /// Puts a created host communicator on `device` (the device current at init; `None`: a
 /// host-only process): a collective call, every rank makes it.
-fn made(comm: Comm, device: Option<usize>, cta: CtaFields) -> Result<Made> {
+fn made(comm: Comm, device: Option<usize>, fields: DeviceFields) -> Result<Made> {
     let Some(d) = device else { return Ok(Made::Host(Box::new(comm))) };
     let _restore = gpu::Restore::new();
-    let s = DeviceSettings::from_env()?;
+    let mut s = DeviceSettings::from_env()?;
+    s.cluster = s.cluster.or(fields.cluster);
+    let cta = fields.cta;
     let mut b = s.budget;
     b.min_ctas = cta.min.unwrap_or(b.min_ctas);
     b.max_ctas = cta.max.unwrap_or(b.max_ctas);
@@ -132,9 +134,9 @@ unsafe fn init_rank(
     let cfg = Config::from_env()?;
     // NCCL's rule: the communicator lives on the device current when init is called.
     let dev = gpu::current_device();
-    let cta = opts.cta;
+    let fields = opts.device;
     // SAFETY: the caller's contract.
-    unsafe { create(comm, opts, move || made(Comm::init_rank(n, &id, r, cfg)?, dev, cta)) }
+    unsafe { create(comm, opts, move || made(Comm::init_rank(n, &id, r, cfg)?, dev, fields)) }
 }
 
 export! {
@@ -187,9 +189,9 @@ export! {
             let ids = ids.iter().map(ncclUniqueId::to_occl).collect::<Result<Vec<_>>>()?;
             let cfg = Config::from_env()?;
             let dev = gpu::current_device();
-            let cta = opts.cta;
+            let fields = opts.device;
             // SAFETY: the caller's contract.
-            unsafe { create(newcomm, opts, move || made(Comm::init_rank_scalable(n, &ids, r, cfg)?, dev, cta)) }
+            unsafe { create(newcomm, opts, move || made(Comm::init_rank_scalable(n, &ids, r, cfg)?, dev, fields)) }
         })
     }
 }
@@ -252,7 +254,7 @@ export! {
             let dev = device_of(&parent)?;
             let split = parent.comm()?.split(color, key).inspect_err(|e| parent.note("ncclCommSplit", e))?;
             if let Some(c) = split {
-                let c = made(c, dev, opts.cta).inspect_err(|e| parent.note("ncclCommSplit", e))?;
+                let c = made(c, dev, opts.device).inspect_err(|e| parent.note("ncclCommSplit", e))?;
                 // SAFETY: as above.
                 unsafe { put(newcomm, NcclComm::into_raw(NcclComm::ready(c, opts)))? };
             }
@@ -296,7 +298,7 @@ export! {
             unsafe { put(newcomm, std::ptr::null_mut())? };
             let dev = device_of(&parent)?;
             let c = parent.comm()?.shrink(&exclude, mode).inspect_err(|e| parent.note("ncclCommShrink", e))?;
-            let c = made(c, dev, opts.cta).inspect_err(|e| parent.note("ncclCommShrink", e))?;
+            let c = made(c, dev, opts.device).inspect_err(|e| parent.note("ncclCommShrink", e))?;
             // SAFETY: as above.
             unsafe { put(newcomm, NcclComm::into_raw(NcclComm::ready(c, opts)))? };
             Ok(ncclSuccess)

@@ -12,7 +12,7 @@ use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
 use super::kernels::timer::{ClockMap, TimerRing};
-use super::kernels::{device, staging, SyncDomain};
+use super::kernels::{device, staging, ClusterSize, SyncDomain};
 use super::ops::FUNCS;
 use super::phases::KernelPhases;
 use super::staged::Staged;
@@ -46,8 +46,11 @@ pub struct DeviceSettings {
     /// How this rank's copy-engine sends are issued (`ce/mod.rs`).
     pub ce_sends: CeSends,
     /// The memory synchronization domain of the kernels that talk to peers
-    /// (`NCCL_MEM_SYNC_DOMAIN`; occl-kernels' `domain.rs`), which each rank picks for itself.
+    /// (`NCCL_MEM_SYNC_DOMAIN`; occl-kernels' `peer_launch.rs`), which each rank picks for itself.
     pub sync_domain: SyncDomain,
+    /// Thread blocks per cluster of the kernels that talk to peers (`NCCL_CGA_CLUSTER_SIZE`;
+    /// `peer_launch.rs`), which each rank picks for itself; `None`: not set, NCCL's default.
+    pub cluster: Option<ClusterSize>,
 }
 
 impl Default for DeviceSettings {
@@ -68,6 +71,7 @@ impl Default for DeviceSettings {
             ce: CeGeometry::default(),
             ce_sends: CeSends::default(),
             sync_domain: SyncDomain::default(),
+            cluster: None,
         }
     }
 }
@@ -124,6 +128,9 @@ impl DeviceSettings {
         };
         if let Some(v) = var("NCCL_MEM_SYNC_DOMAIN") {
             s.sync_domain = SyncDomain::parse(&v).map_err(Error::arg)?;
+        }
+        if let Some(v) = var("NCCL_CGA_CLUSTER_SIZE") {
+            s.cluster = Some(ClusterSize::parse(&v).map_err(Error::arg)?);
         }
         Ok(s)
     }
@@ -316,8 +323,9 @@ impl CudaComm {
         let tuner = DevTuner::new(comm.config(), n)?;
         // Every rank gets this far, or says why not to all (no rank waits on one that left).
         let local = device::context(device).map_err(err("open the GPU")).and_then(|ctx| {
-            let k =
-                CollKernels::load(&ctx, s.lanes).map_err(err("load the collective kernels"))?.in_domain(s.sync_domain);
+            let k = CollKernels::load(&ctx, s.lanes)
+                .map_err(err("load the collective kernels"))?
+                .launching(s.sync_domain, s.cluster.unwrap_or_default());
             let phases = KernelPhases::from_env(&ctx, &k, s.channels)?;
             s.ce.checked(n)?;
             let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
@@ -582,6 +590,18 @@ mod tests {
         assert_eq!(s.sync_domain, SyncDomain::Default);
         let e = DeviceSettings::from_vars(vars(&[("NCCL_MEM_SYNC_DOMAIN", "4")])).unwrap_err().to_string();
         assert!(e.contains("NCCL_MEM_SYNC_DOMAIN=4"), "{e}");
+    }
+
+    /// Unset, the cluster size is left to the communicator's config or NCCL's default.
+    #[test]
+    fn the_cluster_size_is_nccls_variable() {
+        assert_eq!(DeviceSettings::from_vars(vars(&[])).unwrap().cluster, None);
+        let s = DeviceSettings::from_vars(vars(&[("NCCL_CGA_CLUSTER_SIZE", "0")])).unwrap();
+        assert_eq!(s.cluster, Some(ClusterSize::NONE));
+        let s = DeviceSettings::from_vars(vars(&[("NCCL_CGA_CLUSTER_SIZE", "2")])).unwrap();
+        assert_eq!(s.cluster, Some(ClusterSize::new(2)));
+        let e = DeviceSettings::from_vars(vars(&[("NCCL_CGA_CLUSTER_SIZE", "-1")])).unwrap_err().to_string();
+        assert!(e.contains("NCCL_CGA_CLUSTER_SIZE=-1"), "{e}");
     }
 
     /// `OCCL_CE_BATCH` (0 or 1, default 1) and its pieces per share.
