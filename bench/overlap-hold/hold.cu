@@ -20,10 +20,29 @@ __global__ void hold(u64 ns) {
 }
 
 // Enqueues one hold of `blocks` SMs for `ns` on `stream`, each block reserving `smem` bytes of
-// shared memory; 0 or a CUDA error code.
-extern "C" int occl_hold(int blocks, u64 ns, int smem, void* stream) {
+// shared memory; with `cluster` > 1, launched as clusters of that many blocks spread over the
+// GPU's processing clusters, as NCCL launches its kernels on sm90 (cgaClusterSize, default 4).
+// 0 or a CUDA error code.
+extern "C" int occl_hold(int blocks, u64 ns, int smem, int cluster, void* stream) {
     cudaError_t e = cudaFuncSetAttribute(hold, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
-    hold<<<blocks, 32, smem, (cudaStream_t)stream>>>(ns);
-    return (int)cudaGetLastError();
+    if (cluster <= 1) {
+        hold<<<blocks, 32, smem, (cudaStream_t)stream>>>(ns);
+        return (int)cudaGetLastError();
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attrs[2];
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = cluster;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    attrs[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = (cudaStream_t)stream;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
+    return (int)cudaLaunchKernelEx(&cfg, hold, ns);
 }

@@ -11,9 +11,12 @@ If the loss follows K x T, a collective costs the GEMM what its SMs hold, howeve
 follows T alone, fewer SMs for as long cost as much.
 
 PERIOD_US=P issues one hold every P microseconds from the host for as long as the GEMMs ran alone,
-instead of back to back: the holds then take T / P of the time.
+instead of back to back: the holds then take T / P of the time. K:T:C launches each hold as
+clusters of C blocks spread over the GPU's processing clusters, as NCCL launches its kernels on
+sm90 (cgaClusterSize 4 unless told otherwise); C = 1, the default, is a plain launch, as occl's.
+The first line names the GEMM's kernels, whose names say their own cluster shape.
 
-    python3 bench/overlap-hold/overlap-hold.py [K:T_us ...]     (one GPU; nvcc on PATH)
+    python3 bench/overlap-hold/overlap-hold.py [K:T_us[:C] ...]     (one GPU; nvcc on PATH)
 """
 import ctypes
 import json
@@ -37,13 +40,13 @@ def build():
     subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-o", out,
                     os.path.join(here, "hold.cu")], check=True)
     lib = ctypes.CDLL(out)
-    lib.occl_hold.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p]
+    lib.occl_hold.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
 def main():
-    configs = [tuple(int(x) for x in c.split(":")) for c in sys.argv[1:]] or \
-        [(k, t) for t in (300, 1000) for k in (4, 8, 16, 24, 32)]
+    configs = [tuple(int(x) for x in (c + ":1").split(":")[:3]) for c in sys.argv[1:]] or \
+        [(k, t, 1) for t in (300, 1000) for k in (4, 8, 16, 24, 32)]
     lib = build()
     torch.cuda.set_device(0)
     a = torch.randn(M, M, device="cuda", dtype=torch.bfloat16)
@@ -52,6 +55,11 @@ def main():
     for _ in range(3):
         torch.mm(a, b)
     torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.mm(a, b)
+        torch.cuda.synchronize()
+    print(json.dumps({"gemm_kernels": sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})}),
+          flush=True)
 
     def gemms():
         with torch.cuda.stream(gemm_s):
@@ -62,27 +70,27 @@ def main():
             e1.record()
         return e0, e1
 
-    def hold(k, t_us):
-        rc = lib.occl_hold(k, t_us * 1000, SMEM, ctypes.c_void_p(hold_s.cuda_stream))
+    def hold(k, t_us, c):
+        rc = lib.occl_hold(k, t_us * 1000, SMEM, c, ctypes.c_void_p(hold_s.cuda_stream))
         if rc != 0:
             raise RuntimeError(f"hold launch failed: CUDA error {rc}")
 
-    def holds(k, t_us, n):
+    def holds(k, t_us, c, n):
         with torch.cuda.stream(hold_s):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             for _ in range(n):
-                hold(k, t_us)
+                hold(k, t_us, c)
             e1.record()
         return e0, e1
 
-    def paced(k, t_us, period_us, ms):
+    def paced(k, t_us, c, period_us, ms):
         """GEMMs beside a hold issued every period_us by this thread, for ms: a duty cycle."""
         g = gemms()
         with torch.cuda.stream(hold_s):
             start, n = time.perf_counter(), 0
             while (time.perf_counter() - start) * 1000 < ms:
-                hold(k, t_us)
+                hold(k, t_us, c)
                 n += 1
                 time.sleep(max(0.0, start + n * period_us / 1e6 - time.perf_counter()))
         return g, n
@@ -90,19 +98,19 @@ def main():
     reps = int(os.environ.get("REPS", "5"))
     period = int(os.environ.get("PERIOD_US", "0"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for k, t_us in configs:
+    for k, t_us, c in configs:
         losses, share, span = [], [], []
         for i in range(1 + reps):
             g0, g1 = gemms()
             torch.cuda.synchronize()
             alone = g0.elapsed_time(g1)
             if period:
-                (g0, g1), n = paced(k, t_us, period, alone)
+                (g0, g1), n = paced(k, t_us, c, period, alone)
                 torch.cuda.synchronize()
                 beside, held = g0.elapsed_time(g1), float("nan")
             else:
                 n = max(1, int(alone * 1000 / t_us))
-                h0, h1 = holds(k, t_us, n)
+                h0, h1 = holds(k, t_us, c, n)
                 g0, g1 = gemms()
                 torch.cuda.synchronize()
                 beside = g0.elapsed_time(g1)
@@ -111,7 +119,7 @@ def main():
                 losses.append(1 - alone / beside)
                 share.append(k * n * t_us / 1000 / (beside * sms))
                 span.append(held)
-        print(json.dumps({"sms": k, "hold_us": t_us, "period_us": period, "gemm_loss": round(statistics.median(losses), 4),
+        print(json.dumps({"sms": k, "hold_us": t_us, "cluster": c, "period_us": period, "gemm_loss": round(statistics.median(losses), 4),
                           "gemm_loss_range": [round(min(losses), 4), round(max(losses), 4)],
                           "sm_share_held": round(statistics.median(share), 4),
                           "hold_span_per_gemms": round(statistics.median(span), 3) if not period else None}), flush=True)
