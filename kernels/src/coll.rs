@@ -460,11 +460,6 @@ impl CollKernels {
         self
     }
 
-    /// How this table launches the kernels that talk to peers.
-    pub fn peer_launch(&self) -> PeerLaunch {
-        self.peer
-    }
-
     /// Launches `f` with its argument struct as this table launches kernels that talk to peers
     /// (`peer_launch.rs`).
     ///
