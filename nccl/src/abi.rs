@@ -124,8 +124,8 @@ pub struct Options {
 /// The fields of an `ncclConfig_t` that shape a device communicator, where the program set them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceFields {
-    /// `minCTAs`, `maxCTAs`, `CTAPolicy` (they override `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS`,
-    /// `NCCL_CTA_POLICY`).
+    /// `minCTAs`, `maxCTAs`, `CTAPolicy` (`NCCL_MIN_CTAS`, `NCCL_MAX_CTAS`, `NCCL_CTA_POLICY`
+    /// override them, as in NCCL).
     pub cta: CtaFields,
     /// `cgaClusterSize` (`NCCL_CGA_CLUSTER_SIZE` overrides it, as in NCCL).
     pub cluster: Option<ClusterSize>,

@@ -6,7 +6,7 @@ use crate::error::{arg, guard, Result};
 use crate::gpu::{self, DevComm};
 use crate::group;
 use crate::handle::{ncclComm_t, Made, NcclComm};
-use occl::cuda::{CtaPolicy, CudaComm, DeviceSettings};
+use occl::cuda::{CtaBudget, CtaPolicy, CudaComm, DeviceSettings};
 use occl::{Comm, Config, Error, ShrinkMode, UniqueId};
 use std::sync::mpsc;
 
@@ -44,16 +44,16 @@ unsafe fn put(out: *mut ncclComm_t, v: ncclComm_t) -> Result<()> {
 fn made(comm: Comm, device: Option<usize>, fields: DeviceFields) -> Result<Made> {
     let Some(d) = device else { return Ok(Made::Host(Box::new(comm))) };
     let _restore = gpu::Restore::new();
+    // The environment overrides the config's fields, as in NCCL.
     let mut s = DeviceSettings::from_env()?;
     s.cluster = s.cluster.or(fields.cluster);
     let cta = fields.cta;
-    let mut b = s.budget;
-    b.min_ctas = cta.min.unwrap_or(b.min_ctas);
-    b.max_ctas = cta.max.unwrap_or(b.max_ctas);
-    if let Some(p) = cta.policy {
-        b.policy = CtaPolicy::from_nccl(p)?;
-    }
-    let s = s.with_budget(b)?;
+    let config = CtaBudget {
+        min_ctas: cta.min.unwrap_or(0),
+        max_ctas: cta.max.unwrap_or(0),
+        policy: cta.policy.map(CtaPolicy::from_nccl).transpose()?.unwrap_or_default(),
+    };
+    let s = s.with_budget(config.under_env()?)?;
     Ok(Made::Device(Box::new(DevComm::new(CudaComm::with_settings(comm, d, s)?)?)))
 }
 

@@ -129,15 +129,32 @@ impl CtaBudget {
     /// `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS` and `NCCL_CTA_POLICY` (a number, or `default`,
     /// `efficiency`, `zero`).
     pub fn from_env() -> Result<CtaBudget> {
-        let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty());
-        let num = |k: &str| -> Result<u32> {
+        CtaBudget::default().under_env()
+    }
+
+    /// This budget (a communicator's `ncclConfig_t` fields) with each field the environment sets
+    /// in its place, as NCCL resets a config's `minCTAs`, `maxCTAs` and `CTAPolicy` to
+    /// `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS` and `NCCL_CTA_POLICY`.
+    pub fn under_env(self) -> Result<CtaBudget> {
+        self.under_vars(|k| std::env::var(k).ok())
+    }
+
+    /// As [`CtaBudget::under_env`] with the variables `var` gives. A count of 0 sets nothing
+    /// (NCCL leaves the config's there too).
+    fn under_vars(self, var: impl Fn(&str) -> Option<String>) -> Result<CtaBudget> {
+        let var = |k: &str| var(k).map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty());
+        let num = |k: &str, base: u32| -> Result<u32> {
             match var(k) {
-                Some(v) => v.parse().map_err(|_| Error::arg(format!("{k}={v:?} is not a count of CTAs"))),
-                None => Ok(0),
+                Some(v) => match v.parse::<u32>() {
+                    Ok(0) => Ok(base),
+                    Ok(n) => Ok(n),
+                    Err(_) => Err(Error::arg(format!("{k}={v:?} is not a count of CTAs"))),
+                },
+                None => Ok(base),
             }
         };
         let policy = match var("NCCL_CTA_POLICY").as_deref() {
-            None => CtaPolicy::Default,
+            None => self.policy,
             Some("default") => CtaPolicy::Default,
             Some("efficiency") => CtaPolicy::Efficiency,
             Some("zero") => CtaPolicy::Zero,
@@ -145,7 +162,12 @@ impl CtaBudget {
                 Error::arg(format!("NCCL_CTA_POLICY={v:?}: use 0, 1, 2 or default, efficiency, zero"))
             })?)?,
         };
-        CtaBudget { min_ctas: num("NCCL_MIN_CTAS")?, max_ctas: num("NCCL_MAX_CTAS")?, policy }.checked()
+        CtaBudget {
+            min_ctas: num("NCCL_MIN_CTAS", self.min_ctas)?,
+            max_ctas: num("NCCL_MAX_CTAS", self.max_ctas)?,
+            policy,
+        }
+        .checked()
     }
 
     /// Refuses a floor above the ceiling.
@@ -248,6 +270,25 @@ impl Channels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A config's budget under the environment: each variable set replaces its field, as NCCL
+    /// resets a config's fields to its variables; a count of 0 leaves the config's.
+    #[test]
+    fn the_environment_overrides_the_configs_fields() {
+        let vars = |v: &'static [(&'static str, &'static str)]| {
+            move |k: &str| v.iter().find(|(n, _)| *n == k).map(|(_, x)| x.to_string())
+        };
+        let config = CtaBudget { min_ctas: 4, max_ctas: 16, policy: CtaPolicy::Efficiency };
+        assert_eq!(config.under_vars(vars(&[])).unwrap(), config);
+        let b = config.under_vars(vars(&[("NCCL_MAX_CTAS", "8"), ("NCCL_CTA_POLICY", "zero")])).unwrap();
+        assert_eq!(b, CtaBudget { min_ctas: 4, max_ctas: 8, policy: CtaPolicy::Zero });
+        let b = config.under_vars(vars(&[("NCCL_MIN_CTAS", "0"), ("NCCL_CTA_POLICY", "0")])).unwrap();
+        assert_eq!(b, CtaBudget { min_ctas: 4, max_ctas: 16, policy: CtaPolicy::Default });
+        let e = config.under_vars(vars(&[("NCCL_MAX_CTAS", "2")])).unwrap_err().to_string();
+        assert!(e.contains("minCTAs 4 is above maxCTAs 2"), "{e}");
+        let e = config.under_vars(vars(&[("NCCL_MIN_CTAS", "many")])).unwrap_err().to_string();
+        assert!(e.contains("NCCL_MIN_CTAS=\"many\" is not a count of CTAs"), "{e}");
+    }
 
     fn ch(region: u32, lanes: u32, min: u32, max: u32, policy: CtaPolicy) -> Channels {
         Channels { region, lanes, common_lanes: lanes, budget: CtaBudget { min_ctas: min, max_ctas: max, policy } }

@@ -135,7 +135,8 @@ impl DeviceSettings {
         Ok(s)
     }
 
-    /// These settings with `budget` (an `ncclConfig_t`'s CTA fields) instead of the environment's.
+    /// These settings with `budget` in place of the environment's alone (a communicator's
+    /// `ncclConfig_t` fields under the environment: [`CtaBudget::under_env`]).
     pub fn with_budget(self, budget: CtaBudget) -> Result<DeviceSettings> {
         Ok(DeviceSettings { budget: budget.checked()?, ..self })
     }
