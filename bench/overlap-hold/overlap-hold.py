@@ -14,7 +14,9 @@ PERIOD_US=P issues one hold every P microseconds from the host for as long as th
 instead of back to back: the holds then take T / P of the time. K:T:C launches each hold as
 clusters of C blocks spread over the GPU's processing clusters, as NCCL launches its kernels on
 sm90 (cgaClusterSize 4 unless told otherwise); C = 1, the default, is a plain launch, as occl's.
-The first line names the GEMM's kernels, whose names say their own cluster shape.
+The first line names the GEMM's kernels, whose names say their own cluster shape. Paced, each
+row also gives how long the holds waited from their launch to their end beyond T (their wait for
+SMs), as percentiles in ms.
 
     python3 bench/overlap-hold/overlap-hold.py [K:T_us[:C] ...]     (one GPU; nvcc on PATH)
 """
@@ -85,29 +87,36 @@ def main():
         return e0, e1
 
     def paced(k, t_us, c, period_us, ms):
-        """GEMMs beside a hold issued every period_us by this thread, for ms: a duty cycle."""
-        g = gemms()
+        """GEMMs beside a hold issued every period_us by this thread, for ms: a duty cycle. Also
+        each hold's events, one before its launch and one after its end."""
+        g, marks = gemms(), []
         with torch.cuda.stream(hold_s):
             start, n = time.perf_counter(), 0
             while (time.perf_counter() - start) * 1000 < ms:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
                 hold(k, t_us, c)
+                e1.record()
+                marks.append((e0, e1))
                 n += 1
                 time.sleep(max(0.0, start + n * period_us / 1e6 - time.perf_counter()))
-        return g, n
+        return g, n, marks
 
     reps = int(os.environ.get("REPS", "5"))
     period = int(os.environ.get("PERIOD_US", "0"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for k, t_us, c in configs:
-        losses, share, span = [], [], []
+        losses, share, span, waits = [], [], [], []
         for i in range(1 + reps):
             g0, g1 = gemms()
             torch.cuda.synchronize()
             alone = g0.elapsed_time(g1)
             if period:
-                (g0, g1), n = paced(k, t_us, c, period, alone)
+                (g0, g1), n, marks = paced(k, t_us, c, period, alone)
                 torch.cuda.synchronize()
                 beside, held = g0.elapsed_time(g1), float("nan")
+                if i:
+                    waits += [a.elapsed_time(b) - t_us / 1000 for a, b in marks]
             else:
                 n = max(1, int(alone * 1000 / t_us))
                 h0, h1 = holds(k, t_us, c, n)
@@ -122,7 +131,10 @@ def main():
         print(json.dumps({"sms": k, "hold_us": t_us, "cluster": c, "period_us": period, "gemm_loss": round(statistics.median(losses), 4),
                           "gemm_loss_range": [round(min(losses), 4), round(max(losses), 4)],
                           "sm_share_held": round(statistics.median(share), 4),
-                          "hold_span_per_gemms": round(statistics.median(span), 3) if not period else None}), flush=True)
+                          "hold_span_per_gemms": round(statistics.median(span), 3) if not period else None,
+                          "paced_wait_ms": {q: round(sorted(waits)[min(len(waits) - 1, int(f * len(waits)))], 3)
+                                            for q, f in (("p50", .5), ("p90", .9), ("max", 1.0))} if waits else None}),
+              flush=True)
 
 
 if __name__ == "__main__":
