@@ -506,6 +506,10 @@ static void check_configs(const ncclUniqueId* ids) {
   ncclConfig_t blk = NCCL_CONFIG_INITIALIZER;
   blk.blocking = 7;
   CHECK(ncclCommInitRankConfig(&c, n, ids[1], me, &blk) == ncclInvalidArgument);
+  ncclConfig_t cga = NCCL_CONFIG_INITIALIZER;
+  cga.cgaClusterSize = -2;
+  CHECK(ncclCommInitRankConfig(&c, n, ids[1], me, &cga) == ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(NULL), "cgaClusterSize is -2") != NULL);
 }
 
 static void check_nonblocking(ncclUniqueId id) {
