@@ -11,10 +11,11 @@ use super::events::{DevEvents, RING_SLOTS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
+use super::kernels::phases::ChannelRecord;
 use super::kernels::timer::{ClockMap, TimerRing};
 use super::kernels::{device, staging, ClusterSize, SyncDomain};
-use super::ops::FUNCS;
-use super::phases::KernelPhases;
+use super::names::FUNCS;
+use super::phases::{KernelPhases, VAR as PHASES_VAR};
 use super::staged::Staged;
 use super::tune::DevTuner;
 use super::watch::{Calls, Watch};
@@ -551,6 +552,32 @@ impl CudaComm {
             w.aborted();
         }
         abort(&self.region, self.ce)
+    }
+
+    /// Whether this communicator profiles its kernels' phases on request (`OCCL_KERNEL_PHASES=1`
+    /// when it was created; `phases.rs`).
+    pub fn kernel_phases_enabled(&self) -> bool {
+        self.phases.is_some()
+    }
+
+    /// Runs the next kernel this communicator launches (outside a graph capture) with the
+    /// phase profile. A usage error unless `OCCL_KERNEL_PHASES=1` was set at creation.
+    pub fn profile_next_call(&self) -> Result<()> {
+        match &self.phases {
+            Some(p) => {
+                p.arm();
+                Ok(())
+            }
+            None => Err(Error::usage(format!("kernel phases need {PHASES_VAR}=1 when the communicator is created"))),
+        }
+    }
+
+    /// The records of the launch [`CudaComm::profile_next_call`] marked, one per channel, once
+    /// the caller has synchronised its stream; `None` when that call launched no kernel (copy
+    /// engines, staged through host memory, nothing to move) or profiling is off. The mark ends
+    /// here either way: no later call is profiled by it.
+    pub fn kernel_phases(&self) -> Result<Option<Vec<ChannelRecord>>> {
+        self.phases.as_ref().map_or(Ok(None), KernelPhases::read)
     }
 }
 

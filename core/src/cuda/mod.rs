@@ -25,6 +25,7 @@ mod budget;
 mod ce;
 mod comm;
 mod events;
+mod names;
 mod ops;
 mod phases;
 mod staged;

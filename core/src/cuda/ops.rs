@@ -12,6 +12,7 @@ use super::kernels::coll::{CollArgs, Mode, MAX_RANKS};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
 use super::kernels::memops::StreamOps;
 use super::kernels::p2p::{plan, records, P2pConn, Transfer};
+use super::names::{algo_name, func_of, ras_type};
 use super::tune::DevAlgo;
 use super::watch::Watch;
 use super::windows::{InWindow, Windows};
@@ -23,48 +24,6 @@ use crate::profile::op::OpDescr;
 use crate::profile::OpProf;
 use crate::record::CollType;
 use occl_telemetry::{EventType, Note};
-
-/// NCCL's `func` of a mode, and its index among the communicator's per-function sequence
-/// numbers.
-pub(crate) fn func_of(mode: Mode) -> (&'static str, usize) {
-    match mode {
-        Mode::AllReduceOneShot | Mode::AllReduceTwoShot | Mode::AllReduceRing => ("AllReduce", 0),
-        Mode::ReduceScatter | Mode::ReduceScatterRing => ("ReduceScatter", 1),
-        Mode::Reduce | Mode::ReduceRing => ("Reduce", 2),
-        Mode::AllGather => ("AllGather", 3),
-        Mode::Broadcast | Mode::BroadcastRing => ("Broadcast", 4),
-        Mode::AllToAll => ("AlltoAll", 5),
-        Mode::Send => ("Send", 6),
-        Mode::Recv => ("Recv", 7),
-    }
-}
-
-/// The operation type RAS counts a mode under (NCCL's `ncclFunc_t`).
-fn ras_type(mode: Mode) -> CollType {
-    match mode {
-        Mode::AllReduceOneShot | Mode::AllReduceTwoShot | Mode::AllReduceRing => CollType::AllReduce,
-        Mode::ReduceScatter | Mode::ReduceScatterRing => CollType::ReduceScatter,
-        Mode::Reduce | Mode::ReduceRing => CollType::Reduce,
-        Mode::AllGather => CollType::AllGather,
-        Mode::Broadcast | Mode::BroadcastRing => CollType::Broadcast,
-        Mode::AllToAll => CollType::AllToAll,
-        Mode::Send => CollType::Send,
-        Mode::Recv => CollType::Recv,
-    }
-}
-
-/// The algorithm name a mode's profiler events and flight records carry (NCCL's spelling).
-fn algo_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::AllReduceOneShot => "ONE_SHOT",
-        Mode::AllReduceTwoShot => "TWO_SHOT",
-        Mode::AllReduceRing | Mode::BroadcastRing | Mode::ReduceScatterRing | Mode::ReduceRing => "RING",
-        _ => "DIRECT",
-    }
-}
-
-/// Device functions with a sequence number of their own.
-pub(crate) const FUNCS: usize = 8;
 
 /// Whether `stream` is capturing a CUDA graph (an error reads as not capturing: the launch
 /// then fails or runs on its own).

@@ -1,11 +1,10 @@
 //! The kernels' phase profile on a communicator (`OCCL_KERNEL_PHASES=1` when it is created):
 //! the phase-profiled programs (`occl_kernels::phases`) are built beside the plain ones and one
-//! record buffer is held; [`CudaComm::profile_next_call`] marks the next kernel launch to run the
-//! profiled program into it, and [`CudaComm::kernel_phases`] reads its records once the caller
+//! record buffer is held; `CudaComm::profile_next_call` marks the next kernel launch to run the
+//! profiled program into it, and `CudaComm::kernel_phases` reads its records once the caller
 //! has synchronised the stream. A measuring tool (`occl-gpu bench --phases`): the plain
 //! programs carry none of it, and a communicator without the variable builds nothing.
 
-use super::comm::CudaComm;
 use super::err;
 use super::kernels::coll::CollKernels;
 use super::kernels::cudarc::driver::CudaContext;
@@ -51,7 +50,7 @@ impl KernelPhases {
         Ok(Some(KernelPhases::new(buf)))
     }
 
-    fn arm(&self) {
+    pub(crate) fn arm(&self) {
         self.last.store(0, Ordering::Relaxed);
         self.armed.store(true, Ordering::Release);
     }
@@ -68,40 +67,12 @@ impl KernelPhases {
     }
 
     /// The last profiled launch's records; unmarks a mark no launch took.
-    fn read(&self) -> Result<Option<Vec<ChannelRecord>>> {
+    pub(crate) fn read(&self) -> Result<Option<Vec<ChannelRecord>>> {
         self.armed.store(false, Ordering::Release);
         match self.last.load(Ordering::Acquire) {
             0 => Ok(None),
             n => self.buf.read(n).map(Some).map_err(err("read the phase records")),
         }
-    }
-}
-
-impl CudaComm {
-    /// Whether this communicator profiles its kernels' phases on request (`OCCL_KERNEL_PHASES=1`
-    /// when it was created).
-    pub fn kernel_phases_enabled(&self) -> bool {
-        self.phases.is_some()
-    }
-
-    /// Runs the next kernel this communicator launches (outside a graph capture) with the
-    /// phase profile. A usage error unless `OCCL_KERNEL_PHASES=1` was set at creation.
-    pub fn profile_next_call(&self) -> Result<()> {
-        match &self.phases {
-            Some(p) => {
-                p.arm();
-                Ok(())
-            }
-            None => Err(Error::usage(format!("kernel phases need {VAR}=1 when the communicator is created"))),
-        }
-    }
-
-    /// The records of the launch [`CudaComm::profile_next_call`] marked, one per channel, once
-    /// the caller has synchronised its stream; `None` when that call launched no kernel (copy
-    /// engines, staged through host memory, nothing to move) or profiling is off. The mark ends
-    /// here either way: no later call is profiled by it.
-    pub fn kernel_phases(&self) -> Result<Option<Vec<ChannelRecord>>> {
-        self.phases.as_ref().map_or(Ok(None), KernelPhases::read)
     }
 }
 
