@@ -10,7 +10,7 @@
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::profile::group::{GroupProf, Running};
+use crate::profile::group::GroupProf;
 use occl_events::EventId;
 
 /// One communicator's part of a group: its calls with the API events they emitted.
@@ -66,7 +66,7 @@ fn launch(mut l: Launch<'_>) -> Result<()> {
             super::p2p::run(l.comm, &l.prof, &calls[i..j])?;
             i = j;
         } else {
-            let _running = Running::set(&l.prof, calls[i].1);
+            let _running = l.prof.running(calls[i].1);
             super::run(l.comm, &calls[i].0)?;
             i += 1;
         }

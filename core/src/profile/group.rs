@@ -9,9 +9,9 @@
 //! a task is enqueued).
 
 use super::op::{self, OpDescr};
+use super::running::{Enclosing, Running};
 use occl_events::event::ProxyCtrlState;
 use occl_events::{EventDescr, EventId, EventMask, Fanout, GroupApiState, StateArgs};
-use std::cell::Cell;
 use std::sync::Arc;
 
 /// A group's events on one communicator. Dropping it stops whatever it started, so a group
@@ -57,6 +57,12 @@ impl GroupProf {
         &self.f
     }
 
+    /// Marks this group as running one of its collectives on this thread, with `api` its API
+    /// event, until the guard drops: the operation's Coll hangs under the group's events.
+    pub(crate) fn running(&self, api: Option<EventId>) -> Running {
+        Running::set(Enclosing::new(&self.f, self.mask, api, self.group))
+    }
+
     /// The API event of one call of the group (started and stopped now, during the call).
     pub(crate) fn api(&self, d: &OpDescr<'_>) -> Option<EventId> {
         op::api_event(&self.f, self.mask, self.group_api, d)
@@ -88,43 +94,5 @@ impl Drop for GroupProf {
         if self.launched {
             op::marker(&self.f, self.mask, ProxyCtrlState::Idle);
         }
-    }
-}
-
-thread_local! {
-    /// While a group runs one of its collectives through `Comm`'s normal path: the events the
-    /// group emitted for it, which its Coll hangs under (`enclosing`).
-    static RUNNING: Cell<Option<Enclosing>> = const { Cell::new(None) };
-}
-
-/// The events a group emitted for the operation it is running now on this thread.
-#[derive(Clone, Copy)]
-pub(crate) struct Enclosing {
-    fanout: *const Fanout,
-    pub mask: EventMask,
-    pub api: Option<EventId>,
-    pub group: Option<EventId>,
-}
-
-/// The enclosing group's events, if a group is running an operation on `f`'s communicator on
-/// this thread (`OpProf::begin` asks).
-pub(crate) fn enclosing(f: &Fanout) -> Option<Enclosing> {
-    RUNNING.with(Cell::get).filter(|e| std::ptr::eq(e.fanout, f))
-}
-
-/// Sets `RUNNING` for the life of the guard.
-pub(crate) struct Running;
-
-impl Running {
-    pub(crate) fn set(prof: &GroupProf, api: Option<EventId>) -> Running {
-        let e = Enclosing { fanout: prof.fanout(), mask: prof.mask(), api, group: prof.group() };
-        RUNNING.with(|r| r.set(Some(e)));
-        Running
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.with(|r| r.set(None));
     }
 }

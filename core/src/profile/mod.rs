@@ -26,6 +26,7 @@
 
 pub(crate) mod group;
 pub(crate) mod op;
+mod running;
 pub(crate) mod tally;
 
 use crate::config::Profilers;

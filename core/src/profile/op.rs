@@ -275,7 +275,7 @@ impl<'f> OpProf<'f> {
         if mask.is_empty() {
             return None;
         }
-        if let Some(g) = super::group::enclosing(f) {
+        if let Some(g) = super::running::enclosing(f) {
             return OpProf::within(f, g.mask, rank, g.api, g.group, describe, legs, transport);
         }
         let d = &describe();
@@ -330,7 +330,7 @@ impl<'f> OpProf<'f> {
         if mask.is_empty() || mask.0 & !EventMask::OP_TOTALS.0 & !EventMask::STEP_TOTALS.0 == 0 {
             return None;
         }
-        if let Some(g) = super::group::enclosing(f) {
+        if let Some(g) = super::running::enclosing(f) {
             return OpProf::within(f, g.mask, rank, g.api, g.group, describe, Vec::new, |_| "cuda-p2p");
         }
         let d = &describe();
