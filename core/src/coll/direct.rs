@@ -3,7 +3,8 @@
 //! the one-shot all-reduce (a schedule, and for one slice a path straight on the FIFOs), and
 //! point-to-point send/recv.
 
-use super::plan::{Proto, Shape};
+use super::algo::Proto;
+use super::plan::Shape;
 use super::prims::check_incoming;
 use super::walk::{pieces, Buf, Exec, Span};
 use super::{copy_unless_same, Ctx};

@@ -6,6 +6,7 @@
 //! progress engine for tcp: every wait moves the sockets of all the communicator's tcp links
 //! (`transport::tcp`), and an operation returns only once its data is on the wire.
 
+pub(crate) mod algo;
 pub(crate) mod direct;
 pub(crate) mod order;
 pub(crate) mod pat;
@@ -25,7 +26,8 @@ use crate::record::{CollType, OpRecord};
 use crate::transport::fifo::{ll, Desc, Ends};
 use crate::transport::Peer;
 use crate::wait::{Deadline, Drive};
-use plan::{Algo, Proto, Shape};
+use algo::{Algo, Proto};
+use plan::Shape;
 use prims::{Prims, RecvEnd, SendEnd};
 use std::sync::atomic::AtomicBool;
 use walk::Run;

@@ -10,7 +10,8 @@
 //! on a communicator; `plan` counts the same schedules' slices. Blocks of all-gather and
 //! reduce-scatter are laid out by rank while the ring runs on positions (`Shape::order`).
 
-use super::plan::{Algo, Shape};
+use super::algo::Algo;
+use super::plan::Shape;
 use super::walk::{Buf, Exec, Link, Pipe, Span};
 use super::Ctx;
 use crate::error::Result;

@@ -4,7 +4,8 @@
 //! received with the length its receiver expects, and that `plan::Count` predicts the slices
 //! each peer sees (`plan::legs`).
 
-use super::plan::{Algo, Shape};
+use super::algo::Algo;
+use super::plan::Shape;
 use super::walk::{Buf, Exec, Span};
 use crate::error::Result;
 use crate::record::CollType;

@@ -208,7 +208,7 @@ impl Peers for Each<'_, '_> {
     }
 
     fn prepare_all(&mut self, send: bool, bytes: usize) {
-        if self.0.proto == super::plan::Proto::Ll {
+        if self.0.proto == super::algo::Proto::Ll {
             for p in self.0.peers.iter().flatten() {
                 if send {
                     p.send.ll_prepare(bytes);

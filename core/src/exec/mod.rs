@@ -9,7 +9,8 @@
 pub(crate) mod group;
 mod p2p;
 
-use crate::coll::plan::{self, Algo, Shape};
+use crate::coll::algo::{Algo, Proto};
+use crate::coll::plan::{self, Shape};
 use crate::coll::tune::Choice;
 use crate::coll::{self, Ctx};
 use crate::comm::Comm;
@@ -304,6 +305,6 @@ fn algo_name_nccl(registered: bool, algo: Algo) -> &'static str {
 }
 
 /// A number per (executor, algorithm, protocol), for the direct metrics' slots.
-fn choice_number(registered: bool, algo: Algo, proto: crate::coll::plan::Proto) -> u8 {
+fn choice_number(registered: bool, algo: Algo, proto: Proto) -> u8 {
     u8::from(registered) << 7 | (algo as u8) << 2 | proto as u8
 }

@@ -12,7 +12,7 @@
 //! more than 10% off.
 
 use super::model::{self, Consts, Link, MODELLED};
-use crate::coll::plan::{Algo, Proto};
+use crate::coll::algo::{Algo, Proto};
 use crate::config::policy::FUNCS;
 use crate::error::{Error, Result};
 use crate::record::CollType;

@@ -11,7 +11,7 @@ pub(crate) mod file;
 pub(crate) mod fit;
 pub(crate) mod model;
 
-use super::plan::{Algo, Proto};
+use super::algo::{Algo, Proto};
 use crate::config::policy::{Policy, ALGOS, FUNCS, PROTOS};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};

@@ -20,7 +20,7 @@
 //! of `shm` and `tcp` (a core per rank) on 16-core hosts (bench/baselines/algos-sweep.md).
 //! `OCCL_TUNER_FILE` sets any of them again (see `file.rs`).
 
-use crate::coll::plan::{Algo, Proto};
+use crate::coll::algo::{Algo, Proto};
 use crate::coll::tree;
 use crate::config::policy::FUNCS;
 use crate::record::CollType;
