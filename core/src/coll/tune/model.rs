@@ -24,7 +24,6 @@ use crate::coll::algo::{Algo, Proto};
 use crate::coll::tree;
 use crate::config::policy::FUNCS;
 use crate::record::CollType;
-use std::sync::OnceLock;
 
 /// What carries the messages, as the model sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,24 +88,6 @@ pub(crate) struct Consts {
     pub links: [LinkConsts; 4],
     /// [link][collective (FUNCS)][algorithm (MODELLED)][protocol (Simple, LL)].
     pub adj: [[[[Adj; 2]; 4]; 5]; 4],
-}
-
-/// The built-in constants, in `OCCL_TUNER_FILE`'s format: `defaults.conf`, whose header names the
-/// command that fits them. `file::apply` reads it over `Consts::blank`.
-pub(crate) const DEFAULTS: &str = include_str!("defaults.conf");
-
-impl Default for Consts {
-    /// `defaults.conf`, parsed once. It is part of the library, not input: the unit test
-    /// `the_embedded_defaults_parse_and_are_the_fitted_constants` parses it, so this cannot fail.
-    fn default() -> Self {
-        static PARSED: OnceLock<Consts> = OnceLock::new();
-        PARSED
-            .get_or_init(|| {
-                super::file::apply(Consts::blank(), DEFAULTS)
-                    .unwrap_or_else(|e| panic!("core/src/coll/tune/defaults.conf: {e}"))
-            })
-            .clone()
-    }
 }
 
 impl Consts {
@@ -224,31 +205,4 @@ pub(crate) fn time(c: &Consts, link: Link, op: &Op) -> f64 {
     let moved = (s.load * b).max(path);
     let peers = op.nranks.saturating_sub(2) as f64;
     adj.base_us + adj.peer_us * peers + s.steps * alpha + s.msgs * l.gamma_us + moved * adj.scale / (gbps * 1e3)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The digest of the constants the tuner was fitted with. A change to `defaults.conf` changes
-    /// it on purpose: refit (the file's header), check (bench/baselines/algos-sweep.md), update.
-    const FITTED_DIGEST: u64 = 0xcea0_e042_1395_f804;
-
-    #[test]
-    fn the_embedded_defaults_parse_and_are_the_fitted_constants() {
-        let c = super::super::file::apply(Consts::blank(), DEFAULTS).expect("defaults.conf parses");
-        for (l, name) in c.links.iter().zip(Link::ALL.map(Link::name)) {
-            assert!(l.alpha_us > 0.0 && l.ll_alpha_us > 0.0, "{name}: every latency is set");
-            assert!(l.gbps > 0.0 && l.ll_gbps > 0.0, "{name}: every bandwidth is set");
-        }
-        assert_eq!(c.digest(), FITTED_DIGEST);
-        assert_eq!(Consts::default(), c);
-        // Each setting once: a second line for a key would silently win over the first.
-        let keys: Vec<&str> =
-            DEFAULTS.lines().filter_map(|l| l.split('#').next()?.split_once('=').map(|(k, _)| k.trim())).collect();
-        let mut unique = keys.clone();
-        unique.sort_unstable();
-        unique.dedup();
-        assert_eq!(unique.len(), keys.len(), "a key is set twice in defaults.conf");
-    }
 }
