@@ -3,20 +3,26 @@
 //! the NCCL plugin, glibc runs it when the library is unloaded or the process exits.)
 #![allow(unsafe_code)] // registering a C exit handler
 
-use std::sync::Once;
+use std::sync::OnceLock;
+
+/// What the handler runs: the exporter's flush, set by the first `install`.
+static FLUSH: OnceLock<fn()> = OnceLock::new();
 
 extern "C" fn at_exit() {
-    // Never unwind into C. (Nothing here logs through `tracing`: see `flush_at_exit`.)
-    let _ = std::panic::catch_unwind(super::exporter::flush_at_exit);
+    // Never unwind into C. (Nothing here logs through `tracing`: see the exporter's
+    // `flush_at_exit`.)
+    if let Some(flush) = FLUSH.get() {
+        let _ = std::panic::catch_unwind(flush);
+    }
 }
 
-/// Registers the handler once per process.
-pub(super) fn install() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: `at_exit` is a plain `extern "C" fn()` that lives as long as the code it is in.
-        if unsafe { libc::atexit(at_exit) } != 0 {
-            tracing::warn!("occl trace: atexit failed; traces are written at communicator destroy and flush only");
-        }
-    });
+/// Registers the handler once per process, to run `flush`.
+pub(super) fn install(flush: fn()) {
+    if FLUSH.set(flush).is_err() {
+        return;
+    }
+    // SAFETY: `at_exit` is a plain `extern "C" fn()` that lives as long as the code it is in.
+    if unsafe { libc::atexit(at_exit) } != 0 {
+        tracing::warn!("occl trace: atexit failed; traces are written at communicator destroy and flush only");
+    }
 }

@@ -109,7 +109,7 @@ impl TraceExporter {
             live.push(Arc::downgrade(&inner));
         }
         steps::RECORDING.store(true, Relaxed);
-        super::exit::install();
+        super::exit::install(flush_at_exit);
         TraceExporter { inner }
     }
 
