@@ -3,7 +3,6 @@
 
 use super::ids;
 use super::resolve::Resolved;
-use crate::event::EventDescr;
 use crate::semconv;
 use std::borrow::Cow;
 
@@ -52,15 +51,5 @@ pub fn out_span(r: &Resolved, rank_override: Option<i64>, track_steps: bool) -> 
         events,
         dropped_events: rec.marks_dropped,
         error: r.error.clone(),
-    }
-}
-
-/// The ProxyOp's failure, if its finished steps fall short of the plan.
-pub fn proxy_op_error(rec: &super::record::Rec) -> Option<String> {
-    match rec.descr {
-        EventDescr::ProxyOp { n_steps, .. } if n_steps > 0 && (rec.steps_done as i64) < i64::from(n_steps) => {
-            Some(format!("{} of {} steps finished", rec.steps_done, n_steps))
-        }
-        _ => None,
     }
 }

@@ -56,4 +56,14 @@ impl Rec {
     pub fn key(&self) -> CommKey {
         CommKey { hash: self.comm.hash, rank: self.comm.rank }
     }
+
+    /// A ProxyOp's failure, if its finished steps fall short of the plan.
+    pub fn proxy_op_error(&self) -> Option<String> {
+        match self.descr {
+            EventDescr::ProxyOp { n_steps, .. } if n_steps > 0 && (self.steps_done as i64) < i64::from(n_steps) => {
+                Some(format!("{} of {} steps finished", self.steps_done, n_steps))
+            }
+            _ => None,
+        }
+    }
 }

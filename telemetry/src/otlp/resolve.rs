@@ -12,7 +12,6 @@
 //! oldest tree is resolved early when it is reached), failed-ProxyOp marks ([`FAILED_CAP`]).
 
 use super::ids::{self, CommKey};
-use super::model;
 use super::record::Rec;
 use crate::event::EventDescr;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -89,7 +88,7 @@ impl Resolver {
         let c = rec.key();
         let mut error = None;
         if self.track_steps {
-            error = model::proxy_op_error(&rec);
+            error = rec.proxy_op_error();
             if let (Some(_), Some(p)) = (&error, rec.parent) {
                 if self.failed.insert((c, p)) {
                     self.failed_order.push_back((c, p));
@@ -181,7 +180,7 @@ impl Resolver {
             self.pending_len -= w.recs.len();
             self.pending_order.retain(|k| *k != key);
             for rec in w.recs {
-                let error = if self.track_steps { model::proxy_op_error(&rec) } else { None };
+                let error = if self.track_steps { rec.proxy_op_error() } else { None };
                 out.push(emit(rec, known, error));
             }
         }
