@@ -1,7 +1,7 @@
 //! The process-wide list of live recorders, dumps of all of them, and the opt-in SIGUSR1 thread.
 
 use super::config::{FlightConfig, FlightEnvError};
-use super::ring::FlightRecorder;
+use super::ring::{FlightComm, FlightRecorder};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,21 @@ static INSTALLED: Mutex<Option<PathBuf>> = Mutex::new(None);
 /// The reason SIGUSR1 dumps carry.
 pub const SIGNAL_REASON: &str = "SIGUSR1";
 
-pub(crate) fn register(r: &Arc<FlightRecorder>) {
+impl FlightRecorder {
+    /// A recorder of the last `capacity` operations (capped at [`super::ring::MAX_CAPACITY`]; 0 gives a
+    /// disabled recorder whose every call is one branch). The slots are allocated here, once.
+    /// An enabled recorder is registered process-wide (weakly) so that [`crate::flight::dump_all`]
+    /// and the SIGUSR1 handler find it while it lives.
+    pub fn new(comm: FlightComm, capacity: usize) -> Arc<FlightRecorder> {
+        let r = FlightRecorder::unregistered(comm, capacity);
+        if r.capacity() > 0 {
+            register(&r);
+        }
+        r
+    }
+}
+
+fn register(r: &Arc<FlightRecorder>) {
     let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
     live.retain(|w| w.strong_count() > 0);
     live.push(Arc::downgrade(r));

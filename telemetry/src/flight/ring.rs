@@ -302,13 +302,12 @@ pub(crate) fn truncate_str(s: &str, max: usize) -> &str {
 
 impl FlightRecorder {
     /// A recorder of the last `capacity` operations (capped at [`MAX_CAPACITY`]; 0 gives a
-    /// disabled recorder whose every call is one branch). The slots are allocated here, once.
-    /// An enabled recorder is registered process-wide (weakly) so that [`crate::flight::dump_all`]
-    /// and the SIGUSR1 handler find it while it lives.
-    pub fn new(comm: FlightComm, capacity: usize) -> Arc<FlightRecorder> {
+    /// disabled recorder whose every call is one branch), not registered: the slots are
+    /// allocated here, once. `FlightRecorder::new` (`registry.rs`) registers it.
+    pub(super) fn unregistered(comm: FlightComm, capacity: usize) -> Arc<FlightRecorder> {
         let capacity = capacity.min(MAX_CAPACITY);
         let slots: Box<[Rec]> = (0..capacity).map(|_| Rec::default()).collect();
-        let r = Arc::new(FlightRecorder {
+        Arc::new(FlightRecorder {
             comm,
             slots,
             next_record: AtomicU64::new(0),
@@ -316,11 +315,7 @@ impl FlightRecorder {
             colls: AtomicU64::new(0),
             p2ps: AtomicU64::new(0),
             errors: Mutex::new(VecDeque::new()),
-        });
-        if capacity > 0 {
-            super::registry::register(&r);
-        }
-        r
+        })
     }
 
     /// The communicator rank this recorder belongs to.
