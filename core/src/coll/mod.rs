@@ -139,7 +139,7 @@ impl<'a> Ctx<'a> {
             sleeper: self.prof.and_then(|p| p.sleeper()),
             record: Some(self.record),
             waited: self.tally.map(Tally::wait_sums),
-            members: self.members,
+            members: self.members.map(|m| m as &dyn crate::transport::fifo::Members),
         }
     }
 

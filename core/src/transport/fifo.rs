@@ -365,6 +365,13 @@ pub(crate) trait Waiting {
     fn waiting_on(&self, peer: usize, state: u32);
 }
 
+/// The communicator's other peers, as a wait that has blocked for a while sees them: an error
+/// once any of them failed (the operation cannot complete). Implemented by the peer table
+/// (`peers.rs`).
+pub(crate) trait Members {
+    fn failed_peer(&self, except: usize) -> Result<()>;
+}
+
 /// The time an operation's waits blocked, by step state (`StepTotals::STATES` order): the
 /// direct metrics route's step waits, where no step marks read the clock. [`Timed`] adds to it.
 #[derive(Default)]
@@ -442,7 +449,7 @@ pub(crate) struct Ends<'a> {
     pub waited: Option<&'a WaitSums>,
     /// The communicator's other peers: a wait that has blocked for a while also fails when
     /// one of them failed (the operation cannot complete; see `peers`).
-    pub members: Option<&'a super::peers::PeerTable>,
+    pub members: Option<&'a dyn Members>,
 }
 
 impl Ends<'_> {

@@ -13,7 +13,7 @@
 //! travels, every rank's error names where it started.
 
 use super::fifo::nonblocking::{alive, fail_recv_end, fail_send_end};
-use super::fifo::{state, Cause, Liveness, Notice, Region};
+use super::fifo::{state, Cause, Liveness, Members, Notice, Region};
 use super::{tcp, Peer};
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -99,7 +99,15 @@ impl PeerTable {
         };
         Cause { origin: peer as u32, state }
     }
+}
 
+impl Members for PeerTable {
+    fn failed_peer(&self, except: usize) -> Result<()> {
+        PeerTable::failed_peer(self, except)
+    }
+}
+
+impl PeerTable {
     /// The first peer other than `except` whose end says it failed (aborted, timed out, saw a
     /// mismatch, lost its connection), as the error an operation of this communicator returns:
     /// a collective cannot complete once any member failed. A peer that merely destroyed its
