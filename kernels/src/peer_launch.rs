@@ -13,9 +13,12 @@
 //!   on its stream.
 //! - **Clusters.** A cluster's blocks are placed together on one processing cluster (GPC) of SMs,
 //!   the clusters spread over the GPCs. A model's matrix multiplies run as clusters too (cuBLAS'
-//!   sm90 GEMMs in pairs of SMs), so a collective whose blocks take SMs four to a GPC leaves
-//!   whole pairs to them, where single blocks may leave a lone SM in a GPC that no pair can use.
-//!   No occl kernel relies on a cluster's shared memory or barrier: a cluster is placement alone.
+//!   sm90 GEMMs in pairs of SMs): blocks taken four to a GPC leave whole pairs to them, where
+//!   single blocks may leave a lone SM in a GPC that no pair can use. On an H200, 24 SMs held for
+//!   1 ms every 2 ms cost a GEMM beside them 0.85× as much in clusters of 4 as plain, and occl's
+//!   own kernels move as much or slightly more in clusters (`bench/baselines/gpu-overlap.md`
+//!   run 15). No occl kernel relies on a cluster's shared memory or barrier: a cluster is
+//!   placement alone.
 
 use crate::error::{check, Result};
 use cudarc::driver::{sys, CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
