@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::conn::{self, ConnHandle};
-use super::node::NodeDir;
+use super::node_dir::NodeDir;
 use super::{client, unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics, RasConfig};
 use crate::analysis::{KnownComm, KnownRank};
 use crate::mesh::{Action, ConnId, Mesh, MetricsResult, PeerAddr, PeerId, PeerTable};

@@ -20,7 +20,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::actor::Shared;
-use super::node::{ask_async, other_processes, Ask};
+use super::ask::{ask_async, Ask};
+use super::node_dir::other_processes;
 
 /// Writes the process's flight records into the string: `{"pid": u32, "records": [...]}`.
 pub type FlightProvider = Arc<dyn Fn(&mut String) + Send + Sync>;
@@ -68,7 +69,7 @@ fn process(job: &str, pid: Option<u32>, doc: Option<String>) -> Value {
 }
 
 pub(crate) async fn flight_recorder(State(sh): State<Shared>, Query(q): Query<FlightQuery>) -> Response {
-    let others = other_processes(&sh).await;
+    let others = other_processes(sh.node.as_ref()).await;
     let job = q.job.as_deref();
     if let Some(j) = job.filter(|j| *j != &*sh.job && !others.iter().any(|(o, _)| o == j)) {
         let mut names: Vec<&str> = others.iter().map(|(o, _)| o.as_str()).chain([&*sh.job]).collect();

@@ -24,7 +24,7 @@ use super::actor::Shared;
 use super::client::{event_line, gather, node_metrics, Seat};
 use super::jobs::{self, Reply};
 use super::metrics::{node_metrics_gauges, prometheus};
-use super::node::other_jobs;
+use super::node_dir::other_jobs;
 use super::report::build_report;
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::exposition::{merge, Part};
@@ -209,7 +209,7 @@ pub(crate) async fn job_metrics(sh: &Shared, b: Duration) -> Result<String, Stri
 
 /// `/api/v1/status`: the JSON report of `?job=`, or of the node's only job, or `{"jobs": {name: report}}`.
 async fn status(State(sh): State<Shared>, Query(q): Query<Budget>) -> Response {
-    if q.job.is_none() && other_jobs(&sh).await.is_empty() {
+    if q.job.is_none() && other_jobs(sh.node.as_ref(), &sh.job).await.is_empty() {
         return match gather(&sh, budget(&q)).await {
             Ok(g) => {
                 ([(header::CONTENT_TYPE, "application/json")], render_json(&build_report(&g, true))).into_response()

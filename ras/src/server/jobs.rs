@@ -11,9 +11,10 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::actor::Shared;
+use super::ask::{ask_async, monitor_lines, Ask};
 use super::client::{event_line, write_within};
 use super::metrics::report_text;
-use super::node::{ask_async, monitor_lines, other_jobs, Ask};
+use super::node_dir::other_jobs;
 use crate::client::{EventGroups, Format};
 use crate::exposition::{merge, Part};
 
@@ -41,7 +42,7 @@ async fn pick(sh: &Shared, job: Option<&str>) -> Pick {
     if job == Some(&*sh.job) {
         return Pick::Own;
     }
-    let others = other_jobs(sh).await;
+    let others = other_jobs(sh.node.as_ref(), &sh.job).await;
     match job {
         None if others.is_empty() => Pick::Own,
         None => Pick::All(others),

@@ -12,6 +12,7 @@
 
 mod actor;
 mod admission;
+mod ask;
 mod client;
 mod config;
 mod conn;
@@ -21,6 +22,7 @@ mod http;
 mod jobs;
 mod metrics;
 mod node;
+mod node_dir;
 mod report;
 
 use std::net::SocketAddr;
@@ -100,7 +102,7 @@ pub struct RasServer {
     records: Arc<ProcessRecords>,
     mesh_addr: SocketAddr,
     client_addr: Option<SocketAddr>,
-    node: Option<node::NodeDir>,
+    node: Option<node_dir::NodeDir>,
     owner: Arc<std::sync::atomic::AtomicBool>,
     ending: Arc<ending::Ending>,
     exit_wait: Duration,
@@ -116,7 +118,7 @@ impl RasServer {
         mesh_listener.set_nonblocking(true)?;
         let mesh_addr = mesh_listener.local_addr()?;
         // Port 0 is a port of this server's own: nothing to share.
-        let node = (cfg.client_addr.port() != 0).then(|| node::open(cfg.client_addr.port())).and_then(|r| {
+        let node = (cfg.client_addr.port() != 0).then(|| node_dir::open(cfg.client_addr.port())).and_then(|r| {
             r.map_err(|e| {
                 tracing::warn!(
                     "occl-ras: no private directory for the jobs sharing the client port {} ({e}); if another \
