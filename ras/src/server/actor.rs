@@ -2,22 +2,18 @@
 //! channel into `Mesh::handle_*`, and every action it returns is carried out here, so the mesh needs no lock.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{self, ConnHandle};
-use super::node_dir::NodeDir;
-use super::{client, unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics, RasConfig};
+use super::shared::{Input, Shared};
+use super::{client, unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics};
 use crate::analysis::{KnownComm, KnownRank};
 use crate::mesh::{Action, ConnId, Mesh, MetricsResult, PeerAddr, PeerId, PeerTable};
 use crate::record::CommId;
-use crate::record::ProcessRecords;
-use crate::wire::Msg;
 
 /// How often a process that does not own the client port tries to take it.
 const TAKE_OVER_EVERY: Duration = Duration::from_secs(1);
@@ -34,35 +30,6 @@ pub(crate) struct Client {
 
 /// Connections held while this process has no mesh yet (more are refused).
 const MAX_EARLY: usize = 1024;
-
-/// What the tasks of the RAS thread share.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub cfg: RasConfig,
-    /// This process's place among the node's jobs (`None`: the port is not shared, or the directory is unusable).
-    pub node: Option<NodeDir>,
-    /// Whether this process holds the client port now.
-    pub owner: Arc<AtomicBool>,
-    /// The job's name: the `job` label, and what clients pick a job of the node by.
-    pub job: Arc<str>,
-    pub secret: [u8; 16],
-    pub records: Arc<ProcessRecords>,
-    pub events: broadcast::Sender<Event>,
-    pub cmds: mpsc::UnboundedSender<Cmd>,
-    pub mesh_addr: SocketAddr,
-    /// Whether the job has ended here without a failure (`occl_ras_job_running`).
-    pub ending: Arc<super::ending::Ending>,
-}
-
-/// What the connection tasks tell the mesh task.
-pub(crate) enum Input {
-    Cmd(Cmd),
-    Incoming(tokio::net::TcpStream),
-    Connected { conn: ConnId, peer: PeerId, stream: tokio::net::TcpStream },
-    ConnectFailed { peer: PeerId },
-    Msg { conn: ConnId, msg: Msg },
-    Closed { conn: ConnId },
-}
 
 struct State {
     sh: Shared,

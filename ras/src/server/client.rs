@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
-use super::actor::Shared;
 use super::admission::{Admission, Admit, Limits, Slot};
-use super::{http, Cmd, Event, Gathered, NodeMetrics};
+use super::shared::Shared;
+use super::{http, Event};
 use crate::client::{Action, ClientSession, EventGroups, Format, Timeout};
 
 /// NCCL's listen backlog for the client socket.
@@ -231,20 +230,6 @@ async fn handle(sh: Shared, stream: TcpStream, seat: Seat) {
     } else {
         ncclras(sh, stream, seat).await;
     }
-}
-
-/// Gathers the job's status through the mesh task.
-pub(crate) async fn gather(sh: &Shared, budget: Duration) -> Result<Gathered, String> {
-    let (tx, rx) = oneshot::channel();
-    sh.cmds.send(Cmd::Status { budget, reply: tx }).map_err(|_| "the RAS thread is stopping".to_string())?;
-    rx.await.map_err(|_| "the gather was dropped".to_string())?
-}
-
-/// Collects the metrics of every process of this node through the mesh task, waiting at most `timeout` for each.
-pub(crate) async fn node_metrics(sh: &Shared, timeout: Duration) -> Result<NodeMetrics, String> {
-    let (tx, rx) = oneshot::channel();
-    sh.cmds.send(Cmd::Metrics { timeout, reply: tx }).map_err(|_| "the RAS thread is stopping".to_string())?;
-    rx.await.map_err(|_| "the metrics fetch was dropped".to_string())
 }
 
 /// The gather budget a client's `TIMEOUT` asks for.

@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::actor::Input;
+use super::shared::Input;
 use crate::mesh::ConnId;
 use crate::wire::{self, Decoder, Msg};
 

@@ -19,9 +19,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::actor::Shared;
 use super::ask::{ask_async, Ask};
 use super::node_dir::other_processes;
+use super::shared::Shared;
 
 /// Writes the process's flight records into the string: `{"pid": u32, "records": [...]}`.
 pub type FlightProvider = Arc<dyn Fn(&mut String) + Send + Sync>;

@@ -20,12 +20,12 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 
-use super::actor::Shared;
-use super::client::{event_line, gather, node_metrics, Seat};
+use super::client::{event_line, Seat};
 use super::jobs::{self, Reply};
 use super::metrics::{node_metrics_gauges, prometheus};
 use super::node_dir::other_jobs;
 use super::report::build_report;
+use super::shared::{gather, node_metrics, Shared};
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::exposition::{merge, Part};
 use crate::openmetrics::{self, negotiate, Exposition};

@@ -10,11 +10,11 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::actor::Shared;
 use super::ask::{ask_async, monitor_lines, Ask};
 use super::client::{event_line, write_within};
 use super::metrics::report_text;
 use super::node_dir::other_jobs;
+use super::shared::Shared;
 use crate::client::{EventGroups, Format};
 use crate::exposition::{merge, Part};
 

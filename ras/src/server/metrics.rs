@@ -24,9 +24,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::actor::Shared;
-use super::client::gather;
 use super::report::build_report;
+use super::shared::{gather, Shared};
 use super::{Gathered, NodeMetrics};
 use crate::client::Format;
 use crate::exposition::escape_label;

@@ -24,6 +24,7 @@ mod metrics;
 mod node;
 mod node_dir;
 mod report;
+mod shared;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -166,7 +167,7 @@ impl RasServer {
         let owner = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ending = Arc::new(ending::Ending::default());
         let exit_wait = cfg.exit_wait;
-        let shared = actor::Shared {
+        let shared = shared::Shared {
             cfg,
             node: node.clone(),
             owner: owner.clone(),

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-use super::actor::Shared;
 use super::ask::{Ask, ASK_TIMEOUT, MAX_ASK_LINE};
+use super::shared::Shared;
 
 /// Answers the asks that arrive on this process's socket until the runtime stops.
 pub(crate) fn serve(sh: Shared, listener: std::os::unix::net::UnixListener) {
