@@ -13,9 +13,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
 use super::admission::{Admission, Admit, Limits, Slot};
+use super::http;
 use super::shared::Shared;
-use super::{http, Event};
-use crate::client::{Action, ClientSession, EventGroups, Format, Timeout};
+use crate::client::{Action, ClientSession, Timeout};
 
 /// NCCL's listen backlog for the client socket.
 const BACKLOG: i32 = 16384;
@@ -300,35 +300,6 @@ async fn ncclras(sh: Shared, mut stream: TcpStream, seat: Seat) {
             }
         }
     }
-}
-
-/// NCCL's monitor line for an event (reference §1.5), or `None` if the client did not ask for its group.
-pub(crate) fn event_line(e: &Event, groups: EventGroups, format: Format) -> Option<String> {
-    let (name, lifecycle, details) = super::metrics::describe_event(&e.event);
-    if !(if lifecycle { groups.lifecycle } else { groups.trace }) {
-        return None;
-    }
-    let ts = super::metrics::local_time(e.unix_ms / 1000);
-    let who = match &e.peer {
-        Some(p) => format!("Process {} on node {}", p.pid, p.host),
-        None => "Unknown peer".to_string(),
-    };
-    Some(match format {
-        Format::Text => format!("[{ts}] {name}: {who} {details}\n"),
-        Format::Json => {
-            let peer = match &e.peer {
-                Some(p) => {
-                    serde_json::json!({"host": p.host, "pid": p.pid, "cuda_devs": p.cuda_devs, "nvml_devs": p.nvml_devs})
-                }
-                None => serde_json::json!({}),
-            };
-            let group = if lifecycle { "LIFECYCLE" } else { "TRACE" };
-            format!(
-                "{}\n",
-                serde_json::json!({"timestamp": ts, "group": group, "event": name, "peer": peer, "details": details})
-            )
-        }
-    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 
-use super::client::{event_line, Seat};
+use super::client::Seat;
+use super::events::event_line;
 use super::jobs::{self, Reply};
 use super::metrics::{node_metrics_gauges, prometheus};
 use super::node_dir::other_jobs;

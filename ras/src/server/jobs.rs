@@ -11,7 +11,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::ask::{ask_async, monitor_lines, Ask};
-use super::client::{event_line, write_within};
+use super::client::write_within;
+use super::events::event_line;
 use super::metrics::report_text;
 use super::node_dir::other_jobs;
 use super::shared::Shared;

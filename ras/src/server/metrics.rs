@@ -1,5 +1,4 @@
-//! What the client port serves, built from a gather: the report (text or JSON), Prometheus metrics, and the
-//! monitor events' names and wording.
+//! What the client port serves, built from a gather: the report (text or JSON) and Prometheus metrics.
 //!
 //! **RAS's series on `/metrics`**, beside every local process's own (`occl-telemetry`'s table in
 //! `telemetry/src/prometheus/mod.rs`, each sample labelled here with the process's `pid` and the node's `host` name).
@@ -29,7 +28,6 @@ use super::shared::{gather, Shared};
 use super::{Gathered, NodeMetrics};
 use crate::client::Format;
 use crate::exposition::escape_label;
-use crate::mesh::{DeadCause, MonitorEvent};
 use crate::record::CollType;
 use crate::report::{render_json, render_text};
 
@@ -203,53 +201,9 @@ pub(crate) fn node_metrics_gauges(o: &mut String, n: &NodeMetrics, dropped: usiz
     );
 }
 
-/// NCCL's event name, whether it is in the lifecycle group (else trace), and the details text.
-pub(crate) fn describe_event(e: &MonitorEvent) -> (&'static str, bool, String) {
-    match e {
-        MonitorEvent::PeerConnected { .. } => ("PEER_CONNECTED", false, "connection established successfully".into()),
-        MonitorEvent::PeerDisconnected { .. } => {
-            ("PEER_DISCONNECTED", false, "peer closed current connection during receive operation".into())
-        }
-        MonitorEvent::PeerUnresponsive { silent_ns, .. } => (
-            "PEER_UNRESPONSIVE",
-            false,
-            format!("peer not responding for {}s (keepalive warning)", silent_ns / 1_000_000_000),
-        ),
-        MonitorEvent::PeerAlive { from_dead, .. } => ("PEER_RECOVERED", *from_dead, "peer responding again".into()),
-        MonitorEvent::PeerDead { cause, .. } => ("PEER_DEAD", true, dead_cause(cause)),
-        MonitorEvent::AuthFailed { .. } => {
-            ("PEER_AUTH_FAILED", false, "connection closed: the job secret did not match".into())
-        }
-        MonitorEvent::DeclaredDead { epoch } => {
-            ("PEER_DECLARED_DEAD", true, format!("this process was declared dead; alive again at epoch {epoch}"))
-        }
-    }
-}
-
-fn dead_cause(c: &DeadCause) -> String {
-    format!("{c:?}").to_lowercase()
-}
-
-/// `YYYY-MM-DD HH:MM:SS` for Unix seconds, in UTC (the RAS thread reads no time zone database).
-pub(crate) fn local_time(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{local_time, prometheus, Gathered};
+    use super::{prometheus, Gathered};
     use crate::analysis::{KnownComm, KnownRank};
     use crate::mesh::{GatherResult, PeerAddr, PeerId, PeerTable, RequestId};
     use crate::record::{CollType, CommId, InFlight, LiveSnapshot, RankInfo, RankRecord};
@@ -377,12 +331,5 @@ mod tests {
         // promtool-valid exposition: the merge reads it back without dropping a line.
         let m = crate::exposition::merge(&[crate::exposition::Part { text: &text, ..Default::default() }]);
         assert_eq!(m.dropped, 0, "{text}");
-    }
-
-    #[test]
-    fn civil_time() {
-        assert_eq!(local_time(0), "1970-01-01 00:00:00");
-        assert_eq!(local_time(951_782_400), "2000-02-29 00:00:00");
-        assert_eq!(local_time(1_795_306_325), "2026-11-22 00:12:05");
     }
 }

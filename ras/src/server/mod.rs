@@ -17,6 +17,7 @@ mod client;
 mod config;
 mod conn;
 mod ending;
+mod events;
 mod flight;
 mod http;
 mod jobs;
@@ -25,6 +26,7 @@ mod node;
 mod node_dir;
 mod report;
 mod shared;
+mod timestamp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

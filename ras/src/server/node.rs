@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::ask::{Ask, ASK_TIMEOUT, MAX_ASK_LINE};
+use super::events::event_line;
 use super::shared::Shared;
 
 /// Answers the asks that arrive on this process's socket until the runtime stops.
@@ -63,7 +64,7 @@ async fn answer(sh: Shared, stream: tokio::net::UnixStream) {
             loop {
                 match rx.recv().await {
                     Ok(e) => {
-                        if let Some(l) = super::client::event_line(&e, groups, format) {
+                        if let Some(l) = event_line(&e, groups, format) {
                             if w.write_all(l.as_bytes()).await.is_err() {
                                 return;
                             }

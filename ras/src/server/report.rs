@@ -1,5 +1,6 @@
 //! From a finished gather to the report: the analysis with what this process knows of its own communicators.
 
+use super::timestamp::local_time;
 use super::Gathered;
 use crate::analysis::{analyze, AnalysisInput, StuckPolicy};
 use crate::report::{Report, VersionInfo};
@@ -17,7 +18,7 @@ fn version() -> VersionInfo {
 
 /// The report for a finished gather (`verbose`: `VERBOSE STATUS`'s listing rule).
 pub(crate) fn build_report(g: &Gathered, verbose: bool) -> Report {
-    let timestamp = super::metrics::local_time(g.unix_ns / 1_000_000_000);
+    let timestamp = local_time(g.unix_ns / 1_000_000_000);
     analyze(&AnalysisInput {
         gather: &g.result,
         peers: &g.table,
