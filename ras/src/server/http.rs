@@ -23,21 +23,16 @@ use tokio::net::TcpStream;
 use super::client::Seat;
 use super::events::event_line;
 use super::jobs::{self, Reply};
-use super::metrics::{node_metrics_gauges, prometheus};
 use super::node_dir::other_jobs;
 use super::report::build_report;
-use super::shared::{gather, node_metrics, Shared};
+use super::shared::{gather, Shared};
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
-use crate::exposition::{merge, Part};
 use crate::openmetrics::{self, negotiate, Exposition};
 use crate::report::render_json;
 
 /// Scrapes and status requests gather with this budget unless `?timeout=` (or, for a scrape, Prometheus's
 /// `X-Prometheus-Scrape-Timeout-Seconds`) says otherwise.
 const HTTP_BUDGET: Duration = Duration::from_secs(5);
-/// The longest a scrape waits for another process of the node to send its metrics.
-const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Set on a connection whose `/metrics` answer told Prometheus that the job has ended (see [`metrics`]).
 #[derive(Clone, Default)]
 struct ToldEnded(Arc<AtomicBool>);
@@ -135,7 +130,7 @@ fn prometheus_timeout(headers: &HeaderMap) -> Option<Duration> {
         .map(|t| Duration::from_secs_f64(t.min(600.0)))
 }
 
-/// `/metrics`: every job's of the node, or `?job=`'s (see [`job_metrics`]).
+/// `/metrics`: every job's of the node, or `?job=`'s (see `metrics::job_metrics`).
 ///
 /// Prometheus's scrapes (which say their timeout) are what the alert rules read, a person's curl is not, and one
 /// answered after that timeout is dropped by Prometheus: only the others count for `ending`. One that says the job
@@ -173,39 +168,6 @@ async fn metrics(
         Reply::Unknown(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
         Reply::Failed(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
-}
-
-/// This process's job on `/metrics`: RAS's view of the job (from a status gather) and the metrics of every process of
-/// this node (fetched over the mesh at the same time), merged into one exposition; each process's series carry its
-/// `pid` and the node's `host`, and every series the job's name (`job`).
-pub(crate) async fn job_metrics(sh: &Shared, b: Duration) -> Result<String, String> {
-    let (g, node) = tokio::join!(gather(sh, b), node_metrics(sh, b.min(PEER_METRICS_TIMEOUT)));
-    // The node as RAS reports name it (an address): this process's own entry of the gather, else its mesh address.
-    let my_addr = g
-        .as_ref()
-        .ok()
-        .and_then(|g| g.result.statuses.first().map(|s| s.host.clone()))
-        .unwrap_or_else(|| sh.mesh_addr.ip().to_string());
-    let ras = match &g {
-        Ok(g) => prometheus(g, &my_addr, &sh.cfg.host_name),
-        Err(e) => {
-            tracing::debug!("occl-ras: /metrics without RAS's view: {e}");
-            String::new()
-        }
-    };
-    let node = node?;
-    let mut parts = vec![Part { text: &ras, ..Part::default() }];
-    let host = Some(sh.cfg.host_name.as_str());
-    parts.extend(node.parts.iter().map(|(pid, text)| Part { text, pid: Some(*pid), host, job: None }));
-    let merged = merge(&parts);
-    if merged.dropped > 0 {
-        tracing::debug!("occl-ras: /metrics dropped {} malformed or duplicate lines", merged.dropped);
-    }
-    let mut body = merged.text;
-    node_metrics_gauges(&mut body, &node, merged.dropped);
-    sh.ending.render(&mut body);
-    // Every series, RAS's own and the scrape's account of it included, names the job.
-    Ok(merge(&[Part { text: &body, job: Some(&sh.job), ..Part::default() }]).text)
 }
 
 /// `/api/v1/status`: the JSON report of `?job=`, or of the node's only job, or `{"jobs": {name: report}}`.

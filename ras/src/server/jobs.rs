@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use super::ask::{ask_async, monitor_lines, Ask};
 use super::client::write_within;
 use super::events::event_line;
-use super::metrics::report_text;
+use super::metrics::job_metrics;
 use super::node_dir::other_jobs;
+use super::report::report_text;
 use super::shared::Shared;
 use crate::client::{EventGroups, Format};
 use crate::exposition::{merge, Part};
@@ -135,7 +136,7 @@ fn combine(format: Format, all: &BTreeMap<String, String>) -> String {
 pub(crate) async fn metrics(sh: &Shared, budget: Duration, job: Option<&str>) -> Reply {
     let a = Ask::Metrics { budget_ms: ms(budget) };
     match pick(sh, job).await {
-        Pick::Own => super::http::job_metrics(sh, budget).await.map_or_else(Reply::Failed, Reply::Ok),
+        Pick::Own => job_metrics(sh, budget).await.map_or_else(Reply::Failed, Reply::Ok),
         Pick::One(j, p) => match ask_async(p, a).await {
             Ok(text) if !text.is_empty() => Reply::Ok(text),
             Ok(_) => Reply::Failed(format!("job {j} has no metrics to give")),
@@ -143,8 +144,7 @@ pub(crate) async fn metrics(sh: &Shared, budget: Duration, job: Option<&str>) ->
         },
         Pick::Unknown(e) => Reply::Unknown(e),
         Pick::All(others) => {
-            let (mine, theirs) =
-                tokio::join!(super::http::job_metrics(sh, budget), ask_all(&others, &a, |_, _| String::new()));
+            let (mine, theirs) = tokio::join!(job_metrics(sh, budget), ask_all(&others, &a, |_, _| String::new()));
             let mine = match mine {
                 Ok(m) => m,
                 Err(e) => return Reply::Failed(e),

@@ -1,4 +1,5 @@
-//! What the client port serves, built from a gather: the report (text or JSON) and Prometheus metrics.
+//! This job's `/metrics`: RAS's own series, built from a status gather, merged with the series of every process of
+//! this node (fetched over the mesh), each labelled with its process, its node and the job.
 //!
 //! **RAS's series on `/metrics`**, beside every local process's own (`occl-telemetry`'s table in
 //! `telemetry/src/prometheus/mod.rs`, each sample labelled here with the process's `pid` and the node's `host` name).
@@ -24,25 +25,45 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::report::build_report;
-use super::shared::{gather, Shared};
+use super::shared::{gather, node_metrics, Shared};
 use super::{Gathered, NodeMetrics};
-use crate::client::Format;
-use crate::exposition::escape_label;
+use crate::exposition::{escape_label, merge, Part};
 use crate::record::CollType;
-use crate::report::{render_json, render_text};
 
-/// Gathers and renders the report as a `STATUS` client gets it (the whole text, then EOF).
-pub(crate) async fn report_text(sh: &Shared, budget: Duration, verbose: bool, format: Format) -> String {
-    match gather(sh, budget).await {
-        Ok(g) => {
-            let r = build_report(&g, verbose || format == Format::Json);
-            match format {
-                Format::Text => render_text(&r),
-                Format::Json => render_json(&r),
-            }
+/// The longest a scrape waits for another process of the node to send its metrics.
+const PEER_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// This process's job on `/metrics`: RAS's view of the job (from a status gather) and the metrics of every process of
+/// this node (fetched over the mesh at the same time), merged into one exposition; each process's series carry its
+/// `pid` and the node's `host`, and every series the job's name (`job`).
+pub(crate) async fn job_metrics(sh: &Shared, b: Duration) -> Result<String, String> {
+    let (g, node) = tokio::join!(gather(sh, b), node_metrics(sh, b.min(PEER_METRICS_TIMEOUT)));
+    // The node as RAS reports name it (an address): this process's own entry of the gather, else its mesh address.
+    let my_addr = g
+        .as_ref()
+        .ok()
+        .and_then(|g| g.result.statuses.first().map(|s| s.host.clone()))
+        .unwrap_or_else(|| sh.mesh_addr.ip().to_string());
+    let ras = match &g {
+        Ok(g) => prometheus(g, &my_addr, &sh.cfg.host_name),
+        Err(e) => {
+            tracing::debug!("occl-ras: /metrics without RAS's view: {e}");
+            String::new()
         }
-        Err(e) => format!("occl RAS: the status could not be gathered: {e}\n"),
+    };
+    let node = node?;
+    let mut parts = vec![Part { text: &ras, ..Part::default() }];
+    let host = Some(sh.cfg.host_name.as_str());
+    parts.extend(node.parts.iter().map(|(pid, text)| Part { text, pid: Some(*pid), host, job: None }));
+    let merged = merge(&parts);
+    if merged.dropped > 0 {
+        tracing::debug!("occl-ras: /metrics dropped {} malformed or duplicate lines", merged.dropped);
     }
+    let mut body = merged.text;
+    node_metrics_gauges(&mut body, &node, merged.dropped);
+    sh.ending.render(&mut body);
+    // Every series, RAS's own and the scrape's account of it included, names the job.
+    Ok(merge(&[Part { text: &body, job: Some(&sh.job), ..Part::default() }]).text)
 }
 
 /// Prometheus text exposition (version 0.0.4) for the processes of this node, from a gather: per-rank operation

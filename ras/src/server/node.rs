@@ -17,6 +17,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::ask::{Ask, ASK_TIMEOUT, MAX_ASK_LINE};
 use super::events::event_line;
+use super::metrics::job_metrics;
+use super::report::report_text;
 use super::shared::Shared;
 
 /// Answers the asks that arrive on this process's socket until the runtime stops.
@@ -53,11 +55,9 @@ async fn answer(sh: Shared, stream: tokio::net::UnixStream) {
     let text = match a {
         Ask::Who => format!("{} {}\n", u8::from(sh.owner.load(Ordering::Relaxed)), sh.job),
         Ask::Status { verbose, format, budget_ms } => {
-            super::metrics::report_text(&sh, Duration::from_millis(budget_ms), verbose, format).await
+            report_text(&sh, Duration::from_millis(budget_ms), verbose, format).await
         }
-        Ask::Metrics { budget_ms } => {
-            super::http::job_metrics(&sh, Duration::from_millis(budget_ms)).await.unwrap_or_default()
-        }
+        Ask::Metrics { budget_ms } => job_metrics(&sh, Duration::from_millis(budget_ms)).await.unwrap_or_default(),
         Ask::Flight => super::flight::render().await.unwrap_or_default(),
         Ask::Monitor { groups, format } => {
             let mut rx = sh.events.subscribe();

@@ -1,6 +1,6 @@
 //! The labels every series of the plugin's `/metrics` carries besides its own, so that a job on
 //! NCCL has the label set of one on occl, whose RAS port adds the same three to each process's
-//! series (`ras/src/server/http.rs`): `job` (the first of [`JOB_VARS`] set; without one the
+//! series (`ras/src/server/metrics.rs`): `job` (the first of [`JOB_VARS`] set; without one the
 //! series keep none, and Prometheus gives them the target's), `host` (the kernel's host name) and
 //! `pid`. Each series already has `comm` and `rank` from the exporter.
 
