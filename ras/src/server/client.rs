@@ -2,30 +2,20 @@
 //! it), connections told apart by their first bytes: HTTP goes to axum, anything else is NCCL's text protocol driven
 //! through [`ClientSession`].
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::AbortHandle;
 
-use super::admission::{Admission, Admit, Limits, Slot};
 use super::http;
+use super::seat::{write_within, Seat, Seats, PRESSURE_LOG_EVERY};
 use super::shared::Shared;
 use crate::client::{Action, ClientSession, Timeout};
 
 /// NCCL's listen backlog for the client socket.
 const BACKLOG: i32 = 16384;
-
-/// The longest a report, a monitor event or a reply may take to write: a client that stops reading does not hold
-/// its connection (a busy one, which nobody evicts) for ever.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How often, at most, a full client table is reported in the log.
-const PRESSURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Binds `addr` with SO_REUSEADDR (a port whose owner just exited is free again at once) but not SO_REUSEPORT: a
 /// port that is taken stays the owner's, so the kernel never hands a client to a random job of the node.
@@ -36,90 +26,6 @@ pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     s.listen(BACKLOG)?;
     s.set_nonblocking(true)?;
     Ok(s.into())
-}
-
-/// The client connections of this process: the admission table, and how to close each connection it evicts.
-struct Table {
-    adm: Admission,
-    tasks: HashMap<Slot, AbortHandle>,
-    /// Connections evicted and refused since the last log line, and when that was.
-    evicted: u64,
-    refused: u64,
-    logged: Option<Instant>,
-}
-
-type TableRef = Arc<Mutex<Table>>;
-
-fn lock(t: &TableRef) -> MutexGuard<'_, Table> {
-    // Bookkeeping only; a panic while it was held leaves nothing half-done that matters.
-    t.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Table {
-    /// Says, at most once a minute, that clients are being pushed out or refused: the port is under a flood, or the
-    /// bound is too small for the clients this node has.
-    fn note_pressure(&mut self, evicted: bool) {
-        if evicted {
-            self.evicted += 1;
-        } else {
-            self.refused += 1;
-        }
-        if self.logged.is_some_and(|t| t.elapsed() < PRESSURE_LOG_EVERY) {
-            return;
-        }
-        tracing::warn!(
-            "occl-ras: the client port holds its maximum of {} connections: {} idle ones closed to let new clients \
-             in, {} refused (every slot busy) since the last report; a client must send a complete request within \
-             a few seconds of connecting",
-            self.adm.len(),
-            self.evicted,
-            self.refused
-        );
-        self.logged = Some(Instant::now());
-        self.evicted = 0;
-        self.refused = 0;
-    }
-}
-
-/// A connection's place in the table, held by its task: it says what the connection is doing, and gives the place
-/// up when the task ends or is aborted (eviction aborts the task, which drops this).
-#[derive(Clone)]
-pub(crate) struct Seat(Arc<SeatInner>);
-
-struct SeatInner {
-    table: TableRef,
-    slot: Slot,
-    epoch: Instant,
-}
-
-impl Seat {
-    fn now_ms(&self) -> u64 {
-        self.0.epoch.elapsed().as_millis() as u64
-    }
-
-    /// A request is being served: the connection is not evicted meanwhile.
-    pub(crate) fn busy(&self) {
-        lock(&self.0.table).adm.busy(self.0.slot);
-    }
-
-    /// A request was completed; the connection waits for the next one.
-    pub(crate) fn waiting(&self) {
-        let now = self.now_ms();
-        lock(&self.0.table).adm.waiting(now, self.0.slot);
-    }
-
-    /// The connection becomes a long-lived stream; `false` when too many are open already.
-    pub(crate) fn stream(&self) -> bool {
-        lock(&self.0.table).adm.stream(self.0.slot)
-    }
-}
-
-impl Drop for SeatInner {
-    fn drop(&mut self) {
-        let mut t = lock(&self.table);
-        t.adm.release(self.slot);
-        t.tasks.remove(&self.slot);
-    }
 }
 
 /// Accepts clients until the runtime stops. The admission table bounds how many are held (see
@@ -133,14 +39,7 @@ pub(crate) fn serve(sh: Shared, listener: std::net::TcpListener) {
             return;
         }
     };
-    let table = Arc::new(Mutex::new(Table {
-        adm: Admission::new(Limits::for_total(sh.cfg.max_clients)),
-        tasks: HashMap::new(),
-        evicted: 0,
-        refused: 0,
-        logged: None,
-    }));
-    let epoch = Instant::now();
+    let seats = Seats::new(sh.cfg.max_clients);
     tokio::spawn(async move {
         let mut warned: Option<Instant> = None;
         loop {
@@ -165,33 +64,8 @@ pub(crate) fn serve(sh: Shared, listener: std::net::TcpListener) {
                     continue;
                 }
             };
-            let now = epoch.elapsed().as_millis() as u64;
-            let (slot, evicted) = {
-                let mut t = lock(&table);
-                match t.adm.admit(now, peer.ip()) {
-                    Admit::Yes { slot, evict: None } => (slot, None),
-                    Admit::Yes { slot, evict: Some(v) } => {
-                        t.note_pressure(true);
-                        (slot, t.tasks.remove(&v))
-                    }
-                    Admit::No => {
-                        t.note_pressure(false);
-                        continue; // drops (closes) the connection
-                    }
-                }
-            };
-            // Aborted outside the lock: the task's end gives its place back, which takes the lock.
-            if let Some(task) = evicted {
-                task.abort();
-            }
-            let seat = Seat(Arc::new(SeatInner { table: table.clone(), slot, epoch }));
-            let task = tokio::spawn(handle(sh.clone(), stream, seat));
-            let mut t = lock(&table);
-            // On this current-thread runtime the task cannot have run (and given its place back) yet; the check
-            // keeps the table right on any runtime.
-            if t.adm.contains(slot) {
-                t.tasks.insert(slot, task.abort_handle());
-            }
+            // A refused connection is closed with the future that would have served it.
+            seats.admit(peer.ip(), |seat| handle(sh.clone(), stream, seat));
         }
     });
 }
@@ -240,11 +114,6 @@ pub(crate) fn budget(sh: &Shared, t: Timeout) -> Duration {
         Timeout::Disabled => Duration::from_secs(86_400),
         Timeout::Seconds(s) => Duration::from_secs(s.clamp(1, 86_400)),
     }
-}
-
-/// Writes `bytes` within [`WRITE_TIMEOUT`]; `false` if the client is gone or stopped reading.
-pub(crate) async fn write_within(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
-    matches!(tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(bytes)).await, Ok(Ok(())))
 }
 
 async fn ncclras(sh: Shared, mut stream: TcpStream, seat: Seat) {

@@ -20,11 +20,11 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 
-use super::client::Seat;
 use super::events::event_line;
 use super::jobs::{self, Reply};
 use super::node_dir::other_jobs;
 use super::report::build_report;
+use super::seat::Seat;
 use super::shared::{gather, Shared};
 use crate::client::{EventGroups, Format, MAX_BAD_LINES};
 use crate::openmetrics::{self, negotiate, Exposition};

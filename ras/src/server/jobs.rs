@@ -11,11 +11,11 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::ask::{ask_async, monitor_lines, Ask};
-use super::client::write_within;
 use super::events::event_line;
 use super::metrics::job_metrics;
 use super::node_dir::other_jobs;
 use super::report::report_text;
+use super::seat::write_within;
 use super::shared::Shared;
 use crate::client::{EventGroups, Format};
 use crate::exposition::{merge, Part};

@@ -25,6 +25,7 @@ mod metrics;
 mod node;
 mod node_dir;
 mod report;
+mod seat;
 mod shared;
 mod timestamp;
 
