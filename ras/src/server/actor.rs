@@ -8,9 +8,10 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
+use super::client;
 use super::conn::{self, ConnHandle};
 use super::shared::{Input, Shared};
-use super::{client, unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics};
+use super::{unix_ns, Clock, Cmd, Event, Gathered, NodeMetrics};
 use crate::analysis::{KnownComm, KnownRank};
 use crate::mesh::{Action, ConnId, Mesh, MetricsResult, PeerAddr, PeerId, PeerTable};
 use crate::record::CommId;

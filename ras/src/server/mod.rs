@@ -9,6 +9,13 @@
 //! - The client port tells `ncclras` and HTTP apart by the first bytes of a connection ([`client`]): NCCL's text
 //!   protocol through [`crate::client::ClientSession`], or HTTP (`/metrics`, `/api/v1/status`, `/api/v1/events`,
 //!   `/healthz`) through axum ([`http`]).
+//!
+//! Inside, a module uses only those under it. From the bottom: what holds no server state (`config`, `admission`,
+//! `ending`, `timestamp`, `ask`, and over them `node_dir`, `events`, `seat`); what the tasks share (`shared`); the
+//! mesh connections (`conn`), the report and the flight records (`report`, `flight`), and a job's `/metrics`
+//! (`metrics`); what answers with them: the asks of the node's other processes (`node`), the client's pick among the
+//! node's jobs (`jobs`), HTTP (`http`); on top, the client port (`client`) and the mesh task (`actor`), which starts
+//! the rest.
 
 mod actor;
 mod admission;
