@@ -37,7 +37,7 @@ pub(crate) fn event_line(e: &Event, groups: EventGroups, format: Format) -> Opti
 }
 
 /// NCCL's event name, whether it is in the lifecycle group (else trace), and the details text.
-pub(crate) fn describe_event(e: &MonitorEvent) -> (&'static str, bool, String) {
+fn describe_event(e: &MonitorEvent) -> (&'static str, bool, String) {
     match e {
         MonitorEvent::PeerConnected { .. } => ("PEER_CONNECTED", false, "connection established successfully".into()),
         MonitorEvent::PeerDisconnected { .. } => {

@@ -33,6 +33,7 @@ use crate::report::render_json;
 /// Scrapes and status requests gather with this budget unless `?timeout=` (or, for a scrape, Prometheus's
 /// `X-Prometheus-Scrape-Timeout-Seconds`) says otherwise.
 const HTTP_BUDGET: Duration = Duration::from_secs(5);
+
 /// Set on a connection whose `/metrics` answer told Prometheus that the job has ended (see [`metrics`]).
 #[derive(Clone, Default)]
 struct ToldEnded(Arc<AtomicBool>);
