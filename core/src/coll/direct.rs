@@ -4,8 +4,8 @@
 //! point-to-point send/recv.
 
 use super::algo::Proto;
-use super::plan::Shape;
 use super::prims::check_incoming;
+use super::shape::Shape;
 use super::walk::{pieces, Buf, Exec, Span};
 use super::{copy_unless_same, Ctx};
 use crate::dtype::RedOp;

@@ -13,6 +13,7 @@ pub(crate) mod pat;
 pub(crate) mod plan;
 pub(crate) mod prims;
 pub(crate) mod ring;
+pub(crate) mod shape;
 #[cfg(test)]
 mod sim;
 pub(crate) mod tree;
@@ -27,8 +28,8 @@ use crate::transport::fifo::{ll, Desc, Ends};
 use crate::transport::Peer;
 use crate::wait::{Deadline, Drive};
 use algo::{Algo, Proto};
-use plan::Shape;
 use prims::{Prims, RecvEnd, SendEnd};
+use shape::Shape;
 use std::sync::atomic::AtomicBool;
 use walk::Run;
 

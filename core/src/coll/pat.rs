@@ -9,7 +9,7 @@
 //! of at most half a FIFO and alternate (send a piece, receive a piece), so a rank's sends
 //! never wait on a reader that is itself stuck sending.
 
-use super::plan::Shape;
+use super::shape::Shape;
 use super::walk::{pieces, Buf, Exec, Span};
 use crate::error::Result;
 

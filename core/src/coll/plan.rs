@@ -6,30 +6,11 @@
 //! counts for every collective.
 
 use super::algo::Algo;
-use super::order::RingOrder;
+use super::shape::Shape;
 use super::walk::{Exec, Span};
 use crate::error::Result;
 use crate::profile::Leg;
 use crate::record::CollType;
-
-/// The shape of one operation, as the planner needs it.
-pub(crate) struct Shape<'a> {
-    pub coll: CollType,
-    pub algo: Algo,
-    pub nranks: usize,
-    pub rank: usize,
-    /// Elements per rank (per block for all-gather, reduce-scatter and all-to-all).
-    pub count: usize,
-    pub elem: usize,
-    /// Bytes per slice and per ring chunk (`Ctx::slice`, `Ctx::chunk`).
-    pub slice: usize,
-    pub chunk: usize,
-    pub root: usize,
-    pub peer: usize,
-    /// The host-grouped order that `rank` and `root` are positions in (rings, chains and trees;
-    /// `None`: rank order). Blocks of the caller's buffers stay laid out by rank.
-    pub order: Option<&'a RingOrder>,
-}
 
 fn slices(bytes: usize, slice: usize) -> usize {
     bytes.div_ceil(slice)

@@ -11,7 +11,7 @@
 //! reduce-scatter are laid out by rank while the ring runs on positions (`Shape::order`).
 
 use super::algo::Algo;
-use super::plan::Shape;
+use super::shape::Shape;
 use super::walk::{Buf, Exec, Link, Pipe, Span};
 use super::Ctx;
 use crate::error::Result;

@@ -5,7 +5,7 @@
 //! each peer sees (`plan::legs`).
 
 use super::algo::Algo;
-use super::plan::Shape;
+use super::shape::Shape;
 use super::walk::{Buf, Exec, Span};
 use crate::error::Result;
 use crate::record::CollType;

@@ -14,7 +14,7 @@
 //! sends its subtree's partial up while the root sends its own data down, and both fold the two
 //! in the same order, so the path is 2·depth − 1 messages instead of 2·depth (at 2 ranks, one).
 
-use super::plan::Shape;
+use super::shape::Shape;
 use super::walk::{pieces, Buf, Exec, Span};
 use crate::error::Result;
 

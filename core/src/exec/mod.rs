@@ -10,7 +10,8 @@ pub(crate) mod group;
 mod p2p;
 
 use crate::coll::algo::{Algo, Proto};
-use crate::coll::plan::{self, Shape};
+use crate::coll::plan;
+use crate::coll::shape::Shape;
 use crate::coll::tune::Choice;
 use crate::coll::{self, Ctx};
 use crate::comm::Comm;
