@@ -119,25 +119,53 @@ fn without_tests(text: &str) -> String {
     out
 }
 
-/// Every `crate::ident` (or `$crate::ident`) outside comments, with its line number.
+/// Every `crate::ident` (or `$crate::ident`) outside comments, with its line number; a group
+/// (`crate::{a::X, b}`, over several lines too) gives each of its paths' first names.
 fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    paths_after(text, "crate::", false)
+}
+
+/// The first name of every path that `pat` (a prefix ending in `::`) starts, outside comments,
+/// with its line number: `pat` must not follow an identifier's character (nor a `:`, with
+/// `no_colon`, so that `super::super::x` is not a `super::` path), and a `{…}` group after it
+/// gives one name per item.
+fn paths_after(text: &str, pat: &str, no_colon: bool) -> Vec<(usize, String)> {
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let b = code.as_bytes();
+    let ident =
+        |at: usize| -> String { code[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
+    let line = |at: usize| code[..at].matches('\n').count() + 1;
     let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        let b = code.as_bytes();
-        let mut from = 0;
-        while let Some(i) = code[from..].find("crate::") {
-            let at = from + i;
-            from = at + 7;
-            if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_') {
-                continue;
+    let mut from = 0;
+    while let Some(i) = code[from..].find(pat) {
+        let at = from + i;
+        from = at + pat.len();
+        if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_' || (no_colon && b[at - 1] == b':')) {
+            continue;
+        }
+        if b.get(from) != Some(&b'{') {
+            out.push((line(from), ident(from)));
+            continue;
+        }
+        // One name per item of the group: each item starts after the `{` or a `,` at depth 1.
+        let mut depth = 0usize;
+        for (k, ch) in code[from..].char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
             }
-            let ident: String = code[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            if !ident.is_empty() {
-                out.push((n + 1, ident));
+            if depth == 0 {
+                break;
+            }
+            if depth == 1 && (ch == '{' || ch == ',') {
+                let start = from + k + 1;
+                let skip = code[start..].len() - code[start..].trim_start().len();
+                out.push((line(start + skip), ident(start + skip)));
             }
         }
     }
+    out.retain(|(_, n)| !n.is_empty() && n != "self" && n != "super");
     out
 }
 
@@ -193,30 +221,7 @@ const LOOPS_LEFT: &[(&str, &str)] = &[];
 
 /// Every `super::…::ident` with exactly `supers` leading `super::` outside comments.
 fn super_paths(text: &str, supers: usize) -> Vec<String> {
-    prefixed_paths(text, &"super::".repeat(supers))
-}
-
-/// The identifier after every `pat` (a path prefix ending in `::`) that starts a path, outside
-/// comments.
-fn prefixed_paths(text: &str, pat: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let code = line.split("//").next().unwrap_or("");
-        let b = code.as_bytes();
-        let mut from = 0;
-        while let Some(i) = code[from..].find(pat) {
-            let at = from + i;
-            from = at + pat.len();
-            if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_' || b[at - 1] == b':') {
-                continue;
-            }
-            let ident: String = code[from..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            if !ident.is_empty() && ident != "super" {
-                out.push(ident);
-            }
-        }
-    }
-    out
+    paths_after(text, &"super::".repeat(supers), true).into_iter().map(|(_, n)| n).collect()
 }
 
 /// The sibling modules of folder `dir` (a module's own folder) and the siblings each uses, by
@@ -247,7 +252,7 @@ fn sibling_uses(dir: &Path, prefix: &str) -> BTreeMap<String, BTreeSet<String>> 
         let mut to = BTreeSet::new();
         for (f, supers) in files {
             let text = without_tests(&fs::read_to_string(f).expect("a source file"));
-            let by_crate = prefixed_paths(&text, &format!("crate::{prefix}"));
+            let by_crate = paths_after(&text, &format!("crate::{prefix}"), false).into_iter().map(|(_, n)| n);
             to.extend(super_paths(&text, *supers).into_iter().chain(by_crate).filter(|t| t != m && names.contains(t)));
         }
         uses.insert(m.clone(), to);
@@ -328,7 +333,7 @@ fn a_sibling_loop_is_caught() {
     let dir = std::env::temp_dir().join(format!("occl-layering-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("c")).expect("scratch folder");
-    fs::write(dir.join("a.rs"), "use super::b::B; // super::c in a comment\n").expect("write");
+    fs::write(dir.join("a.rs"), "use super::{b::B, self}; // super::c in a comment\n").expect("write");
     fs::write(dir.join("b.rs"), "fn f() { super::c::g(); }\n").expect("write");
     fs::write(dir.join("c/mod.rs"), "mod d;\n").expect("write");
     fs::write(dir.join("c/d.rs"), "use crate::x::a::A;\nuse super::super::b;\n").expect("write");
@@ -398,6 +403,8 @@ fn an_upward_import_is_caught() {
     assert_eq!((x["a"], x["b"], x["c"]), (0, 1, 1));
     let paths = crate_paths("use crate::b::Thing; // crate::a in a comment\nlet y = $crate::c::f();\nmy_crate::d");
     assert_eq!(paths, vec![(1, "b".to_string()), (2, "c".to_string())]);
+    let grouped = crate_paths("use crate::{\n    e::E,\n    f::{F, G}, self,\n};");
+    assert_eq!(grouped, vec![(2, "e".to_string()), (3, "f".to_string())]);
     let src =
         "fn f() {}\n#[cfg(test)]\nmod tests {\n use crate::z;\n fn g() { let _ = 1; }\n}\nfn h() { crate::y(); }\n";
     assert_eq!(without_tests(src), "fn f() {}\n\nfn h() { crate::y(); }\n");
