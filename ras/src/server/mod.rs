@@ -1,6 +1,6 @@
 //! The RAS thread: a tokio current-thread runtime that drives the sans-IO [`Mesh`](crate::mesh::Mesh) over real
-//! sockets and serves the client port. Everything here is I/O plumbing; decisions live in `mesh`, `client`,
-//! `analysis` and `report`.
+//! sockets and serves the client port. Everything here is I/O plumbing; decisions live in the crate's
+//! [`mesh`](crate::mesh), [`client`](crate::client), [`analysis`](crate::analysis) and [`report`](crate::report).
 //!
 //! - [`RasServer::start`] binds the mesh listener (an ephemeral port on the transport address), the client port
 //!   (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`) if no other process of the node owns it, and its
