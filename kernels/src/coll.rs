@@ -21,7 +21,7 @@ pub const MAX_LANES: u32 = 4;
 const BLOCK_THREADS: u32 = 1024;
 
 /// Threads of one lane (`OCCL_LANE`) of the byte-moving program when a block runs `lanes`
-/// channels: 512 for 1 or 2 lanes, 256 for 4, so that a block stays at most [`BLOCK_THREADS`].
+/// channels: 512 for 1 or 2 lanes, 256 for 4, so that a block stays at most `BLOCK_THREADS`.
 /// Each width is a program of its own, built with that constant: the strides of the copy loops
 /// and the barrier's thread count stay immediates, and the 512-thread program is the one
 /// without the define.
@@ -34,7 +34,7 @@ pub const fn lane_threads(lanes: u32) -> u32 {
 }
 
 /// The threads of a reducing program's block (`OCCL_BLOCK`), whatever its lanes: at most half
-/// of [`BLOCK_THREADS`], so that a thread has 128 registers rather than 64, and a fold keeps a
+/// of `BLOCK_THREADS`, so that a thread has 128 registers rather than 64, and a fold keeps a
 /// whole turn of both its sources' loads in flight (on 4×H200 the ring's reduce-scatter moved
 /// 1.03-1.06× more at NCCL's 24 CTAs, `bench/baselines/kernel-phases.md` run 6).
 pub const REDUCE_BLOCK: u32 = 512;

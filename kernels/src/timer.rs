@@ -7,7 +7,7 @@
 //! launch one slot of the ring (a record per block) and reads it back after the kernel ran;
 //! nothing waits on the device. `%globaltimer` is nanoseconds since an epoch of the GPU's own;
 //! [`ClockMap`] moves it onto the host clock with an offset measured by a probe kernel that
-//! answers the host's numbered requests ([`calibrate`]).
+//! answers the host's numbered requests (`calibrate`).
 
 use crate::error::{check, driver, Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, LaunchConfig, PushKernelArg};

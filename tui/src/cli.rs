@@ -204,7 +204,7 @@ fn env_defaults(var: &dyn Fn(&str) -> Option<String>) -> Result<Options, UsageEr
     Ok(o)
 }
 
-/// Parses `args` (without argv[0]) over the defaults that `var` (the environment) gives. Non-option arguments are
+/// Parses `args` (without `argv[0]`) over the defaults that `var` (the environment) gives. Non-option arguments are
 /// ignored, as NVIDIA's client ignores them.
 pub fn parse<I: IntoIterator<Item = String>>(
     args: I,

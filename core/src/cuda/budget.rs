@@ -87,7 +87,7 @@ pub const EFFICIENT_SMS: u32 = 24;
 pub enum Launch {
     /// Through the channels' slots, each channel a fixed part of the share, moving bytes
     /// (all-gather, all-to-all, broadcast, send, receive): under the default policy at most
-    /// [`SLOT_SMS`] SMs' worth, or `minCTAs`' worth where that is more.
+    /// `SLOT_SMS` SMs' worth, or `minCTAs`' worth where that is more.
     Slots,
     /// Through the slots, folding (all-reduce, reduce-scatter, reduce): under the default
     /// policy at most [`EFFICIENT_SMS`] SMs' worth, or `minCTAs`' worth where that is more. With

@@ -4,11 +4,11 @@
 //!
 //! - [`RasServer::start`] binds the mesh listener (an ephemeral port on the transport address), the client port
 //!   (`OCCL_RAS_ADDR` / `NCCL_RAS_ADDR`, default `127.0.0.1:28028`) if no other process of the node owns it, and its
-//!   socket among the node's jobs ([`node`]) before it returns, then runs the thread.
+//!   socket among the node's jobs (`node`) before it returns, then runs the thread.
 //! - [`RasServer::join`] gives it the job's processes (from a communicator's bootstrap) and its rank records.
-//! - The client port tells `ncclras` and HTTP apart by the first bytes of a connection ([`client`]): NCCL's text
+//! - The client port tells `ncclras` and HTTP apart by the first bytes of a connection (`client`): NCCL's text
 //!   protocol through [`crate::client::ClientSession`], or HTTP (`/metrics`, `/api/v1/status`, `/api/v1/events`,
-//!   `/healthz`) through axum ([`http`]).
+//!   `/healthz`) through axum (`http`).
 //!
 //! Inside, a module uses only those under it. From the bottom: what holds no server state (`config`, `admission`,
 //! `ending`, `timestamp`, `ask`, and over them `node_dir`, `events`, `seat`); what the tasks share (`shared`); the

@@ -6,7 +6,7 @@
 //! (the vDSO's fenced TSC read, then a timespec subtraction), a bare TSC read ~8 ns. Where the
 //! kernel itself keeps time with the TSC (clocksource `tsc`: it checked that every core's counter
 //! is invariant and synchronised), the clock is the TSC scaled to the monotonic clock (see
-//! [`tsc`]); elsewhere, or with `OCCL_TELEMETRY_CLOCK=monotonic`, it is `Instant::elapsed`.
+//! `tsc`); elsewhere, or with `OCCL_TELEMETRY_CLOCK=monotonic`, it is `Instant::elapsed`.
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

@@ -2,7 +2,7 @@
 //! with their samples (labels and a value: an integer, a float, or a histogram's cumulative
 //! buckets, sum and count), in base units (seconds, bytes). The exporters build one from their
 //! counters in one pass ([`crate::spans::Exporter::metrics`]); it is written as Prometheus text
-//! 0.0.4 or OpenMetrics 1.0 ([`text`]), handed to a `prometheus-client` registry ([`client`],
+//! 0.0.4 or OpenMetrics 1.0 ([`text`]), handed to a `prometheus-client` registry (`client`,
 //! feature `prometheus-client`) or sent as OTLP metrics (`crate::otlp::metrics`).
 //!
 //! Names follow Prometheus: a counter's name ends in `_total`, a family with a unit ends in

@@ -49,7 +49,7 @@
 //! written from: Prometheus text 0.0.4 (`render_metrics`, what RAS's processes send each other),
 //! OpenMetrics 1.0 ([`crate::spans::Telemetry::render_openmetrics`]; RAS's `/metrics` converts the
 //! node's merged scrape when the request's `Accept` prefers it, see `occl_ras_proto::openmetrics`),
-//! a `prometheus-client` registry ([`crate::metrics::client`], feature `prometheus-client`) and
+//! a `prometheus-client` registry (`crate::metrics::client`, feature `prometheus-client`) and
 //! OTLP metrics (`crate::otlp::metrics`, `OTEL_METRICS_EXPORTER=otlp`, which turns this exporter
 //! on too, unless `OCCL_METRICS=0`).
 //!

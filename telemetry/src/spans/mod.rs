@@ -1,15 +1,15 @@
 //! Span assembly: the one sink that turns `start`/`state`/`stop` into finished spans, and the
 //! exporters (Prometheus, OTLP, trace files) that consume them.
 //!
-//! Modelled on `tracing-subscriber`'s registry and layers: [`Telemetry`] is a [`Profiler`] whose
-//! per-communicator sink keeps each open event's data (start time, descriptor with its names made
-//! `'static`, state marks, its trace root) in a slab addressed by the event id (`open.rs`), and
-//! at the stop hands a finished [`Span`] to every [`Exporter`] that asked for its type (an
-//! ancestor none asked for keeps only its trace root, a ProxyStep none keeps is only counted in
-//! its ProxyOp, and an exporter that asks for [`EventMask::STEP_TOTALS`] gets step sums, from the
-//! emitter or summed here from ProxySteps). Exporters never see half an event and
-//! never keep their own per-event tables. The same collector runs inside occl and inside
-//! `libnccl-profiler-occl.so`, so both feed identical exporters.
+//! Modelled on `tracing-subscriber`'s registry and layers: [`Telemetry`] is a
+//! [`Profiler`](occl_events::Profiler) whose per-communicator sink keeps each open event's data
+//! (start time, descriptor with its names made `'static`, state marks, its trace root) in a slab
+//! addressed by the event id (`open.rs`), and at the stop hands a finished [`Span`] to every
+//! [`Exporter`] that asked for its type (an ancestor none asked for keeps only its trace root, a
+//! ProxyStep none keeps is only counted in its ProxyOp, and an exporter that asks for
+//! [`EventMask::STEP_TOTALS`] gets step sums, from the emitter or summed here from ProxySteps).
+//! Exporters never see half an event and never keep their own per-event tables. The same collector
+//! runs inside occl and inside `libnccl-profiler-occl.so`, so both feed identical exporters.
 //!
 //! An exporter that asks ([`Exporter::wants_starts`]) also hears each start, on the thread that
 //! started the event: the OpenTelemetry and `tracing` bridges capture the caller's context there.
