@@ -131,9 +131,35 @@ fn has_launch_ex() -> bool {
     *HAS.get_or_init(|| unsafe { sys::culib().get::<*const ()>(b"cuLaunchKernelEx").is_ok() })
 }
 
+/// A launch's attributes, on the stack (every collective launch builds them).
+struct Attrs {
+    a: [sys::CUlaunchAttribute; 3],
+    n: usize,
+}
+
+impl Attrs {
+    fn none() -> Attrs {
+        // SAFETY: an all-zero attribute is a valid value of the C struct; only the first `n` are
+        // passed on.
+        Attrs { a: unsafe { std::mem::zeroed() }, n: 0 }
+    }
+
+    fn push(&mut self, a: sys::CUlaunchAttribute) {
+        self.a[self.n] = a;
+        self.n += 1;
+    }
+}
+
+impl std::ops::Deref for Attrs {
+    type Target = [sys::CUlaunchAttribute];
+    fn deref(&self) -> &Self::Target {
+        &self.a[..self.n]
+    }
+}
+
 /// The launch attributes of `how` for a grid of `grid` blocks.
-fn attributes(how: PeerLaunch, grid: u32) -> Vec<sys::CUlaunchAttribute> {
-    let mut attrs = Vec::with_capacity(3);
+fn attributes(how: PeerLaunch, grid: u32) -> Attrs {
+    let mut attrs = Attrs::none();
     let attr = |id, set: &dyn Fn(&mut sys::CUlaunchAttributeValue)| {
         // SAFETY: an all-zero attribute is a valid value of the C union; `set` writes the field
         // that `id` names.
@@ -177,7 +203,7 @@ pub unsafe fn launch<T: DeviceRepr>(
     stream.context().bind_to_thread().map_err(crate::error::driver("cuCtxSetCurrent"))?;
     let mut params = [arg as *const T as *mut c_void];
     let (g, b) = (cfg.grid_dim, cfg.block_dim);
-    let mut attrs = if has_launch_ex() { attributes(how, g.0) } else { Vec::new() };
+    let mut attrs = if has_launch_ex() { attributes(how, g.0) } else { Attrs::none() };
     if attrs.is_empty() {
         // SAFETY: the caller's promise about `arg`; the function and stream are live handles.
         return check(call, unsafe {
@@ -205,8 +231,8 @@ pub unsafe fn launch<T: DeviceRepr>(
         blockDimZ: b.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: attrs.as_mut_ptr(),
-        numAttrs: attrs.len() as u32,
+        attrs: attrs.a.as_mut_ptr(),
+        numAttrs: attrs.n as u32,
     };
     // SAFETY: as above; `config` and `attrs` outlive the call, which copies them.
     check(call, unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) })

@@ -24,7 +24,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::profile::{OpProf, Tally};
 use crate::record::{CollType, OpRecord};
-use crate::transport::fifo::{ll, Desc, Ends};
+use crate::transport::fifo::{ll, Desc, Ends, Members};
 use crate::transport::Peer;
 use crate::wait::{Deadline, Drive};
 use algo::{Algo, Proto};
@@ -140,7 +140,7 @@ impl<'a> Ctx<'a> {
             sleeper: self.prof.and_then(|p| p.sleeper()),
             record: Some(self.record),
             waited: self.tally.map(Tally::wait_sums),
-            members: self.members.map(|m| m as &dyn crate::transport::fifo::Members),
+            members: self.members.map(|m| m as &dyn Members),
         }
     }
 
