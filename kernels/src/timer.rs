@@ -85,53 +85,54 @@ impl Drop for Words {
     }
 }
 
-/// `slots` slots of `channels` records each, a record per block (or per work item) of a launch.
+/// `slots` slots of `records` records each, a record per block (or per work item) of a launch.
 /// A launch with more records than a slot holds takes consecutive slots: its records run on
 /// from one slot into the next.
 pub struct TimerRing {
     words: Words,
     slots: u32,
-    channels: u32,
+    records: u32,
 }
 
 impl std::fmt::Debug for TimerRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TimerRing").field("slots", &self.slots).field("channels", &self.channels).finish()
+        f.debug_struct("TimerRing").field("slots", &self.slots).field("records", &self.records).finish()
     }
 }
 
 impl TimerRing {
     /// A ring in host-mapped pinned memory of `ctx`.
-    pub fn alloc(ctx: &Arc<CudaContext>, slots: u32, channels: u32) -> Result<TimerRing> {
-        let len = Self::len(slots, channels)?;
-        Ok(TimerRing { words: Words::pinned(ctx, len)?, slots, channels })
+    pub fn alloc(ctx: &Arc<CudaContext>, slots: u32, records: u32) -> Result<TimerRing> {
+        let len = Self::len(slots, records)?;
+        Ok(TimerRing { words: Words::pinned(ctx, len)?, slots, records })
     }
 
     /// A ring in ordinary memory that no device can write (tests; [`TimerRing::device_slot`] is 0).
-    pub fn in_memory(slots: u32, channels: u32) -> Result<TimerRing> {
-        let len = Self::len(slots, channels)?;
-        Ok(TimerRing { words: Words::heap(len), slots, channels })
+    pub fn in_memory(slots: u32, records: u32) -> Result<TimerRing> {
+        let len = Self::len(slots, records)?;
+        Ok(TimerRing { words: Words::heap(len), slots, records })
     }
 
-    fn len(slots: u32, channels: u32) -> Result<usize> {
-        if slots == 0 || channels == 0 {
-            return Err(Error::InvalidArgument(format!("a timer ring of {slots} slots × {channels} channels")));
+    fn len(slots: u32, records: u32) -> Result<usize> {
+        if slots == 0 || records == 0 {
+            return Err(Error::InvalidArgument(format!("a timer ring of {slots} slots × {records} records")));
         }
-        Ok(slots as usize * channels as usize * RECORD_WORDS)
+        Ok(slots as usize * records as usize * RECORD_WORDS)
     }
 
     pub fn slots(&self) -> u32 {
         self.slots
     }
 
-    pub fn channels(&self) -> u32 {
-        self.channels
+    /// Records a slot holds.
+    pub fn records(&self) -> u32 {
+        self.records
     }
 
     /// Record `block` counted from `slot`'s first, which may lie in a later slot.
     fn at(&self, slot: u32, block: u32) -> Option<usize> {
-        let i = slot as usize * self.channels as usize + block as usize;
-        (i < self.slots as usize * self.channels as usize).then_some(i * RECORD_WORDS)
+        let i = slot as usize * self.records as usize + block as usize;
+        (i < self.slots as usize * self.records as usize).then_some(i * RECORD_WORDS)
     }
 
     /// The device address of `slot`'s records (the kernel argument `timers`), 0 for an
@@ -164,7 +165,7 @@ impl TimerRing {
     /// Zeroes `slot`'s records before it is handed to another launch.
     pub fn clear(&self, slot: u32) {
         let w = self.words.get();
-        for b in 0..self.channels {
+        for b in 0..self.records {
             if let Some(i) = self.at(slot, b) {
                 w[i].store(0, Ordering::Relaxed);
                 w[i + 1].store(0, Ordering::Release);

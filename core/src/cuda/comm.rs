@@ -7,7 +7,7 @@
 use super::budget::{Channels, CtaBudget, CtaPolicy};
 use super::ce::{CeArea, CeGeometry, CeSends, CeStreams};
 use super::err;
-use super::events::{DevEvents, RING_SLOTS};
+use super::events::{DevEvents, RING_SLOTS, SLOT_RECORDS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
@@ -195,11 +195,11 @@ pub struct CudaComm {
 
 /// The KernelCh timer ring and the device clock's offset (`OCCL_CUDA_KERNEL_EVENTS=0`: none).
 /// A failure costs the events, not the communicator.
-fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels, channels: u32) -> Option<DevEvents> {
+fn kernel_events(ctx: &Arc<CudaContext>, k: &CollKernels) -> Option<DevEvents> {
     if std::env::var("OCCL_CUDA_KERNEL_EVENTS").is_ok_and(|v| v == "0") {
         return None;
     }
-    let set_up = TimerRing::alloc(ctx, RING_SLOTS, channels)
+    let set_up = TimerRing::alloc(ctx, RING_SLOTS, SLOT_RECORDS)
         .and_then(|ring| Ok((ring, k.clock_probe(&occl_events::unix_nanos)?)));
     match set_up {
         Ok((ring, (probe, clock))) => {
@@ -397,7 +397,7 @@ impl CudaComm {
         let comm = Arc::new(comm);
         let staged = if remote { Some(Staged::new(&ctx, comm.clone())?) } else { None };
         let timeout_ns = u64::try_from(comm.config().timeout.as_nanos()).unwrap_or(u64::MAX);
-        let events = kernel_events(&ctx, &kernels, s.channels);
+        let events = kernel_events(&ctx, &kernels);
         let region = Arc::new(region);
         let ce = CeArea::after(layout.bytes(), n, s.ce);
         let watch = if staged.is_some() {

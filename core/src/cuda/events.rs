@@ -21,8 +21,13 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Launches whose records can be outstanding at once.
-pub(crate) const RING_SLOTS: u32 = 256;
+/// Records a timer slot holds: the channels of a small call's launch, which is what the host
+/// queues ahead of the device by the hundreds (a loop of small calls, a model's per-layer
+/// gathers); a launch with more takes consecutive slots.
+pub(crate) const SLOT_RECORDS: u32 = 16;
+/// Slots of the ring: 2048 launches of up to 16 channels can be outstanding at once, 512 KiB of
+/// pinned memory.
+pub(crate) const RING_SLOTS: u32 = 2048;
 
 /// How often the clock map is measured again: the device and host clocks drift apart by some
 /// 10 µs a second, so a map from the communicator's creation alone goes stale; each new
@@ -79,15 +84,28 @@ struct State {
 }
 
 impl State {
-    /// The first of `n` consecutive free slots, taken.
+    /// The first of `n` consecutive free slots from the cursor on (a run does not wrap past the
+    /// last slot), taken: one pass over the slots at most, however full the ring.
     fn take(&mut self, n: usize) -> Option<usize> {
         let len = self.free.len();
-        let first = (0..len)
-            .map(|i| (self.cursor + i) % len)
-            .find(|&s| s + n <= len && self.free[s..s + n].iter().all(|f| *f))?;
-        self.free[first..first + n].fill(false);
-        self.cursor = (first + n) % len;
-        Some(first)
+        if n == 0 || n > len {
+            return None;
+        }
+        let mut run = 0;
+        for i in 0..len + n {
+            let s = (self.cursor + i) % len;
+            if s == 0 {
+                run = 0;
+            }
+            run = if self.free[s] { run + 1 } else { 0 };
+            if run == n {
+                let first = s + 1 - n;
+                self.free[first..=s].fill(false);
+                self.cursor = (s + 1) % len;
+                return Some(first);
+            }
+        }
+        None
     }
 }
 
@@ -144,7 +162,7 @@ impl DevEvents {
     /// as many consecutive ones as they fill; `None` when no such run is free (the launch runs
     /// untimed, and is counted).
     pub(crate) fn reserve(&self, records: u32) -> Option<Slots> {
-        let n = records.div_ceil(self.ring.channels()).max(1);
+        let n = records.div_ceil(self.ring.records()).max(1);
         let mut s = self.lock();
         match s.take(n as usize) {
             Some(first) => {
@@ -328,6 +346,20 @@ mod tests {
         let d = ev.reserve(6).expect("slots 0 to 2");
         assert_eq!((d.first, d.slots), (0, 3));
         assert_eq!(ev.reserve(9), None, "more records than the ring holds");
+    }
+
+    #[test]
+    fn a_free_run_that_starts_before_the_cursor_is_found() {
+        let ev = DevEvents::new(TimerRing::in_memory(6, 1).expect("ring"), ClockMap::default(), None);
+        let taken: Vec<_> = (0..3).map(|_| ev.reserve(1).expect("a slot")).collect();
+        ev.release(taken[1]);
+        ev.release(taken[2]);
+        // Slots 1 to 5 are free and the search starts at 3: four in a row begin at 1.
+        let a = ev.reserve(4).expect("slots 1 to 4");
+        assert_eq!((a.first, a.slots), (1, 4));
+        assert_eq!(ev.reserve(1).map(|s| s.first), Some(5));
+        assert_eq!(ev.reserve(1), None, "every slot taken");
+        assert_eq!(ev.untimed(), 1);
     }
 
     #[test]
