@@ -4,13 +4,13 @@
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
 use super::budget::{CtaPolicy, Launch};
-use super::ce::{Flows, Route};
+use super::ce::{Flows, Route, Share};
 use super::comm::CudaComm;
 use super::err;
 use super::events::{Owner, Slots};
 use super::kernels::coll::{CollArgs, Mode, MAX_RANKS};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
-use super::kernels::memops::StreamOps;
+use super::kernels::memops::{Piece, StreamOps};
 use super::kernels::p2p::{plan, records, P2pConn, Transfer};
 use super::names::{algo_name, func_of, ras_type};
 use super::tune::DevAlgo;
@@ -649,32 +649,34 @@ pub struct P2p {
 /// block from peer `p` lands where the block for `p` is read, so each side could write
 /// only once the other had sent, and each would wait for the other's send.
 fn ce_flows(coll: CollType, a: &CollArgs, r: usize, n: usize, windows: &Windows) -> Option<Flows> {
-    let bytes = a.count;
     let peers = || (1..n).map(move |k| (r + k) % n);
+    let share = |peer: usize, at: u64| Share { peer, at, bytes: a.count };
     let at = |base: u64, q: usize| base + q as u64 * a.stride;
-    let slots = |sends, recvs, local| Flows { bytes, sends, recvs, local, route: Route::Slots };
+    let own = |dst: u64, src: u64| Some(Piece { dst, src, n: a.count });
+    let slots = |sends, recvs, local| Flows { sends, recvs, local, route: Route::Slots };
+    let root = a.root as usize;
     let mut f = match coll {
         CollType::AllGather => slots(
-            peers().map(|p| (p, a.input)).collect(),
-            peers().map(|q| (q, at(a.output, q))).collect(),
-            Some((at(a.output, r), a.input)),
+            peers().map(|p| share(p, a.input)).collect(),
+            peers().map(|q| share(q, at(a.output, q))).collect(),
+            own(at(a.output, r), a.input),
         ),
         CollType::AllToAll => slots(
-            peers().map(|p| (p, at(a.input, p))).collect(),
-            peers().map(|q| (q, at(a.output, q))).collect(),
-            Some((at(a.output, r), at(a.input, r))),
+            peers().map(|p| share(p, at(a.input, p))).collect(),
+            peers().map(|q| share(q, at(a.output, q))).collect(),
+            own(at(a.output, r), at(a.input, r)),
         ),
-        CollType::Broadcast => {
-            let root = a.root as usize;
-            match r == root {
-                true => slots(peers().map(|p| (p, a.input)).collect(), Vec::new(), Some((a.output, a.input))),
-                false => slots(Vec::new(), vec![(root, a.output)], None),
-            }
-        }
+        CollType::Broadcast => match r == root {
+            true => slots(peers().map(|p| share(p, a.input)).collect(), Vec::new(), own(a.output, a.input)),
+            false => slots(Vec::new(), vec![share(root, a.output)], None),
+        },
+        // A lone send or receive: the peer is the kernel arguments' root.
+        CollType::Send => slots(vec![share(root, a.input)], Vec::new(), None),
+        CollType::Recv => slots(Vec::new(), vec![share(root, a.output)], None),
         _ => return None,
     };
     if let Some((w, mine)) = in_window(coll, a, r, n, windows) {
-        f.route = Route::Direct(f.sends.iter().map(|&(p, _)| w.at(p, mine)).collect());
+        f.route = Route::Direct(f.sends.iter().map(|s| w.at(s.peer, mine)).collect());
     }
     Some(f)
 }
@@ -758,7 +760,7 @@ mod tests {
         let (n, r, blk, w, id, out) = window_of_three();
         // All-gather: this rank's block of every peer's output, at the same offset.
         let f = ce_flows(CollType::AllGather, &args(0x10, out, blk, 0), r, n, &w).unwrap();
-        assert_eq!(f.sends.iter().map(|s| s.0).collect::<Vec<_>>(), [2, 0]);
+        assert_eq!(f.sends.iter().map(|s| s.peer).collect::<Vec<_>>(), [2, 0]);
         assert_eq!(f.route, Route::Direct(vec![base(2) + 8192 + blk, base(0) + 8192 + blk]));
         // In place: still direct.
         let f = ce_flows(CollType::AllGather, &args(out + blk, out, blk, 0), r, n, &w).unwrap();
@@ -774,7 +776,10 @@ mod tests {
         let f = ce_flows(CollType::Broadcast, &args(0x10, out, blk, 1), r, n, &w).unwrap();
         assert_eq!(f.route, Route::Direct(vec![base(2) + 8192, base(0) + 8192]));
         let f = ce_flows(CollType::Broadcast, &args(out, out, blk, 0), r, n, &w).unwrap();
-        assert_eq!((f.recvs.clone(), f.route), (vec![(0, out)], Route::Direct(Vec::new())));
+        assert_eq!(
+            (f.recvs.clone(), f.route),
+            (vec![Share { peer: 0, at: out, bytes: blk }], Route::Direct(Vec::new()))
+        );
         // An output reaching past the window, outside it, or a window removed: the slots.
         let f = ce_flows(CollType::AllGather, &args(0x10, base(1) + (1 << 20) - blk, blk, 0), r, n, &w).unwrap();
         assert_eq!(f.route, Route::Slots);
@@ -827,7 +832,7 @@ mod tests {
                 let direct = matches!(ce.route, Route::Direct(_));
                 assert_eq!(win(coll, &a).is_some(), direct, "{coll:?} {input:#x} -> {output:#x}");
                 if let (Route::Direct(to), Some(k)) = (&ce.route, win(coll, &a)) {
-                    assert!(ce.sends.iter().zip(to).all(|(&(p, _), &at)| k[p] == at), "{coll:?}");
+                    assert!(ce.sends.iter().zip(to).all(|(s, &at)| k[s.peer] == at), "{coll:?}");
                 }
             }
         }

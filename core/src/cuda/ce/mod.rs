@@ -95,6 +95,7 @@ mod streams;
 pub(crate) use streams::CeStreams;
 
 use super::kernels::coll::MAX_RANKS;
+use super::kernels::memops::Piece;
 use crate::error::{Error, Result};
 
 /// One word per 64-byte line.
@@ -237,16 +238,33 @@ impl CeArea {
     }
 }
 
-/// One collective's copies: `bytes` to each peer of `sends` from its source address, from each
-/// peer of `recvs` into its destination address, and this rank's own part copied locally.
+/// One call's copies: each send's bytes to its peer from its source, each receive's from its
+/// peer into its destination, and this rank's own part copied locally. A collective has a
+/// share of one size per peer; a group of sends and receives may have several of any size per
+/// peer, which follow each other through that pair's slots in call order, as the peer's
+/// matching operations do.
 pub(crate) struct Flows {
-    pub bytes: u64,
-    pub sends: Vec<(usize, u64)>,
-    pub recvs: Vec<(usize, u64)>,
-    pub local: Option<(u64, u64)>,
+    pub sends: Vec<Share>,
+    pub recvs: Vec<Share>,
+    pub local: Option<Piece>,
     /// How the data travels; with [`Route::Direct`] the receives' destinations are where the
     /// senders write, and this rank only waits for them.
     pub route: Route,
+}
+
+impl Flows {
+    /// The largest share: what the watcher names a stalled call by.
+    pub(crate) fn largest(&self) -> u64 {
+        self.sends.iter().chain(&self.recvs).map(|s| s.bytes).chain(self.local.map(|l| l.n)).max().unwrap_or(0)
+    }
+}
+
+/// `bytes` to or from `peer` at device address `at` (a send's source, a receive's destination).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Share {
+    pub peer: usize,
+    pub at: u64,
+    pub bytes: u64,
 }
 
 /// Through the receiver's slots, or straight into the receiver's buffer.

@@ -1,7 +1,7 @@
 //! One copy-engine call as data: the stream operations of each lane, in the order they are
 //! issued. Pure (addresses in, steps out), so the order rules are tested without a GPU.
 
-use super::{CeArea, CeSends, Flows, Route};
+use super::{CeArea, CeSends, Flows, Route, Share};
 use crate::cuda::kernels::coll::MAX_RANKS;
 use crate::cuda::kernels::memops::Piece;
 
@@ -39,28 +39,55 @@ pub(crate) enum Step {
 /// A batch's pieces start at multiples of this within a share.
 const PIECE_ALIGN: u64 = 4096;
 
-/// Each `(dst, src)` share of `bytes` cut into `chunks` pieces of whole [`PIECE_ALIGN`] units
-/// (the last smaller), interleaved: piece 0 of every share, then piece 1 of every share, ...
-fn pieces(shares: &[(u64, u64)], bytes: u64, chunks: u64) -> Vec<Piece> {
-    let size = bytes.div_ceil(chunks.max(1)).next_multiple_of(PIECE_ALIGN).max(PIECE_ALIGN);
-    let offsets = (0..bytes.div_ceil(size)).map(|k| k * size);
-    offsets
-        .flat_map(|o| {
-            shares.iter().map(move |&(dst, src)| Piece { dst: dst + o, src: src + o, n: size.min(bytes - o) })
+/// Each share (a [`Piece`] from its source to where it lands) cut into `chunks` pieces of whole
+/// [`PIECE_ALIGN`] units (the last smaller), interleaved: piece 0 of every share, then piece 1
+/// of every share that has one, ...
+fn pieces(shares: &[Piece], chunks: u64) -> Vec<Piece> {
+    let cut = |s: &Piece| s.n.div_ceil(chunks.max(1)).next_multiple_of(PIECE_ALIGN).max(PIECE_ALIGN);
+    let most = shares.iter().map(|s| s.n.div_ceil(cut(s))).max().unwrap_or(0);
+    (0..most)
+        .flat_map(|k| {
+            shares.iter().filter_map(move |s| {
+                let (size, o) = (cut(s), k * cut(s));
+                (o < s.n).then(|| Piece { dst: s.dst + o, src: s.src + o, n: size.min(s.n - o) })
+            })
         })
         .collect()
 }
 
+/// Whether two byte ranges share a byte.
+fn overlaps(a: &Share, b: &Share) -> bool {
+    a.bytes > 0 && b.bytes > 0 && a.at < b.at.saturating_add(b.bytes) && b.at < a.at.saturating_add(a.bytes)
+}
+
+/// Per peer, in the order its first share comes, the chunks of its shares one after another:
+/// each share cut at `sb` bytes (its last chunk smaller), as the peer cuts its matching shares.
+fn pair_chunks(shares: &[Share], sb: u64) -> Vec<(usize, Vec<(u64, u64)>)> {
+    let mut pairs: Vec<(usize, Vec<(u64, u64)>)> = Vec::new();
+    for s in shares {
+        let i = match pairs.iter().position(|p| p.0 == s.peer) {
+            Some(i) => i,
+            None => {
+                pairs.push((s.peer, Vec::new()));
+                pairs.len() - 1
+            }
+        };
+        pairs[i].1.extend((0..s.bytes.div_ceil(sb)).map(|k| (s.at + k * sb, sb.min(s.bytes - k * sb))));
+    }
+    pairs
+}
+
 /// The steps of `f` for rank `me` whose peers' regions are mapped at `regions`, in issue order:
-/// this rank's own part, then round by round (chunk `i` to every peer, chunk `i` from every
-/// peer), then the senders' resets. With [`CeSends::Batch`] a round's sends are one batch on
-/// one lane: the waits for every peer's free slot, the copies, the heads.
+/// this rank's own part, then round by round (chunk `i` to every peer that has one, chunk `i`
+/// from every peer that has one), then the senders' resets. With [`CeSends::Batch`] a round's
+/// sends are one batch on one lane: the waits for every peer's free slot, the copies, the heads.
 ///
-/// A receive whose destination overlaps what this rank sends (an in-place all-to-all: the
-/// block from peer `q` lands where the block for `q` is read) must not overwrite chunk `i`
-/// before chunk `i` has left. Its steps go on the lane of the sends to `q`, after each round's
-/// send; if it overlaps what goes to another peer, every step goes on one lane, in round
-/// order.
+/// A receive whose destination overlaps what this rank sends to the same peer (an in-place
+/// all-to-all: the block from peer `q` lands where the block for `q` is read) must not
+/// overwrite chunk `i` before chunk `i` has left. Its steps go on the lane of the sends to
+/// `q`, after each round's send; if a receive overlaps what goes to another peer, every step
+/// goes on one lane, in round order. (A group of sends and receives whose buffers overlap is
+/// undefined, as in NCCL: only these collective layouts are kept apart.)
 ///
 /// A direct call ([`Route::Direct`]) is planned by [`direct`].
 pub(crate) fn plan(
@@ -75,16 +102,15 @@ pub(crate) fn plan(
     }
     let (mine, slots, sb) = (regions[me], area.geo.slots, area.geo.slot_bytes);
     let batched = matches!(sends, CeSends::Batch { .. });
-    let overlaps = |a: u64, b: u64| f.bytes > 0 && a < b.saturating_add(f.bytes) && b < a.saturating_add(f.bytes);
-    let tangled = f.recvs.iter().any(|&(q, dst)| f.sends.iter().any(|&(p, src)| p != q && overlaps(dst, src)));
+    let tangled = f.recvs.iter().any(|r| f.sends.iter().any(|s| s.peer != r.peer && overlaps(r, s)));
     let send_lane = |p: usize| match (tangled, batched) {
         (true, _) => Lane::Recv,
         (false, true) => Lane::Batch,
         (false, false) => Lane::Send(p),
     };
-    // The lane of each receive (and of every step when tangled).
-    let recv_lane = |q: usize, dst: u64| {
-        let in_place = f.sends.iter().any(|&(p, src)| p == q && overlaps(dst, src));
+    // The lane of each peer's receives (and of every step when tangled).
+    let recv_lane = |q: usize| {
+        let in_place = f.recvs.iter().any(|r| r.peer == q && f.sends.iter().any(|s| s.peer == q && overlaps(r, s)));
         if in_place {
             send_lane(q)
         } else {
@@ -92,54 +118,56 @@ pub(crate) fn plan(
         }
     };
     let mut s = Vec::new();
-    if let Some((dst, src)) = f.local {
-        if dst != src && f.bytes > 0 {
-            s.push((Lane::Send(me), Step::Copy { dst, src, n: f.bytes }));
-        }
+    if let Some(l) = f.local.filter(|l| l.dst != l.src && l.n > 0) {
+        s.push((Lane::Send(me), Step::Copy { dst: l.dst, src: l.src, n: l.n }));
     }
-    let chunks = f.bytes.div_ceil(sb);
-    for i in 0..chunks {
-        let (o, n) = (i * sb, sb.min(f.bytes - i * sb));
+    let (to, from) = (pair_chunks(&f.sends, sb), pair_chunks(&f.recvs, sb));
+    let rounds = to.iter().chain(&from).map(|p| p.1.len() as u64).max().unwrap_or(0);
+    for i in 0..rounds {
+        // The peers this round sends to, each with its chunk `i`.
+        let round: Vec<(usize, (u64, u64))> =
+            to.iter().filter_map(|(p, c)| c.get(i as usize).map(|&chunk| (*p, chunk))).collect();
         let free =
             |p: usize| (i >= slots).then(|| (send_lane(p), Step::Wait { at: mine + area.tail(p), ge: i + 1 - slots }));
-        let copy = |p: usize, src: u64| Piece { dst: regions[p] + area.slot(me, i), src: src + o, n };
+        let copy = |p: usize, (src, n): (u64, u64)| Piece { dst: regions[p] + area.slot(me, i), src, n };
         let head = |p: usize| (send_lane(p), Step::Write { at: regions[p] + area.head(me), v: i + 1 });
-        if batched && !f.sends.is_empty() {
-            s.extend(f.sends.iter().filter_map(|&(p, _)| free(p)));
-            let batch = f.sends.iter().map(|&(p, src)| copy(p, src)).collect();
-            s.push((send_lane(f.sends[0].0), Step::Batch(batch)));
-            s.extend(f.sends.iter().map(|&(p, _)| head(p)));
+        if batched && !round.is_empty() {
+            s.extend(round.iter().filter_map(|&(p, _)| free(p)));
+            let batch = round.iter().map(|&(p, c)| copy(p, c)).collect();
+            s.push((send_lane(round[0].0), Step::Batch(batch)));
+            s.extend(round.iter().map(|&(p, _)| head(p)));
         } else {
-            for &(p, src) in &f.sends {
+            for &(p, c) in &round {
                 s.extend(free(p));
-                let Piece { dst, src, n } = copy(p, src);
+                let Piece { dst, src, n } = copy(p, c);
                 s.push((send_lane(p), Step::Copy { dst, src, n }));
                 s.push(head(p));
             }
         }
-        for &(q, dst) in &f.recvs {
-            let l = recv_lane(q, dst);
+        for (q, chunks) in &from {
+            let Some(&(dst, n)) = chunks.get(i as usize) else { continue };
+            let (q, l) = (*q, recv_lane(*q));
             s.push((l, Step::Wait { at: mine + area.head(q), ge: i + 1 }));
-            s.push((l, Step::Copy { dst: dst + o, src: mine + area.slot(q, i), n }));
-            if i + 1 == chunks {
+            s.push((l, Step::Copy { dst, src: mine + area.slot(q, i), n }));
+            if i + 1 == chunks.len() as u64 {
                 s.push((l, Step::Write { at: mine + area.head(q), v: 0 }));
             }
             s.push((l, Step::Write { at: regions[q] + area.tail(me), v: i + 1 }));
         }
     }
-    for &(p, _) in &f.sends {
-        s.push((send_lane(p), Step::Wait { at: mine + area.tail(p), ge: chunks }));
-        s.push((send_lane(p), Step::Write { at: mine + area.tail(p), v: 0 }));
+    for (p, chunks) in &to {
+        s.push((send_lane(*p), Step::Wait { at: mine + area.tail(*p), ge: chunks.len() as u64 }));
+        s.push((send_lane(*p), Step::Write { at: mine + area.tail(*p), v: 0 }));
     }
     s
 }
 
 /// The steps of a call whose sends land straight in the peers' buffers (`to[i]`: where
-/// `f.sends[i]` lands), in issue order: this rank tells each sender it has started (`ready`),
-/// copies its own part, sends each peer's share once that peer has started and tells it
-/// (`done`), then waits for every sender's `done`. Each waiter resets the word it waited for.
-/// With [`CeSends::Batch`] the sends are one lane: every peer's `ready`, one batch of every
-/// share (cut into pieces, interleaved across peers), every peer's `done`.
+/// `f.sends[i]` lands; one send per peer), in issue order: this rank tells each sender it has
+/// started (`ready`), copies its own part, sends each peer's share once that peer has started
+/// and tells it (`done`), then waits for every sender's `done`. Each waiter resets the word it
+/// waited for. With [`CeSends::Batch`] the sends are one lane: every peer's `ready`, one batch
+/// of every share (cut into pieces, interleaved across peers), every peer's `done`.
 fn direct(
     regions: &[u64; MAX_RANKS],
     me: usize,
@@ -150,11 +178,9 @@ fn direct(
 ) -> Vec<(Lane, Step)> {
     let mine = regions[me];
     let mut s: Vec<(Lane, Step)> =
-        f.recvs.iter().map(|&(q, _)| (Lane::Recv, Step::Write { at: regions[q] + area.ready(me), v: 1 })).collect();
-    if let Some((dst, src)) = f.local {
-        if dst != src && f.bytes > 0 {
-            s.push((Lane::Send(me), Step::Copy { dst, src, n: f.bytes }));
-        }
+        f.recvs.iter().map(|r| (Lane::Recv, Step::Write { at: regions[r.peer] + area.ready(me), v: 1 })).collect();
+    if let Some(l) = f.local.filter(|l| l.dst != l.src && l.n > 0) {
+        s.push((Lane::Send(me), Step::Copy { dst: l.dst, src: l.src, n: l.n }));
     }
     let ready = |l: Lane, p: usize| {
         let at = mine + area.ready(p);
@@ -163,27 +189,28 @@ fn direct(
     let done = |l: Lane, p: usize| (l, Step::Write { at: regions[p] + area.done(me), v: 1 });
     match sends {
         CeSends::Batch { chunks } if !f.sends.is_empty() => {
-            s.extend(f.sends.iter().flat_map(|&(p, _)| ready(Lane::Batch, p)));
-            if f.bytes > 0 {
-                let shares: Vec<(u64, u64)> = to.iter().zip(&f.sends).map(|(&dst, &(_, src))| (dst, src)).collect();
-                s.push((Lane::Batch, Step::Batch(pieces(&shares, f.bytes, chunks))));
+            s.extend(f.sends.iter().flat_map(|x| ready(Lane::Batch, x.peer)));
+            let shares: Vec<Piece> =
+                to.iter().zip(&f.sends).map(|(&dst, x)| Piece { dst, src: x.at, n: x.bytes }).collect();
+            if shares.iter().any(|x| x.n > 0) {
+                s.push((Lane::Batch, Step::Batch(pieces(&shares, chunks))));
             }
-            s.extend(f.sends.iter().map(|&(p, _)| done(Lane::Batch, p)));
+            s.extend(f.sends.iter().map(|x| done(Lane::Batch, x.peer)));
         }
         _ => {
-            for (&(p, src), &dst) in f.sends.iter().zip(to) {
-                let l = Lane::Send(p);
-                s.extend(ready(l, p));
-                if f.bytes > 0 {
-                    s.push((l, Step::Copy { dst, src, n: f.bytes }));
+            for (x, &dst) in f.sends.iter().zip(to) {
+                let l = Lane::Send(x.peer);
+                s.extend(ready(l, x.peer));
+                if x.bytes > 0 {
+                    s.push((l, Step::Copy { dst, src: x.at, n: x.bytes }));
                 }
-                s.push(done(l, p));
+                s.push(done(l, x.peer));
             }
         }
     }
-    for &(q, _) in &f.recvs {
-        s.push((Lane::Recv, Step::Wait { at: mine + area.done(q), ge: 1 }));
-        s.push((Lane::Recv, Step::Write { at: mine + area.done(q), v: 0 }));
+    for r in &f.recvs {
+        s.push((Lane::Recv, Step::Wait { at: mine + area.done(r.peer), ge: 1 }));
+        s.push((Lane::Recv, Step::Write { at: mine + area.done(r.peer), v: 0 }));
     }
     s
 }
@@ -212,6 +239,10 @@ mod tests {
     const REGION: u64 = 1 << 40;
     const USER: u64 = 1 << 50;
 
+    fn share(peer: usize, at: u64, bytes: u64) -> Share {
+        Share { peer, at, bytes }
+    }
+
     fn regions(n: usize) -> [u64; MAX_RANKS] {
         std::array::from_fn(|r| if r < n { (r as u64 + 1) * REGION } else { 0 })
     }
@@ -220,10 +251,9 @@ mod tests {
         let peers = || (1..n).map(move |k| (r + k) % n);
         let (input, output) = (USER * (2 * r as u64 + 1), USER * (2 * r as u64 + 2));
         Flows {
-            bytes,
-            sends: peers().map(|p| (p, input)).collect(),
-            recvs: peers().map(|q| (q, output + q as u64 * bytes)).collect(),
-            local: Some((output + r as u64 * bytes, input)),
+            sends: peers().map(|p| share(p, input, bytes)).collect(),
+            recvs: peers().map(|q| share(q, output + q as u64 * bytes, bytes)).collect(),
+            local: Some(Piece { dst: output + r as u64 * bytes, src: input, n: bytes }),
             route: Route::Slots,
         }
     }
@@ -406,9 +436,9 @@ mod tests {
                         .unwrap_or_else(|stuck| panic!("{what}, {slots} slots, {bytes} B: stuck at {stuck:?}"));
                     for (r, f) in flows.iter().enumerate() {
                         for (q, from) in flows.iter().enumerate() {
-                            let (dst, src) = match f.recvs.iter().find(|x| x.0 == q) {
-                                Some(&(_, dst)) => (dst, from.sends[0].1),
-                                None => f.local.unwrap_or_default(),
+                            let (dst, src) = match f.recvs.iter().find(|x| x.peer == q) {
+                                Some(x) => (x.at, from.sends[0].at),
+                                None => f.local.map_or((0, 0), |l| (l.dst, l.src)),
                             };
                             for b in (0..bytes).step_by(512) {
                                 assert_eq!(data.get(&(dst + b)), Some(&(src + b)), "{what}: rank {r} from {q}");
@@ -426,10 +456,9 @@ mod tests {
         let buf = USER * (r as u64 + 1);
         let peers = || (1..n).map(move |k| (r + k) % n);
         Flows {
-            bytes: blk,
-            sends: peers().map(|p| (p, buf + p as u64 * blk)).collect(),
-            recvs: peers().map(|q| (q, buf + q as u64 * blk)).collect(),
-            local: Some((buf + r as u64 * blk, buf + r as u64 * blk)),
+            sends: peers().map(|p| share(p, buf + p as u64 * blk, blk)).collect(),
+            recvs: peers().map(|q| share(q, buf + q as u64 * blk, blk)).collect(),
+            local: Some(Piece { dst: buf + r as u64 * blk, src: buf + r as u64 * blk, n: blk }),
             route: Route::Slots,
         }
     }
@@ -471,8 +500,8 @@ mod tests {
         // A receive that overlaps what goes to another peer puts the whole call on one lane.
         let area = CeArea::after(0, n, CeGeometry::default());
         let mut f = all_to_all_in_place(0, n, 4096);
-        let dsts: Vec<u64> = f.recvs.iter().rev().map(|r| r.1).collect();
-        f.recvs.iter_mut().zip(dsts).for_each(|(r, d)| r.1 = d);
+        let dsts: Vec<u64> = f.recvs.iter().rev().map(|r| r.at).collect();
+        f.recvs.iter_mut().zip(dsts).for_each(|(r, d)| r.at = d);
         for sends in [LANES, CeSends::Batch { chunks: 1 }] {
             let p = plan(&regions(n), 0, &area, &f, sends);
             let flags = p.iter().filter(|s| matches!(s.1, Step::Wait { .. } | Step::Write { .. }));
@@ -485,14 +514,14 @@ mod tests {
     fn a_broadcast_plan_has_the_lanes_of_its_role() {
         let area = CeArea::after(0, 3, CeGeometry::default());
         let rg = regions(3);
+        let b = 1 << 20;
         let root = Flows {
-            bytes: 1 << 20,
-            sends: vec![(1, USER), (2, USER)],
+            sends: vec![share(1, USER, b), share(2, USER, b)],
             recvs: vec![],
             local: None,
             route: Route::Slots,
         };
-        let leaf = Flows { bytes: 1 << 20, sends: vec![], recvs: vec![(0, USER)], local: None, route: Route::Slots };
+        let leaf = Flows { sends: vec![], recvs: vec![share(0, USER, b)], local: None, route: Route::Slots };
         let lanes = |p: Vec<(Lane, Step)>| {
             let mut l: Vec<Lane> = p.iter().map(|s| s.0).collect();
             l.dedup();
@@ -555,10 +584,11 @@ mod tests {
             Call::Broadcast { root } => (Vec::new(), vec![(root, output)], None),
             Call::SlotAllGather => {
                 let f = all_gather(r, n, bytes);
+                let moved = |x: &Share| share(x.peer, x.at + off, x.bytes);
                 return Flows {
-                    sends: f.sends.iter().map(|&(p, s)| (p, s + off)).collect(),
-                    recvs: f.recvs.iter().map(|&(q, d)| (q, d + off)).collect(),
-                    local: f.local.map(|(d, s)| (d + off, s + off)),
+                    sends: f.sends.iter().map(moved).collect(),
+                    recvs: f.recvs.iter().map(moved).collect(),
+                    local: f.local.map(|l| Piece { dst: l.dst + off, src: l.src + off, n: l.n }),
                     ..f
                 };
             }
@@ -567,7 +597,9 @@ mod tests {
             Call::AllGather { .. } | Call::AllToAll => sends.iter().map(|&(p, _)| lands(p, block(output, r))).collect(),
             _ => sends.iter().map(|&(p, _)| lands(p, output)).collect(),
         };
-        Flows { bytes, sends, recvs, local, route: Route::Direct(to) }
+        let shares = |v: Peers| v.into_iter().map(|(p, at)| share(p, at, bytes)).collect();
+        let local = local.map(|(dst, src)| Piece { dst, src, n: bytes });
+        Flows { sends: shares(sends), recvs: shares(recvs), local, route: Route::Direct(to) }
     }
 
     /// Where the test reads a receive as the caller would once the call is done: a copy on
@@ -579,14 +611,15 @@ mod tests {
     fn check_landed(calls: &[Vec<Flows>], data: &Mem, what: &str) {
         for flows in calls {
             for (r, f) in flows.iter().enumerate() {
-                let mut expect: Vec<(u64, u64)> = f.local.into_iter().filter(|(d, s)| d != s).collect();
-                for &(q, dst) in &f.recvs {
-                    let src = flows[q].sends.iter().find(|s| s.0 == r).map(|s| s.1);
-                    let src = src.unwrap_or_else(|| panic!("{what}: rank {q} sends nothing to {r}"));
-                    expect.extend([(dst, src), (SNAPSHOT + dst, src)]);
+                let mut expect: Vec<(u64, u64, u64)> =
+                    f.local.into_iter().filter(|l| l.dst != l.src).map(|l| (l.dst, l.src, l.n)).collect();
+                for x in &f.recvs {
+                    let src = flows[x.peer].sends.iter().find(|s| s.peer == r).map(|s| s.at);
+                    let src = src.unwrap_or_else(|| panic!("{what}: rank {} sends nothing to {r}", x.peer));
+                    expect.extend([(x.at, src, x.bytes), (SNAPSHOT + x.at, src, x.bytes)]);
                 }
-                for (dst, src) in expect {
-                    for b in (0..f.bytes).step_by(512) {
+                for (dst, src, bytes) in expect {
+                    for b in (0..bytes).step_by(512) {
                         assert_eq!(data.get(&(dst + b)), Some(&(src + b)), "{what}: rank {r}, {dst:#x} + {b}");
                     }
                 }
@@ -615,7 +648,7 @@ mod tests {
             for flows in &calls {
                 for (r, p) in plans(flows, 2, sends).into_iter().enumerate() {
                     issued[r].extend(p);
-                    let read = |&(_, dst): &(usize, u64)| Step::Copy { dst: SNAPSHOT + dst, src: dst, n: bytes };
+                    let read = |x: &Share| Step::Copy { dst: SNAPSHOT + x.at, src: x.at, n: x.bytes };
                     issued[r].extend(flows[r].recvs.iter().map(|q| (Lane::Recv, read(q))));
                 }
             }
@@ -653,7 +686,7 @@ mod tests {
             }
         }
         // Each send waits for its receiver's ready and resets it before it copies.
-        for (peer, to) in f.sends.iter().map(|s| s.0).zip(match &f.route {
+        for (peer, to) in f.sends.iter().map(|s| s.peer).zip(match &f.route {
             Route::Direct(to) => to.clone(),
             Route::Slots => vec![],
         }) {
@@ -663,7 +696,7 @@ mod tests {
                 [
                     Step::Wait { at: ready, ge: 1 },
                     Step::Write { at: ready, v: 0 },
-                    Step::Copy { dst: to, src: f.sends.iter().find(|s| s.0 == peer).map_or(0, |s| s.1), n: bytes },
+                    Step::Copy { dst: to, src: f.sends.iter().find(|s| s.peer == peer).map_or(0, |s| s.at), n: bytes },
                     Step::Write { at: rg[peer] + area.done(me), v: 1 },
                 ]
             );
@@ -696,13 +729,13 @@ mod tests {
             let readies: Vec<Step> = f
                 .sends
                 .iter()
-                .flat_map(|&(q, _)| {
-                    let at = rg[me] + area.ready(q);
+                .flat_map(|x| {
+                    let at = rg[me] + area.ready(x.peer);
                     [Step::Wait { at, ge: 1 }, Step::Write { at, v: 0 }]
                 })
                 .collect();
             let dones: Vec<Step> =
-                f.sends.iter().map(|&(q, _)| Step::Write { at: rg[q] + area.done(me), v: 1 }).collect();
+                f.sends.iter().map(|x| Step::Write { at: rg[x.peer] + area.done(me), v: 1 }).collect();
             assert_eq!(steps[..2 * peers], readies[..]);
             assert_eq!(steps[2 * peers + 1..], dones[..]);
             let Step::Batch(pieces) = &steps[2 * peers] else { panic!("{chunks}: {steps:?}") };
@@ -710,7 +743,7 @@ mod tests {
             assert_eq!(pieces.len(), peers * bytes.div_ceil(size) as usize, "{chunks} chunks");
             for (k, piece) in pieces.iter().enumerate() {
                 let (i, o) = (k % peers, (k / peers) as u64 * size);
-                let want = Piece { dst: to[i] + o, src: f.sends[i].1 + o, n: size.min(bytes - o) };
+                let want = Piece { dst: to[i] + o, src: f.sends[i].at + o, n: size.min(bytes - o) };
                 assert_eq!(*piece, want, "{chunks} chunks: piece {k} is peer {i}'s at {o}");
             }
         }
@@ -719,11 +752,12 @@ mod tests {
     /// Pieces tile each share exactly, in whole 4 KiB units but the last, however many asked.
     #[test]
     fn pieces_tile_every_share() {
-        let shares = [(USER, 2 * USER), (3 * USER, 4 * USER), (5 * USER, 6 * USER)];
+        let ends = [(USER, 2 * USER), (3 * USER, 4 * USER), (5 * USER, 6 * USER)];
         for (bytes, chunks) in [(1, 1), (4096, 8), (4097, 2), (10 << 20, 3), ((64 << 20) + 512, 64), (12345, 1)] {
-            let p = pieces(&shares, bytes, chunks);
+            let shares: Vec<Piece> = ends.iter().map(|&(dst, src)| Piece { dst, src, n: bytes }).collect();
+            let p = pieces(&shares, chunks);
             assert!(p.len() as u64 <= 3 * chunks, "{bytes} B in {chunks}: {} pieces", p.len());
-            for &(dst, src) in &shares {
+            for &(dst, src) in &ends {
                 let mut mine: Vec<&Piece> = p.iter().filter(|x| x.dst >= dst && x.dst < dst + bytes).collect();
                 mine.sort_by_key(|x| x.dst);
                 let mut at = 0;

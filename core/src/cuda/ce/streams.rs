@@ -145,7 +145,7 @@ impl CeStreams {
             self.done.record(caller)?;
         }
         if let Some(t) = timed {
-            t.end(caller, func, f.bytes)?;
+            t.end(caller, func, f.largest())?;
         }
         Ok(())
     }
