@@ -75,7 +75,7 @@ run)
     echo "== correctness: $n thread ranks of one process (CudaComm::init_all), and staged as if on $n hosts"
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --threads "$n" --big 64M 2>&1 | tee "$OUT/check-threads.txt" | tail -4
     timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" --hosts "$n" --big 64M 2>&1 | tee "$OUT/check-staged.txt" | tail -4
-    echo "== correctness on the copy engines (NCCL_CTA_POLICY=2: all-gather, all-to-all, broadcast)"
+    echo "== correctness on the copy engines (NCCL_CTA_POLICY=2: all-gather, all-to-all, broadcast, sends and receives)"
     NCCL_CTA_POLICY=2 timeout "${CHECK_LIMIT:-200}" ./occl-gpu check --ranks "$n" 2>&1 | tee "$OUT/check-ce.txt" | tail -4
     echo "== a copy-engine call whose peers stop calling times out (occl-gpu stall, OCCL_TIMEOUT=5)"
     NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 timeout 60 ./occl-gpu stall --ranks "$n" 2>&1 | tee "$OUT/stall.txt" | tail -6

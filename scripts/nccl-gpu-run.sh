@@ -26,7 +26,8 @@
 #   PHASE=build  only builds nccl-tests against occl's headers (what the other phases start with).
 #   PHASE=more   grouped p2p, all-to-all and all-reduce captured in CUDA graphs (-G 10, -g 2),
 #                all 7 tests with -g 4 and with -g 8 when the host has that many GPUs, each on
-#                occl and on NVIDIA's NCCL, and two torch ranks on one GPU (torch_onegpu.py;
+#                occl and on NVIDIA's NCCL, and two torch ranks on one GPU (torch_onegpu.py, occl also
+#                under NCCL_CTA_POLICY=2;
 #                nccl-tests cannot ask for that: -t 2 -g 1 on one visible GPU stops in nccl-tests
 #                itself), and the KernelCh events of PyTorch's grouped sends and receives through
 #                an NCCL profiler plugin on both libraries (torch_p2p_events.py).
@@ -119,11 +120,14 @@ more)
       for lib in occl nccl; do run $lib g$g-$lib.txt $t $here/build/$t $A -g $g; done
     done
   done
-  for lib in occl nccl; do
-    pre=""; [ $lib = occl ] && pre=$here/occl/lib/libnccl.so.2
+  # occl-ce: occl under NCCL_CTA_POLICY=2, its sends and receives on the copy engines.
+  for lib in occl occl-ce nccl; do
+    pre=""; [ $lib != nccl ] && pre=$here/occl/lib/libnccl.so.2
+    policy=0; [ $lib = occl-ce ] && policy=2
     for r in 0 1; do
-      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=2953$([ $lib = occl ] && echo 1 || echo 2) \
-        LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir timeout 60 python3 torch_onegpu.py > $OUT/onegpu-$lib-$r.txt 2>&1 &
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=2953$([ $lib = nccl ] && echo 2 || echo $((policy + 1))) \
+        NCCL_CTA_POLICY=$policy LD_PRELOAD=$pre LD_LIBRARY_PATH=$nvdir timeout 60 python3 torch_onegpu.py \
+        > $OUT/onegpu-$lib-$r.txt 2>&1 &
     done
     wait
     echo "two ranks on one GPU, $lib: $(grep -h ONEGPU $OUT/onegpu-$lib-*.txt | tr '\n' ' ')"

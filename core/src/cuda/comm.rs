@@ -330,9 +330,12 @@ impl CudaComm {
                 .launching(s.sync_domain, s.cluster.unwrap_or_default());
             let phases = KernelPhases::from_env(&ctx, &k, s.channels)?;
             s.ce.checked(n)?;
-            let bytes = usize::try_from(CeArea::after(layout.bytes(), n, s.ce).end())
-                .map_err(|_| Error::arg("region too large"))?;
+            let area = CeArea::after(layout.bytes(), n, s.ce);
+            let bytes = usize::try_from(area.end()).map_err(|_| Error::arg("region too large"))?;
             let r = DeviceRegion::alloc(&ctx, bytes).map_err(err("allocate the shared region"))?;
+            for (at, v) in area.at_rest() {
+                r.write_u64(at, v).map_err(err("set up the copy-engine words"))?;
+            }
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
             let streams = (s.budget.policy == CtaPolicy::Zero && n > 1)
                 .then(|| CeStreams::new(&ctx, n, comm.config().timeout, s.ce_sends))

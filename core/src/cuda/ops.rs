@@ -10,8 +10,7 @@ use super::err;
 use super::events::{Owner, Slots};
 use super::kernels::coll::{CollArgs, Mode, MAX_RANKS};
 use super::kernels::cudarc::driver::{sys::CUstreamCaptureStatus, CudaStream};
-use super::kernels::memops::{Piece, StreamOps};
-use super::kernels::p2p::{plan, records, P2pConn, Transfer};
+use super::kernels::memops::Piece;
 use super::names::{algo_name, func_of, ras_type};
 use super::tune::DevAlgo;
 use super::watch::Watch;
@@ -27,7 +26,7 @@ use occl_telemetry::{EventType, Note};
 
 /// Whether `stream` is capturing a CUDA graph (an error reads as not capturing: the launch
 /// then fails or runs on its own).
-fn capturing(stream: &CudaStream) -> bool {
+pub(super) fn capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| s == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
 }
 
@@ -79,7 +78,7 @@ macro_rules! device_collectives {
 }
 
 impl CudaComm {
-    fn args(&self, mode: Mode, input: u64, output: u64, count: u64, stride: u64, total: u64) -> CollArgs {
+    pub(super) fn args(&self, mode: Mode, input: u64, output: u64, count: u64, stride: u64, total: u64) -> CollArgs {
         CollArgs {
             input,
             output,
@@ -113,15 +112,19 @@ impl CudaComm {
         (c, self.channels.sms(c))
     }
 
-    /// Whether calls of `coll` run on the copy engines (`ce/`): all-gather, all-to-all and
-    /// broadcast under `CTAPolicy` zero, with a peer.
+    /// Whether calls of `coll` run on the copy engines (`ce/`): all-gather, all-to-all,
+    /// broadcast, and sends and receives, lone or grouped (`group.rs`; so gather and scatter,
+    /// which NCCL's interface builds of them), under `CTAPolicy` zero, with a peer.
     pub fn on_copy_engines(&self, coll: CollType) -> bool {
         self.channels.budget.policy == CtaPolicy::Zero
             && self.nranks() > 1
-            && matches!(coll, CollType::AllGather | CollType::AllToAll | CollType::Broadcast)
+            && matches!(
+                coll,
+                CollType::AllGather | CollType::AllToAll | CollType::Broadcast | CollType::Send | CollType::Recv
+            )
     }
 
-    fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+    pub(super) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
         if stream.context() != &self.ctx {
             return Err(Error::arg("the stream belongs to another GPU than this communicator's"));
         }
@@ -130,7 +133,7 @@ impl CudaComm {
 
     /// Refuses device work once the watcher stopped this communicator (a dead peer, a stalled
     /// copy-engine call): its error again.
-    fn check_usable(&self) -> Result<()> {
+    pub(super) fn check_usable(&self) -> Result<()> {
         match self.watch.as_ref().and_then(Watch::error) {
             Some(e) => Err(e),
             None => Ok(()),
@@ -462,151 +465,10 @@ impl CudaComm {
         unsafe { self.run(stream, Op::new(CollType::Recv, count, dt, 0, recv as usize).peer(peer), None) }
     }
 
-    /// Checks one send or receive of [`CudaComm::p2p_group_raw`] as every call is checked
-    /// (peer in range, buffer non-null and aligned, size within the address space) and returns
-    /// its bytes. One to this rank itself is allowed: the group matches it with its other half.
-    pub fn check_p2p(&self, o: &P2p) -> Result<u64> {
-        let (coll, send, recv) = if o.send { (CollType::Send, o.buf, 0) } else { (CollType::Recv, 0, o.buf) };
-        let t = Op::new(coll, o.count, o.dt, send as usize, recv as usize)
-            .peer(o.peer)
-            .check(self.rank(), self.nranks())?;
-        Ok((t.send + t.recv) as u64)
-    }
-
-    /// Runs a group's sends and receives on this communicator together, in one launch on
-    /// `stream` (NCCL's ncclGroupStart, ncclSend/ncclRecv..., ncclGroupEnd): every peer makes
-    /// the matching calls, to each peer in the same order with the same byte counts. A send to
-    /// this rank itself is matched, in order, with a receive from it and runs as a device copy.
-    /// Stream-ordered and capturable; not for a staged communicator (peers on another host).
-    ///
-    /// # Safety
-    /// As [`CudaComm::all_reduce_raw`], for every operation's buffer and count.
-    pub unsafe fn p2p_group_raw(&self, stream: &CudaStream, ops: &[P2p]) -> Result<()> {
-        self.check_stream(stream)?;
-        self.check_usable()?;
-        if self.staged.is_some() {
-            return Err(Error::usage(
-                "grouped device send/recv on a communicator with peers on another host: it is staged through host \
-                 memory, so run its sends and receives through the host path",
-            ));
-        }
-        let mut transfers = Vec::with_capacity(ops.len());
-        let (mut to_me, mut from_me) = (Vec::new(), Vec::new());
-        for o in ops {
-            let bytes = self.check_p2p(o)?;
-            if o.peer == self.rank() {
-                if o.send { &mut from_me } else { &mut to_me }.push((o.buf, bytes));
-                continue;
-            }
-            transfers.push(Transfer { send: o.send, peer: o.peer as u32, buf: o.buf, bytes });
-        }
-        if to_me.len() != from_me.len() || to_me.iter().zip(&from_me).any(|(r, s)| r.1 != s.1) {
-            return Err(Error::usage(format!(
-                "rank {}: {} sends to itself and {} receives from itself in this group, matched in order with \
-                 equal byte counts only: make each send to self match a receive of the same size",
-                self.rank(),
-                from_me.len(),
-                to_me.len()
-            )));
-        }
-        let base = self.args(Mode::Send, 0, 0, 0, 0, 0);
-        let planned = plan(base, &transfers, self.channels.p2p_budget()).map_err(err("group sends and receives"))?;
-        if !from_me.is_empty() {
-            let ops = StreamOps::new(stream).map_err(err("a send to this rank"))?;
-            for ((dst, bytes), (src, _)) in to_me.iter().zip(&from_me) {
-                if *bytes == 0 || dst == src {
-                    continue;
-                }
-                // SAFETY: both are device buffers of `bytes` (the caller's promise), on this stream.
-                unsafe { ops.copy(*dst, *src, *bytes) }.map_err(err("a send to this rank"))?;
-            }
-        }
-        let Some((mut args, channels)) = planned else { return Ok(()) };
-        let conns = &args.conns[..args.nconns as usize];
-        // The channels of the connection an operation runs on (none for an empty one).
-        let conn_of = |o: &P2p| conns.iter().find(|c| c.peer as usize == o.peer && (c.send == 1) == o.send);
-        let chans_of = |o: &P2p| if o.count == 0 { 0 } else { conn_of(o).map_or(0, |c| c.channels) };
-        let f = self.comm.fanout();
-        if let Some(ev) = &self.events {
-            ev.collect(f);
-        }
-        // NCCL's RAS counts operations as they are enqueued: so does this.
-        let t0 = crate::record::now_ns();
-        let profs: Vec<(&P2p, OpProf)> = ops
-            .iter()
-            .filter(|o| o.peer != self.rank())
-            .filter_map(|o| {
-                let mode = if o.send { Mode::Send } else { Mode::Recv };
-                let (func, fi) = func_of(mode);
-                let coll = if o.send { CollType::Send } else { CollType::Recv };
-                let bytes = (o.count * o.dt.size()) as u64;
-                self.comm.record().launch(coll, bytes, t0);
-                OpProf::begin_device(f, self.rank(), || OpDescr {
-                    func,
-                    p2p: true,
-                    seq_number: self.seqs[fi].fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                    send_buff: if o.send { o.buf as usize } else { 0 },
-                    recv_buff: if o.send { 0 } else { o.buf as usize },
-                    count: o.count,
-                    root: 0,
-                    peer: o.peer as i32,
-                    datatype: o.dt.nccl_name(),
-                    algo: "DIRECT",
-                    proto: "SIMPLE",
-                    chunk_size: self.layout.slot_bytes as usize,
-                    n_channels: u8::try_from(chans_of(o)).unwrap_or(u8::MAX),
-                })
-                .map(|p| (o, p))
-            })
-            .collect();
-        // The P2p of operation i of connection c (its operations that move bytes, in call order).
-        let parent = |c: &P2pConn, i: u32| {
-            let (_, p) = profs.iter().filter(|(o, _)| conn_of(o) == Some(c) && o.count > 0).nth(i as usize)?;
-            p.coll_id().filter(|_| p.mask().contains(EventType::KernelCh))
-        };
-        // A KernelCh per operation and channel of its connection (NCCL's, one per work item).
-        let owners =
-            || records(conns).map(|(c, i)| Owner { parent: parent(c, i), channels: c.channels }).collect::<Vec<_>>();
-        let captured = std::cell::OnceCell::new();
-        let captured = || *captured.get_or_init(|| capturing(stream));
-        let wanted = profs.iter().any(|(_, p)| p.mask().contains(EventType::KernelCh));
-        let n_records = conns.iter().map(|c| c.nops.saturating_mul(c.channels)).sum();
-        let slot = self.timer_slot(wanted, n_records, captured);
-        if let Some(s) = slot {
-            args.base.timers = s.dev;
-        }
-        let launch = profs.first().and_then(|(_, p)| p.start_launch(stream.cu_stream() as usize));
-        self.last_channels.store(channels, std::sync::atomic::Ordering::Relaxed);
-        // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
-        // the timer slot is this launch's alone until its records are collected.
-        let r = unsafe { self.kernels.launch_p2p(stream, &args, channels) }.map_err(err("launch grouped send/recv"));
-        if let (Ok(()), Some(w)) = (&r, &self.watch) {
-            w.launched(captured());
-        }
-        if let Some((_, p)) = profs.first() {
-            p.stop_launch(launch);
-        }
-        self.timed(slot, r.is_ok(), owners);
-        for o in ops.iter().filter(|o| o.peer != self.rank()) {
-            let coll = if o.send { CollType::Send } else { CollType::Recv };
-            match &r {
-                Ok(()) => self.comm.record().complete(coll),
-                Err(e) => f.note(&Note::OpFailed {
-                    func: func_of(if o.send { Mode::Send } else { Mode::Recv }).0,
-                    kind: e.kind().name(),
-                }),
-            }
-        }
-        for (_, p) in profs {
-            p.end();
-        }
-        r
-    }
-
     /// Timer slots for a launch that writes `records` KernelCh records (one per channel, or per
     /// operation and channel) when someone wants them (`wanted`), and recalibrates the clock map
     /// when it is due. A captured launch replays without the host: it gets none (see events.rs).
-    fn timer_slot(&self, wanted: bool, records: u32, captured: impl FnOnce() -> bool) -> Option<Slots> {
+    pub(super) fn timer_slot(&self, wanted: bool, records: u32, captured: impl FnOnce() -> bool) -> Option<Slots> {
         let ev = self.events.as_ref().filter(|_| wanted && records > 0)?;
         if captured() {
             return None;
@@ -617,7 +479,7 @@ impl CudaComm {
 
     /// Hands a launch's slots to the pending records with their `owners` if the launch was
     /// enqueued, else frees them.
-    fn timed(&self, slot: Option<Slots>, launched: bool, owners: impl FnOnce() -> Vec<Owner>) {
+    pub(super) fn timed(&self, slot: Option<Slots>, launched: bool, owners: impl FnOnce() -> Vec<Owner>) {
         if let (Some(ev), Some(s)) = (&self.events, slot) {
             match launched {
                 true => ev.launched(s, owners()),
@@ -625,17 +487,6 @@ impl CudaComm {
             }
         }
     }
-}
-
-/// One send or receive of [`CudaComm::p2p_group_raw`]: `count` elements of `dt` at device
-/// address `buf`, to (`send`) or from `peer`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct P2p {
-    pub send: bool,
-    pub peer: usize,
-    pub buf: u64,
-    pub count: usize,
-    pub dt: DataType,
 }
 
 /// The copies of `coll` on the copy engines for rank `r` of `n` (`a`: its kernel arguments,

@@ -11,7 +11,9 @@
  *   - all-to-all, all-gather (out of place and in place) and broadcast from every root with their
  *     output in a symmetric window, back to back: occl writes them straight into the peers'
  *     windows, from its kernels' windowed mode under the default policy and on the copy engines
- *     under NCCL_CTA_POLICY=2.
+ *     under NCCL_CTA_POLICY=2;
+ *   - gather to and scatter from every root, groups of sends and receives (on the copy engines
+ *     under NCCL_CTA_POLICY=2).
  *
  *   device_api threads [N]             one process drives N GPUs (default: all) from one thread
  *   device_api rank <r> <n> <id file>  one rank per process, on GPU r modulo the GPUs present
@@ -379,6 +381,45 @@ static void window_collectives(Rank* rs, int k) {
   expect_no_errors(rs, k, "collectives in symmetric windows");
 }
 
+/* recv holds the root's block for this rank (fill_a2a's on the root). */
+__global__ void check_scatter(float const* recv, size_t count, int root, int rank, int k, unsigned* errors) {
+  for (size_t i = threadIdx.x + (size_t)blockIdx.x * blockDim.x; i < count; i += (size_t)blockDim.x * gridDim.x)
+    if (recv[i] != a2a_value(root, rank, i, k)) atomicAdd(errors, 1u);
+}
+
+/* Gather to and scatter from every root in turn, back to back: groups of sends and receives,
+   on the copy engines under NCCL_CTA_POLICY=2. Both buffers lie in windows, which these two
+   leave alone. */
+static void gather_scatter(Rank* rs, int k) {
+  for (int it = 0; it < 4 * nranks; it++) {
+    int scatter = it % 2, root = (it / 2) % nranks;
+    size_t count = it % 4 < 2 ? A2A_EVEN : A2A_ODD;
+    for (int i = 0; i < k; i++) {
+      Rank& r = rs[i];
+      CUDA(cudaSetDevice(r.dev));
+      if (!scatter) fill_ag<<<64, THREADS, 0, r.stream>>>(r.send, count, r.rank, it);
+      if (scatter && r.rank == root) fill_a2a<<<64, THREADS, 0, r.stream>>>(r.send, count, nranks, root, it);
+      CUDA(cudaGetLastError());
+    }
+    NCCL(ncclGroupStart());
+    for (int i = 0; i < k; i++) {
+      Rank& r = rs[i];
+      CUDA(cudaSetDevice(r.dev));
+      if (!scatter) NCCL(ncclGather(r.send, r.recv, count, ncclFloat32, root, r.comm, r.stream));
+      if (scatter) NCCL(ncclScatter(r.send, r.recv, count, ncclFloat32, root, r.comm, r.stream));
+    }
+    NCCL(ncclGroupEnd());
+    for (int i = 0; i < k; i++) {
+      Rank& r = rs[i];
+      CUDA(cudaSetDevice(r.dev));
+      if (!scatter && r.rank == root) check_ag<<<64, THREADS, 0, r.stream>>>(r.recv, count, nranks, -1, it, r.errors);
+      if (scatter) check_scatter<<<64, THREADS, 0, r.stream>>>(r.recv, count, root, r.rank, it, r.errors);
+      CUDA(cudaGetLastError());
+    }
+  }
+  expect_no_errors(rs, k, "gather and scatter");
+}
+
 static void tear_down(Rank* rs, int k) {
   /* Collectives run on registered buffers (windows are a hint to them). */
   NCCL(ncclGroupStart());
@@ -418,6 +459,7 @@ static void run(Rank* rs, int k) {
   all_to_all(rs, k);
   ring(rs, k);
   window_collectives(rs, k);
+  gather_scatter(rs, k);
   tear_down(rs, k);
 }
 

@@ -781,6 +781,7 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 "all_gather" => cc.on_copy_engines(CollType::AllGather),
                 "all_to_all" => cc.on_copy_engines(CollType::AllToAll),
                 "broadcast" => cc.on_copy_engines(CollType::Broadcast),
+                "sendrecv" | "grouped_all_to_all" => cc.on_copy_engines(CollType::Send),
                 _ => false,
             };
             let algo_name = if on_ce { "CE" } else { algo_name };

@@ -31,9 +31,15 @@
 //! 64-byte line (lines 0..8 `head`, 8..16 `tail`, 16..24 `ready`, 24..32 `done`), then per
 //! sender `q`, `slots` slots of `slot_bytes` ([`CeGeometry`], agreed by every rank at set-up)
 //! that `q` writes. The word `head(q)` counts the chunks `q` has put there (written by `q`), and,
-//! per receiver `p`, the word `tail(p)` the chunks of mine `p` has consumed (written by `p`). A sender puts chunk `i` into `p`'s slot
+//! per receiver `p`, the word `tail(p)` the chunks of mine `p` has consumed (written by `p`), or
+//! [`FREE`] once `p` has consumed a whole call's. A sender starts a call's sends to `p` once
+//! every slot is free (`tail >= FREE`, which it resets to 0), puts chunk `i` into `p`'s slot
 //! once `p` has freed it (`tail >= i + 1 - slots`); a receiver takes chunk `i` from `q` once it
-//! is there (`head >= i + 1`), copies it out and releases it (`tail`).
+//! is there (`head >= i + 1`), copies it out and releases it (`tail`). So a call's sends are done
+//! once its chunks are in the peers' slots: a send that fits them completes before its receiver
+//! has started, as a kernel's send that fits its slots does, and a lone send followed by a lone
+//! receive on both ends of a pair (NCCL's contract asks them to be grouped) does not wait on
+//! itself. Only a pair that moves bytes in a call touches its words.
 //!
 //! A call is a plan (`plan.rs`): steps on lanes, one lane per peer for the sends (copies to
 //! different peers run on different copy engines), one for this rank's own part, and one for
@@ -41,14 +47,16 @@
 //! every peer); with [`CeSends::Batch`], one lane for every send instead (below).
 //! `streams.rs` runs each lane on a stream of the communicator's own, forked from
 //! the caller's stream by an event and joined back by an event per lane. Each wait of round `i`
-//! is met by peers' steps of round `i` or earlier, and each stream holds its steps in issue
+//! is met by peers' steps of round `i` or earlier (a pair's first, by its receiver's last
+//! release in an earlier call), and each stream holds its steps in issue
 //! order, so the call completes however the driver maps the streams onto hardware queues (one
 //! queue holding them all runs the rounds in order, as a single stream would).
 //!
 //! The words count from 0 in every call, so a captured graph replays with the values it
-//! recorded: a receiver zeroes `head(q)` before it releases `q`'s last chunk, and a sender
-//! zeroes `tail(p)` once `p` has released all of its chunks; a peer's next call cannot write
-//! either word before that (it needs the release that follows each reset). Every step that
+//! recorded: a receiver zeroes `head(q)` before it releases `q`'s last chunk (with [`FREE`]),
+//! and a sender zeroes `tail(p)` as it starts, once it has seen that release; a peer's next
+//! call cannot write either word before that (it needs the release that follows each reset).
+//! Each `tail` starts at [`FREE`] when the communicator is made ([`CeArea::at_rest`]). Every step that
 //! touches the words of a pair (sender, receiver) runs on the same lane of that rank in every
 //! call (a rank's way of sending, [`CeSends`], is fixed for the communicator's life), and the
 //! lanes' streams keep their order from call to call whatever stream the caller uses, so a
@@ -104,6 +112,9 @@ const LINE: u64 = 64;
 const CTRL: u64 = 4096;
 /// A value every wait has passed: what the watcher writes when a peer is gone.
 const RELEASED: u64 = 1 << 62;
+/// A `tail` whose receiver has consumed every chunk of the last call (or none was ever sent):
+/// above any chunk count, below [`RELEASED`].
+const FREE: u64 = 1 << 61;
 /// The most bytes of slots an area may hold (each rank maps every peer's).
 pub const MAX_AREA_BYTES: u64 = 1 << 30;
 /// Slot sizes are whole pages, so every slot starts page-aligned.
@@ -230,6 +241,12 @@ impl CeArea {
     /// In a receiver's region: sender `q`'s slot for chunk `i`.
     fn slot(&self, q: usize, i: u64) -> u64 {
         self.off + CTRL + (q as u64 * self.geo.slots + i % self.geo.slots) * self.geo.slot_bytes
+    }
+
+    /// The words that do not start at zero, with their values, in this rank's region: every
+    /// `tail`, [`FREE`] (written before any peer can map the region).
+    pub(crate) fn at_rest(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        (0..self.nranks as usize).map(move |p| (self.tail(p) as usize, FREE))
     }
 
     /// Every word's offset and the value that releases its waits (the watcher's abort).

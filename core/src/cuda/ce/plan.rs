@@ -1,7 +1,7 @@
 //! One copy-engine call as data: the stream operations of each lane, in the order they are
 //! issued. Pure (addresses in, steps out), so the order rules are tested without a GPU.
 
-use super::{CeArea, CeSends, Flows, Route, Share};
+use super::{CeArea, CeSends, Flows, Route, Share, FREE};
 use crate::cuda::kernels::coll::MAX_RANKS;
 use crate::cuda::kernels::memops::Piece;
 
@@ -79,8 +79,9 @@ fn pair_chunks(shares: &[Share], sb: u64) -> Vec<(usize, Vec<(u64, u64)>)> {
 
 /// The steps of `f` for rank `me` whose peers' regions are mapped at `regions`, in issue order:
 /// this rank's own part, then round by round (chunk `i` to every peer that has one, chunk `i`
-/// from every peer that has one), then the senders' resets. With [`CeSends::Batch`] a round's
-/// sends are one batch on one lane: the waits for every peer's free slot, the copies, the heads.
+/// from every peer that has one). A pair's first chunk waits for its `tail` to be [`FREE`] and
+/// resets it; its last release writes [`FREE`]. With [`CeSends::Batch`] a round's sends are one
+/// batch on one lane: the waits for every peer's free slot, the copies, the heads.
 ///
 /// A receive whose destination overlaps what this rank sends to the same peer (an in-place
 /// all-to-all: the block from peer `q` lands where the block for `q` is read) must not
@@ -127,12 +128,19 @@ pub(crate) fn plan(
         // The peers this round sends to, each with its chunk `i`.
         let round: Vec<(usize, (u64, u64))> =
             to.iter().filter_map(|(p, c)| c.get(i as usize).map(|&chunk| (*p, chunk))).collect();
-        let free =
-            |p: usize| (i >= slots).then(|| (send_lane(p), Step::Wait { at: mine + area.tail(p), ge: i + 1 - slots }));
+        // Before chunk `i` to `p`: every slot free (the pair's first), or chunk `i - slots`'s.
+        let free = |p: usize| {
+            let (l, at) = (send_lane(p), mine + area.tail(p));
+            match i {
+                0 => vec![(l, Step::Wait { at, ge: FREE }), (l, Step::Write { at, v: 0 })],
+                _ if i >= slots => vec![(l, Step::Wait { at, ge: i + 1 - slots })],
+                _ => Vec::new(),
+            }
+        };
         let copy = |p: usize, (src, n): (u64, u64)| Piece { dst: regions[p] + area.slot(me, i), src, n };
         let head = |p: usize| (send_lane(p), Step::Write { at: regions[p] + area.head(me), v: i + 1 });
         if batched && !round.is_empty() {
-            s.extend(round.iter().filter_map(|&(p, _)| free(p)));
+            s.extend(round.iter().flat_map(|&(p, _)| free(p)));
             let batch = round.iter().map(|&(p, c)| copy(p, c)).collect();
             s.push((send_lane(round[0].0), Step::Batch(batch)));
             s.extend(round.iter().map(|&(p, _)| head(p)));
@@ -149,15 +157,12 @@ pub(crate) fn plan(
             let (q, l) = (*q, recv_lane(*q));
             s.push((l, Step::Wait { at: mine + area.head(q), ge: i + 1 }));
             s.push((l, Step::Copy { dst, src: mine + area.slot(q, i), n }));
-            if i + 1 == chunks.len() as u64 {
+            let last = i + 1 == chunks.len() as u64;
+            if last {
                 s.push((l, Step::Write { at: mine + area.head(q), v: 0 }));
             }
-            s.push((l, Step::Write { at: regions[q] + area.tail(me), v: i + 1 }));
+            s.push((l, Step::Write { at: regions[q] + area.tail(me), v: if last { FREE } else { i + 1 } }));
         }
-    }
-    for (p, chunks) in &to {
-        s.push((send_lane(*p), Step::Wait { at: mine + area.tail(*p), ge: chunks.len() as u64 }));
-        s.push((send_lane(*p), Step::Write { at: mine + area.tail(*p), v: 0 }));
     }
     s
 }
@@ -263,7 +268,7 @@ mod tests {
     }
 
     #[test]
-    fn a_send_lane_reuses_a_slot_only_after_the_receiver_freed_it_and_resets_its_tail_last() {
+    fn a_send_lane_starts_once_every_slot_is_free_and_reuses_a_slot_only_after_its_release() {
         let geo = CeGeometry { slots: 3, slot_bytes: 4096 };
         let (n, me, bytes) = (4, 1, 10 * 4096 + 100);
         let area = CeArea::after(8192, n, geo);
@@ -286,13 +291,15 @@ mod tests {
                 }
             }
             assert_eq!(copies, chunks);
-            assert_eq!(steps[steps.len() - 2..], [Step::Wait { at: tail, ge: chunks }, Step::Write { at: tail, v: 0 }]);
+            assert_eq!(steps[..2], [Step::Wait { at: tail, ge: FREE }, Step::Write { at: tail, v: 0 }]);
+            // Done once the last chunk is in the slots: no wait for the receiver to take it.
+            assert_eq!(steps.last(), Some(&Step::Write { at: rg[peer] + area.head(me), v: chunks }));
         }
         assert_eq!(lane(&p, Lane::Send(me)).len(), 1, "the own part is one copy on its own lane");
     }
 
     #[test]
-    fn the_receive_lane_zeroes_a_head_before_its_last_release() {
+    fn the_receive_lane_zeroes_a_head_before_its_last_release_frees_every_slot() {
         let geo = CeGeometry { slots: 2, slot_bytes: 4096 };
         let (n, me) = (3, 0);
         let area = CeArea::after(0, n, geo);
@@ -301,23 +308,36 @@ mod tests {
         for q in [1, 2] {
             let head = rg[me] + area.head(q);
             let reset = steps.iter().position(|s| *s == Step::Write { at: head, v: 0 });
-            let last = steps.iter().position(|s| *s == Step::Write { at: rg[q] + area.tail(me), v: 3 });
+            let last = steps.iter().position(|s| *s == Step::Write { at: rg[q] + area.tail(me), v: FREE });
             let waited = steps.iter().rposition(|s| *s == Step::Wait { at: head, ge: 3 });
             assert!(waited < reset && reset < last && last.is_some(), "peer {q}: {steps:?}");
         }
     }
 
     #[test]
-    fn nothing_to_move_is_nothing_but_the_resets() {
+    fn nothing_to_move_is_nothing() {
         let area = CeArea::after(0, 2, CeGeometry::default());
-        let p = plan(&regions(2), 0, &area, &all_gather(0, 2, 0), LANES);
-        assert!(p.iter().all(|s| s.0 == Lane::Send(1) && !matches!(s.1, Step::Copy { .. })), "{p:?}");
-        let p = plan(&regions(2), 0, &area, &all_gather(0, 2, 0), CeSends::Batch { chunks: 4 });
-        assert!(p.iter().all(|s| s.0 == Lane::Batch && matches!(s.1, Step::Wait { .. } | Step::Write { .. })), "{p:?}");
+        for sends in [LANES, CeSends::Batch { chunks: 4 }] {
+            assert_eq!(plan(&regions(2), 0, &area, &all_gather(0, 2, 0), sends), [], "{sends:?}");
+        }
     }
 
     /// What a byte range holds in the simulation: the user address it came from.
     type Mem = HashMap<u64, u64>;
+
+    /// The words of `n` ranks' areas that do not start at zero (`CeArea::at_rest`), as a
+    /// communicator leaves them at set-up and every call leaves them at its end.
+    fn at_rest(n: usize) -> HashMap<u64, u64> {
+        let area = CeArea::after(0, n, CeGeometry::default());
+        let rg = regions(n);
+        (0..n).flat_map(|r| area.at_rest().map(move |(at, v)| (rg[r] + at as u64, v)).collect::<Vec<_>>()).collect()
+    }
+
+    /// Whether every word is back where it rests: what the next call (or a replay) starts from.
+    fn rested(words: &HashMap<u64, u64>, n: usize) -> bool {
+        let rest = at_rest(n);
+        words.iter().all(|(at, v)| *v == rest.get(at).copied().unwrap_or(0))
+    }
 
     /// Runs every rank's plans on queues: `queues(rank, lane)` names the hardware queue a lane's
     /// stream lands on, each queue runs its steps in issue order, and a waiting head holds its
@@ -336,7 +356,7 @@ mod tests {
         }
         let mut keys: Vec<_> = qs.keys().copied().collect();
         keys.sort_unstable();
-        let (mut data, mut words) = (Mem::new(), HashMap::new());
+        let (mut data, mut words) = (Mem::new(), at_rest(plans.len()));
         let mut rng = seed | 1;
         loop {
             let ready: Vec<_> = keys
@@ -445,9 +465,138 @@ mod tests {
                             }
                         }
                     }
-                    assert!(words.values().all(|&v| v == 0), "{what}: words left {words:?}");
+                    assert!(rested(&words, n), "{what}: words left {words:?}");
                 }
             }
+        }
+    }
+
+    /// Message `k` from rank `a` to rank `b`, of `bytes`: `(a, b, k, bytes)`.
+    type Message = (usize, usize, usize, u64);
+
+    /// Where message `k` from rank `a` to rank `b` is read on `a` and lands on `b`.
+    fn message(a: usize, b: usize, k: usize) -> (u64, u64) {
+        let at = ((b * 16 + k) as u64) << 24;
+        let at_b = ((a * 16 + k) as u64) << 24;
+        (USER * (a as u64 + 1) + at, USER * (b as u64 + 1) + (1 << 40) + at_b)
+    }
+
+    /// Groups of sends and receives on `n` ranks: from each rank to each other, 0 to 3
+    /// messages of sizes picked by `seed` (none, part of a chunk, whole chunks, several chunks
+    /// and a part), every rank's sends and receives in an order of their own that keeps each
+    /// peer's messages in order, as NCCL matches them.
+    fn groups(n: usize, seed: u64) -> (Vec<Flows>, Vec<Message>) {
+        const SIZES: [u64; 6] = [0, 512, 4096, 3 * 4096 + 512, 9 * 4096, 2 * 4096];
+        let mut rng = seed | 1;
+        let mut next = |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m
+        };
+        let mut msgs = Vec::new();
+        for a in 0..n {
+            for b in (0..n).filter(|&b| b != a) {
+                for k in 0..next(4) as usize {
+                    msgs.push((a, b, k, SIZES[next(SIZES.len() as u64) as usize]));
+                }
+            }
+        }
+        let mut flows: Vec<Flows> =
+            (0..n).map(|_| Flows { sends: vec![], recvs: vec![], local: None, route: Route::Slots }).collect();
+        // Each rank's operations: its messages in a rotated peer order, each peer's in order.
+        for (r, f) in flows.iter_mut().enumerate() {
+            let turn = next(n as u64) as usize;
+            for i in 0..n {
+                let p = (r + turn + i) % n;
+                for &(a, b, k, bytes) in &msgs {
+                    let (src, dst) = message(a, b, k);
+                    if a == r && b == p {
+                        f.sends.push(share(b, src, bytes));
+                    }
+                    if b == r && a == p {
+                        f.recvs.push(share(a, dst, bytes));
+                    }
+                }
+            }
+        }
+        (flows, msgs)
+    }
+
+    /// Groups of any sizes, several messages to one peer among them, land every message and
+    /// leave every word at zero, whatever the queues, the interleaving and each rank's way of
+    /// issuing its sends; two groups back to back as well.
+    #[test]
+    fn groups_of_sends_and_receives_of_any_size_land_every_message() {
+        for ((how, sends), n) in MODES.into_iter().flat_map(|m| (2..=4).map(move |n| (m, n))) {
+            for (seed, slots) in (1..12u64).map(|s| (s * 0x2545_f491, 1 + s % 2)) {
+                let (first, msgs) = groups(n, seed);
+                let (second, more) = groups(n, seed ^ 0x5555);
+                let mut issued = plans(&first, slots, sends);
+                for (r, p) in plans(&second, slots, sends).into_iter().enumerate() {
+                    issued[r].extend(p);
+                }
+                for (what, m) in every_mapping(n) {
+                    let what = format!("{n} ranks, {how}, {what}, {slots} slots, seed {seed:#x}");
+                    let (data, words) =
+                        run(&issued, m.as_ref(), seed).unwrap_or_else(|stuck| panic!("{what}: stuck at {stuck:?}"));
+                    // The second group's messages overwrite the first's where both have one.
+                    for &(a, b, k, bytes) in msgs
+                        .iter()
+                        .filter(|m| !more.iter().any(|o| o.0 == m.0 && o.1 == m.1 && o.2 == m.2))
+                        .chain(&more)
+                    {
+                        let (src, dst) = message(a, b, k);
+                        for o in (0..bytes).step_by(512) {
+                            assert_eq!(
+                                data.get(&(dst + o)),
+                                Some(&(src + o)),
+                                "{what}: message {k} from {a} to {b} at {o}"
+                            );
+                        }
+                    }
+                    assert!(rested(&words, n), "{what}: words left {words:?}");
+                }
+            }
+        }
+    }
+
+    /// A lone send that fits the receiver's slots is done before its receiver starts, so two
+    /// ranks that each send, then receive, as separate calls (each call's lanes wait for the
+    /// last one's end) do not wait on each other; one that does not fit waits for its receiver.
+    #[test]
+    fn a_send_that_fits_the_slots_completes_before_its_receiver_starts() {
+        let (n, slots) = (2, 2);
+        let lone = |r: usize, send: bool, bytes: u64| {
+            let p = 1 - r;
+            let (sends, recvs) = match send {
+                true => (vec![share(p, message(r, p, 0).0, bytes)], vec![]),
+                false => (vec![], vec![share(p, message(p, r, 0).1, bytes)]),
+            };
+            Flows { sends, recvs, local: None, route: Route::Slots }
+        };
+        for (how, sends) in MODES {
+            let fits = 2 * 4096;
+            // Both ranks' sends alone complete; then their receives land what was sent.
+            let sent = plans(&[lone(0, true, fits), lone(1, true, fits)], slots, sends);
+            run(&sent, |_, l| lane_index(n, l), 7).unwrap_or_else(|s| panic!("{how}: the sends stuck at {s:?}"));
+            let got = plans(&[lone(0, false, fits), lone(1, false, fits)], slots, sends);
+            let mut both = sent.clone();
+            for (r, p) in got.into_iter().enumerate() {
+                both[r].extend(p);
+            }
+            let (data, words) =
+                run(&both, |_, l| lane_index(n, l), 7).unwrap_or_else(|s| panic!("{how}: stuck at {s:?}"));
+            for r in 0..n {
+                let (src, dst) = message(r, 1 - r, 0);
+                for o in (0..fits).step_by(512) {
+                    assert_eq!(data.get(&(dst + o)), Some(&(src + o)), "{how}: {r} -> {}", 1 - r);
+                }
+            }
+            assert!(rested(&words, n), "{how}: words left {words:?}");
+            // One chunk more than the slots: the sender waits for its receiver.
+            let big = plans(&[lone(0, true, fits + 1), lone(1, true, fits + 1)], slots, sends);
+            assert!(run(&big, |_, l| lane_index(n, l), 7).is_err(), "{how}: a send past the slots completed alone");
         }
     }
 
@@ -493,7 +642,7 @@ mod tests {
                             }
                         }
                     }
-                    assert!(words.values().all(|&v| v == 0), "{what}: words left {words:?}");
+                    assert!(rested(&words, n), "{what}: words left {words:?}");
                 }
             }
         }
@@ -658,7 +807,7 @@ mod tests {
                     let (data, words) = run(&issued, m.as_ref(), seed * 0x9e37_79b9)
                         .unwrap_or_else(|stuck| panic!("{n} ranks, {what}, seed {seed}: stuck at {stuck:?}"));
                     check_landed(&calls, &data, &format!("{n} ranks, {what}"));
-                    assert!(words.values().all(|&v| v == 0), "{n} ranks, {what}: words left {words:?}");
+                    assert!(rested(&words, n), "{n} ranks, {what}: words left {words:?}");
                 }
             }
         }
