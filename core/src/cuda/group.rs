@@ -49,6 +49,17 @@ impl P2p {
     }
 }
 
+/// The copies of a group's operations with peers, as rank `me` makes them: its sends and its
+/// receives in call order (several with one peer follow each other through that pair's slots,
+/// matched in order by the peer's), through the slots; those with itself are not among them.
+fn flows(ops: &[P2p], me: usize) -> Flows {
+    let shares = |send: bool| -> Vec<Share> {
+        let mine = ops.iter().filter(|o| o.send == send && o.peer != me);
+        mine.map(|o| Share { peer: o.peer, at: o.buf, bytes: o.bytes() }).collect()
+    };
+    Flows { sends: shares(true), recvs: shares(false), local: None, route: Route::Slots }
+}
+
 impl CudaComm {
     /// Checks one send or receive of [`CudaComm::p2p_group_raw`] as every call is checked
     /// (peer in range, buffer non-null and aligned, size within the address space) and returns
@@ -163,11 +174,7 @@ impl CudaComm {
     /// As [`CudaComm::p2p_group_raw`], whose checks `ops` passed.
     unsafe fn group_on_copy_engines(&self, stream: &CudaStream, ops: &[P2p]) -> Result<()> {
         let me = self.rank();
-        let shares = |send: bool| -> Vec<Share> {
-            let mine = ops.iter().filter(|o| o.send == send && o.peer != me);
-            mine.map(|o| Share { peer: o.peer, at: o.buf, bytes: o.bytes() }).collect()
-        };
-        let flows = Flows { sends: shares(true), recvs: shares(false), local: None, route: Route::Slots };
+        let flows = flows(ops, me);
         if flows.largest() == 0 {
             return Ok(());
         }
@@ -252,5 +259,29 @@ impl CudaComm {
         for (_, p) in profs {
             p.end();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_groups_copies_are_its_operations_with_peers_in_call_order() {
+        let op = |send: bool, peer: usize, buf: u64, count: usize| P2p { send, peer, buf, count, dt: DataType::F32 };
+        let ops = [
+            op(true, 1, 0x1000, 25),
+            op(false, 2, 0x2000, 7),
+            op(true, 0, 0x3000, 4),
+            op(false, 0, 0x4000, 4),
+            op(true, 1, 0x5000, 0),
+            op(false, 1, 0x6000, 3),
+        ];
+        let f = flows(&ops, 0);
+        let share = |peer: usize, at: u64, bytes: u64| Share { peer, at, bytes };
+        assert_eq!(f.sends, [share(1, 0x1000, 100), share(1, 0x5000, 0)]);
+        assert_eq!(f.recvs, [share(2, 0x2000, 28), share(1, 0x6000, 12)]);
+        assert_eq!((f.largest(), f.local, f.route), (100, None, Route::Slots));
+        assert_eq!(flows(&ops[2..4], 0).largest(), 0, "only this rank itself: nothing for the copy engines");
     }
 }
