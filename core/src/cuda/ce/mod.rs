@@ -1,7 +1,7 @@
 //! Copy-engine collectives: all-gather, all-to-all, broadcast and groups of sends and receives
 //! (`group.rs`) between the GPUs of one host with no thread block of occl's, for `CTAPolicy`
-//! zero (`budget.rs`). Every step is a stream
-//! operation: peer copies (`cuMemcpyDtoDAsync` into a peer's mapped region, which the copy
+//! zero (`budget.rs`). Every step is a stream operation: peer copies
+//! (`cuMemcpyDtoDAsync` into a peer's mapped region, which the copy
 //! engines run), 64-bit flag writes and waits (`cuStreamWriteValue64`, `cuStreamWaitValue64`)
 //! and same-GPU copies (out of a slot into the caller's buffer, and this rank's own part), so a
 //! call is stream-ordered and a CUDA graph captures it. The driver runs a same-GPU copy as a
@@ -49,9 +49,11 @@
 //! `streams.rs` runs each lane on a stream of the communicator's own, forked from
 //! the caller's stream by an event and joined back by an event per lane. Each wait of round `i`
 //! is met by peers' steps of round `i` or earlier (a pair's first, by its receiver's last
-//! release in an earlier call), and each stream holds its steps in issue
-//! order, so the call completes however the driver maps the streams onto hardware queues (one
-//! queue holding them all runs the rounds in order, as a single stream would).
+//! release in an earlier call), and each stream holds its steps in issue order, so the call
+//! completes however the driver maps this rank's streams onto hardware queues (one queue
+//! holding them all runs the rounds in order, as a single stream would). Two ranks of one
+//! process on one GPU share that GPU's queues, where a wait of one can hold a step the other
+//! needs: a setup NVIDIA's NCCL refuses, which occl runs but may stall until `OCCL_TIMEOUT`.
 //!
 //! The words count from 0 in every call, so a captured graph replays with the values it
 //! recorded: a receiver zeroes `head(q)` before it releases `q`'s last chunk (with [`FREE`]),
