@@ -19,6 +19,8 @@
 #                there), and -R 2 without -D (host collectives on registered windows) on both
 #                libraries. NVIDIA's library is not run with -D: the device communicator's layout
 #                in these binaries is occl's;
+#   PHASE=ce     the copy-engine paths: all_gather, alltoall, gather, scatter and sendrecv with
+#                -g 2 under NCCL_CTA_POLICY=2 on both libraries, without and with -R 2 windows;
 #   PHASE=torch  the torchrun job on occl (ncclras queried while it runs) and the kill job;
 #   PHASE=kill   the kill job with the default OCCL_TIMEOUT (600 s: only the dead-peer watcher
 #                can make it fast), the torchrun job on occl and on NVIDIA's NCCL with their DDP
@@ -150,6 +152,18 @@ tests)
   done
   for t in ${T2_TESTS-$T}; do
     for lib in occl nccl; do run $lib t2-$lib.txt $t $here/build/$t $A -t 2 -g 1; done
+  done ;;
+ce)
+  # Both libraries under NCCL_CTA_POLICY=2, -g 2: without windows, then on symmetric windows
+  # (-R 2, NVIDIA's condition for its copy-engine collectives); occl runs all of these on the
+  # copy engines, NVIDIA its all-gather and all-to-all (on windows) and kernels for the rest.
+  build
+  for R in 0 2; do
+    for t in ${CE_TESTS:-all_gather_perf alltoall_perf gather_perf scatter_perf sendrecv_perf}; do
+      for lib in occl nccl; do
+        NCCL_CTA_POLICY=2 run $lib ce-R$R-$lib.txt $t $here/build/$t -b 1M -e 1G -f 4 -c 1 -R $R -g 2
+      done
+    done
   done ;;
 mpi)
   build
