@@ -903,20 +903,35 @@ mod tests {
     fn pieces_tile_every_share() {
         let ends = [(USER, 2 * USER), (3 * USER, 4 * USER), (5 * USER, 6 * USER)];
         for (bytes, chunks) in [(1, 1), (4096, 8), (4097, 2), (10 << 20, 3), ((64 << 20) + 512, 64), (12345, 1)] {
-            let shares: Vec<Piece> = ends.iter().map(|&(dst, src)| Piece { dst, src, n: bytes }).collect();
-            let p = pieces(&shares, chunks);
-            assert!(p.len() as u64 <= 3 * chunks, "{bytes} B in {chunks}: {} pieces", p.len());
-            for &(dst, src) in &ends {
-                let mut mine: Vec<&Piece> = p.iter().filter(|x| x.dst >= dst && x.dst < dst + bytes).collect();
-                mine.sort_by_key(|x| x.dst);
-                let mut at = 0;
-                for x in mine {
-                    assert_eq!((x.dst - dst, x.src - src), (at, at), "{bytes} B in {chunks}");
-                    assert!(x.n > 0 && (x.n.is_multiple_of(PIECE_ALIGN) || at + x.n == bytes));
-                    at += x.n;
+            // The same size for every share (a collective's), and three sizes (the last share
+            // the largest, so that it has pieces the others lack).
+            for sizes in [[bytes; 3], [bytes, bytes / 3 + 1, 2 * bytes]] {
+                let shares: Vec<Piece> = ends.iter().zip(sizes).map(|(&(dst, src), n)| Piece { dst, src, n }).collect();
+                let p = pieces(&shares, chunks);
+                assert!(p.len() as u64 <= 3 * chunks, "{sizes:?} B in {chunks}: {} pieces", p.len());
+                // Piece k of every share that has one comes before any share's piece k + 1.
+                let owner = |x: &Piece| shares.iter().position(|s| x.dst >= s.dst && x.dst < s.dst + s.n);
+                let ordinals: Vec<usize> =
+                    (0..p.len()).map(|i| p[..i].iter().filter(|y| owner(y) == owner(&p[i])).count()).collect();
+                assert!(ordinals.windows(2).all(|w| w[0] <= w[1]), "{sizes:?} B in {chunks}: {ordinals:?}");
+                for share in &shares {
+                    tiles(&p, share, chunks);
                 }
-                assert_eq!(at, bytes, "{bytes} B in {chunks}: the share is covered");
             }
         }
+    }
+
+    /// `share` is covered by the pieces that land in it, in order, whole units but the last.
+    fn tiles(p: &[Piece], share: &Piece, chunks: u64) {
+        let Piece { dst, src, n: bytes } = *share;
+        let mut mine: Vec<&Piece> = p.iter().filter(|x| x.dst >= dst && x.dst < dst + bytes).collect();
+        mine.sort_by_key(|x| x.dst);
+        let mut at = 0;
+        for x in mine {
+            assert_eq!((x.dst - dst, x.src - src), (at, at), "{bytes} B in {chunks}");
+            assert!(x.n > 0 && (x.n.is_multiple_of(PIECE_ALIGN) || at + x.n == bytes));
+            at += x.n;
+        }
+        assert_eq!(at, bytes, "{bytes} B in {chunks}: the share is covered");
     }
 }
