@@ -14,7 +14,7 @@ use super::kernels::coll::Mode;
 use super::kernels::cudarc::driver::CudaStream;
 use super::kernels::memops::StreamOps;
 use super::kernels::p2p::{plan, records, P2pConn, Transfer};
-use super::names::func_of;
+use super::names::{func_of, ras_type};
 use super::ops::capturing;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -36,12 +36,16 @@ pub struct P2p {
 }
 
 impl P2p {
-    fn coll(&self) -> CollType {
+    fn mode(&self) -> Mode {
         if self.send {
-            CollType::Send
+            Mode::Send
         } else {
-            CollType::Recv
+            Mode::Recv
         }
+    }
+
+    fn coll(&self) -> CollType {
+        ras_type(self.mode())
     }
 
     fn bytes(&self) -> u64 {
@@ -178,9 +182,6 @@ impl CudaComm {
         if flows.largest() == 0 {
             return Ok(());
         }
-        let Some(ce) = &self.ce_streams else {
-            return Err(Error::internal("a copy-engine group on a communicator without copy-engine streams"));
-        };
         let profs = self.begin_group(ops, "CE", self.ce.geo.slot_bytes, |_| 0);
         let func = match (flows.sends.is_empty(), flows.recvs.is_empty()) {
             (false, true) => "Send",
@@ -190,9 +191,8 @@ impl CudaComm {
         let captured = capturing(stream);
         let launch = profs.first().and_then(|(_, p)| p.start_launch(stream.cu_stream() as usize));
         self.last_channels.store(0, std::sync::atomic::Ordering::Relaxed);
-        // SAFETY: the caller's promise about the buffers; the regions are this communicator's.
-        let r = unsafe { ce.enqueue(stream, &self.regions, me, &self.ce, &flows, captured, func) }
-            .map_err(err("enqueue grouped send/recv on the copy engines"));
+        // SAFETY: the caller's promise about the buffers.
+        let r = unsafe { self.enqueue_ce(stream, &flows, captured, func) };
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
             w.launched(captured);
         }
@@ -222,7 +222,7 @@ impl CudaComm {
         ops.iter()
             .filter(|o| o.peer != self.rank())
             .filter_map(|o| {
-                let (func, fi) = func_of(if o.send { Mode::Send } else { Mode::Recv });
+                let (func, fi) = func_of(o.mode());
                 self.comm.record().launch(o.coll(), o.bytes(), t0);
                 OpProf::begin_device(f, self.rank(), || OpDescr {
                     func,
@@ -250,10 +250,7 @@ impl CudaComm {
         for o in ops.iter().filter(|o| o.peer != self.rank()) {
             match r {
                 Ok(()) => self.comm.record().complete(o.coll()),
-                Err(e) => self.comm.fanout().note(&Note::OpFailed {
-                    func: func_of(if o.send { Mode::Send } else { Mode::Recv }).0,
-                    kind: e.kind().name(),
-                }),
+                Err(e) => self.comm.fanout().note(&Note::OpFailed { func: func_of(o.mode()).0, kind: e.kind().name() }),
             }
         }
         for (_, p) in profs {

@@ -304,12 +304,8 @@ impl CudaComm {
         // SAFETY: the caller's promise about the buffers; the regions are this communicator's,
         // the timer slot is this launch's alone until its records are collected.
         let r = match flows {
-            Some(f) => match &self.ce_streams {
-                // SAFETY: as for the kernel; the flows' addresses are the call's.
-                Some(ce) => unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, captured(), func) }
-                    .map_err(err("enqueue a copy-engine collective")),
-                None => Err(Error::internal("a copy-engine call on a communicator without copy-engine streams")),
-            },
+            // SAFETY: as for the kernel; the flows' addresses are the call's.
+            Some(f) => unsafe { self.enqueue_ce(stream, f, captured(), func) },
             None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks) }
                 .map_err(err("launch a device collective")),
         };
@@ -332,6 +328,25 @@ impl CudaComm {
             p.end();
         }
         r
+    }
+
+    /// Enqueues a call's copies on the copy engines (`ce/streams.rs`), watched as `func`.
+    ///
+    /// # Safety
+    /// The addresses in `f` are this GPU's memory, valid until `stream` has run the call.
+    pub(super) unsafe fn enqueue_ce(
+        &self,
+        stream: &CudaStream,
+        f: &Flows,
+        captured: bool,
+        func: &'static str,
+    ) -> Result<()> {
+        let Some(ce) = &self.ce_streams else {
+            return Err(Error::internal("a copy-engine call on a communicator without copy-engine streams"));
+        };
+        // SAFETY: the caller's promise; the regions are this communicator's.
+        unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, captured, func) }
+            .map_err(err("enqueue a copy-engine call"))
     }
 
     /// The algorithm an all-reduce of `count` elements of `dt` runs with.
