@@ -52,6 +52,7 @@ fn made(comm: Comm, device: Option<usize>, fields: DeviceFields) -> Result<Made>
         min_ctas: cta.min.unwrap_or(0),
         max_ctas: cta.max.unwrap_or(0),
         policy: cta.policy.map(CtaPolicy::from_nccl).transpose()?.unwrap_or_default(),
+        ..CtaBudget::default()
     };
     let s = s.with_budget(config.under_env()?)?;
     Ok(Made::Device(Box::new(DevComm::new(CudaComm::with_settings(comm, d, s)?)?)))

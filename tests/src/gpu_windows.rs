@@ -579,7 +579,13 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
         bail!("check --windows: peers on other hosts have no mapped outputs");
     }
     if r == 0 {
-        let on = if cc.on_copy_engines(CollType::AllGather) { "the copy engines" } else { "the kernels" };
+        let b = cc.budget();
+        let on = match b.ce_share {
+            _ if cc.on_copy_engines(CollType::AllGather) => "the copy engines".to_string(),
+            // The budget's own choice: large all-gathers and all-to-alls.
+            share if share > 0 && b.min_ctas == 0 => format!("the kernels, from {share} bytes a peer the copy engines"),
+            _ => "the kernels".to_string(),
+        };
         println!("occl-gpu check --windows: {n} ranks, windowed calls on {on}");
     }
     let (mut t, mut j, t0) = (Tally::default(), 0usize, Instant::now());

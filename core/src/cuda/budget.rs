@@ -28,6 +28,11 @@
 //! either ceiling still wins. Whether a call is windowed follows from its output's window, which
 //! every rank registered alike, so every rank picks the same channels for it.
 //!
+//! A call may also take no SM at all: under `CTAPolicy` zero every call that only moves bytes
+//! runs on the copy engines (`ce/`), and under the other policies a windowed all-gather or
+//! all-to-all from [`CE_SHARE`] bytes a peer, where the copy engines moved as much as the
+//! kernels ([`CtaBudget::on_copy_engines`]).
+//!
 //! Grouped sends and receives ([`Channels::p2p_budget`]) run their channels as lanes too. Their
 //! channels are split over every connection a rank may have, so that the whole grid is resident
 //! at once; a connection takes at most half of [`SLOT_SMS`]' worth, so a ring exchange (a send
@@ -38,7 +43,9 @@
 
 use super::kernels::coll::lane_threads;
 use super::kernels::p2p::P2pBudget;
+use super::parse_size;
 use crate::error::{Error, Result};
+use crate::CollType;
 
 /// NCCL's `CTAPolicy` (`NCCL_CTA_POLICY_*`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -115,19 +122,45 @@ pub const SLOT_SMS: u32 = 32;
 /// channels (a 256-thread channel takes half).
 const CHANNEL_BYTES: u64 = 32 << 10;
 
+/// Bytes a windowed all-gather or all-to-all sends each peer from which it runs on the copy
+/// engines under the default and efficiency policies ([`CtaBudget::on_copy_engines`]). Straight
+/// into the peers' windows, batched, the copy engines moved as much alone as the kernels from
+/// there, with no SM (`bench/baselines/gpu-overlap.md`, busbw alone):
+/// - 4×H200, run 5, against NVIDIA's 24-CTA kernels into the same windows in the same run:
+///   all-gather of 64 and 256 MiB per rank 338 and 373 GB/s against 334 and 335; all-to-all of
+///   256 MiB buffers (64 MiB a peer) 342 against 336, but of 64 MiB buffers (16 MiB a peer) 253
+///   against 284, the one case below this share;
+/// - 2×H200, runs 4 and 10: all-gather of 64 and 256 MiB 317-322 and 368-369, all-to-all of 64
+///   and 256 MiB buffers (32 and 128 MiB a peer) 280 and 351-354, where NVIDIA's kernels moved
+///   224-229 and 213-253, 224-243 and 212-278 in runs 1 and 2.
+///
+/// Beside a matrix multiply they cost it 3.9% of its throughput or less (run 5), where occl's
+/// windowed kernels on 24 SMs cost it 8.6-19% and NVIDIA's 6-18%.
+pub const CE_SHARE: u64 = 32 << 20;
+
 /// What a communicator's collectives may take, agreed by every rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtaBudget {
     /// At least this many SMs per collective (0: no floor).
     pub min_ctas: u32,
     /// At most this many (0: no ceiling besides the region's channels).
     pub max_ctas: u32,
     pub policy: CtaPolicy,
+    /// Under the default and efficiency policies, a windowed all-gather or all-to-all that sends
+    /// each peer this many bytes or more takes the copy engines (`OCCL_CE_MIN_SHARE`, default
+    /// [`CE_SHARE`]; 0: never).
+    pub ce_share: u64,
+}
+
+impl Default for CtaBudget {
+    fn default() -> Self {
+        CtaBudget { min_ctas: 0, max_ctas: 0, policy: CtaPolicy::Default, ce_share: CE_SHARE }
+    }
 }
 
 impl CtaBudget {
     /// `NCCL_MIN_CTAS`, `NCCL_MAX_CTAS` and `NCCL_CTA_POLICY` (a number, or `default`,
-    /// `efficiency`, `zero`).
+    /// `efficiency`, `zero`), and occl's `OCCL_CE_MIN_SHARE` (bytes, `K`/`M`/`G` allowed).
     pub fn from_env() -> Result<CtaBudget> {
         CtaBudget::default().under_env()
     }
@@ -162,12 +195,50 @@ impl CtaBudget {
                 Error::arg(format!("NCCL_CTA_POLICY={v:?}: use 0, 1, 2 or default, efficiency, zero"))
             })?)?,
         };
+        let ce_share = match var("OCCL_CE_MIN_SHARE") {
+            Some(v) => parse_size(&v).ok_or_else(|| {
+                Error::arg(format!("OCCL_CE_MIN_SHARE={v:?} is not a size in bytes (32M, 1G; 0 never)"))
+            })?,
+            None => self.ce_share,
+        };
         CtaBudget {
             min_ctas: num("NCCL_MIN_CTAS", self.min_ctas)?,
             max_ctas: num("NCCL_MAX_CTAS", self.max_ctas)?,
             policy,
+            ce_share,
         }
         .checked()
+    }
+
+    /// Whether a call of `coll` that sends each peer `share` bytes runs on the copy engines
+    /// (`ce/`) rather than a kernel, `windowed` when its output lies in a symmetric window so
+    /// that the copies go straight into the peers' (`ops.rs::in_window`). Under `CTAPolicy`
+    /// zero every call that moves bytes does: all-gather, all-to-all, broadcast, sends and
+    /// receives. Under the other policies, with no `minCTAs` asking for SMs, a windowed
+    /// all-gather or all-to-all whose share reaches [`CtaBudget::ce_share`]: there the copy
+    /// engines move as much as the kernels with none ([`CE_SHARE`]). A broadcast's root would
+    /// send every peer the whole buffer at once, where the kernels' ring sends it once, and
+    /// through the slots the copy engines move 0.6× as much (`gpu-overlap.md` run 5), so
+    /// those stay on the kernels. Every input is the same on every rank for the same call.
+    pub(crate) fn on_copy_engines(&self, coll: CollType, share: u64, windowed: bool) -> bool {
+        match self.policy {
+            CtaPolicy::Zero => matches!(
+                coll,
+                CollType::AllGather | CollType::AllToAll | CollType::Broadcast | CollType::Send | CollType::Recv
+            ),
+            CtaPolicy::Default | CtaPolicy::Efficiency => {
+                self.min_ctas == 0
+                    && self.ce_share != 0
+                    && windowed
+                    && share >= self.ce_share
+                    && matches!(coll, CollType::AllGather | CollType::AllToAll)
+            }
+        }
+    }
+
+    /// Whether any call may run on the copy engines: a communicator makes their streams then.
+    pub(crate) fn may_use_copy_engines(&self) -> bool {
+        self.policy == CtaPolicy::Zero || (self.min_ctas == 0 && self.ce_share != 0)
     }
 
     /// Refuses a floor above the ceiling.
@@ -182,11 +253,12 @@ impl CtaBudget {
     }
 
     /// The bytes ranks compare at set-up.
-    pub(crate) fn encode(&self) -> [u8; 12] {
-        let mut b = [0u8; 12];
+    pub(crate) fn encode(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
         b[..4].copy_from_slice(&self.min_ctas.to_le_bytes());
         b[4..8].copy_from_slice(&self.max_ctas.to_le_bytes());
-        b[8..].copy_from_slice(&self.policy.code().to_le_bytes());
+        b[8..12].copy_from_slice(&self.policy.code().to_le_bytes());
+        b[12..].copy_from_slice(&self.ce_share.to_le_bytes());
         b
     }
 }
@@ -278,12 +350,12 @@ mod tests {
         let vars = |v: &'static [(&'static str, &'static str)]| {
             move |k: &str| v.iter().find(|(n, _)| *n == k).map(|(_, x)| x.to_string())
         };
-        let config = CtaBudget { min_ctas: 4, max_ctas: 16, policy: CtaPolicy::Efficiency };
+        let config = CtaBudget { min_ctas: 4, max_ctas: 16, policy: CtaPolicy::Efficiency, ..CtaBudget::default() };
         assert_eq!(config.under_vars(vars(&[])).unwrap(), config);
         let b = config.under_vars(vars(&[("NCCL_MAX_CTAS", "8"), ("NCCL_CTA_POLICY", "zero")])).unwrap();
-        assert_eq!(b, CtaBudget { min_ctas: 4, max_ctas: 8, policy: CtaPolicy::Zero });
+        assert_eq!(b, CtaBudget { min_ctas: 4, max_ctas: 8, policy: CtaPolicy::Zero, ..CtaBudget::default() });
         let b = config.under_vars(vars(&[("NCCL_MIN_CTAS", "0"), ("NCCL_CTA_POLICY", "0")])).unwrap();
-        assert_eq!(b, CtaBudget { min_ctas: 4, max_ctas: 16, policy: CtaPolicy::Default });
+        assert_eq!(b, CtaBudget { min_ctas: 4, max_ctas: 16, policy: CtaPolicy::Default, ..CtaBudget::default() });
         let e = config.under_vars(vars(&[("NCCL_MAX_CTAS", "2")])).unwrap_err().to_string();
         assert!(e.contains("minCTAs 4 is above maxCTAs 2"), "{e}");
         let e = config.under_vars(vars(&[("NCCL_MIN_CTAS", "many")])).unwrap_err().to_string();
@@ -291,7 +363,12 @@ mod tests {
     }
 
     fn ch(region: u32, lanes: u32, min: u32, max: u32, policy: CtaPolicy) -> Channels {
-        Channels { region, lanes, common_lanes: lanes, budget: CtaBudget { min_ctas: min, max_ctas: max, policy } }
+        Channels {
+            region,
+            lanes,
+            common_lanes: lanes,
+            budget: CtaBudget { min_ctas: min, max_ctas: max, policy, ..CtaBudget::default() },
+        }
     }
 
     /// Every power of two from 1 byte to 4 GiB, and one byte past each.
@@ -354,7 +431,8 @@ mod tests {
             for (min, max, launch) in [(0, 0), (0, 16), (0, 24), (4, 0), (32, 0)].into_iter().flat_map(|(min, max)| {
                 [(min, max, Launch::Slots), (min, max, Launch::Window), (min, max, Launch::Fold)]
             }) {
-                let budget = CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default };
+                let budget =
+                    CtaBudget { min_ctas: min, max_ctas: max, policy: CtaPolicy::Default, ..CtaBudget::default() };
                 let ranks: Vec<Channels> = [1, 2, 4]
                     .into_iter()
                     .filter(|&l| l >= common)
@@ -512,6 +590,61 @@ mod tests {
         assert_eq!(e.sms(e.p2p_budget().total), EFFICIENT_SMS);
     }
 
+    /// Under `CTAPolicy` zero every call that moves bytes takes the copy engines; under the
+    /// others a windowed all-gather or all-to-all from `ce_share` bytes a peer, unless a
+    /// `minCTAs` asks for SMs or `OCCL_CE_MIN_SHARE=0` turns the choice off.
+    #[test]
+    fn the_copy_engines_take_large_windowed_gathers_and_all_to_alls() {
+        use CollType::*;
+        let all = [AllReduce, ReduceScatter, Reduce, Broadcast, AllGather, AllToAll, Send, Recv];
+        let zero = CtaBudget { policy: CtaPolicy::Zero, ..CtaBudget::default() };
+        for c in all {
+            let moves = matches!(c, AllGather | AllToAll | Broadcast | Send | Recv);
+            for (share, windowed) in [(0, false), (1, true), (1 << 30, false), (1 << 30, true)] {
+                assert_eq!(zero.on_copy_engines(c, share, windowed), moves, "{c:?} {share} {windowed}");
+            }
+        }
+        for policy in [CtaPolicy::Default, CtaPolicy::Efficiency] {
+            let b = CtaBudget { policy, ..CtaBudget::default() };
+            assert!(b.may_use_copy_engines());
+            for c in all {
+                let gathers = matches!(c, AllGather | AllToAll);
+                assert_eq!(b.on_copy_engines(c, CE_SHARE, true), gathers, "{c:?} {policy:?}");
+                assert_eq!(b.on_copy_engines(c, 4 << 30, true), gathers, "{c:?} {policy:?}");
+                assert!(!b.on_copy_engines(c, CE_SHARE - 1, true), "{c:?} {policy:?}: below the share");
+                assert!(!b.on_copy_engines(c, 4 << 30, false), "{c:?} {policy:?}: through the slots");
+            }
+            let floor = CtaBudget { min_ctas: 1, ..b };
+            assert!(!floor.on_copy_engines(AllGather, 1 << 30, true), "minCTAs asks for SMs");
+            assert!(!floor.may_use_copy_engines());
+            let off = CtaBudget { ce_share: 0, ..b };
+            assert!(!off.on_copy_engines(AllGather, 1 << 30, true), "OCCL_CE_MIN_SHARE=0");
+            assert!(!off.may_use_copy_engines());
+            let low = CtaBudget { ce_share: 1, ..b };
+            assert!(low.on_copy_engines(AllToAll, 1, true));
+            let capped = CtaBudget { max_ctas: 8, ..b };
+            assert!(capped.on_copy_engines(AllGather, 1 << 30, true), "a ceiling is no floor");
+        }
+        // minCTAs does not hold back what CTAPolicy zero asks for.
+        assert!(CtaBudget { min_ctas: 4, ..zero }.on_copy_engines(Send, 1, false));
+        assert!(CtaBudget { min_ctas: 4, ce_share: 0, ..zero }.may_use_copy_engines());
+    }
+
+    #[test]
+    fn the_copy_engines_share_is_a_size_in_bytes() {
+        let with = |v: &'static str| {
+            CtaBudget::default().under_vars(move |k: &str| (k == "OCCL_CE_MIN_SHARE").then(|| v.to_string()))
+        };
+        assert_eq!(CtaBudget::default().ce_share, 32 << 20);
+        assert_eq!(with("64M").unwrap().ce_share, 64 << 20);
+        assert_eq!(with(" 1g ").unwrap().ce_share, 1 << 30);
+        assert_eq!(with("4096").unwrap().ce_share, 4096);
+        assert_eq!(with("0").unwrap().ce_share, 0);
+        let e = with("big").unwrap_err().to_string();
+        assert!(e.contains("OCCL_CE_MIN_SHARE=\"big\" is not a size in bytes"), "{e}");
+        assert_ne!(with("64M").unwrap().encode(), CtaBudget::default().encode(), "ranks compare it");
+    }
+
     #[test]
     fn nccl_policy_values_and_bad_budgets() {
         assert_eq!(CtaPolicy::from_nccl(0).ok(), Some(CtaPolicy::Default));
@@ -519,9 +652,11 @@ mod tests {
         assert_eq!(CtaPolicy::from_nccl(2).ok(), Some(CtaPolicy::Zero));
         let e = CtaPolicy::from_nccl(7).unwrap_err().to_string();
         assert!(e.contains("NCCL_CTA_POLICY_EFFICIENCY"), "{e}");
-        let e = CtaBudget { min_ctas: 9, max_ctas: 4, policy: CtaPolicy::Default }.checked().unwrap_err();
+        let e = CtaBudget { min_ctas: 9, max_ctas: 4, policy: CtaPolicy::Default, ..CtaBudget::default() }
+            .checked()
+            .unwrap_err();
         assert!(e.to_string().contains("minCTAs 9 is above maxCTAs 4"), "{e}");
-        let a = CtaBudget { min_ctas: 1, max_ctas: 2, policy: CtaPolicy::Zero };
+        let a = CtaBudget { min_ctas: 1, max_ctas: 2, policy: CtaPolicy::Zero, ..CtaBudget::default() };
         assert_ne!(a.encode(), CtaBudget::default().encode());
     }
 }

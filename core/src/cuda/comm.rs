@@ -4,9 +4,8 @@
 //! process, by address for a rank of this process (`CudaComm::init_all`). When a peer is on
 //! another host there is nothing to map: every call is staged through host memory (`staged`).
 
-use super::budget::{Channels, CtaBudget, CtaPolicy};
+use super::budget::{Channels, CtaBudget};
 use super::ce::{CeArea, CeGeometry, CeSends, CeStreams};
-use super::err;
 use super::events::{DevEvents, RING_SLOTS, SLOT_RECORDS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
 use super::kernels::cudarc::driver::CudaContext;
@@ -20,6 +19,7 @@ use super::staged::Staged;
 use super::tune::DevTuner;
 use super::watch::{Calls, Watch};
 use super::windows::{WindowId, Windows};
+use super::{err, parse_size};
 use crate::comm::Comm;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -143,18 +143,6 @@ impl DeviceSettings {
     }
 }
 
-/// `123`, `256K`, `4M`, `1G` (binary).
-fn parse_size(v: &str) -> Option<u64> {
-    let v = v.trim();
-    let (num, shift) = match v.chars().last()?.to_ascii_uppercase() {
-        'K' => (&v[..v.len() - 1], 10),
-        'M' => (&v[..v.len() - 1], 20),
-        'G' => (&v[..v.len() - 1], 30),
-        _ => (v, 0),
-    };
-    num.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
 /// A communicator whose collectives run on one GPU's buffers.
 pub struct CudaComm {
     pub(crate) comm: Arc<Comm>,
@@ -237,11 +225,11 @@ impl Drop for CudaComm {
 /// of the same process uses instead of the handle (IPC cannot open this process's own
 /// allocations), then the CTA budget and the copy-engine slots. The shape, the budget and the
 /// slots must be equal on every rank; the lanes may differ.
-const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 12 + 16;
+const RECORD: usize = 64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 20 + 16;
 const LANES: usize = 65;
 const SETTINGS: std::ops::Range<usize> = 68..88;
-const BUDGET: std::ops::Range<usize> = 104..116;
-const CE: std::ops::Range<usize> = 116..132;
+const BUDGET: std::ops::Range<usize> = 104..124;
+const CE: std::ops::Range<usize> = 124..140;
 
 /// Rank `r`'s record `theirs` against this rank's `mine`: a usage error that names the
 /// variables when a setting every rank must share differs.
@@ -255,7 +243,7 @@ fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
         (
             BUDGET,
             "has another CTA budget (minCTAs, maxCTAs and CTAPolicy of ncclConfig_t, or NCCL_MIN_CTAS, \
-             NCCL_MAX_CTAS, NCCL_CTA_POLICY, must be the same on every rank)",
+             NCCL_MAX_CTAS, NCCL_CTA_POLICY, and OCCL_CE_MIN_SHARE must be the same on every rank)",
         ),
         (CE, "has other copy-engine slots (OCCL_CE_SLOTS, OCCL_CE_SLOT_BYTES must be the same on every rank)"),
     ];
@@ -337,7 +325,7 @@ impl CudaComm {
                 r.write_u64(at, v).map_err(err("set up the copy-engine words"))?;
             }
             let h = r.ipc_handle().map_err(err("export the shared region"))?;
-            let streams = (s.budget.policy == CtaPolicy::Zero && n > 1)
+            let streams = (s.budget.may_use_copy_engines() && n > 1)
                 .then(|| CeStreams::new(&ctx, n, comm.config().timeout, s.ce_sends))
                 .transpose()
                 .map_err(err("make the copy-engine streams"))?;
@@ -377,6 +365,17 @@ impl CudaComm {
         let remote = comm.table.iter().any(|p| p.host_id != me.host_id);
         let word = |rec: &[u8], at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().unwrap_or_default());
         let half = |rec: &[u8], at: usize| u32::from_le_bytes(rec[at..at + 4].try_into().unwrap_or_default());
+        // Two ranks of one process on one GPU share its hardware queues, where one's copy-engine
+        // wait can hold a step the other needs (`ce/mod.rs`): the copy engines stay what
+        // `CTAPolicy` zero asks for, never the budget's own choice. Every rank sees the same.
+        let crowded = (0..n).any(|a| {
+            (a + 1..n).any(|b| {
+                comm.table[a].host_id == comm.table[b].host_id
+                    && half(&all[a], 88) == half(&all[b], 88)
+                    && half(&all[a], 92) == half(&all[b], 92)
+            })
+        });
+        let budget = if crowded { CtaBudget { ce_share: 0, ..s.budget } } else { s.budget };
         // With a peer on another host the regions go unused (every call is staged), so none is
         // opened: IPC handles of another host's GPUs mean nothing here.
         for (r, rec) in all.iter().enumerate().filter(|_| !remote) {
@@ -425,7 +424,7 @@ impl CudaComm {
             layout,
             regions,
             tuner,
-            channels: Channels { region: s.channels, lanes: s.lanes, common_lanes, budget: s.budget },
+            channels: Channels { region: s.channels, lanes: s.lanes, common_lanes, budget },
             ce,
             ce_streams,
             windows: Windows::default(),
@@ -596,6 +595,7 @@ fn abort(region: &DeviceRegion, ce: CeArea) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::CtaPolicy;
 
     fn vars<'a>(kv: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
@@ -700,6 +700,9 @@ mod tests {
         assert!(agree(2, &record(&d), &record(&other)).unwrap_err().to_string().contains("OCCL_CUDA_CHANNELS"));
         let other = DeviceSettings { budget: CtaBudget { policy: CtaPolicy::Zero, ..d.budget }, ..d };
         assert!(agree(2, &record(&d), &record(&other)).unwrap_err().to_string().contains("CTA budget"));
+        let other = DeviceSettings { budget: CtaBudget { ce_share: 1 << 30, ..d.budget }, ..d };
+        let e = agree(2, &record(&d), &record(&other)).unwrap_err().to_string();
+        assert!(e.contains("CTA budget") && e.contains("OCCL_CE_MIN_SHARE"), "{e}");
         assert!(agree(2, &record(&d), &[0u8; 16]).is_err(), "a short record differs");
     }
 }

@@ -89,6 +89,18 @@ pub(crate) fn err(context: &'static str) -> impl FnOnce(kernels::Error) -> Error
     }
 }
 
+/// A size in bytes from a variable: `123`, `256K`, `4M`, `1G` (binary).
+pub(crate) fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, shift) = match v.chars().last()?.to_ascii_uppercase() {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
 /// The reduction `op` performs at every step; the average is a sum whose last step divides by
 /// nranks (`kernels::Reduce::avg_postdiv`), as occl's host path does.
 pub fn kernel_op(op: RedOp) -> kernels::RedOp {

@@ -3,7 +3,7 @@
 //! kernel on the caller's stream. Buffers are device addresses of this communicator's GPU
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
-use super::budget::{CtaPolicy, Launch};
+use super::budget::{CtaBudget, CtaPolicy, Launch};
 use super::ce::{Flows, Route, Share};
 use super::comm::CudaComm;
 use super::err;
@@ -105,23 +105,29 @@ impl CudaComm {
         self.channels.pick(bytes, launch)
     }
 
+    /// The budget this communicator's calls follow: its settings' one, with the copy engines'
+    /// share ([`CtaBudget::ce_share`]) off when two ranks of one process share a GPU.
+    pub fn budget(&self) -> CtaBudget {
+        self.channels.budget
+    }
+
     /// The channels and SMs (thread blocks) of this communicator's latest call, as launched:
-    /// (0, 0) when it ran on the copy engines ([`CudaComm::on_copy_engines`]).
+    /// (0, 0) when it ran on the copy engines ([`CudaComm::on_copy_engines`], or a large
+    /// windowed call under the other policies: [`CtaBudget::ce_share`]).
     pub fn last_launch(&self) -> (u32, u32) {
         let c = self.last_channels.load(std::sync::atomic::Ordering::Relaxed);
         (c, self.channels.sms(c))
     }
 
-    /// Whether calls of `coll` run on the copy engines (`ce/`): all-gather, all-to-all,
+    /// Whether every call of `coll` runs on the copy engines (`ce/`): all-gather, all-to-all,
     /// broadcast, and sends and receives, lone or grouped (`group.rs`; so gather and scatter,
-    /// which NCCL's interface builds of them), under `CTAPolicy` zero, with a peer.
+    /// which NCCL's interface builds of them), under `CTAPolicy` zero, with a peer. Under the
+    /// other policies only a large windowed all-gather or all-to-all does
+    /// ([`CtaBudget::ce_share`]); [`CudaComm::last_launch`] tells.
     pub fn on_copy_engines(&self, coll: CollType) -> bool {
         self.channels.budget.policy == CtaPolicy::Zero
             && self.nranks() > 1
-            && matches!(
-                coll,
-                CollType::AllGather | CollType::AllToAll | CollType::Broadcast | CollType::Send | CollType::Recv
-            )
+            && self.channels.budget.on_copy_engines(coll, 0, false)
     }
 
     pub(super) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
@@ -202,13 +208,18 @@ impl CudaComm {
         unsafe { self.go(stream, a, kop, blocks, flows.as_ref(), &call) }
     }
 
-    /// The copies of a call that runs on the copy engines ([`CudaComm::on_copy_engines`]; `a`:
-    /// its kernel arguments, whose addresses and byte counts it takes).
+    /// The copies of a call that runs on the copy engines (`a`: its kernel arguments, whose
+    /// addresses and byte counts it takes): every call that moves bytes under `CTAPolicy` zero,
+    /// a large windowed all-gather or all-to-all under the others (`CtaBudget::on_copy_engines`).
     fn ce_flows(&self, call: &Op, a: &CollArgs) -> Option<Flows> {
-        if !self.on_copy_engines(call.coll) {
+        let budget = &self.channels.budget;
+        // The checks that cost nothing first: most calls are not for the copy engines.
+        if self.nranks() < 2 || self.ce_streams.is_none() || !budget.on_copy_engines(call.coll, a.count, true) {
             return None;
         }
-        ce_flows(call.coll, a, self.rank(), self.nranks(), &self.windows)
+        let f = ce_flows(call.coll, a, self.rank(), self.nranks(), &self.windows)?;
+        let windowed = matches!(f.route, Route::Direct(_));
+        budget.on_copy_engines(call.coll, a.count, windowed).then_some(f)
     }
 
     /// The kernel's arguments for `call`: its mode (the tuner's choice), the addresses it

@@ -55,7 +55,7 @@ use anyhow::{bail, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::kernels::phases::{ChannelRecord, Phase, Summary};
 use occl::cuda::{CudaComm, DevAlgo, DevOp, P2p, PreMul};
-use occl::{CollType, Comm, DataType, RedOp};
+use occl::{Comm, DataType, RedOp};
 use occl_tests::gpu_windows::WindowedOut;
 use occl_tests::launch::{Job, Spawn};
 use std::process::ExitCode;
@@ -777,14 +777,7 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
             };
             // The channels and SMs the timed calls launched (none on the copy engines).
             let (channels, sms) = cc.last_launch();
-            let on_ce = match coll {
-                "all_gather" => cc.on_copy_engines(CollType::AllGather),
-                "all_to_all" => cc.on_copy_engines(CollType::AllToAll),
-                "broadcast" => cc.on_copy_engines(CollType::Broadcast),
-                "sendrecv" | "grouped_all_to_all" => cc.on_copy_engines(CollType::Send),
-                _ => false,
-            };
-            let algo_name = if on_ce { "CE" } else { algo_name };
+            let algo_name = if channels == 0 { "CE" } else { algo_name };
             if phases {
                 // The call before it lines the ranks up on the device: the profiled one starts as
                 // that collective ends on every rank, not when each host launched it.

@@ -1,6 +1,7 @@
 //! Copy-engine collectives: all-gather, all-to-all, broadcast and groups of sends and receives
 //! (`group.rs`) between the GPUs of one host with no thread block of occl's, for `CTAPolicy`
-//! zero (`budget.rs`). Every step is a stream operation: peer copies
+//! zero, and under the other policies for a large all-gather or all-to-all into symmetric
+//! windows (`budget.rs`: `CtaBudget::on_copy_engines`). Every step is a stream operation: peer copies
 //! (`cuMemcpyDtoDAsync` into a peer's mapped region, which the copy
 //! engines run), 64-bit flag writes and waits (`cuStreamWriteValue64`, `cuStreamWaitValue64`)
 //! and same-GPU copies (out of a slot into the caller's buffer, and this rank's own part), so a
