@@ -135,7 +135,9 @@ const CHANNEL_BYTES: u64 = 32 << 10;
 ///   224-229 and 213-253, 224-243 and 212-278 in runs 1 and 2.
 ///
 /// Beside a matrix multiply they cost it 3.9% of its throughput or less (run 5), where occl's
-/// windowed kernels on 24 SMs cost it 8.6-19% and NVIDIA's 6-18%.
+/// windowed kernels on 24 SMs cost it 8.6-19% and NVIDIA's 6-18%. A call being captured in a
+/// CUDA graph chooses alike (a rank cannot know whether its peers capture), and its copies go
+/// one stream per peer (a capture refuses the batch): at 4 GPUs 0.6× of the batch (run 4).
 pub const CE_SHARE: u64 = 32 << 20;
 
 /// What a communicator's collectives may take, agreed by every rank.
