@@ -253,6 +253,15 @@ fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
     }
 }
 
+/// Whether two ranks of one process (`hosts`: each rank's host id, `all`: their records) run on
+/// one GPU. They share its hardware queues, where one's copy-engine wait can hold a step the
+/// other needs (`ce/mod.rs`), so the copy engines then stay what `CTAPolicy` zero asks for,
+/// never the budget's own choice. Every rank sees the same records, so every rank agrees.
+fn shares_a_gpu(hosts: &[&str], all: &[Vec<u8>]) -> bool {
+    let place = |r: usize| Some((hosts.get(r)?, all[r].get(88..96)?));
+    (0..all.len()).any(|a| (a + 1..all.len()).any(|b| place(a).is_some() && place(a) == place(b)))
+}
+
 /// The fewest lanes of any rank's record: the count every rank's channel choice follows.
 fn common_lanes(all: &[Vec<u8>]) -> Result<u32> {
     let mut fewest = MAX_LANES;
@@ -365,17 +374,8 @@ impl CudaComm {
         let remote = comm.table.iter().any(|p| p.host_id != me.host_id);
         let word = |rec: &[u8], at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().unwrap_or_default());
         let half = |rec: &[u8], at: usize| u32::from_le_bytes(rec[at..at + 4].try_into().unwrap_or_default());
-        // Two ranks of one process on one GPU share its hardware queues, where one's copy-engine
-        // wait can hold a step the other needs (`ce/mod.rs`): the copy engines stay what
-        // `CTAPolicy` zero asks for, never the budget's own choice. Every rank sees the same.
-        let crowded = (0..n).any(|a| {
-            (a + 1..n).any(|b| {
-                comm.table[a].host_id == comm.table[b].host_id
-                    && half(&all[a], 88) == half(&all[b], 88)
-                    && half(&all[a], 92) == half(&all[b], 92)
-            })
-        });
-        let budget = if crowded { CtaBudget { ce_share: 0, ..s.budget } } else { s.budget };
+        let hosts: Vec<&str> = comm.table.iter().map(|p| p.host_id.as_str()).collect();
+        let budget = if shares_a_gpu(&hosts, &all) { CtaBudget { ce_share: 0, ..s.budget } } else { s.budget };
         // With a peer on another host the regions go unused (every call is staged), so none is
         // opened: IPC handles of another host's GPUs mean nothing here.
         for (r, rec) in all.iter().enumerate().filter(|_| !remote) {
@@ -683,6 +683,25 @@ mod tests {
         let e = common_lanes(&[record(&d), record(&DeviceSettings { lanes: 0, ..d })]).unwrap_err();
         assert!(e.to_string().contains("rank 1 sent 0 lanes"), "{e}");
         assert!(common_lanes(&[record(&d), vec![0u8; 16]]).is_err(), "a short record");
+    }
+
+    /// Ranks of one process on one GPU: the process id and device (bytes 88..96) and the host
+    /// match.
+    #[test]
+    fn two_ranks_of_a_process_on_one_gpu_are_found() {
+        let rec = |pid: u32, dev: u32| {
+            let mut r = vec![0u8; RECORD];
+            r[88..92].copy_from_slice(&pid.to_le_bytes());
+            r[92..96].copy_from_slice(&dev.to_le_bytes());
+            r
+        };
+        let one = ["a", "a", "a"];
+        assert!(!shares_a_gpu(&one, &[rec(7, 0), rec(7, 1), rec(8, 0)]), "threads on two GPUs, a process on one");
+        assert!(shares_a_gpu(&one, &[rec(7, 0), rec(8, 1), rec(7, 0)]), "ranks 0 and 2");
+        assert!(!shares_a_gpu(&["a", "b"], &[rec(7, 0), rec(7, 0)]), "the same pid on two hosts");
+        assert!(!shares_a_gpu(&["a"], &[rec(7, 0)]));
+        assert!(!shares_a_gpu(&one[..2], &[rec(7, 0), vec![0u8; 16]]), "a short record is no match");
+        assert!(!shares_a_gpu(&one[..2], &[vec![0u8; 16], vec![0u8; 16]]));
     }
 
     #[test]
