@@ -63,7 +63,7 @@ run)
         echo "kernel cache: $(ls "$OCCL_KERNEL_CACHE_DIR" | wc -l) programs"
     fi
     if [ "$part" = all ] || [ "$part" = windows ]; then
-    echo "== correctness into symmetric windows on $n GPUs: kernels, then copy engines"
+    echo "== correctness into symmetric windows on $n GPUs: by default (kernels; from 32 MiB a peer, copy engines), then NCCL_CTA_POLICY=2"
     # At 4 ranks on H200 the halves take about 42 and 24 s.
     timeout "${CHECK_LIMIT:-150}" ./occl-gpu check --ranks "$n" --windows 2>&1 | tee "$OUT/check-windows.txt" | tail -6
     NCCL_CTA_POLICY=2 timeout "${CHECK_LIMIT:-150}" ./occl-gpu check --ranks "$n" --windows --big 256M 2>&1 | tee "$OUT/check-windows-ce.txt" | tail -6

@@ -4,7 +4,7 @@
 //! process, by address for a rank of this process (`CudaComm::init_all`). When a peer is on
 //! another host there is nothing to map: every call is staged through host memory (`staged`).
 
-use super::budget::{Channels, CtaBudget};
+use super::budget::{Channels, CtaBudget, CtaPolicy, EFFICIENT_SMS};
 use super::ce::{CeArea, CeGeometry, CeSends, CeStreams};
 use super::events::{DevEvents, RING_SLOTS, SLOT_RECORDS};
 use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS};
@@ -255,11 +255,26 @@ fn agree(r: usize, mine: &[u8], theirs: &[u8]) -> Result<()> {
 
 /// Whether two ranks of one process (`hosts`: each rank's host id, `all`: their records) run on
 /// one GPU. They share its hardware queues, where one's copy-engine wait can hold a step the
-/// other needs (`ce/mod.rs`), so the copy engines then stay what `CTAPolicy` zero asks for,
-/// never the budget's own choice. Every rank sees the same records, so every rank agrees.
+/// other needs (`ce/mod.rs`), so such a communicator keeps off the copy engines
+/// ([`off_the_copy_engines`]). Every rank sees the same records, so every rank agrees.
 fn shares_a_gpu(hosts: &[&str], all: &[Vec<u8>]) -> bool {
     let place = |r: usize| Some((hosts.get(r)?, all[r].get(88..96)?));
     (0..all.len()).any(|a| (a + 1..all.len()).any(|b| place(a).is_some() && place(a) == place(b)))
+}
+
+/// `budget` for a communicator with two ranks of one process on one GPU: no call on the copy
+/// engines, `CTAPolicy` zero's calls on the kernels as under `Efficiency` (at most 24 SMs),
+/// which zero runs every call it cannot put on the copy engines with. NVIDIA's NCCL refuses
+/// such a communicator.
+fn off_the_copy_engines(budget: CtaBudget) -> CtaBudget {
+    if budget.policy == CtaPolicy::Zero {
+        tracing::info!(
+            "occl: two ranks of this process share a GPU, where copy-engine waits could stall each other: \
+             CTAPolicy zero runs on at most {EFFICIENT_SMS} SMs' kernels"
+        );
+    }
+    let policy = if budget.policy == CtaPolicy::Zero { CtaPolicy::Efficiency } else { budget.policy };
+    CtaBudget { policy, ce_share: 0, ..budget }
 }
 
 /// The fewest lanes of any rank's record: the count every rank's channel choice follows.
@@ -375,7 +390,7 @@ impl CudaComm {
         let word = |rec: &[u8], at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().unwrap_or_default());
         let half = |rec: &[u8], at: usize| u32::from_le_bytes(rec[at..at + 4].try_into().unwrap_or_default());
         let hosts: Vec<&str> = comm.table.iter().map(|p| p.host_id.as_str()).collect();
-        let budget = if shares_a_gpu(&hosts, &all) { CtaBudget { ce_share: 0, ..s.budget } } else { s.budget };
+        let budget = if shares_a_gpu(&hosts, &all) { off_the_copy_engines(s.budget) } else { s.budget };
         // With a peer on another host the regions go unused (every call is staged), so none is
         // opened: IPC handles of another host's GPUs mean nothing here.
         for (r, rec) in all.iter().enumerate().filter(|_| !remote) {
@@ -595,7 +610,7 @@ fn abort(region: &DeviceRegion, ce: CeArea) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::CtaPolicy;
+    use crate::CollType;
 
     fn vars<'a>(kv: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
@@ -702,6 +717,14 @@ mod tests {
         assert!(!shares_a_gpu(&["a"], &[rec(7, 0)]));
         assert!(!shares_a_gpu(&one[..2], &[rec(7, 0), vec![0u8; 16]]), "a short record is no match");
         assert!(!shares_a_gpu(&one[..2], &[vec![0u8; 16], vec![0u8; 16]]));
+        // Such a communicator runs every call on the kernels, zero's as under efficiency.
+        for policy in [CtaPolicy::Default, CtaPolicy::Efficiency, CtaPolicy::Zero] {
+            let b = off_the_copy_engines(CtaBudget { policy, ..CtaBudget::default() });
+            let want = if policy == CtaPolicy::Zero { CtaPolicy::Efficiency } else { policy };
+            assert_eq!((b.policy, b.ce_share), (want, 0));
+            assert!(!b.may_use_copy_engines(), "{policy:?}");
+            assert!(!b.on_copy_engines(CollType::AllGather, 1 << 30, true), "{policy:?}");
+        }
     }
 
     #[test]

@@ -105,8 +105,9 @@ impl CudaComm {
         self.channels.pick(bytes, launch)
     }
 
-    /// The budget this communicator's calls follow: its settings' one, with the copy engines'
-    /// share ([`CtaBudget::ce_share`]) off when two ranks of one process share a GPU.
+    /// The budget this communicator's calls follow: its settings' one, kept off the copy engines
+    /// when two ranks of one process share a GPU (no [`CtaBudget::ce_share`], `CTAPolicy` zero
+    /// as efficiency).
     pub fn budget(&self) -> CtaBudget {
         self.channels.budget
     }

@@ -54,7 +54,8 @@
 //! completes however the driver maps this rank's streams onto hardware queues (one queue
 //! holding them all runs the rounds in order, as a single stream would). Two ranks of one
 //! process on one GPU share that GPU's queues, where a wait of one can hold a step the other
-//! needs: a setup NVIDIA's NCCL refuses, which occl runs but may stall until `OCCL_TIMEOUT`.
+//! needs: a setup NVIDIA's NCCL refuses, whose calls occl runs on its kernels whatever the
+//! policy (`comm.rs`, `off_the_copy_engines`).
 //!
 //! The words count from 0 in every call, so a captured graph replays with the values it
 //! recorded: a receiver zeroes `head(q)` before it releases `q`'s last chunk (with [`FREE`]),
