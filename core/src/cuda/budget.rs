@@ -218,10 +218,10 @@ impl CtaBudget {
     /// zero every call that moves bytes does: all-gather, all-to-all, broadcast, sends and
     /// receives. Under the other policies, with no `minCTAs` asking for SMs, a windowed
     /// all-gather or all-to-all whose share reaches [`CtaBudget::ce_share`]: there the copy
-    /// engines move as much as the kernels with none ([`CE_SHARE`]). A broadcast's root would
-    /// send every peer the whole buffer at once, where the kernels' ring sends it once, and
-    /// through the slots the copy engines move 0.6× as much (`gpu-overlap.md` run 5), so
-    /// those stay on the kernels. Every input is the same on every rank for the same call.
+    /// engines move as much as the kernels with none ([`CE_SHARE`]). Broadcasts stay on the kernels
+    /// (the root would send every peer the whole buffer at once, where the kernels' ring sends
+    /// it once), as do calls outside windows (through the slots the copy engines move 0.6× as
+    /// much, `gpu-overlap.md` run 5). Every input is the same on every rank for the same call.
     pub(crate) fn on_copy_engines(&self, coll: CollType, share: u64, windowed: bool) -> bool {
         match self.policy {
             CtaPolicy::Zero => matches!(
