@@ -213,14 +213,8 @@ impl CudaComm {
     /// addresses and byte counts it takes): every call that moves bytes under `CTAPolicy` zero,
     /// a large windowed all-gather or all-to-all under the others (`CtaBudget::on_copy_engines`).
     fn ce_flows(&self, call: &Op, a: &CollArgs) -> Option<Flows> {
-        let budget = &self.channels.budget;
-        // The checks that cost nothing first: most calls are not for the copy engines.
-        if self.nranks() < 2 || self.ce_streams.is_none() || !budget.on_copy_engines(call.coll, a.count, true) {
-            return None;
-        }
-        let f = ce_flows(call.coll, a, self.rank(), self.nranks(), &self.windows)?;
-        let windowed = matches!(f.route, Route::Direct(_));
-        budget.on_copy_engines(call.coll, a.count, windowed).then_some(f)
+        self.ce_streams.as_ref()?;
+        chosen_flows(&self.channels.budget, call.coll, a, self.rank(), self.nranks(), &self.windows)
     }
 
     /// The kernel's arguments for `call`: its mode (the tuner's choice), the addresses it
@@ -516,6 +510,26 @@ impl CudaComm {
     }
 }
 
+/// The copies of a call of `coll` (`a`: its kernel arguments) on rank `r` of `n` when `budget`
+/// puts it on the copy engines (`CtaBudget::on_copy_engines`: by `CTAPolicy` zero, or as a large
+/// windowed all-gather or all-to-all), else `None`: the kernels run it.
+fn chosen_flows(
+    budget: &CtaBudget,
+    coll: CollType,
+    a: &CollArgs,
+    r: usize,
+    n: usize,
+    windows: &Windows,
+) -> Option<Flows> {
+    // The checks that cost nothing first: most calls are not for the copy engines.
+    if n < 2 || !budget.on_copy_engines(coll, a.count, true) {
+        return None;
+    }
+    let f = ce_flows(coll, a, r, n, windows)?;
+    let windowed = matches!(f.route, Route::Direct(_));
+    budget.on_copy_engines(coll, a.count, windowed).then_some(f)
+}
+
 /// The copies of `coll` on the copy engines for rank `r` of `n` (`a`: its kernel arguments,
 /// whose addresses and byte counts it takes); `None` for a collective they do not run.
 ///
@@ -667,6 +681,42 @@ mod tests {
         let f = ce_flows(CollType::AllToAll, &args(0x10, out, blk, 0), r, n, &w).unwrap();
         assert_eq!(f.route, Route::Slots);
         assert!(ce_flows(CollType::AllReduce, &args(0x10, out, blk, 0), r, n, &w).is_none());
+    }
+
+    /// By default the copy engines take an all-gather or all-to-all into a window from
+    /// `ce_share` bytes a peer, straight into the peers' windows; every other call, and any call
+    /// under a `minCTAs`, runs the kernels. Under `CTAPolicy` zero every call that moves bytes
+    /// takes them, windowed or not.
+    #[test]
+    fn the_budget_puts_large_windowed_gathers_on_the_copy_engines() {
+        let (n, r, _, w, _, out) = window_of_three();
+        let default = CtaBudget { ce_share: 64 << 10, ..CtaBudget::default() };
+        let choose =
+            |b: &CtaBudget, coll, input, output, bytes| chosen_flows(b, coll, &args(input, output, bytes, 1), r, n, &w);
+        for coll in [CollType::AllGather, CollType::AllToAll] {
+            // 64 KiB blocks: three of them lie in the window from `out`.
+            let f = choose(&default, coll, 0x10, out, 64 << 10).expect("on the copy engines");
+            assert!(matches!(f.route, Route::Direct(_)), "{coll:?}");
+            assert!(choose(&default, coll, 0x10, out, (64 << 10) - 16).is_none(), "{coll:?}: below the share");
+            assert!(choose(&default, coll, 0x10, 0x5000, 1 << 20).is_none(), "{coll:?}: outside a window");
+            let floor = CtaBudget { min_ctas: 1, ..default };
+            assert!(choose(&floor, coll, 0x10, out, 64 << 10).is_none(), "{coll:?}: minCTAs");
+            let off = CtaBudget { ce_share: 0, ..default };
+            assert!(choose(&off, coll, 0x10, out, 64 << 10).is_none(), "{coll:?}: OCCL_CE_MIN_SHARE=0");
+        }
+        // An in-place all-to-all in the window goes through the slots, so the kernels take it.
+        assert!(choose(&default, CollType::AllToAll, out, out, 64 << 10).is_none());
+        for coll in [CollType::Broadcast, CollType::AllReduce, CollType::ReduceScatter, CollType::Send] {
+            assert!(choose(&default, coll, 0x10, out, 64 << 10).is_none(), "{coll:?}");
+        }
+        // CTAPolicy zero: every call that moves bytes, through the slots where no window holds it.
+        let zero = CtaBudget { policy: CtaPolicy::Zero, ..default };
+        let f = choose(&zero, CollType::AllToAll, out, out, 16).expect("zero");
+        assert_eq!(f.route, Route::Slots);
+        assert!(choose(&zero, CollType::Broadcast, 0x10, 0x5000, 16).is_some());
+        assert!(choose(&zero, CollType::AllReduce, 0x10, out, 1 << 20).is_none());
+        // One rank alone has no peer to copy to.
+        assert!(chosen_flows(&zero, CollType::AllGather, &args(0x10, out, 16, 0), 0, 1, &w).is_none());
     }
 
     #[test]
