@@ -580,11 +580,13 @@ pub fn check(cc: &CudaComm, s: &Arc<CudaStream>, big: usize) -> anyhow::Result<(
     }
     if r == 0 {
         let b = cc.budget();
-        let on = match b.ce_share {
-            _ if cc.on_copy_engines(CollType::AllGather) => "the copy engines".to_string(),
+        let on = if cc.on_copy_engines(CollType::AllGather) {
+            "the copy engines".to_string()
+        } else if b.may_use_copy_engines() {
             // The budget's own choice: large all-gathers and all-to-alls.
-            share if share > 0 && b.min_ctas == 0 => format!("the kernels, from {share} bytes a peer the copy engines"),
-            _ => "the kernels".to_string(),
+            format!("the kernels, from {} bytes a peer the copy engines", b.ce_share)
+        } else {
+            "the kernels".to_string()
         };
         println!("occl-gpu check --windows: {n} ranks, windowed calls on {on}");
     }

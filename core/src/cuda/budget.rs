@@ -239,7 +239,7 @@ impl CtaBudget {
     }
 
     /// Whether any call may run on the copy engines: a communicator makes their streams then.
-    pub(crate) fn may_use_copy_engines(&self) -> bool {
+    pub fn may_use_copy_engines(&self) -> bool {
         self.policy == CtaPolicy::Zero || (self.min_ctas == 0 && self.ce_share != 0)
     }
 
