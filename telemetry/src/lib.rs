@@ -44,6 +44,8 @@ pub mod otlp;
 pub mod prometheus;
 pub mod semconv;
 pub mod spans;
+#[cfg(test)]
+mod test_descr;
 #[cfg(feature = "trace")]
 pub mod trace;
 #[cfg(feature = "tracing-spans")]

@@ -156,6 +156,13 @@ pub fn describe(
             Cow::Borrowed("kernel channel")
         }
         EventDescr::KernelLaunch { .. } => Cow::Borrowed("kernel launch"),
+        EventDescr::CeColl { seq_number, func, count, root, datatype, .. } => {
+            attrs.push(a("occl.op", s(func)));
+            attrs.push(a("occl.seq", int(seq_number)));
+            payload(count, datatype, &mut attrs);
+            attrs.push(a("occl.root", int(root)));
+            Cow::Borrowed("copy-engine call")
+        }
         _ => Cow::Borrowed(t.name()),
     };
     (name, attrs)

@@ -8,7 +8,8 @@
 //! `OTEL_METRICS_EXPORTER=otlp`), over the same transport.
 //!
 //! **What is exported.** GroupApi → CollApi/P2pApi → Coll/P2p → ProxyOp, the legacy Group (as a
-//! child of its GroupApi, in the same trace), KernelCh and KernelLaunch; ProxySteps as child
+//! child of its GroupApi, in the same trace), KernelCh, KernelLaunch and CeColl (a copy-engine
+//! call's device time, under its CollApi/P2pApi); ProxySteps as child
 //! spans of their ProxyOp, sampled by `OCCL_OTEL_STEP_SAMPLING` (a fraction, default
 //! [`config::DEFAULT_STEP_SAMPLING`]; 0 turns ProxyStep events off altogether); the collector
 //! asks [`Exporter::keeps_step`] at a step's start, so a step not sampled is only counted.
@@ -105,10 +106,19 @@ impl OtlpExporter {
     /// The event types an exporter with `cfg` asks for.
     pub fn interest_of(cfg: &OtlpConfig) -> EventMask {
         use EventType as T;
-        let m =
-            [T::GroupApi, T::CollApi, T::P2pApi, T::Group, T::Coll, T::P2p, T::ProxyOp, T::KernelCh, T::KernelLaunch]
-                .into_iter()
-                .fold(EventMask::NONE, EventMask::with);
+        let types = [
+            T::GroupApi,
+            T::CollApi,
+            T::P2pApi,
+            T::Group,
+            T::Coll,
+            T::P2p,
+            T::ProxyOp,
+            T::KernelCh,
+            T::KernelLaunch,
+            T::CeColl,
+        ];
+        let m = types.into_iter().fold(EventMask::NONE, EventMask::with);
         if cfg.step_sampling > 0.0 {
             m.with(T::ProxyStep)
         } else {

@@ -211,7 +211,7 @@ fn json_export_carries_the_tree_with_exact_parents() {
 }
 
 #[test]
-fn a_kernel_channel_span_has_the_times_it_was_given() {
+fn kernel_channel_and_copy_engine_spans_have_the_times_they_were_given() {
     let (port, rx) = capture_server();
     let cfg = OtlpConfig {
         protocol: Protocol::HttpJson,
@@ -226,6 +226,10 @@ fn a_kernel_channel_span_has_the_times_it_was_given() {
     s.start_at(id(10), Some(id(4)), &EventDescr::KernelCh { channel_id: 2, p_timer: 5 }, t0);
     s.state(id(10), &StateArgs::KernelChStop { p_timer: 6 });
     s.stop_at(id(10), t1);
+    // A copy-engine call's device time, under the CollApi (id 2).
+    let ce = crate::test_descr::ce_coll("AllReduce", 4, 7);
+    s.start_at(id(11), Some(id(2)), &ce, t0 + 5);
+    s.stop_at(id(11), t1 + 5);
     s.finalize();
     let (_, body) = rx.recv_timeout(Duration::from_secs(5)).expect("a request");
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
@@ -236,4 +240,11 @@ fn a_kernel_channel_span_has_the_times_it_was_given() {
     assert_eq!(k["endTimeUnixNano"], t1.to_string());
     assert_eq!(k["parentSpanId"], c["spanId"]);
     assert_eq!(k["traceId"], c["traceId"]);
+    let e = spans.iter().find(|s| s["name"] == "copy-engine call").expect("the CeColl span");
+    let api = spans.iter().find(|s| s["name"] == "ncclAllReduce").expect("its CollApi");
+    assert_eq!(
+        (e["startTimeUnixNano"].clone(), e["endTimeUnixNano"].clone()),
+        ((t0 + 5).to_string().into(), (t1 + 5).to_string().into())
+    );
+    assert_eq!((e["parentSpanId"].clone(), e["traceId"].clone()), (api["spanId"].clone(), c["traceId"].clone()));
 }

@@ -284,6 +284,8 @@ impl CommStats {
         let op = Done { start: s.start_ns, end: s.end_ns, series: (kind as u64) << 32 | idx as u64, bus };
         if !self.pending.park(id, op, |d| self.finish(d)) {
             series.complete(s.duration_ns(), bus);
+        } else if let Some(api) = s.parent {
+            self.pending.alias(api.get(), id);
         }
     }
 
@@ -324,6 +326,13 @@ impl CommStats {
         if let Some(p) = s.parent {
             self.last_child_parent.store(p.get(), Relaxed);
             self.pending.extend(p.get(), s.end_ns);
+        }
+    }
+
+    /// A CeColl stopped: the operation under the same API event is done no earlier.
+    pub(crate) fn ce_child(&self, s: &Span<'_>) {
+        if let Some(api) = s.parent {
+            self.pending.extend_via(api.get(), s.end_ns);
         }
     }
 

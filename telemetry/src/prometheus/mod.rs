@@ -92,7 +92,8 @@
 //! events stop later: the operation is parked and each child's stop pushes its end out; it is
 //! observed when its parking slot is reused (64 per communicator rank), at a scrape once it has
 //! been idle for a second, or when the communicator is finalized. Intra-node NCCL work without
-//! ProxyOps is timed by its KernelCh events when those are enabled, else by its host enqueue.
+//! ProxyOps is timed by its KernelCh events when those are enabled, else by its host enqueue;
+//! a call on the copy engines by its CeColl (under its API event, at the device's times).
 //!
 //! **Operation sums** (the span route). The exporter also takes [`EventMask::OP_TOTALS`]: while it
 //! is the only consumer of a communicator's events (no OTLP, trace file, plugin or attached sink
@@ -243,6 +244,7 @@ impl spans::Exporter for Exporter {
             | EventType::P2p
             | EventType::ProxyOp
             | EventType::KernelCh
+            | EventType::CeColl
             | EventType::NetPlugin
             | EventMask::STEP_TOTALS
             | EventMask::OP_TOTALS
@@ -272,6 +274,7 @@ impl spans::Exporter for Exporter {
                 }
             }
             EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => c.child(s),
+            EventDescr::CeColl { .. } => c.ce_child(s),
             EventDescr::NetPlugin { id, .. } => c.net(id, s.payload),
             _ => {}
         }

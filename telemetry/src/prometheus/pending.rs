@@ -5,8 +5,15 @@
 //! while (checked at each scrape), or when its communicator is finalized. Under occl the children
 //! stop before the operation, so nothing is parked (see occl's `exec` and `profile`).
 //!
+//! A call on the copy engines has a CeColl instead, a child of the call's API event (NCCL's
+//! v6 hierarchy), which the operation's own id does not find: an operation parked with its API
+//! event's id gets an alias from that id ([`Pending::alias`]), through which the CeColl pushes
+//! its end out ([`Pending::extend_via`]).
+//!
 //! Lock-free: a slot's id is FREE, BUSY (being filled or taken) or the parked event's id; fields
 //! are written before the id is published (release) and read after the id is claimed (acquire).
+//! An alias is a pair of words, the operation's id written before the API id that publishes it
+//! and read between two reads of that API id: a torn read is seen and ignored.
 
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
@@ -35,8 +42,16 @@ pub(crate) struct Done {
     pub bus: u64,
 }
 
+/// API event id → the operation parked under it.
+#[derive(Default)]
+struct Alias {
+    api: AtomicU64,
+    op: AtomicU64,
+}
+
 pub(crate) struct Pending {
     slots: Box<[Slot]>,
+    aliases: Box<[Alias]>,
 }
 
 fn slot_of(id: u64) -> usize {
@@ -45,7 +60,10 @@ fn slot_of(id: u64) -> usize {
 
 impl Pending {
     pub(crate) fn new() -> Self {
-        Pending { slots: (0..SLOTS).map(|_| Slot::default()).collect() }
+        Pending {
+            slots: (0..SLOTS).map(|_| Slot::default()).collect(),
+            aliases: (0..SLOTS).map(|_| Alias::default()).collect(),
+        }
     }
 
     /// Takes the operation out of `s` if it still holds `id`.
@@ -105,6 +123,31 @@ impl Pending {
         }
     }
 
+    /// Lets a child of the API event `api` reach the parked operation `op`
+    /// ([`Pending::extend_via`]); replaces the alias that held its slot.
+    pub(crate) fn alias(&self, api: u64, op: u64) {
+        if api == FREE || api == BUSY {
+            return;
+        }
+        let a = &self.aliases[slot_of(api)];
+        a.api.store(FREE, Release);
+        a.op.store(op, Relaxed);
+        a.api.store(api, Release);
+    }
+
+    /// A child of the API event `api` stopped at `end`: its operation, if parked under an
+    /// alias from `api`, ends no earlier.
+    pub(crate) fn extend_via(&self, api: u64, end: u64) {
+        let a = &self.aliases[slot_of(api)];
+        if api == FREE || a.api.load(Acquire) != api {
+            return;
+        }
+        let op = a.op.load(Acquire);
+        if a.api.load(Acquire) == api {
+            self.extend(op, end);
+        }
+    }
+
     /// Hands every operation untouched since `before` (all, for `u64::MAX`) to `finish`.
     pub(crate) fn finish_idle(&self, before: u64, mut finish: impl FnMut(Done)) {
         for s in self.slots.iter() {
@@ -141,6 +184,27 @@ mod tests {
         p.extend(7, 500); // after it finished: no effect
         p.finish_idle(u64::MAX, |d| out.push(d));
         assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn a_child_of_the_api_event_extends_its_operation_through_the_alias() {
+        let p = Pending::new();
+        let mut out = Vec::new();
+        assert!(p.park(7, op(100, 110, 1), |d| out.push(d)));
+        p.extend_via(6, 150); // no alias yet
+        p.alias(6, 7);
+        p.extend_via(6, 180);
+        p.extend_via(5, 999); // another API event: ignored
+        let other = (1..).find(|&b| b != 6 && slot_of(b) == slot_of(6)).expect("a colliding id");
+        p.extend_via(other, 999); // its slot, another id: ignored
+        p.finish_idle(u64::MAX, |d| out.push(d));
+        assert_eq!(out, vec![op(100, 180, 1)]);
+        p.alias(other, 9);
+        p.extend_via(6, 999); // replaced: no longer reaches 7 (nor anything)
+        assert!(p.park(7, op(1, 2, 1), |d| out.push(d)));
+        p.extend_via(6, 999);
+        p.finish_idle(u64::MAX, |d| out.push(d));
+        assert_eq!(out[1], op(1, 2, 1));
     }
 
     #[test]

@@ -403,6 +403,38 @@ fn a_gpu_operation_is_timed_by_its_kernel_channels_device_times() {
     assert!((sum - 0.006).abs() < 1e-6, "from the Coll's start to the last channel's device stop: {sum}");
 }
 
+#[test]
+fn a_copy_engine_call_is_timed_by_its_ce_coll_under_the_api_event() {
+    let e = Arc::new(Exporter::new());
+    let t = Telemetry::new(vec![e.clone()]);
+    let s = t.comm_sink(meta(None, 0));
+    // occl's order: CollApi, then the Coll under it stops at enqueue; the CeColl, also under
+    // the CollApi, ran 2 ms later for 7 ms (device times).
+    let t0 = crate::spans::unix_nanos();
+    let api = EventDescr::CollApi {
+        func: "AllGather",
+        count: 256,
+        datatype: "ncclFloat32",
+        root: 0,
+        stream: 0,
+        graph_captured: false,
+    };
+    s.start_at(id(1), None, &api, t0);
+    s.stop_at(id(1), t0 + 5_000);
+    s.start_at(id(2), Some(id(1)), &coll("AllGather", 256), t0 + 5_000);
+    s.stop_at(id(2), t0 + 10_000);
+    let ms = 1_000_000;
+    let ce = crate::test_descr::ce_coll("AllGather", 256, 0);
+    s.start_at(id(3), Some(id(1)), &ce, t0 + 2 * ms);
+    s.stop_at(id(3), t0 + 9 * ms);
+    s.finalize();
+    let l = r#"comm="00000000feedbeef",rank="0",op="AllGather",algo="RING",proto="SIMPLE",dtype="ncclFloat32",size_class="0-4KiB""#;
+    let text = render(&e);
+    assert_eq!(value(&text, &format!("occl_collective_duration_seconds_count{{{l}}}")), Some(1.0), "{text}");
+    let sum = value(&text, &format!("occl_collective_duration_seconds_sum{{{l}}}")).expect("sum");
+    assert!((sum - 0.008995).abs() < 1e-6, "from the Coll's start to the call's device end: {sum}");
+}
+
 /// The direct route (the core bumping a rank's series) renders exactly what the span route
 /// renders for the same operations: series, labels and values. A direct rank's spans are
 /// declined, and a rank has one direct route at a time.

@@ -220,7 +220,8 @@ impl Exporter for TraceExporter {
             | EventMask::of(EventType::P2pApi)
             | EventMask::of(EventType::Coll)
             | EventMask::of(EventType::P2p)
-            | EventMask::of(EventType::KernelCh);
+            | EventMask::of(EventType::KernelCh)
+            | EventMask::of(EventType::CeColl);
         if self.inner.cfg.proxy != ProxyDetail::None {
             m |= EventMask::of(EventType::ProxyOp);
         }

@@ -18,7 +18,9 @@
 //!
 //! Where the kernel-like row lies: in occl the Coll spans the whole operation; under NCCL it
 //! stops at enqueue and its ProxyOps / KernelCh events run after, so the row is stretched over
-//! those children when they start after the Coll's stop.
+//! those children when they start after the Coll's stop. A call on the copy engines has no
+//! such child: its CeColl, a child of the call's API event (NCCL's v6 hierarchy), spans its
+//! device time instead, and so does the row.
 
 use super::config::ProxyDetail;
 use super::names;
@@ -91,6 +93,8 @@ struct Ctx<'v, 'a> {
     api: HashMap<(u16, u64), &'a Rec>,
     /// ProxyOp / KernelCh extent by (comm, parent id).
     extent: HashMap<(u16, u64), (u64, u64)>,
+    /// CeColl extent by (comm, API event id).
+    ce_extent: HashMap<(u16, u64), (u64, u64)>,
     /// ProxyOp lane by (comm, id).
     op_lane: HashMap<(u16, u64), u64>,
     lanes: Vec<(u16, u8, i32, bool)>,
@@ -108,6 +112,7 @@ impl<'v, 'a> Ctx<'v, 'a> {
             world: world(v.comms),
             api: HashMap::new(),
             extent: HashMap::new(),
+            ce_extent: HashMap::new(),
             op_lane: HashMap::new(),
             lanes: Vec::new(),
             streams: HashMap::new(),
@@ -122,10 +127,10 @@ impl<'v, 'a> Ctx<'v, 'a> {
                 EventDescr::CollApi { .. } | EventDescr::P2pApi { .. } => {
                     c.api.insert((r.comm, r.id), r);
                 }
+                EventDescr::CeColl { .. } if r.parent != 0 => widen(&mut c.ce_extent, r),
                 EventDescr::ProxyOp { .. } | EventDescr::KernelCh { .. } => {
                     if r.parent != 0 {
-                        let e = c.extent.entry((r.comm, r.parent)).or_insert((r.start_ns, r.end_ns));
-                        *e = (e.0.min(r.start_ns), e.1.max(r.end_ns));
+                        widen(&mut c.extent, r);
                     }
                     if let EventDescr::ProxyOp { channel_id, peer, is_send, .. } = r.descr {
                         let key = (r.comm, channel_id, peer, is_send);
@@ -391,6 +396,12 @@ pub(crate) fn render(v: &FileView<'_>, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
+/// Widens the extent of `r`'s parent over `r`.
+fn widen(extent: &mut HashMap<(u16, u64), (u64, u64)>, r: &Rec) {
+    let e = extent.entry((r.comm, r.parent)).or_insert((r.start_ns, r.end_ns));
+    *e = (e.0.min(r.start_ns), e.1.max(r.end_ns));
+}
+
 /// The call's CPU row, at its start as the step grid writes it.
 fn api_row(grid: &StepGrid, pid: u32, r: &Rec, func: &str, corr: u64, extra: &str) -> String {
     let ts = grid.call_ns(r.start_ns);
@@ -433,7 +444,8 @@ fn kernel(
             (corr, c.stream(r.comm, 0), r)
         }
     };
-    let (ts, end) = match c.extent.get(&(r.comm, r.id)) {
+    let children = c.extent.get(&(r.comm, r.id)).or_else(|| c.ce_extent.get(&(r.comm, r.parent)));
+    let (ts, end) = match children {
         Some(&(s, e)) if s >= r.end_ns => (s, e),
         Some(&(_, e)) => (r.start_ns, e.max(r.end_ns)),
         None => (r.start_ns, r.end_ns),

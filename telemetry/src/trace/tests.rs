@@ -362,6 +362,34 @@ fn kernel_channels_at_device_times_place_the_kernel_row() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_copy_engine_call_places_its_kernel_row_at_its_device_times() {
+    let dir = scratch("cecoll");
+    let ex = Arc::new(TraceExporter::new(TraceConfig::new(&dir)));
+    let t = Telemetry::new(vec![ex.clone()]);
+    let s = t.comm_sink(meta(0xce, 0, 2));
+    // occl's order for a call on the copy engines: CollApi and Coll at enqueue, then the
+    // CeColl, a child of the CollApi, at the device's times once the call has run.
+    s.start(id(1), None, &coll_api("AllGather", 64));
+    s.stop(id(1));
+    s.start(id(2), Some(id(1)), &coll("AllGather", 64, 0));
+    s.stop(id(2));
+    let base = crate::spans::unix_nanos() + 1_000_000;
+    let ce = crate::test_descr::ce_coll("AllGather", 64, 0);
+    s.start_at(id(3), Some(id(1)), &ce, base + 2_000);
+    s.stop_at(id(3), base + 52_500);
+    s.finalize();
+    let files = trace_files(&dir);
+    let (_, v) = read(&files[0]);
+    let kernels = rows(&v, "kernel");
+    assert_eq!(kernels.len(), 1, "the CeColl widens its operation's row and has none of its own");
+    let (ts, dur) = (kernels[0]["ts"].as_f64().expect("ts"), kernels[0]["dur"].as_f64().expect("dur"));
+    let want = (base + 2_000) as f64 / 1000.0;
+    assert!((ts - want).abs() < 0.01, "the row starts at the call's device start: {ts} vs {want}");
+    assert!((dur - 50.5).abs() < 0.01, "and ends at its device end: {dur}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Symlinks planted by another user at the trace file's temporary names (pid and a counter) and
 /// at its final name: a flush follows none of them and leaves an owner-only file.
 #[test]
