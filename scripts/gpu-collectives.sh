@@ -11,8 +11,9 @@
 #                                          as thread ranks, staged across N host ids and on the
 #                                          copy engines (NCCL_CTA_POLICY=2), a copy-engine call
 #                                          whose peers stop calling (occl-gpu stall), the
-#                                          KernelCh event check (occl-gpu events), then occl's and
-#                                          NCCL's benchmarks side by side (JSON lines under $OUT)
+#                                          KernelCh and CeColl event checks (occl-gpu events),
+#                                          then occl's and NCCL's benchmarks side by side (JSON
+#                                          lines under $OUT)
 #   DIR/gpu-collectives.sh run N check|windows|bench   only one part (each fits a 10-minute
 #                                          device call); windows: all-gather, all-to-all and
 #                                          broadcast into symmetric windows (check --windows), on
@@ -80,7 +81,9 @@ run)
     echo "== a copy-engine call whose peers stop calling times out (occl-gpu stall, OCCL_TIMEOUT=5)"
     NCCL_CTA_POLICY=2 OCCL_TIMEOUT=5 timeout 60 ./occl-gpu stall --ranks "$n" 2>&1 | tee "$OUT/stall.txt" | tail -6
     echo "== KernelCh events"
-    timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events.txt" | tail -3
+    OCCL_METRICS=0 timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events.txt" | tail -3
+    echo "== CeColl events of the calls on the copy engines (NCCL_CTA_POLICY=2)"
+    OCCL_METRICS=0 NCCL_CTA_POLICY=2 timeout 120 ./occl-gpu events --ranks "$n" 2>&1 | tee "$OUT/events-ce.txt" | tail -3
     fi
     [ "$part" = check ] && exit 0
     echo "== occl bench"

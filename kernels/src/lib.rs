@@ -39,6 +39,7 @@ pub mod prebuild;
 #[cfg(any(test, feature = "test-support"))]
 pub mod reference;
 pub mod staging;
+pub mod stamps;
 pub mod timer;
 
 pub use cudarc;

@@ -96,6 +96,29 @@ pub fn capture_mode_thread_local() -> Result<()> {
     check("cuThreadExchangeStreamCaptureMode", unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })
 }
 
+/// This thread's capture mode, relaxed until dropped: the thread may query events (never
+/// recorded inside a capture) while it or another thread captures a graph, which the other
+/// modes refuse and which breaks that capture.
+pub struct RelaxedCapture {
+    prev: sys::CUstreamCaptureMode,
+}
+
+impl RelaxedCapture {
+    pub fn new() -> Result<RelaxedCapture> {
+        let mut prev = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer; the mode is this thread's own.
+        check("cuThreadExchangeStreamCaptureMode", unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut prev) })?;
+        Ok(RelaxedCapture { prev })
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`; puts back the mode `new` found.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.prev) };
+    }
+}
+
 /// Whether the stream is being captured into a graph (its work is recorded, not run).
 pub fn capturing(stream: &CudaStream) -> Result<bool> {
     stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
@@ -118,12 +141,26 @@ unsafe impl Sync for Mark {}
 
 impl Mark {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Mark> {
+        Mark::with_timing(ctx, false)
+    }
+
+    /// A mark that also notes the device's time when the stream reaches it (`stamps.rs`).
+    pub(crate) fn with_timing(ctx: &Arc<CudaContext>, timed: bool) -> Result<Mark> {
         ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let mut event: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let flags =
+            if timed { sys::CUevent_flags::CU_EVENT_DEFAULT } else { sys::CUevent_flags::CU_EVENT_DISABLE_TIMING };
         // SAFETY: a valid out-pointer; the context is current.
-        check("cuEventCreate", unsafe { sys::cuEventCreate(&mut event, flags) })?;
+        check("cuEventCreate", unsafe { sys::cuEventCreate(&mut event, flags as u32) })?;
         Ok(Mark { ctx: ctx.clone(), event })
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUevent {
+        self.event
     }
 
     /// Marks the end of the work enqueued on `stream` so far.

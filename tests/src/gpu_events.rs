@@ -10,12 +10,17 @@
 //! on channels of their own, one operation after another: every P2p has KernelCh 0..n as well
 //! (NCCL's KernelCh per work item), the operations of one connection as many channels each;
 //! the check runs a group whose records fit one timer slot and one that needs several. A
-//! launch a CUDA graph captured gets its host events and no KernelCh. Then it times an 8 B
-//! all-reduce with the recorder wanting KernelCh, wanting only Coll, and detached. Rank 0 prints
-//! one JSON line per measurement.
+//! launch a CUDA graph captured gets its host events and no KernelCh. An operation that ran on
+//! the copy engines (no channels: under `NCCL_CTA_POLICY=2`, all-gathers, broadcasts,
+//! all-to-alls, sends and receives) has no KernelCh but one CeColl under its API event, at
+//! device times inside [launch, sync] widened by the event clock's anchor error plus
+//! [`SLACK_NS`]. Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
+//! Coll, and detached, and, on the copy engines, an 8 B all-gather with and without CeColl. Rank
+//! 0 prints one JSON line per measurement.
 
 use anyhow::{bail, ensure, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use occl::cuda::kernels::stamps::Stamp;
 use occl::cuda::{CudaComm, P2p};
 use occl::{DataType, RedOp};
 use occl_telemetry::spans::unix_nanos;
@@ -37,7 +42,7 @@ struct Ev {
     parent: Option<u64>,
     start: u64,
     stop: u64,
-    /// Coll/P2p: func and n_channels; KernelCh: channel id.
+    /// Coll/P2p/CeColl: func; Coll/P2p: n_channels; KernelCh: channel id.
     func: &'static str,
     n: u32,
     seq: u64,
@@ -80,6 +85,7 @@ impl Recorder {
                 (e.func, e.n, e.peer) = (func(f), u32::from(n_channels), peer);
             }
             EventDescr::KernelCh { channel_id, .. } => e.n = u32::from(channel_id),
+            EventDescr::CeColl { func: f, .. } => e.func = func(f),
             _ => {}
         }
         self.evs.lock().unwrap_or_else(PoisonError::into_inner).insert(id.get(), e);
@@ -180,8 +186,15 @@ fn launch(cc: &CudaComm, s: &Arc<CudaStream>, op: &str, bufs: (u64, u64), bytes:
     Ok(())
 }
 
-/// Checks one operation's events; returns (operations, KernelCh events, mean channel µs).
-fn verify(op: &str, evs: &HashMap<u64, Ev>, (t0, t1): (u64, u64), err_ns: u64) -> anyhow::Result<(usize, usize, f64)> {
+/// Checks one operation's events; returns (operations, KernelCh events, mean channel µs), the
+/// channels of a call on the copy engines being its CeColl events. `err_ns`: the kernel clock
+/// map's and the event clock anchor's error bounds.
+fn verify(
+    op: &str,
+    evs: &HashMap<u64, Ev>,
+    (t0, t1): (u64, u64),
+    (err_ns, ce_err_ns): (u64, u64),
+) -> anyhow::Result<(usize, usize, f64)> {
     let slack = err_ns + SLACK_NS;
     let mut parents: Vec<(&u64, &Ev)> =
         evs.iter().filter(|(_, e)| matches!(e.ty, Some(EventType::Coll) | Some(EventType::P2p))).collect();
@@ -198,7 +211,11 @@ fn verify(op: &str, evs: &HashMap<u64, Ev>, (t0, t1): (u64, u64), err_ns: u64) -
     let (mut chans, mut dur) = (0, 0u64);
     for (k, &(&pid, p)) in parents.iter().enumerate() {
         ensure!(p.start >= t0 && p.stop <= t1 && p.stop > 0, "{op}: the {} host event lies outside its call", p.func);
-        ensure!(p.n > 0, "{op}: {} ran on no channels", p.func);
+        if p.n == 0 {
+            let (n, us) = verify_ce(op, evs, (pid, p), (t0, t1), ce_err_ns + SLACK_NS)?;
+            (chans, dur) = (chans + n, dur + us);
+            continue;
+        }
         let mut ch: Vec<&Ev> =
             evs.values().filter(|e| e.ty == Some(EventType::KernelCh) && e.parent == Some(pid)).collect();
         ch.sort_by_key(|e| e.n);
@@ -234,25 +251,66 @@ fn verify(op: &str, evs: &HashMap<u64, Ev>, (t0, t1): (u64, u64), err_ns: u64) -
     Ok((want, chans, dur as f64 / chans.max(1) as f64 / 1e3))
 }
 
-/// Mean host time per call of `iters` 8 B all-reduces (launch to stream done), the slowest rank.
-fn time_small(cc: &CudaComm, s: &Arc<CudaStream>, bufs: (u64, u64), iters: usize) -> anyhow::Result<f64> {
+/// Checks the events of operation `p`, which ran on the copy engines: no KernelCh, one CeColl
+/// of its function under its API event, inside [launch, sync] ± `slack`; returns (1, its ns).
+fn verify_ce(
+    op: &str,
+    evs: &HashMap<u64, Ev>,
+    (pid, p): (u64, &Ev),
+    (t0, t1): (u64, u64),
+    slack: u64,
+) -> anyhow::Result<(usize, u64)> {
+    ensure!(
+        !evs.values().any(|e| e.ty == Some(EventType::KernelCh) && e.parent == Some(pid)),
+        "{op}: {} ran on the copy engines but has KernelCh events",
+        p.func
+    );
+    let api = p.parent.context("a Coll/P2p with no API event")?;
+    let ce: Vec<&Ev> = evs.values().filter(|e| e.ty == Some(EventType::CeColl) && e.parent == Some(api)).collect();
+    ensure!(ce.len() == 1, "{op}: {} on the copy engines has {} CeColl events under its API event", p.func, ce.len());
+    let e = ce[0];
+    ensure!(e.func == p.func, "{op}: a CeColl of {} under the API event of {}", e.func, p.func);
+    ensure!(e.stop >= e.start && e.stop > 0, "{op}: its CeColl stops before it starts");
+    ensure!(
+        e.start + slack >= t0 && e.stop <= t1 + slack,
+        "{op}: its CeColl ran [{}, {}] ns, outside [launch, sync] = [{t0}, {t1}] ± {slack}",
+        e.start as i128 - t0 as i128,
+        e.stop as i128 - t0 as i128
+    );
+    ensure!(e.start + slack >= p.start, "{op}: its CeColl starts before its enqueue");
+    Ok((1, e.stop - e.start))
+}
+
+/// Mean host time per call of `iters` 8 B `op`s (launch to stream done), and of their enqueue
+/// alone (the calls' own host time), each of the slowest rank.
+fn time_small(
+    cc: &CudaComm,
+    s: &Arc<CudaStream>,
+    bufs: (u64, u64),
+    iters: usize,
+    op: &str,
+) -> anyhow::Result<(f64, f64)> {
     for _ in 0..50 {
-        launch(cc, s, "all_reduce_8B", bufs, 8)?;
+        launch(cc, s, op, bufs, 8)?;
     }
     s.synchronize()?;
     cc.flush_events();
     cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
     let t = Instant::now();
+    let mut enqueue = std::time::Duration::ZERO;
     for _ in 0..iters {
-        launch(cc, s, "all_reduce_8B", bufs, 8)?;
+        let e = Instant::now();
+        launch(cc, s, op, bufs, 8)?;
+        enqueue += e.elapsed();
     }
     s.synchronize()?;
     let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let enqueue_us = enqueue.as_secs_f64() * 1e6 / iters as f64;
     cc.flush_events();
     cc.device_error()?;
-    let mut worst = [0f64];
-    cc.comm().all_reduce(&[us], &mut worst, RedOp::Max)?;
-    Ok(worst[0])
+    let mut worst = [0f64; 2];
+    cc.comm().all_reduce(&[us, enqueue_us], &mut worst, RedOp::Max)?;
+    Ok((worst[0], worst[1]))
 }
 
 pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
@@ -265,10 +323,19 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
     let (_ob, o) = alloc(s, bytes * cc.nranks())?;
     let bufs = (i, o);
     cc.prepare(DataType::F32)?;
-    let all = EventMask::of(EventType::KernelCh) | EventType::KernelLaunch;
+    // The event clock reads a stamp before its anchor as a negative time (an anchor renewed
+    // between a call's enqueue and its collection lies after the call's stamps).
+    let (a, b) = (Stamp::new(s.context())?, Stamp::new(s.context())?);
+    a.record(s)?;
+    launch(cc, s, "all_reduce_4M", bufs, bytes)?;
+    b.record(s)?;
+    s.synchronize()?;
+    let (fwd, back) = (b.ns_since(&a)?, a.ns_since(&b)?);
+    ensure!(fwd > 0 && (fwd + back).abs() <= 1_000, "rank {r}: stamps {fwd} ns apart one way, {back} ns the other");
+    let all = EventMask::of(EventType::KernelCh) | EventType::KernelLaunch | EventType::CeColl;
     let rec = Recorder::new(all);
     let h = cc.comm().attach_sink(rec.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (mut ops, mut chans) = (0, 0);
+    let (mut ops, mut chans, mut on_ce) = (0, 0, 0);
     for op in OPS {
         // Sends and receives need a peer.
         if (op == "send_recv" || op.starts_with("grouped")) && cc.nranks() < 2 {
@@ -280,18 +347,23 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
         launch(cc, s, op, bufs, bytes)?;
         s.synchronize()?;
         let t1 = unix_nanos();
+        let ce = cc.last_launch().0 == 0;
         cc.flush_events();
         cc.device_error()?;
-        let (o, c, mean_us) = verify(op, &rec.take(), (t0, t1), clock.err_ns).with_context(|| format!("rank {r}"))?;
-        (ops, chans) = (ops + o, chans + c);
+        let ce_err = cc.ce_clock().map_or(0, |a| a.err_ns);
+        let errs = (clock.err_ns, ce_err);
+        let (o, c, mean_us) = verify(op, &rec.take(), (t0, t1), errs).with_context(|| format!("rank {r}"))?;
+        (ops, chans, on_ce) = (ops + o, chans + c, on_ce + usize::from(ce));
         if r == 0 {
+            let what = if ce { "ce_coll" } else { "kernel_ch" };
             println!(
                 "{}",
-                json!({"check": op, "ops": o, "kernel_ch": c, "mean_channel_us": (mean_us * 1000.0).round() / 1000.0,
+                json!({"check": op, "ops": o, what: c, "mean_channel_us": (mean_us * 1000.0).round() / 1000.0,
                     "call_us": ((t1 - t0) as f64 / 1e3 * 1000.0).round() / 1000.0})
             );
         }
     }
+    ensure!(cc.ce_events_pending().0 == 0, "rank {r}: copy-engine calls left untimed after the flush");
     // A captured launch: host events, no KernelCh, and no slot held.
     cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
     rec.take();
@@ -305,14 +377,21 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
     let count = |t: EventType| evs.values().filter(|e| e.ty == Some(t)).count();
     ensure!(count(EventType::Coll) == 1 && count(EventType::KernelCh) == 0, "rank {r}: a captured launch: {evs:?}");
     ensure!(cc.kernel_events_pending().0 == 0, "rank {r}: a captured launch holds a timer slot");
-    // The cost of KernelCh on the smallest operation.
-    let with_ch = time_small(cc, s, bufs, iters)?;
+    // The cost of KernelCh on the smallest operation, and of CeColl on the smallest call on
+    // the copy engines.
+    let (with_ch, _) = time_small(cc, s, bufs, iters, "all_reduce_8B")?;
+    let with_ce = if on_ce > 0 { Some(time_small(cc, s, bufs, iters, "all_gather")?) } else { None };
+    let (_, ce_untimed) = cc.ce_events_pending();
     cc.comm().detach_sink(h);
     let h = cc.comm().attach_sink(Recorder::new(EventMask::of(EventType::Coll))).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let coll_only = time_small(cc, s, bufs, iters)?;
+    let (coll_only, _) = time_small(cc, s, bufs, iters, "all_reduce_8B")?;
+    let ce_coll_only = if on_ce > 0 { Some(time_small(cc, s, bufs, iters, "all_gather")?) } else { None };
     cc.comm().detach_sink(h);
-    let none = time_small(cc, s, bufs, iters)?;
+    let (none, _) = time_small(cc, s, bufs, iters, "all_reduce_8B")?;
     let (pending, untimed) = cc.kernel_events_pending();
+    let round = |v: Option<f64>| v.map(|v| (v * 1000.0).round() / 1000.0);
+    let (with_ce, with_ce_enqueue) = (with_ce.map(|t| t.0), with_ce.map(|t| t.1));
+    let (ce_coll_only, ce_coll_only_enqueue) = (ce_coll_only.map(|t| t.0), ce_coll_only.map(|t| t.1));
     let last = cc.clock_map().unwrap_or(clock);
     if r == 0 {
         println!(
@@ -321,9 +400,17 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
                 "clock_offset_ns_at_end": last.offset_ns, "clock_err_ns_at_end": last.err_ns, "drift_ppb": last.ppb,
                 "iters": iters, "allreduce_8B_us_kernel_ch": (with_ch * 1000.0).round() / 1000.0,
                 "allreduce_8B_us_coll_only": (coll_only * 1000.0).round() / 1000.0,
-                "allreduce_8B_us_no_sink": (none * 1000.0).round() / 1000.0, "untimed": untimed, "pending": pending})
+                "allreduce_8B_us_no_sink": (none * 1000.0).round() / 1000.0, "untimed": untimed, "pending": pending,
+                "on_copy_engines": on_ce, "allgather_8B_ce_us_ce_coll": round(with_ce),
+                "allgather_8B_ce_us_coll_only": round(ce_coll_only),
+                "allgather_8B_ce_enqueue_us_ce_coll": round(with_ce_enqueue),
+                "allgather_8B_ce_enqueue_us_coll_only": round(ce_coll_only_enqueue), "ce_untimed": ce_untimed,
+                "ce_clock_err_ns": cc.ce_clock().map(|a| a.err_ns)})
         );
     }
-    println!("rank {r}: events ok: {ops} operations, {chans} KernelCh, clock ± {} ns", clock.err_ns);
+    println!(
+        "rank {r}: events ok: {ops} operations ({on_ce} on the copy engines), {chans} KernelCh/CeColl, clock ± {} ns",
+        clock.err_ns
+    );
     Ok(())
 }

@@ -11,6 +11,7 @@ use super::kernels::coll::{CollKernels, Layout, ERROR_WORD, MAX_LANES, MAX_RANKS
 use super::kernels::cudarc::driver::CudaContext;
 use super::kernels::ipc::{DeviceRegion, PeerRegion};
 use super::kernels::phases::ChannelRecord;
+use super::kernels::stamps::AnchorTime;
 use super::kernels::timer::{ClockMap, TimerRing};
 use super::kernels::{device, staging, ClusterSize, SyncDomain};
 use super::names::FUNCS;
@@ -216,6 +217,9 @@ impl Drop for CudaComm {
         }
         if let Some(ev) = timed {
             ev.collect(self.comm.fanout());
+        }
+        if let Some(ce) = &self.ce_streams {
+            ce.spans().collect(self.comm.fanout());
         }
     }
 }
@@ -512,17 +516,32 @@ impl CudaComm {
         self.events.as_ref().map(DevEvents::clock)
     }
 
-    /// Reports the KernelCh events of every launch that has finished (call it after
-    /// synchronising the streams to have them all); returns how many launches it reported.
-    /// Operations also report them as they start, and so does the communicator's drop.
+    /// Reports the KernelCh events of every launch and the CeColl events of every copy-engine
+    /// call that has finished (call it after synchronising the streams to have them all);
+    /// returns how many launches and calls it reported. Operations also report them as they
+    /// start, and so does the communicator's drop.
     pub fn flush_events(&self) -> usize {
-        self.events.as_ref().map_or(0, |e| e.collect(self.comm.fanout()))
+        let f = self.comm.fanout();
+        let launches = self.events.as_ref().map_or(0, |e| e.collect(f));
+        launches + self.ce_streams.as_ref().map_or(0, |c| c.spans().collect(f))
     }
 
     /// Timed launches whose KernelCh events are not reported yet, and launches that wanted
     /// them but ran untimed (every timer slot outstanding).
     pub fn kernel_events_pending(&self) -> (usize, u64) {
         self.events.as_ref().map_or((0, 0), |e| (e.outstanding(), e.untimed()))
+    }
+
+    /// The event clock's anchor, which places copy-engine calls' CeColl events on the span
+    /// clock (`None`: no call was timed yet, or none could be anchored).
+    pub fn ce_clock(&self) -> Option<AnchorTime> {
+        self.ce_streams.as_ref().and_then(|c| c.spans().anchor())
+    }
+
+    /// Timed copy-engine calls whose CeColl events are not reported yet, and calls that wanted
+    /// them but ran untimed (every stamp pair in flight, or no anchor for the device clock).
+    pub fn ce_events_pending(&self) -> (usize, u64) {
+        self.ce_streams.as_ref().map_or((0, 0), |c| c.spans().pending())
     }
 
     /// Every rank's `mine` over the bootstrap, in rank order (a collective call: every rank

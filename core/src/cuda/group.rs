@@ -6,7 +6,7 @@
 //! grouped, so the two ends of a pair always take the same path. Sends and receives to this
 //! rank itself are copies on the caller's stream either way.
 
-use super::ce::{Flows, Route, Share};
+use super::ce::{ce_coll, Flows, Route, Share};
 use super::comm::CudaComm;
 use super::err;
 use super::events::Owner;
@@ -189,10 +189,20 @@ impl CudaComm {
             _ => "SendRecv",
         };
         let captured = capturing(stream);
+        // One CeColl per operation (under its P2pApi), each spanning the whole call.
+        let timed = profs.iter().filter_map(|(o, p)| Some((o, p.ce_parent()?))).filter(|_| !captured);
+        let ce_ops = timed
+            .map(|(o, parent)| {
+                let bufs = if o.send { (o.buf as usize, 0) } else { (0, o.buf as usize) };
+                let func = func_of(o.mode()).0;
+                let d = ce_coll(func, bufs, o.count, o.peer as i32, o.dt.nccl_name(), stream.cu_stream() as usize);
+                (parent, d)
+            })
+            .collect();
         let launch = profs.first().and_then(|(_, p)| p.start_launch(stream.cu_stream() as usize));
         self.last_channels.store(0, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the caller's promise about the buffers.
-        let r = unsafe { self.enqueue_ce(stream, &flows, captured, func) };
+        let r = unsafe { self.enqueue_ce(stream, &flows, captured, func, ce_ops) };
         if let (Ok(()), Some(w)) = (&r, &self.watch) {
             w.launched(captured);
         }
@@ -215,9 +225,7 @@ impl CudaComm {
         chans: impl Fn(&P2p) -> u32,
     ) -> Vec<(&'o P2p, OpProf<'_>)> {
         let f = self.comm.fanout();
-        if let Some(ev) = &self.events {
-            ev.collect(f);
-        }
+        self.flush_events();
         let t0 = crate::record::now_ns();
         ops.iter()
             .filter(|o| o.peer != self.rank())

@@ -4,7 +4,7 @@
 //! (NCCL's `void*` arguments); `count` is in elements as in NCCL.
 
 use super::budget::{CtaBudget, CtaPolicy, Launch};
-use super::ce::{Flows, Route, Share};
+use super::ce::{ce_coll, CeOp, Flows, Route, Share};
 use super::comm::CudaComm;
 use super::err;
 use super::events::{Owner, Slots};
@@ -273,9 +273,7 @@ impl CudaComm {
         self.check_usable()?;
         self.last_channels.store(blocks, std::sync::atomic::Ordering::Relaxed);
         let f = self.comm.fanout();
-        if let Some(ev) = &self.events {
-            ev.collect(f);
-        }
+        self.flush_events();
         let mode = Mode::of_code(a.mode).ok_or_else(|| Error::internal(format!("device mode {}", a.mode)))?;
         let (func, fi) = func_of(mode);
         let prof = OpProf::begin_device(f, self.rank(), || OpDescr {
@@ -311,7 +309,16 @@ impl CudaComm {
         // the timer slot is this launch's alone until its records are collected.
         let r = match flows {
             // SAFETY: as for the kernel; the flows' addresses are the call's.
-            Some(f) => unsafe { self.enqueue_ce(stream, f, captured(), func) },
+            Some(f) => {
+                // Its CeColl, when a sink wants it (a captured call's is never timed).
+                let parent = prof.as_ref().and_then(OpProf::ce_parent).filter(|_| !captured());
+                let ops = parent.map(|p| {
+                    let (bufs, dt) = ((a.input as usize, a.output as usize), call.dt.nccl_name());
+                    let d = ce_coll(func, bufs, call.count, a.root as i32, dt, stream.cu_stream() as usize);
+                    vec![(p, d)]
+                });
+                unsafe { self.enqueue_ce(stream, f, captured(), func, ops.unwrap_or_default()) }
+            }
             None => unsafe { self.kernels.launch(stream, &a, dt, kernel_op(op), blocks) }
                 .map_err(err("launch a device collective")),
         };
@@ -336,7 +343,8 @@ impl CudaComm {
         r
     }
 
-    /// Enqueues a call's copies on the copy engines (`ce/streams.rs`), watched as `func`.
+    /// Enqueues a call's copies on the copy engines (`ce/streams.rs`), watched as `func` and
+    /// timed as the CeColl events `ops` (none: untimed).
     ///
     /// # Safety
     /// The addresses in `f` are this GPU's memory, valid until `stream` has run the call.
@@ -346,12 +354,13 @@ impl CudaComm {
         f: &Flows,
         captured: bool,
         func: &'static str,
+        ops: Vec<CeOp>,
     ) -> Result<()> {
         let Some(ce) = &self.ce_streams else {
             return Err(Error::internal("a copy-engine call on a communicator without copy-engine streams"));
         };
         // SAFETY: the caller's promise; the regions are this communicator's.
-        unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, captured, func) }
+        unsafe { ce.enqueue(stream, &self.regions, self.rank(), &self.ce, f, captured, func, ops) }
             .map_err(err("enqueue a copy-engine call"))
     }
 

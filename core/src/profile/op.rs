@@ -173,6 +173,8 @@ pub(crate) struct OpProf<'f> {
     /// Emits the progress engine's Active/Idle markers around the operation (a group emits
     /// them once around all its operations).
     markers: bool,
+    /// The call's API event (CollApi or P2pApi): the parent of its CeColl (NCCL's v6 hierarchy).
+    api: Option<EventId>,
     coll: Option<EventId>,
     legs: Vec<LegEv>,
     /// The last clock reading its summed steps took (0 before the first): a step that begins
@@ -227,7 +229,7 @@ pub(crate) fn marker(f: &Fanout, mask: EventMask, st: ProxyCtrlState) {
 impl<'f> OpProf<'f> {
     /// An operation with no events started yet, under the Group `parent_group`.
     fn empty(f: &'f Fanout, mask: EventMask, rank: usize, parent_group: Option<EventId>, markers: bool) -> Self {
-        let (group_api, group, coll) = (None, None, None);
+        let (group_api, group, api, coll) = (None, None, None, None);
         OpProf {
             f: f.view(),
             mask,
@@ -236,6 +238,7 @@ impl<'f> OpProf<'f> {
             group,
             parent_group,
             markers,
+            api,
             coll,
             legs: SPARE_LEGS.take(),
             last_ns: Cell::new(0),
@@ -345,6 +348,13 @@ impl<'f> OpProf<'f> {
         self.coll
     }
 
+    /// The parent of the operation's CeColl (its API event) when a sink wants CeColl events:
+    /// `Some(None)` when the API event itself is not wanted.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ce_parent(&self) -> Option<Option<EventId>> {
+        self.on(EventType::CeColl).then_some(self.api)
+    }
+
     /// The mask the operation captured.
     #[cfg(feature = "cuda")]
     pub(crate) fn mask(&self) -> EventMask {
@@ -395,6 +405,7 @@ impl<'f> OpProf<'f> {
     ) {
         let rank = self.rank;
         let p = self;
+        p.api = api;
         p.coll = p.start(api, &d.event(rank, p.parent_group));
         let legs = if p.on(EventType::ProxyOp) { legs() } else { Vec::new() };
         let sums = p.mask.wants_totals() && !p.on(EventType::ProxyStep);

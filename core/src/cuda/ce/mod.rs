@@ -93,6 +93,9 @@
 //! graph (a capture refuses the batched copy) and every call on a driver before CUDA 12.8
 //! (logged once) go per peer.
 //!
+//! A call that a profiler sink wants timed also gets timed stamps at its start and end, which
+//! become its CeColl events at the device's times (`spans.rs`).
+//!
 //! A stream wait has no device timeout; the host gives one. Each call that is not captured
 //! records an event as it starts and one as it ends (`calls.rs`), and the watcher (`watch.rs`)
 //! looks at them: a call still running `OCCL_TIMEOUT` after its start was seen (a peer stopped
@@ -103,8 +106,10 @@
 
 mod calls;
 mod plan;
+mod spans;
 mod streams;
 
+pub(crate) use spans::{ce_coll, CeOp};
 pub(crate) use streams::CeStreams;
 
 use super::kernels::coll::MAX_RANKS;

@@ -3,12 +3,14 @@
 //! and the caller's stream waits for an event recorded on each of them. Under capture the event
 //! brings the lanes' streams into the caller's graph and the joins return them to it, as a
 //! graph requires. A call that is not captured also records its start and end for the
-//! watcher (`calls.rs`). A batch step is one driver call (`cuMemcpyBatchAsync`); a call is
+//! watcher (`calls.rs`), and, when a sink wants them, timed stamps for its CeColl events
+//! (`spans.rs`). A batch step is one driver call (`cuMemcpyBatchAsync`); a call is
 //! planned with batches only where the driver has it and the stream is not captured (a capture
 //! refuses it), else per peer.
 
 use super::calls::CeCalls;
 use super::plan::{plan, Lane, Step};
+use super::spans::{CeOp, CeSpans};
 use super::{CeArea, CeSends, Flows};
 use crate::cuda::kernels::coll::MAX_RANKS;
 use crate::cuda::kernels::cudarc::driver::{CudaContext, CudaStream};
@@ -36,6 +38,8 @@ pub(crate) struct CeStreams {
     done: Mark,
     /// The start and end of each call not captured, for the watcher.
     calls: Arc<CeCalls>,
+    /// The device times of calls a sink wants as CeColl events.
+    spans: CeSpans,
 }
 
 impl CeStreams {
@@ -62,12 +66,18 @@ impl CeStreams {
             join: Mark::new(ctx)?,
             done: Mark::new(ctx)?,
             calls: Arc::new(CeCalls::new(ctx, timeout)),
+            spans: CeSpans::new(ctx),
         })
     }
 
     /// The calls the watcher looks at.
     pub(crate) fn calls(&self) -> &Arc<CeCalls> {
         &self.calls
+    }
+
+    /// The timed calls, whose CeColl events the communicator collects.
+    pub(crate) fn spans(&self) -> &CeSpans {
+        &self.spans
     }
 
     /// A lane's stream; the batch lane falls back on the receives' stream when there is no
@@ -90,7 +100,8 @@ impl CeStreams {
     /// before every step of that call is done. A graph is ordered by the stream it is launched
     /// on, as any captured work is (a capture cannot wait for work outside it). The
     /// communicator's calls are made one at a time (it is not used from two threads at once).
-    /// A call that is not captured is watched as `func` (`calls.rs`).
+    /// A call that is not captured is watched as `func` (`calls.rs`) and, when `events` (its
+    /// operations' CeColl events) is not empty, timed (`spans.rs`).
     ///
     /// # Safety
     /// The addresses in `f` are device memory of this context valid for `bytes` until `caller`
@@ -105,6 +116,7 @@ impl CeStreams {
         f: &Flows,
         capturing: bool,
         func: &'static str,
+        events: Vec<CeOp>,
     ) -> Result<()> {
         // A capture refuses the batched copy, and a batch issued piece by piece would put
         // every peer's copy on one stream: such a call goes per peer. A peer cannot tell.
@@ -115,6 +127,7 @@ impl CeStreams {
         lanes.dedup();
         let ops = lanes.iter().map(|&l| Ok((l, StreamOps::new(self.stream(l))?))).collect::<Result<Vec<_>>>()?;
         let timed = if capturing { None } else { self.calls.start(caller)? };
+        let span = if capturing || events.is_empty() { None } else { self.spans.start(caller, events)? };
         self.fork.record(caller)?;
         for &l in &lanes {
             self.fork.wait_on(self.stream(l))?;
@@ -143,6 +156,9 @@ impl CeStreams {
         issued.and(joined)?;
         if !capturing {
             self.done.record(caller)?;
+        }
+        if let Some(s) = span {
+            s.end(caller)?;
         }
         if let Some(t) = timed {
             t.end(caller, func, f.largest())?;
