@@ -101,13 +101,17 @@ pub(super) struct Timed<'a> {
 
 impl Timed<'_> {
     /// Records the call's end on `caller`; its CeColl events follow once the device has run it.
-    pub(super) fn end(mut self, caller: &CudaStream) -> Result<()> {
+    /// A failure costs the events (logged), never the call.
+    pub(super) fn end(mut self, caller: &CudaStream) {
         let mut g = self.spans.lock();
-        g.pairs[self.pair].1.record(caller)?;
+        if let Err(e) = g.pairs[self.pair].1.record(caller) {
+            tracing::debug!("occl: a copy-engine call's end stamp: {e}; it goes untimed");
+            g.untimed += 1;
+            return; // the drop frees the pair
+        }
         let ops = self.ops.take().unwrap_or_default();
         g.pending.push_back(Pending { pair: self.pair, ops });
         self.spans.outstanding.store(g.pending.len(), Relaxed);
-        Ok(())
     }
 }
 
@@ -137,9 +141,22 @@ impl CeSpans {
     }
 
     /// Starts timing a call of `ops` on `caller`: `None` (counted untimed) when every pair is
-    /// in flight or the device clock could not be anchored yet.
-    pub(super) fn start(&self, caller: &CudaStream, mut ops: Vec<CeOp>) -> Result<Option<Timed<'_>>> {
+    /// in flight, the device clock could not be anchored yet, or a stamp failed (logged): the
+    /// events are lost, never the call.
+    pub(super) fn start(&self, caller: &CudaStream, ops: Vec<CeOp>) -> Option<Timed<'_>> {
         let mut g = self.lock();
+        let t = self.take(&mut g, caller, ops);
+        if let Err(e) = &t {
+            tracing::debug!("occl: a copy-engine call's start stamp: {e}; it goes untimed");
+        }
+        if !matches!(t, Ok(Some(_))) {
+            g.untimed += 1;
+        }
+        t.ok().flatten()
+    }
+
+    /// [`CeSpans::start`] under the lock.
+    fn take<'s>(&'s self, g: &mut Inner, caller: &CudaStream, mut ops: Vec<CeOp>) -> Result<Option<Timed<'s>>> {
         if let Some(a) = g.anchor.as_mut().filter(|a| a.stale()) {
             // Its query must not break a graph this thread captures on another stream.
             let _relaxed = RelaxedCapture::new()?;
@@ -147,22 +164,16 @@ impl CeSpans {
                 tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one");
             }
         }
-        let anchored = g.anchor.as_ref().is_some_and(|a| a.time().is_some());
-        let pair = match g.free.pop() {
-            Some(i) if anchored => Some(i),
-            Some(i) => {
-                g.free.push(i);
-                None
-            }
-            None if anchored && g.pairs.len() < MAX_TIMED => {
-                g.pairs.push((Stamp::new(&self.ctx)?, Stamp::new(&self.ctx)?));
-                Some(g.pairs.len() - 1)
-            }
-            None => None,
-        };
-        let Some(pair) = pair else {
-            g.untimed += 1;
+        if !g.anchor.as_ref().is_some_and(|a| a.time().is_some()) {
             return Ok(None);
+        }
+        let pair = match g.free.pop() {
+            Some(i) => i,
+            None if g.pairs.len() < MAX_TIMED => {
+                g.pairs.push((Stamp::new(&self.ctx)?, Stamp::new(&self.ctx)?));
+                g.pairs.len() - 1
+            }
+            None => return Ok(None),
         };
         if let Err(e) = g.pairs[pair].0.record(caller) {
             g.free.push(pair);
