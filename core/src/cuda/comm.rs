@@ -206,7 +206,7 @@ impl Drop for CudaComm {
     /// Launches still holding timer slots finish (kernels give up within `OCCL_TIMEOUT`) and
     /// their KernelCh events are reported before the ring is freed; copy-engine calls in flight
     /// finish before the region they copy through is freed (the watcher releases a stalled one
-    /// at `OCCL_TIMEOUT`).
+    /// at `OCCL_TIMEOUT`), and their CeColl events are reported.
     fn drop(&mut self) {
         let timed = self.events.as_ref().filter(|ev| ev.outstanding() > 0);
         let copying = self.ce_streams.as_ref().is_some_and(|s| s.calls().any());
@@ -533,7 +533,7 @@ impl CudaComm {
     }
 
     /// The event clock's anchor, which places copy-engine calls' CeColl events on the span
-    /// clock (`None`: no call was timed yet, or none could be anchored).
+    /// clock (`None`: no copy-engine streams, or no measurement succeeded yet).
     pub fn ce_clock(&self) -> Option<AnchorTime> {
         self.ce_streams.as_ref().and_then(|c| c.spans().anchor())
     }

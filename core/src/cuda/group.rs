@@ -215,8 +215,8 @@ impl CudaComm {
 
     /// Begins the P2p events of a group's operations with peers (not this rank), as run by
     /// `algo` in chunks of `chunk` bytes on `chans(op)` channels, and counts each as launched
-    /// for RAS (NCCL's RAS counts operations as they are enqueued). The pending KernelCh
-    /// records are collected first.
+    /// for RAS (NCCL's RAS counts operations as they are enqueued). The pending KernelCh and
+    /// CeColl events are collected first.
     fn begin_group<'o>(
         &self,
         ops: &'o [P2p],

@@ -254,8 +254,9 @@ impl CudaComm {
     }
 
     /// Enqueues the launch with its host events (API, Group, Coll/P2p, KernelLaunch) and, when
-    /// a sink wants KernelCh, a timer slot for its blocks (`events.rs`). The events carry the
-    /// kernel's addresses and the caller's count and type.
+    /// a sink wants KernelCh, a timer slot for its blocks (`events.rs`); a call on the copy
+    /// engines (`flows`), when a sink wants CeColl, is timed instead (`ce/spans.rs`). The events
+    /// carry the kernel's addresses and the caller's count and type.
     ///
     /// # Safety
     /// As for every raw call: the addresses are this GPU's memory, valid for what the operation

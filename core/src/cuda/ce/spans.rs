@@ -164,7 +164,7 @@ impl CeSpans {
                 tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one");
             }
         }
-        if !g.anchor.as_ref().is_some_and(|a| a.time().is_some()) {
+        if g.anchor.as_ref().and_then(Anchor::time).is_none() {
             return Ok(None);
         }
         let pair = match g.free.pop() {
