@@ -81,6 +81,8 @@ struct Inner {
     next: u32,
     /// Calls that wanted times and got none (every pair in flight, or no anchor yet).
     untimed: u64,
+    /// The end (span clock) of the last call collected: no later call's copies start before it.
+    last_end: u64,
 }
 
 /// One communicator's timed copy-engine calls.
@@ -131,8 +133,15 @@ impl CeSpans {
         if let Some(t) = anchor.as_ref().and_then(Anchor::time) {
             tracing::debug!("occl: device event clock anchored ± {} ns", t.err_ns);
         }
-        let inner =
-            Inner { pairs: Vec::new(), free: Vec::new(), pending: VecDeque::new(), anchor, next: 0, untimed: 0 };
+        let inner = Inner {
+            pairs: Vec::new(),
+            free: Vec::new(),
+            pending: VecDeque::new(),
+            anchor,
+            next: 0,
+            untimed: 0,
+            last_end: 0,
+        };
         CeSpans { ctx: ctx.clone(), inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
     }
 
@@ -218,15 +227,16 @@ impl CeSpans {
                 }
             };
             let mut g = self.lock();
-            let Inner { pairs, free, pending, anchor, untimed, .. } = &mut *g;
-            let mut i = 0;
-            while let Some(p) = pending.get(i) {
+            let Inner { pairs, free, pending, anchor, untimed, last_end, .. } = &mut *g;
+            // The end stamps complete in the order the calls were enqueued, whatever their
+            // callers' streams: each call's lanes wait for the `done` mark of the call before
+            // (`streams.rs`), recorded after that call's end stamp on its stream. So the first
+            // call not done ends the look, and a host far ahead of its device pays one query
+            // per operation.
+            while let Some(p) = pending.front() {
                 let (start, end) = &pairs[p.pair];
                 match end.done() {
-                    Ok(false) => {
-                        i += 1;
-                        continue;
-                    }
+                    Ok(false) => break,
                     Ok(true) => {}
                     Err(e) => tracing::debug!("occl: a copy-engine call's end stamp: {e}; it goes untimed"),
                 }
@@ -234,10 +244,16 @@ impl CeSpans {
                     Some(a) => a.host_ns(start).and_then(|s| Ok(s.zip(a.host_ns(end)?))),
                     None => Ok(None),
                 };
-                let Some(p) = pending.remove(i) else { break };
+                let Some(p) = pending.pop_front() else { break };
                 free.push(p.pair);
                 match times {
-                    Ok(Some((s, e))) => done.push((s, e.max(s), p.ops)),
+                    Ok(Some((s, e))) => {
+                        // A call enqueued on another stream than the one before it is stamped
+                        // as it comes up there, but its lanes wait for that call to end.
+                        let s = s.max(*last_end).min(e);
+                        *last_end = e;
+                        done.push((s, e, p.ops));
+                    }
                     Ok(None) => *untimed += 1,
                     Err(e) => {
                         tracing::debug!("occl: a copy-engine call's times: {e}; it goes untimed");

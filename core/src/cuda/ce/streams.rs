@@ -154,11 +154,13 @@ impl CeStreams {
             self.join.wait_on(caller)
         });
         issued.and(joined)?;
-        if !capturing {
-            self.done.record(caller)?;
-        }
+        // Before `done`, which the next call's lanes wait for: the calls' end stamps complete
+        // in call order (`spans.rs` relies on it).
         if let Some(s) = span {
             s.end(caller);
+        }
+        if !capturing {
+            self.done.record(caller)?;
         }
         if let Some(t) = timed {
             t.end(caller, func, f.largest())?;
