@@ -21,7 +21,7 @@
 use anyhow::{bail, ensure, Context};
 use occl::cuda::kernels::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use occl::cuda::kernels::stamps::Stamp;
-use occl::cuda::{CudaComm, P2p};
+use occl::cuda::{CtaPolicy, CudaComm, P2p};
 use occl::{DataType, RedOp};
 use occl_telemetry::spans::unix_nanos;
 use occl_telemetry::{EventDescr, EventId, EventMask, EventType, Sink};
@@ -363,7 +363,14 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
             );
         }
     }
-    ensure!(cc.ce_events_pending().0 == 0, "rank {r}: copy-engine calls left untimed after the flush");
+    ensure!(cc.ce_events_pending().0 == 0, "rank {r}: copy-engine calls not reported after the flush");
+    // Under policy zero every all-gather, broadcast, all-to-all, send and receive runs on the
+    // copy engines (two ranks of one process on one GPU excepted): the CeColl checks ran.
+    let zero = cc.budget().policy == CtaPolicy::Zero;
+    ensure!(
+        !zero || cc.nranks() < 2 || on_ce == 6,
+        "rank {r}: {on_ce} of 6 operations ran on the copy engines under policy zero"
+    );
     // A captured launch: host events, no KernelCh, and no slot held.
     cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
     rec.take();
