@@ -7,7 +7,7 @@ use super::load::{Init, Library};
 use super::logger::logger;
 use super::ApiVersion;
 use crate::activation;
-use crate::event::{EventDescr, EventId, EventType, StateArgs};
+use crate::event::{EventDescr, EventId, StateArgs};
 use crate::idtable::IdTable;
 use crate::mask::EventMask;
 use crate::profiler::CommInfo;
@@ -26,8 +26,7 @@ pub(crate) struct PluginSink {
     /// NCCL's `commName` lives as long as the communicator; so does this copy.
     comm_name: Option<CString>,
     comm_hash: u64,
-    /// Each event's plugin handle and type.
-    handles: IdTable<(usize, EventType)>,
+    handles: IdTable<usize>,
     finalized: AtomicBool,
 }
 
@@ -81,7 +80,7 @@ impl PluginSink {
     }
 
     fn handle_of(&self, id: Option<EventId>) -> *mut c_void {
-        id.and_then(|i| self.handles.get(i)).map_or(0, |h| h.0) as *mut c_void
+        id.and_then(|i| self.handles.get(i)).unwrap_or(0) as *mut c_void
     }
 
     /// `parentObj` (and v5+ `parentGroup`) for an event. Before v5, Coll/P2p hang under the
@@ -93,12 +92,6 @@ impl PluginSink {
         };
         if self.lib.version < ApiVersion::V5 && group.is_some() {
             Links { parent: self.handle_of(group), group: ptr::null_mut() }
-        } else if matches!(ev, EventDescr::CeColl { .. })
-            && parent.and_then(|i| self.handles.get(i)).is_some_and(|h| h.1 != EventType::CollApi)
-        {
-            // A v6 plugin takes a CeColl's parent for a CollApi; occl's copy-engine sends and
-            // receives hang theirs under a P2pApi, which such a plugin must not see as one.
-            Links { parent: ptr::null_mut(), group: ptr::null_mut() }
         } else {
             Links { parent: self.handle_of(parent), group: self.handle_of(group) }
         }
@@ -154,7 +147,19 @@ impl Sink for PluginSink {
         };
         // Stored even when NULL, so the event's states and stop are skipped rather than lost.
         if let Some(h) = handle {
-            self.handles.insert(id, ev.event_type(), (h, ev.event_type()));
+            self.handles.insert(id, ev.event_type(), h);
+        }
+    }
+
+    /// An event reported after it ran, at times measured elsewhere. occl reports its CeColl so,
+    /// at a copy-engine call's device start and end. A v6 plugin times a CeColl itself instead:
+    /// it records CUDA events on the descriptor's stream at the start and the stop, which NCCL
+    /// calls around the enqueue. Called after the call has run, the plugin would time later
+    /// work, or put its events into a graph the stream is capturing. So the plugin does not get
+    /// these CeColl events, as NCCL 2.28 emits none. Any other event goes on as at its start.
+    fn start_at(&self, id: EventId, parent: Option<EventId>, ev: &EventDescr<'_>, _t_ns: u64) {
+        if !matches!(ev, EventDescr::CeColl { .. }) {
+            self.start(id, parent, ev);
         }
     }
 
@@ -163,7 +168,7 @@ impl Sink for PluginSink {
             return;
         }
         let h = match self.handles.get(id) {
-            Some((h, _)) if h != 0 => h as *mut c_void,
+            Some(h) if h != 0 => h as *mut c_void,
             _ => return,
         };
         let record = self.lib.funcs.record_event_state;
@@ -191,7 +196,7 @@ impl Sink for PluginSink {
         match self.handles.stop(id) {
             // SAFETY: a non-NULL `stopEvent` of the held library and a non-NULL handle this
             // plugin returned for a started event.
-            Some((h, _)) if h != 0 => unsafe {
+            Some(h) if h != 0 => unsafe {
                 (self.lib.funcs.stop_event)(h as *mut c_void);
             },
             _ => {}
