@@ -55,6 +55,11 @@ impl Stamp {
         self.0.record(stream)
     }
 
+    /// The event itself, which other streams may wait for as for any mark.
+    pub fn mark(&self) -> &Mark {
+        &self.0
+    }
+
     /// Whether the stream has reached the last `record`; never blocks.
     pub fn done(&self) -> Result<bool> {
         self.0.done()

@@ -1,7 +1,7 @@
 //! Which copy-engine call ran too long. A copy-engine call waits for its peers with stream
 //! operations, which have no timeout of their own (`ce/mod.rs`): a peer that lives but stops
 //! calling would hold the call, and the caller's stream, forever. The host sees each call
-//! through two events (`ce/calls.rs`): one the caller's stream passes as the call starts, one
+//! through two events (`ce/pairs.rs`, watched in `ce/calls.rs`): one the caller's stream passes as the call starts, one
 //! after its joins as it ends. This is the decision over what those events showed, on a virtual
 //! clock: a call whose start was seen at `t` and whose end was not seen by `t + OCCL_TIMEOUT`
 //! is stalled, and the communicator is stopped once, as for a dead peer (`watch.rs`).

@@ -93,18 +93,20 @@
 //! graph (a capture refuses the batched copy) and every call on a driver before CUDA 12.8
 //! (logged once) go per peer.
 //!
-//! A call that a profiler sink wants timed also gets timed stamps at its start and end, which
+//! Each call that is not captured records two events on its caller's stream (`pairs.rs`): its
+//! start, which its lanes fork from, and its end, after the joins, which the next call's lanes
+//! wait for. When a profiler sink wants the call's device times they are timed events, and
 //! become its CeColl events at the device's times (`spans.rs`).
 //!
-//! A stream wait has no device timeout; the host gives one. Each call that is not captured
-//! records an event as it starts and one as it ends (`calls.rs`), and the watcher (`watch.rs`)
-//! looks at them: a call still running `OCCL_TIMEOUT` after its start was seen (a peer stopped
-//! calling, or skipped this call) is stopped as a call waiting for a dead peer is, by writing
-//! every word far ahead ([`CeArea::release_all`]) beside the error word, and the communicator
-//! reports a `Timeout` naming the call. A call captured in a CUDA graph replays without the
+//! A stream wait has no device timeout; the host gives one. The watcher (`watch.rs`) looks at
+//! each call's start and end (`calls.rs`): a call still running `OCCL_TIMEOUT` after its start
+//! was seen (a peer stopped calling, or skipped this call) is stopped as a call waiting for a
+//! dead peer is, by writing every word far ahead ([`CeArea::release_all`]) beside the error
+//! word, and the communicator reports a `Timeout` naming the call. A call captured in a CUDA graph replays without the
 //! host and is not timed: only a dead peer or an abort releases it.
 
 mod calls;
+mod pairs;
 mod plan;
 mod spans;
 mod streams;

@@ -5,30 +5,28 @@
 //! device start and end, as its KernelCh events span a kernel's channels, so a trace or a
 //! duration metric shows when the copies ran.
 //!
-//! A call that a sink wants timed gets a pair of timed stamps (`occl_kernels::stamps`) on the
-//! caller's stream: at its start (before the fork onto the copy-engine streams) and its end
-//! (after the joins). Once the end is complete, the pair's times on the span clock, through the
-//! communicator's anchor, become one CeColl per operation of the call (a group of sends and
-//! receives is one call). They are collected where KernelCh records are: at the next operation,
-//! at `CudaComm::flush_events` and when the communicator goes away, with this thread's capture
+//! A call that a sink wants timed gets a timed pair (`pairs.rs`): the stamps on the caller's
+//! stream at its start (the fork onto the copy-engine streams) and its end (after the joins).
+//! Once the end is complete, the pair's times on the span clock, through the communicator's
+//! anchor, become one CeColl per operation of the call (a group of sends and receives is one
+//! call). They are collected where KernelCh records are: at the next operation, at
+//! `CudaComm::flush_events` and when the communicator goes away, with this thread's capture
 //! mode relaxed, so that the queries do not break a graph it captures. Nothing on the enqueue
 //! path waits for the device but the anchor's renewal: a stamp on an idle stream, about once a
 //! second while calls are timed, for at most [`PATIENCE`]; the first is measured as the
-//! communicator is made. A call a CUDA graph captures gets no pair (its replays run without the
-//! host), and neither does one beyond [`MAX_TIMED`] in flight.
+//! communicator is made. A call a CUDA graph captures is not timed (its replays run without
+//! the host), and neither is one that finds every timed pair in flight.
 
-use crate::cuda::kernels::cudarc::driver::{CudaContext, CudaStream};
+use super::pairs::Pair;
+use crate::cuda::kernels::cudarc::driver::CudaContext;
 use crate::cuda::kernels::staging::RelaxedCapture;
-use crate::cuda::kernels::stamps::{Anchor, AnchorTime, Stamp};
-use crate::cuda::kernels::Result;
+use crate::cuda::kernels::stamps::{Anchor, AnchorTime};
 use occl_events::{EventDescr, EventId, Fanout};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Timed calls in flight at most; later ones go untimed until some are collected.
-const MAX_TIMED: usize = 256;
 /// How long the anchor's first measurement, as the communicator is made, waits for its stamp.
 const FIRST_PATIENCE: Duration = Duration::from_millis(20);
 /// How long a later one does, on the enqueue path.
@@ -67,19 +65,19 @@ pub(crate) fn ce_coll(
 }
 
 struct Pending {
-    pair: usize,
+    pair: Arc<Pair>,
+    /// The pair's call number for this call.
+    call: u64,
     ops: Vec<CeOp>,
 }
 
 struct Inner {
-    pairs: Vec<(Stamp, Stamp)>,
-    free: Vec<usize>,
     pending: VecDeque<Pending>,
     /// `None` when its stream could not be made (logged): every call goes untimed.
     anchor: Option<Anchor>,
     /// Calls timed so far: the next one's sequence number.
     next: u32,
-    /// Calls that wanted times and got none (every pair in flight, or no anchor yet).
+    /// Calls that wanted times and got none (every timed pair in flight, or no anchor yet).
     untimed: u64,
     /// The end (span clock) of the last call collected: no later call's copies start before it.
     last_end: u64,
@@ -87,42 +85,9 @@ struct Inner {
 
 /// One communicator's timed copy-engine calls.
 pub(crate) struct CeSpans {
-    ctx: Arc<CudaContext>,
     inner: Mutex<Inner>,
     /// `pending.len()`, read without the lock.
     outstanding: AtomicUsize,
-}
-
-/// A pair taken for a call being enqueued, its start recorded. Dropped without
-/// [`Timed::end`] (the call failed to enqueue), it goes back untimed.
-pub(super) struct Timed<'a> {
-    spans: &'a CeSpans,
-    pair: usize,
-    ops: Option<Vec<CeOp>>,
-}
-
-impl Timed<'_> {
-    /// Records the call's end on `caller`; its CeColl events follow once the device has run it.
-    /// A failure costs the events (logged), never the call.
-    pub(super) fn end(mut self, caller: &CudaStream) {
-        let mut g = self.spans.lock();
-        if let Err(e) = g.pairs[self.pair].1.record(caller) {
-            tracing::debug!("occl: a copy-engine call's end stamp: {e}; it goes untimed");
-            g.untimed += 1;
-            return; // the drop frees the pair
-        }
-        let ops = self.ops.take().unwrap_or_default();
-        g.pending.push_back(Pending { pair: self.pair, ops });
-        self.spans.outstanding.store(g.pending.len(), Relaxed);
-    }
-}
-
-impl Drop for Timed<'_> {
-    fn drop(&mut self) {
-        if self.ops.is_some() {
-            self.spans.lock().free.push(self.pair);
-        }
-    }
 }
 
 impl CeSpans {
@@ -133,61 +98,42 @@ impl CeSpans {
         if let Some(t) = anchor.as_ref().and_then(Anchor::time) {
             tracing::debug!("occl: device event clock anchored ± {} ns", t.err_ns);
         }
-        let inner = Inner {
-            pairs: Vec::new(),
-            free: Vec::new(),
-            pending: VecDeque::new(),
-            anchor,
-            next: 0,
-            untimed: 0,
-            last_end: 0,
-        };
-        CeSpans { ctx: ctx.clone(), inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
+        let inner = Inner { pending: VecDeque::new(), anchor, next: 0, untimed: 0, last_end: 0 };
+        CeSpans { inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts timing a call of `ops` on `caller`: `None` (counted untimed) when every pair is
-    /// in flight, the device clock could not be anchored yet, or a stamp failed (logged): the
-    /// events are lost, never the call.
-    pub(super) fn start(&self, caller: &CudaStream, ops: Vec<CeOp>) -> Option<Timed<'_>> {
+    /// Whether a call enqueued now can be timed: the device clock is anchored (measured again
+    /// first when due). A call that wanted times and gets none is counted by
+    /// [`CeSpans::timed`].
+    pub(super) fn ready(&self) -> bool {
         let mut g = self.lock();
-        let t = self.take(&mut g, caller, ops);
-        if let Err(e) = &t {
-            tracing::debug!("occl: a copy-engine call's start stamp: {e}; it goes untimed");
-        }
-        if !matches!(t, Ok(Some(_))) {
-            g.untimed += 1;
-        }
-        t.ok().flatten()
-    }
-
-    /// [`CeSpans::start`] under the lock.
-    fn take<'s>(&'s self, g: &mut Inner, caller: &CudaStream, mut ops: Vec<CeOp>) -> Result<Option<Timed<'s>>> {
         if let Some(a) = g.anchor.as_mut().filter(|a| a.stale()) {
             // Its query must not break a graph this thread captures on another stream.
-            let _relaxed = RelaxedCapture::new()?;
-            if !a.renew(&occl_events::unix_nanos, PATIENCE)? {
-                tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one");
+            let renewed = RelaxedCapture::new().and_then(|_relaxed| a.renew(&occl_events::unix_nanos, PATIENCE));
+            match renewed {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one")
+                }
+                Err(e) => tracing::debug!("occl: the device event clock's anchor: {e}; kept the last one"),
             }
         }
-        if g.anchor.as_ref().and_then(Anchor::time).is_none() {
-            return Ok(None);
-        }
-        let pair = match g.free.pop() {
-            Some(i) => i,
-            None if g.pairs.len() < MAX_TIMED => {
-                g.pairs.push((Stamp::new(&self.ctx)?, Stamp::new(&self.ctx)?));
-                g.pairs.len() - 1
-            }
-            None => return Ok(None),
+        g.anchor.as_ref().and_then(Anchor::time).is_some()
+    }
+
+    /// Takes a call of `ops` whose events are recorded in `pair` (`None`: it got no pair) for
+    /// its CeColl events, which follow once the device has run it; a pair that is not timed
+    /// (every timed pair was in flight) leaves it untimed, counted.
+    pub(super) fn timed(&self, pair: Option<&Arc<Pair>>, mut ops: Vec<CeOp>) {
+        let mut g = self.lock();
+        let Some(pair) = pair.filter(|p| p.stamps().is_some()) else {
+            g.untimed += 1;
+            return;
         };
-        if let Err(e) = g.pairs[pair].0.record(caller) {
-            g.free.push(pair);
-            return Err(e);
-        }
         let n = g.next;
         g.next = n.wrapping_add(1);
         for (_, d) in &mut ops {
@@ -195,7 +141,8 @@ impl CeSpans {
                 (*seq_number, *ce_seq_num) = (u64::from(n), n);
             }
         }
-        Ok(Some(Timed { spans: self, pair, ops: Some(ops) }))
+        g.pending.push_back(Pending { pair: pair.clone(), call: pair.call(), ops });
+        self.outstanding.store(g.pending.len(), Relaxed);
     }
 
     /// The anchor's last measurement.
@@ -227,25 +174,20 @@ impl CeSpans {
                 }
             };
             let mut g = self.lock();
-            let Inner { pairs, free, pending, anchor, untimed, last_end, .. } = &mut *g;
-            // The end stamps complete in the order the calls were enqueued, whatever their
-            // callers' streams: each call's lanes wait for the `done` mark of the call before
-            // (`streams.rs`), recorded after that call's end stamp on its stream. So the first
-            // call not done ends the look, and a host far ahead of its device pays one query
-            // per operation.
+            let Inner { pending, anchor, untimed, last_end, .. } = &mut *g;
+            // The ends complete in the order the calls were enqueued, whatever their callers'
+            // streams: each call's lanes wait for the end of the call before (`streams.rs`). So
+            // the first call not done ends the look, and a host far ahead of its device pays one
+            // query per operation.
             while let Some(p) = pending.front() {
-                let (start, end) = &pairs[p.pair];
-                match end.done() {
-                    Ok(false) => break,
-                    Ok(true) => {}
-                    Err(e) => tracing::debug!("occl: a copy-engine call's end stamp: {e}; it goes untimed"),
+                if !p.pair.has_ended(p.call) {
+                    break;
                 }
-                let times = match anchor {
-                    Some(a) => a.host_ns(start).and_then(|s| Ok(s.zip(a.host_ns(end)?))),
-                    None => Ok(None),
+                let times = match (anchor.as_ref(), p.pair.stamps()) {
+                    (Some(a), Some((start, end))) => a.host_ns(start).and_then(|s| Ok(s.zip(a.host_ns(end)?))),
+                    _ => Ok(None),
                 };
                 let Some(p) = pending.pop_front() else { break };
-                free.push(p.pair);
                 match times {
                     Ok(Some((s, e))) => {
                         // A call enqueued on another stream than the one before it is stamped

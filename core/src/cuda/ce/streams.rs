@@ -2,13 +2,14 @@
 //! records an event that every lane's stream waits for, each lane's steps go on its stream,
 //! and the caller's stream waits for an event recorded on each of them. Under capture the event
 //! brings the lanes' streams into the caller's graph and the joins return them to it, as a
-//! graph requires. A call that is not captured also records its start and end for the
-//! watcher (`calls.rs`), and, when a sink wants them, timed stamps for its CeColl events
-//! (`spans.rs`). A batch step is one driver call (`cuMemcpyBatchAsync`); a call is
-//! planned with batches only where the driver has it and the stream is not captured (a capture
-//! refuses it), else per peer.
+//! graph requires. A call that is not captured forks from its pair's start and records its
+//! pair's end after the joins (`pairs.rs`), which the watcher (`calls.rs`) and, when a sink
+//! wants them, the CeColl events (`spans.rs`) read. A batch step is one driver call
+//! (`cuMemcpyBatchAsync`); a call is planned with batches only where the driver has it and the
+//! stream is not captured (a capture refuses it), else per peer.
 
 use super::calls::CeCalls;
+use super::pairs::{Pair, Pairs};
 use super::plan::{plan, Lane, Step};
 use super::spans::{CeOp, CeSpans};
 use super::{CeArea, CeSends, Flows};
@@ -18,8 +19,15 @@ use crate::cuda::kernels::memops::{has_batch_copy, side_stream, StreamOps};
 use crate::cuda::kernels::staging::Mark;
 use crate::cuda::kernels::Result;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The pairs, and the last call not captured, whose end the next one's lanes wait for.
+struct Chain {
+    pairs: Pairs,
+    /// `None` when that call got no pair: its end is `CeStreams::done`.
+    last: Option<Arc<Pair>>,
+}
 
 /// Streams of one communicator's context, made once: one per peer for the sends (this rank's
 /// own: its local part), one for the receives and, when batched, one for every send at once,
@@ -32,11 +40,13 @@ pub(crate) struct CeStreams {
     mode: CeSends,
     /// Whether the driver has the batched copy; without it every call goes per peer.
     one_call: bool,
+    /// The fork of a call without a pair: captured, or every pair in flight.
     fork: Mark,
     join: Mark,
-    /// The end of the last call not captured, on its caller's stream.
+    /// The end of a call not captured that got no pair.
     done: Mark,
-    /// The start and end of each call not captured, for the watcher.
+    chain: Mutex<Chain>,
+    /// The calls the watcher times.
     calls: Arc<CeCalls>,
     /// The device times of calls a sink wants as CeColl events.
     spans: CeSpans,
@@ -65,7 +75,8 @@ impl CeStreams {
             fork: Mark::new(ctx)?,
             join: Mark::new(ctx)?,
             done: Mark::new(ctx)?,
-            calls: Arc::new(CeCalls::new(ctx, timeout)),
+            chain: Mutex::new(Chain { pairs: Pairs::new(ctx), last: None }),
+            calls: Arc::new(CeCalls::new(timeout)),
             spans: CeSpans::new(ctx),
         })
     }
@@ -126,13 +137,16 @@ impl CeStreams {
         lanes.sort_unstable();
         lanes.dedup();
         let ops = lanes.iter().map(|&l| Ok((l, StreamOps::new(self.stream(l))?))).collect::<Result<Vec<_>>>()?;
-        let timed = if capturing { None } else { self.calls.start(caller)? };
-        let span = if capturing || events.is_empty() { None } else { self.spans.start(caller, events) };
-        self.fork.record(caller)?;
+        let mut chain = self.chain.lock().unwrap_or_else(|p| p.into_inner());
+        let timed = !capturing && !events.is_empty() && self.spans.ready();
+        let pair = if capturing { None } else { chain.pairs.take(timed)? };
+        let fork = pair.as_ref().map_or(&self.fork, |p| p.start());
+        fork.record(caller)?;
+        let last_end = chain.last.as_ref().map_or(&self.done, |p| p.end());
         for &l in &lanes {
-            self.fork.wait_on(self.stream(l))?;
+            fork.wait_on(self.stream(l))?;
             if !capturing {
-                self.done.wait_on(self.stream(l))?;
+                last_end.wait_on(self.stream(l))?;
             }
         }
         let issued = steps.into_iter().try_for_each(|(l, s)| {
@@ -154,17 +168,17 @@ impl CeStreams {
             self.join.wait_on(caller)
         });
         issued.and(joined)?;
-        // Before `done`, which the next call's lanes wait for: the calls' end stamps complete
-        // in call order (`spans.rs` relies on it).
-        if let Some(s) = span {
-            s.end(caller);
+        if capturing {
+            return Ok(());
         }
-        if !capturing {
-            self.done.record(caller)?;
+        // The end, which the next call's lanes wait for: so the calls' ends complete in call
+        // order (`spans.rs` relies on it).
+        pair.as_ref().map_or(&self.done, |p| p.end()).record(caller)?;
+        self.calls.watch(pair.as_ref(), func, f.largest());
+        if timed {
+            self.spans.timed(pair.as_ref(), events);
         }
-        if let Some(t) = timed {
-            t.end(caller, func, f.largest())?;
-        }
+        chain.last = pair;
         Ok(())
     }
 }
