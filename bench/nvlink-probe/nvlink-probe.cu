@@ -721,12 +721,12 @@ static void sec_ce(Ctx& c) {
         printf("spin kernel: %d SMs x %d blocks of 1024 threads (every thread slot), ~200 ms\n\n", c.sms[0], per);
     }
     printf("| copy | streams | bytes | beside spin | GB/s | ms |\n|---|---:|---:|---|---:|---:|\n");
-    // kind 0: peer GPU0 -> GPU1 (A0 -> A1), streams on device sdev; kind 1: local D2D on GPU0 (A0 -> D0)
+    // kind 0: peer GPU0 -> GPU1 (A0 -> A1), streams on device sdev; kinds 1-5: local D2D on GPU0 (A0 -> D0)
     auto one = [&](const char* label, int kind, int sdev, int nstr, u64 bytes, bool beside) {
         char name[160];
         snprintf(name, sizeof name, "ce %s %d streams %llu MiB%s", label, nstr, bytes >> 20, beside ? " beside spin" : "");
         g_case = name;
-        Dst d = kind == 0 ? Dst{1, c.A1} : Dst{0, c.D0};  // kinds 1-3 are local
+        Dst d = kind == 0 ? Dst{1, c.A1} : Dst{0, c.D0};  // kinds 1-5 are local
         CK(cudaSetDevice(d.dev));
         CK(cudaMemset(d.p, 0, bytes));
         CK(cudaDeviceSynchronize());
@@ -752,6 +752,17 @@ static void sec_ce(Ctx& c) {
                 if (kind == 0) CK(cudaMemcpyPeerAsync(c.A1 + i * part, 1, c.A0 + i * part, 0, part, s[i]));
                 else if (kind == 1) CK(cudaMemcpyAsync(c.D0 + i * part, c.A0 + i * part, part, cudaMemcpyDeviceToDevice, s[i]));
                 else if (kind == 3) CK(cudaMemcpyPeerAsync(c.D0 + i * part, 0, c.A0 + i * part, 0, part, s[i]));
+                else if (kind == 4) CK(cudaMemcpy2DAsync(c.D0 + i * part, 2 * MiB, c.A0 + i * part, 2 * MiB, 2 * MiB,
+                                                         part / (2 * MiB), cudaMemcpyDeviceToDevice, s[i]));
+                else if (kind == 5) {
+                    // 1 MiB rows, 32 rows a slice (the copy engine's native shape, were it used)
+                    cudaMemcpy3DParms p = {};
+                    p.srcPtr = make_cudaPitchedPtr(c.A0 + i * part, MiB, MiB, 32);
+                    p.dstPtr = make_cudaPitchedPtr(c.D0 + i * part, MiB, MiB, 32);
+                    p.extent = make_cudaExtent(MiB, 32, part / (32 * MiB));
+                    p.kind = cudaMemcpyDeviceToDevice;
+                    CK(cudaMemcpy3DAsync(&p, s[i]));
+                }
                 else {
                     // kind 2: a batch of one local copy, hinted to overlap with compute (copy engine).
                     void* dsts[1] = {c.D0 + i * part};
@@ -796,6 +807,10 @@ static void sec_ce(Ctx& c) {
     one("cudaMemcpyBatchAsync D2D on GPU0, PreferOverlapWithCompute", 2, 0, 1, GiB, true);
     one("cudaMemcpyPeerAsync GPU0->GPU0 (local)", 3, 0, 1, GiB, false);
     one("cudaMemcpyPeerAsync GPU0->GPU0 (local)", 3, 0, 1, GiB, true);
+    one("cudaMemcpy2DAsync D2D on GPU0, rows of 2 MiB", 4, 0, 1, GiB, false);
+    one("cudaMemcpy2DAsync D2D on GPU0, rows of 2 MiB", 4, 0, 1, GiB, true);
+    one("cudaMemcpy3DAsync D2D on GPU0, 1 MiB x 32 rows", 5, 0, 1, GiB, false);
+    one("cudaMemcpy3DAsync D2D on GPU0, 1 MiB x 32 rows", 5, 0, 1, GiB, true);
     one("cudaMemcpyPeerAsync GPU0->GPU1", 0, 0, 1, GiB, false);
     one("cudaMemcpyPeerAsync GPU0->GPU1", 0, 0, 1, GiB, true);
     one("cudaMemcpyPeerAsync GPU0->GPU1", 0, 0, 2, GiB, true);
