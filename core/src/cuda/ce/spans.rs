@@ -127,7 +127,7 @@ impl CeSpans {
 
     /// Takes a call of `ops` whose events are recorded in `pair` (`None`: it got no pair) for
     /// its CeColl events, which follow once the device has run it; a pair that is not timed
-    /// (every timed pair was in flight) leaves it untimed, counted.
+    /// (every timed pair was in flight, or the clock was not ready) leaves it untimed, counted.
     pub(super) fn timed(&self, pair: Option<&Arc<Pair>>, mut ops: Vec<CeOp>) {
         let mut g = self.lock();
         let Some(pair) = pair.filter(|p| p.stamps().is_some()) else {

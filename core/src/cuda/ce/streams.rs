@@ -138,8 +138,8 @@ impl CeStreams {
         lanes.dedup();
         let ops = lanes.iter().map(|&l| Ok((l, StreamOps::new(self.stream(l))?))).collect::<Result<Vec<_>>>()?;
         let mut chain = self.chain.lock().unwrap_or_else(|p| p.into_inner());
-        let timed = !capturing && !events.is_empty() && self.spans.ready();
-        let pair = if capturing { None } else { chain.pairs.take(timed)? };
+        let wants_times = !capturing && !events.is_empty();
+        let pair = if capturing { None } else { chain.pairs.take(wants_times && self.spans.ready())? };
         let fork = pair.as_ref().map_or(&self.fork, |p| p.start());
         fork.record(caller)?;
         let last_end = chain.last.as_ref().map_or(&self.done, |p| p.end());
@@ -175,7 +175,7 @@ impl CeStreams {
         // order (`spans.rs` relies on it).
         pair.as_ref().map_or(&self.done, |p| p.end()).record(caller)?;
         self.calls.watch(pair.as_ref(), func, f.largest());
-        if timed {
+        if wants_times {
             self.spans.timed(pair.as_ref(), events);
         }
         chain.last = pair;
