@@ -14,7 +14,8 @@
 //! the copy engines (no channels: under `NCCL_CTA_POLICY=2`, all-gathers, broadcasts,
 //! all-to-alls, sends and receives) has no KernelCh but one CeColl under its API event, at
 //! device times inside [launch, sync] widened by the event clock's anchor error plus
-//! [`SLACK_NS`]. Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
+//! [`SLACK_NS`]; a second communicator of the same ranks, split from the first, places its
+//! stamps through the same device clock (one per context). Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
 //! Coll, and detached, and, on the copy engines, an 8 B all-gather with and without CeColl. Rank
 //! 0 prints one JSON line per measurement.
 
@@ -313,6 +314,22 @@ fn time_small(
     Ok((worst[0], worst[1]))
 }
 
+/// A second communicator of the same ranks on the same GPU places its stamps through the
+/// first one's clock: the same anchor, to the nanosecond (two measurements never agree so).
+fn shares_the_clock(cc: &CudaComm) -> anyhow::Result<()> {
+    let Some(first) = cc.ce_clock() else { return Ok(()) };
+    let r = cc.rank();
+    let Some(c) = cc.comm().split(0, r as i32)? else { bail!("rank {r}: left out of its own split") };
+    let second = CudaComm::new(c, cc.context().ordinal())?;
+    // A renewal between the two reads moves both.
+    let (a, b) = (second.ce_clock(), cc.ce_clock());
+    ensure!(
+        a == b && b.is_some(),
+        "rank {r}: a second communicator's device clock {a:?}, the first's {b:?} (made with {first:?})"
+    );
+    Ok(())
+}
+
 pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<()> {
     let r = cc.rank();
     let Some(clock) = cc.clock_map() else { bail!("no KernelCh events on this device (see the log)") };
@@ -364,6 +381,7 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
         }
     }
     ensure!(cc.ce_events_pending().0 == 0, "rank {r}: copy-engine calls not reported after the flush");
+    shares_the_clock(cc)?;
     // Under policy zero every all-gather, broadcast, all-to-all, send and receive runs on the
     // copy engines (two ranks of one process on one GPU excepted): the CeColl checks ran.
     let zero = cc.budget().policy == CtaPolicy::Zero;

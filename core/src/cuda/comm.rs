@@ -532,8 +532,9 @@ impl CudaComm {
         self.events.as_ref().map_or((0, 0), |e| (e.outstanding(), e.untimed()))
     }
 
-    /// The event clock's anchor, which places copy-engine calls' CeColl events on the span
-    /// clock (`None`: no copy-engine streams, or no measurement succeeded yet).
+    /// The anchor of the device's event clock, which places copy-engine calls' CeColl events
+    /// on the span clock; every communicator of this context shares it (`None`: no copy-engine
+    /// streams, or no measurement succeeded yet).
     pub fn ce_clock(&self) -> Option<AnchorTime> {
         self.ce_streams.as_ref().and_then(|c| c.spans().anchor())
     }

@@ -106,6 +106,7 @@
 //! host and is not timed: only a dead peer or an abort releases it.
 
 mod calls;
+mod clock;
 mod pairs;
 mod plan;
 mod spans;

@@ -7,30 +7,24 @@
 //!
 //! A call that a sink wants timed gets a timed pair (`pairs.rs`): the stamps on the caller's
 //! stream at its start (the fork onto the copy-engine streams) and its end (after the joins).
-//! Once the end is complete, the pair's times on the span clock, through the communicator's
-//! anchor, become one CeColl per operation of the call (a group of sends and receives is one
-//! call). They are collected where KernelCh records are: at the next operation, at
-//! `CudaComm::flush_events` and when the communicator goes away, with this thread's capture
+//! Once the end is complete, the pair's times on the span clock, through the context's device
+//! clock (`clock.rs`), become one CeColl per operation of the call (a group of sends and
+//! receives is one call). They are collected where KernelCh records are: at the next operation,
+//! at `CudaComm::flush_events` and when the communicator goes away, with this thread's capture
 //! mode relaxed, so that the queries do not break a graph it captures. Nothing on the enqueue
-//! path waits for the device but the anchor's renewal: a stamp on an idle stream, about once a
-//! second while calls are timed, for at most [`PATIENCE`]; the first is measured as the
-//! communicator is made. A call a CUDA graph captures is not timed (its replays run without
-//! the host), and neither is one that finds every timed pair in flight.
+//! path waits for the device but the clock's renewal, about once a second. A call a CUDA graph
+//! captures is not timed (its replays run without the host), and neither is one that finds
+//! every timed pair in flight.
 
+use super::clock::DeviceClock;
 use super::pairs::Pair;
 use crate::cuda::kernels::cudarc::driver::CudaContext;
 use crate::cuda::kernels::staging::RelaxedCapture;
-use crate::cuda::kernels::stamps::{Anchor, AnchorTime};
+use crate::cuda::kernels::stamps::AnchorTime;
 use occl_events::{EventDescr, EventId, Fanout};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
-
-/// How long the anchor's first measurement, as the communicator is made, waits for its stamp.
-const FIRST_PATIENCE: Duration = Duration::from_millis(20);
-/// How long a later one does, on the enqueue path.
-const PATIENCE: Duration = Duration::from_micros(200);
 
 /// One operation of a call: its CeColl's parent (the API event) and descriptor.
 pub(crate) type CeOp = (Option<EventId>, EventDescr<'static>);
@@ -73,8 +67,6 @@ struct Pending {
 
 struct Inner {
     pending: VecDeque<Pending>,
-    /// `None` when its stream could not be made (logged): every call goes untimed.
-    anchor: Option<Anchor>,
     /// Calls timed so far: the next one's sequence number.
     next: u32,
     /// Calls that wanted times and got none (every timed pair in flight, or no anchor yet).
@@ -85,6 +77,7 @@ struct Inner {
 
 /// One communicator's timed copy-engine calls.
 pub(crate) struct CeSpans {
+    clock: Arc<DeviceClock>,
     inner: Mutex<Inner>,
     /// `pending.len()`, read without the lock.
     outstanding: AtomicUsize,
@@ -92,14 +85,8 @@ pub(crate) struct CeSpans {
 
 impl CeSpans {
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> CeSpans {
-        let anchor = Anchor::new(ctx, &occl_events::unix_nanos, FIRST_PATIENCE)
-            .inspect_err(|e| tracing::warn!("occl: no device times for copy-engine calls: {e}"))
-            .ok();
-        if let Some(t) = anchor.as_ref().and_then(Anchor::time) {
-            tracing::debug!("occl: device event clock anchored ± {} ns", t.err_ns);
-        }
-        let inner = Inner { pending: VecDeque::new(), anchor, next: 0, untimed: 0, last_end: 0 };
-        CeSpans { inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
+        let inner = Inner { pending: VecDeque::new(), next: 0, untimed: 0, last_end: 0 };
+        CeSpans { clock: DeviceClock::of(ctx), inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -110,19 +97,7 @@ impl CeSpans {
     /// first when due). A call that wanted times and gets none is counted by
     /// [`CeSpans::timed`].
     pub(super) fn ready(&self) -> bool {
-        let mut g = self.lock();
-        if let Some(a) = g.anchor.as_mut().filter(|a| a.stale()) {
-            // Its query must not break a graph this thread captures on another stream.
-            let renewed = RelaxedCapture::new().and_then(|_relaxed| a.renew(&occl_events::unix_nanos, PATIENCE));
-            match renewed {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one")
-                }
-                Err(e) => tracing::debug!("occl: the device event clock's anchor: {e}; kept the last one"),
-            }
-        }
-        g.anchor.as_ref().and_then(Anchor::time).is_some()
+        self.clock.ready()
     }
 
     /// Takes a call of `ops` whose events are recorded in `pair` (`None`: it got no pair) for
@@ -147,7 +122,7 @@ impl CeSpans {
 
     /// The anchor's last measurement.
     pub(crate) fn anchor(&self) -> Option<AnchorTime> {
-        self.lock().anchor.as_ref().and_then(Anchor::time)
+        self.clock.time()
     }
 
     /// Timed calls not collected yet, and calls that wanted times and got none.
@@ -174,7 +149,7 @@ impl CeSpans {
                 }
             };
             let mut g = self.lock();
-            let Inner { pending, anchor, untimed, last_end, .. } = &mut *g;
+            let Inner { pending, untimed, last_end, .. } = &mut *g;
             // The ends complete in the order the calls were enqueued, whatever their callers'
             // streams: each call's lanes wait for the end of the call before (`streams.rs`). So
             // the first call not done ends the look, and a host far ahead of its device pays one
@@ -183,9 +158,9 @@ impl CeSpans {
                 if !p.pair.has_ended(p.call) {
                     break;
                 }
-                let times = match (anchor.as_ref(), p.pair.stamps()) {
-                    (Some(a), Some((start, end))) => a.host_ns(start).and_then(|s| Ok(s.zip(a.host_ns(end)?))),
-                    _ => Ok(None),
+                let times = match p.pair.stamps() {
+                    Some((start, end)) => self.clock.host_ns(start, end),
+                    None => Ok(None),
                 };
                 let Some(p) = pending.pop_front() else { break };
                 match times {
