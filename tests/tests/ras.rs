@@ -14,7 +14,8 @@ fn start(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)]) -> Job
     start_with(nranks, args, port, extra, false)
 }
 
-/// As `start`, but rank r's process listens on `port + r` alone (no shared port), so the test can ask one given
+/// As `start`, but each rank's process listens on a port of its own (rank 0 on `port`, the others on free ports
+/// of their own, never `port + r`, which another test may have been given), so the test can ask one given
 /// process: the one it did not stop or kill. With a shared port the kernel picks the process, and a connection
 /// that lands on a stopped one waits for its timeout.
 fn start_with(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)], own_ports: bool) -> Job {
@@ -22,7 +23,8 @@ fn start_with(nranks: usize, args: &[&str], port: u16, extra: &[(&str, &str)], o
     let mut vars = vec![("OCCL_RAS_ADDR", addr.as_str())];
     vars.extend_from_slice(extra);
     let rank_env = if own_ports {
-        (0..nranks).map(|r| env(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{}", port + r as u16))])).collect()
+        let own = |r: usize| if r == 0 { port } else { free_port() };
+        (0..nranks).map(|r| env(&[("OCCL_RAS_ADDR", &format!("127.0.0.1:{}", own(r)))])).collect()
     } else {
         Vec::new()
     };
