@@ -43,9 +43,9 @@ impl CeCalls {
     /// pair), as `func` moving `bytes` per rank.
     pub(super) fn watch(&self, pair: Option<&Arc<Pair>>, func: &'static str, bytes: u64) {
         let mut g = self.lock();
-        let tag = match (pair, g.free.pop()) {
-            (Some(_), Some(t)) => Some(t),
-            (Some(_), None) if g.watched.len() < MAX_WATCHED => {
+        let tag = match pair.map(|_| g.free.pop()) {
+            Some(Some(t)) => Some(t),
+            Some(None) if g.watched.len() < MAX_WATCHED => {
                 g.watched.push(None);
                 Some(g.watched.len() - 1)
             }
