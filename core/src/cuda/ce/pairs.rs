@@ -15,7 +15,7 @@ use crate::cuda::kernels::cudarc::driver::CudaContext;
 use crate::cuda::kernels::staging::Mark;
 use crate::cuda::kernels::stamps::Stamp;
 use crate::cuda::kernels::Result;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicU64, Ordering::Acquire, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// Pairs of each kind in flight at most; a call beyond them gets a pair of the other kind or
@@ -143,6 +143,8 @@ impl<P: Reusable> Ring<P> {
         // Held by nobody else and its call ended. Only `take` clones from `all`, so a pair
         // seen unheld stays so.
         if let Some(p) = self.all.get(self.next).filter(|p| Arc::strong_count(p) == 1 && p.idle()) {
+            // The last holder's release of its clone happens before the pair is recorded again.
+            fence(Acquire);
             p.begin();
             let p = p.clone();
             self.next = (self.next + 1) % self.all.len();
