@@ -118,15 +118,34 @@ impl AnchorTime {
     }
 }
 
+/// One measurement of an anchor: its stamp, and where that stamp stood on the host clock.
+/// Cheap to clone; a reader keeps its stamp alive while a later measurement goes into another.
+#[derive(Clone, Debug)]
+pub struct Reading {
+    stamp: Arc<Stamp>,
+    time: AnchorTime,
+}
+
+impl Reading {
+    pub fn time(&self) -> AnchorTime {
+        self.time
+    }
+
+    /// A complete stamp's time on the host clock.
+    pub fn host_ns(&self, s: &Stamp) -> Result<u64> {
+        Ok(self.time.to_host(s.ns_since(&self.stamp)?))
+    }
+}
+
 /// The event clock tied to the host's, for one context: unmeasured until a measurement
 /// succeeds.
 pub struct Anchor {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     /// The first measurement: the far end of every drift measurement.
-    base: Option<(Stamp, AnchorTime)>,
+    base: Option<Reading>,
     /// The latest one, once there are two.
-    latest: Option<(Stamp, AnchorTime)>,
+    latest: Option<Reading>,
     /// A stamp to measure into.
     spare: Option<Stamp>,
     /// When the last measurement was tried.
@@ -145,7 +164,12 @@ impl Anchor {
 
     /// Whether a measurement is due: none tried, or the last tried [`ANCHOR_LIFE`] ago.
     pub fn stale(&self) -> bool {
-        self.tried.is_none_or(|t| t.elapsed() >= ANCHOR_LIFE)
+        self.untried_for(ANCHOR_LIFE)
+    }
+
+    /// Whether no measurement was tried in the last `d`.
+    pub fn untried_for(&self, d: Duration) -> bool {
+        self.tried.is_none_or(|t| t.elapsed() >= d)
     }
 
     /// Measures the anchor again (reading the host clock with `now`). When the stamp takes
@@ -162,30 +186,25 @@ impl Anchor {
             return Ok(false);
         };
         match &self.base {
-            None => self.base = Some((stamp, t)),
-            Some((b, bt)) => {
-                let t = t.with_drift_since(bt, stamp.ns_since(b)?);
-                self.spare = self.latest.replace((stamp, t)).map(|l| l.0);
+            None => self.base = Some(Reading { stamp: Arc::new(stamp), time: t }),
+            Some(b) => {
+                let time = t.with_drift_since(&b.time, stamp.ns_since(&b.stamp)?);
+                let old = self.latest.replace(Reading { stamp: Arc::new(stamp), time });
+                // A reader still holding the old stamp keeps it; the next measurement makes one.
+                self.spare = old.and_then(|r| Arc::try_unwrap(r.stamp).ok());
             }
         }
         Ok(true)
     }
 
-    fn current(&self) -> Option<&(Stamp, AnchorTime)> {
-        self.latest.as_ref().or(self.base.as_ref())
-    }
-
     /// The latest measurement, if one succeeded.
-    pub fn time(&self) -> Option<AnchorTime> {
-        self.current().map(|c| c.1)
+    pub fn reading(&self) -> Option<Reading> {
+        self.latest.as_ref().or(self.base.as_ref()).cloned()
     }
 
-    /// A complete stamp's time on the host clock; `None` before any measurement.
-    pub fn host_ns(&self, s: &Stamp) -> Result<Option<u64>> {
-        match self.current() {
-            Some((a, t)) => Ok(Some(t.to_host(s.ns_since(a)?))),
-            None => Ok(None),
-        }
+    /// The latest measurement's time, if one succeeded.
+    pub fn time(&self) -> Option<AnchorTime> {
+        self.latest.as_ref().or(self.base.as_ref()).map(|r| r.time)
     }
 }
 

@@ -15,7 +15,8 @@
 //! all-to-alls, sends and receives) has no KernelCh but one CeColl under its API event, at
 //! device times inside [launch, sync] widened by the event clock's anchor error plus
 //! [`SLACK_NS`]; a second communicator of the same ranks, split from the first, places its
-//! stamps through the same device clock (one per context). Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
+//! stamps through the same device clock (one per context), whose anchor the watcher measures
+//! again while timed calls run. Then it times an 8 B all-reduce with the recorder wanting KernelCh, wanting only
 //! Coll, and detached, and, on the copy engines, an 8 B all-gather with and without CeColl. Rank
 //! 0 prints one JSON line per measurement.
 
@@ -314,6 +315,44 @@ fn time_small(
     Ok((worst[0], worst[1]))
 }
 
+/// Timed 8 B calls on the copy engines for at least [`RENEWAL_RUN`] (in rounds all ranks agree
+/// to end together): the event clock's anchor is measured again meanwhile, which only the
+/// watcher's thread does that soon (a call's own thread would after 5 s without one). Returns
+/// the slowest enqueue of a call, in µs, of the slowest rank.
+fn renews_the_clock(cc: &CudaComm, s: &Arc<CudaStream>, bufs: (u64, u64)) -> anyhow::Result<f64> {
+    let r = cc.rank();
+    let Some(before) = cc.ce_clock() else { bail!("rank {r}: no device clock on the copy engines") };
+    let t = Instant::now();
+    let mut slowest = 0f64;
+    loop {
+        for _ in 0..100 {
+            let e = Instant::now();
+            launch(cc, s, "all_gather", bufs, 8)?;
+            slowest = slowest.max(e.elapsed().as_secs_f64() * 1e6);
+        }
+        s.synchronize()?;
+        cc.flush_events();
+        let mut done = [0u8];
+        cc.comm().all_reduce(&[u8::from(t.elapsed() >= RENEWAL_RUN)], &mut done, RedOp::Max)?;
+        if done[0] == 1 {
+            break;
+        }
+    }
+    cc.device_error()?;
+    let after = cc.ce_clock();
+    ensure!(
+        after.is_some_and(|a| a.host_ns != before.host_ns),
+        "rank {r}: the device clock's anchor was not measured again in {:?} of timed calls: {before:?}, then {after:?}",
+        t.elapsed()
+    );
+    let mut worst = [0f64];
+    cc.comm().all_reduce(&[slowest], &mut worst, RedOp::Max)?;
+    Ok(worst[0])
+}
+
+/// How long [`renews_the_clock`] times calls: past the anchor's life of a second.
+const RENEWAL_RUN: std::time::Duration = std::time::Duration::from_millis(1300);
+
 /// A second communicator of the same ranks on the same GPU places its stamps through the
 /// first one's clock: the same anchor, to the nanosecond (two measurements never agree so).
 fn shares_the_clock(cc: &CudaComm) -> anyhow::Result<()> {
@@ -407,6 +446,7 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
     let (with_ch, _) = time_small(cc, s, bufs, iters, "all_reduce_8B")?;
     let with_ce = if on_ce > 0 { Some(time_small(cc, s, bufs, iters, "all_gather")?) } else { None };
     let (_, ce_untimed) = cc.ce_events_pending();
+    let slowest_ce_enqueue = if on_ce > 0 { Some(renews_the_clock(cc, s, bufs)?) } else { None };
     cc.comm().detach_sink(h);
     let h = cc.comm().attach_sink(Recorder::new(EventMask::of(EventType::Coll))).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (coll_only, _) = time_small(cc, s, bufs, iters, "all_reduce_8B")?;
@@ -430,6 +470,7 @@ pub fn run(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Resul
                 "allgather_8B_ce_us_coll_only": round(ce_coll_only),
                 "allgather_8B_ce_enqueue_us_ce_coll": round(with_ce_enqueue),
                 "allgather_8B_ce_enqueue_us_coll_only": round(ce_coll_only_enqueue), "ce_untimed": ce_untimed,
+                "allgather_8B_ce_enqueue_us_slowest_over_1300ms": round(slowest_ce_enqueue),
                 "ce_clock_err_ns": cc.ce_clock().map(|a| a.err_ns)})
         );
     }

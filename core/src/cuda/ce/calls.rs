@@ -1,8 +1,10 @@
 //! The copy-engine calls the watcher (`watch.rs`) times: each call that is not captured, by
 //! the start and end events on its caller's stream (`pairs.rs`), whose completion it feeds to
 //! the stall decision (`cuda/stall.rs`). A watched call holds no pair: it keeps the pair's call
-//! number, and a pair taken for a later call means that call ended. Nothing here blocks.
+//! number, and a pair taken for a later call means that call ended. Nothing here blocks but the
+//! event clock's renewal, on the watcher's thread.
 
+use super::clock::DeviceClock;
 use super::pairs::Pair;
 use crate::cuda::stall::{CeCall, Stalls};
 use crate::cuda::watch::{Calls, Look};
@@ -26,13 +28,15 @@ struct Inner {
 /// One communicator's watched copy-engine calls.
 pub(crate) struct CeCalls {
     inner: Mutex<Inner>,
+    /// The context's event clock, which the watcher keeps fresh while calls are timed.
+    clock: Arc<DeviceClock>,
 }
 
 impl CeCalls {
-    pub(crate) fn new(timeout: Duration) -> CeCalls {
+    pub(crate) fn new(timeout: Duration, clock: Arc<DeviceClock>) -> CeCalls {
         let inner =
             Inner { watched: Vec::new(), free: Vec::new(), stalls: Stalls::new(timeout), next: 0, warned: false };
-        CeCalls { inner: Mutex::new(inner) }
+        CeCalls { inner: Mutex::new(inner), clock }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -72,8 +76,10 @@ impl Calls for CeCalls {
     }
 
     /// Looks at every watched call's events. A pair gone with its communicator counts as
-    /// ended, as does an event that cannot be queried (`Pair::has_ended`).
+    /// ended, as does an event that cannot be queried (`Pair::has_ended`). Renews the event
+    /// clock's anchor first when it is due (`clock.rs`), off the callers' threads.
     fn look(&self, now: u64) -> Look {
+        self.clock.renew_if_due();
         let mut g = self.lock();
         let Inner { watched, free, stalls, .. } = &mut *g;
         for (n, tag, started) in stalls.pending() {

@@ -4,37 +4,52 @@
 //! holds, and a drift measured since the first of them was made.
 //!
 //! The anchor (`occl_kernels::stamps::Anchor`) is measured as the first communicator of the
-//! context is made, waiting up to [`FIRST_PATIENCE`], and again about once a second as calls
-//! are timed, for at most [`PATIENCE`], with this thread's capture mode relaxed so that its
-//! query does not break a graph the thread captures on another stream.
+//! context is made, waiting up to [`FIRST_PATIENCE`], and again about once a second while calls
+//! are timed, for at most [`PATIENCE`], by the watcher thread as it looks at the calls
+//! (`calls.rs`). The enqueue path and the collection only read the last measurement, which a
+//! renewal publishes once it is done, so no caller's thread waits for the device; only when no
+//! measurement has been tried for [`STRANDED`] (no watcher thread) does a caller measure.
 
 use crate::cuda::kernels::cudarc::driver::CudaContext;
 use crate::cuda::kernels::staging::RelaxedCapture;
-use crate::cuda::kernels::stamps::{Anchor, AnchorTime, Stamp};
+use crate::cuda::kernels::stamps::{Anchor, AnchorTime, Reading, Stamp};
 use crate::cuda::kernels::Result;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
 /// How long the anchor's first measurement, as the first communicator is made, waits for its
 /// stamp.
 const FIRST_PATIENCE: Duration = Duration::from_millis(20);
-/// How long a later one does, on the enqueue path.
+/// How long a later one does.
 const PATIENCE: Duration = Duration::from_micros(200);
+/// How long without a measurement tried before a timed call's own thread measures: the watcher
+/// renews every second while calls are timed, so only a process without its thread gets here.
+const STRANDED: Duration = Duration::from_secs(5);
 
 /// One context's event clock.
 pub(crate) struct DeviceClock {
     ctx: Arc<CudaContext>,
-    /// `None` when its stream could not be made (logged): every call goes untimed.
+    /// `None` when its stream could not be made (logged): every call goes untimed. Held only
+    /// while measuring.
     anchor: Mutex<Option<Anchor>>,
+    /// The last measurement: what stamps are placed by. Never held across a device wait.
+    reading: Mutex<Option<Reading>>,
+    /// A call asked to be timed since the last renewal.
+    wanted: AtomicBool,
 }
 
 /// The clocks alive, one per context.
 static CLOCKS: Mutex<Vec<Weak<DeviceClock>>> = Mutex::new(Vec::new());
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl DeviceClock {
     /// The clock of `ctx`: the one its communicators already share, or a new one, measured now.
     pub(crate) fn of(ctx: &Arc<CudaContext>) -> Arc<DeviceClock> {
-        let mut all = CLOCKS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = lock(&CLOCKS);
         all.retain(|w| w.strong_count() > 0);
         if let Some(c) = all.iter().filter_map(Weak::upgrade).find(|c| *c.ctx == **ctx) {
             return c;
@@ -42,45 +57,76 @@ impl DeviceClock {
         let anchor = Anchor::new(ctx, &occl_events::unix_nanos, FIRST_PATIENCE)
             .inspect_err(|e| tracing::warn!("occl: no device times for copy-engine calls: {e}"))
             .ok();
-        if let Some(t) = anchor.as_ref().and_then(Anchor::time) {
-            tracing::debug!("occl: device event clock anchored ± {} ns", t.err_ns);
+        let reading = anchor.as_ref().and_then(Anchor::reading);
+        if let Some(r) = &reading {
+            tracing::debug!("occl: device event clock anchored ± {} ns", r.time().err_ns);
         }
-        let c = Arc::new(DeviceClock { ctx: ctx.clone(), anchor: Mutex::new(anchor) });
+        let c = Arc::new(DeviceClock {
+            ctx: ctx.clone(),
+            anchor: Mutex::new(anchor),
+            reading: Mutex::new(reading),
+            wanted: AtomicBool::new(false),
+        });
         all.push(Arc::downgrade(&c));
         c
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Anchor>> {
-        self.anchor.lock().unwrap_or_else(|p| p.into_inner())
+    /// Whether stamps can be placed on the host clock now; notes that calls are being timed,
+    /// so that the watcher keeps the anchor fresh.
+    pub(crate) fn ready(&self) -> bool {
+        self.wanted.store(true, Relaxed);
+        // Never waits: a measurement in progress holds the lock.
+        let stranded = match self.anchor.try_lock() {
+            Ok(mut g) => g.as_mut().filter(|a| a.untried_for(STRANDED)).map(|a| self.measure(a)).is_some(),
+            Err(TryLockError::Poisoned(_) | TryLockError::WouldBlock) => false,
+        };
+        if stranded {
+            tracing::debug!("occl: the device event clock was measured on the enqueue path (no watcher renewing it)");
+        }
+        self.reading().is_some()
     }
 
-    /// Whether stamps can be placed on the host clock now, measuring the anchor again first
-    /// when it is due (a failure keeps the last measurement, logged).
-    pub(crate) fn ready(&self) -> bool {
-        let mut g = self.lock();
-        if let Some(a) = g.as_mut().filter(|a| a.stale()) {
-            let renewed = RelaxedCapture::new().and_then(|_relaxed| a.renew(&occl_events::unix_nanos, PATIENCE));
-            match renewed {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one")
-                }
-                Err(e) => tracing::debug!("occl: the device event clock's anchor: {e}; kept the last one"),
-            }
+    /// Measures the anchor again when calls have been timed since it last was and it is due
+    /// (the watcher's thread, as it looks at the calls).
+    pub(crate) fn renew_if_due(&self) {
+        if !self.wanted.load(Relaxed) {
+            return;
         }
-        g.as_ref().and_then(Anchor::time).is_some()
+        let mut g = lock(&self.anchor);
+        if let Some(a) = g.as_mut().filter(|a| a.stale()) {
+            self.wanted.store(false, Relaxed);
+            self.measure(a);
+        }
+    }
+
+    /// One measurement, published when it succeeds; a failure keeps the last one (logged).
+    /// The caller's capture mode is relaxed, so that the query does not break a graph the
+    /// thread captures on another stream.
+    fn measure(&self, a: &mut Anchor) {
+        match RelaxedCapture::new().and_then(|_relaxed| a.renew(&occl_events::unix_nanos, PATIENCE)) {
+            Ok(true) => *lock(&self.reading) = a.reading(),
+            Ok(false) => {
+                tracing::debug!("occl: the device event clock's anchor took over {PATIENCE:?}; kept the last one")
+            }
+            Err(e) => tracing::debug!("occl: the device event clock's anchor: {e}; kept the last one"),
+        }
     }
 
     /// The anchor's last measurement.
-    pub(crate) fn time(&self) -> Option<AnchorTime> {
-        self.lock().as_ref().and_then(Anchor::time)
+    pub(crate) fn reading(&self) -> Option<Reading> {
+        lock(&self.reading).clone()
     }
 
-    /// Two complete stamps of this context on the host clock; `None` before any measurement.
-    pub(crate) fn host_ns(&self, start: &Stamp, end: &Stamp) -> Result<Option<(u64, u64)>> {
-        match self.lock().as_ref() {
-            Some(a) => Ok(a.host_ns(start)?.zip(a.host_ns(end)?)),
-            None => Ok(None),
-        }
+    /// The anchor's last measurement's time.
+    pub(crate) fn time(&self) -> Option<AnchorTime> {
+        lock(&self.reading).as_ref().map(Reading::time)
+    }
+}
+
+/// Two complete stamps on the host clock by `reading`; `None` before any measurement.
+pub(crate) fn host_ns(reading: Option<&Reading>, start: &Stamp, end: &Stamp) -> Result<Option<(u64, u64)>> {
+    match reading {
+        Some(r) => Ok(Some((r.host_ns(start)?, r.host_ns(end)?))),
+        None => Ok(None),
     }
 }

@@ -12,13 +12,12 @@
 //! receives is one call). They are collected where KernelCh records are: at the next operation,
 //! at `CudaComm::flush_events` and when the communicator goes away, with this thread's capture
 //! mode relaxed, so that the queries do not break a graph it captures. Nothing on the enqueue
-//! path waits for the device but the clock's renewal, about once a second. A call a CUDA graph
+//! path waits for the device: the watcher renews the clock (`clock.rs`). A call a CUDA graph
 //! captures is not timed (its replays run without the host), and neither is one that finds
 //! every timed pair in flight.
 
-use super::clock::DeviceClock;
+use super::clock::{host_ns, DeviceClock};
 use super::pairs::Pair;
-use crate::cuda::kernels::cudarc::driver::CudaContext;
 use crate::cuda::kernels::staging::RelaxedCapture;
 use crate::cuda::kernels::stamps::AnchorTime;
 use occl_events::{EventDescr, EventId, Fanout};
@@ -58,10 +57,10 @@ pub(crate) fn ce_coll(
     }
 }
 
+/// A timed call: its pair (which cannot be taken for another call while held here) and its
+/// operations.
 struct Pending {
     pair: Arc<Pair>,
-    /// The pair's call number for this call.
-    call: u64,
     ops: Vec<CeOp>,
 }
 
@@ -84,17 +83,17 @@ pub(crate) struct CeSpans {
 }
 
 impl CeSpans {
-    pub(crate) fn new(ctx: &Arc<CudaContext>) -> CeSpans {
+    /// Timed on `clock`, the context's.
+    pub(crate) fn new(clock: Arc<DeviceClock>) -> CeSpans {
         let inner = Inner { pending: VecDeque::new(), next: 0, untimed: 0, last_end: 0 };
-        CeSpans { clock: DeviceClock::of(ctx), inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
+        CeSpans { clock, inner: Mutex::new(inner), outstanding: AtomicUsize::new(0) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a call enqueued now can be timed: the device clock is anchored (measured again
-    /// first when due). A call that wanted times and gets none is counted by
+    /// Whether a call enqueued now can be timed: the device clock is anchored. A call that wanted times and gets none is counted by
     /// [`CeSpans::timed`].
     pub(super) fn ready(&self) -> bool {
         self.clock.ready()
@@ -116,7 +115,7 @@ impl CeSpans {
                 (*seq_number, *ce_seq_num) = (u64::from(n), n);
             }
         }
-        g.pending.push_back(Pending { pair: pair.clone(), call: pair.call(), ops });
+        g.pending.push_back(Pending { pair: pair.clone(), ops });
         self.outstanding.store(g.pending.len(), Relaxed);
     }
 
@@ -148,6 +147,7 @@ impl CeSpans {
                     return 0;
                 }
             };
+            let reading = self.clock.reading();
             let mut g = self.lock();
             let Inner { pending, untimed, last_end, .. } = &mut *g;
             // The ends complete in the order the calls were enqueued, whatever their callers'
@@ -155,11 +155,11 @@ impl CeSpans {
             // the first call not done ends the look, and a host far ahead of its device pays one
             // query per operation.
             while let Some(p) = pending.front() {
-                if !p.pair.has_ended(p.call) {
+                if !p.pair.has_ended(p.pair.call()) {
                     break;
                 }
                 let times = match p.pair.stamps() {
-                    Some((start, end)) => self.clock.host_ns(start, end),
+                    Some((start, end)) => host_ns(reading.as_ref(), start, end),
                     None => Ok(None),
                 };
                 let Some(p) = pending.pop_front() else { break };

@@ -9,6 +9,7 @@
 //! stream is not captured (a capture refuses it), else per peer.
 
 use super::calls::CeCalls;
+use super::clock::DeviceClock;
 use super::pairs::{Pair, Pairs};
 use super::plan::{plan, Lane, Step};
 use super::spans::{CeOp, CeSpans};
@@ -66,6 +67,7 @@ impl CeStreams {
                 );
             }
         }
+        let clock = DeviceClock::of(ctx);
         Ok(CeStreams {
             sends: (0..nranks).map(|_| side_stream(ctx)).collect::<Result<_>>()?,
             recv: side_stream(ctx)?,
@@ -76,8 +78,8 @@ impl CeStreams {
             join: Mark::new(ctx)?,
             done: Mark::new(ctx)?,
             chain: Mutex::new(Chain { pairs: Pairs::new(ctx), last: None }),
-            calls: Arc::new(CeCalls::new(timeout)),
-            spans: CeSpans::new(ctx),
+            calls: Arc::new(CeCalls::new(timeout, clock.clone())),
+            spans: CeSpans::new(clock),
         })
     }
 
