@@ -15,9 +15,12 @@ use std::time::Duration;
 /// The watcher looks every few ms, and the host may enqueue small calls every few µs.
 const MAX_WATCHED: usize = 1024;
 
+/// A watched call's pair and the pair's call number; `None` once the tag is free.
+type Slot = Option<(Weak<Pair>, u64)>;
+
 struct Inner {
-    /// By the tag the stall decision knows each call by: its pair and the pair's call number.
-    watched: Vec<Option<(Weak<Pair>, u64)>>,
+    /// By the tag the stall decision knows each call by.
+    watched: Vec<Slot>,
     free: Vec<usize>,
     stalls: Stalls,
     /// Calls watched so far: the next call's `CeCall::n`.
@@ -77,24 +80,44 @@ impl Calls for CeCalls {
 
     /// Looks at every watched call's events. A pair gone with its communicator counts as
     /// ended, as does an event that cannot be queried (`Pair::has_ended`). Renews the event
-    /// clock's anchor first when it is due (`clock.rs`), off the callers' threads.
+    /// clock's anchor first when it is due (`clock.rs`), off the callers' threads. The events
+    /// are queried without the lock, which `watch` takes on the enqueue path: with hundreds of
+    /// calls in flight the queries take hundreds of µs.
     fn look(&self, now: u64) -> Look {
         self.clock.renew_if_due();
+        // Only this thread frees tags, so each one below still names its call afterwards.
+        let looks: Vec<(u64, usize, bool, Slot)> = {
+            let g = self.lock();
+            g.stalls
+                .pending()
+                .into_iter()
+                .filter_map(|(n, tag, started)| Some((n, tag, started, g.watched.get(tag)?.clone())))
+                .collect()
+        };
+        let seen: Vec<(u64, usize, Option<bool>)> = looks
+            .into_iter()
+            .map(|(n, tag, started, call)| {
+                let call = call.and_then(|(w, c)| Some((w.upgrade()?, c)));
+                // Some(started now) while running; None once ended.
+                let running = match call {
+                    Some((p, c)) if !p.has_ended(c) => Some(!started && p.has_started(c)),
+                    _ => None,
+                };
+                (n, tag, running)
+            })
+            .collect();
         let mut g = self.lock();
         let Inner { watched, free, stalls, .. } = &mut *g;
-        for (n, tag, started) in stalls.pending() {
-            let Some(slot) = watched.get_mut(tag) else { continue };
-            let call = slot.as_ref().and_then(|(w, c)| Some((w.upgrade()?, *c)));
-            match call {
-                Some((p, c)) if !p.has_ended(c) => {
-                    if !started && p.has_started(c) {
-                        stalls.started(n, now);
-                    }
-                }
-                _ => {
+        for (n, tag, running) in seen {
+            match running {
+                Some(true) => stalls.started(n, now),
+                Some(false) => {}
+                None => {
                     stalls.ended(n);
-                    *slot = None;
-                    free.push(tag);
+                    if let Some(slot) = watched.get_mut(tag) {
+                        *slot = None;
+                        free.push(tag);
+                    }
                 }
             }
         }
