@@ -93,8 +93,8 @@ impl CeSpans {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a call enqueued now can be timed: the device clock is anchored. A call that wanted times and gets none is counted by
-    /// [`CeSpans::timed`].
+    /// Whether a call enqueued now can be timed: the device clock is anchored. A call that
+    /// wanted times and gets none is counted by [`CeSpans::timed`].
     pub(super) fn ready(&self) -> bool {
         self.clock.ready()
     }
