@@ -219,8 +219,8 @@ def rank_main(rank, n, sizes, port, lib):
             for _ in range(3):
                 timed(coll_stream, op, 1)
             torch.cuda.synchronize()
-            # The median of three batches of 20: one batch alone can catch a slow moment (a
-            # 64 MiB reduce-scatter once read 117 GB/s against 164-191 in the next call).
+            # The median of three batches of 20: one batch alone can catch a slow moment and
+            # misstate the collective's rate by a third (gpu-overlap.md run 19).
             batches = []
             for _ in range(3):
                 c0, c1 = timed(coll_stream, op, 20)

@@ -217,11 +217,6 @@ impl Anchor {
     pub fn reading(&self) -> Option<Reading> {
         self.latest.as_ref().or(self.base.as_ref()).cloned()
     }
-
-    /// The latest measurement's time, if one succeeded.
-    pub fn time(&self) -> Option<AnchorTime> {
-        self.latest.as_ref().or(self.base.as_ref()).map(|r| r.time)
-    }
 }
 
 /// Records `stamp` on the idle `stream` and spins until the host sees it: the bracket, or

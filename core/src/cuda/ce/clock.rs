@@ -87,7 +87,7 @@ impl DeviceClock {
         if stranded {
             tracing::debug!("occl: the device event clock was measured on the enqueue path (no watcher renewing it)");
         }
-        self.reading().is_some()
+        lock(&self.reading).is_some()
     }
 
     /// Measures the anchor again when calls have been timed since it last was and it is due

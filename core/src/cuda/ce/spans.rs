@@ -21,6 +21,7 @@ use super::pairs::Pair;
 use crate::cuda::kernels::staging::RelaxedCapture;
 use crate::cuda::kernels::stamps::AnchorTime;
 use occl_events::{EventDescr, EventId, Fanout};
+use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -147,7 +148,8 @@ impl CeSpans {
                     return 0;
                 }
             };
-            let reading = self.clock.reading();
+            // Read once a call has ended, once per collection.
+            let reading = OnceCell::new();
             let mut g = self.lock();
             let Inner { pending, untimed, last_end, .. } = &mut *g;
             // The ends complete in the order the calls were enqueued, whatever their callers'
@@ -159,7 +161,7 @@ impl CeSpans {
                     break;
                 }
                 let times = match p.pair.stamps() {
-                    Some((start, end)) => host_ns(reading.as_ref(), start, end),
+                    Some((start, end)) => host_ns(reading.get_or_init(|| self.clock.reading()).as_ref(), start, end),
                     None => Ok(None),
                 };
                 let Some(p) = pending.pop_front() else { break };
