@@ -29,7 +29,8 @@
 //! (`occl_tests::gpu_windows`): offsets, inputs inside and outside, in place, every root, back
 //! to back with no host sync, and graphs replayed with refilled inputs. `bench` prints one JSON
 //! line per (collective, size) with the keys of `nccl_bench.py` (time per call from CUDA events
-//! over `iters` calls, or over one replay of a graph of `iters` captured calls; the slowest rank).
+//! over `iters` calls, or over one replay of a graph of `iters` captured calls, after one untimed
+//! lead call that lines the ranks up; the slowest rank).
 //! All-reduce and broadcast run in place there, as `nccl_bench.py`'s PyTorch calls do. `sendrecv`
 //! and `grouped_all_to_all` are groups of device sends and receives (`CudaComm::p2p_group_raw`,
 //! what `ncclGroupStart`..`ncclGroupEnd` around `ncclSend`/`ncclRecv` runs), as nccl-tests'
@@ -752,6 +753,9 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
                 None
             };
             cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?; // a host barrier
+                                                                   // A lead call, untimed, as nccl_bench.py makes: the ranks leave the barrier apart and
+                                                                   // the GPU has idled, which would fall on the first timed call.
+            go()?;
             let t0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             match &graph_exec {
                 Some(g) => g.launch()?,
