@@ -860,8 +860,74 @@ DEV void win_modes(const CollArgs& a, Chan& c) {
     PH_ADD(c, PH_WAIT_RECV);
 }
 
+// A small out-of-place all-to-all between two ranks splits each pair of its channels into a
+// sender and a receiver of one FIFO: lane 2b pushes channel b's chunks to the peer while lane
+// 2b+1 copies the peer's chunks of channel b out, and this rank's own block, as NVIDIA's grouped
+// sends and receives run their send and receive warps side by side. In one lane the two
+// alternate, and with a few chunks a lane every lane copies out at once while the link idles.
+// The receiver copies the own block before each wait, filling the time the peer's chunk takes
+// to arrive. With many chunks a lane the lanes drift apart and fill the link themselves, and a
+// split lane's sender, one lane an SM, pushes less than two lanes taking turns: so the split
+// takes the calls whose lanes would have at most 4 chunks each. On 2×H200 it moves 1.06-1.13×
+// of one lane's way from 8 to 64 MiB buffers, 1.02× at 128, and 0.89-0.95× from 256 MiB
+// (bench/baselines/gpu-overlap.md run 20); more ranks were not measured. In place it cannot
+// split (a receiver would overwrite a block the sender has yet to read), nor windowed (no FIFO).
+// Both ends decide alike, from the call's arguments.
+DEV bool a2a_split(const CollArgs& a) {
+    return a.mode == M_A2A && a.nranks == 2 && a.win[a.rank] == 0 && a.in != a.out && a.nch >= 2 &&
+           a.count <= 4ull * a.nch * a.slot_bytes;
+}
+
+// The FIFO channel of this lane, and whether it sends (split) or does both (-1: an idle lane,
+// the odd one past the split's last pair).
+DEV unsigned chan_of(const CollArgs& a, int& role) {
+    const unsigned id = chan_id();
+    if (!a2a_split(a)) {
+        role = 2;
+        return id;
+    }
+    role = id >= (a.nch & ~1u) ? -1 : (int)(id & 1);
+    return id / 2;
+}
+
+// Channel b of a split all-to-all (a2a_split): its sender (role 0) or its receiver (role 1).
+DEV void a2a_lanes(const CollArgs& a, Chan& c, unsigned b, int role) {
+    const unsigned r = a.rank, n = a.nranks;
+    const unsigned all = ((1u << n) - 1) & ~(1u << r);
+    const u64 chunk = a.slot_bytes;
+    const unsigned char* in = (const unsigned char*)a.in;
+    unsigned char* out = (unsigned char*)a.out;
+    u64 lo, hi;
+    share(a.count, 16, b, a.nch / 2, lo, hi);
+    for (u64 o = lo; o < hi; o += chunk) {
+        const u64 m = hi - o < chunk ? hi - o : chunk;
+        PH_COUNT(c, PH_CHUNKS);
+        if (role == 0) {
+            wait_peers(a, c, b, all, 0);
+            for (unsigned k = 1; k < n; k++) {
+                const unsigned p = (r + k) % n;
+                copy1(send_slot(a, c, b, p), in + p * a.stride + o, m);
+            }
+            post_peers(a, c, b, all, 0);
+        } else {
+            copy1(out + r * a.stride + o, in + r * a.stride + o, m);
+            wait_peers(a, c, b, 0, all);
+            for (unsigned q = 0; q < n; q++)
+                if (q != r) copy1(out + q * a.stride + o, recv_slot(a, c, b, q), m);
+            post_peers(a, c, b, 0, all);
+        }
+    }
+}
+
 // Collectives that only move bytes (count and stride in bytes).
 DEV void copy_modes(const CollArgs& a, Chan& c) {
+    int role;
+    const unsigned ab = chan_of(a, role);
+    if (role < 0) return;
+    if (role < 2) {
+        a2a_lanes(a, c, ab, role);
+        return;
+    }
     const unsigned b = chan_id(), nb = a.nch, r = a.rank, n = a.nranks;
     const unsigned all = ((1u << n) - 1) & ~(1u << r);
     const u64 chunk = a.slot_bytes;
@@ -1046,21 +1112,29 @@ DEV void p2p_group(const P2pArgs& g, Chan& c, u64 t0) {
 
 // Loads this block's sequence numbers (draining a FIFO whose geometry changes), runs the mode,
 // stores them back for the next call.
+// A split lane (chan_of) loads and stores only its own direction's number: the other lane of
+// its FIFO stores the other one in the same launch.
 DEV void chan_open(const CollArgs& a, Chan& c) {
     const unsigned t = lt();
     if (t == 0) c.failed = 0;
     PH_OPEN(a, c);
+    int role;
+    const unsigned b = chan_of(a, role);
     bool regroup = false;
-    if (t < a.nranks) {
-        const Ctrl* k = ctrl(a, a.rank, chan_id(), t);
-        c.sent[t] = k->sent;
-        c.recvd[t] = k->recvd;
-        c.sidx[t] = (unsigned)(k->sent % a.nslots);
-        c.ridx[t] = (unsigned)(k->recvd % a.nslots);
-        regroup = k->nslots != a.nslots;
+    if (t < a.nranks && role >= 0) {
+        const Ctrl* k = ctrl(a, a.rank, b, t);
+        if (role != 1) {
+            c.sent[t] = k->sent;
+            c.sidx[t] = (unsigned)(k->sent % a.nslots);
+            regroup = k->nslots != a.nslots;
+        }
+        if (role != 0) {
+            c.recvd[t] = k->recvd;
+            c.ridx[t] = (unsigned)(k->recvd % a.nslots);
+        }
     }
     if (lane_any(regroup)) {
-        if (regroup) drain_sends(a, c, chan_id(), t);
+        if (regroup) drain_sends(a, c, b, t);
         lane_sync();
     }
 }
@@ -1068,10 +1142,12 @@ DEV void chan_open(const CollArgs& a, Chan& c) {
 DEV void chan_close(const CollArgs& a, Chan& c) {
     lane_sync();
     const unsigned t = lt();
-    if (t < a.nranks) {
-        Ctrl* k = ctrl(a, a.rank, chan_id(), t);
-        k->sent = c.sent[t];
-        k->recvd = c.recvd[t];
+    int role;
+    const unsigned b = chan_of(a, role);
+    if (t < a.nranks && role >= 0) {
+        Ctrl* k = ctrl(a, a.rank, b, t);
+        if (role != 1) k->sent = c.sent[t];
+        if (role != 0) k->recvd = c.recvd[t];
     }
 }
 
