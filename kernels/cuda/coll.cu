@@ -869,7 +869,7 @@ DEV void win_modes(const CollArgs& a, Chan& c) {
 // to arrive. With many chunks a lane the lanes drift apart and fill the link themselves, and a
 // split lane's sender, one lane an SM, pushes less than two lanes taking turns: so the split
 // takes the calls whose lanes would have at most 4 chunks each. On 2×H200 it moves 1.06-1.13×
-// of one lane's way from 8 to 64 MiB buffers, 1.02× at 128, and 0.89-0.95× from 256 MiB
+// of one lane's way from 8 to 64 MiB buffers, 1.02× at 128, and 0.90-0.97× from 256 MiB
 // (bench/baselines/gpu-overlap.md run 20); more ranks were not measured. In place it cannot
 // split (a receiver would overwrite a block the sender has yet to read), nor windowed (no FIFO).
 // Both ends decide alike, from the call's arguments.
