@@ -11,6 +11,7 @@
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use std::sync::Mutex;
 
 /// A shared mapping of a memory file: the creator's (with its descriptor) or a peer's.
@@ -160,7 +161,7 @@ impl Drop for Fd {
 /// one a slice lies in.
 fn live() -> std::sync::MutexGuard<'static, Vec<(usize, usize, String)>> {
     static LIVE: Mutex<Vec<(usize, usize, String)>> = Mutex::new(Vec::new());
-    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&LIVE)
 }
 
 /// The host buffer holding `[addr, addr + len)`: its reference and the offset of `addr` in it.

@@ -57,6 +57,7 @@ mod ras;
 mod record;
 mod reduce;
 mod register;
+mod sync;
 pub mod topo;
 mod transport;
 mod wait;

@@ -10,6 +10,7 @@ use crate::auth;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::id::UniqueId;
+use crate::sync::lock;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -58,14 +59,14 @@ pub(crate) struct Watch(Arc<(Mutex<bool>, Condvar)>);
 impl Watch {
     fn telling(&self, on: bool) {
         let (m, cv) = &*self.0;
-        *m.lock().unwrap_or_else(|e| e.into_inner()) = on;
+        *lock(m) = on;
         cv.notify_all();
     }
 
     /// Waits, at most `limit`, while the root is telling ranks that the job failed.
     pub(crate) fn linger(&self, limit: Duration) {
         let (m, cv) = &*self.0;
-        let g = m.lock().unwrap_or_else(|e| e.into_inner());
+        let g = lock(m);
         let _ = cv.wait_timeout_while(g, limit, |on| *on);
     }
 }

@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::op::nccl_func;
 use crate::profile::Profiling;
 use crate::record::{CollType, OpRecord};
+use crate::sync::lock;
 use crate::transport::fifo::{state, Cause};
 use crate::transport::{self, Peer};
 use occl_events::Note;
@@ -253,7 +254,7 @@ impl Comm {
     }
 
     pub(crate) fn lock_any(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Whether another thread is running an operation (or a lifecycle call) on this

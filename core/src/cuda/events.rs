@@ -15,10 +15,11 @@
 //! the device has not run yet, it runs untimed and is counted in `untimed`.
 
 use super::kernels::timer::{ClockMap, Probe, TimerRing, RECALIBRATE_SAMPLES};
+use crate::sync::lock;
 use occl_events::{EventDescr, EventId, Fanout, StateArgs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Records a timer slot holds: the channels of a small call's launch, which is what the host
@@ -131,11 +132,11 @@ impl DevEvents {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     pub(crate) fn clock(&self) -> ClockMap {
-        self.clock.lock().unwrap_or_else(PoisonError::into_inner).now
+        lock(&self.clock).now
     }
 
     /// Measures the clock map again if it is older than [`RECALIBRATE_EVERY`]; never on a

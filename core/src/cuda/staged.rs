@@ -21,8 +21,9 @@ use super::PreMul;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::op::{Op, Touched};
+use crate::sync::lock;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// The first failure of a staged host collective: every later call reports it (the device
 /// results of the failed call and of everything after it are not to be trusted).
@@ -37,10 +38,6 @@ impl Failure {
     fn set(&self, e: Error) {
         lock(&self.0).get_or_insert(e);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The same error again (errors are not Clone: the system error's source is rebuilt as text).

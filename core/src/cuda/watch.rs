@@ -34,8 +34,9 @@
 
 use super::stall::Stall;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How often the peers of a busy communicator are checked: a killed peer is noticed within
@@ -276,10 +277,6 @@ static EPOCH: OnceLock<Instant> = OnceLock::new();
 
 fn now_ns() -> u64 {
     u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The watcher, its thread started at the first call; `None` if the thread could not start

@@ -7,6 +7,7 @@
 
 use super::kernels::coll::MAX_RANKS;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use std::sync::Mutex;
 
 /// A registered window, named for its removal.
@@ -57,7 +58,7 @@ impl Windows {
         }
         let mut all = [0u64; MAX_RANKS];
         all[..bases.len()].copy_from_slice(bases);
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut live = lock(&self.live);
         live.0 += 1;
         let id = WindowId(live.0);
         live.1.push(Window { id, me, len, bases: all });
@@ -66,7 +67,7 @@ impl Windows {
 
     /// Removes window `id`; false when it is not live.
     pub(crate) fn remove(&self, id: WindowId) -> bool {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut live = lock(&self.live);
         let before = live.1.len();
         live.1.retain(|w| w.id != id);
         live.1.len() != before
@@ -75,7 +76,7 @@ impl Windows {
     /// The window that holds all of `[start, start + len)`, if one does.
     pub(crate) fn find(&self, start: u64, len: u64) -> Option<InWindow> {
         let end = start.checked_add(len)?;
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let live = lock(&self.live);
         live.1
             .iter()
             .find(|w| w.bases[w.me] <= start && end <= w.bases[w.me] + w.len)

@@ -30,10 +30,11 @@ mod running;
 pub(crate) mod tally;
 
 use crate::config::Profilers;
+use crate::sync::lock;
 use occl_events::{CommInfo, Fanout, Profiler, Sink, SinkHandle};
 use occl_telemetry::prometheus::RankMetrics;
 use occl_telemetry::spans::CommMeta;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 pub(crate) use op::{Leg, OpProf, Steps};
 pub(crate) use tally::Tally;
@@ -108,13 +109,13 @@ impl Profiling {
     pub(crate) fn attach(&self, sink: Arc<dyn Sink>) -> Result<SinkHandle, occl_events::TooManySinks> {
         let h = self.fanout.attach(sink.clone())?;
         let copy = SinkHandle::clone(&h);
-        self.sinks.lock().unwrap_or_else(PoisonError::into_inner).push((copy, sink));
+        lock(&self.sinks).push((copy, sink));
         Ok(h)
     }
 
     /// Detaches a sink attached here; it is finalized. `false` if the handle is not ours.
     pub(crate) fn detach(&self, h: SinkHandle) -> bool {
-        let mut sinks = self.sinks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut sinks = lock(&self.sinks);
         let Some(i) = sinks.iter().position(|(x, _)| *x == h) else { return false };
         let (h, sink) = sinks.swap_remove(i);
         drop(sinks);
@@ -125,7 +126,7 @@ impl Profiling {
 
     /// NCCL's `finalize` for every sink, once, when the communicator is destroyed.
     pub(crate) fn finalize(&self) {
-        let sinks = std::mem::take(&mut *self.sinks.lock().unwrap_or_else(PoisonError::into_inner));
+        let sinks = std::mem::take(&mut *lock(&self.sinks));
         for (h, sink) in sinks {
             self.fanout.detach(h);
             sink.finalize();

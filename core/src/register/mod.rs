@@ -16,6 +16,7 @@ pub(crate) use coll::{Env, Plan, ALGO};
 
 use crate::error::{Error, Result};
 use crate::hostmem::{self, Segment};
+use crate::sync::lock;
 use crate::wait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -202,10 +203,6 @@ pub(crate) enum InPlace {
     Gather(usize),
     /// Reduce-scatter into blocks of this many bytes: rank q's recv is block q of its send.
     Scatter(usize),
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Registry {

@@ -12,6 +12,7 @@ use super::peers::PeerTable;
 use super::{shm, Peer};
 use crate::config::{Config, TransportKind};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::wait::Patience;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -207,7 +208,7 @@ struct Registry {
 
 fn registry() -> MutexGuard<'static, Registry> {
     static REG: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-    REG.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&REG)
 }
 
 /// One thread rank's membership of its communicator in the registry.

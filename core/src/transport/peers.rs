@@ -16,6 +16,7 @@ use super::fifo::nonblocking::{alive, fail_recv_end, fail_send_end};
 use super::fifo::{state, Cause, Liveness, Members, Notice, Region};
 use super::{tcp, Peer};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// One peer's FIFO regions (this rank sends into `send`, receives from `recv`), tcp link, and
@@ -57,7 +58,7 @@ impl PeerTable {
     }
 
     pub(crate) fn ends(&self) -> MutexGuard<'_, Vec<PeerEnds>> {
-        self.ends.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.ends)
     }
 
     /// Marks every FIFO end of this rank `how`, with `cause`, and tells tcp peers (an ABORT

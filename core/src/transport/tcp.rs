@@ -206,7 +206,7 @@ impl NetProf {
 pub(crate) type SharedLink = Arc<Mutex<TcpLink>>;
 
 pub(crate) fn lock(l: &SharedLink) -> MutexGuard<'_, TcpLink> {
-    l.lock().unwrap_or_else(|p| p.into_inner())
+    crate::sync::lock(l)
 }
 
 fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {

@@ -8,6 +8,7 @@ use super::clock::DeviceClock;
 use super::pairs::Pair;
 use crate::cuda::stall::{CeCall, Stalls};
 use crate::cuda::watch::{Calls, Look};
+use crate::sync::lock;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ impl CeCalls {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Watches a call enqueued with both its events recorded in `pair` (`None`: it got no

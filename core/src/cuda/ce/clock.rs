@@ -14,8 +14,9 @@ use crate::cuda::kernels::cudarc::driver::CudaContext;
 use crate::cuda::kernels::staging::RelaxedCapture;
 use crate::cuda::kernels::stamps::{Anchor, AnchorTime, Reading, Stamp};
 use crate::cuda::kernels::Result;
+use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Mutex, TryLockError, Weak};
 use std::time::Duration;
 
 /// How long the anchor's first measurement, as the first communicator is made, waits for its
@@ -45,10 +46,6 @@ pub(crate) struct DeviceClock {
 
 /// The clocks alive, one per context.
 static CLOCKS: Mutex<Vec<Weak<DeviceClock>>> = Mutex::new(Vec::new());
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl DeviceClock {
     /// The clock of `ctx`: the one its communicators already share, or a new one, measured now.

@@ -20,6 +20,7 @@ use super::clock::{host_ns, DeviceClock};
 use super::pairs::Pair;
 use crate::cuda::kernels::staging::RelaxedCapture;
 use crate::cuda::kernels::stamps::AnchorTime;
+use crate::sync::lock;
 use occl_events::{EventDescr, EventId, Fanout};
 use std::cell::OnceCell;
 use std::collections::VecDeque;
@@ -91,7 +92,7 @@ impl CeSpans {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Whether a call enqueued now can be timed: the device clock is anchored. A call that

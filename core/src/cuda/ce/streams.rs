@@ -19,6 +19,7 @@ use crate::cuda::kernels::cudarc::driver::{CudaContext, CudaStream};
 use crate::cuda::kernels::memops::{has_batch_copy, side_stream, StreamOps};
 use crate::cuda::kernels::staging::Mark;
 use crate::cuda::kernels::Result;
+use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -139,7 +140,7 @@ impl CeStreams {
         lanes.sort_unstable();
         lanes.dedup();
         let ops = lanes.iter().map(|&l| Ok((l, StreamOps::new(self.stream(l))?))).collect::<Result<Vec<_>>>()?;
-        let mut chain = self.chain.lock().unwrap_or_else(|p| p.into_inner());
+        let mut chain = lock(&self.chain);
         let wants_times = !capturing && !events.is_empty();
         let pair = if capturing { None } else { chain.pairs.take(wants_times && self.spans.ready())? };
         let fork = pair.as_ref().map_or(&self.fork, |p| p.start());
