@@ -1111,9 +1111,8 @@ DEV void p2p_group(const P2pArgs& g, Chan& c, u64 t0) {
 }
 
 // Loads this block's sequence numbers (draining a FIFO whose geometry changes), runs the mode,
-// stores them back for the next call.
-// A split lane (chan_of) loads and stores only its own direction's number: the other lane of
-// its FIFO stores the other one in the same launch.
+// stores them back for the next call. A split lane (chan_of) loads and stores only its own
+// direction's number: the other lane of its FIFO stores the other one in the same launch.
 DEV void chan_open(const CollArgs& a, Chan& c) {
     const unsigned t = lt();
     if (t == 0) c.failed = 0;
