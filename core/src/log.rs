@@ -20,6 +20,7 @@
 //! default level is the caller's: `WARN` for the Rust library (a misconfiguration is never
 //! silent), none for `libnccl.so` (as NCCL).
 
+use crate::sync::lock;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Mutex, Once};
@@ -151,7 +152,7 @@ impl NcclLog {
     }
 
     fn write(&self, line: &str) {
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = lock(&self.out);
         let _ = out.write_all(line.as_bytes());
         let _ = out.flush();
     }

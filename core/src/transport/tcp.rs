@@ -906,7 +906,7 @@ fn linger(fds: &[RawFd], until: Instant) -> bool {
 /// data (see `linger`). An `atexit` handler lingers on every live link instead.
 mod exit {
     use super::{SharedLink, TcpLink};
-    use std::sync::{Mutex, Once, PoisonError, TryLockError, Weak};
+    use std::sync::{Mutex, Once, TryLockError, Weak};
     use std::time::{Duration, Instant};
 
     static LINKS: Mutex<Vec<Weak<Mutex<TcpLink>>>> = Mutex::new(Vec::new());
@@ -920,7 +920,7 @@ mod exit {
                 tracing::warn!("occl: atexit failed; tcp sends may be lost if the process exits without destroy");
             }
         });
-        let mut links = LINKS.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut links = crate::sync::lock(&LINKS);
         links.retain(|w| w.strong_count() > 0);
         links.push(std::sync::Arc::downgrade(link));
     }
@@ -929,8 +929,7 @@ mod exit {
         // Never unwind into C, and log nothing through `tracing` (its thread-locals are gone).
         let _ = std::panic::catch_unwind(|| {
             let start = Instant::now();
-            let links: Vec<_> =
-                LINKS.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+            let links: Vec<_> = crate::sync::lock(&LINKS).iter().filter_map(Weak::upgrade).collect();
             // Every link at once: two links of this process may be each other's peers, and each
             // must drain the other's input while both wait.
             let (mut guards, mut fds, mut wait) = (Vec::new(), Vec::new(), Duration::ZERO);
@@ -1034,7 +1033,7 @@ impl Drive for Net {
             }
             return moved;
         }
-        let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fds = crate::sync::lock(&self.fds);
         fds.clear();
         for l in &self.links {
             for s in &lock(l).socks {
