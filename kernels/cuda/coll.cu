@@ -878,8 +878,8 @@ DEV bool a2a_split(const CollArgs& a) {
            a.count <= 4ull * a.nch * a.slot_bytes;
 }
 
-// The FIFO channel of this lane, and whether it sends (split) or does both (-1: an idle lane,
-// the odd one past the split's last pair).
+// The FIFO channel of this lane, and its role there: 0 the sender and 1 the receiver of a split
+// pair (a2a_split), 2 both (no split), -1 none (the odd lane past the split's last pair).
 DEV unsigned chan_of(const CollArgs& a, int& role) {
     const unsigned id = chan_id();
     if (!a2a_split(a)) {

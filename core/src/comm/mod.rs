@@ -310,7 +310,7 @@ impl Comm {
         for p in g.peers.iter().flatten() {
             p.fail(how, cause);
             if let Some(l) = &p.tcp {
-                transport::tcp::lock(l).sweep_steps();
+                lock(l).sweep_steps();
             }
         }
         g.failed = Some(e.duplicate());

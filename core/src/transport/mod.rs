@@ -40,7 +40,7 @@ impl Peer {
         self.send.set_state(how, None);
         self.recv.set_state(how, None);
         if let Some(t) = &self.tcp {
-            tcp::lock(t).close(how);
+            crate::sync::lock(t).close(how);
         }
         self.unlink_orphans();
     }
@@ -65,7 +65,7 @@ impl Peer {
         self.send.set_state(how, Some(cause));
         self.recv.set_state(how, Some(cause));
         if let Some(t) = &self.tcp {
-            tcp::lock(t).abort(how);
+            crate::sync::lock(t).abort(how);
         }
     }
 }

@@ -70,7 +70,7 @@ impl PeerTable {
             fail_send_end(&e.send, how, Some(cause));
             fail_recv_end(&e.recv, how, Some(cause));
             if let Some(t) = &e.tcp {
-                tcp::lock(t).abort(how);
+                lock(t).abort(how);
             }
         }
     }

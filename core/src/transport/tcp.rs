@@ -19,13 +19,14 @@
 
 use super::fifo::{self, state, Cause, Desc, Notice, Region};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::wait::{self, poll, Deadline, Drive, Patience};
 use occl_events::{EventDescr, EventId, EventType, Fanout};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const KIND_DATA: u32 = 0;
@@ -204,10 +205,6 @@ impl NetProf {
 }
 
 pub(crate) type SharedLink = Arc<Mutex<TcpLink>>;
-
-pub(crate) fn lock(l: &SharedLink) -> MutexGuard<'_, TcpLink> {
-    crate::sync::lock(l)
-}
 
 fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: a valid descriptor and a c_int option value.
@@ -1004,7 +1001,8 @@ impl Net {
                 deadline,
                 Patience::Drive,
                 &|| {
-                    let to: Vec<usize> = self.links.iter().map(lock).filter(|l| l.unsent()).map(|l| l.peer).collect();
+                    let to: Vec<usize> =
+                        self.links.iter().map(|l| lock(l)).filter(|l| l.unsent()).map(|l| l.peer).collect();
                     format!("flushing sends to rank(s) {to:?}")
                 },
                 None,
@@ -1033,7 +1031,7 @@ impl Drive for Net {
             }
             return moved;
         }
-        let mut fds = crate::sync::lock(&self.fds);
+        let mut fds = lock(&self.fds);
         fds.clear();
         for l in &self.links {
             for s in &lock(l).socks {

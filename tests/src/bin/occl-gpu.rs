@@ -752,9 +752,9 @@ fn bench(cc: &CudaComm, s: &Arc<CudaStream>, args: &[String]) -> anyhow::Result<
             } else {
                 None
             };
-            cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?; // a host barrier
-                                                                   // A lead call, untimed, as nccl_bench.py makes: the ranks leave the barrier apart and
-                                                                   // the GPU has idled, which would fall on the first timed call.
+            // A host barrier, then a lead call, untimed, as nccl_bench.py makes: the ranks leave the
+            // barrier apart and the GPU has idled, which would fall on the first timed call.
+            cc.comm().all_reduce(&[0u8], &mut [0u8], RedOp::Sum)?;
             go()?;
             let t0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             match &graph_exec {
